@@ -1,0 +1,48 @@
+// ThreadPool: a fixed set of worker threads for data-parallel loops.
+//
+// parallel_for(n, fn) splits [0, n) into one contiguous range per thread (the caller's
+// thread takes part) and returns when all ranges are done. Workers spin briefly, then
+// sleep on a condition variable, so an idle pool costs nothing on an oversubscribed box.
+//
+// Thread-safety: one parallel_for at a time per pool (callers serialize); not reentrant.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace xds {
+
+class ThreadPool {
+ public:
+  // num_threads counts the caller: 1 means "run everything on the calling thread".
+  explicit ThreadPool(int num_threads);
+  ~ThreadPool();
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  int num_threads() const { return static_cast<int>(workers_.size()) + 1; }
+
+  // Calls fn(begin, end, thread_index) over a partition of [0, n).
+  void parallel_for(int64_t n, const std::function<void(int64_t, int64_t, int)>& fn);
+
+  // Calls fn(thread_index) once on every thread.
+  void run_on_all(const std::function<void(int)>& fn);
+
+ private:
+  void worker_loop(int index);
+
+  std::vector<std::thread> workers_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  const std::function<void(int)>* job_ = nullptr;  // guarded by mu_ / generation_
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<int> pending_{0};
+  bool stop_ = false;
+};
+
+}  // namespace xds

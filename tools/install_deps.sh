@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Installs every Debian package xDeepServe needs to build, test, benchmark and train its
+# default model. Idempotent: installs only what is missing. Run as root on Debian 12.
+set -euo pipefail
+
+packages=(
+  # build
+  build-essential cmake ninja-build pkg-config clang-format clang-tidy
+  # libraries
+  libopenblas-dev libdnnl-dev nlohmann-json3-dev libcli11-dev libfmt-dev libpcre2-dev
+  libzmq3-dev cppzmq-dev
+  # tests and benchmarks
+  libgtest-dev libgmock-dev libbenchmark-dev libopenmpi-dev openmpi-bin
+  # oracle, fixtures and the training recipe
+  python3 python3-numpy python3-torch bible-kjv-text nodejs
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if ((${#missing[@]})); then
+  echo "install_deps: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+echo "install_deps: all ${#packages[@]} packages present"
