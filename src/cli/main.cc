@@ -1,0 +1,12 @@
+// xdeepserve: the one binary. Subcommands are registered in this table.
+#include "cli/commands.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"xdeepserve: serving large Mixture-of-Experts language models"};
+  app.require_subcommand(1);
+  int exit_code = 0;
+  // One line per subcommand (commands.h).
+  (void)&exit_code;
+  CLI11_PARSE(app, argc, argv);
+  return exit_code;
+}
