@@ -1,0 +1,81 @@
+// DeepSeek-V3 model configuration, read from a Hugging Face `config.json` with the
+// DeepseekV3 field names (the mapping lives in one table in config.cc), and the eos ids
+// from `generation_config.json`.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+
+namespace xds {
+
+enum class GatingScore { kSigmoid, kSoftmax };       // scoring_func
+enum class TopkMethod { kNoauxTc, kGreedy, kGroupLimitedGreedy };  // topk_method
+
+struct RopeScaling {      // rope_scaling, type "yarn"
+  double factor = 1.0;
+  int64_t original_max_position_embeddings = 4096;
+  double beta_fast = 32.0;
+  double beta_slow = 1.0;
+  double mscale = 1.0;
+  double mscale_all_dim = 0.0;
+};
+
+struct Fp8Quantization {  // quantization_config with quant_method "fp8"
+  int64_t block_rows = 128;  // weight_block_size[0]
+  int64_t block_cols = 128;  // weight_block_size[1]
+};
+
+struct DeepseekV3Config {
+  int64_t vocab_size = 0;
+  int64_t hidden_size = 0;
+  int64_t intermediate_size = 0;        // dense MLP width (first_k_dense layers)
+  int64_t moe_intermediate_size = 0;    // per-expert width
+  int64_t num_hidden_layers = 0;
+  int64_t num_nextn_predict_layers = 0; // MTP layers, stored at index num_hidden_layers
+  int64_t num_attention_heads = 0;
+  int64_t n_shared_experts = 0;
+  int64_t n_routed_experts = 0;
+  int64_t num_experts_per_tok = 0;
+  int64_t n_group = 1;
+  int64_t topk_group = 1;
+  int64_t first_k_dense_replace = 0;
+  int64_t moe_layer_freq = 1;
+  double routed_scaling_factor = 1.0;
+  bool norm_topk_prob = true;
+  GatingScore scoring_func = GatingScore::kSigmoid;
+  TopkMethod topk_method = TopkMethod::kNoauxTc;
+  std::optional<int64_t> q_lora_rank;   // null in config.json: q_proj without low rank
+  int64_t kv_lora_rank = 0;
+  int64_t qk_nope_head_dim = 0;
+  int64_t qk_rope_head_dim = 0;
+  int64_t v_head_dim = 0;
+  double rms_norm_eps = 1e-6;
+  double rope_theta = 10000.0;
+  std::optional<RopeScaling> rope_scaling;
+  int64_t max_position_embeddings = 4096;
+  bool tie_word_embeddings = false;
+  std::optional<Fp8Quantization> fp8;   // present when the checkpoint is block-FP8
+  std::optional<int64_t> bos_token_id;
+  std::vector<int64_t> eos_token_ids;   // from generation_config.json (else config.json)
+
+  int64_t qk_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }
+  // True if decoder layer `layer` (0-based; the MTP layers included) uses MoE.
+  bool is_moe_layer(int64_t layer) const {
+    return n_routed_experts > 0 && layer >= first_k_dense_replace &&
+           (layer % moe_layer_freq) == 0;
+  }
+};
+
+// Reads `dir/config.json` (and `dir/generation_config.json` if present). Every field used
+// is validated; an error names the file and the field, what was expected and what was found.
+Result<DeepseekV3Config> load_deepseek_v3_config(const std::string& dir);
+
+// Parses config.json text (`source` names it in errors). Exposed for tests.
+Result<DeepseekV3Config> parse_deepseek_v3_config(const std::string& json_text,
+                                                  const std::string& source);
+
+}  // namespace xds
