@@ -1,0 +1,199 @@
+#!/usr/bin/python3
+"""Writes a tiny random-weight DeepSeek-V3 checkpoint in the published Hugging Face layout,
+independently of `xdeepserve mkmodel` (used to develop and self-check the oracle's reader).
+
+  make_tiny.py --out DIR [--dtype bf16|fp8] [--shards N] [--yarn] [--no-q-lora] [--seed S]
+"""
+import argparse
+import json
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ds3_oracle import FP8_E4M3FN_TABLE  # noqa: E402
+
+TINY = {
+    "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
+    "vocab_size": 256, "hidden_size": 64, "intermediate_size": 96,
+    "moe_intermediate_size": 32, "num_hidden_layers": 3, "num_nextn_predict_layers": 1,
+    "num_attention_heads": 4, "num_key_value_heads": 4, "n_shared_experts": 1,
+    "n_routed_experts": 8, "num_experts_per_tok": 2, "n_group": 4, "topk_group": 2,
+    "first_k_dense_replace": 1, "moe_layer_freq": 1, "routed_scaling_factor": 2.5,
+    "norm_topk_prob": True, "scoring_func": "sigmoid", "topk_method": "noaux_tc",
+    "q_lora_rank": 32, "kv_lora_rank": 32, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8,
+    "v_head_dim": 16, "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "rope_scaling": None,
+    "max_position_embeddings": 4096, "tie_word_embeddings": False, "hidden_act": "silu",
+    "bos_token_id": 0, "eos_token_id": 1,
+}
+
+
+def to_bf16_bytes(x):
+    """float -> bf16 (round to nearest even) as uint16."""
+    u = np.asarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    rounded = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
+    return rounded.astype(np.uint16)
+
+
+FP8_POSITIVE = FP8_E4M3FN_TABLE[:0x7F]  # codes 0..126, increasing, finite
+
+
+def to_fp8_codes(x):
+    """float (|x| <= 448) -> nearest e4m3fn code (uint8)."""
+    mag = np.abs(x)
+    idx = np.clip(np.searchsorted(FP8_POSITIVE, mag), 1, FP8_POSITIVE.size - 1)
+    lower = FP8_POSITIVE[idx - 1]
+    upper = FP8_POSITIVE[idx]
+    code = np.where(mag - lower <= upper - mag, idx - 1, idx).astype(np.uint8)
+    return np.where(x < 0, code | 0x80, code).astype(np.uint8)
+
+
+def quantize_fp8(w, block=128):
+    """w [R, C] -> (codes uint8 [R, C], scale_inv f32 [ceil(R/b), ceil(C/b)])."""
+    rows, cols = w.shape
+    sr, sc = -(-rows // block), -(-cols // block)
+    scale = np.zeros((sr, sc), dtype=np.float32)
+    codes = np.zeros((rows, cols), dtype=np.uint8)
+    for i in range(sr):
+        for j in range(sc):
+            blk = w[i * block:(i + 1) * block, j * block:(j + 1) * block]
+            s = np.float32(max(np.abs(blk).max(), 1e-12) / 448.0)
+            scale[i, j] = s
+            codes[i * block:(i + 1) * block, j * block:(j + 1) * block] = to_fp8_codes(blk / s)
+    return codes, scale
+
+
+def tensor_shapes(cfg):
+    """name -> (shape, kind): kind 'proj' (fp8-able), 'norm', 'bf16', 'bias'."""
+    d, h = cfg["hidden_size"], cfg["num_attention_heads"]
+    dn, dr, dv, c = (cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"],
+                     cfg["kv_lora_rank"])
+    q, v = cfg["q_lora_rank"], cfg["vocab_size"]
+    out = {"model.embed_tokens.weight": ([v, d], "bf16"), "model.norm.weight": ([d], "norm"),
+           "lm_head.weight": ([v, d], "bf16")}
+    n_layers = cfg["num_hidden_layers"]
+    for layer in range(n_layers + cfg["num_nextn_predict_layers"]):
+        p = f"model.layers.{layer}."
+        out[p + "input_layernorm.weight"] = ([d], "norm")
+        out[p + "post_attention_layernorm.weight"] = ([d], "norm")
+        a = p + "self_attn."
+        if q:
+            out[a + "q_a_proj.weight"] = ([q, d], "proj")
+            out[a + "q_a_layernorm.weight"] = ([q], "norm")
+            out[a + "q_b_proj.weight"] = ([h * (dn + dr), q], "proj")
+        else:
+            out[a + "q_proj.weight"] = ([h * (dn + dr), d], "proj")
+        out[a + "kv_a_proj_with_mqa.weight"] = ([c + dr, d], "proj")
+        out[a + "kv_a_layernorm.weight"] = ([c], "norm")
+        out[a + "kv_b_proj.weight"] = ([h * (dn + dv), c], "proj")
+        out[a + "o_proj.weight"] = ([d, h * dv], "proj")
+        m = p + "mlp."
+        if layer < cfg["first_k_dense_replace"]:
+            i = cfg["intermediate_size"]
+            out.update({m + "gate_proj.weight": ([i, d], "proj"),
+                        m + "up_proj.weight": ([i, d], "proj"),
+                        m + "down_proj.weight": ([d, i], "proj")})
+        else:
+            i = cfg["moe_intermediate_size"]
+            out[m + "gate.weight"] = ([cfg["n_routed_experts"], d], "gate")
+            out[m + "gate.e_score_correction_bias"] = ([cfg["n_routed_experts"]], "bias")
+            for e in range(cfg["n_routed_experts"]):
+                x = f"{m}experts.{e}."
+                out.update({x + "gate_proj.weight": ([i, d], "proj"),
+                            x + "up_proj.weight": ([i, d], "proj"),
+                            x + "down_proj.weight": ([d, i], "proj")})
+            s = i * cfg["n_shared_experts"]
+            out.update({m + "shared_experts.gate_proj.weight": ([s, d], "proj"),
+                        m + "shared_experts.up_proj.weight": ([s, d], "proj"),
+                        m + "shared_experts.down_proj.weight": ([d, s], "proj")})
+        if layer >= n_layers:
+            out[p + "enorm.weight"] = ([d], "norm")
+            out[p + "hnorm.weight"] = ([d], "norm")
+            out[p + "eh_proj.weight"] = ([d, 2 * d], "bf16")
+            out[p + "shared_head.norm.weight"] = ([d], "norm")
+    return out
+
+
+def write_safetensors(path, tensors):
+    """tensors: name -> (dtype string, numpy array of the raw element type)."""
+    header, offset, blobs = {}, 0, []
+    for name in sorted(tensors):
+        dtype, arr = tensors[name]
+        raw = np.ascontiguousarray(arr).tobytes()
+        header[name] = {"dtype": dtype, "shape": list(arr.shape),
+                        "data_offsets": [offset, offset + len(raw)]}
+        blobs.append(raw)
+        offset += len(raw)
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(np.uint64(len(text)).tobytes())
+        f.write(text)
+        for b in blobs:
+            f.write(b)
+
+
+def make(out, dtype="bf16", shards=1, yarn=False, q_lora=True, seed=1):
+    cfg = dict(TINY)
+    if not q_lora:
+        cfg["q_lora_rank"] = None
+    if yarn:
+        cfg["rope_scaling"] = {"type": "yarn", "factor": 4.0,
+                               "original_max_position_embeddings": 64, "beta_fast": 32,
+                               "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 0.707}
+    if dtype == "fp8":
+        cfg["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3",
+                                      "activation_scheme": "dynamic",
+                                      "weight_block_size": [128, 128]}
+    rng = np.random.default_rng(seed)
+    tensors = {}
+    for name, (shape, kind) in tensor_shapes(cfg).items():
+        if kind == "norm":
+            w = 1.0 + 0.1 * rng.standard_normal(shape)
+        elif kind == "bias":
+            tensors[name] = ("F32", (0.05 * rng.standard_normal(shape)).astype(np.float32))
+            continue
+        elif kind == "gate":
+            w = rng.standard_normal(shape) * (2.0 / np.sqrt(shape[1]))
+        elif name.endswith("embed_tokens.weight"):
+            w = rng.standard_normal(shape)
+        else:
+            w = rng.standard_normal(shape) / np.sqrt(shape[1])
+        if kind == "proj" and dtype == "fp8":
+            codes, scale = quantize_fp8(w)
+            tensors[name] = ("F8_E4M3", codes)
+            tensors[name + "_scale_inv"] = ("F32", scale)
+        else:
+            tensors[name] = ("BF16", to_bf16_bytes(w))
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=1)
+    names = sorted(tensors)
+    if shards == 1:
+        write_safetensors(os.path.join(out, "model.safetensors"), tensors)
+        return
+    weight_map = {}
+    for s in range(shards):
+        fname = f"model-{s + 1:05d}-of-{shards:05d}.safetensors"
+        part = {n: tensors[n] for k, n in enumerate(names) if k % shards == s}
+        write_safetensors(os.path.join(out, fname), part)
+        weight_map.update({n: fname for n in part})
+    with open(os.path.join(out, "model.safetensors.index.json"), "w") as f:
+        json.dump({"metadata": {}, "weight_map": weight_map}, f, indent=1)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp8"])
+    ap.add_argument("--shards", type=int, default=1)
+    ap.add_argument("--yarn", action="store_true")
+    ap.add_argument("--no-q-lora", action="store_true")
+    ap.add_argument("--seed", type=int, default=1)
+    a = ap.parse_args()
+    make(a.out, a.dtype, a.shards, a.yarn, not a.no_q_lora, a.seed)
+
+
+if __name__ == "__main__":
+    main()
