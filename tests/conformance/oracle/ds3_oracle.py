@@ -337,11 +337,31 @@ def select_experts(scores, bias, cfg):
 # ----------------------------------------------------------------------------------------
 
 
+class ArrayCheckpoint:
+    """In-memory tensors (name -> float64 array), for hand-built models in tests."""
+
+    def __init__(self, arrays):
+        self.arrays = arrays
+
+    def has(self, name):
+        return name in self.arrays
+
+    def get(self, name):
+        if name not in self.arrays:
+            raise KeyError(f"missing tensor {name}")
+        return np.asarray(self.arrays[name], dtype=np.float64)
+
+
 class Oracle:
-    def __init__(self, model_dir):
-        with open(os.path.join(model_dir, "config.json")) as f:
-            self.cfg = Config(json.load(f))
-        self.ckpt = Checkpoint(model_dir, *self.cfg.block)
+    def __init__(self, model_dir=None, config=None, arrays=None):
+        """Either a model directory, or a config dict plus name -> array (tests)."""
+        if model_dir is not None:
+            with open(os.path.join(model_dir, "config.json")) as f:
+                self.cfg = Config(json.load(f))
+            self.ckpt = Checkpoint(model_dir, *self.cfg.block)
+        else:
+            self.cfg = Config(config)
+            self.ckpt = ArrayCheckpoint(arrays)
         self.freqs, self.rope_mult, self.softmax_scale = rope_frequencies(self.cfg)
         self._cache = {}
 

@@ -1,0 +1,323 @@
+#!/usr/bin/python3
+"""Conformance of `xdeepserve generate --compute-dtype f32` against the float64 oracle.
+
+  run_conformance.py --xdeepserve PATH [--case NAME ...] [--keep DIR] [--list]
+
+Per case: make a tiny random checkpoint (`xdeepserve mkmodel`, or the independent
+oracle/make_tiny.py writer), pick a seed and prompt with the oracle alone such that every
+discrete decision (routing: k-th vs (k+1)-th biased score and topk_group-th vs next group
+score; greedy: top-1 vs top-2 logit) has a safe margin, then run the engine greedily and
+check against the oracle run on prompt + generated ids:
+  - logits: max |engine - oracle| over each row <= 1e-4 * max |oracle row|;
+  - greedy tokens: the oracle's argmax at each step is the token the engine produced;
+  - routing: the chosen experts per (MoE layer, row) are identical.
+The engine decodes with its KV cache while the oracle recomputes everything, so this also
+checks "KV-cache decode equals full recompute". Variants (chunked prefill, batching) rerun
+the engine on the same checkpoint and prompt and must match the oracle and the one-shot run.
+"""
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "oracle"))
+import ds3_oracle  # noqa: E402
+
+LOGIT_RTOL = 1e-4          # contract: per-row max error relative to the row's max |logit|
+ARGMAX_MARGIN = 1e-3       # required top-1 minus top-2, relative to the row's max |logit|
+ROUTING_MARGIN = 5e-4      # required gap of biased scores (scores are O(1))
+PROMPT_LEN = 12
+MAX_TOKENS = 8
+SEEDS = range(1, 21)
+PROMPTS_PER_SEED = 6
+
+# A case: how to make the checkpoint, and which engine variants to run on it.
+# maker "engine": xdeepserve mkmodel with these args; "python": oracle/make_tiny.py.
+CASES = [
+    {"name": "bf16", "maker": "engine", "args": ["--preset", "tiny"],
+     "variants": ["oneshot", "chunked", "batch"]},
+    {"name": "fp8_2shards", "maker": "engine",
+     "args": ["--preset", "tiny", "--dtype", "fp8", "--shards", "2"], "variants": ["oneshot"]},
+    {"name": "yarn", "maker": "engine", "args": ["--preset", "tiny", "--yarn"],
+     "variants": ["oneshot", "chunked"]},
+    {"name": "no_q_lora", "maker": "engine", "args": ["--preset", "tiny", "--no-q-lora"],
+     "variants": ["oneshot"]},
+    # A checkpoint written by an independent writer: the engine's loader must read it too.
+    {"name": "indep_fp8_yarn", "maker": "python",
+     "args": ["--dtype", "fp8", "--shards", "2", "--yarn"], "variants": ["oneshot"]},
+]
+
+# Engine runs: extra generate args, and the generate --help flag each needs.
+VARIANTS = {
+    "oneshot": {"args": [], "needs": None},
+    "chunked": {"args": ["--prefill-chunk", "3"], "needs": "--prefill-chunk"},
+    "batch": {"args": None, "needs": "BATCH"},  # filled in by detect_batch_flag
+}
+
+
+class Failure(Exception):
+    pass
+
+
+def run(cmd, timeout=600):
+    t0 = time.monotonic()
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    if p.returncode != 0:
+        raise Failure(f"command failed ({p.returncode}): {' '.join(cmd)}\n"
+                      f"stdout:\n{p.stdout[-3000:]}\nstderr:\n{p.stderr[-3000:]}")
+    return p.stdout, time.monotonic() - t0
+
+
+def help_text(xds, sub):
+    p = subprocess.run([xds, sub, "--help"], capture_output=True, text=True)
+    return p.stdout + p.stderr
+
+
+def make_checkpoint(xds, case, seed, out):
+    if case["maker"] == "engine":
+        cmd = [xds, "mkmodel", "--out", out, "--seed", str(seed)] + case["args"]
+    else:
+        cmd = [sys.executable, os.path.join(HERE, "oracle", "make_tiny.py"), "--out", out,
+               "--seed", str(seed)] + case["args"]
+    run(cmd)
+
+
+def argmax(row, vocab):
+    """Greedy choice: ids < vocab only, ties to the lower id."""
+    return int(np.argmax(row[:vocab]))
+
+
+def argmax_margin(row, vocab):
+    top = np.sort(row[:vocab])[::-1]
+    return (top[0] - top[1]) / max(np.max(np.abs(row)), 1e-30)
+
+
+def oracle_greedy(oracle, prompt, n):
+    """Greedy continuation by full recompute -> (generated ids, oracle result on all ids)."""
+    ids = list(prompt)
+    vocab = oracle.cfg.vocab_size
+    for _ in range(n):
+        ids.append(argmax(oracle.forward(ids)["logits"][-1], vocab))
+    return ids[len(prompt):], oracle.run(ids, with_mtp=False)
+
+
+def margins(result, prompt_len, n, vocab):
+    """Smallest margins of the decisions the comparison depends on."""
+    logits = result["logits"]
+    amin = min(argmax_margin(logits[r], vocab) for r in range(prompt_len - 1, prompt_len + n - 1))
+    rmin = np.inf
+    for per_token in result["routing"].values():
+        for _, egap, ggap in per_token:
+            rmin = min(rmin, egap, ggap)
+    return amin, rmin
+
+
+def pick_seed_and_prompt(xds, case, workdir):
+    """Scan seeds 1.. and a few prompts per seed with the oracle only."""
+    best = None
+    for seed in SEEDS:
+        model = os.path.join(workdir, f"{case['name']}_seed{seed}")
+        make_checkpoint(xds, case, seed, model)
+        oracle = ds3_oracle.Oracle(model)
+        vocab = oracle.cfg.vocab_size
+        for k in range(PROMPTS_PER_SEED):
+            rng = np.random.default_rng(1000 * seed + k)
+            prompt = [int(v) for v in rng.integers(2, vocab, PROMPT_LEN)]
+            generated, result = oracle_greedy(oracle, prompt, MAX_TOKENS)
+            amin, rmin = margins(result, PROMPT_LEN, MAX_TOKENS, vocab)
+            if best is None or min(amin / ARGMAX_MARGIN, rmin / ROUTING_MARGIN) > best[0]:
+                best = (min(amin / ARGMAX_MARGIN, rmin / ROUTING_MARGIN), seed, k)
+            if amin >= ARGMAX_MARGIN and rmin >= ROUTING_MARGIN:
+                return {"model": model, "seed": seed, "prompt": prompt, "oracle": oracle,
+                        "generated": generated, "argmax_margin": amin, "routing_margin": rmin}
+        shutil.rmtree(model)
+    raise Failure(f"no seed in {SEEDS} with safe margins (best ratio {best})")
+
+
+def parse_generated(stdout, prompt, n):
+    """Generated ids from generate's stdout: comma-separated ids (maybe echoing the prompt),
+    then a stats line."""
+    ids = []
+    for line in stdout.splitlines():
+        s = line.strip()
+        if s and re.fullmatch(r"\d+(\s*,\s*\d+)*\s*,?", s):
+            ids += [int(x) for x in re.findall(r"\d+", s)]
+    if not ids:  # ids streamed on the same line as the stats
+        m = re.match(r"\s*(\d+(\s*,\s*\d+)*)", stdout)
+        ids = [int(x) for x in re.findall(r"\d+", m.group(1))] if m else []
+    if len(ids) == len(prompt) + n and ids[: len(prompt)] == prompt:
+        ids = ids[len(prompt):]
+    if len(ids) != n:
+        raise Failure(f"expected {n} generated ids on stdout, parsed {ids}:\n{stdout[-2000:]}")
+    return ids
+
+
+def read_routing(path):
+    """JSON lines {"layer", "row", "experts"} -> {(layer, row): sorted experts}."""
+    out = {}
+    with open(path) as f:
+        for line in f:
+            if line.strip():
+                r = json.loads(line)
+                out[(int(r["layer"]), int(r["row"]))] = sorted(int(e) for e in r["experts"])
+    return out
+
+
+def run_engine(xds, model, prompt, extra, tmp, tag, want_routing):
+    logits_path = os.path.join(tmp, tag + ".logits.f32")
+    routing_path = os.path.join(tmp, tag + ".routing.jsonl")
+    cmd = [xds, "generate", "--model", model, "--prompt-ids", ",".join(map(str, prompt)),
+           "--max-tokens", str(MAX_TOKENS), "--temperature", "0", "--ignore-eos",
+           "--compute-dtype", "f32", "--dump-logits", logits_path] + extra
+    if want_routing:
+        cmd += ["--dump-routing", routing_path]
+    stdout, secs = run(cmd)
+    generated = parse_generated(stdout, prompt, MAX_TOKENS)
+    raw = np.fromfile(logits_path, dtype="<f4").astype(np.float64)
+    return {"generated": generated, "raw_logits": raw, "secs": secs,
+            "routing": read_routing(routing_path) if want_routing else None}
+
+
+def compare(oracle, prompt, eng, label):
+    """Checks one engine run against the oracle on prompt + the engine's ids."""
+    cfg = oracle.cfg
+    vocab = cfg.vocab_size
+    ids = prompt + eng["generated"]
+    ref = oracle.run(ids, with_mtp=False)
+    raw = eng["raw_logits"]
+    if raw.size % vocab:
+        raise Failure(f"{label}: logits file of {raw.size} floats is not [rows, {vocab}]")
+    logits = raw.reshape(-1, vocab)
+    rows = logits.shape[0]
+    if rows not in (len(ids) - 1, len(ids)):
+        raise Failure(f"{label}: {rows} logits rows, expected {len(ids) - 1} or {len(ids)}")
+    errors = []
+    rel = np.max(np.abs(logits - ref["logits"][:rows]), axis=1) / np.max(
+        np.abs(ref["logits"][:rows]), axis=1)
+    worst = int(np.argmax(rel))
+    if rel[worst] > LOGIT_RTOL:
+        bad = [int(r) for r in np.nonzero(rel > LOGIT_RTOL)[0]]
+        errors.append(f"logits: rows {bad} exceed {LOGIT_RTOL} (worst row {worst}: "
+                      f"{rel[worst]:.3e}; first bad row {bad[0]}: {rel[bad[0]]:.3e})")
+    for j, tok in enumerate(eng["generated"]):
+        want = argmax(ref["logits"][len(prompt) - 1 + j], vocab)
+        if tok != want:
+            errors.append(f"greedy: step {j} (row {len(prompt) - 1 + j}) engine {tok}, "
+                          f"oracle {want}")
+            break
+    n_routing = 0
+    if eng["routing"] is not None:
+        for layer, per_token in ref["routing"].items():
+            for row in range(rows):
+                got = eng["routing"].get((layer, row))
+                if got is None:
+                    errors.append(f"routing: engine dumped nothing for layer {layer} row {row}")
+                elif got != per_token[row][0]:
+                    errors.append(f"routing: layer {layer} row {row}: engine {got}, "
+                                  f"oracle {per_token[row][0]}")
+                n_routing += 1
+        extra = sorted({k[0] for k in eng["routing"]} - set(ref["routing"]))
+        if [x for x in extra if x < cfg.num_hidden_layers]:
+            errors.append(f"routing: engine dumped non-MoE layers {extra}")
+    return errors, {"rows": rows, "max_rel_err": float(rel[worst]), "worst_row": worst,
+                    "routing_checked": n_routing}
+
+
+def detect_batch_flag(gen_help):
+    """A batch option of generate, if the engine has one (e.g. --batch N / --copies N):
+    the prompt is run as N identical sequences in one batch."""
+    for flag in ["--batch", "--batch-size", "--copies", "--num-seqs"]:
+        if re.search(re.escape(flag) + r"\b", gen_help):
+            return [flag, "3"]
+    return None
+
+
+def run_case(xds, case, workdir, gen_help, log):
+    t0 = time.monotonic()
+    pick = pick_seed_and_prompt(xds, case, workdir)
+    log(f"[{case['name']}] seed {pick['seed']}, prompt {pick['prompt']}, oracle greedy "
+        f"{pick['generated']}, margins argmax {pick['argmax_margin']:.2e} (rel) routing "
+        f"{pick['routing_margin']:.2e} ({time.monotonic() - t0:.1f} s)")
+    want_routing = "--dump-routing" in gen_help
+    failed = []
+    oneshot = None
+    for v in case["variants"]:
+        spec = VARIANTS[v]
+        extra = spec["args"]
+        if v == "batch":
+            extra = detect_batch_flag(gen_help)
+        needs = spec["needs"]
+        if extra is None or (needs and needs != "BATCH" and needs not in gen_help):
+            log(f"[{case['name']}/{v}] SKIPPED: generate has no {needs} option")
+            continue
+        label = f"{case['name']}/{v}"
+        try:
+            eng = run_engine(xds, pick["model"], pick["prompt"], extra, workdir, label.replace(
+                "/", "_"), want_routing)
+        except Failure as e:
+            failed.append(label)
+            log(f"[{label}] FAIL: {e}")
+            continue
+        errors, stats = compare(pick["oracle"], pick["prompt"], eng, label)
+        if oneshot is not None:
+            if eng["generated"] != oneshot["generated"]:
+                errors.append(f"tokens differ from the one-shot run: {eng['generated']} vs "
+                              f"{oneshot['generated']}")
+        if v == "oneshot":
+            oneshot = eng
+        status = "FAIL" if errors else "ok"
+        log(f"[{label}] {status}: engine {eng['generated']}, {stats['rows']} rows, max rel err "
+            f"{stats['max_rel_err']:.2e} (row {stats['worst_row']}), routing checked "
+            f"{stats['routing_checked'] or 'NOT DUMPED'}, engine {eng['secs']:.1f} s")
+        for e in errors[:20]:
+            log(f"    {e}")
+        if errors:
+            failed.append(label)
+    return failed
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--xdeepserve", required=True, help="path of the xdeepserve binary")
+    ap.add_argument("--case", action="append", help="run only these cases")
+    ap.add_argument("--keep", help="keep checkpoints and dumps in this directory")
+    ap.add_argument("--list", action="store_true")
+    args = ap.parse_args()
+    if args.list:
+        for c in CASES:
+            print(c["name"], c["variants"])
+        return 0
+    xds = os.path.abspath(args.xdeepserve)
+    gen_help = help_text(xds, "generate")
+    workdir = args.keep or tempfile.mkdtemp(prefix="xds_conformance_")
+    os.makedirs(workdir, exist_ok=True)
+    log = lambda s: print(s, flush=True)
+    failed = []
+    t0 = time.monotonic()
+    try:
+        for case in CASES:
+            if args.case and case["name"] not in args.case:
+                continue
+            try:
+                failed += run_case(xds, case, workdir, gen_help, log)
+            except Failure as e:
+                failed.append(case["name"])
+                log(f"[{case['name']}] FAIL: {e}")
+    finally:
+        if not args.keep:
+            shutil.rmtree(workdir, ignore_errors=True)
+    log(f"conformance: {'FAILED ' + ', '.join(failed) if failed else 'all passed'} "
+        f"({time.monotonic() - t0:.1f} s)")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
