@@ -6,6 +6,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   int exit_code = 0;
   // One line per subcommand (commands.h).
+  xds::cli::add_generate_command(app, &exit_code);
   (void)&exit_code;
   CLI11_PARSE(app, argc, argv);
   return exit_code;

@@ -1,0 +1,168 @@
+#include "kernels/cpu/linear.h"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "base/check.h"
+
+// AVX2 + FMA kernels (8 floats per register, 16 registers). The machines this project runs
+// on report AVX2/FMA; an AVX512-BF16 variant belongs behind a runtime CPU check.
+
+namespace xds::kernels {
+namespace {
+
+constexpr int kRowBlock = 6;          // rows of W per tile (split into 3s for multi-token tiles)
+constexpr int kTokenBlock = 4;        // tokens per tile
+constexpr int64_t kTokenChunk = 64;   // tokens kept hot in L2 while a W slice streams
+
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const uint16_t* p) {
+  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
+}
+inline float scalar(float v) { return v; }
+inline float scalar(uint16_t v) { return bf16_to_f32(v); }
+
+inline float hsum(__m256 v) {
+  const __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
+  __m128 s = _mm_add_ps(lo, hi);
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// y[t][r] = x[t] · w[r] over k for TB tokens and RB rows; fp32 accumulation in a fixed
+// order (vector lanes, then the scalar tail), independent of TB and RB so that a token's
+// result does not depend on which other tokens share its batch.
+template <typename XT, typename WT, int TB, int RB>
+void dot_tile(const XT* x, int64_t ldx, const WT* w, int64_t ldw, int64_t k, float* y, int64_t ldy) {
+  __m256 acc[TB][RB];
+  for (int t = 0; t < TB; ++t)
+    for (int r = 0; r < RB; ++r) acc[t][r] = _mm256_setzero_ps();
+  const int64_t kv = k & ~int64_t{7};
+  for (int64_t k0 = 0; k0 < kv; k0 += 8) {
+    __m256 wv[RB];
+    for (int r = 0; r < RB; ++r) wv[r] = load8(w + r * ldw + k0);
+    for (int t = 0; t < TB; ++t) {
+      const __m256 xv = load8(x + t * ldx + k0);
+      for (int r = 0; r < RB; ++r) acc[t][r] = _mm256_fmadd_ps(xv, wv[r], acc[t][r]);
+    }
+  }
+  for (int t = 0; t < TB; ++t) {
+    for (int r = 0; r < RB; ++r) {
+      float s = hsum(acc[t][r]);
+      for (int64_t i = kv; i < k; ++i) s += scalar(x[t * ldx + i]) * scalar(w[r * ldw + i]);
+      y[t * ldy + r] = s;
+    }
+  }
+}
+
+template <typename XT, typename WT, int TB>
+void dot_rows(int rb, const XT* x, int64_t ldx, const WT* w, int64_t ldw, int64_t k, float* y, int64_t ldy) {
+  switch (rb) {
+    case 1: return dot_tile<XT, WT, TB, 1>(x, ldx, w, ldw, k, y, ldy);
+    case 2: return dot_tile<XT, WT, TB, 2>(x, ldx, w, ldw, k, y, ldy);
+    case 3: return dot_tile<XT, WT, TB, 3>(x, ldx, w, ldw, k, y, ldy);
+  }
+  if constexpr (TB == 1) {
+    switch (rb) {
+      case 4: return dot_tile<XT, WT, 1, 4>(x, ldx, w, ldw, k, y, ldy);
+      case 5: return dot_tile<XT, WT, 1, 5>(x, ldx, w, ldw, k, y, ldy);
+      case 6: return dot_tile<XT, WT, 1, 6>(x, ldx, w, ldw, k, y, ldy);
+    }
+  }
+  XDS_CHECK(false, "bad row block {} for {} tokens", rb, TB);
+}
+
+// One tile of tb tokens × rb rows (rb <= 6): a single token uses up to 6 independent rows;
+// several tokens use row groups of 3 (4 tokens × 3 rows = 12 accumulators + 3 + 1 registers).
+template <typename XT, typename WT>
+void tile(int tb, int rb, const XT* x, int64_t ldx, const WT* w, int64_t k, float* y, int64_t ldy) {
+  if (tb == 1) return dot_rows<XT, WT, 1>(rb, x, ldx, w, k, k, y, ldy);
+  for (int r0 = 0; r0 < rb; r0 += 3) {
+    const int part = std::min(3, rb - r0);
+    const WT* wr = w + r0 * k;
+    float* yr = y + r0;
+    switch (tb) {
+      case 2: dot_rows<XT, WT, 2>(part, x, ldx, wr, k, k, yr, ldy); break;
+      case 3: dot_rows<XT, WT, 3>(part, x, ldx, wr, k, k, yr, ldy); break;
+      case 4: dot_rows<XT, WT, 4>(part, x, ldx, wr, k, k, yr, ldy); break;
+      default: XDS_CHECK(false, "bad token block {}", tb);
+    }
+  }
+}
+
+int64_t rows_per_task(int64_t rows, int threads) {
+  const int64_t per = (rows + threads - 1) / threads;
+  return std::max<int64_t>(kRowBlock, (per + kRowBlock - 1) / kRowBlock * kRowBlock);
+}
+
+template <typename XT, typename WT>
+void linear_impl(const XT* x, int64_t n, int64_t ldx, const MatrixRef& w, float* y, int64_t ldy,
+                 ThreadPool& pool) {
+  const WT* wd = static_cast<const WT*>(w.data);
+  const int64_t k = w.cols;
+  const int64_t step = rows_per_task(w.rows, pool.num_threads());
+  const int64_t tasks = (w.rows + step - 1) / step;
+  pool.parallel_for(tasks, [&](int64_t b, int64_t e, int) {
+    const int64_t r_begin = b * step, r_end = std::min(w.rows, e * step);
+    for (int64_t t0 = 0; t0 < n; t0 += kTokenChunk) {
+      const int64_t t1 = std::min(n, t0 + kTokenChunk);
+      for (int64_t r = r_begin; r < r_end; r += kRowBlock) {
+        const int rb = static_cast<int>(std::min<int64_t>(kRowBlock, r_end - r));
+        for (int64_t t = t0; t < t1; t += kTokenBlock) {
+          const int tb = static_cast<int>(std::min<int64_t>(kTokenBlock, t1 - t));
+          tile<XT, WT>(tb, rb, x + t * ldx, ldx, wd + r * k, k, y + t * ldy + r, ldy);
+        }
+      }
+    }
+  });
+}
+
+}  // namespace
+
+void linear_f32(const float* x, int64_t n, int64_t ldx, const MatrixRef& w, float* y,
+                int64_t ldy, ThreadPool& pool) {
+  if (n == 0 || w.rows == 0) return;
+  if (w.dtype == DType::kBF16) return linear_impl<float, uint16_t>(x, n, ldx, w, y, ldy, pool);
+  XDS_CHECK(w.dtype == DType::kF32, "linear: weight dtype {}", dtype_name(w.dtype));
+  linear_impl<float, float>(x, n, ldx, w, y, ldy, pool);
+}
+
+void linear_bf16(const uint16_t* x, int64_t n, int64_t ldx, const MatrixRef& w, float* y,
+                 int64_t ldy, ThreadPool& pool) {
+  if (n == 0 || w.rows == 0) return;
+  if (w.dtype == DType::kBF16) return linear_impl<uint16_t, uint16_t>(x, n, ldx, w, y, ldy, pool);
+  XDS_CHECK(w.dtype == DType::kF32, "linear: weight dtype {}", dtype_name(w.dtype));
+  linear_impl<uint16_t, float>(x, n, ldx, w, y, ldy, pool);
+}
+
+void round_to_bf16(const float* src, int64_t count, uint16_t* dst) {
+  for (int64_t i = 0; i < count; ++i) dst[i] = f32_to_bf16(src[i]);
+}
+
+void matmul_nn_accumulate(const float* x, int64_t n, int64_t ldx, const MatrixRef& w,
+                          float* y, int64_t ldy) {
+  const int64_t cols = w.cols;
+  const int64_t cv = cols & ~int64_t{7};
+  for (int64_t r = 0; r < w.rows; ++r) {
+    const uint16_t* wb = static_cast<const uint16_t*>(w.data) + r * cols;
+    const float* wf = static_cast<const float*>(w.data) + r * cols;
+    const bool bf16 = w.dtype == DType::kBF16;
+    for (int64_t c0 = 0; c0 < cv; c0 += 8) {
+      const __m256 wv = bf16 ? load8(wb + c0) : load8(wf + c0);
+      for (int64_t t = 0; t < n; ++t) {
+        float* yt = y + t * ldy + c0;
+        _mm256_storeu_ps(yt, _mm256_fmadd_ps(_mm256_set1_ps(x[t * ldx + r]), wv, _mm256_loadu_ps(yt)));
+      }
+    }
+    for (int64_t c = cv; c < cols; ++c) {
+      const float wc = bf16 ? bf16_to_f32(wb[c]) : wf[c];
+      for (int64_t t = 0; t < n; ++t) y[t * ldy + c] += x[t * ldx + r] * wc;
+    }
+  }
+}
+
+}  // namespace xds::kernels

@@ -1,0 +1,36 @@
+// Linear layers: y = x · Wᵀ with fp32 accumulation.
+//
+//   x: [n, k] activations, row stride ldx (elements)
+//   W: MatrixRef [rows, k] (BF16 or F32), the Hugging Face [out, in] layout
+//   y: [n, rows] fp32, row stride ldy
+//
+// Work is split across the pool by output rows, so every thread streams its own slice of
+// W exactly once per call while the activations stay in cache (decode is memory-bound on
+// W). Tokens are register-blocked 4 at a time, rows 3-6 at a time.
+#pragma once
+
+#include <cstdint>
+
+#include "base/thread_pool.h"
+#include "tensor/matrix.h"
+
+namespace xds::kernels {
+
+// fp32 activations (the reference mode): W is converted to fp32 on the fly.
+void linear_f32(const float* x, int64_t n, int64_t ldx, const MatrixRef& w, float* y,
+                int64_t ldy, ThreadPool& pool);
+
+// bf16 activations (the fast mode's rounding point): x holds bf16 values, widened exactly
+// to fp32 in registers; products and sums as in linear_f32.
+void linear_bf16(const uint16_t* x, int64_t n, int64_t ldx, const MatrixRef& w, float* y,
+                 int64_t ldy, ThreadPool& pool);
+
+// Rounds fp32 to bf16 (nearest even): dst[i] = bf16(src[i]) for i < count.
+void round_to_bf16(const float* src, int64_t count, uint16_t* dst);
+
+// y[n, cols] += x[n, rows] · W[rows, cols] for a (small) W block, single thread:
+// used by absorbed MLA, where a head's W_UK block multiplies from the left.
+void matmul_nn_accumulate(const float* x, int64_t n, int64_t ldx, const MatrixRef& w,
+                          float* y, int64_t ldy);
+
+}  // namespace xds::kernels

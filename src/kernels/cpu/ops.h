@@ -1,0 +1,28 @@
+// Element-wise and row-wise kernels on fp32 activations (single thread; callers split rows).
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+namespace xds::kernels {
+
+// y[i] = x[i] / sqrt(mean(x²) + eps) * w[i], i < n. y may alias x.
+void rmsnorm(const float* x, const float* w, int64_t n, double eps, float* y);
+
+// out[i] = silu(gate[i]) * up[i], silu(z) = z / (1 + e^-z). out may alias gate.
+void silu_mul(const float* gate, const float* up, int64_t n, float* out);
+
+// In-place numerically stable softmax over x[0..n).
+void softmax_inplace(float* x, int64_t n);
+
+// Rotates interleaved pairs of x[0..dim): (x[2i], x[2i+1]) by angle with cos/sin
+// tables cos_sin[2i] = cos, cos_sin[2i+1] = sin (already scaled by the YaRN mscale).
+void rope_interleaved(float* x, int64_t dim, const float* cos_sin);
+
+// y[i] += a * x[i].
+void axpy(float a, const float* x, int64_t n, float* y);
+
+// Index of the largest value (ties: lowest index); -inf everywhere gives 0.
+int64_t argmax(const float* x, int64_t n);
+
+}  // namespace xds::kernels

@@ -1,0 +1,266 @@
+#include "model/deepseek_v3.h"
+
+#include <algorithm>
+#include <cstring>
+#include <thread>
+
+#include "kernels/cpu/linear.h"
+#include "kernels/cpu/ops.h"
+#include "model/deepseek_v3_batch.h"
+#include "model/linear_runner.h"
+#include "model/local_moe.h"
+#include "model/moe_routing.h"
+#include "model/safetensors.h"
+#include "model/weights.h"
+
+namespace xds {
+namespace {
+
+template <typename T>
+T* grow(std::vector<T>& v, int64_t count) {
+  if (v.size() < static_cast<size_t>(count)) v.resize(static_cast<size_t>(count));
+  return v.data();
+}
+
+// The MoE layer keeps its own LinearRunner (a bf16 scratch of its own).
+struct OwnedLocalMoe final : MoeExchange {
+  OwnedLocalMoe(const DeepseekV3Config& c, const DeepseekV3Weights& w, ComputeDType dt, ThreadPool& pool)
+      : linear(dt, pool), exchange(c, w, linear) {}
+  Status run(const MoeExchangeInput& in) override { return exchange.run(in); }
+  LinearRunner linear;
+  LocalMoeExchange exchange;
+};
+
+}  // namespace
+
+DeepseekV3Model::~DeepseekV3Model() = default;
+
+Result<std::unique_ptr<DeepseekV3Model>> DeepseekV3Model::load(const std::string& dir,
+                                                               const ModelOptions& options) {
+  std::unique_ptr<DeepseekV3Model> m(new DeepseekV3Model());
+  XDS_ASSIGN_OR_RETURN(m->config_, load_deepseek_v3_config(dir));
+  m->options_ = options;
+  const int threads = options.threads > 0 ? options.threads
+                                          : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  m->pool_ = std::make_unique<ThreadPool>(threads);
+  XDS_ASSIGN_OR_RETURN(Checkpoint ckpt, Checkpoint::open(dir));
+  m->checkpoint_ = std::make_unique<Checkpoint>(std::move(ckpt));
+  RepackOptions repack;
+  repack.pool = m->pool_.get();
+  m->store_ = std::make_unique<RepackCache>(repack);
+  XDS_ASSIGN_OR_RETURN(m->weights_, bind_deepseek_v3_weights(m->config_, *m->checkpoint_, *m->store_));
+  m->store_->finish_progress();
+  m->rope_ = std::make_unique<RopeTable>(m->config_);
+  m->local_exchange_ = std::make_unique<OwnedLocalMoe>(m->config_, m->weights_, options.compute, *m->pool_);
+  m->exchange_ = m->local_exchange_.get();
+  return m;
+}
+
+KvCache DeepseekV3Model::make_cache(int64_t max_tokens, int64_t block_size) const {
+  KvCacheShape s;
+  s.layers = config_.num_hidden_layers + config_.num_nextn_predict_layers;
+  s.block_size = block_size;
+  s.num_blocks = (max_tokens + block_size - 1) / block_size;
+  s.latent_dim = config_.kv_lora_rank;
+  s.rope_dim = config_.qk_rope_head_dim;
+  return KvCache(s);
+}
+
+void DeepseekV3Model::linear(const float* x, int64_t n, int64_t ldx, const MatrixRef& w, float* y,
+                             int64_t ldy) {
+  if (options_.compute == ComputeDType::kF32) {
+    kernels::linear_f32(x, n, ldx, w, y, ldy, *pool_);
+    return;
+  }
+  const int64_t k = w.cols;
+  uint16_t* xb = grow(s_bf16_, n * k);
+  for (int64_t t = 0; t < n; ++t) kernels::round_to_bf16(x + t * ldx, k, xb + t * k);
+  kernels::linear_bf16(xb, n, k, w, y, ldy, *pool_);
+}
+
+void DeepseekV3Model::embed_rows(const MatrixRef& table, std::span<const int32_t> ids, float* out) {
+  const int64_t d = table.cols;
+  for (size_t t = 0; t < ids.size(); ++t) {
+    float* row = out + static_cast<int64_t>(t) * d;
+    if (table.dtype == DType::kBF16) {
+      const uint16_t* src = static_cast<const uint16_t*>(table.data) + ids[t] * d;
+      for (int64_t i = 0; i < d; ++i) row[i] = bf16_to_f32(src[i]);
+    } else {
+      std::memcpy(row, static_cast<const float*>(table.data) + ids[t] * d, sizeof(float) * d);
+    }
+  }
+}
+
+void DeepseekV3Model::run_mlp(const MlpWeights& w, const float* xn, int64_t n, float* out) {
+  const int64_t d = config_.hidden_size, width = w.gate_proj.rows;
+  float* gate = grow(s_gate_, n * width);
+  float* up = grow(s_up_, n * width);
+  linear(xn, n, d, w.gate_proj, gate, width);
+  linear(xn, n, d, w.up_proj, up, width);
+  pool_->parallel_for(n, [&](int64_t t0, int64_t t1, int) {
+    kernels::silu_mul(gate + t0 * width, up + t0 * width, (t1 - t0) * width, gate + t0 * width);
+  });
+  linear(gate, n, width, w.down_proj, out, d);
+}
+
+Status DeepseekV3Model::run_moe(const MoeWeights& w, int64_t layer, const Batch& b, const float* xn,
+                                float* out) {
+  const int64_t n = b.n, d = config_.hidden_size, e = config_.n_routed_experts;
+  const int64_t k = config_.num_experts_per_tok;
+  // Router in fp32 in every compute mode: routing decisions must not move with the fast mode.
+  float* logits = grow(s_router_, n * e);
+  kernels::linear_f32(xn, n, d, w.router, logits, e, *pool_);
+  int32_t* ids = grow(s_ids_, n * k);
+  float* weights = grow(s_weights_, n * k);
+  const GatingParams gp = GatingParams::from_config(config_);
+  const float* bias = w.score_bias.empty() ? nullptr : w.score_bias.data();
+  std::vector<float> scratch(static_cast<size_t>(2 * e));
+  for (int64_t t = 0; t < n; ++t) {
+    route_token(gp, logits + t * e, bias, ids + t * k, weights + t * k, scratch.data());
+    if (routing_observer_) {
+      std::vector<int32_t> sorted(ids + t * k, ids + (t + 1) * k);
+      std::sort(sorted.begin(), sorted.end());
+      routing_observer_(layer, t, sorted);
+    }
+  }
+  float* routed = grow(s_routed_, n * d);
+  MoeExchangeInput in{layer, xn, n, ids, weights, k, routed};
+  XDS_RETURN_IF_ERROR(exchange_->run(in));
+  if (w.shared) {
+    run_mlp(*w.shared, xn, n, out);
+    for (int64_t i = 0; i < n * d; ++i) out[i] += routed[i];
+  } else {
+    std::memcpy(out, routed, sizeof(float) * static_cast<size_t>(n * d));
+  }
+  return {};
+}
+
+Status DeepseekV3Model::run_layer(const LayerWeights& w, int64_t cache_layer, const Batch& b, KvCache& cache,
+                                  float* x) {
+  const int64_t n = b.n, d = config_.hidden_size;
+  const double eps = config_.rms_norm_eps;
+  float* xn = grow(s_xn_, n * d);
+  float* tmp = grow(s_tmp_, n * d);
+  auto norm_rows = [&](std::span<const float> weight) {
+    pool_->parallel_for(n, [&](int64_t t0, int64_t t1, int) {
+      for (int64_t t = t0; t < t1; ++t) kernels::rmsnorm(x + t * d, weight.data(), d, eps, xn + t * d);
+    });
+  };
+  norm_rows(w.input_norm);
+  run_attention(w.attn, cache_layer, b, cache, xn, tmp);
+  for (int64_t i = 0; i < n * d; ++i) x[i] += tmp[i];
+  norm_rows(w.post_attn_norm);
+  if (w.dense) {
+    run_mlp(*w.dense, xn, n, tmp);
+  } else {
+    XDS_RETURN_IF_ERROR(run_moe(*w.moe, cache_layer, b, xn, tmp));
+  }
+  for (int64_t i = 0; i < n * d; ++i) x[i] += tmp[i];
+  return {};
+}
+
+void DeepseekV3Model::logits_for(const float* hidden_normed, int64_t rows, const MatrixRef& head,
+                                 StepOutput& out) {
+  const int64_t v = config_.vocab_size;
+  out.logits.resize(static_cast<size_t>(rows * v));
+  linear(hidden_normed, rows, config_.hidden_size, head, out.logits.data(), v);
+}
+
+namespace {
+
+Status check_tokens(std::span<const int32_t> tokens, int64_t vocab) {
+  for (int32_t t : tokens) {
+    if (t < 0 || t >= vocab) return invalid_argument("token id {} out of range [0, {})", t, vocab);
+  }
+  return {};
+}
+
+}  // namespace
+
+Status DeepseekV3Model::forward(std::span<const TokenChunk> chunks, KvCache& cache, StepOutput& out) {
+  const int64_t d = config_.hidden_size;
+  Batch b;
+  int64_t max_pos = 0;
+  for (const TokenChunk& ch : chunks) {
+    XDS_RETURN_IF_ERROR(check_tokens(ch.tokens, config_.vocab_size));
+    const int64_t count = static_cast<int64_t>(ch.tokens.size());
+    XDS_RETURN_IF_ERROR(cache.reserve(ch.seq, ch.start_pos + count));
+    b.chunks.push_back({ch.seq, ch.start_pos, b.n, count});
+    for (int64_t i = 0; i < count; ++i) b.pos.push_back(ch.start_pos + i);
+    b.n += count;
+    max_pos = std::max(max_pos, ch.start_pos + count);
+  }
+  rope_->ensure(max_pos);
+  float* x = grow(s_x_, b.n * d);
+  int64_t at = 0;
+  for (const TokenChunk& ch : chunks) {
+    embed_rows(weights_.embed, ch.tokens, x + at * d);
+    at += static_cast<int64_t>(ch.tokens.size());
+  }
+  for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
+    XDS_RETURN_IF_ERROR(run_layer(weights_.layers[l], l, b, cache, x));
+  }
+  out.hidden.resize(static_cast<size_t>(b.n * d));
+  pool_->parallel_for(b.n, [&](int64_t t0, int64_t t1, int) {
+    for (int64_t t = t0; t < t1; ++t) {
+      kernels::rmsnorm(x + t * d, weights_.final_norm.data(), d, config_.rms_norm_eps, out.hidden.data() + t * d);
+    }
+  });
+  out.logit_tokens.clear();
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    const Batch::Chunk& ch = b.chunks[i];
+    if (ch.count == 0) continue;
+    for (int64_t t = chunks[i].all_logits ? 0 : ch.count - 1; t < ch.count; ++t) out.logit_tokens.push_back(ch.begin + t);
+  }
+  const int64_t rows = static_cast<int64_t>(out.logit_tokens.size());
+  float* hn = grow(s_xn_, rows * d);
+  for (int64_t r = 0; r < rows; ++r) {
+    std::memcpy(hn + r * d, out.hidden.data() + out.logit_tokens[r] * d, sizeof(float) * d);
+  }
+  logits_for(hn, rows, weights_.lm_head, out);
+  return {};
+}
+
+Status DeepseekV3Model::forward_mtp(int64_t k, std::span<const MtpChunk> chunks, KvCache& cache,
+                                    StepOutput& out) {
+  if (k < 0 || k >= config_.num_nextn_predict_layers) {
+    return invalid_argument("MTP layer {} requested, the model has {}", k, config_.num_nextn_predict_layers);
+  }
+  const MtpWeights& w = weights_.mtp[k];
+  const int64_t d = config_.hidden_size, layer = config_.num_hidden_layers + k;
+  Batch b;
+  int64_t max_pos = 0;
+  for (const MtpChunk& ch : chunks) {
+    XDS_RETURN_IF_ERROR(check_tokens(ch.next_tokens, config_.vocab_size));
+    const int64_t count = static_cast<int64_t>(ch.next_tokens.size());
+    XDS_RETURN_IF_ERROR(cache.reserve(ch.seq, ch.start_pos + count));
+    b.chunks.push_back({ch.seq, ch.start_pos, b.n, count});
+    for (int64_t i = 0; i < count; ++i) b.pos.push_back(ch.start_pos + i);
+    b.n += count;
+    max_pos = std::max(max_pos, ch.start_pos + count);
+  }
+  rope_->ensure(max_pos);
+  // cat: [n, 2D] = [enorm(embed(next)); hnorm(hidden)]
+  float* cat = grow(s_gather_, b.n * 2 * d);
+  float* e = grow(s_tmp_, b.n * d);
+  int64_t at = 0;
+  for (const MtpChunk& ch : chunks) {
+    embed_rows(w.embed, ch.next_tokens, e + at * d);
+    for (size_t i = 0; i < ch.next_tokens.size(); ++i, ++at) {
+      kernels::rmsnorm(e + at * d, w.enorm.data(), d, config_.rms_norm_eps, cat + at * 2 * d);
+      kernels::rmsnorm(ch.hidden + static_cast<int64_t>(i) * d, w.hnorm.data(), d, config_.rms_norm_eps,
+                       cat + at * 2 * d + d);
+    }
+  }
+  float* x = grow(s_x_, b.n * d);
+  linear(cat, b.n, 2 * d, w.eh_proj, x, d);
+  XDS_RETURN_IF_ERROR(run_layer(w.layer, layer, b, cache, x));
+  float* hn = grow(s_xn_, b.n * d);
+  for (int64_t t = 0; t < b.n; ++t) kernels::rmsnorm(x + t * d, w.head_norm.data(), d, config_.rms_norm_eps, hn + t * d);
+  out.logit_tokens.resize(static_cast<size_t>(b.n));
+  for (int64_t t = 0; t < b.n; ++t) out.logit_tokens[t] = t;
+  logits_for(hn, b.n, w.head, out);
+  return {};
+}
+
+}  // namespace xds

@@ -1,0 +1,128 @@
+// DeepSeek-V3 forward pass on CPU (semantics: docs/design/deepseek_v3_forward.md).
+//
+// One forward step takes many sequences at different positions: each TokenChunk is a run
+// of consecutive tokens of one sequence (a prefill chunk, or one decode token) starting at
+// `start_pos`; the cache must already hold positions [0, start_pos) of that sequence.
+// Tokens of all chunks are concatenated ("batch order") for the linear layers; attention
+// runs per chunk over the paged latent cache.
+//
+// Thread-safety: a model instance runs one step at a time (it owns its scratch buffers).
+// Weights are read-only and may be shared by several instances.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+#include "base/thread_pool.h"
+#include "model/config.h"
+#include "model/deepseek_v3_weights.h"
+#include "model/kv_cache.h"
+#include "model/moe_exchange.h"
+#include "model/rope.h"
+
+namespace xds {
+
+class Checkpoint;
+class RepackCache;
+
+enum class ComputeDType {
+  kF32,   // reference: fp32 activations, weights widened on the fly
+  kBF16,  // fast: linear-layer inputs rounded to bf16 (AVX512-BF16 dot products)
+};
+
+// How prefill attention is computed: weight-absorbed over the latent cache, or expanded
+// (K/V materialised through kv_b_proj). kAuto picks the cheaper per chunk by FLOPs.
+enum class AttentionMode { kAuto, kAbsorbed, kExpanded };
+
+struct TokenChunk {
+  int64_t seq = 0;                     // KvCache sequence slot
+  int64_t start_pos = 0;               // position of tokens[0]
+  std::span<const int32_t> tokens;
+  bool all_logits = false;             // logits for every token, else only the last
+};
+
+// Called with (layer, token index in batch order, chosen expert ids) for every MoE layer.
+using RoutingObserver = std::function<void(int64_t, int64_t, std::span<const int32_t>)>;
+
+struct StepOutput {
+  std::vector<float> logits;           // [rows, vocab]
+  std::vector<int64_t> logit_tokens;   // [rows] token index (batch order) of each row
+  std::vector<float> hidden;           // [n_tokens, D] final-normed hidden (MTP input)
+};
+
+// One MTP row: extends the main model's hidden at position `pos` with token_{pos+1}.
+struct MtpChunk {
+  int64_t seq = 0;
+  int64_t start_pos = 0;               // position of the first row
+  std::span<const int32_t> next_tokens;  // token_{pos+1} for each row
+  const float* hidden = nullptr;       // [rows, D] final-normed main-model hidden
+};
+
+struct ModelOptions {
+  ComputeDType compute = ComputeDType::kF32;
+  AttentionMode attention = AttentionMode::kAuto;
+  int threads = 0;                     // 0: all cores
+};
+
+class DeepseekV3Model {
+ public:
+  // Loads dir/config.json, generation_config.json and the safetensors weights.
+  static Result<std::unique_ptr<DeepseekV3Model>> load(const std::string& dir,
+                                                       const ModelOptions& options);
+  ~DeepseekV3Model();
+
+  const DeepseekV3Config& config() const { return config_; }
+  const DeepseekV3Weights& weights() const { return weights_; }
+  ThreadPool& pool() { return *pool_; }
+
+  // A cache with room for `max_tokens` tokens of context in total, every layer (MTP too).
+  KvCache make_cache(int64_t max_tokens, int64_t block_size = 16) const;
+
+  // Runs the main model on `chunks`; reserves cache blocks as needed.
+  Status forward(std::span<const TokenChunk> chunks, KvCache& cache, StepOutput& out);
+  // Runs MTP layer `k` (0-based); fills out.logits with one row per MTP row.
+  Status forward_mtp(int64_t k, std::span<const MtpChunk> chunks, KvCache& cache,
+                     StepOutput& out);
+
+  void set_routing_observer(RoutingObserver observer) { routing_observer_ = std::move(observer); }
+  // Replaces the local expert computation (expert parallelism, disaggregation).
+  void set_moe_exchange(MoeExchange* exchange) { exchange_ = exchange; }
+
+ private:
+  DeepseekV3Model() = default;
+  struct Batch;
+  Status run_layer(const LayerWeights& w, int64_t cache_layer, const Batch& b, KvCache& cache,
+                   float* x);
+  void run_attention(const MlaWeights& w, int64_t cache_layer, const Batch& b, KvCache& cache,
+                     const float* xn, float* out);
+  Status run_moe(const MoeWeights& w, int64_t layer, const Batch& b, const float* xn, float* out);
+  void run_mlp(const MlpWeights& w, const float* xn, int64_t n, float* out);
+  void linear(const float* x, int64_t n, int64_t ldx, const MatrixRef& w, float* y, int64_t ldy);
+  void embed_rows(const MatrixRef& table, std::span<const int32_t> ids, float* out);
+  void logits_for(const float* hidden_normed, int64_t rows, const MatrixRef& head, StepOutput& out);
+
+  DeepseekV3Config config_;
+  ModelOptions options_;
+  std::unique_ptr<Checkpoint> checkpoint_;
+  std::unique_ptr<RepackCache> store_;
+  DeepseekV3Weights weights_;
+  std::unique_ptr<ThreadPool> pool_;
+  std::unique_ptr<RopeTable> rope_;
+  std::unique_ptr<MoeExchange> local_exchange_;
+  MoeExchange* exchange_ = nullptr;
+  RoutingObserver routing_observer_;
+  ThreadPool inline_pool_{1};  // for linear calls made inside a parallel region
+
+  // Scratch reused across steps (grown, never shrunk).
+  std::vector<float> s_x_, s_xn_, s_tmp_, s_q_, s_qa_, s_kva_, s_qabs_, s_lat_, s_attn_;
+  std::vector<float> s_gather_, s_kvfull_, s_gate_, s_up_, s_scores_, s_routed_, s_router_;
+  std::vector<uint16_t> s_bf16_;
+  std::vector<int32_t> s_ids_;
+  std::vector<float> s_weights_;
+};
+
+}  // namespace xds

@@ -1,0 +1,23 @@
+// The internal per-step batch description shared by the DeepSeek-V3 forward files.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "model/deepseek_v3.h"
+
+namespace xds {
+
+struct DeepseekV3Model::Batch {
+  struct Chunk {
+    int64_t seq;
+    int64_t start_pos;  // position of the chunk's first token
+    int64_t begin;      // index of its first token in batch order
+    int64_t count;
+  };
+  int64_t n = 0;                 // tokens in the step
+  std::vector<int64_t> pos;      // [n] absolute position of each token
+  std::vector<Chunk> chunks;
+};
+
+}  // namespace xds

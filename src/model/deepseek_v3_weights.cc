@@ -1,0 +1,131 @@
+#include "model/deepseek_v3_weights.h"
+
+#include <fmt/format.h>
+
+#include "model/safetensors.h"
+#include "model/weights.h"
+
+namespace xds {
+namespace {
+
+// Binds the tensors of one model; `ckpt`, `store` and the block sizes stay fixed.
+class Binder {
+ public:
+  Binder(const DeepseekV3Config& c, const Checkpoint& ckpt, RepackCache& store)
+      : c_(c), ckpt_(ckpt), store_(store) {
+    if (c.fp8) {
+      br_ = c.fp8->block_rows;
+      bc_ = c.fp8->block_cols;
+    }
+  }
+
+  Result<MatrixRef> matrix(const std::string& name, int64_t rows, int64_t cols) {
+    return bind_matrix(ckpt_, name, rows, cols, store_, br_, bc_);
+  }
+  Result<std::span<const float>> vec(const std::string& name, int64_t n) {
+    return bind_vector_f32(ckpt_, name, n, store_);
+  }
+  bool has(const std::string& name) const { return ckpt_.find(name) != nullptr; }
+
+  Result<MlpWeights> mlp(const std::string& p, int64_t width) {
+    const int64_t d = c_.hidden_size;
+    MlpWeights m;
+    XDS_ASSIGN_OR_RETURN(m.gate_proj, matrix(p + ".gate_proj.weight", width, d));
+    XDS_ASSIGN_OR_RETURN(m.up_proj, matrix(p + ".up_proj.weight", width, d));
+    XDS_ASSIGN_OR_RETURN(m.down_proj, matrix(p + ".down_proj.weight", d, width));
+    return m;
+  }
+
+  Result<LayerWeights> layer(int64_t i) {
+    const std::string p = fmt::format("model.layers.{}", i);
+    const int64_t d = c_.hidden_size, h = c_.num_attention_heads;
+    LayerWeights l;
+    XDS_ASSIGN_OR_RETURN(l.input_norm, vec(p + ".input_layernorm.weight", d));
+    XDS_ASSIGN_OR_RETURN(l.post_attn_norm, vec(p + ".post_attention_layernorm.weight", d));
+    const std::string a = p + ".self_attn";
+    if (c_.q_lora_rank) {
+      const int64_t q = *c_.q_lora_rank;
+      XDS_ASSIGN_OR_RETURN(l.attn.q_a_proj, matrix(a + ".q_a_proj.weight", q, d));
+      XDS_ASSIGN_OR_RETURN(l.attn.q_a_norm, vec(a + ".q_a_layernorm.weight", q));
+      XDS_ASSIGN_OR_RETURN(l.attn.q_b_proj, matrix(a + ".q_b_proj.weight", h * c_.qk_head_dim(), q));
+    } else {
+      XDS_ASSIGN_OR_RETURN(l.attn.q_proj, matrix(a + ".q_proj.weight", h * c_.qk_head_dim(), d));
+    }
+    XDS_ASSIGN_OR_RETURN(l.attn.kv_a_proj,
+                         matrix(a + ".kv_a_proj_with_mqa.weight", c_.kv_lora_rank + c_.qk_rope_head_dim, d));
+    XDS_ASSIGN_OR_RETURN(l.attn.kv_a_norm, vec(a + ".kv_a_layernorm.weight", c_.kv_lora_rank));
+    XDS_ASSIGN_OR_RETURN(l.attn.kv_b_proj, matrix(a + ".kv_b_proj.weight",
+                                                  h * (c_.qk_nope_head_dim + c_.v_head_dim), c_.kv_lora_rank));
+    XDS_ASSIGN_OR_RETURN(l.attn.o_proj, matrix(a + ".o_proj.weight", d, h * c_.v_head_dim));
+    if (!c_.is_moe_layer(i)) {
+      XDS_ASSIGN_OR_RETURN(l.dense, mlp(p + ".mlp", c_.intermediate_size));
+      return l;
+    }
+    MoeWeights moe;
+    XDS_ASSIGN_OR_RETURN(moe.router, matrix(p + ".mlp.gate.weight", c_.n_routed_experts, d));
+    const std::string bias = p + ".mlp.gate.e_score_correction_bias";
+    if (c_.topk_method == TopkMethod::kNoauxTc) {
+      XDS_ASSIGN_OR_RETURN(moe.score_bias, vec(bias, c_.n_routed_experts));
+    }
+    moe.experts.reserve(static_cast<size_t>(c_.n_routed_experts));
+    for (int64_t e = 0; e < c_.n_routed_experts; ++e) {
+      XDS_ASSIGN_OR_RETURN(MlpWeights m, mlp(fmt::format("{}.mlp.experts.{}", p, e), c_.moe_intermediate_size));
+      moe.experts.push_back(m);
+    }
+    if (c_.n_shared_experts > 0) {
+      XDS_ASSIGN_OR_RETURN(moe.shared, mlp(p + ".mlp.shared_experts", c_.n_shared_experts * c_.moe_intermediate_size));
+    }
+    l.moe = std::move(moe);
+    return l;
+  }
+
+ private:
+  const DeepseekV3Config& c_;
+  const Checkpoint& ckpt_;
+  RepackCache& store_;
+  int64_t br_ = 128, bc_ = 128;
+};
+
+}  // namespace
+
+Result<DeepseekV3Weights> bind_deepseek_v3_weights(const DeepseekV3Config& c, const Checkpoint& ckpt,
+                                                   RepackCache& store) {
+  Binder b(c, ckpt, store);
+  const int64_t d = c.hidden_size, v = c.vocab_size;
+  DeepseekV3Weights w;
+  XDS_ASSIGN_OR_RETURN(w.embed, b.matrix("model.embed_tokens.weight", v, d));
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    XDS_ASSIGN_OR_RETURN(LayerWeights l, b.layer(i));
+    w.layers.push_back(std::move(l));
+  }
+  XDS_ASSIGN_OR_RETURN(w.final_norm, b.vec("model.norm.weight", d));
+  if (c.tie_word_embeddings && !b.has("lm_head.weight")) {
+    w.lm_head = w.embed;
+  } else {
+    XDS_ASSIGN_OR_RETURN(w.lm_head, b.matrix("lm_head.weight", v, d));
+  }
+  for (int64_t k = 0; k < c.num_nextn_predict_layers; ++k) {
+    const int64_t i = c.num_hidden_layers + k;
+    const std::string p = fmt::format("model.layers.{}", i);
+    MtpWeights m;
+    if (b.has(p + ".embed_tokens.weight")) {
+      XDS_ASSIGN_OR_RETURN(m.embed, b.matrix(p + ".embed_tokens.weight", v, d));
+    } else {
+      m.embed = w.embed;
+    }
+    XDS_ASSIGN_OR_RETURN(m.enorm, b.vec(p + ".enorm.weight", d));
+    XDS_ASSIGN_OR_RETURN(m.hnorm, b.vec(p + ".hnorm.weight", d));
+    XDS_ASSIGN_OR_RETURN(m.eh_proj, b.matrix(p + ".eh_proj.weight", d, 2 * d));
+    XDS_ASSIGN_OR_RETURN(m.head_norm, b.vec(p + ".shared_head.norm.weight", d));
+    if (b.has(p + ".shared_head.head.weight")) {
+      XDS_ASSIGN_OR_RETURN(m.head, b.matrix(p + ".shared_head.head.weight", v, d));
+    } else {
+      m.head = w.lm_head;
+    }
+    XDS_ASSIGN_OR_RETURN(m.layer, b.layer(i));
+    w.mtp.push_back(std::move(m));
+  }
+  return w;
+}
+
+}  // namespace xds

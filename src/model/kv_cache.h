@@ -1,0 +1,59 @@
+// Paged latent KV cache for MLA.
+//
+// One pool of fixed-size blocks shared by all sequences; each sequence owns a block table.
+// Per layer (the MTP layers included) two planes, fp32:
+//   latent: [num_blocks, block_size, kv_lora_rank]      c = kv_a_layernorm(kv_a[:C])
+//   rope:   [num_blocks, block_size, qk_rope_head_dim]  rotated k_pe
+// Keeping the planes apart leaves room for an INT8 latent plane later (P090).
+//
+// Thread-safety: not thread-safe. The forward pass writes slots of distinct positions from
+// several threads, which is safe once reserve() has run for every sequence in the step.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "base/status.h"
+#include "kernels/cpu/mla_attention.h"
+
+namespace xds {
+
+struct KvCacheShape {
+  int64_t layers = 0;
+  int64_t num_blocks = 0;
+  int64_t block_size = 16;
+  int64_t latent_dim = 0;
+  int64_t rope_dim = 0;
+};
+
+class KvCache {
+ public:
+  explicit KvCache(const KvCacheShape& shape);
+
+  const KvCacheShape& shape() const { return shape_; }
+
+  // Returns a new, empty sequence slot.
+  int64_t add_sequence();
+  // Frees the blocks of `seq`; the slot id may be reused.
+  void free_sequence(int64_t seq);
+  // Ensures blocks for positions [0, length). ResourceExhausted if the pool is full.
+  Status reserve(int64_t seq, int64_t length);
+  int64_t capacity(int64_t seq) const;
+  int64_t free_blocks() const { return static_cast<int64_t>(free_list_.size()); }
+
+  float* latent_slot(int64_t layer, int64_t seq, int64_t pos);
+  float* rope_slot(int64_t layer, int64_t seq, int64_t pos);
+  kernels::LatentKvView view(int64_t layer, int64_t seq) const;
+
+ private:
+  int64_t slot_index(int64_t seq, int64_t pos) const;
+
+  KvCacheShape shape_;
+  std::vector<float> latent_;  // [layers, num_blocks, block_size, latent_dim]
+  std::vector<float> rope_;    // [layers, num_blocks, block_size, rope_dim]
+  std::vector<int32_t> free_list_;
+  std::vector<std::vector<int32_t>> tables_;  // per sequence slot
+  std::vector<bool> live_;
+};
+
+}  // namespace xds

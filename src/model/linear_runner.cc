@@ -1,0 +1,20 @@
+#include "model/linear_runner.h"
+
+#include "kernels/cpu/linear.h"
+#include "model/deepseek_v3.h"
+
+namespace xds {
+
+void LinearRunner::operator()(const float* x, int64_t n, int64_t ldx, const MatrixRef& w,
+                              float* y, int64_t ldy) {
+  if (compute_ == ComputeDType::kF32) {
+    kernels::linear_f32(x, n, ldx, w, y, ldy, pool_);
+    return;
+  }
+  const int64_t k = w.cols;
+  if (bf16_.size() < static_cast<size_t>(n * k)) bf16_.resize(static_cast<size_t>(n * k));
+  for (int64_t t = 0; t < n; ++t) kernels::round_to_bf16(x + t * ldx, k, bf16_.data() + t * k);
+  kernels::linear_bf16(bf16_.data(), n, k, w, y, ldy, pool_);
+}
+
+}  // namespace xds

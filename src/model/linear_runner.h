@@ -1,0 +1,32 @@
+// LinearRunner: y = x · Wᵀ in the model's compute dtype.
+//
+// kF32: kernels::linear_f32. kBF16: the inputs are first rounded to bf16 (the stated
+// rounding point of the fast mode), then kernels::linear_bf16.
+// Thread-safety: one caller at a time (owns a bf16 scratch buffer).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "base/thread_pool.h"
+#include "tensor/matrix.h"
+
+namespace xds {
+
+enum class ComputeDType;
+
+class LinearRunner {
+ public:
+  LinearRunner(ComputeDType compute, ThreadPool& pool) : compute_(compute), pool_(pool) {}
+  // x: [n, w.cols] (row stride ldx) -> y: [n, w.rows] (row stride ldy).
+  void operator()(const float* x, int64_t n, int64_t ldx, const MatrixRef& w, float* y,
+                  int64_t ldy);
+  ThreadPool& pool() { return pool_; }
+
+ private:
+  ComputeDType compute_;
+  ThreadPool& pool_;
+  std::vector<uint16_t> bf16_;  // [n, w.cols]
+};
+
+}  // namespace xds

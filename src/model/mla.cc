@@ -1,0 +1,179 @@
+// MLA attention for one layer of a step (see deepseek_v3.h and
+// docs/design/deepseek_v3_forward.md). Shapes: n tokens, H heads, Dn/Dr/Dv head dims,
+// C = kv_lora_rank, Q = q_lora_rank, S = context length of a chunk's sequence.
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "kernels/cpu/linear.h"
+#include "kernels/cpu/mla_attention.h"
+#include "kernels/cpu/ops.h"
+#include "model/deepseek_v3_batch.h"
+
+namespace xds {
+namespace {
+
+template <typename T>
+T* grow(std::vector<T>& v, int64_t count) {
+  if (v.size() < static_cast<size_t>(count)) v.resize(static_cast<size_t>(count));
+  return v.data();
+}
+
+// FLOPs of the two ways to attend a chunk of m new tokens after p0 cached ones.
+bool absorbed_is_cheaper(const DeepseekV3Config& c, int64_t p0, int64_t m) {
+  const double h = static_cast<double>(c.num_attention_heads);
+  const double lat = static_cast<double>(c.kv_lora_rank);
+  const double dn = static_cast<double>(c.qk_nope_head_dim), dr = static_cast<double>(c.qk_rope_head_dim);
+  const double dv = static_cast<double>(c.v_head_dim);
+  const double pairs = static_cast<double>(m) * static_cast<double>(p0) +
+                       static_cast<double>(m) * static_cast<double>(m + 1) / 2.0;
+  const double absorbed = m * h * 2.0 * lat * (dn + dv) + pairs * h * (2.0 * (lat + dr) + 2.0 * lat);
+  const double expanded = static_cast<double>(p0 + m) * 2.0 * lat * h * (dn + dv) +
+                          pairs * h * (2.0 * (dn + dr) + 2.0 * dv);
+  return absorbed <= expanded;
+}
+
+float dot(const float* a, const float* b, int64_t n) {
+  float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+  for (int64_t i = 0; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+}  // namespace
+
+void DeepseekV3Model::run_attention(const MlaWeights& w, int64_t cache_layer, const Batch& b,
+                                    KvCache& cache, const float* xn, float* out) {
+  const DeepseekV3Config& c = config_;
+  const int64_t n = b.n, d = c.hidden_size, heads = c.num_attention_heads;
+  const int64_t dn = c.qk_nope_head_dim, dr = c.qk_rope_head_dim, dv = c.v_head_dim;
+  const int64_t dq = dn + dr, lat = c.kv_lora_rank;
+  const float scale = static_cast<float>(rope_->softmax_scale());
+  ThreadPool& pool = *pool_;
+
+  // q: [n, H, Dn+Dr]
+  float* q = grow(s_q_, n * heads * dq);
+  if (w.q_a_proj) {
+    const int64_t ql = w.q_a_proj->rows;
+    float* qa = grow(s_qa_, n * ql);
+    linear(xn, n, d, *w.q_a_proj, qa, ql);
+    pool.parallel_for(n, [&](int64_t t0, int64_t t1, int) {
+      for (int64_t t = t0; t < t1; ++t) kernels::rmsnorm(qa + t * ql, w.q_a_norm.data(), ql, c.rms_norm_eps, qa + t * ql);
+    });
+    linear(qa, n, ql, *w.q_b_proj, q, heads * dq);
+  } else {
+    linear(xn, n, d, *w.q_proj, q, heads * dq);
+  }
+  // kva: [n, C+Dr] -> cache: latent = RMSNorm(kva[:C]), rope = rotate(kva[C:])
+  float* kva = grow(s_kva_, n * (lat + dr));
+  linear(xn, n, d, w.kv_a_proj, kva, lat + dr);
+  pool.parallel_for(n, [&](int64_t t0, int64_t t1, int) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const float* cs = rope_->cos_sin(b.pos[t]);
+      float* row = kva + t * (lat + dr);
+      kernels::rmsnorm(row, w.kv_a_norm.data(), lat, c.rms_norm_eps, row);
+      kernels::rope_interleaved(row + lat, dr, cs);
+      for (int64_t h = 0; h < heads; ++h) kernels::rope_interleaved(q + (t * heads + h) * dq + dn, dr, cs);
+    }
+  });
+  for (const Batch::Chunk& ch : b.chunks) {
+    for (int64_t i = 0; i < ch.count; ++i) {
+      const float* row = kva + (ch.begin + i) * (lat + dr);
+      std::memcpy(cache.latent_slot(cache_layer, ch.seq, ch.start_pos + i), row, sizeof(float) * lat);
+      std::memcpy(cache.rope_slot(cache_layer, ch.seq, ch.start_pos + i), row + lat, sizeof(float) * dr);
+    }
+  }
+
+  // attn: [n, H, Dv]
+  float* attn = grow(s_attn_, n * heads * dv);
+  const int threads = pool.num_threads();
+  int64_t max_ctx = 0;
+  for (const Batch::Chunk& ch : b.chunks) max_ctx = std::max(max_ctx, ch.start_pos + ch.count);
+  float* scores_all = grow(s_scores_, threads * max_ctx);
+
+  // Absorbed chunks, merged into runs of consecutive tokens so that W_UK and W_UV are read
+  // once per run (decode tokens of many sequences form one run).
+  std::vector<std::pair<int64_t, int64_t>> runs;  // [begin, end) in batch order
+  std::vector<int64_t> absorbed_tokens;           // batch indices
+  std::vector<int32_t> token_chunk(static_cast<size_t>(n), -1);
+  for (size_t ci = 0; ci < b.chunks.size(); ++ci) {
+    const Batch::Chunk& ch = b.chunks[ci];
+    const bool absorbed = options_.attention == AttentionMode::kAbsorbed ||
+                          (options_.attention == AttentionMode::kAuto && absorbed_is_cheaper(c, ch.start_pos, ch.count));
+    if (!absorbed) continue;
+    if (!runs.empty() && runs.back().second == ch.begin) {
+      runs.back().second += ch.count;
+    } else {
+      runs.emplace_back(ch.begin, ch.begin + ch.count);
+    }
+    for (int64_t i = 0; i < ch.count; ++i) {
+      absorbed_tokens.push_back(ch.begin + i);
+      token_chunk[ch.begin + i] = static_cast<int32_t>(ci);
+    }
+  }
+  if (!runs.empty()) {
+    // q_abs[t, h] = W_UK[h]ᵀ q_nope[t, h]: [n, H, C]; lat_out: [n, H, C]
+    float* q_abs = grow(s_qabs_, n * heads * lat);
+    float* lat_out = grow(s_lat_, n * heads * lat);
+    for (auto [r0, r1] : runs) {
+      std::memset(q_abs + r0 * heads * lat, 0, sizeof(float) * static_cast<size_t>((r1 - r0) * heads * lat));
+      pool.parallel_for(heads, [&](int64_t h0, int64_t h1, int) {
+        for (int64_t h = h0; h < h1; ++h) {
+          const MatrixRef w_uk = w.kv_b_proj.row_slice(h * (dn + dv), dn);
+          kernels::matmul_nn_accumulate(q + (r0 * heads + h) * dq, r1 - r0, heads * dq, w_uk,
+                                        q_abs + (r0 * heads + h) * lat, heads * lat);
+        }
+      });
+    }
+    const int64_t items = static_cast<int64_t>(absorbed_tokens.size()) * heads;
+    pool.parallel_for(items, [&](int64_t i0, int64_t i1, int thread) {
+      float* scores = scores_all + thread * max_ctx;
+      for (int64_t i = i0; i < i1; ++i) {
+        const int64_t t = absorbed_tokens[i / heads], h = i % heads;
+        const Batch::Chunk& ch = b.chunks[token_chunk[t]];
+        const kernels::AbsorbedQuery aq{q_abs + t * heads * lat, lat, q + t * heads * dq + dn, dq,
+                                        lat_out + t * heads * lat, lat};
+        kernels::mla_absorbed_attention_head(aq, h, cache.view(cache_layer, ch.seq), b.pos[t] + 1, scale, scores);
+      }
+    });
+    for (auto [r0, r1] : runs) {
+      pool.parallel_for(heads, [&](int64_t h0, int64_t h1, int) {
+        for (int64_t h = h0; h < h1; ++h) {
+          const MatrixRef w_uv = w.kv_b_proj.row_slice(h * (dn + dv) + dn, dv);
+          kernels::linear_f32(lat_out + (r0 * heads + h) * lat, r1 - r0, heads * lat, w_uv,
+                              attn + (r0 * heads + h) * dv, heads * dv, inline_pool_);
+        }
+      });
+    }
+  }
+
+  for (size_t ci = 0; ci < b.chunks.size(); ++ci) {
+    const Batch::Chunk& ch = b.chunks[ci];
+    if (ch.count > 0 && token_chunk[ch.begin] >= 0) continue;  // done above
+    // Expanded: kv_full[s] = kv_b_proj(latent(s)): [S, H, Dn+Dv] over the whole context.
+    const int64_t ctx_end = ch.start_pos + ch.count;
+    const kernels::LatentKvView kv = cache.view(cache_layer, ch.seq);
+    float* gathered = grow(s_gather_, ctx_end * lat);
+    for (int64_t s = 0; s < ctx_end; ++s) std::memcpy(gathered + s * lat, kv.latent_at(s), sizeof(float) * lat);
+    float* kv_full = grow(s_kvfull_, ctx_end * heads * (dn + dv));
+    kernels::linear_f32(gathered, ctx_end, lat, w.kv_b_proj, kv_full, heads * (dn + dv), pool);
+    pool.parallel_for(ch.count * heads, [&](int64_t i0, int64_t i1, int thread) {
+      float* scores = scores_all + thread * max_ctx;
+      for (int64_t i = i0; i < i1; ++i) {
+        const int64_t t = i / heads, h = i % heads, ctx = ch.start_pos + t + 1;
+        const float* qt = q + ((ch.begin + t) * heads + h) * dq;
+        for (int64_t s = 0; s < ctx; ++s) {
+          const float* ks = kv_full + (s * heads + h) * (dn + dv);
+          scores[s] = (dot(qt, ks, dn) + dot(qt + dn, kv.rope_at(s), dr)) * scale;
+        }
+        kernels::softmax_inplace(scores, ctx);
+        float* o = attn + ((ch.begin + t) * heads + h) * dv;
+        std::memset(o, 0, sizeof(float) * static_cast<size_t>(dv));
+        for (int64_t s = 0; s < ctx; ++s) kernels::axpy(scores[s], kv_full + (s * heads + h) * (dn + dv) + dn, dv, o);
+      }
+    });
+  }
+  linear(attn, n, heads * dv, w.o_proj, out, d);
+}
+
+}  // namespace xds

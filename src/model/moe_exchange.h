@@ -1,0 +1,30 @@
+// The MoE layer's view of "where the experts are" (ARCHITECTURE.md, "Experts are addressed
+// through a map"). Gating yields logical expert ids; an exchange computes
+//   out[t] = Σ_j weights[t, j] · expert_{ids[t, j]}(x[t])
+// wherever those experts live: locally (LocalMoeExchange), on the other devices of an
+// expert-parallel instance (engine/), or on expert devices across A2E/E2A (disagg/).
+#pragma once
+
+#include <cstdint>
+
+#include "base/status.h"
+
+namespace xds {
+
+struct MoeExchangeInput {
+  int64_t layer = 0;            // decoder layer index (MTP layers included)
+  const float* x = nullptr;     // [n, hidden] post-attention-normed activations
+  int64_t n = 0;
+  const int32_t* ids = nullptr;     // [n, top_k] logical expert ids
+  const float* weights = nullptr;   // [n, top_k] gating weights (already scaled)
+  int64_t top_k = 0;
+  float* out = nullptr;         // [n, hidden] overwritten with the routed experts' sum
+};
+
+class MoeExchange {
+ public:
+  virtual ~MoeExchange() = default;
+  virtual Status run(const MoeExchangeInput& in) = 0;
+};
+
+}  // namespace xds

@@ -1,0 +1,103 @@
+#include "model/moe_routing.h"
+
+#include <cmath>
+#include <limits>
+
+#include "base/check.h"
+
+namespace xds {
+
+GatingParams GatingParams::from_config(const DeepseekV3Config& c) {
+  GatingParams p;
+  p.num_experts = c.n_routed_experts;
+  p.top_k = c.num_experts_per_tok;
+  p.n_group = c.n_group;
+  p.topk_group = c.topk_group;
+  p.score = c.scoring_func;
+  p.method = c.topk_method;
+  p.norm_topk_prob = c.norm_topk_prob;
+  p.routed_scaling_factor = c.routed_scaling_factor;
+  return p;
+}
+
+namespace {
+
+constexpr float kExcluded = -std::numeric_limits<float>::infinity();
+
+// Index of the largest value not yet taken (ties: lowest index).
+int64_t take_max(float* v, int64_t n) {
+  int64_t best = -1;
+  for (int64_t i = 0; i < n; ++i) {
+    if (v[i] == kExcluded) continue;
+    if (best < 0 || v[i] > v[best]) best = i;
+  }
+  XDS_CHECK(best >= 0, "take_max over an empty set");
+  v[best] = kExcluded;
+  return best;
+}
+
+}  // namespace
+
+void route_token(const GatingParams& p, const float* logits, const float* bias, int32_t* ids,
+                 float* weights, float* scratch) {
+  const int64_t e = p.num_experts;
+  float* scores = scratch;      // [e] unbiased
+  float* choice = scratch + e;  // [e] selection scores, excluded = -inf
+  if (p.score == GatingScore::kSigmoid) {
+    for (int64_t i = 0; i < e; ++i) scores[i] = 1.0f / (1.0f + std::exp(-logits[i]));
+  } else {
+    float mx = logits[0];
+    for (int64_t i = 1; i < e; ++i) mx = std::max(mx, logits[i]);
+    float sum = 0.0f;
+    for (int64_t i = 0; i < e; ++i) sum += scores[i] = std::exp(logits[i] - mx);
+    for (int64_t i = 0; i < e; ++i) scores[i] /= sum;
+  }
+  for (int64_t i = 0; i < e; ++i) {
+    choice[i] = scores[i] + (p.method == TopkMethod::kNoauxTc && bias ? bias[i] : 0.0f);
+  }
+
+  if (p.method != TopkMethod::kGreedy && p.n_group > 1) {
+    const int64_t per_group = e / p.n_group;
+    float group_score[256];
+    XDS_CHECK(p.n_group <= 256, "n_group {} > 256", p.n_group);
+    for (int64_t g = 0; g < p.n_group; ++g) {
+      const float* v = choice + g * per_group;
+      if (p.method == TopkMethod::kNoauxTc) {  // sum of the two best
+        float a = kExcluded, b = kExcluded;
+        for (int64_t i = 0; i < per_group; ++i) {
+          if (v[i] > a) {
+            b = a;
+            a = v[i];
+          } else if (v[i] > b) {
+            b = v[i];
+          }
+        }
+        group_score[g] = per_group >= 2 ? a + b : a;
+      } else {  // group_limited_greedy: the best
+        float a = kExcluded;
+        for (int64_t i = 0; i < per_group; ++i) a = std::max(a, v[i]);
+        group_score[g] = a;
+      }
+    }
+    bool keep[256] = {};
+    for (int64_t j = 0; j < p.topk_group; ++j) keep[take_max(group_score, p.n_group)] = true;
+    for (int64_t g = 0; g < p.n_group; ++g) {
+      if (keep[g]) continue;
+      for (int64_t i = 0; i < per_group; ++i) choice[g * per_group + i] = kExcluded;
+    }
+  }
+
+  float sum = 0.0f;
+  for (int64_t j = 0; j < p.top_k; ++j) {
+    const int64_t id = take_max(choice, e);
+    ids[j] = static_cast<int32_t>(id);
+    weights[j] = scores[id];
+    sum += weights[j];
+  }
+  const float norm = (p.norm_topk_prob && p.top_k > 1) ? 1.0f / (sum + 1e-20f) : 1.0f;
+  for (int64_t j = 0; j < p.top_k; ++j) {
+    weights[j] = static_cast<float>(weights[j] * norm * p.routed_scaling_factor);
+  }
+}
+
+}  // namespace xds

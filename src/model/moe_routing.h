@@ -1,0 +1,35 @@
+// MoE gating: from router logits to (expert id, weight) pairs per token. Pure functions.
+//
+// Semantics (docs/design/deepseek_v3_forward.md, "MoE"):
+//   sigmoid or softmax scores s; noaux_tc selects on s + e_score_correction_bias with
+//   group-limited top-k (group score = sum of the group's two best biased scores), the
+//   weights are the UNBIASED scores of the chosen experts, normalised if norm_topk_prob,
+//   then × routed_scaling_factor. Ties go to the lower index.
+#pragma once
+
+#include <cstdint>
+
+#include "model/config.h"
+
+namespace xds {
+
+struct GatingParams {
+  int64_t num_experts = 0;
+  int64_t top_k = 0;
+  int64_t n_group = 1;
+  int64_t topk_group = 1;
+  GatingScore score = GatingScore::kSigmoid;
+  TopkMethod method = TopkMethod::kNoauxTc;
+  bool norm_topk_prob = true;
+  double routed_scaling_factor = 1.0;
+
+  static GatingParams from_config(const DeepseekV3Config& c);
+};
+
+// logits: [num_experts] router logits of one token; bias: [num_experts] or null.
+// ids: [top_k] chosen logical expert ids in descending order of selection score;
+// weights: [top_k]. scratch: at least 2 * num_experts floats.
+void route_token(const GatingParams& p, const float* logits, const float* bias, int32_t* ids,
+                 float* weights, float* scratch);
+
+}  // namespace xds
