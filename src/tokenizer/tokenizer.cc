@@ -1,0 +1,473 @@
+#include "tokenizer/tokenizer.h"
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "tokenizer/added_vocab.h"
+#include "tokenizer/bpe_model.h"
+#include "tokenizer/byte_level.h"
+#include "tokenizer/normalizer.h"
+#include "tokenizer/pre_tokenizer.h"
+#include "tokenizer/utf8.h"
+
+namespace xds {
+
+struct Tokenizer::Impl {
+  Normalizer normalizer;
+  PreTokenizer pre_tokenizer;
+  BpeModel model;
+  std::vector<AddedToken> added;
+  AddedTokenMatcher raw_matcher;   // added tokens with normalized == false
+  AddedTokenMatcher norm_matcher;  // added tokens with normalized == true
+  int64_t vocab_size = 0;
+  std::vector<std::string> pieces;  // [vocab_size] bytes each id decodes to
+  std::vector<uint8_t> special;     // [vocab_size] 1 for special added tokens
+  std::vector<int32_t> prefix, suffix;  // post-processor ids around the sequence
+  std::string bos_token, eos_token;
+  std::optional<int32_t> bos_id, eos_id;
+  bool clean_up_spaces = false;
+  int strip_leading = 0;  // decoder strips this many leading strip_char from the output
+  char strip_char = ' ';
+};
+
+namespace {
+
+Result<std::string> read_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return not_found("{}: cannot open file", path);
+  std::ostringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+Result<nlohmann::json> parse_json(std::string_view text, const std::string& name) {
+  try {
+    return nlohmann::json::parse(text.begin(), text.end());
+  } catch (const nlohmann::json::parse_error& e) {
+    return invalid_argument("{}: invalid JSON: {}", name, e.what());
+  }
+}
+
+// tokenizer_config.json token fields are a string, {"content": ...} (AddedToken) or null.
+std::string config_token(const nlohmann::json& cfg, const char* key) {
+  if (!cfg.contains(key)) return "";
+  const auto& v = cfg[key];
+  if (v.is_string()) return v.get<std::string>();
+  if (v.is_object() && v.contains("content") && v["content"].is_string()) {
+    return v["content"].get<std::string>();
+  }
+  return "";
+}
+
+Status parse_added_tokens(const nlohmann::json& j, const std::string& name,
+                          std::vector<AddedToken>* out) {
+  if (!j.contains("added_tokens") || j["added_tokens"].is_null()) return {};
+  if (!j["added_tokens"].is_array()) {
+    return invalid_argument("{}: field 'added_tokens': expected an array", name);
+  }
+  for (size_t i = 0; i < j["added_tokens"].size(); ++i) {
+    const auto& t = j["added_tokens"][i];
+    if (!t.is_object() || !t.contains("id") || !t["id"].is_number_integer() ||
+        t["id"].get<int64_t>() < 0 || !t.contains("content") || !t["content"].is_string()) {
+      return invalid_argument("{}: field 'added_tokens[{}]': expected {{\"id\": int >= 0, "
+                              "\"content\": string, ...}}, got {}", name, i, t.dump());
+    }
+    AddedToken a;
+    a.id = static_cast<int32_t>(t["id"].get<int64_t>());
+    a.content = t["content"].get<std::string>();
+    a.special = t.value("special", false);
+    a.lstrip = t.value("lstrip", false);
+    a.rstrip = t.value("rstrip", false);
+    a.single_word = t.value("single_word", false);
+    a.normalized = t.value("normalized", !a.special);
+    out->push_back(std::move(a));
+  }
+  return {};
+}
+
+// Decoder: sets how each vocabulary token turns into bytes.
+struct DecoderSpec {
+  bool byte_level = false;
+  std::vector<std::pair<std::string, std::string>> replaces;
+  int strip_leading = 0;
+  char strip_char = ' ';
+};
+
+Status parse_decoder(const nlohmann::json& d, const std::string& name, const std::string& field,
+                     DecoderSpec* spec) {
+  if (d.is_null()) return unimplemented("{}: field '{}': a missing decoder is not supported", name, field);
+  if (!d.is_object() || !d.contains("type") || !d["type"].is_string()) {
+    return invalid_argument("{}: field '{}': expected an object with a string 'type'", name, field);
+  }
+  const std::string type = d["type"].get<std::string>();
+  if (type == "ByteLevel") {
+    spec->byte_level = true;
+  } else if (type == "Sequence") {
+    if (!d.contains("decoders") || !d["decoders"].is_array()) {
+      return invalid_argument("{}: field '{}.decoders': missing or not an array", name, field);
+    }
+    for (size_t i = 0; i < d["decoders"].size(); ++i) {
+      XDS_RETURN_IF_ERROR(parse_decoder(d["decoders"][i], name,
+                                        fmt::format("{}.decoders[{}]", field, i), spec));
+    }
+  } else if (type == "ByteFallback" || type == "Fuse") {
+    // <0xXX> tokens already decode to their byte; fusing is what concatenation does.
+  } else if (type == "Replace") {
+    const auto& p = d.value("pattern", nlohmann::json());
+    if (!p.is_object() || !p.contains("String") || !p["String"].is_string()) {
+      return unimplemented("{}: field '{}.pattern': only String patterns are supported", name, field);
+    }
+    spec->replaces.emplace_back(p["String"].get<std::string>(), d.value("content", ""));
+  } else if (type == "Strip") {
+    const std::string content = d.value("content", " ");
+    if (content.size() != 1 || d.value("stop", 0) != 0) {
+      return unimplemented("{}: field '{}': only Strip with a 1-byte content and stop 0 is "
+                           "supported", name, field);
+    }
+    spec->strip_char = content[0];
+    spec->strip_leading = d.value("start", 0);
+  } else if (type == "Metaspace") {
+    spec->replaces.emplace_back(d.value("replacement", "\xE2\x96\x81"), " ");
+    const bool prefix = d.value("add_prefix_space", true) && d.value("prepend_scheme", "always") != "never";
+    spec->strip_leading = prefix ? 1 : 0;
+    spec->strip_char = ' ';
+  } else {
+    return unimplemented("{}: field '{}.type': decoder \"{}\" is not supported", name, field, type);
+  }
+  return {};
+}
+
+// Post-processor ids around the sequence, from tokenizer.json's post_processor.
+Status parse_post_processor(const nlohmann::json& p, const Tokenizer::Impl& t,
+                            const std::string& name, const std::string& field,
+                            std::vector<int32_t>* prefix, std::vector<int32_t>* suffix) {
+  if (p.is_null()) return {};
+  const std::string type = p.value("type", "");
+  auto lookup = [&](const std::string& tok) -> Result<int32_t> {
+    for (const auto& a : t.added) {
+      if (a.content == tok) return a.id;
+    }
+    if (auto id = t.model.id_of_text(tok)) return *id;
+    return invalid_argument("{}: field '{}': token \"{}\" is not in the vocabulary", name, field, tok);
+  };
+  if (type == "ByteLevel") return {};
+  if (type == "Sequence") {
+    const auto& ps = p.value("processors", nlohmann::json::array());
+    for (size_t i = 0; i < ps.size(); ++i) {
+      XDS_RETURN_IF_ERROR(parse_post_processor(ps[i], t, name,
+                                               fmt::format("{}.processors[{}]", field, i), prefix, suffix));
+    }
+    return {};
+  }
+  if (type == "TemplateProcessing") {
+    const auto& single = p.value("single", nlohmann::json::array());
+    bool seen_a = false;
+    for (const auto& item : single) {
+      if (item.contains("Sequence")) {
+        seen_a = true;
+        continue;
+      }
+      if (!item.contains("SpecialToken")) {
+        return invalid_argument("{}: field '{}.single': unexpected item {}", name, field, item.dump());
+      }
+      const std::string tok = item["SpecialToken"].value("id", "");
+      std::vector<int32_t> ids;
+      const auto& st = p.value("special_tokens", nlohmann::json::object());
+      if (st.contains(tok) && st[tok].contains("ids")) {
+        ids = st[tok]["ids"].get<std::vector<int32_t>>();
+      } else {
+        XDS_ASSIGN_OR_RETURN(int32_t id, lookup(tok));
+        ids.push_back(id);
+      }
+      auto* dst = seen_a ? suffix : prefix;
+      dst->insert(dst->end(), ids.begin(), ids.end());
+    }
+    return {};
+  }
+  if (type == "RobertaProcessing" || type == "BertProcessing") {
+    if (!p.contains("cls") || !p.contains("sep")) {
+      return invalid_argument("{}: field '{}': missing cls/sep", name, field);
+    }
+    prefix->push_back(p["cls"][1].get<int32_t>());
+    suffix->push_back(p["sep"][1].get<int32_t>());
+    return {};
+  }
+  return unimplemented("{}: field '{}.type': post-processor \"{}\" is not supported", name, field, type);
+}
+
+}  // namespace
+
+Result<Tokenizer> Tokenizer::from_json_text(std::string_view tokenizer_json,
+                                            std::string_view config_json, const std::string& name) {
+  XDS_ASSIGN_OR_RETURN(nlohmann::json j, parse_json(tokenizer_json, name));
+  const std::string cfg_name = "tokenizer_config.json";
+  nlohmann::json cfg = nlohmann::json::object();
+  if (!config_json.empty()) {
+    XDS_ASSIGN_OR_RETURN(cfg, parse_json(config_json, cfg_name));
+    if (!cfg.is_object()) return invalid_argument("{}: expected a JSON object", cfg_name);
+  }
+  if (!j.is_object()) return invalid_argument("{}: expected a JSON object", name);
+  if (!j.contains("model") || !j["model"].is_object()) {
+    return invalid_argument("{}: field 'model': missing or not an object", name);
+  }
+  const auto& m = j["model"];
+  const std::string mtype = m.contains("type") && m["type"].is_string() ? m["type"].get<std::string>()
+                            : m.contains("merges")                      ? "BPE"
+                                                                        : "";
+  if (mtype != "BPE") {
+    return unimplemented("{}: field 'model.type': model type \"{}\" is not supported (only BPE)",
+                         name, mtype);
+  }
+  auto impl = std::make_shared<Impl>();
+  {
+    auto r = Normalizer::from_json(j.value("normalizer", nlohmann::json()), name, "normalizer");
+    if (!r.ok()) return r.status();
+    impl->normalizer = std::move(r).value();
+  }
+  {
+    auto r = PreTokenizer::from_json(j.value("pre_tokenizer", nlohmann::json()), name, "pre_tokenizer");
+    if (!r.ok()) return r.status();
+    impl->pre_tokenizer = std::move(r).value();
+  }
+  {
+    auto r = BpeModel::from_json(m, impl->pre_tokenizer.byte_level(), name);
+    if (!r.ok()) return r.status();
+    impl->model = std::move(r).value();
+  }
+  XDS_RETURN_IF_ERROR(parse_added_tokens(j, name, &impl->added));
+  std::vector<AddedToken> raw, norm;
+  for (const auto& a : impl->added) (a.normalized && !impl->normalizer.is_identity() ? norm : raw).push_back(a);
+  impl->raw_matcher = AddedTokenMatcher(raw);
+  impl->norm_matcher = AddedTokenMatcher(norm);
+
+  // Decoded bytes of every id.
+  DecoderSpec dec;
+  XDS_RETURN_IF_ERROR(parse_decoder(j.value("decoder", nlohmann::json()), name, "decoder", &dec));
+  impl->strip_leading = dec.strip_leading;
+  impl->strip_char = dec.strip_char;
+  impl->vocab_size = impl->model.size();
+  for (const auto& a : impl->added) impl->vocab_size = std::max<int64_t>(impl->vocab_size, a.id + 1);
+  impl->pieces.resize(impl->vocab_size);
+  impl->special.assign(impl->vocab_size, 0);
+  for (int32_t id = 0; id < impl->model.size(); ++id) {
+    const std::string& text = impl->model.token_text(id);
+    std::string piece;
+    if (dec.byte_level) {
+      auto raw_bytes = byte_level::decode_token(text);
+      piece = raw_bytes ? *raw_bytes : text;
+    } else {
+      piece = impl->model.token_bytes(id);
+      for (const auto& [from, to] : dec.replaces) {
+        std::string outp;
+        size_t last = 0, p;
+        while (!from.empty() && (p = piece.find(from, last)) != std::string::npos) {
+          outp.append(piece, last, p - last);
+          outp += to;
+          last = p + from.size();
+        }
+        outp.append(piece, last);
+        piece = std::move(outp);
+      }
+    }
+    impl->pieces[id] = std::move(piece);
+  }
+  for (const auto& a : impl->added) {
+    impl->pieces[a.id] = a.content;  // added tokens decode verbatim
+    if (a.special) impl->special[a.id] = 1;
+  }
+
+  // Special tokens and post-processing.
+  impl->bos_token = config_token(cfg, "bos_token");
+  impl->eos_token = config_token(cfg, "eos_token");
+  Tokenizer tok;
+  tok.impl_ = impl;
+  if (!impl->bos_token.empty()) impl->bos_id = tok.token_to_id(impl->bos_token);
+  if (!impl->eos_token.empty()) impl->eos_id = tok.token_to_id(impl->eos_token);
+  impl->clean_up_spaces = cfg.value("clean_up_tokenization_spaces", false);
+  const bool cfg_bos = cfg.contains("add_bos_token") && cfg["add_bos_token"].is_boolean();
+  const bool cfg_eos = cfg.contains("add_eos_token") && cfg["add_eos_token"].is_boolean();
+  if (cfg_bos || cfg_eos) {
+    if (cfg_bos && cfg["add_bos_token"].get<bool>()) {
+      if (!impl->bos_id) {
+        return invalid_argument("{}: field 'add_bos_token' is true but bos_token \"{}\" is not a "
+                                "token", cfg_name, impl->bos_token);
+      }
+      impl->prefix.push_back(*impl->bos_id);
+    }
+    if (cfg_eos && cfg["add_eos_token"].get<bool>()) {
+      if (!impl->eos_id) {
+        return invalid_argument("{}: field 'add_eos_token' is true but eos_token \"{}\" is not a "
+                                "token", cfg_name, impl->eos_token);
+      }
+      impl->suffix.push_back(*impl->eos_id);
+    }
+  } else {
+    XDS_RETURN_IF_ERROR(parse_post_processor(j.value("post_processor", nlohmann::json()), *impl,
+                                             name, "post_processor", &impl->prefix, &impl->suffix));
+  }
+  return tok;
+}
+
+Result<Tokenizer> Tokenizer::load(const std::string& model_dir) {
+  const std::string tj_path = (std::filesystem::path(model_dir) / "tokenizer.json").string();
+  const std::string cfg_path = (std::filesystem::path(model_dir) / "tokenizer_config.json").string();
+  XDS_ASSIGN_OR_RETURN(std::string tj, read_file(tj_path));
+  std::string cfg;
+  if (std::filesystem::exists(cfg_path)) {
+    XDS_ASSIGN_OR_RETURN(cfg, read_file(cfg_path));
+  }
+  auto r = from_json_text(tj, cfg, tj_path);
+  if (!r.ok()) return r.status();
+  return r;
+}
+
+bool Tokenizer::has_tokenizer_files(const std::string& model_dir) {
+  return std::filesystem::is_regular_file(std::filesystem::path(model_dir) / "tokenizer.json");
+}
+
+Result<std::vector<int32_t>> Tokenizer::encode(std::string_view text, bool add_special_tokens) const {
+  const Impl& t = *impl_;
+  if (const size_t bad = utf8::find_invalid(text); bad != std::string_view::npos) {
+    return invalid_argument("encode: input is not valid UTF-8: byte {} (0x{:02x}) at offset {}",
+                            bad, static_cast<uint8_t>(text[bad]), bad);
+  }
+  std::vector<int32_t> ids;
+  ids.reserve(text.size() / 3 + 4);
+  if (add_special_tokens) ids = t.prefix;
+  std::vector<std::string> words;
+  auto encode_text = [&](std::string_view s) -> Status {
+    words.clear();
+    XDS_RETURN_IF_ERROR(t.pre_tokenizer.apply(s, &words));
+    for (const auto& w : words) t.model.encode_word(w, &ids);
+    return {};
+  };
+  for (const AddedSegment& seg : t.raw_matcher.split(text)) {
+    if (seg.id >= 0) {
+      ids.push_back(seg.id);
+      continue;
+    }
+    std::string_view piece = text.substr(seg.begin, seg.end - seg.begin);
+    std::string normalized;
+    if (!t.normalizer.is_identity()) {
+      XDS_ASSIGN_OR_RETURN(normalized, t.normalizer.apply(piece));
+      piece = normalized;
+    }
+    if (t.norm_matcher.empty()) {
+      XDS_RETURN_IF_ERROR(encode_text(piece));
+      continue;
+    }
+    for (const AddedSegment& s2 : t.norm_matcher.split(piece)) {
+      if (s2.id >= 0) {
+        ids.push_back(s2.id);
+      } else {
+        XDS_RETURN_IF_ERROR(encode_text(piece.substr(s2.begin, s2.end - s2.begin)));
+      }
+    }
+  }
+  if (add_special_tokens) ids.insert(ids.end(), t.suffix.begin(), t.suffix.end());
+  return ids;
+}
+
+namespace {
+// transformers' clean_up_tokenization.
+std::string clean_up_spaces(std::string s) {
+  static const std::pair<const char*, const char*> kRules[] = {
+      {" .", "."}, {" ?", "?"}, {" !", "!"}, {" ,", ","}, {" ' ", "'"}, {" n't", "n't"},
+      {" 'm", "'m"}, {" 's", "'s"}, {" 've", "'ve"}, {" 're", "'re"}};
+  for (const auto& [from, to] : kRules) {
+    std::string out;
+    const std::string_view f(from);
+    size_t last = 0, p;
+    while ((p = s.find(f, last)) != std::string::npos) {
+      out.append(s, last, p - last);
+      out += to;
+      last = p + f.size();
+    }
+    out.append(s, last);
+    s = std::move(out);
+  }
+  return s;
+}
+}  // namespace
+
+std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_special_tokens) const {
+  std::string bytes;
+  for (const int32_t id : ids) bytes.append(token_bytes(id, skip_special_tokens));
+  size_t b = 0;
+  for (int k = 0; k < impl_->strip_leading && b < bytes.size() && bytes[b] == impl_->strip_char; ++k) ++b;
+  std::string out = utf8::replace_invalid(std::string_view(bytes).substr(b));
+  return impl_->clean_up_spaces ? clean_up_spaces(std::move(out)) : out;
+}
+
+std::string_view Tokenizer::token_bytes(int32_t id, bool skip_special_tokens) const {
+  if (id < 0 || id >= impl_->vocab_size) return {};
+  if (skip_special_tokens && impl_->special[id]) return {};
+  return impl_->pieces[id];
+}
+
+int Tokenizer::decode_strip_leading() const { return impl_->strip_leading; }
+char Tokenizer::decode_strip_char() const { return impl_->strip_char; }
+int64_t Tokenizer::vocab_size() const { return impl_->vocab_size; }
+std::optional<int32_t> Tokenizer::bos_id() const { return impl_->bos_id; }
+std::optional<int32_t> Tokenizer::eos_id() const { return impl_->eos_id; }
+const std::string& Tokenizer::bos_token() const { return impl_->bos_token; }
+const std::string& Tokenizer::eos_token() const { return impl_->eos_token; }
+bool Tokenizer::adds_bos() const {
+  return impl_->bos_id && !impl_->prefix.empty() && impl_->prefix.front() == *impl_->bos_id;
+}
+bool Tokenizer::is_special(int32_t id) const {
+  return id >= 0 && id < impl_->vocab_size && impl_->special[id];
+}
+
+std::optional<std::string> Tokenizer::id_to_token(int32_t id) const {
+  if (id < 0 || id >= impl_->vocab_size) return std::nullopt;
+  for (const auto& a : impl_->added) {
+    if (a.id == id) return a.content;
+  }
+  if (id < impl_->model.size()) return impl_->model.token_text(id);
+  return std::nullopt;
+}
+
+std::optional<int32_t> Tokenizer::token_to_id(std::string_view token) const {
+  for (const auto& a : impl_->added) {
+    if (a.content == token) return a.id;
+  }
+  return impl_->model.id_of_text(token);
+}
+
+// ---- IncrementalDetokenizer ----
+
+IncrementalDetokenizer::IncrementalDetokenizer(const Tokenizer& tok, bool skip_special_tokens)
+    : tok_(&tok), skip_special_(skip_special_tokens), strip_left_(tok.decode_strip_leading()) {}
+
+std::string IncrementalDetokenizer::take(bool final) {
+  while (strip_left_ > 0 && !pending_.empty()) {
+    if (pending_[0] != tok_->decode_strip_char()) {
+      strip_left_ = 0;
+      break;
+    }
+    pending_.erase(0, 1);
+    --strip_left_;
+  }
+  if (strip_left_ > 0 && !final) return {};  // nothing seen yet
+  const size_t keep = final ? 0 : utf8::incomplete_tail(pending_);
+  std::string out = utf8::replace_invalid(std::string_view(pending_).substr(0, pending_.size() - keep));
+  pending_.erase(0, pending_.size() - keep);
+  return out;
+}
+
+std::string IncrementalDetokenizer::push(int32_t id) {
+  pending_.append(tok_->token_bytes(id, skip_special_));
+  return take(false);
+}
+
+std::string IncrementalDetokenizer::flush() {
+  std::string out = take(true);
+  strip_left_ = tok_->decode_strip_leading();
+  return out;
+}
+
+}  // namespace xds
