@@ -1,0 +1,90 @@
+// Fabric: the devices of one host and their arenas, plus the epoch they share.
+//
+// A Fabric is one device's view: its rank, the world size, the epoch and a mapping of every
+// device's arena (layout.h). Two implementations:
+//   - ProcessFabric (launcher.h): devices are processes, arenas are memfd segments passed over
+//     a Unix socket; peer liveness comes from pidfds.
+//   - ThreadFabric (thread_fabric.h): devices are threads of one process, arenas are heap
+//     blocks; used to run the same protocol code under ThreadSanitizer.
+// Everything above (transport, p2p, moe, a2e) sees only this interface.
+//
+// Poisoning: a dead or silent peer fails an operation; the detecting device CASes one
+// PoisonRecord into rank 0's PoisonLine (the first record wins, even if rank 0 itself died:
+// its arena stays mapped while anyone maps it) and rings every doorbell. Every wait checks
+// that word, so every survivor fails with the same message. A new epoch is a new fabric.
+//
+// Thread-safety: the accessors are safe from any thread; peer_alive() too.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+#include <vector>
+
+#include "base/status.h"
+#include "xccl/layout.h"
+
+namespace xds::xccl {
+
+// What a device was doing when an operation failed (named in errors and poison records).
+enum class OpKind : uint8_t {
+  kNone = 0, kSend, kRecv, kGet, kPut, kWaitSignal, kDispatch, kCombine, kA2e, kE2a, kBarrier,
+};
+std::string_view op_kind_name(OpKind k);
+
+enum class PoisonReason : uint8_t { kNone = 0, kDead, kSilent, kProtocol, kAborted };
+
+struct PoisonRecord {
+  uint32_t epoch = 0;      // low 20 bits are kept
+  int peer = 0;            // the peer that failed (dead / silent / out of step)
+  PoisonReason reason = PoisonReason::kNone;
+  OpKind op = OpKind::kNone;
+  int detector = 0;        // rank that noticed first
+};
+// Pure: bit 63 set | epoch:20 @40 | peer:12 @28 | detector:12 @16 | op:8 @8 | reason:8 @0.
+uint64_t encode_poison(const PoisonRecord& r);
+PoisonRecord decode_poison(uint64_t word);
+// The one error every survivor returns: Aborted "xccl epoch E poisoned: peer P ... during OP".
+Status poison_status(const PoisonRecord& r);
+
+class Fabric {
+ public:
+  virtual ~Fabric() = default;
+  Fabric(const Fabric&) = delete;
+  Fabric& operator=(const Fabric&) = delete;
+
+  int rank() const { return rank_; }
+  int world_size() const { return static_cast<int>(arenas_.size()); }
+  uint32_t epoch() const { return epoch_; }
+  const ArenaLayout& layout() const { return layout_; }
+  std::byte* arena(int r) const { return arenas_[static_cast<size_t>(r)]; }
+  std::byte* local() const { return arenas_[static_cast<size_t>(rank_)]; }
+  ArenaHeader& header(int r) const { return *reinterpret_cast<ArenaHeader*>(arena(r)); }
+
+  // False once peer r is known to be gone. Costs a syscall; call it only on slow paths.
+  virtual bool peer_alive(int r) = 0;
+
+  // Poison state (reads rank 0's PoisonLine; 0 = clean).
+  uint64_t poison_word() const {
+    return header(0).poison.word.load(std::memory_order_acquire);
+  }
+  // Records `rec` unless another record won first; wakes every device; returns the winner's
+  // status (identical on every device).
+  Status poison(const PoisonRecord& rec);
+
+  // Wakes rank r if it sleeps on its doorbell. Call after a seq_cst publish into r's arena.
+  void ring(int r) const;
+  void ring_all() const;
+
+ protected:
+  Fabric(int rank, uint32_t epoch, const ArenaLayout& layout, std::vector<std::byte*> arenas)
+      : rank_(rank), epoch_(epoch), layout_(layout), arenas_(std::move(arenas)) {}
+
+ private:
+  int rank_;
+  uint32_t epoch_;
+  ArenaLayout layout_;
+  std::vector<std::byte*> arenas_;  // [world_size] mapped bases, arenas_[rank_] is local
+};
+
+}  // namespace xds::xccl

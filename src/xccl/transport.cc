@@ -1,0 +1,117 @@
+// Transport table and the shared-memory transport (copies + release/acquire stores).
+#include "xccl/transport.h"
+
+#include <cstring>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+namespace xds::xccl {
+
+std::string_view op_state_name(OpState s) {
+  switch (s) {
+    case OpState::kInProgress: return "in_progress";
+    case OpState::kDone: return "done";
+    case OpState::kFailed: return "failed";
+    case OpState::kCancelled: return "cancelled";
+  }
+  return "unknown";
+}
+
+void copy_bytes(void* dst, const void* src, uint64_t n) {
+  if (n != 0) std::memcpy(dst, src, n);  // glibc switches to non-temporal stores for huge copies
+}
+
+void store_fence() {
+#if defined(__x86_64__)
+  _mm_sfence();
+#else
+  std::atomic_thread_fence(std::memory_order_release);
+#endif
+}
+
+namespace {
+
+// Shared memory: every arena is mapped, so put/get are memcpy and a signal is a seq_cst
+// store (a release store whose order against the waiter-flag load makes futex wake-ups safe,
+// see Fabric::ring) into the owner's arena.
+class ShmTransport final : public Transport {
+ public:
+  explicit ShmTransport(Fabric& f) : f_(f) {}
+  std::string_view name() const override { return "shm"; }
+  TransportCaps caps() const override { return {.load_store = true, .async_completion = false,
+                                                 .non_temporal = true}; }
+
+  Result<MemDesc> register_memory(const void* ptr, uint64_t bytes) override {
+    auto* p = static_cast<const std::byte*>(ptr);
+    const std::byte* base = f_.local();
+    if (p < base || p + bytes > base + f_.layout().total)
+      return invalid_argument("register_memory: [{}, +{}) is outside rank {}'s arena [{}, +{})",
+                              ptr, bytes, f_.rank(), static_cast<const void*>(base),
+                              f_.layout().total);
+    return MemDesc{f_.rank(), static_cast<uint64_t>(p - base), bytes};
+  }
+
+  OpState put(const MemDesc& dst, uint64_t off, const void* src, uint64_t n) override {
+    XDS_DCHECK(off + n <= dst.bytes, "put past descriptor: {} + {} > {}", off, n, dst.bytes);
+    copy_bytes(f_.arena(dst.rank) + dst.offset + off, src, n);
+    return OpState::kDone;
+  }
+
+  OpState get(void* dst, const MemDesc& src, uint64_t off, uint64_t n) override {
+    XDS_DCHECK(off + n <= src.bytes, "get past descriptor: {} + {} > {}", off, n, src.bytes);
+    copy_bytes(dst, f_.arena(src.rank) + src.offset + off, n);
+    return OpState::kDone;
+  }
+
+  OpState put_with_signal(const MemDesc& dst, uint64_t off, const void* src, uint64_t n,
+                          const SignalRef& sig, uint64_t value) override {
+    if (n != 0) {
+      put(dst, off, src, n);
+      store_fence();  // non-temporal stores of the copy are ordered before the signal
+    }
+    word(sig).store(value, std::memory_order_seq_cst);
+    f_.ring(sig.rank);
+    return OpState::kDone;
+  }
+
+  OpState test_signal(const SignalRef& sig, uint64_t value) override {
+    return word(sig).load(std::memory_order_acquire) >= value ? OpState::kDone
+                                                              : OpState::kInProgress;
+  }
+
+  OpState flush() override {
+    store_fence();
+    return OpState::kDone;
+  }
+
+ private:
+  std::atomic<uint64_t>& word(const SignalRef& s) const {
+    return *reinterpret_cast<std::atomic<uint64_t>*>(f_.arena(s.rank) + s.offset);
+  }
+  Fabric& f_;
+};
+
+std::unique_ptr<Transport> make_shm(Fabric& f) { return std::make_unique<ShmTransport>(f); }
+
+constexpr TransportEntry kTransports[] = {
+    {"shm", "shared memory between the devices of one host (memfd or heap arenas)", &make_shm},
+    // "ucx" (one-sided RDMA between hosts) and "cuda_ipc" register here later.
+};
+
+}  // namespace
+
+std::span<const TransportEntry> transport_table() { return kTransports; }
+
+Result<std::unique_ptr<Transport>> make_transport(std::string_view name, Fabric& fabric) {
+  std::string known;
+  for (const auto& e : kTransports) {
+    if (e.name == name) return e.make(fabric);
+    known += known.empty() ? "" : ", ";
+    known += e.name;
+  }
+  return not_found("xccl transport '{}' is not in this build (known: {})", name, known);
+}
+
+}  // namespace xds::xccl
