@@ -1,0 +1,225 @@
+"""Writes models/kjv-moe-tiny/README.md (the model card) from the exported model, the
+training checkpoint's history and evaluate.py's eval.json.
+
+Usage: /usr/bin/python3 tools/train_tiny/make_card.py [--model models/kjv-moe-tiny]
+       [--work build/train_tiny/run]
+"""
+import argparse
+import json
+import os
+import sys
+
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import corpus           # noqa: E402
+import safetensors_io   # noqa: E402
+
+
+def param_groups(tensors, cfg):
+    n = cfg["num_hidden_layers"]
+    groups = {"embedding + lm_head": 0, "attention (MLA)": 0, "dense MLP (layer 0)": 0,
+              "routed experts": 0, "shared experts": 0, "gates + norms": 0,
+              "MTP extras (eh_proj, enorm, hnorm, head norm)": 0,
+              "MTP copies of embedding and head": 0}
+    for name, (arr, _) in tensors.items():
+        c = int(np.prod(arr.shape))
+        if name.startswith(f"model.layers.{n}.") and (name.endswith("embed_tokens.weight")
+                                                     or name.endswith("shared_head.head.weight")):
+            groups["MTP copies of embedding and head"] += c
+        elif name in ("model.embed_tokens.weight", "lm_head.weight"):
+            groups["embedding + lm_head"] += c
+        elif ".self_attn." in name and name.endswith("proj.weight"):
+            groups["attention (MLA)"] += c
+        elif ".mlp.experts." in name:
+            groups["routed experts"] += c
+        elif ".mlp.shared_experts." in name:
+            groups["shared experts"] += c
+        elif ".mlp." in name and ".gate." not in name:
+            groups["dense MLP (layer 0)"] += c
+        elif any(s in name for s in ("eh_proj", "enorm", "hnorm", "shared_head.norm")):
+            groups["MTP extras (eh_proj, enorm, hnorm, head norm)"] += c
+        else:
+            groups["gates + norms"] += c
+    return groups
+
+
+def fmt_load_table(ev, cfg):
+    n = cfg["num_hidden_layers"]
+    lines = ["| layer | max/mean | min/mean | tokens per expert (16 experts, k = 2 choices per token) |",
+             "| --- | --- | --- | --- |"]
+    for i, l in ev["expert_load"].items():
+        name = f"{i} (MTP)" if int(i) == n else i
+        lines.append(f"| {name} | {l['max_over_mean']:.2f} | {l['min_over_mean']:.2f} | "
+                     f"{' '.join(str(c) for c in l['counts'])} |")
+    return "\n".join(lines)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="models/kjv-moe-tiny")
+    ap.add_argument("--work", default="build/train_tiny/run")
+    args = ap.parse_args()
+    with open(os.path.join(args.model, "config.json")) as f:
+        cfg = json.load(f)
+    with open(os.path.join(args.work, "eval.json")) as f:
+        ev = json.load(f)
+    st = torch.load(os.path.join(args.work, "ckpt.pt"))
+    targs, hist = st["args"], st["history"]
+    tensors, _ = safetensors_io.read(os.path.join(args.model, "model.safetensors"))
+    groups = param_groups(tensors, cfg)
+    total = sum(groups.values())
+    unique = total - groups["MTP copies of embedding and head"]
+    size = os.path.getsize(os.path.join(args.model, "model.safetensors"))
+    d, inter = cfg["hidden_size"], cfg["moe_intermediate_size"]
+    n_moe = cfg["num_hidden_layers"] - cfg["first_k_dense_replace"]
+    active = (unique - groups["routed experts"]
+              + n_moe * cfg["num_experts_per_tok"] * 3 * d * inter)
+    n_train_tokens = int(np.load(os.path.join(args.work, "train_ids.npy"), mmap_mode="r").shape[0])
+    biases = {k: safetensors_io.to_float32(*v) for k, v in tensors.items()
+              if k.endswith("e_score_correction_bias")}
+    bias_lines = "\n".join(f"| {k.split('.')[2]} | {float(b.min()):+.3f} | {float(b.max()):+.3f} |"
+                           for k, b in sorted(biases.items(), key=lambda kv: int(kv[0].split('.')[2])))
+    last = hist[-1]
+    tokens_seen = st["step"] * targs["batch"] * targs["seq"]
+    held_chapters = corpus.HELDOUT_EVERY
+    samples = "\n\n".join(
+        f"**{s['mode']}**, prompt `{s['prompt']!r}`:\n\n```text\n{s['text']}\n```"
+        for s in ev["samples"])
+    group_rows = "\n".join(f"| {k} | {v:,} |" for k, v in groups.items())
+
+    card = f"""# kjv-moe-tiny
+
+A tiny DeepSeek-V3-architecture model (MLA with q_lora, one dense layer then MoE layers with
+sigmoid `noaux_tc` group-limited routing and a shared expert, one MTP layer), trained by this
+repository's recipe (`tools/train_tiny/`) on the King James Bible. It is xDeepServe's default
+model: it writes text in the style of the KJV, its experts carry a real, uneven load, and its
+MTP layer makes meaningful draft tokens. It knows nothing else; it was never trained on chat
+turns, so the chat template only frames the prompt.
+
+Files: `config.json` (DeepseekV3 field names), `generation_config.json`, `model.safetensors`
+(BF16; every `mlp.gate.e_score_correction_bias` is F32, as in the published checkpoint),
+`tokenizer.json` + `tokenizer_config.json` (byte-level BPE, DeepSeek-V3-style chat template),
+`heldout.txt` (the held-out split, the perplexity test file).
+
+## Shape
+
+| field | value |
+| --- | --- |
+| vocab_size | {cfg['vocab_size']} |
+| hidden_size | {d} |
+| num_hidden_layers | {cfg['num_hidden_layers']} (layer 0 dense, layers 1-{cfg['num_hidden_layers'] - 1} MoE) + 1 MTP layer (index {cfg['num_hidden_layers']}, MoE) |
+| attention | MLA, {cfg['num_attention_heads']} heads, q_lora_rank {cfg['q_lora_rank']}, kv_lora_rank {cfg['kv_lora_rank']}, qk_nope_head_dim {cfg['qk_nope_head_dim']}, qk_rope_head_dim {cfg['qk_rope_head_dim']}, v_head_dim {cfg['v_head_dim']} |
+| rope | plain (no YaRN), interleaved pairs, rope_theta {cfg['rope_theta']:g}, max_position_embeddings {cfg['max_position_embeddings']} |
+| dense MLP | intermediate_size {cfg['intermediate_size']} |
+| MoE | {cfg['n_routed_experts']} routed experts (moe_intermediate_size {inter}) + {cfg['n_shared_experts']} shared, top-{cfg['num_experts_per_tok']}, n_group {cfg['n_group']}, topk_group {cfg['topk_group']}, sigmoid scores, noaux_tc, norm_topk_prob {str(cfg['norm_topk_prob']).lower()}, routed_scaling_factor {cfg['routed_scaling_factor']} |
+| rms_norm_eps | {cfg['rms_norm_eps']:g} |
+| parameters | {total:,} stored ({unique:,} distinct: the MTP layer's `embed_tokens` and `shared_head.head` are copies of `model.embed_tokens` and `lm_head`, tied in training); about {active:,} active per token in the main model |
+| model.safetensors | {size:,} bytes |
+
+| part | parameters |
+| --- | --- |
+{group_rows}
+
+## Corpus and split
+
+The King James Version as shipped by Debian 12's `bible-kjv-text` 4.38 (`/usr/lib/bible.data`,
+printed by the `bible` program of the `bible-kjv` package:
+`bible -l100000 Genesis1:1-Revelation22:21`). Each chapter becomes its heading line
+(`Genesis 1`) followed by one line per verse, `N text` (e.g. `1 In the beginning God created
+the heaven and the earth.`), each line ending in `\\n`. The 1189 chapters are numbered 0..1188
+in canonical order (Genesis 1 = 0); **chapter k is held out iff k mod {held_chapters} = {held_chapters - 1}**
+(59 chapters: Genesis 20, Genesis 40, Exodus 10, ...), the other 1130 are for training.
+`heldout.txt` is the held-out chapters joined by one blank line (`\\n`), {os.path.getsize(os.path.join(args.model, 'heldout.txt')):,} bytes.
+
+## Tokenizer
+
+Byte-level BPE with {cfg['vocab_size']} ids, trained by the recipe on the training chapters:
+ids 0-3 are the special tokens `<｜begin▁of▁sentence｜>` (BOS), `<｜end▁of▁sentence｜>` (EOS),
+`<｜User｜>`, `<｜Assistant｜>`; ids 4-259 the 256 bytes (byte b = id 4 + b); ids 260-4095 the
+merges in the order learned. Pre-tokenizer: Split with the GPT-2 pattern (Isolated), then
+ByteLevel (no prefix space, no regex); decoder ByteLevel; the post-processor adds BOS
+(`add_bos_token` true). The npm package `@huggingface/tokenizers` (an independent
+implementation) loads these files and gives the same ids as the recipe's encoder on the whole
+held-out file and on the Unicode test strings of `tools/train_tiny/check_tokenizer.py`.
+The training chapters are encoded as `BOS chapter EOS`, concatenated:
+{n_train_tokens:,} tokens.
+
+## Training
+
+`/usr/bin/python3 tools/train_tiny/train.py` (see `tools/train_tiny/README.md`), seed 1234:
+{st['step']} steps of {targs['batch']} random windows x {targs['seq']} tokens
+({tokens_seen:,} tokens, {tokens_seen / n_train_tokens:.2f} epochs), AdamW (betas 0.9/0.95,
+weight decay 0.1 on matrices), peak learning rate {targs['lr']:g}, {targs['warmup']} warm-up
+steps then cosine to 10%, gradient clipping 1.0, float32 on CPU with {targs['threads']} threads.
+Loss = main next-token cross-entropy + {targs['mtp_weight']} x MTP (token t+2) cross-entropy.
+Aux-loss-free balancing: after every step, per MoE layer, bias_e += {targs['bias_rate']:g} x
+sign(mean load - load_e) over the batch's choices; the bias enters the selection only.
+
+Training time: **{st['elapsed'] / 60:.1f} minutes** on 2 shared CPU cores.
+Final losses (mean over the last {targs['log_every']} steps): **main {last['main']:.3f}, MTP {last['mtp']:.3f}**.
+
+Final correction biases:
+
+| layer | min | max |
+| --- | --- | --- |
+{bias_lines}
+
+## Held-out perplexity: **{ev['perplexity']:.2f}**
+
+Definition (the one `xdeepserve perplexity --model models/kjv-moe-tiny --file models/kjv-moe-tiny/heldout.txt` implements):
+
+1. Tokens: the tokenizer's ids for the UTF-8 bytes of the file, **no BOS or EOS added**
+   (HF: `encode(text, add_special_tokens=False)`): {ev['heldout_tokens']:,} tokens.
+2. Windows: consecutive non-overlapping slices `tokens[k*{ev['window']}:(k+1)*{ev['window']}]`, W = {ev['window']}; the last
+   one may be shorter and counts if it has at least 2 tokens. Each window is evaluated on its
+   own, from rope position 0, with no state carried over from the previous window.
+3. In each window of n tokens, positions i = 1..n-1 are predicted from tokens 0..i-1 of the
+   same window ({ev['predicted_tokens']:,} predicted tokens in all).
+4. Perplexity = exp(sum of -ln softmax(logits)[token_i] / number of predicted tokens), with
+   the logits of the main model (not MTP) over the full vocabulary.
+
+Measured with the exported BF16 weights widened to float32 and the recipe's float32 PyTorch
+forward: mean NLL {ev['mean_nll']:.4f} nats, perplexity {ev['perplexity']:.3f}; next-token top-1
+accuracy {ev['main_top1_accuracy']:.3f}.
+
+## MTP top-1 agreement: **{ev['mtp_top1_agreement']:.3f}**
+
+Over the same windows, for every t = 0..n-3: the MTP layer's row t (main final-normed hidden
+at t + embedding of token t+1, rope position t) predicts token t+2; so does the main model's
+logits at position t+1 given the true token t+1. Agreement = fraction of rows where the two
+argmaxes (ties to the lower id) are the same token. This is the greedy acceptance rate of a
+one-token MTP draft under teacher forcing. The MTP head's own top-1 accuracy against the
+true token t+2 is {ev['mtp_top1_accuracy']:.3f}.
+
+## Expert load on held-out text
+
+Chosen (token, expert) pairs per expert over all held-out window positions (for the MTP
+layer, over its rows); max/mean = 1 would be perfectly even.
+
+{fmt_load_table(ev, cfg)}
+
+## Sample generations (PyTorch, exported weights; BOS + prompt; at most 60 new tokens)
+
+{samples}
+
+## Reproduce
+
+```sh
+/usr/bin/python3 tools/train_tiny/train.py          # ~40-60 min on 2 cores, resumable
+/usr/bin/python3 tools/train_tiny/export.py
+/usr/bin/python3 tools/train_tiny/evaluate.py
+/usr/bin/python3 tools/train_tiny/conformance.py
+/usr/bin/python3 tools/train_tiny/make_card.py
+```
+License: the KJV text is in the public domain (Debian's bible-kjv-text); the weights are
+released with this repository.
+"""
+    with open(os.path.join(args.model, "README.md"), "w", encoding="utf-8") as f:
+        f.write(card)
+    print(f"wrote {os.path.join(args.model, 'README.md')}")
+
+
+if __name__ == "__main__":
+    main()
