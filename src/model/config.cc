@@ -1,0 +1,452 @@
+// config.json / generation_config.json -> DeepseekV3Config.
+//
+// Every Hugging Face key that we read is listed once, in kFields below, with its parser
+// and its constraint; cross-field rules (divisibility, gating method vs scoring) follow in
+// validate_cross_fields(). Errors read
+//   "<file>: field '<key>': expected <what>, found <json value>".
+#include "model/config.h"
+
+#include <cmath>
+#include <fstream>
+#include <sstream>
+#include <string_view>
+
+#include <nlohmann/json.hpp>
+
+namespace xds {
+namespace {
+
+using json = nlohmann::json;
+using Config = DeepseekV3Config;
+
+// A short rendering of a JSON value for error messages.
+std::string found(const json& v) {
+  std::string s = v.dump();
+  if (s.size() > 80) s = s.substr(0, 77) + "...";
+  return s;
+}
+
+Status field_error(std::string_view source, std::string_view key, std::string_view expected,
+                   const json& v) {
+  return invalid_argument("{}: field '{}': expected {}, found {}", source, key, expected, found(v));
+}
+
+Result<int64_t> get_int(std::string_view source, std::string_view key, const json& v,
+                        int64_t min_value) {
+  const std::string what = fmt::format("an integer >= {}", min_value);
+  if (v.is_number_unsigned()) {
+    const uint64_t u = v.get<uint64_t>();
+    if (u > static_cast<uint64_t>(INT64_MAX)) return field_error(source, key, what, v);
+    if (static_cast<int64_t>(u) < min_value) return field_error(source, key, what, v);
+    return static_cast<int64_t>(u);
+  }
+  if (v.is_number_integer()) {
+    const int64_t i = v.get<int64_t>();
+    if (i < min_value) return field_error(source, key, what, v);
+    return i;
+  }
+  return field_error(source, key, what, v);
+}
+
+Result<double> get_double(std::string_view source, std::string_view key, const json& v,
+                          bool positive) {
+  const char* what = positive ? "a finite number > 0" : "a finite number";
+  if (!v.is_number()) return field_error(source, key, what, v);
+  const double d = v.get<double>();
+  if (!std::isfinite(d) || (positive && !(d > 0))) return field_error(source, key, what, v);
+  return d;
+}
+
+Result<bool> get_bool(std::string_view source, std::string_view key, const json& v) {
+  if (!v.is_boolean()) return field_error(source, key, "true or false", v);
+  return v.get<bool>();
+}
+
+Result<std::string> get_string(std::string_view source, std::string_view key, const json& v) {
+  if (!v.is_string()) return field_error(source, key, "a string", v);
+  return v.get<std::string>();
+}
+
+// Parsers for one key: they read `v` (present, possibly null) into the config.
+using FieldParser = Status (*)(std::string_view source, std::string_view key, const json& v,
+                               Config& c);
+
+template <int64_t Config::*M, int64_t kMin>
+Status parse_int(std::string_view source, std::string_view key, const json& v, Config& c) {
+  XDS_ASSIGN_OR_RETURN(c.*M, get_int(source, key, v, kMin));
+  return {};
+}
+
+template <double Config::*M, bool kPositive>
+Status parse_double(std::string_view source, std::string_view key, const json& v, Config& c) {
+  XDS_ASSIGN_OR_RETURN(c.*M, get_double(source, key, v, kPositive));
+  return {};
+}
+
+template <bool Config::*M>
+Status parse_bool(std::string_view source, std::string_view key, const json& v, Config& c) {
+  XDS_ASSIGN_OR_RETURN(c.*M, get_bool(source, key, v));
+  return {};
+}
+
+Status parse_q_lora_rank(std::string_view source, std::string_view key, const json& v, Config& c) {
+  if (v.is_null()) {
+    c.q_lora_rank.reset();
+    return {};
+  }
+  if (!v.is_number_integer() || v.get<int64_t>() < 1) {
+    return field_error(source, key, "an integer >= 1 or null", v);
+  }
+  c.q_lora_rank = v.get<int64_t>();
+  return {};
+}
+
+Status parse_bos(std::string_view source, std::string_view key, const json& v, Config& c) {
+  if (v.is_null()) return {};
+  XDS_ASSIGN_OR_RETURN(int64_t id, get_int(source, key, v, 0));
+  c.bos_token_id = id;
+  return {};
+}
+
+// eos_token_id: an integer or a non-empty list of integers (or null: none given).
+Result<std::vector<int64_t>> get_eos_ids(std::string_view source, std::string_view key,
+                                         const json& v) {
+  std::vector<int64_t> ids;
+  if (v.is_null()) return ids;
+  if (v.is_array()) {
+    if (v.empty()) return field_error(source, key, "an integer or a non-empty list", v);
+    for (const json& e : v) {
+      if (!e.is_number_integer() || e.get<int64_t>() < 0) {
+        return field_error(source, key, "an integer >= 0 or a list of them", v);
+      }
+      ids.push_back(e.get<int64_t>());
+    }
+    return ids;
+  }
+  if (!v.is_number_integer() || v.get<int64_t>() < 0) {
+    return field_error(source, key, "an integer >= 0 or a list of them", v);
+  }
+  ids.push_back(v.get<int64_t>());
+  return ids;
+}
+
+Status parse_eos(std::string_view source, std::string_view key, const json& v, Config& c) {
+  XDS_ASSIGN_OR_RETURN(c.eos_token_ids, get_eos_ids(source, key, v));
+  return {};
+}
+
+Status parse_scoring_func(std::string_view source, std::string_view key, const json& v, Config& c) {
+  XDS_ASSIGN_OR_RETURN(std::string s, get_string(source, key, v));
+  if (s == "sigmoid") {
+    c.scoring_func = GatingScore::kSigmoid;
+  } else if (s == "softmax") {
+    c.scoring_func = GatingScore::kSoftmax;
+  } else {
+    return field_error(source, key, "\"sigmoid\" or \"softmax\"", v);
+  }
+  return {};
+}
+
+Status parse_topk_method(std::string_view source, std::string_view key, const json& v, Config& c) {
+  XDS_ASSIGN_OR_RETURN(std::string s, get_string(source, key, v));
+  if (s == "noaux_tc") {
+    c.topk_method = TopkMethod::kNoauxTc;
+  } else if (s == "greedy") {
+    c.topk_method = TopkMethod::kGreedy;
+  } else if (s == "group_limited_greedy") {
+    c.topk_method = TopkMethod::kGroupLimitedGreedy;
+  } else {
+    return field_error(source, key, "\"noaux_tc\", \"greedy\" or \"group_limited_greedy\"", v);
+  }
+  return {};
+}
+
+Status parse_hidden_act(std::string_view source, std::string_view key, const json& v, Config&) {
+  if (!v.is_string() || v.get<std::string>() != "silu") {
+    return field_error(source, key, "\"silu\"", v);
+  }
+  return {};
+}
+
+Status parse_attention_bias(std::string_view source, std::string_view key, const json& v, Config&) {
+  if (!v.is_boolean() || v.get<bool>()) return field_error(source, key, "false", v);
+  return {};
+}
+
+Status parse_model_type(std::string_view source, std::string_view key, const json& v, Config&) {
+  if (!v.is_string() || v.get<std::string>() != "deepseek_v3") {
+    return field_error(source, key, "\"deepseek_v3\" (only DeepSeek-V3 is supported)", v);
+  }
+  return {};
+}
+
+Status parse_architectures(std::string_view source, std::string_view key, const json& v, Config&) {
+  const char* what = "[\"DeepseekV3ForCausalLM\"] (only DeepSeek-V3 is supported)";
+  if (!v.is_array()) return field_error(source, key, what, v);
+  for (const json& a : v) {
+    if (a.is_string() && a.get<std::string>() == "DeepseekV3ForCausalLM") return {};
+  }
+  return field_error(source, key, what, v);
+}
+
+// rope_scaling: null/absent (plain rope) or {"type" (or "rope_type"): "yarn", ...}.
+Status parse_rope_scaling(std::string_view source, std::string_view key, const json& v, Config& c) {
+  if (v.is_null()) {
+    c.rope_scaling.reset();
+    return {};
+  }
+  if (!v.is_object()) return field_error(source, key, "an object or null", v);
+  const std::string k = std::string(key);
+  const json* type = nullptr;
+  if (v.contains("type")) type = &v["type"];
+  if (type == nullptr && v.contains("rope_type")) type = &v["rope_type"];
+  if (type == nullptr || !type->is_string() || type->get<std::string>() != "yarn") {
+    return field_error(source, k + ".type", "\"yarn\" (the only rope scaling supported)",
+                       type ? *type : json());
+  }
+  RopeScaling r;
+  if (!v.contains("factor")) return field_error(source, k + ".factor", "a number >= 1", json());
+  XDS_ASSIGN_OR_RETURN(r.factor, get_double(source, k + ".factor", v["factor"], true));
+  if (r.factor < 1.0) return field_error(source, k + ".factor", "a number >= 1", v["factor"]);
+  if (!v.contains("original_max_position_embeddings")) {
+    return field_error(source, k + ".original_max_position_embeddings", "an integer >= 1", json());
+  }
+  XDS_ASSIGN_OR_RETURN(r.original_max_position_embeddings,
+                       get_int(source, k + ".original_max_position_embeddings",
+                               v["original_max_position_embeddings"], 1));
+  struct Opt {
+    const char* name;
+    double* out;
+    bool positive;
+  };
+  const Opt opts[] = {{"beta_fast", &r.beta_fast, true},
+                      {"beta_slow", &r.beta_slow, true},
+                      {"mscale", &r.mscale, false},
+                      {"mscale_all_dim", &r.mscale_all_dim, false}};
+  for (const Opt& o : opts) {
+    if (!v.contains(o.name) || v[o.name].is_null()) continue;
+    XDS_ASSIGN_OR_RETURN(*o.out, get_double(source, k + "." + o.name, v[o.name], o.positive));
+  }
+  c.rope_scaling = r;
+  return {};
+}
+
+// quantization_config: absent/null (plain checkpoint) or the published block-FP8 one:
+// {"activation_scheme":"dynamic","fmt":"e4m3","quant_method":"fp8","weight_block_size":[128,128]}
+Status parse_quantization(std::string_view source, std::string_view key, const json& v, Config& c) {
+  if (v.is_null()) {
+    c.fp8.reset();
+    return {};
+  }
+  if (!v.is_object()) return field_error(source, key, "an object or null", v);
+  const std::string k = std::string(key);
+  const json method = v.value("quant_method", json());
+  if (!method.is_string() || method.get<std::string>() != "fp8") {
+    return field_error(source, k + ".quant_method", "\"fp8\" (the only quantization supported)",
+                       method);
+  }
+  const json fmt_v = v.value("fmt", json());
+  if (!fmt_v.is_string() || fmt_v.get<std::string>() != "e4m3") {
+    return field_error(source, k + ".fmt", "\"e4m3\"", fmt_v);
+  }
+  if (v.contains("activation_scheme")) {
+    const json& a = v["activation_scheme"];
+    if (!a.is_string() || a.get<std::string>() != "dynamic") {
+      return field_error(source, k + ".activation_scheme", "\"dynamic\"", a);
+    }
+  }
+  const json bs = v.value("weight_block_size", json());
+  const char* what = "a list of two integers >= 1, e.g. [128, 128]";
+  if (!bs.is_array() || bs.size() != 2 || !bs[0].is_number_integer() ||
+      !bs[1].is_number_integer() || bs[0].get<int64_t>() < 1 || bs[1].get<int64_t>() < 1) {
+    return field_error(source, k + ".weight_block_size", what, bs);
+  }
+  Fp8Quantization q;
+  q.block_rows = bs[0].get<int64_t>();
+  q.block_cols = bs[1].get<int64_t>();
+  c.fp8 = q;
+  return {};
+}
+
+struct FieldSpec {
+  const char* key;  // the Hugging Face config.json key
+  bool required;    // absent -> error; otherwise the DeepseekV3Config default stays
+  FieldParser parse;
+};
+
+// The one table of Hugging Face keys. Keys not listed here are ignored.
+constexpr FieldSpec kFields[] = {
+    {"architectures", false, parse_architectures},
+    {"model_type", false, parse_model_type},
+    {"vocab_size", true, parse_int<&Config::vocab_size, 1>},
+    {"hidden_size", true, parse_int<&Config::hidden_size, 1>},
+    {"intermediate_size", true, parse_int<&Config::intermediate_size, 1>},
+    {"moe_intermediate_size", true, parse_int<&Config::moe_intermediate_size, 1>},
+    {"num_hidden_layers", true, parse_int<&Config::num_hidden_layers, 1>},
+    {"num_nextn_predict_layers", false, parse_int<&Config::num_nextn_predict_layers, 0>},
+    {"num_attention_heads", true, parse_int<&Config::num_attention_heads, 1>},
+    {"n_shared_experts", false, parse_int<&Config::n_shared_experts, 0>},
+    {"n_routed_experts", true, parse_int<&Config::n_routed_experts, 1>},
+    {"num_experts_per_tok", true, parse_int<&Config::num_experts_per_tok, 1>},
+    {"n_group", false, parse_int<&Config::n_group, 1>},
+    {"topk_group", false, parse_int<&Config::topk_group, 1>},
+    {"first_k_dense_replace", false, parse_int<&Config::first_k_dense_replace, 0>},
+    {"moe_layer_freq", false, parse_int<&Config::moe_layer_freq, 1>},
+    {"routed_scaling_factor", false, parse_double<&Config::routed_scaling_factor, true>},
+    {"norm_topk_prob", false, parse_bool<&Config::norm_topk_prob>},
+    {"scoring_func", false, parse_scoring_func},
+    {"topk_method", false, parse_topk_method},
+    {"q_lora_rank", true, parse_q_lora_rank},
+    {"kv_lora_rank", true, parse_int<&Config::kv_lora_rank, 1>},
+    {"qk_nope_head_dim", true, parse_int<&Config::qk_nope_head_dim, 1>},
+    {"qk_rope_head_dim", true, parse_int<&Config::qk_rope_head_dim, 2>},
+    {"v_head_dim", true, parse_int<&Config::v_head_dim, 1>},
+    {"rms_norm_eps", false, parse_double<&Config::rms_norm_eps, true>},
+    {"rope_theta", false, parse_double<&Config::rope_theta, true>},
+    {"rope_scaling", false, parse_rope_scaling},
+    {"max_position_embeddings", false, parse_int<&Config::max_position_embeddings, 1>},
+    {"tie_word_embeddings", false, parse_bool<&Config::tie_word_embeddings>},
+    {"quantization_config", false, parse_quantization},
+    {"hidden_act", false, parse_hidden_act},
+    {"attention_bias", false, parse_attention_bias},
+    {"bos_token_id", false, parse_bos},
+    {"eos_token_id", false, parse_eos},
+};
+
+Status cross_error(std::string_view source, std::string_view key, std::string_view expected,
+                   int64_t value) {
+  return invalid_argument("{}: field '{}': expected {}, found {}", source, key, expected, value);
+}
+
+Status validate_cross_fields(std::string_view source, const json& j, const Config& c) {
+  if (!j.contains("architectures") && !j.contains("model_type")) {
+    return invalid_argument(
+        "{}: field 'model_type': expected \"deepseek_v3\" (or architectures "
+        "[\"DeepseekV3ForCausalLM\"]), found neither",
+        source);
+  }
+  if (c.qk_rope_head_dim % 2 != 0) {
+    return cross_error(source, "qk_rope_head_dim", "an even number (rope rotates pairs)",
+                       c.qk_rope_head_dim);
+  }
+  if (c.n_routed_experts % c.n_group != 0) {
+    return cross_error(source, "n_routed_experts",
+                       fmt::format("a multiple of n_group ({})", c.n_group), c.n_routed_experts);
+  }
+  if (c.topk_group > c.n_group) {
+    return cross_error(source, "topk_group", fmt::format("<= n_group ({})", c.n_group),
+                       c.topk_group);
+  }
+  if (c.num_experts_per_tok > c.n_routed_experts) {
+    return cross_error(source, "num_experts_per_tok",
+                       fmt::format("<= n_routed_experts ({})", c.n_routed_experts),
+                       c.num_experts_per_tok);
+  }
+  const int64_t per_group = c.n_routed_experts / c.n_group;
+  if (c.topk_method != TopkMethod::kGreedy && c.num_experts_per_tok > c.topk_group * per_group) {
+    return cross_error(
+        source, "num_experts_per_tok",
+        fmt::format("<= topk_group * experts per group ({} * {})", c.topk_group, per_group),
+        c.num_experts_per_tok);
+  }
+  if (c.topk_method == TopkMethod::kNoauxTc) {
+    if (c.scoring_func != GatingScore::kSigmoid) {
+      return invalid_argument(
+          "{}: field 'scoring_func': expected \"sigmoid\" (topk_method noaux_tc requires it), "
+          "found \"softmax\"",
+          source);
+    }
+    if (per_group < 2) {
+      return cross_error(source, "n_group",
+                         fmt::format("a group size (n_routed_experts / n_group) >= 2 for "
+                                     "noaux_tc group scores, n_routed_experts is {}",
+                                     c.n_routed_experts),
+                         c.n_group);
+    }
+  }
+  if (c.first_k_dense_replace > c.num_hidden_layers) {
+    return cross_error(source, "first_k_dense_replace",
+                       fmt::format("<= num_hidden_layers ({})", c.num_hidden_layers),
+                       c.first_k_dense_replace);
+  }
+  for (int64_t id : c.eos_token_ids) {
+    if (id >= c.vocab_size) {
+      return cross_error(source, "eos_token_id", fmt::format("ids < vocab_size ({})", c.vocab_size),
+                         id);
+    }
+  }
+  if (c.bos_token_id && *c.bos_token_id >= c.vocab_size) {
+    return cross_error(source, "bos_token_id", fmt::format("an id < vocab_size ({})", c.vocab_size),
+                       *c.bos_token_id);
+  }
+  return {};
+}
+
+Result<std::string> read_text_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return not_found("{}: cannot open the file", path);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  if (in.bad()) return data_loss("{}: read error", path);
+  return ss.str();
+}
+
+Result<json> parse_json_object(const std::string& text, const std::string& source) {
+  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return invalid_argument("{}: not valid JSON", source);
+  if (!j.is_object()) {
+    return invalid_argument("{}: expected a JSON object at the top level, found {}", source,
+                            found(j));
+  }
+  return j;
+}
+
+}  // namespace
+
+Result<DeepseekV3Config> parse_deepseek_v3_config(const std::string& json_text,
+                                                  const std::string& source) {
+  XDS_ASSIGN_OR_RETURN(json j, parse_json_object(json_text, source));
+  Config c;
+  for (const FieldSpec& f : kFields) {
+    auto it = j.find(f.key);
+    if (it == j.end()) {
+      if (f.required) {
+        return invalid_argument("{}: field '{}': required but missing", source, f.key);
+      }
+      continue;
+    }
+    XDS_RETURN_IF_ERROR(f.parse(source, f.key, *it, c));
+  }
+  XDS_RETURN_IF_ERROR(validate_cross_fields(source, j, c));
+  return c;
+}
+
+Result<DeepseekV3Config> load_deepseek_v3_config(const std::string& dir) {
+  const std::string path = dir + "/config.json";
+  XDS_ASSIGN_OR_RETURN(std::string text, read_text_file(path));
+  XDS_ASSIGN_OR_RETURN(Config c, parse_deepseek_v3_config(text, path));
+
+  // generation_config.json, if present, overrides the eos ids of config.json.
+  const std::string gen_path = dir + "/generation_config.json";
+  std::ifstream probe(gen_path);
+  if (!probe) return c;
+  probe.close();
+  XDS_ASSIGN_OR_RETURN(std::string gen_text, read_text_file(gen_path));
+  XDS_ASSIGN_OR_RETURN(json g, parse_json_object(gen_text, gen_path));
+  if (auto it = g.find("eos_token_id"); it != g.end() && !it->is_null()) {
+    XDS_ASSIGN_OR_RETURN(c.eos_token_ids, get_eos_ids(gen_path, "eos_token_id", *it));
+    for (int64_t id : c.eos_token_ids) {
+      if (id >= c.vocab_size) {
+        return cross_error(gen_path, "eos_token_id",
+                           fmt::format("ids < vocab_size ({})", c.vocab_size), id);
+      }
+    }
+  }
+  if (auto it = g.find("bos_token_id"); it != g.end() && !it->is_null() && !c.bos_token_id) {
+    XDS_ASSIGN_OR_RETURN(int64_t bos, get_int(gen_path, "bos_token_id", *it, 0));
+    c.bos_token_id = bos;
+  }
+  return c;
+}
+
+}  // namespace xds

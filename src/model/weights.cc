@@ -1,0 +1,372 @@
+#include "model/weights.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+
+namespace xds {
+namespace {
+
+constexpr size_t kProgressBytes = 1ull << 30;
+
+// Repack file layout (little endian, all offsets in bytes):
+//   [0, 8)    magic "XDSRPK01"
+//   [8, 16)   u64 payload bytes P
+//   [16, 24)  u64 key length K
+//   [24, 32)  u64 payload offset D = align_up(32 + K, 64)
+//   [32, 32+K) the cache key (verified on reuse, so a hash collision cannot alias)
+//   [D, D+P)  payload (row-major F32 for matrices); file size == D + P
+constexpr char kMagic[8] = {'X', 'D', 'S', 'R', 'P', 'K', '0', '1'};
+constexpr size_t kFixedHeader = 32;
+
+size_t payload_offset(size_t key_len) {
+  return (kFixedHeader + key_len + 63) / 64 * 64;
+}
+
+uint64_t fnv1a64(std::string_view s) {
+  uint64_t h = 1469598103934665603ull;
+  for (char ch : s) {
+    h ^= static_cast<uint8_t>(ch);
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// "abs path|size|mtime" of a tensor's file, for cache keys.
+std::string file_identity(const std::string& path) {
+  std::error_code ec;
+  std::string abs = std::filesystem::weakly_canonical(path, ec).string();
+  if (ec) abs = path;
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) return abs + "|?";
+  return fmt::format("{}|{}|{}.{:09d}", abs, static_cast<int64_t>(st.st_size),
+                     static_cast<int64_t>(st.st_mtim.tv_sec),
+                     static_cast<int64_t>(st.st_mtim.tv_nsec));
+}
+
+int64_t ceil_div(int64_t a, int64_t b) {
+  return (a + b - 1) / b;
+}
+
+// Runs fn(begin, end) over [0, n), on the pool if there is one.
+void for_range(ThreadPool* pool, int64_t n, const std::function<void(int64_t, int64_t)>& fn) {
+  if (pool == nullptr || n <= 1) {
+    fn(0, n);
+    return;
+  }
+  pool->parallel_for(n, [&](int64_t b, int64_t e, int) { fn(b, e); });
+}
+
+}  // namespace
+
+std::string repack_cache_dir_from_env() {
+  if (const char* d = std::getenv("XDS_CACHE_DIR"); d != nullptr && *d != '\0') return d;
+  if (const char* h = std::getenv("HOME"); h != nullptr && *h != '\0') {
+    return std::string(h) + "/.cache/xdeepserve/repack";
+  }
+  return "/tmp/xdeepserve-repack";
+}
+
+// ---- RepackCache ----
+
+RepackCache::RepackCache(RepackOptions opts) : opts_(std::move(opts)) {
+  dir_ = opts_.dir.empty() ? repack_cache_dir_from_env() : opts_.dir;
+}
+
+RepackCache::~RepackCache() {
+  finish_progress();
+}
+
+std::string RepackCache::path_for_key(const std::string& key) const {
+  return fmt::format("{}/{:016x}.xrp", dir_, fnv1a64(key));
+}
+
+const std::byte* RepackCache::map_existing(const std::string& path, const std::string& key,
+                                           size_t nbytes) {
+  Result<MappedFile> m = MappedFile::open(path);
+  if (!m.ok()) return nullptr;
+  const std::byte* p = m->data();
+  const size_t off = payload_offset(key.size());
+  if (m->size() != off + nbytes || std::memcmp(p, kMagic, 8) != 0) return nullptr;
+  uint64_t hdr[3];
+  std::memcpy(hdr, p + 8, sizeof(hdr));
+  if (hdr[0] != nbytes || hdr[1] != key.size() || hdr[2] != off) return nullptr;
+  if (std::memcmp(p + kFixedHeader, key.data(), key.size()) != 0) return nullptr;
+  maps_.push_back(std::make_unique<MappedFile>(std::move(m).value()));
+  return maps_.back()->data() + off;
+}
+
+Result<const std::byte*> RepackCache::get_or_create(const std::string& key, size_t nbytes,
+                                                    const std::function<Status(std::byte*)>& fill) {
+  const std::string path = path_for_key(key);
+  if (const std::byte* p = map_existing(path, key, nbytes)) {
+    ++stats_.files_reused;
+    return p;
+  }
+  std::error_code ec;
+  std::filesystem::create_directories(dir_, ec);
+  if (ec)
+    return internal_error("repack cache {}: cannot create the directory: {}", dir_, ec.message());
+  std::string tmp = path + ".tmp.XXXXXX";
+  const int fd = ::mkstemp(tmp.data());
+  if (fd < 0) {
+    return internal_error("repack cache {}: cannot create a temporary file: {}", dir_,
+                          std::strerror(errno));
+  }
+  const size_t off = payload_offset(key.size());
+  const size_t total = off + nbytes;
+  auto fail = [&](Status s) {
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    return s;
+  };
+  // Reserve the blocks now: a full disk is an error here, not a SIGBUS while filling.
+  if (int err = ::posix_fallocate(fd, 0, static_cast<off_t>(total)); err != 0) {
+    return fail(resource_exhausted("repack cache {}: cannot reserve {} bytes for {}: {}", dir_,
+                                   total, key, std::strerror(err)));
+  }
+  void* w = ::mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (w == MAP_FAILED) {
+    return fail(internal_error("repack cache {}: mmap of {} bytes failed: {}", tmp, total,
+                               std::strerror(errno)));
+  }
+  auto* b = static_cast<std::byte*>(w);
+  std::memcpy(b, kMagic, 8);
+  const uint64_t hdr[3] = {nbytes, key.size(), off};
+  std::memcpy(b + 8, hdr, sizeof(hdr));
+  std::memcpy(b + kFixedHeader, key.data(), key.size());
+  Status st = fill(b + off);
+  ::munmap(w, total);
+  if (!st.ok()) return fail(st);
+  ::fchmod(fd, 0644);
+  ::close(fd);
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(tmp.c_str());
+    return internal_error("repack cache: rename {} -> {} failed: {}", tmp, path,
+                          std::strerror(err));
+  }
+  const std::byte* p = map_existing(path, key, nbytes);
+  if (p == nullptr) {
+    return internal_error("repack cache: {} is not readable right after writing it", path);
+  }
+  ++stats_.files_written;
+  return p;
+}
+
+std::span<const float> RepackCache::keep(std::vector<float> v) {
+  vectors_.push_back(std::move(v));
+  return {vectors_.back().data(), vectors_.back().size()};
+}
+
+void RepackCache::note_bound(const Checkpoint& ckpt, size_t nbytes) {
+  bound_bytes_ += nbytes;
+  if (!opts_.progress || ckpt.total_bytes() <= kProgressBytes) return;
+  const double t = now_s();
+  if (line_open_ && t - last_print_s_ < 0.25) return;
+  last_print_s_ = t;
+  line_open_ = true;
+  std::fprintf(stderr, "\rbinding %s: %.2f/%.2f GB (%lld repacked, %lld reused)",
+               ckpt.dir().c_str(), bound_bytes_ / 1e9, ckpt.total_bytes() / 1e9,
+               static_cast<long long>(stats_.files_written),
+               static_cast<long long>(stats_.files_reused));
+  std::fflush(stderr);
+}
+
+void RepackCache::finish_progress() {
+  if (!line_open_) return;
+  std::fprintf(stderr, "\rbound %.2f GB of weights (%lld repacked, %lld reused, %lld in place)\n",
+               bound_bytes_ / 1e9, static_cast<long long>(stats_.files_written),
+               static_cast<long long>(stats_.files_reused),
+               static_cast<long long>(stats_.in_place));
+  std::fflush(stderr);
+  line_open_ = false;
+}
+
+// ---- binding ----
+
+void dequantize_fp8_block_rows(const uint8_t* fp8, const float* scale_inv, int64_t rows,
+                               int64_t cols, int64_t br, int64_t bc, int64_t row_begin,
+                               int64_t row_end, float* out) {
+  (void)rows;
+  float lut[256];
+  for (int v = 0; v < 256; ++v) lut[v] = f8e4m3_to_f32(static_cast<uint8_t>(v));
+  const int64_t scale_cols = ceil_div(cols, bc);
+  for (int64_t r = row_begin; r < row_end; ++r) {
+    const float* srow = scale_inv + (r / br) * scale_cols;
+    const uint8_t* in = fp8 + r * cols;
+    float* o = out + r * cols;
+    for (int64_t c0 = 0; c0 < cols; c0 += bc) {
+      const float s = srow[c0 / bc];
+      const int64_t c1 = std::min(cols, c0 + bc);
+      for (int64_t c = c0; c < c1; ++c) o[c] = lut[in[c]] * s;
+    }
+  }
+}
+
+namespace {
+
+Status check_shape_2d(const TensorView& t, int64_t rows, int64_t cols) {
+  if (t.shape.size() != 2 || t.shape[0] != rows || t.shape[1] != cols) {
+    return invalid_argument("{}: tensor '{}': wrong shape: expected [{}, {}], found {} ({})",
+                            t.file, t.name, rows, cols, t.shape_string(), dtype_name(t.dtype));
+  }
+  return {};
+}
+
+std::string repack_key(const TensorView& t, const TensorView* scale, std::string_view target,
+                       int64_t br, int64_t bc) {
+  std::string key = fmt::format("v1|{}|{}|{}|{}|{}", file_identity(t.file), t.name,
+                                dtype_name(t.dtype), t.shape_string(), target);
+  if (scale != nullptr) {
+    key += fmt::format("|{}|{}|{}x{}", file_identity(scale->file), scale->name, br, bc);
+  }
+  return key;
+}
+
+}  // namespace
+
+Result<MatrixRef> bind_matrix(const Checkpoint& ckpt, const std::string& name, int64_t rows,
+                              int64_t cols, RepackCache& cache, int64_t block_rows,
+                              int64_t block_cols) {
+  const TensorView* t = ckpt.find(name);
+  if (t == nullptr) {
+    return not_found("{}: missing tensor '{}' (expected shape [{}, {}])", ckpt.dir(), name, rows,
+                     cols);
+  }
+  XDS_RETURN_IF_ERROR(check_shape_2d(*t, rows, cols));
+  MatrixRef m;
+  m.rows = rows;
+  m.cols = cols;
+  const size_t numel = static_cast<size_t>(rows) * static_cast<size_t>(cols);
+  const uintptr_t addr = reinterpret_cast<uintptr_t>(t->data);
+  switch (t->dtype) {
+    case DType::kBF16:
+    case DType::kF32:
+      if (addr % dtype_size(t->dtype) == 0) {
+        m.dtype = t->dtype;
+        m.data = t->data;
+        ++cache.mutable_stats().in_place;
+        cache.note_bound(ckpt, t->nbytes);
+        return m;
+      }
+      [[fallthrough]];  // misaligned in the file: repack to F32
+    case DType::kF16: {
+      const DType src = t->dtype;
+      const std::byte* in = t->data;
+      XDS_ASSIGN_OR_RETURN(
+          const std::byte* p,
+          cache.get_or_create(
+              repack_key(*t, nullptr, "F32", 0, 0), numel * 4, [&](std::byte* out) -> Status {
+                auto* o = reinterpret_cast<float*>(out);
+                for_range(cache.pool(), static_cast<int64_t>(numel), [&](int64_t b, int64_t e) {
+                  for (int64_t i = b; i < e; ++i) {
+                    if (src == DType::kF32) {
+                      std::memcpy(o + i, in + 4 * i, 4);
+                      continue;
+                    }
+                    uint16_t h;
+                    std::memcpy(&h, in + 2 * i, 2);
+                    o[i] = src == DType::kF16 ? f16_to_f32(h) : bf16_to_f32(h);
+                  }
+                });
+                return {};
+              }));
+      m.dtype = DType::kF32;
+      m.data = p;
+      cache.note_bound(ckpt, t->nbytes);
+      return m;
+    }
+    case DType::kF8E4M3: {
+      const std::string sname = name + "_scale_inv";
+      const TensorView* s = ckpt.find(sname);
+      const int64_t sr = ceil_div(rows, block_rows), sc = ceil_div(cols, block_cols);
+      if (s == nullptr) {
+        return not_found(
+            "{}: tensor '{}' is F8_E4M3 but its block scales '{}' (F32 [{}, {}]) "
+            "are missing",
+            t->file, name, sname, sr, sc);
+      }
+      if (s->dtype != DType::kF32 || s->shape.size() != 2 || s->shape[0] != sr ||
+          s->shape[1] != sc) {
+        return invalid_argument(
+            "{}: tensor '{}': wrong scales for {}x{} blocks of [{}, {}]: "
+            "expected F32 [{}, {}], found {} {}",
+            s->file, sname, block_rows, block_cols, rows, cols, sr, sc, dtype_name(s->dtype),
+            s->shape_string());
+      }
+      // Scales may sit at any 4-byte-unaligned offset in the file: copy them (small).
+      std::vector<float> scales(static_cast<size_t>(sr * sc));
+      std::memcpy(scales.data(), s->data, scales.size() * 4);
+      const auto* q = reinterpret_cast<const uint8_t*>(t->data);
+      XDS_ASSIGN_OR_RETURN(
+          const std::byte* p,
+          cache.get_or_create(repack_key(*t, s, "F32", block_rows, block_cols), numel * 4,
+                              [&](std::byte* out) -> Status {
+                                auto* o = reinterpret_cast<float*>(out);
+                                for_range(cache.pool(), rows, [&](int64_t b, int64_t e) {
+                                  dequantize_fp8_block_rows(q, scales.data(), rows, cols,
+                                                            block_rows, block_cols, b, e, o);
+                                });
+                                return {};
+                              }));
+      m.dtype = DType::kF32;
+      m.data = p;
+      cache.note_bound(ckpt, t->nbytes + s->nbytes);
+      return m;
+    }
+    default:
+      return unimplemented(
+          "{}: tensor '{}': dtype {} cannot be a weight matrix (expected BF16, "
+          "F32, F16 or F8_E4M3)",
+          t->file, name, dtype_name(t->dtype));
+  }
+}
+
+Result<std::span<const float>> bind_vector_f32(const Checkpoint& ckpt, const std::string& name,
+                                               int64_t n, RepackCache& cache) {
+  const TensorView* t = ckpt.find(name);
+  if (t == nullptr) {
+    return not_found("{}: missing tensor '{}' (expected shape [{}])", ckpt.dir(), name, n);
+  }
+  if (t->shape.size() != 1 || t->shape[0] != n) {
+    return invalid_argument("{}: tensor '{}': wrong shape: expected [{}], found {} ({})", t->file,
+                            name, n, t->shape_string(), dtype_name(t->dtype));
+  }
+  cache.note_bound(ckpt, t->nbytes);
+  if (t->dtype == DType::kF32 && reinterpret_cast<uintptr_t>(t->data) % 4 == 0) {
+    ++cache.mutable_stats().in_place;
+    return std::span<const float>(reinterpret_cast<const float*>(t->data), static_cast<size_t>(n));
+  }
+  if (t->dtype != DType::kF32 && t->dtype != DType::kBF16 && t->dtype != DType::kF16) {
+    return unimplemented(
+        "{}: tensor '{}': dtype {} cannot be a vector of weights (expected "
+        "F32, BF16 or F16)",
+        t->file, name, dtype_name(t->dtype));
+  }
+  std::vector<float> v(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    if (t->dtype == DType::kF32) {
+      std::memcpy(&v[i], t->data + 4 * i, 4);
+    } else {
+      uint16_t h;
+      std::memcpy(&h, t->data + 2 * i, 2);
+      v[i] = t->dtype == DType::kF16 ? f16_to_f32(h) : bf16_to_f32(h);
+    }
+  }
+  ++cache.mutable_stats().vectors_converted;
+  return cache.keep(std::move(v));
+}
+
+}  // namespace xds

@@ -1,0 +1,112 @@
+// Binding checkpoint tensors into the kernels' layout (tensor/matrix.h).
+//
+// BF16 and F32 weights are used in place: the MatrixRef points into the read-only mmap of
+// the safetensors file (zero copy; every process on the host shares the page cache).
+// F16 and block-FP8 weights are dequantized to F32 exactly once, into a repack file in a
+// shared cache directory, written to a temporary file and renamed atomically, then mmap'd
+// read-only: later binds, in this process or any other, map the same file
+// (ARCHITECTURE.md, "Weights are shared, not copied").
+//
+// Block FP8 (published DeepSeek-V3 layout): `<name>` is F8_E4M3 [rows, cols] and
+// `<name>_scale_inv` is F32 [ceil(rows/128), ceil(cols/128)];
+//   weight[r][c] = f32(fp8[r][c]) * scale_inv[r/128][c/128]   (one f32 multiply; edge
+//   blocks are partial).
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+#include "base/thread_pool.h"
+#include "model/safetensors.h"
+#include "tensor/matrix.h"
+
+namespace xds {
+
+// Environment setting XDS_CACHE_DIR: the repack cache directory. Default
+// $HOME/.cache/xdeepserve/repack (or /tmp/xdeepserve-repack without HOME).
+std::string repack_cache_dir_from_env();
+
+struct RepackOptions {
+  std::string dir;             // empty: repack_cache_dir_from_env()
+  ThreadPool* pool = nullptr;  // optional: parallel dequantization
+  bool progress = true;        // progress line on stderr for checkpoints > ~1 GB
+};
+
+// Owns the repack-file mappings and converted vectors that bound weights point into; it
+// must outlive every MatrixRef / span bound through it.
+// Thread-safety: not thread-safe; bind from one thread (the dequantization itself may use
+// the pool given in RepackOptions).
+class RepackCache {
+ public:
+  explicit RepackCache(RepackOptions opts = {});
+  ~RepackCache();
+  RepackCache(const RepackCache&) = delete;
+  RepackCache& operator=(const RepackCache&) = delete;
+
+  struct Stats {
+    int64_t files_written = 0;  // repack files created by this cache
+    int64_t files_reused = 0;   // existing repack files mapped without rewriting
+    int64_t in_place = 0;       // tensors bound zero-copy from the checkpoint mapping
+    int64_t vectors_converted = 0;
+  };
+  const Stats& stats() const { return stats_; }
+  const std::string& dir() const { return dir_; }
+  ThreadPool* pool() const { return opts_.pool; }
+  // The repack file that holds `key` (dir/<hash>.xrp).
+  std::string path_for_key(const std::string& key) const;
+
+  // Maps the repack file for `key` holding `nbytes` of payload; if it is absent or invalid,
+  // creates it by calling fill(out) on a fresh writable buffer of nbytes (64-byte aligned),
+  // then renames it into place. Returns the read-only payload.
+  Result<const std::byte*> get_or_create(const std::string& key, size_t nbytes,
+                                         const std::function<Status(std::byte*)>& fill);
+  // Keeps `v` alive for the cache's lifetime and returns a view of it.
+  std::span<const float> keep(std::vector<float> v);
+
+  // Progress accounting for bind_*: prints "\rbinding DIR: x/y GB" (throttled) when the
+  // checkpoint is larger than ~1 GB. finish_progress() ends the line (idempotent).
+  void note_bound(const Checkpoint& ckpt, size_t nbytes);
+  void finish_progress();
+
+  Stats& mutable_stats() { return stats_; }
+
+ private:
+  // The payload of a valid repack file at `path` for `key`, or nullptr if there is none.
+  const std::byte* map_existing(const std::string& path, const std::string& key, size_t nbytes);
+
+  RepackOptions opts_;
+  std::string dir_;
+  Stats stats_;
+  std::vector<std::unique_ptr<MappedFile>> maps_;
+  std::deque<std::vector<float>> vectors_;
+  size_t bound_bytes_ = 0;
+  double last_print_s_ = -1;
+  bool line_open_ = false;
+};
+
+// Binds the 2-D weight `name`, which must have shape [rows, cols] (HF [out, in]).
+// BF16/F32: in place (dtype unchanged). F16 and F8_E4M3 (+ `<name>_scale_inv`): F32 in the
+// repack cache. Errors name the file, the tensor, the expected and the found shape/dtype.
+// `block_rows`/`block_cols` are the FP8 block sizes (quantization_config weight_block_size).
+Result<MatrixRef> bind_matrix(const Checkpoint& ckpt, const std::string& name, int64_t rows,
+                              int64_t cols, RepackCache& cache, int64_t block_rows = 128,
+                              int64_t block_cols = 128);
+
+// Binds the 1-D tensor `name` of shape [n] as f32 (norm weights, biases): F32 in place,
+// BF16/F16 converted into memory owned by `cache`.
+Result<std::span<const float>> bind_vector_f32(const Checkpoint& ckpt, const std::string& name,
+                                               int64_t n, RepackCache& cache);
+
+// weight[r][c] = f32(fp8[r*cols + c]) * scale_inv[(r/br)*ceil(cols/bc) + c/bc] for rows
+// [row_begin, row_end). Exposed for tests and mkmodel.
+void dequantize_fp8_block_rows(const uint8_t* fp8, const float* scale_inv, int64_t rows,
+                               int64_t cols, int64_t br, int64_t bc, int64_t row_begin,
+                               int64_t row_end, float* out);
+
+}  // namespace xds

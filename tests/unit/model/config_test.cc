@@ -1,0 +1,286 @@
+#include "model/config.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+namespace xds {
+namespace {
+
+using json = nlohmann::json;
+
+// A small config in the published DeepSeek-V3 layout (values chosen by hand).
+json valid_config() {
+  return json::parse(R"({
+    "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
+    "vocab_size": 512, "hidden_size": 256, "intermediate_size": 512,
+    "moe_intermediate_size": 96, "num_hidden_layers": 3, "num_nextn_predict_layers": 1,
+    "num_attention_heads": 4, "num_key_value_heads": 4, "n_shared_experts": 1,
+    "n_routed_experts": 16, "num_experts_per_tok": 4, "n_group": 4, "topk_group": 2,
+    "first_k_dense_replace": 1, "moe_layer_freq": 1, "routed_scaling_factor": 2.5,
+    "norm_topk_prob": true, "scoring_func": "sigmoid", "topk_method": "noaux_tc",
+    "q_lora_rank": 128, "kv_lora_rank": 96, "qk_nope_head_dim": 32, "qk_rope_head_dim": 16,
+    "v_head_dim": 32, "rms_norm_eps": 1e-06, "rope_theta": 10000,
+    "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 1.0,
+                     "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096,
+                     "type": "yarn"},
+    "max_position_embeddings": 163840, "hidden_act": "silu", "attention_bias": false,
+    "tie_word_embeddings": false, "bos_token_id": 0, "eos_token_id": 1,
+    "quantization_config": {"activation_scheme": "dynamic", "fmt": "e4m3",
+                            "quant_method": "fp8", "weight_block_size": [128, 128]},
+    "torch_dtype": "bfloat16", "use_cache": true
+  })");
+}
+
+Result<DeepseekV3Config> parse(const json& j) {
+  return parse_deepseek_v3_config(j.dump(), "c.json");
+}
+
+// Expects an error whose message contains every piece of `parts`.
+void expect_error(const json& j, std::initializer_list<std::string> parts) {
+  auto r = parse(j);
+  ASSERT_FALSE(r.ok()) << j.dump();
+  for (const auto& p : parts) {
+    EXPECT_NE(r.status().message().find(p), std::string::npos)
+        << "missing '" << p << "' in: " << r.status().message();
+  }
+}
+
+TEST(Config, ParsesPublishedLayout) {
+  auto r = parse(valid_config());
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  const DeepseekV3Config& c = *r;
+  EXPECT_EQ(c.vocab_size, 512);
+  EXPECT_EQ(c.hidden_size, 256);
+  EXPECT_EQ(c.moe_intermediate_size, 96);
+  EXPECT_EQ(c.num_nextn_predict_layers, 1);
+  EXPECT_EQ(c.n_group, 4);
+  EXPECT_EQ(c.topk_group, 2);
+  EXPECT_DOUBLE_EQ(c.routed_scaling_factor, 2.5);
+  EXPECT_EQ(c.scoring_func, GatingScore::kSigmoid);
+  EXPECT_EQ(c.topk_method, TopkMethod::kNoauxTc);
+  ASSERT_TRUE(c.q_lora_rank.has_value());
+  EXPECT_EQ(*c.q_lora_rank, 128);
+  EXPECT_EQ(c.qk_head_dim(), 48);
+  ASSERT_TRUE(c.rope_scaling.has_value());
+  EXPECT_DOUBLE_EQ(c.rope_scaling->factor, 40.0);
+  EXPECT_EQ(c.rope_scaling->original_max_position_embeddings, 4096);
+  EXPECT_DOUBLE_EQ(c.rope_scaling->mscale_all_dim, 1.0);
+  EXPECT_DOUBLE_EQ(c.rope_theta, 10000.0);
+  ASSERT_TRUE(c.fp8.has_value());
+  EXPECT_EQ(c.fp8->block_rows, 128);
+  EXPECT_EQ(c.fp8->block_cols, 128);
+  EXPECT_EQ(c.eos_token_ids, std::vector<int64_t>{1});
+  EXPECT_EQ(c.bos_token_id, 0);
+  EXPECT_FALSE(c.is_moe_layer(0));
+  EXPECT_TRUE(c.is_moe_layer(1));
+  EXPECT_TRUE(c.is_moe_layer(3));  // the MTP layer
+}
+
+TEST(Config, NullsAndAbsentOptionals) {
+  json j = valid_config();
+  j["q_lora_rank"] = nullptr;
+  j["rope_scaling"] = nullptr;
+  j.erase("quantization_config");
+  j.erase("architectures");
+  auto r = parse(j);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_FALSE(r->q_lora_rank.has_value());
+  EXPECT_FALSE(r->rope_scaling.has_value());
+  EXPECT_FALSE(r->fp8.has_value());
+  j.erase("rope_scaling");
+  EXPECT_TRUE(parse(j).ok());
+  // Newer transformers write "rope_type" instead of "type".
+  j["rope_scaling"] = {
+      {"rope_type", "yarn"}, {"factor", 4}, {"original_max_position_embeddings", 64}};
+  auto y = parse(j);
+  ASSERT_TRUE(y.ok()) << y.status().to_string();
+  EXPECT_DOUBLE_EQ(y->rope_scaling->beta_fast, 32.0);  // default
+}
+
+TEST(Config, TypeAndRangeErrorsNameTheField) {
+  struct Case {
+    const char* key;
+    json value;
+    std::string found;
+  };
+  const Case cases[] = {
+      {"hidden_size", -3, "-3"},
+      {"hidden_size", "256", "\"256\""},
+      {"hidden_size", 256.5, "256.5"},
+      {"vocab_size", 0, "0"},
+      {"num_attention_heads", nullptr, "null"},
+      {"kv_lora_rank", true, "true"},
+      {"q_lora_rank", 0, "0"},
+      {"n_group", 0, "0"},
+      {"routed_scaling_factor", -1.0, "-1.0"},
+      {"rms_norm_eps", 0, "0"},
+      {"norm_topk_prob", 1, "1"},
+      {"scoring_func", "tanh", "\"tanh\""},
+      {"topk_method", "best", "\"best\""},
+      {"hidden_act", "gelu", "\"gelu\""},
+      {"attention_bias", true, "true"},
+      {"eos_token_id", json::array(), "[]"},
+      {"eos_token_id", -1, "-1"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.key);
+    json j = valid_config();
+    j[c.key] = c.value;
+    expect_error(j, {"c.json", std::string("field '") + c.key + "'", "expected", c.found});
+  }
+}
+
+TEST(Config, MissingRequiredField) {
+  for (const char* key : {"vocab_size", "hidden_size", "num_hidden_layers", "kv_lora_rank",
+                          "q_lora_rank", "qk_rope_head_dim", "n_routed_experts"}) {
+    json j = valid_config();
+    j.erase(key);
+    expect_error(j, {"c.json", std::string("field '") + key + "'", "missing"});
+  }
+}
+
+TEST(Config, CrossFieldRules) {
+  json j = valid_config();
+  j["n_routed_experts"] = 18;  // not a multiple of n_group 4
+  expect_error(j, {"field 'n_routed_experts'", "multiple of n_group (4)", "found 18"});
+
+  j = valid_config();
+  j["topk_group"] = 5;
+  expect_error(j, {"field 'topk_group'", "<= n_group (4)", "found 5"});
+
+  j = valid_config();
+  j["num_experts_per_tok"] = 17;
+  expect_error(j, {"field 'num_experts_per_tok'", "<= n_routed_experts (16)", "found 17"});
+
+  j = valid_config();
+  j["num_experts_per_tok"] = 9;  // only 2 groups of 4 experts survive
+  expect_error(j, {"field 'num_experts_per_tok'", "topk_group", "found 9"});
+
+  j = valid_config();
+  j["qk_rope_head_dim"] = 15;
+  expect_error(j, {"field 'qk_rope_head_dim'", "even", "found 15"});
+
+  j = valid_config();
+  j["scoring_func"] = "softmax";
+  expect_error(j, {"field 'scoring_func'", "noaux_tc requires", "softmax"});
+  j["topk_method"] = "greedy";
+  EXPECT_TRUE(parse(j).ok());
+
+  j = valid_config();
+  j["first_k_dense_replace"] = 4;
+  expect_error(j, {"field 'first_k_dense_replace'", "found 4"});
+
+  j = valid_config();
+  j["eos_token_id"] = {1, 600};
+  expect_error(j, {"field 'eos_token_id'", "vocab_size (512)", "found 600"});
+}
+
+TEST(Config, RopeScalingAndQuantizationErrors) {
+  json j = valid_config();
+  j["rope_scaling"]["type"] = "linear";
+  expect_error(j, {"field 'rope_scaling.type'", "\"yarn\"", "\"linear\""});
+  j = valid_config();
+  j["rope_scaling"].erase("factor");
+  expect_error(j, {"field 'rope_scaling.factor'"});
+  j = valid_config();
+  j["rope_scaling"]["factor"] = 0.5;
+  expect_error(j, {"field 'rope_scaling.factor'", ">= 1", "0.5"});
+  j = valid_config();
+  j["rope_scaling"]["original_max_position_embeddings"] = "4k";
+  expect_error(j, {"field 'rope_scaling.original_max_position_embeddings'", "\"4k\""});
+  j = valid_config();
+  j["rope_scaling"] = 3;
+  expect_error(j, {"field 'rope_scaling'", "an object or null", "3"});
+
+  j = valid_config();
+  j["quantization_config"]["quant_method"] = "gptq";
+  expect_error(j, {"field 'quantization_config.quant_method'", "\"fp8\"", "\"gptq\""});
+  j = valid_config();
+  j["quantization_config"]["fmt"] = "e5m2";
+  expect_error(j, {"field 'quantization_config.fmt'", "\"e4m3\"", "\"e5m2\""});
+  j = valid_config();
+  j["quantization_config"].erase("weight_block_size");
+  expect_error(j, {"field 'quantization_config.weight_block_size'", "found null"});
+  j = valid_config();
+  j["quantization_config"]["weight_block_size"] = {128};
+  expect_error(j, {"field 'quantization_config.weight_block_size'", "[128]"});
+  j = valid_config();
+  j["quantization_config"]["activation_scheme"] = "static";
+  expect_error(j, {"field 'quantization_config.activation_scheme'", "\"static\""});
+}
+
+TEST(Config, RejectsOtherArchitectures) {
+  json j = valid_config();
+  j["model_type"] = "deepseek_v2";
+  expect_error(j, {"field 'model_type'", "deepseek_v3", "\"deepseek_v2\""});
+  j = valid_config();
+  j["architectures"] = {"Qwen3MoeForCausalLM"};
+  expect_error(j, {"field 'architectures'", "DeepseekV3ForCausalLM", "Qwen3MoeForCausalLM"});
+  j = valid_config();
+  j.erase("architectures");
+  j.erase("model_type");
+  expect_error(j, {"field 'model_type'", "found neither"});
+}
+
+TEST(Config, BadJson) {
+  auto r = parse_deepseek_v3_config("{\"hidden_size\": ", "x/config.json");
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("x/config.json"), std::string::npos);
+  EXPECT_NE(r.status().message().find("not valid JSON"), std::string::npos);
+  r = parse_deepseek_v3_config("[1, 2]", "x/config.json");
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("JSON object"), std::string::npos);
+}
+
+class ConfigDir : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() /
+           ("xds_config_test_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  void write(const std::string& name, const std::string& text) {
+    std::ofstream(dir_ / name) << text;
+  }
+  std::filesystem::path dir_;
+};
+
+TEST_F(ConfigDir, EosFromGenerationConfigListOrInt) {
+  write("config.json", valid_config().dump());
+  auto r = load_deepseek_v3_config(dir_.string());
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r->eos_token_ids, std::vector<int64_t>{1});  // fallback: config.json
+
+  write("generation_config.json", R"({"bos_token_id": 0, "eos_token_id": [7, 9]})");
+  r = load_deepseek_v3_config(dir_.string());
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r->eos_token_ids, (std::vector<int64_t>{7, 9}));
+
+  write("generation_config.json", R"({"eos_token_id": 5, "do_sample": true})");
+  r = load_deepseek_v3_config(dir_.string());
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r->eos_token_ids, std::vector<int64_t>{5});
+
+  write("generation_config.json", R"({"eos_token_id": "x"})");
+  r = load_deepseek_v3_config(dir_.string());
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("generation_config.json: field 'eos_token_id'"),
+            std::string::npos)
+      << r.status().message();
+}
+
+TEST_F(ConfigDir, MissingConfigNamesTheFile) {
+  auto r = load_deepseek_v3_config(dir_.string());
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(r.status().message().find("config.json"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace xds

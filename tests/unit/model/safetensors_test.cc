@@ -1,0 +1,256 @@
+#include "model/safetensors.h"
+
+#include <gtest/gtest.h>
+
+#include "test_files.h"
+
+namespace xds {
+namespace {
+
+using xds::testing::le_bytes;
+using xds::testing::safetensors_bytes;
+
+class Safetensors : public xds::testing::TempDirTest {
+ protected:
+  // Opens dir/<name> after writing `header` + `data` there; returns the error message.
+  std::string open_error(const std::string& header, const std::string& data) {
+    write("model.safetensors", safetensors_bytes(header, data));
+    auto r = SafetensorsFile::open(path("model.safetensors"));
+    EXPECT_FALSE(r.ok());
+    if (r.ok()) return "";
+    EXPECT_NE(r.status().message().find(path("model.safetensors")), std::string::npos)
+        << r.status().message();
+    return r.status().message();
+  }
+};
+
+#define EXPECT_CONTAINS(haystack, needle) \
+  EXPECT_NE(std::string(haystack).find(needle), std::string::npos) << (haystack)
+
+TEST_F(Safetensors, ReadsHandBuiltFile) {
+  const std::string header = R"({"__metadata__":{"format":"pt"},)"
+                             R"("a":{"dtype":"F32","shape":[2,2],"data_offsets":[0,16]},)"
+                             R"("b":{"dtype":"BF16","shape":[3],"data_offsets":[16,22]},)"
+                             R"("e":{"dtype":"F32","shape":[0,4],"data_offsets":[22,22]}})";
+  // BF16 bit patterns by hand: 1.0 = 0x3f80, -3.0 = 0xc040, 2.0 = 0x4000.
+  const std::string data =
+      le_bytes<float>({1, 2, 3, 4}) + le_bytes<uint16_t>({0x3f80, 0xc040, 0x4000});
+  write("model.safetensors", safetensors_bytes(header, data));
+  auto r = Checkpoint::open(dir());
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  const Checkpoint& ck = *r;
+  EXPECT_EQ(ck.num_tensors(), 3u);
+  EXPECT_EQ(ck.names(), (std::vector<std::string>{"a", "b", "e"}));
+  const TensorView* a = ck.find("a");
+  ASSERT_NE(a, nullptr);
+  EXPECT_EQ(a->dtype, DType::kF32);
+  EXPECT_EQ(a->shape, (std::vector<int64_t>{2, 2}));
+  EXPECT_EQ(a->nbytes, 16u);
+  EXPECT_EQ(a->numel(), 4);
+  EXPECT_EQ(a->file, path("model.safetensors"));
+  float f[4];
+  std::memcpy(f, a->data, 16);
+  EXPECT_EQ(f[0], 1.0f);
+  EXPECT_EQ(f[3], 4.0f);
+  const TensorView* b = ck.find("b");
+  ASSERT_NE(b, nullptr);
+  EXPECT_EQ(b->dtype, DType::kBF16);
+  EXPECT_EQ(b->data, a->data + 16);
+  uint16_t h;
+  std::memcpy(&h, b->data + 2, 2);
+  EXPECT_EQ(bf16_to_f32(h), -3.0f);
+  EXPECT_EQ(ck.find("e")->numel(), 0);
+  EXPECT_EQ(ck.find("nope"), nullptr);
+  EXPECT_EQ(ck.files()[0]->metadata().at("format"), "pt");
+
+  auto ok = ck.require("a", {2, 2});
+  ASSERT_TRUE(ok.ok());
+  EXPECT_EQ(*ok, a);
+}
+
+TEST_F(Safetensors, RequireWrongShapeAndMissingTensor) {
+  write("model.safetensors",
+        safetensors_bytes(R"({"w":{"dtype":"F32","shape":[2,2],"data_offsets":[0,16]}})",
+                          le_bytes<float>({1, 2, 3, 4})));
+  auto r = Checkpoint::open(dir());
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  auto bad = r->require("w", {2, 3});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_CONTAINS(bad.status().message(), path("model.safetensors"));
+  EXPECT_CONTAINS(bad.status().message(), "'w'");
+  EXPECT_CONTAINS(bad.status().message(), "expected [2, 3]");
+  EXPECT_CONTAINS(bad.status().message(), "found [2, 2]");
+  auto missing = r->require("model.norm.weight", {4});
+  ASSERT_FALSE(missing.ok());
+  EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
+  EXPECT_CONTAINS(missing.status().message(), dir());
+  EXPECT_CONTAINS(missing.status().message(), "missing tensor 'model.norm.weight'");
+  EXPECT_CONTAINS(missing.status().message(), "[4]");
+}
+
+TEST_F(Safetensors, TruncatedData) {
+  const std::string msg = open_error(R"({"w":{"dtype":"F32","shape":[2,2],"data_offsets":[0,16]}})",
+                                     le_bytes<float>({1, 2}));
+  EXPECT_CONTAINS(msg, "tensor 'w'");
+  EXPECT_CONTAINS(msg, "truncated");
+  EXPECT_CONTAINS(msg, "[0, 16]");
+  EXPECT_CONTAINS(msg, "8 bytes");
+}
+
+TEST_F(Safetensors, FileShorterThanHeaderLength) {
+  write("model.safetensors", std::string("\x05\x00\x00", 3));
+  auto r = SafetensorsFile::open(path("model.safetensors"));
+  ASSERT_FALSE(r.ok());
+  EXPECT_CONTAINS(r.status().message(), "truncated file: 3 bytes");
+}
+
+TEST_F(Safetensors, HeaderLengthBeyondFile) {
+  std::string bytes = safetensors_bytes(R"({})", "");
+  bytes[0] = static_cast<char>(0xe8);  // 1000
+  bytes[1] = 0x03;
+  write("model.safetensors", bytes);
+  auto r = SafetensorsFile::open(path("model.safetensors"));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kDataLoss);
+  EXPECT_CONTAINS(r.status().message(),
+                  "header length 1000 goes beyond the end of the file (8 bytes");
+}
+
+TEST_F(Safetensors, BadHeaderJson) {
+  EXPECT_CONTAINS(open_error(R"({"w":{"dtype":"F32",)", ""), "not valid JSON");
+  EXPECT_CONTAINS(open_error(R"([1,2])", ""), "expected a JSON object");
+  EXPECT_CONTAINS(open_error(R"({"w":{"shape":[1],"data_offsets":[0,4]}})", std::string(4, '\0')),
+                  "tensor 'w': bad header: expected a string 'dtype'");
+  EXPECT_CONTAINS(open_error(R"({"w":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}})",
+                             std::string(4, '\0')),
+                  "non-negative integer dims");
+  EXPECT_CONTAINS(
+      open_error(R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[4]}})", std::string(4, '\0')),
+      "'data_offsets' [begin, end]");
+  EXPECT_CONTAINS(open_error(R"({"__metadata__":{"a":1}})", ""), "'__metadata__' value 'a'");
+}
+
+TEST_F(Safetensors, UnknownDtype) {
+  const std::string msg =
+      open_error(R"({"w":{"dtype":"F4_E2M1","shape":[2],"data_offsets":[0,1]}})", "\x01");
+  EXPECT_CONTAINS(msg, "tensor 'w'");
+  EXPECT_CONTAINS(msg, "unknown dtype \"F4_E2M1\"");
+}
+
+TEST_F(Safetensors, SizeDoesNotMatchShape) {
+  const std::string msg = open_error(
+      R"({"w":{"dtype":"BF16","shape":[2,3],"data_offsets":[0,10]}})", std::string(10, '\0'));
+  EXPECT_CONTAINS(msg, "tensor 'w'");
+  EXPECT_CONTAINS(msg, "shape [2, 3] of BF16 needs 12 bytes");
+  EXPECT_CONTAINS(msg, "hold 10");
+}
+
+TEST_F(Safetensors, OverlappingOffsets) {
+  const std::string msg = open_error(R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]},)"
+                                     R"("b":{"dtype":"F32","shape":[4],"data_offsets":[8,24]}})",
+                                     std::string(24, '\0'));
+  EXPECT_CONTAINS(msg, "tensor 'b'");
+  EXPECT_CONTAINS(msg, "overlap tensor 'a'");
+}
+
+TEST_F(Safetensors, GapAndTrailingBytes) {
+  EXPECT_CONTAINS(
+      open_error(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", std::string(8, '\0')),
+      "begin at 4, expected 0");
+  EXPECT_CONTAINS(
+      open_error(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", std::string(8, '\0')),
+      "cover 4 bytes of data but the file holds 8");
+}
+
+TEST_F(Safetensors, NoCheckpointInDirectory) {
+  auto r = Checkpoint::open(dir());
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kNotFound);
+  EXPECT_CONTAINS(r.status().message(), "model.safetensors.index.json");
+}
+
+class ShardedCheckpoint : public xds::testing::TempDirTest {
+ protected:
+  void write_shards() {
+    write("model-00001-of-00002.safetensors",
+          safetensors_bytes(R"({"x.weight":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})",
+                            le_bytes<float>({5, 6})));
+    write("model-00002-of-00002.safetensors",
+          safetensors_bytes(R"({"y.weight":{"dtype":"BF16","shape":[1],"data_offsets":[0,2]},)"
+                            R"("extra":{"dtype":"BF16","shape":[1],"data_offsets":[2,4]}})",
+                            le_bytes<uint16_t>({0x4000, 0x3f80})));
+  }
+};
+
+TEST_F(ShardedCheckpoint, LoadsThroughWeightMap) {
+  write_shards();
+  write("model.safetensors.index.json", R"({"metadata":{"total_size":10},"weight_map":{)"
+                                        R"("x.weight":"model-00001-of-00002.safetensors",)"
+                                        R"("y.weight":"model-00002-of-00002.safetensors"}})");
+  auto r = Checkpoint::open(dir());
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r->num_tensors(), 2u);  // only what the weight map lists
+  const TensorView* x = r->find("x.weight");
+  ASSERT_NE(x, nullptr);
+  EXPECT_EQ(x->file, path("model-00001-of-00002.safetensors"));
+  float v;
+  std::memcpy(&v, x->data + 4, 4);
+  EXPECT_EQ(v, 6.0f);
+  const TensorView* y = r->find("y.weight");
+  ASSERT_NE(y, nullptr);
+  EXPECT_EQ(y->file, path("model-00002-of-00002.safetensors"));
+  // Moving the checkpoint keeps views valid.
+  Checkpoint moved = std::move(r).value();
+  EXPECT_EQ(moved.find("y.weight"), y);
+}
+
+TEST_F(ShardedCheckpoint, MissingShard) {
+  write_shards();
+  write("model.safetensors.index.json",
+        R"({"weight_map":{"x.weight":"model-00001-of-00002.safetensors",)"
+        R"("z.weight":"model-00003-of-00003.safetensors"}})");
+  auto r = Checkpoint::open(dir());
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kNotFound);
+  EXPECT_CONTAINS(r.status().message(), "model.safetensors.index.json");
+  EXPECT_CONTAINS(r.status().message(), "shard 'model-00003-of-00003.safetensors'");
+  EXPECT_CONTAINS(r.status().message(), "'z.weight'");
+}
+
+TEST_F(ShardedCheckpoint, TensorMissingFromItsShard) {
+  write_shards();
+  write("model.safetensors.index.json",
+        R"({"weight_map":{"x.weight":"model-00001-of-00002.safetensors",)"
+        R"("y.weight":"model-00001-of-00002.safetensors"}})");
+  auto r = Checkpoint::open(dir());
+  ASSERT_FALSE(r.ok());
+  EXPECT_CONTAINS(r.status().message(), path("model-00001-of-00002.safetensors"));
+  EXPECT_CONTAINS(r.status().message(), "tensor 'y.weight' is listed in");
+}
+
+TEST_F(ShardedCheckpoint, BadIndex) {
+  write_shards();
+  write("model.safetensors.index.json", R"({"metadata":{}})");
+  auto r = Checkpoint::open(dir());
+  ASSERT_FALSE(r.ok());
+  EXPECT_CONTAINS(r.status().message(), "field 'weight_map'");
+  write("model.safetensors.index.json", R"({"weight_map":{"x":"../etc/passwd"}})");
+  r = Checkpoint::open(dir());
+  ASSERT_FALSE(r.ok());
+  EXPECT_CONTAINS(r.status().message(), "weight_map['x']");
+}
+
+TEST_F(ShardedCheckpoint, BadShardNamesTheShard) {
+  write_shards();
+  write("model-00002-of-00002.safetensors", std::string("\x40\x00\x00\x00\x00\x00\x00\x00{", 9));
+  write("model.safetensors.index.json",
+        R"({"weight_map":{"x.weight":"model-00001-of-00002.safetensors",)"
+        R"("y.weight":"model-00002-of-00002.safetensors"}})");
+  auto r = Checkpoint::open(dir());
+  ASSERT_FALSE(r.ok());
+  EXPECT_CONTAINS(r.status().message(), path("model-00002-of-00002.safetensors"));
+  EXPECT_CONTAINS(r.status().message(), "header length 64");
+}
+
+}  // namespace
+}  // namespace xds

@@ -1,0 +1,315 @@
+#include "model/weights.h"
+
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include <cmath>
+
+#include "test_files.h"
+
+namespace xds {
+namespace {
+
+using xds::testing::le_bytes;
+using xds::testing::safetensors_bytes;
+
+#define EXPECT_CONTAINS(haystack, needle) \
+  EXPECT_NE(std::string(haystack).find(needle), std::string::npos) << (haystack)
+
+// E4M3 decoded from its definition (sign, 4-bit exponent with bias 7, 3-bit mantissa,
+// subnormals at exponent 0), independently of tensor/dtype.
+double fp8_ref(uint8_t v) {
+  const int s = v >> 7, e = (v >> 3) & 15, m = v & 7;
+  const double x = e == 0 ? m / 8.0 * std::pow(2.0, -6) : (1 + m / 8.0) * std::pow(2.0, e - 7);
+  return s ? -x : x;
+}
+
+class Weights : public xds::testing::TempDirTest {
+ protected:
+  RepackOptions opts() const {
+    RepackOptions o;
+    o.dir = path("cache");
+    o.progress = false;
+    return o;
+  }
+  std::vector<std::string> cache_files() const {
+    std::vector<std::string> out;
+    if (!std::filesystem::exists(dir_ / "cache")) return out;
+    for (const auto& e : std::filesystem::directory_iterator(dir_ / "cache")) {
+      out.push_back(e.path().filename().string());
+    }
+    return out;
+  }
+  Checkpoint open() {
+    auto r = Checkpoint::open(dir());
+    EXPECT_TRUE(r.ok()) << r.status().to_string();
+    return std::move(r).value();
+  }
+  std::string model_path() const { return path("model.safetensors"); }
+};
+
+// 3x5 FP8 weight in 2x2 blocks (edge blocks partial in both directions); every expected
+// value worked out by hand: fp8 codes 0x38 = 1, 0x40 = 2, 0x30 = 0.5, 0xb8 = -1, 0x3c = 1.5,
+// 0x44 = 3, 0x7e = 448, 0x01 = 2^-9, 0x00 = 0.
+TEST_F(Weights, Fp8SmallBlocksHandComputed) {
+  const std::vector<uint8_t> q = {0x38, 0x40, 0x30, 0xb8, 0x3c,   // row 0
+                                  0x44, 0x00, 0x7e, 0x01, 0x38,   // row 1
+                                  0xb8, 0x3c, 0x40, 0x30, 0x44};  // row 2
+  const std::vector<float> s = {0.5f, 4.0f,   0.25f,              // block row 0
+                                2.0f, 0.125f, 8.0f};              // block row 1
+  write("model.safetensors",
+        safetensors_bytes(R"({"w":{"dtype":"F8_E4M3","shape":[3,5],"data_offsets":[0,15]},)"
+                          R"("w_scale_inv":{"dtype":"F32","shape":[2,3],"data_offsets":[15,39]}})",
+                          le_bytes(q) + le_bytes(s)));
+  Checkpoint ck = open();
+  RepackCache cache(opts());
+  auto m = bind_matrix(ck, "w", 3, 5, cache, 2, 2);
+  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  EXPECT_EQ(m->dtype, DType::kF32);
+  EXPECT_EQ(m->rows, 3);
+  EXPECT_EQ(m->cols, 5);
+  const float* w = static_cast<const float*>(m->data);
+  const float expect[15] = {0.5f,       1.0f,  2.0f,  -4.0f, 0.375f, 1.5f,    0.0f, 1792.0f,
+                            0.0078125f, 0.25f, -2.0f, 3.0f,  0.25f,  0.0625f, 24.0f};
+  for (int i = 0; i < 15; ++i) EXPECT_EQ(w[i], expect[i]) << "element " << i;
+}
+
+// 130x131 FP8 weight in the published 128x128 blocks: a 2x2 grid of scales whose last row
+// and column of blocks hold 2 and 3 elements. Power-of-two scales keep every product exact.
+TEST_F(Weights, Fp8PartialEdgeBlocks128) {
+  const int64_t rows = 130, cols = 131;
+  std::vector<uint8_t> q(rows * cols);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) {
+      q[r * cols + c] = static_cast<uint8_t>(((r * 31 + c * 17) % 126) | ((r + c) % 2 ? 0x80 : 0));
+    }
+  }
+  const std::vector<float> s = {0.25f, 2.0f, 16.0f, 0.0625f};
+  const std::string header =
+      "{\"w\":{\"dtype\":\"F8_E4M3\",\"shape\":[130,131],\"data_offsets\":[0," +
+      std::to_string(rows * cols) +
+      "]},\"w_scale_inv\":{\"dtype\":\"F32\","
+      "\"shape\":[2,2],\"data_offsets\":[" +
+      std::to_string(rows * cols) + "," + std::to_string(rows * cols + 16) + "]}}";
+  write("model.safetensors", safetensors_bytes(header, le_bytes(q) + le_bytes(s)));
+  Checkpoint ck = open();
+  ThreadPool pool(2);
+  RepackOptions o = opts();
+  o.pool = &pool;
+  RepackCache cache(o);
+  auto m = bind_matrix(ck, "w", rows, cols, cache);
+  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  const float* w = static_cast<const float*>(m->data);
+  int bad = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) {
+      const double scale = s[(r / 128) * 2 + c / 128];
+      const double want = fp8_ref(q[r * cols + c]) * scale;
+      if (w[r * cols + c] != want && bad++ < 5) {
+        ADD_FAILURE() << "(" << r << ", " << c << "): " << w[r * cols + c] << " != " << want;
+      }
+    }
+  }
+  EXPECT_EQ(bad, 0);
+  EXPECT_EQ(w[129 * cols + 130], fp8_ref(q[129 * cols + 130]) * 0.0625);  // corner block
+}
+
+TEST_F(Weights, Fp8MissingOrWrongScales) {
+  write("model.safetensors",
+        safetensors_bytes(R"({"w":{"dtype":"F8_E4M3","shape":[2,2],"data_offsets":[0,4]}})",
+                          std::string(4, '\x38')));
+  Checkpoint ck = open();
+  RepackCache cache(opts());
+  auto m = bind_matrix(ck, "w", 2, 2, cache);
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.status().code(), StatusCode::kNotFound);
+  EXPECT_CONTAINS(m.status().message(), model_path());
+  EXPECT_CONTAINS(m.status().message(), "'w' is F8_E4M3");
+  EXPECT_CONTAINS(m.status().message(), "'w_scale_inv' (F32 [1, 1]) are missing");
+
+  write("model.safetensors",
+        safetensors_bytes(R"({"w":{"dtype":"F8_E4M3","shape":[2,2],"data_offsets":[0,4]},)"
+                          R"("w_scale_inv":{"dtype":"F32","shape":[2,1],"data_offsets":[4,12]}})",
+                          std::string(4, '\x38') + le_bytes<float>({1, 1})));
+  Checkpoint ck2 = open();
+  m = bind_matrix(ck2, "w", 2, 2, cache);
+  ASSERT_FALSE(m.ok());
+  EXPECT_CONTAINS(m.status().message(), "'w_scale_inv'");
+  EXPECT_CONTAINS(m.status().message(), "expected F32 [1, 1], found F32 [2, 1]");
+
+  write("model.safetensors",
+        safetensors_bytes(R"({"w":{"dtype":"F8_E4M3","shape":[2,2],"data_offsets":[0,4]},)"
+                          R"("w_scale_inv":{"dtype":"BF16","shape":[1,1],"data_offsets":[4,6]}})",
+                          std::string(4, '\x38') + le_bytes<uint16_t>({0x3f80})));
+  Checkpoint ck3 = open();
+  m = bind_matrix(ck3, "w", 2, 2, cache);
+  ASSERT_FALSE(m.ok());
+  EXPECT_CONTAINS(m.status().message(), "expected F32 [1, 1], found BF16 [1, 1]");
+}
+
+TEST_F(Weights, Bf16AndF32InPlace) {
+  write("model.safetensors",
+        safetensors_bytes(R"({"a":{"dtype":"F32","shape":[1,2],"data_offsets":[0,8]},)"
+                          R"("b":{"dtype":"BF16","shape":[2,1],"data_offsets":[8,12]}})",
+                          le_bytes<float>({1, 2}) + le_bytes<uint16_t>({0x3f80, 0xc040})));
+  Checkpoint ck = open();
+  RepackCache cache(opts());
+  auto a = bind_matrix(ck, "a", 1, 2, cache);
+  ASSERT_TRUE(a.ok()) << a.status().to_string();
+  EXPECT_EQ(a->dtype, DType::kF32);
+  EXPECT_EQ(a->data, ck.find("a")->data);  // zero copy
+  auto b = bind_matrix(ck, "b", 2, 1, cache);
+  ASSERT_TRUE(b.ok()) << b.status().to_string();
+  EXPECT_EQ(b->dtype, DType::kBF16);
+  EXPECT_EQ(b->data, ck.find("b")->data);
+  EXPECT_EQ(cache.stats().in_place, 2);
+  EXPECT_EQ(cache.stats().files_written, 0);
+  EXPECT_TRUE(cache_files().empty());
+
+  auto wrong = bind_matrix(ck, "b", 1, 2, cache);
+  ASSERT_FALSE(wrong.ok());
+  EXPECT_CONTAINS(wrong.status().message(), model_path());
+  EXPECT_CONTAINS(wrong.status().message(), "'b'");
+  EXPECT_CONTAINS(wrong.status().message(), "expected [1, 2], found [2, 1]");
+  auto missing = bind_matrix(ck, "c", 1, 2, cache);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_CONTAINS(missing.status().message(), "missing tensor 'c' (expected shape [1, 2])");
+}
+
+TEST_F(Weights, F16DequantizedToF32) {
+  // 0x3c00 = 1, 0xc000 = -2, 0x3800 = 0.5, 0x0001 = 2^-24 (smallest subnormal).
+  write("model.safetensors",
+        safetensors_bytes(R"({"h":{"dtype":"F16","shape":[2,2],"data_offsets":[0,8]}})",
+                          le_bytes<uint16_t>({0x3c00, 0xc000, 0x3800, 0x0001})));
+  Checkpoint ck = open();
+  RepackCache cache(opts());
+  auto m = bind_matrix(ck, "h", 2, 2, cache);
+  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  EXPECT_EQ(m->dtype, DType::kF32);
+  const float* w = static_cast<const float*>(m->data);
+  EXPECT_EQ(w[0], 1.0f);
+  EXPECT_EQ(w[1], -2.0f);
+  EXPECT_EQ(w[2], 0.5f);
+  EXPECT_EQ(w[3], std::ldexp(1.0f, -24));
+  EXPECT_EQ(cache.stats().files_written, 1);
+}
+
+TEST_F(Weights, MisalignedBf16IsRepacked) {
+  // A 1-byte tensor first puts "w" at an odd address (the header is padded so that the data
+  // area starts 8-byte aligned).
+  const std::string header = R"({"pad":{"dtype":"U8","shape":[1,1],"data_offsets":[0,1]},)"
+                             R"("w":{"dtype":"BF16","shape":[1,2],"data_offsets":[1,5]}})";
+  write("model.safetensors",
+        safetensors_bytes(header, std::string("\x07", 1) + le_bytes<uint16_t>({0x3f80, 0xc040})));
+  Checkpoint ck = open();
+  ASSERT_EQ(reinterpret_cast<uintptr_t>(ck.find("w")->data) % 2, 1u);
+  RepackCache cache(opts());
+  auto m = bind_matrix(ck, "w", 1, 2, cache);
+  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  EXPECT_EQ(m->dtype, DType::kF32);
+  EXPECT_EQ(static_cast<const float*>(m->data)[1], -3.0f);
+  auto pad = bind_matrix(ck, "pad", 1, 1, cache);
+  ASSERT_FALSE(pad.ok());
+  EXPECT_EQ(pad.status().code(), StatusCode::kUnimplemented);
+  EXPECT_CONTAINS(pad.status().message(), "dtype U8");
+}
+
+TEST_F(Weights, RepackFileIsReusedNotRewritten) {
+  const std::vector<uint8_t> q = {0x38, 0x40, 0x30, 0xb8};
+  write("model.safetensors",
+        safetensors_bytes(R"({"w":{"dtype":"F8_E4M3","shape":[2,2],"data_offsets":[0,4]},)"
+                          R"("w_scale_inv":{"dtype":"F32","shape":[1,1],"data_offsets":[4,8]}})",
+                          le_bytes(q) + le_bytes<float>({2.0f})));
+  struct stat st1, st2;
+  {
+    Checkpoint ck = open();
+    RepackCache cache(opts());
+    auto m = bind_matrix(ck, "w", 2, 2, cache);
+    ASSERT_TRUE(m.ok()) << m.status().to_string();
+    EXPECT_EQ(static_cast<const float*>(m->data)[3], -2.0f);
+    EXPECT_EQ(cache.stats().files_written, 1);
+    EXPECT_EQ(cache.stats().files_reused, 0);
+  }
+  const auto files = cache_files();
+  ASSERT_EQ(files.size(), 1u);  // no temporary file left behind
+  EXPECT_NE(files[0].find(".xrp"), std::string::npos);
+  ASSERT_EQ(::stat(path("cache/" + files[0]).c_str(), &st1), 0);
+  {
+    Checkpoint ck = open();
+    RepackCache cache(opts());  // a second loader, e.g. another process
+    auto m = bind_matrix(ck, "w", 2, 2, cache);
+    ASSERT_TRUE(m.ok()) << m.status().to_string();
+    EXPECT_EQ(static_cast<const float*>(m->data)[1], 4.0f);
+    EXPECT_EQ(cache.stats().files_written, 0);
+    EXPECT_EQ(cache.stats().files_reused, 1);
+  }
+  ASSERT_EQ(cache_files(), files);
+  ASSERT_EQ(::stat(path("cache/" + files[0]).c_str(), &st2), 0);
+  EXPECT_EQ(st1.st_ino, st2.st_ino);
+  EXPECT_EQ(st1.st_mtim.tv_sec, st2.st_mtim.tv_sec);
+  EXPECT_EQ(st1.st_mtim.tv_nsec, st2.st_mtim.tv_nsec);
+
+  // A changed checkpoint (new size and mtime) gets its own repack file.
+  write("model.safetensors",
+        safetensors_bytes(R"({"w":{"dtype":"F8_E4M3","shape":[2,2],"data_offsets":[0,4]},)"
+                          R"("w_scale_inv":{"dtype":"F32","shape":[1,1],"data_offsets":[4,8]}} )",
+                          le_bytes(q) + le_bytes<float>({4.0f})));
+  Checkpoint ck = open();
+  RepackCache cache(opts());
+  auto m = bind_matrix(ck, "w", 2, 2, cache);
+  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  EXPECT_EQ(static_cast<const float*>(m->data)[3], -4.0f);
+  EXPECT_EQ(cache.stats().files_written, 1);
+  EXPECT_EQ(cache_files().size(), 2u);
+}
+
+TEST_F(Weights, CorruptRepackFileIsReplaced) {
+  write("model.safetensors",
+        safetensors_bytes(R"({"h":{"dtype":"F16","shape":[1,1],"data_offsets":[0,2]}})",
+                          le_bytes<uint16_t>({0x3c00})));
+  {
+    Checkpoint ck = open();
+    RepackCache cache(opts());
+    ASSERT_TRUE(bind_matrix(ck, "h", 1, 1, cache).ok());
+  }
+  const auto files = cache_files();
+  ASSERT_EQ(files.size(), 1u);
+  std::filesystem::resize_file(dir_ / "cache" / files[0], 10);  // a torn file
+  Checkpoint ck = open();
+  RepackCache cache(opts());
+  auto m = bind_matrix(ck, "h", 1, 1, cache);
+  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  EXPECT_EQ(static_cast<const float*>(m->data)[0], 1.0f);
+  EXPECT_EQ(cache.stats().files_written, 1);
+}
+
+TEST_F(Weights, VectorsAsF32) {
+  write("model.safetensors",
+        safetensors_bytes(R"({"n":{"dtype":"BF16","shape":[3],"data_offsets":[0,6]},)"
+                          R"("b":{"dtype":"F32","shape":[2],"data_offsets":[8,16]},)"
+                          R"("p":{"dtype":"BF16","shape":[1],"data_offsets":[6,8]},)"
+                          R"("h":{"dtype":"F16","shape":[1],"data_offsets":[16,18]}})",
+                          le_bytes<uint16_t>({0x3f80, 0xc040, 0x4000, 0}) +
+                              le_bytes<float>({0.25f, -7.0f}) + le_bytes<uint16_t>({0xc000})));
+  Checkpoint ck = open();
+  RepackCache cache(opts());
+  auto n = bind_vector_f32(ck, "n", 3, cache);
+  ASSERT_TRUE(n.ok()) << n.status().to_string();
+  EXPECT_EQ(std::vector<float>(n->begin(), n->end()), (std::vector<float>{1, -3, 2}));
+  auto b = bind_vector_f32(ck, "b", 2, cache);
+  ASSERT_TRUE(b.ok()) << b.status().to_string();
+  EXPECT_EQ(static_cast<const void*>(b->data()), ck.find("b")->data);  // in place
+  EXPECT_EQ((*b)[1], -7.0f);
+  auto h = bind_vector_f32(ck, "h", 1, cache);
+  ASSERT_TRUE(h.ok()) << h.status().to_string();
+  EXPECT_EQ((*h)[0], -2.0f);
+  auto wrong = bind_vector_f32(ck, "n", 4, cache);
+  ASSERT_FALSE(wrong.ok());
+  EXPECT_CONTAINS(wrong.status().message(), "'n': wrong shape: expected [4], found [3]");
+  auto missing = bind_vector_f32(ck, "model.norm.weight", 4, cache);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_CONTAINS(missing.status().message(), "missing tensor 'model.norm.weight'");
+}
+
+}  // namespace
+}  // namespace xds
