@@ -1,0 +1,98 @@
+// The linear kernels against a plain double-precision reference.
+#include "kernels/cpu/linear.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+namespace xds::kernels {
+namespace {
+
+struct Case {
+  int64_t n, rows, cols;
+};
+
+std::vector<float> random_vec(size_t n, std::mt19937& rng) {
+  std::uniform_real_distribution<float> d(-1.0f, 1.0f);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+TEST(Linear, MatchesDoubleReferenceForAllTileShapes) {
+  std::mt19937 rng(7);
+  ThreadPool pool(2);
+  for (const Case c : {Case{1, 1, 1}, Case{1, 7, 9}, Case{2, 13, 8}, Case{3, 6, 17}, Case{4, 12, 64},
+                       Case{5, 25, 33}, Case{9, 31, 100}, Case{70, 19, 40}, Case{1, 130, 256}}) {
+    const auto x = random_vec(static_cast<size_t>(c.n * c.cols), rng);
+    const auto wf = random_vec(static_cast<size_t>(c.rows * c.cols), rng);
+    std::vector<uint16_t> wb(wf.size());
+    std::vector<float> wb_wide(wf.size());
+    for (size_t i = 0; i < wf.size(); ++i) {
+      wb[i] = f32_to_bf16(wf[i]);
+      wb_wide[i] = bf16_to_f32(wb[i]);
+    }
+    std::vector<uint16_t> xb(x.size());
+    for (size_t i = 0; i < x.size(); ++i) xb[i] = f32_to_bf16(x[i]);
+    for (int variant = 0; variant < 3; ++variant) {
+      const bool bf16_w = variant != 0, bf16_x = variant == 2;
+      const MatrixRef w{bf16_w ? DType::kBF16 : DType::kF32, bf16_w ? static_cast<const void*>(wb.data()) : wf.data(),
+                        c.rows, c.cols};
+      std::vector<float> y(static_cast<size_t>(c.n * c.rows), -7.0f);
+      if (bf16_x) {
+        linear_bf16(xb.data(), c.n, c.cols, w, y.data(), c.rows, pool);
+      } else {
+        linear_f32(x.data(), c.n, c.cols, w, y.data(), c.rows, pool);
+      }
+      for (int64_t t = 0; t < c.n; ++t) {
+        for (int64_t r = 0; r < c.rows; ++r) {
+          double ref = 0.0;
+          for (int64_t k = 0; k < c.cols; ++k) {
+            const double xv = bf16_x ? bf16_to_f32(xb[t * c.cols + k]) : x[t * c.cols + k];
+            const double wv = bf16_w ? wb_wide[r * c.cols + k] : wf[r * c.cols + k];
+            ref += xv * wv;
+          }
+          ASSERT_NEAR(y[t * c.rows + r], ref, 1e-5 * std::sqrt(static_cast<double>(c.cols)) + 1e-6)
+              << "n=" << c.n << " rows=" << c.rows << " cols=" << c.cols << " variant=" << variant;
+        }
+      }
+    }
+  }
+}
+
+TEST(Linear, ResultOfATokenDoesNotDependOnItsBatch) {
+  std::mt19937 rng(3);
+  ThreadPool pool(2);
+  const int64_t rows = 29, cols = 77, n = 11;
+  const auto x = random_vec(static_cast<size_t>(n * cols), rng);
+  const auto wf = random_vec(static_cast<size_t>(rows * cols), rng);
+  const MatrixRef w{DType::kF32, wf.data(), rows, cols};
+  std::vector<float> all(static_cast<size_t>(n * rows));
+  linear_f32(x.data(), n, cols, w, all.data(), rows, pool);
+  for (int64_t t = 0; t < n; ++t) {
+    std::vector<float> one(static_cast<size_t>(rows));
+    linear_f32(x.data() + t * cols, 1, cols, w, one.data(), rows, pool);
+    for (int64_t r = 0; r < rows; ++r) EXPECT_EQ(one[r], all[t * rows + r]) << t << "," << r;
+  }
+}
+
+TEST(MatmulNn, MatchesReference) {
+  std::mt19937 rng(5);
+  const int64_t n = 3, rows = 5, cols = 21;
+  const auto x = random_vec(static_cast<size_t>(n * rows), rng);
+  const auto wf = random_vec(static_cast<size_t>(rows * cols), rng);
+  std::vector<float> y(static_cast<size_t>(n * cols), 0.5f);
+  matmul_nn_accumulate(x.data(), n, rows, MatrixRef{DType::kF32, wf.data(), rows, cols}, y.data(), cols);
+  for (int64_t t = 0; t < n; ++t) {
+    for (int64_t c = 0; c < cols; ++c) {
+      double ref = 0.5;
+      for (int64_t r = 0; r < rows; ++r) ref += static_cast<double>(x[t * rows + r]) * wf[r * cols + c];
+      EXPECT_NEAR(y[t * cols + c], ref, 1e-5);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace xds::kernels

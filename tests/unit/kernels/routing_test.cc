@@ -1,0 +1,76 @@
+// MoE gating against hand-derived selections.
+#include "model/moe_routing.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+namespace xds {
+namespace {
+
+float logit(float p) { return std::log(p / (1.0f - p)); }  // sigmoid(logit(p)) == p
+
+TEST(Routing, NoauxTcGroupLimitedTopK) {
+  // 8 experts in 4 groups of 2, keep 2 groups, top-2.
+  GatingParams p;
+  p.num_experts = 8;
+  p.top_k = 2;
+  p.n_group = 4;
+  p.topk_group = 2;
+  p.routed_scaling_factor = 2.0;
+  // Unbiased scores:           g0: .9 .1   g1: .5 .45  g2: .6 .45  g3: .2 .3
+  const float s[8] = {0.9f, 0.1f, 0.5f, 0.45f, 0.6f, 0.45f, 0.2f, 0.3f};
+  // Bias lifts expert 7 to .7: alone it would beat expert 4 (.6), but group 3 loses (.9).
+  const float bias[8] = {0, 0, 0, 0, 0, 0, 0, 0.4f};
+  // Group scores (sum of the top 2 biased): g0 1.0, g1 .95, g2 1.05, g3 .9 -> keep g2 and g0.
+  // Best biased experts among {0,1,4,5}: 0 (.9), 4 (.6).
+  float logits[8];
+  for (int i = 0; i < 8; ++i) logits[i] = logit(s[i]);
+  int32_t ids[2];
+  float w[2];
+  float scratch[16];
+  route_token(p, logits, bias, ids, w, scratch);
+  EXPECT_EQ(ids[0], 0);
+  EXPECT_EQ(ids[1], 4);
+  EXPECT_NEAR(w[0], 0.9 / 1.5 * 2.0, 1e-5);
+  EXPECT_NEAR(w[1], 0.6 / 1.5 * 2.0, 1e-5);
+}
+
+TEST(Routing, BiasChangesSelectionButNotWeights) {
+  GatingParams p;
+  p.num_experts = 4;
+  p.top_k = 1;
+  p.n_group = 1;
+  p.topk_group = 1;
+  const float s[4] = {0.7f, 0.6f, 0.1f, 0.2f};
+  const float bias[4] = {0.0f, 0.2f, 0.0f, 0.0f};
+  float logits[4];
+  for (int i = 0; i < 4; ++i) logits[i] = logit(s[i]);
+  int32_t id;
+  float w;
+  float scratch[8];
+  route_token(p, logits, bias, &id, &w, scratch);
+  EXPECT_EQ(id, 1);                 // .6 + .2 beats .7
+  EXPECT_NEAR(w, 0.6f, 1e-6);       // top_k 1: not normalised, the unbiased score
+}
+
+TEST(Routing, SoftmaxGreedy) {
+  GatingParams p;
+  p.num_experts = 3;
+  p.top_k = 2;
+  p.score = GatingScore::kSoftmax;
+  p.method = TopkMethod::kGreedy;
+  p.norm_topk_prob = false;
+  const float logits[3] = {0.0f, std::log(3.0f), std::log(6.0f)};  // softmax .1 .3 .6
+  int32_t ids[2];
+  float w[2];
+  float scratch[6];
+  route_token(p, logits, nullptr, ids, w, scratch);
+  EXPECT_EQ(ids[0], 2);
+  EXPECT_EQ(ids[1], 1);
+  EXPECT_NEAR(w[0], 0.6, 1e-6);
+  EXPECT_NEAR(w[1], 0.3, 1e-6);
+}
+
+}  // namespace
+}  // namespace xds
