@@ -43,7 +43,11 @@ PROMPTS_PER_SEED = 6
 # maker "engine": xdeepserve mkmodel with these args; "python": oracle/make_tiny.py.
 CASES = [
     {"name": "bf16", "maker": "engine", "args": ["--preset", "tiny"],
-     "variants": ["oneshot", "chunked", "batch"]},
+     "variants": ["oneshot", "chunked", "absorbed", "expanded", "chunked_absorbed", "threads2",
+                  "batch"]},
+    # 37 prompt tokens + 8: crosses KV blocks (16 tokens) in prefill, chunk edges straddle them.
+    {"name": "bf16_long", "maker": "engine", "args": ["--preset", "tiny"], "prompt_len": 37,
+     "variants": ["oneshot", "chunked", "expanded", "chunked_absorbed"]},
     {"name": "fp8_2shards", "maker": "engine",
      "args": ["--preset", "tiny", "--dtype", "fp8", "--shards", "2"], "variants": ["oneshot"]},
     {"name": "yarn", "maker": "engine", "args": ["--preset", "tiny", "--yarn"],
@@ -53,12 +57,24 @@ CASES = [
     # A checkpoint written by an independent writer: the engine's loader must read it too.
     {"name": "indep_fp8_yarn", "maker": "python",
      "args": ["--dtype", "fp8", "--shards", "2", "--yarn"], "variants": ["oneshot"]},
+    {"name": "indep_odd_fp8", "maker": "python",
+     "args": ["--shape", "odd", "--dtype", "fp8", "--shards", "3"],
+     "variants": ["oneshot", "chunked"]},
+    {"name": "indep_odd_no_q_lora_bf16", "maker": "python",
+     "args": ["--shape", "odd", "--no-q-lora"], "variants": ["oneshot"]},
+    {"name": "indep_softmax_greedy", "maker": "python", "args": ["--gating", "softmax"],
+     "variants": ["oneshot"]},
 ]
 
 # Engine runs: extra generate args, and the generate --help flag each needs.
 VARIANTS = {
     "oneshot": {"args": [], "needs": None},
     "chunked": {"args": ["--prefill-chunk", "3"], "needs": "--prefill-chunk"},
+    "absorbed": {"args": ["--attention", "absorbed"], "needs": "--attention"},
+    "expanded": {"args": ["--attention", "expanded"], "needs": "--attention"},
+    "chunked_absorbed": {"args": ["--prefill-chunk", "5", "--attention", "absorbed"],
+                         "needs": "--prefill-chunk"},
+    "threads2": {"args": ["--threads", "2"], "needs": "--threads"},
     "batch": {"args": None, "needs": "BATCH"},  # filled in by detect_batch_flag
 }
 
@@ -81,12 +97,17 @@ def help_text(xds, sub):
     return p.stdout + p.stderr
 
 
+THREADS = []  # ["--threads", "1"] when generate has the option (frugal, deterministic base)
+PYTHON_MAKER = False  # --python-maker: every case uses make_tiny.py (no mkmodel needed)
+
+
 def make_checkpoint(xds, case, seed, out):
-    if case["maker"] == "engine":
+    if case["maker"] == "engine" and not PYTHON_MAKER:
         cmd = [xds, "mkmodel", "--out", out, "--seed", str(seed)] + case["args"]
     else:
+        args = [a for a in case["args"] if a not in ("--preset", "tiny")]
         cmd = [sys.executable, os.path.join(HERE, "oracle", "make_tiny.py"), "--out", out,
-               "--seed", str(seed)] + case["args"]
+               "--seed", str(seed)] + args
     run(cmd)
 
 
@@ -130,9 +151,9 @@ def pick_seed_and_prompt(xds, case, workdir):
         vocab = oracle.cfg.vocab_size
         for k in range(PROMPTS_PER_SEED):
             rng = np.random.default_rng(1000 * seed + k)
-            prompt = [int(v) for v in rng.integers(2, vocab, PROMPT_LEN)]
+            prompt = [int(v) for v in rng.integers(2, vocab, case.get("prompt_len", PROMPT_LEN))]
             generated, result = oracle_greedy(oracle, prompt, MAX_TOKENS)
-            amin, rmin = margins(result, PROMPT_LEN, MAX_TOKENS, vocab)
+            amin, rmin = margins(result, len(prompt), MAX_TOKENS, vocab)
             if best is None or min(amin / ARGMAX_MARGIN, rmin / ROUTING_MARGIN) > best[0]:
                 best = (min(amin / ARGMAX_MARGIN, rmin / ROUTING_MARGIN), seed, k)
             if amin >= ARGMAX_MARGIN and rmin >= ROUTING_MARGIN:
@@ -177,6 +198,8 @@ def run_engine(xds, model, prompt, extra, tmp, tag, want_routing):
     cmd = [xds, "generate", "--model", model, "--prompt-ids", ",".join(map(str, prompt)),
            "--max-tokens", str(MAX_TOKENS), "--temperature", "0", "--ignore-eos",
            "--compute-dtype", "f32", "--dump-logits", logits_path] + extra
+    if "--threads" not in extra:
+        cmd += THREADS
     if want_routing:
         cmd += ["--dump-routing", routing_path]
     stdout, secs = run(cmd)
@@ -290,13 +313,19 @@ def main():
     ap.add_argument("--case", action="append", help="run only these cases")
     ap.add_argument("--keep", help="keep checkpoints and dumps in this directory")
     ap.add_argument("--list", action="store_true")
+    ap.add_argument("--python-maker", action="store_true",
+                    help="make every checkpoint with oracle/make_tiny.py, not mkmodel")
     args = ap.parse_args()
+    global PYTHON_MAKER
+    PYTHON_MAKER = args.python_maker
     if args.list:
         for c in CASES:
             print(c["name"], c["variants"])
         return 0
     xds = os.path.abspath(args.xdeepserve)
     gen_help = help_text(xds, "generate")
+    if "--threads" in gen_help:
+        THREADS[:] = ["--threads", "1"]
     workdir = args.keep or tempfile.mkdtemp(prefix="xds_conformance_")
     os.makedirs(workdir, exist_ok=True)
     log = lambda s: print(s, flush=True)

@@ -28,6 +28,15 @@ TINY = {
     "bos_token_id": 0, "eos_token_id": 1,
 }
 
+# Awkward shapes: fp8 weights of several 128-blocks with partial edges (hidden 160,
+# intermediate 200), 3 heads, 12 experts in 3 groups, top-3, 2 shared experts; norms are
+# stored as F32 and the embedding as F16 to exercise those dtypes.
+ODD = dict(TINY, vocab_size=300, hidden_size=160, intermediate_size=200,
+           moe_intermediate_size=40, num_attention_heads=3, num_key_value_heads=3,
+           n_shared_experts=2, n_routed_experts=12, num_experts_per_tok=3, n_group=3,
+           topk_group=2, q_lora_rank=48, kv_lora_rank=40, qk_nope_head_dim=16,
+           qk_rope_head_dim=8, v_head_dim=24, routed_scaling_factor=1.5)
+
 
 def to_bf16_bytes(x):
     """float -> bf16 (round to nearest even) as uint16."""
@@ -134,8 +143,11 @@ def write_safetensors(path, tensors):
             f.write(b)
 
 
-def make(out, dtype="bf16", shards=1, yarn=False, q_lora=True, seed=1):
-    cfg = dict(TINY)
+def make(out, dtype="bf16", shards=1, yarn=False, q_lora=True, seed=1, shape="tiny",
+         gating="noaux_tc"):
+    cfg = dict(TINY if shape == "tiny" else ODD)
+    if gating == "softmax":  # softmax scores, plain top-k, no correction bias
+        cfg.update(scoring_func="softmax", topk_method="greedy", n_group=1, topk_group=1)
     if not q_lora:
         cfg["q_lora_rank"] = None
     if yarn:
@@ -152,6 +164,8 @@ def make(out, dtype="bf16", shards=1, yarn=False, q_lora=True, seed=1):
         if kind == "norm":
             w = 1.0 + 0.1 * rng.standard_normal(shape)
         elif kind == "bias":
+            if cfg["topk_method"] != "noaux_tc":
+                continue
             tensors[name] = ("F32", (0.05 * rng.standard_normal(shape)).astype(np.float32))
             continue
         elif kind == "gate":
@@ -164,6 +178,10 @@ def make(out, dtype="bf16", shards=1, yarn=False, q_lora=True, seed=1):
             codes, scale = quantize_fp8(w)
             tensors[name] = ("F8_E4M3", codes)
             tensors[name + "_scale_inv"] = ("F32", scale)
+        elif shape == "odd" and kind == "norm":
+            tensors[name] = ("F32", w.astype(np.float32))
+        elif shape == "odd" and name.endswith("embed_tokens.weight"):
+            tensors[name] = ("F16", w.astype(np.float16))
         else:
             tensors[name] = ("BF16", to_bf16_bytes(w))
     os.makedirs(out, exist_ok=True)
@@ -191,8 +209,10 @@ def main():
     ap.add_argument("--yarn", action="store_true")
     ap.add_argument("--no-q-lora", action="store_true")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--shape", default="tiny", choices=["tiny", "odd"])
+    ap.add_argument("--gating", default="noaux_tc", choices=["noaux_tc", "softmax"])
     a = ap.parse_args()
-    make(a.out, a.dtype, a.shards, a.yarn, not a.no_q_lora, a.seed)
+    make(a.out, a.dtype, a.shards, a.yarn, not a.no_q_lora, a.seed, a.shape, a.gating)
 
 
 if __name__ == "__main__":
