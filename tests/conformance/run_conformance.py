@@ -93,7 +93,8 @@ def run(cmd, timeout=600):
 
 
 def help_text(xds, sub):
-    p = subprocess.run([xds, sub, "--help"], capture_output=True, text=True)
+    p = subprocess.run([xds] + ([sub] if sub else []) + ["--help"], capture_output=True,
+                       text=True)
     return p.stdout + p.stderr
 
 
@@ -324,6 +325,10 @@ def main():
         return 0
     xds = os.path.abspath(args.xdeepserve)
     gen_help = help_text(xds, "generate")
+    if not PYTHON_MAKER and "mkmodel" not in help_text(xds, ""):
+        print("NOTE: xdeepserve has no mkmodel subcommand; every checkpoint comes from "
+              "oracle/make_tiny.py", flush=True)
+        PYTHON_MAKER = True
     if "--threads" in gen_help:
         THREADS[:] = ["--threads", "1"]
     workdir = args.keep or tempfile.mkdtemp(prefix="xds_conformance_")
