@@ -7,6 +7,7 @@ int main(int argc, char** argv) {
   int exit_code = 0;
   // One line per subcommand (commands.h).
   xds::cli::add_generate_command(app, &exit_code);
+  xds::cli::add_mkmodel_command(app, &exit_code);
   (void)&exit_code;
   CLI11_PARSE(app, argc, argv);
   return exit_code;

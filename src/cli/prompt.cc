@@ -1,10 +1,18 @@
 #include "cli/prompt.h"
 
 #include <cstdio>
+#include <optional>
+
+#include "tokenizer/tokenizer.h"
 
 namespace xds::cli {
 
-struct PromptCodec::Impl {};
+struct PromptCodec::Impl {
+  std::optional<Tokenizer> tokenizer;
+  std::optional<IncrementalDetokenizer> stream;
+  std::string chat_template_file;
+  std::string model_dir;
+};
 
 PromptCodec::PromptCodec() : impl_(std::make_unique<Impl>()) {}
 PromptCodec::PromptCodec(PromptCodec&&) noexcept = default;
@@ -12,23 +20,49 @@ PromptCodec& PromptCodec::operator=(PromptCodec&&) noexcept = default;
 PromptCodec::~PromptCodec() = default;
 
 Result<PromptCodec> PromptCodec::open(const std::string& model_dir, const std::string& chat_template_file) {
-  return PromptCodec();
+  PromptCodec codec;
+  codec.impl_->model_dir = model_dir;
+  codec.impl_->chat_template_file = chat_template_file;
+  if (Tokenizer::has_tokenizer_files(model_dir)) {
+    XDS_ASSIGN_OR_RETURN(Tokenizer tok, Tokenizer::load(model_dir));
+    codec.impl_->tokenizer.emplace(std::move(tok));
+    codec.impl_->stream.emplace(*codec.impl_->tokenizer);
+  }
+  return codec;
 }
 
-bool PromptCodec::has_tokenizer() const { return false; }
+bool PromptCodec::has_tokenizer() const { return impl_->tokenizer.has_value(); }
 
 Result<std::vector<int32_t>> PromptCodec::encode_prompt(const std::string& text, bool chat) const {
-  return failed_precondition("the model directory has no tokenizer files: pass --prompt-ids");
+  if (!impl_->tokenizer) {
+    return failed_precondition("{}: no tokenizer files (tokenizer.json): pass --prompt-ids", impl_->model_dir);
+  }
+  if (chat) {
+    return unimplemented("--chat: chat templates are not wired into generate yet");
+  }
+  return impl_->tokenizer->encode(text, /*add_special_tokens=*/true);
 }
 
-int64_t PromptCodec::valid_vocab(int64_t model_vocab) const { return model_vocab; }
+int64_t PromptCodec::valid_vocab(int64_t model_vocab) const {
+  if (!impl_->tokenizer) return model_vocab;
+  return std::min(model_vocab, impl_->tokenizer->vocab_size());
+}
 
 void PromptCodec::emit(int32_t id, bool first) {
-  std::printf(first ? "%d" : ",%d", id);
+  if (impl_->stream) {
+    const std::string text = impl_->stream->push(id);
+    std::fwrite(text.data(), 1, text.size(), stdout);
+  } else {
+    std::printf(first ? "%d" : ",%d", id);
+  }
   std::fflush(stdout);
 }
 
 void PromptCodec::finish() {
+  if (impl_->stream) {
+    const std::string text = impl_->stream->flush();
+    std::fwrite(text.data(), 1, text.size(), stdout);
+  }
   std::printf("\n");
   std::fflush(stdout);
 }

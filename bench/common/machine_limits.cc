@@ -1,0 +1,81 @@
+#include "machine_limits.h"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "base/clock.h"
+
+namespace xds::bench {
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+namespace {
+
+float stream_sum(const float* p, int64_t n) {
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  for (int64_t i = 0; i + 32 <= n; i += 32) {
+    a0 = _mm256_add_ps(a0, _mm256_load_ps(p + i));
+    a1 = _mm256_add_ps(a1, _mm256_load_ps(p + i + 8));
+    a2 = _mm256_add_ps(a2, _mm256_load_ps(p + i + 16));
+    a3 = _mm256_add_ps(a3, _mm256_load_ps(p + i + 24));
+  }
+  const __m256 s = _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3));
+  float out[8];
+  _mm256_storeu_ps(out, s);
+  return out[0] + out[1] + out[2] + out[3] + out[4] + out[5] + out[6] + out[7];
+}
+
+// 12 independent FMA chains of 8 lanes: 192 flops per iteration.
+float fma_loop(int64_t iters, float seed) {
+  __m256 acc[12];
+  for (int i = 0; i < 12; ++i) acc[i] = _mm256_set1_ps(seed + static_cast<float>(i));
+  const __m256 a = _mm256_set1_ps(0.999999f), b = _mm256_set1_ps(1e-7f);
+  for (int64_t it = 0; it < iters; ++it) {
+    for (int i = 0; i < 12; ++i) acc[i] = _mm256_fmadd_ps(acc[i], a, b);
+  }
+  __m256 s = acc[0];
+  for (int i = 1; i < 12; ++i) s = _mm256_add_ps(s, acc[i]);
+  float out[8];
+  _mm256_storeu_ps(out, s);
+  return out[0];
+}
+
+}  // namespace
+
+MachineLimits measure_machine_limits(ThreadPool& pool, int repeats) {
+  MachineLimits m;
+  const int64_t n = int64_t{1} << 28;  // 1 GiB of floats
+  float* buf = static_cast<float*>(std::aligned_alloc(64, static_cast<size_t>(n) * sizeof(float)));
+  pool.parallel_for(n, [&](int64_t b, int64_t e, int) {
+    for (int64_t i = b; i < e; ++i) buf[i] = 1.0f;
+  });
+  std::vector<double> bw, fl;
+  volatile float sink = 0;
+  for (int r = 0; r < repeats + 1; ++r) {
+    const auto t0 = Clock::now();
+    pool.parallel_for(n / 1024, [&](int64_t b, int64_t e, int) {
+      sink = sink + stream_sum(buf + b * 1024, (e - b) * 1024);
+    });
+    const double s = seconds_since(t0);
+    if (r > 0) bw.push_back(static_cast<double>(n) * sizeof(float) / s / 1e9);
+  }
+  std::free(buf);
+  const int64_t iters = 20'000'000;
+  for (int r = 0; r < repeats + 1; ++r) {
+    const auto t0 = Clock::now();
+    pool.run_on_all([&](int t) { sink = sink + fma_loop(iters, static_cast<float>(t)); });
+    const double s = seconds_since(t0);
+    if (r > 0) fl.push_back(192.0 * static_cast<double>(iters) * pool.num_threads() / s / 1e9);
+  }
+  m.read_gbps = median(bw);
+  m.f32_gflops = median(fl);
+  return m;
+}
+
+}  // namespace xds::bench

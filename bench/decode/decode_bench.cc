@@ -1,0 +1,242 @@
+// bench_decode: prefill and batched decode throughput of the DeepSeek-V3 runtime beside
+// the roofline of each measurement, with the machine's limits measured in the same run.
+//
+//   bench_decode --model DIR [--prompt 512] [--context 512] [--batches 1,4,16,64]
+//                [--steps 5] [--compute-dtype f32|bf16] [--json FILE]
+//
+// Roofline of a step = max(bytes the step must read / read bandwidth, FLOPs / fp32 peak).
+// Bytes: every non-expert weight once, plus the routed experts the step actually touched
+// (counted from the routing), plus the latent KV cache of every sequence. FLOPs: 2 per
+// multiply-add of the linear layers actually run (routed experts per token), plus attention.
+#include <cstdio>
+#include <fstream>
+#include <random>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "base/clock.h"
+#include "machine_limits.h"
+#include "model/deepseek_v3.h"
+
+namespace xds::bench {
+namespace {
+
+int64_t mlp_bytes(const MlpWeights& m) { return m.gate_proj.bytes() + m.up_proj.bytes() + m.down_proj.bytes(); }
+int64_t mlp_params(const MlpWeights& m) {
+  return m.gate_proj.rows * m.gate_proj.cols + m.up_proj.rows * m.up_proj.cols + m.down_proj.rows * m.down_proj.cols;
+}
+
+struct StaticCost {
+  int64_t dense_bytes = 0;     // weights read once per step whatever the batch
+  int64_t dense_params = 0;    // multiply-adds per token through them
+  int64_t expert_bytes = 0;    // one routed expert
+  int64_t expert_params = 0;
+};
+
+StaticCost static_cost(const DeepseekV3Model& model) {
+  StaticCost s;
+  const auto& w = model.weights();
+  auto add = [&](const MatrixRef& m) {
+    s.dense_bytes += m.bytes();
+    s.dense_params += m.rows * m.cols;
+  };
+  for (const LayerWeights& l : w.layers) {
+    const MlaWeights& a = l.attn;
+    for (const auto* m : {&a.q_a_proj, &a.q_b_proj, &a.q_proj}) if (*m) add(**m);
+    add(a.kv_a_proj);
+    add(a.kv_b_proj);
+    add(a.o_proj);
+    if (l.dense) {
+      add(l.dense->gate_proj), add(l.dense->up_proj), add(l.dense->down_proj);
+    } else {
+      add(l.moe->router);
+      if (l.moe->shared) add(l.moe->shared->gate_proj), add(l.moe->shared->up_proj), add(l.moe->shared->down_proj);
+      s.expert_bytes = mlp_bytes(l.moe->experts[0]);
+      s.expert_params = mlp_params(l.moe->experts[0]);
+    }
+  }
+  add(w.lm_head);
+  return s;
+}
+
+// Attention FLOPs of one token attending `ctx` positions, absorbed form, per layer.
+double attention_flops(const DeepseekV3Config& c, int64_t ctx) {
+  const double h = c.num_attention_heads, lat = c.kv_lora_rank, dr = c.qk_rope_head_dim;
+  return h * 2.0 * lat * (c.qk_nope_head_dim + c.v_head_dim) + ctx * h * (2.0 * (lat + dr) + 2.0 * lat);
+}
+
+// Fills positions [0, ctx) of `seq` with random latent/rope values in every main layer: the
+// cost of a decode step depends on the context length, not on what the context says.
+void fill_context(const DeepseekV3Config& c, KvCache& cache, int64_t seq, int64_t ctx, std::mt19937& rng) {
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  (void)cache.reserve(seq, ctx + 64);
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    for (int64_t p = 0; p < ctx; ++p) {
+      float* lat = cache.latent_slot(l, seq, p);
+      for (int64_t i = 0; i < c.kv_lora_rank; ++i) lat[i] = d(rng);
+      float* rope = cache.rope_slot(l, seq, p);
+      for (int64_t i = 0; i < c.qk_rope_head_dim; ++i) rope[i] = d(rng) * 0.1f;
+    }
+  }
+}
+
+struct Row {
+  std::string what;
+  int64_t batch;
+  double tokens_per_s, step_ms, roofline_ms, bytes_gb, gflop;
+  std::string bound;
+};
+
+}  // namespace
+}  // namespace xds::bench
+
+int main(int argc, char** argv) {
+  using namespace xds;
+  using namespace xds::bench;
+  CLI::App app{"bench_decode: prefill and decode throughput against the roofline"};
+  std::string model_dir, json_path = "bench_decode.json", dtype = "f32", batches_arg = "1,4,16,64";
+  int64_t prompt = 512, context = 512, steps = 5;
+  app.add_option("--model", model_dir)->required();
+  app.add_option("--prompt", prompt);
+  app.add_option("--context", context);
+  app.add_option("--batches", batches_arg);
+  app.add_option("--steps", steps);
+  app.add_option("--compute-dtype", dtype);
+  app.add_option("--json", json_path);
+  CLI11_PARSE(app, argc, argv);
+
+  ModelOptions mo;
+  mo.compute = dtype == "bf16" ? ComputeDType::kBF16 : ComputeDType::kF32;
+  auto loaded = DeepseekV3Model::load(model_dir, mo);
+  if (!loaded.ok()) {
+    std::fprintf(stderr, "error: %s\n", loaded.status().to_string().c_str());
+    return 1;
+  }
+  DeepseekV3Model& model = **loaded;
+  const DeepseekV3Config& c = model.config();
+  const MachineLimits lim = measure_machine_limits(model.pool());
+  std::fprintf(stderr, "machine: read %.1f GB/s, fp32 peak %.1f GFLOP/s (%d threads)\n", lim.read_gbps,
+               lim.f32_gflops, model.pool().num_threads());
+  const StaticCost sc = static_cost(model);
+  const int64_t moe_layers = [&] {
+    int64_t n = 0;
+    for (const auto& l : model.weights().layers) n += l.moe ? 1 : 0;
+    return n;
+  }();
+
+  // Touched experts per MoE layer, collected by the routing observer during a step.
+  std::vector<std::set<int32_t>> touched(static_cast<size_t>(c.num_hidden_layers));
+  int64_t routed_token_experts = 0;
+  model.set_routing_observer([&](int64_t layer, int64_t, std::span<const int32_t> ids) {
+    if (layer < c.num_hidden_layers) touched[layer].insert(ids.begin(), ids.end());
+    routed_token_experts += static_cast<int64_t>(ids.size());
+  });
+  auto reset_touched = [&] {
+    for (auto& t : touched) t.clear();
+    routed_token_experts = 0;
+  };
+  auto touched_count = [&] {
+    int64_t n = 0;
+    for (auto& t : touched) n += static_cast<int64_t>(t.size());
+    return n;
+  };
+
+  std::vector<Row> rows;
+  std::mt19937 rng(1);
+  std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(c.vocab_size - 1));
+
+  {  // Prefill: one sequence, `prompt` tokens in one chunk.
+    std::vector<double> times;
+    double flops = 0, bytes = 0;
+    for (int r = 0; r < 3; ++r) {
+      KvCache cache = model.make_cache(prompt + 16);
+      const int64_t seq = cache.add_sequence();
+      std::vector<int32_t> ids(static_cast<size_t>(prompt));
+      for (auto& t : ids) t = tok(rng);
+      reset_touched();
+      StepOutput out;
+      TokenChunk ch{seq, 0, ids, false};
+      const auto t0 = Clock::now();
+      const Status s = model.forward({&ch, 1}, cache, out);
+      times.push_back(seconds_since(t0));
+      if (!s.ok()) return std::fprintf(stderr, "error: %s\n", s.to_string().c_str()), 1;
+      double attn = 0;
+      for (int64_t t = 0; t < prompt; ++t) attn += attention_flops(c, t + 1);
+      flops = 2.0 * (prompt * static_cast<double>(sc.dense_params) + routed_token_experts * static_cast<double>(sc.expert_params)) +
+              attn * c.num_hidden_layers;
+      bytes = static_cast<double>(sc.dense_bytes + touched_count() * sc.expert_bytes);
+    }
+    const double t = median(times);
+    const double roof = std::max(bytes / (lim.read_gbps * 1e9), flops / (lim.f32_gflops * 1e9));
+    rows.push_back({"prefill", 1, prompt / t, t * 1e3, roof * 1e3, bytes / 1e9, flops / 1e9,
+                    bytes / (lim.read_gbps * 1e9) > flops / (lim.f32_gflops * 1e9) ? "memory" : "compute"});
+  }
+
+  std::stringstream ss(batches_arg);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    const int64_t batch = std::stoll(item);
+    KvCache cache = model.make_cache(batch * (context + 64 + steps + 8));
+    std::vector<int64_t> seqs;
+    for (int64_t b = 0; b < batch; ++b) {
+      seqs.push_back(cache.add_sequence());
+      fill_context(c, cache, seqs.back(), context, rng);
+    }
+    std::vector<int32_t> ids(static_cast<size_t>(batch));
+    std::vector<double> times, rooflines, bytes_v, flops_v;
+    for (int64_t s = 0; s < steps + 1; ++s) {
+      std::vector<TokenChunk> chunks;
+      for (int64_t b = 0; b < batch; ++b) {
+        ids[b] = tok(rng);
+        chunks.push_back({seqs[b], context + s, std::span<const int32_t>(&ids[b], 1), false});
+      }
+      reset_touched();
+      StepOutput out;
+      const auto t0 = Clock::now();
+      const Status st = model.forward(chunks, cache, out);
+      const double t = seconds_since(t0);
+      if (!st.ok()) return std::fprintf(stderr, "error: %s\n", st.to_string().c_str()), 1;
+      if (s == 0) continue;  // warm-up
+      const int64_t ctx = context + s + 1;
+      const double kv_bytes = static_cast<double>(batch) * ctx * (c.kv_lora_rank + c.qk_rope_head_dim) * 4.0 * c.num_hidden_layers;
+      const double bytes = static_cast<double>(sc.dense_bytes + touched_count() * sc.expert_bytes) + kv_bytes;
+      const double flops = 2.0 * (batch * static_cast<double>(sc.dense_params) + routed_token_experts * static_cast<double>(sc.expert_params)) +
+                           batch * attention_flops(c, ctx) * c.num_hidden_layers;
+      times.push_back(t);
+      bytes_v.push_back(bytes);
+      flops_v.push_back(flops);
+      rooflines.push_back(std::max(bytes / (lim.read_gbps * 1e9), flops / (lim.f32_gflops * 1e9)));
+    }
+    const double t = median(times), roof = median(rooflines), bytes = median(bytes_v), flops = median(flops_v);
+    rows.push_back({"decode", batch, batch / t, t * 1e3, roof * 1e3, bytes / 1e9, flops / 1e9,
+                    bytes / (lim.read_gbps * 1e9) > flops / (lim.f32_gflops * 1e9) ? "memory" : "compute"});
+  }
+  (void)moe_layers;
+
+  std::printf("\nmodel %s, compute %s, context %lld; machine: read %.1f GB/s, fp32 peak %.1f GFLOP/s\n",
+              model_dir.c_str(), dtype.c_str(), static_cast<long long>(context), lim.read_gbps, lim.f32_gflops);
+  std::printf("%-8s %6s %12s %10s %12s %9s %9s %9s %8s\n", "phase", "batch", "tokens/s", "step ms", "roofline ms",
+              "% roof", "GB read", "GFLOP", "bound");
+  nlohmann::json j;
+  j["machine"] = {{"read_gbps", lim.read_gbps}, {"f32_gflops", lim.f32_gflops}, {"threads", model.pool().num_threads()}};
+  j["model"] = model_dir;
+  j["compute_dtype"] = dtype;
+  j["context"] = context;
+  for (const Row& r : rows) {
+    std::printf("%-8s %6lld %12.1f %10.2f %12.2f %8.1f%% %9.3f %9.2f %8s\n", r.what.c_str(), static_cast<long long>(r.batch),
+                r.tokens_per_s, r.step_ms, r.roofline_ms, 100.0 * r.roofline_ms / r.step_ms, r.bytes_gb, r.gflop, r.bound.c_str());
+    j["rows"].push_back({{"phase", r.what}, {"batch", r.batch}, {"tokens_per_s", r.tokens_per_s}, {"step_ms", r.step_ms},
+                         {"roofline_ms", r.roofline_ms}, {"fraction_of_roofline", r.roofline_ms / r.step_ms},
+                         {"gb_read", r.bytes_gb}, {"gflop", r.gflop}, {"bound", r.bound},
+                         {"achieved_gflops", r.gflop / (r.step_ms / 1e3)}});
+  }
+  std::ofstream(json_path) << j.dump(2) << "\n";
+  std::printf("wrote %s\n", json_path.c_str());
+  return 0;
+}

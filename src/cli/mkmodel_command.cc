@@ -1,0 +1,44 @@
+// `xdeepserve mkmodel`: write a random-weight DeepSeek-V3 checkpoint (model/mkmodel.h).
+#include <cstdio>
+#include <memory>
+
+#include "cli/commands.h"
+#include "model/mkmodel.h"
+
+namespace xds::cli {
+
+void add_mkmodel_command(CLI::App& app, int* exit_code) {
+  auto opts = std::make_shared<MkModelOptions>();
+  CLI::App* cmd =
+      app.add_subcommand("mkmodel", "Write a random-weight DeepSeek-V3 checkpoint (HF layout)");
+  cmd->add_option("--out", opts->out_dir, "Output directory")->required();
+  cmd->add_option("--preset", opts->preset, "tiny (a few MB) or bench-2.6b (~5.9 GB in bf16)")
+      ->required()
+      ->check(CLI::IsMember({"tiny", "bench-2.6b"}));
+  cmd->add_option("--dtype", opts->dtype, "bf16, or fp8 (128x128 block scales as published)")
+      ->check(CLI::IsMember({"bf16", "fp8"}));
+  cmd->add_option("--seed", opts->seed, "Seed of the weights");
+  cmd->add_option("--shards", opts->shards, "Number of safetensors files (1: model.safetensors)")
+      ->check(CLI::Range(1, 1000));
+  cmd->add_option("--mtp-layers", opts->mtp_layers, "num_nextn_predict_layers")
+      ->check(CLI::Range(0, 8));
+  cmd->add_flag("--yarn", opts->yarn, "Add rope_scaling yarn (factor 4)");
+  cmd->add_flag_function("--no-q-lora", [opts](int64_t) { opts->q_lora = false; },
+                "q_proj instead of q_a_proj/q_b_proj (q_lora_rank null)");
+  cmd->add_option("--threads", opts->threads, "Worker threads (0: all cores)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->callback([opts, exit_code] {
+    const Status s = write_random_checkpoint(*opts);
+    if (!s.ok()) {
+      std::fprintf(stderr, "error: %s\n", s.to_string().c_str());
+      *exit_code = 1;
+      return;
+    }
+    std::fprintf(stderr, "wrote %s (preset %s, %s, seed %llu, %d shard%s)\n",
+                 opts->out_dir.c_str(), opts->preset.c_str(), opts->dtype.c_str(),
+                 static_cast<unsigned long long>(opts->seed), opts->shards,
+                 opts->shards == 1 ? "" : "s");
+  });
+}
+
+}  // namespace xds::cli
