@@ -146,8 +146,9 @@ def write_safetensors(path, tensors):
 def make(out, dtype="bf16", shards=1, yarn=False, q_lora=True, seed=1, shape="tiny",
          gating="noaux_tc"):
     cfg = dict(TINY if shape == "tiny" else ODD)
-    if gating == "softmax":  # softmax scores, plain top-k, no correction bias
-        cfg.update(scoring_func="softmax", topk_method="greedy", n_group=1, topk_group=1)
+    if gating == "softmax":  # softmax scores, plain top-k, no bias, weights not renormalised
+        cfg.update(scoring_func="softmax", topk_method="greedy", n_group=1, topk_group=1,
+                   norm_topk_prob=False)
     if not q_lora:
         cfg["q_lora_rank"] = None
     if yarn:
