@@ -1,0 +1,344 @@
+#include "xccl/moe.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+
+#include "xccl/rowops.h"
+
+namespace xds::xccl {
+namespace {
+
+constexpr uint64_t align64(uint64_t x) { return (x + 63) / 64 * 64; }
+constexpr uint64_t kFlagMore = 1, kFlagInt8 = 2;
+
+uint64_t qstride(int hidden) { return align64(int8_row_bytes(hidden)); }
+
+int position(const std::vector<int>& v, int rank) {
+  auto it = std::find(v.begin(), v.end(), rank);
+  return it == v.end() ? -1 : static_cast<int>(it - v.begin());
+}
+
+}  // namespace
+
+ExchangeLayout exchange_layout(const MoeConfig& c, int n_senders, int n_receivers,
+                               uint64_t base) {
+  ExchangeLayout l;
+  const uint64_t T = uint64_t(c.max_tokens), H = uint64_t(c.hidden);
+  l.routes = align64(base);
+  l.input = align64(l.routes + uint64_t(n_receivers) * T * sizeof(RouteEntry));
+  l.qrows = align64(l.input + T * H * 2);
+  l.presum = align64(l.qrows + (c.int8 ? T * qstride(c.hidden) : 0));
+  l.end = align64(l.presum + uint64_t(n_senders) * T * H * 2);
+  return l;
+}
+
+Exchange::Exchange(Mailbox& mb, const MoeConfig& cfg, ExchangeRoles roles, ThreadPool* pool)
+    : mb_(mb), f_(mb.fabric()), t_(mb.transport()), cfg_(cfg), roles_(std::move(roles)),
+      pool_(pool) {
+  lay_ = exchange_layout(cfg_, int(roles_.senders.size()), int(roles_.receivers.size()),
+                         roles_.staging_base);
+  my_sender_ = position(roles_.senders, f_.rank());
+  my_receiver_ = position(roles_.receivers, f_.rank());
+  for (int r : roles_.receivers)
+    if (r != f_.rank()) remote_receivers_.push_back(r);
+  for (int s : roles_.senders)
+    if (s != f_.rank()) remote_senders_.push_back(s);
+  rows_stride_ = uint64_t(cfg_.hidden) * 2;
+  from_.resize(roles_.senders.size());
+  from_flags_.assign(roles_.senders.size(), 0);
+}
+
+Result<std::unique_ptr<Exchange>> Exchange::create(Mailbox& mb, const MoeConfig& cfg,
+                                                   ExchangeRoles roles, ThreadPool* pool) {
+  if (cfg.hidden < 1 || cfg.max_tokens < 1 || cfg.topk < 1 || cfg.topk > kMaxTopk ||
+      cfg.slots_per_device < 1)
+    return invalid_argument("moe config: hidden {}, max_tokens {}, slots_per_device {} must be >= 1 "
+                            "and topk {} in [1, {}]",
+                            cfg.hidden, cfg.max_tokens, cfg.slots_per_device, cfg.topk, kMaxTopk);
+  const Fabric& f = mb.fabric();
+  for (const auto* v : {&roles.senders, &roles.receivers}) {
+    if (v->empty()) return invalid_argument("moe exchange: empty sender or receiver list");
+    for (int r : *v)
+      if (r < 0 || r >= f.world_size())
+        return invalid_argument("moe exchange: rank {} outside the fabric's {} devices", r,
+                                f.world_size());
+  }
+  const ExchangeLayout l = exchange_layout(cfg, int(roles.senders.size()),
+                                           int(roles.receivers.size()), roles.staging_base);
+  const uint64_t have = f.layout().staging + f.layout().cfg.staging_bytes;
+  if (l.routes < f.layout().staging || l.end > have)
+    return resource_exhausted("moe exchange needs staging [{}, {}) but the arena's staging area is "
+                              "[{}, {}); raise ArenaConfig::staging_bytes to at least {}",
+                              l.routes, l.end, f.layout().staging, have,
+                              l.end - f.layout().staging);
+  return std::unique_ptr<Exchange>(new Exchange(mb, cfg, std::move(roles), pool));
+}
+
+WaitCtx Exchange::ctx(OpKind op) const {
+  return WaitCtx{op, deadline_after_ms(cfg_.timeout_ms), cfg_.backoff};
+}
+
+void Exchange::parallel(int64_t n, const std::function<void(int64_t, int64_t, int)>& fn) {
+  if (n <= 0) return;
+  if (pool_ != nullptr && pool_->num_threads() > 1 && n > 1)
+    pool_->parallel_for(n, fn);
+  else
+    fn(0, n, 0);
+}
+
+Status Exchange::wait_released(bool tokens) {
+  uint64_t& rounds = tokens ? token_rounds_ : vector_rounds_;
+  uint64_t& released = tokens ? token_released_ : vector_released_;
+  if (released == rounds) return Status::ok_status();
+  const auto& peers = tokens ? remote_receivers_ : remote_senders_;
+  const Channel ch = tokens ? roles_.done : roles_.cdone;
+  XDS_RETURN_IF_ERROR(mb_.wait_all(peers, ch, key_released_[tokens ? 0 : 1],
+                                   ctx(tokens ? roles_.tokens_op : roles_.vectors_op)));
+  released = rounds;
+  return Status::ok_status();
+}
+
+Result<uint16_t*> Exchange::input_rows() {
+  if (my_sender_ < 0) return failed_precondition("rank {} is not a sender of this exchange", f_.rank());
+  XDS_RETURN_IF_ERROR(wait_released(true));
+  return reinterpret_cast<uint16_t*>(f_.local() + lay_.input);
+}
+
+Result<std::byte*> Exchange::int8_rows() {
+  if (my_sender_ < 0 || !cfg_.int8)
+    return failed_precondition("rank {}: INT8 rows need a sender with MoeConfig::int8", f_.rank());
+  XDS_RETURN_IF_ERROR(wait_released(true));
+  return f_.local() + lay_.qrows;
+}
+
+Status Exchange::send_tokens(const RoutePlan& plan, uint64_t map_version, int n_tokens,
+                             uint64_t key, bool more, bool rows_quantized) {
+  if (my_sender_ < 0) return failed_precondition("rank {} is not a sender of this exchange", f_.rank());
+  if (n_tokens < 0 || n_tokens > cfg_.max_tokens)
+    return invalid_argument("moe send: {} tokens outside [0, max_tokens={}]; split into rounds",
+                            n_tokens, cfg_.max_tokens);
+  if (plan.per_device.size() != roles_.receivers.size())
+    return invalid_argument("moe send: route plan has {} devices, the exchange {} receivers",
+                            plan.per_device.size(), roles_.receivers.size());
+  XDS_RETURN_IF_ERROR(wait_released(true));
+  plan_ = plan;
+  n_tokens_ = n_tokens;
+  more_ = more;
+  rows_quantized_ = rows_quantized;
+  map_version_ = map_version;
+  // Route lists for every remote receiver, and which tokens some remote receiver needs.
+  std::vector<uint8_t> remote(size_t(n_tokens), 0);
+  const uint64_t list_bytes = uint64_t(cfg_.max_tokens) * sizeof(RouteEntry);
+  for (size_t d = 0; d < plan.per_device.size(); ++d) {
+    const auto& list = plan.per_device[d];
+    for (const RouteEntry& e : list)
+      if (e.token >= uint32_t(n_tokens))
+        return invalid_argument("moe send: route entry token {} >= n_tokens {}", e.token, n_tokens);
+    if (roles_.receivers[d] == f_.rank()) continue;
+    for (const RouteEntry& e : list) remote[e.token] = 1;
+    t_.put(MemDesc{f_.rank(), lay_.routes + d * list_bytes, list_bytes}, 0, list.data(),
+           list.size() * sizeof(RouteEntry));
+  }
+  const bool int8 = cfg_.int8 || rows_quantized;
+  if (cfg_.int8 && !rows_quantized) {
+    const auto* in = reinterpret_cast<const uint16_t*>(f_.local() + lay_.input);
+    std::byte* q = f_.local() + lay_.qrows;
+    parallel(n_tokens, [&](int64_t b, int64_t e, int) {
+      for (int64_t t = b; t < e; ++t)
+        if (remote[size_t(t)])
+          quantize_row_int8(in + t * cfg_.hidden, cfg_.hidden, q + uint64_t(t) * qstride(cfg_.hidden));
+    });
+  }
+  // token -> (receiver, entry) references, receivers ascending (combine sums in this order).
+  ref_offset_.assign(size_t(n_tokens) + 1, 0);
+  for (const auto& list : plan.per_device)
+    for (const RouteEntry& e : list) ++ref_offset_[e.token + 1];
+  for (int t = 0; t < n_tokens; ++t) ref_offset_[size_t(t) + 1] += ref_offset_[size_t(t)];
+  refs_.resize(ref_offset_.back());
+  std::vector<uint32_t> cur(ref_offset_.begin(), ref_offset_.end() - 1);
+  for (size_t d = 0; d < plan.per_device.size(); ++d)
+    for (size_t i = 0; i < plan.per_device[d].size(); ++i)
+      refs_[cur[plan.per_device[d][i].token]++] = {int32_t(d), uint32_t(i)};
+  for (size_t d = 0; d < roles_.receivers.size(); ++d) {
+    if (roles_.receivers[d] == f_.rank()) continue;
+    mb_.post(roles_.receivers[d], roles_.meta, key,
+             MailWords{plan.per_device[d].size(), map_version, uint64_t(n_tokens),
+                       (more ? kFlagMore : 0) | (int8 ? kFlagInt8 : 0), 0, 0});
+  }
+  ++token_rounds_;
+  key_released_[0] = key;
+  return Status::ok_status();
+}
+
+Status Exchange::recv_tokens(uint64_t key) {
+  if (my_receiver_ < 0) return failed_precondition("rank {} is not a receiver of this exchange", f_.rank());
+  const WaitCtx c = ctx(roles_.tokens_op);
+  std::vector<MailWords> w(remote_senders_.size());
+  XDS_RETURN_IF_ERROR(mb_.wait_all(remote_senders_, roles_.meta, key, c, w));
+  any_more_ = my_sender_ >= 0 && more_;
+  uint64_t version = my_sender_ >= 0 ? map_version_ : (w.empty() ? 0 : w[0][1]);
+  const uint64_t list_bytes = uint64_t(cfg_.max_tokens) * sizeof(RouteEntry);
+  size_t wi = 0;
+  for (size_t s = 0; s < roles_.senders.size(); ++s) {
+    const int rank = roles_.senders[s];
+    if (rank == f_.rank()) {
+      from_[s] = plan_.per_device[size_t(my_receiver_)];
+      from_flags_[s] = rows_quantized_ ? int(kFlagInt8) : 0;
+      continue;
+    }
+    const MailWords& m = w[wi++];
+    if (m[1] != version || m[0] > uint64_t(cfg_.max_tokens))
+      return f_.poison({f_.epoch(), rank, PoisonReason::kProtocol, c.op, f_.rank()});
+    any_more_ |= (m[3] & kFlagMore) != 0;
+    from_flags_[s] = int(m[3] & kFlagInt8);
+    from_[s].resize(m[0]);
+    t_.get(from_[s].data(), MemDesc{rank, lay_.routes + uint64_t(my_receiver_) * list_bytes, list_bytes},
+           0, m[0] * sizeof(RouteEntry));
+  }
+  std::vector<std::span<const RouteEntry>> spans(from_.begin(), from_.end());
+  layout_ = group_by_expert(spans, cfg_.slots_per_device);
+  for (const auto& list : from_)
+    for (const RouteEntry& e : list)
+      for (int j = 0; j < e.n_local; ++j)
+        if (e.local_expert[j] >= cfg_.slots_per_device)
+          return f_.poison({f_.epoch(), roles_.senders[size_t(&list - from_.data())],
+                            PoisonReason::kProtocol, c.op, f_.rank()});
+  const size_t H = size_t(cfg_.hidden);
+  rows_.resize(size_t(layout_.n_rows()) * H);
+  out_.resize(size_t(layout_.n_rows()) * H);
+  // Units = (sender, entry); each pulls one row and copies it to its other expert groups.
+  std::vector<uint32_t> unit_start(from_.size() + 1, 0);
+  for (size_t s = 0; s < from_.size(); ++s) unit_start[s + 1] = unit_start[s] + uint32_t(from_[s].size());
+  std::atomic<uint64_t> pulled{0};
+  const uint64_t qbytes = int8_row_bytes(cfg_.hidden);
+  parallel(unit_start.back(), [&](int64_t b, int64_t e, int) {
+    std::vector<std::byte> tmp(qbytes);
+    uint64_t my_pulled = 0;
+    size_t s = size_t(std::upper_bound(unit_start.begin(), unit_start.end(), uint32_t(b)) -
+                      unit_start.begin()) - 1;
+    for (int64_t u = b; u < e; ++u) {
+      while (uint32_t(u) >= unit_start[s + 1]) ++s;
+      const size_t i = size_t(u) - unit_start[s];
+      const RouteEntry& r = from_[s][i];
+      const int rank = roles_.senders[s];
+      uint16_t* dst = rows_.data() + size_t(layout_.entry_row[s][i * kMaxTopk]) * H;
+      if (from_flags_[s] & kFlagInt8) {
+        t_.get(tmp.data(), MemDesc{rank, lay_.qrows + r.token * qstride(cfg_.hidden), qbytes}, 0, qbytes);
+        dequantize_row_int8(tmp.data(), cfg_.hidden, dst);
+        if (rank != f_.rank()) my_pulled += qbytes;
+      } else {
+        t_.get(dst, MemDesc{rank, lay_.input + r.token * rows_stride_, rows_stride_}, 0, rows_stride_);
+        if (rank != f_.rank()) my_pulled += rows_stride_;
+      }
+      for (int j = 1; j < r.n_local; ++j)
+        std::memcpy(rows_.data() + size_t(layout_.entry_row[s][i * kMaxTopk + size_t(j)]) * H, dst,
+                    rows_stride_);
+    }
+    pulled.fetch_add(my_pulled, std::memory_order_relaxed);
+  });
+  stats_.bytes_pulled_tokens += pulled.load();
+  for (int rank : remote_senders_) mb_.post(rank, roles_.done, key, MailWords{});
+  return Status::ok_status();
+}
+
+Status Exchange::send_vectors(uint64_t key) {
+  if (my_receiver_ < 0) return failed_precondition("rank {} is not a receiver of this exchange", f_.rank());
+  XDS_RETURN_IF_ERROR(wait_released(false));
+  const size_t H = size_t(cfg_.hidden);
+  std::vector<uint32_t> unit_start(from_.size() + 1, 0);
+  for (size_t s = 0; s < from_.size(); ++s) unit_start[s + 1] = unit_start[s] + uint32_t(from_[s].size());
+  auto* presum = reinterpret_cast<uint16_t*>(f_.local() + lay_.presum);
+  parallel(unit_start.back(), [&](int64_t b, int64_t e, int) {
+    std::vector<float> acc(H);
+    size_t s = size_t(std::upper_bound(unit_start.begin(), unit_start.end(), uint32_t(b)) -
+                      unit_start.begin()) - 1;
+    for (int64_t u = b; u < e; ++u) {
+      while (uint32_t(u) >= unit_start[s + 1]) ++s;
+      const size_t i = size_t(u) - unit_start[s];
+      const RouteEntry& r = from_[s][i];
+      std::fill(acc.begin(), acc.end(), 0.f);
+      for (int j = 0; j < r.n_local; ++j)
+        axpy_bf16(r.weight[j], out_.data() + size_t(layout_.entry_row[s][i * kMaxTopk + size_t(j)]) * H,
+                  cfg_.hidden, acc.data());
+      store_bf16(acc.data(), cfg_.hidden, presum + (s * size_t(cfg_.max_tokens) + i) * H);
+    }
+  });
+  for (size_t s = 0; s < roles_.senders.size(); ++s)
+    if (roles_.senders[s] != f_.rank())
+      mb_.post(roles_.senders[s], roles_.ready, key, MailWords{from_[s].size(), 0, 0, 0, 0, 0});
+  ++vector_rounds_;
+  key_released_[1] = key;
+  return Status::ok_status();
+}
+
+Status Exchange::gather_vectors(uint16_t* out, uint64_t key) {
+  if (my_sender_ < 0) return failed_precondition("rank {} is not a sender of this exchange", f_.rank());
+  XDS_RETURN_IF_ERROR(mb_.wait_all(remote_receivers_, roles_.ready, key, ctx(roles_.vectors_op)));
+  const size_t H = size_t(cfg_.hidden);
+  std::atomic<uint64_t> pulled{0};
+  parallel(n_tokens_, [&](int64_t b, int64_t e, int) {
+    std::vector<float> acc(H);
+    std::vector<uint16_t> tmp(H);
+    uint64_t my_pulled = 0;
+    for (int64_t t = b; t < e; ++t) {
+      std::fill(acc.begin(), acc.end(), 0.f);
+      for (uint32_t k = ref_offset_[size_t(t)]; k < ref_offset_[size_t(t) + 1]; ++k) {
+        const auto [d, i] = refs_[k];
+        const int rank = roles_.receivers[size_t(d)];
+        const uint64_t off = lay_.presum + (uint64_t(my_sender_) * uint64_t(cfg_.max_tokens) + i) * rows_stride_;
+        t_.get(tmp.data(), MemDesc{rank, off, rows_stride_}, 0, rows_stride_);
+        if (rank != f_.rank()) my_pulled += rows_stride_;
+        add_bf16(tmp.data(), cfg_.hidden, acc.data());
+      }
+      store_bf16(acc.data(), cfg_.hidden, out + size_t(t) * H);
+    }
+    pulled.fetch_add(my_pulled, std::memory_order_relaxed);
+  });
+  stats_.bytes_pulled_vectors += pulled.load();
+  for (int rank : remote_receivers_) mb_.post(rank, roles_.cdone, key, MailWords{});
+  return Status::ok_status();
+}
+
+Status Exchange::dispatch(int n_tokens, std::span<const int32_t> topk_ids,
+                          std::span<const float> weights, const ExpertMap& map, uint64_t key,
+                          bool more) {
+  if (map.n_devices != int(roles_.receivers.size()) || map.slots_per_device != cfg_.slots_per_device)
+    return invalid_argument("dispatch: expert map v{} has {} devices x {} slots, the exchange {} x {}",
+                            map.version, map.n_devices, map.slots_per_device,
+                            roles_.receivers.size(), cfg_.slots_per_device);
+  XDS_ASSIGN_OR_RETURN(RoutePlan plan, plan_routes(map, topk_ids, weights, n_tokens, cfg_.topk));
+  XDS_RETURN_IF_ERROR(send_tokens(plan, map.version, n_tokens, key, more));
+  return recv_tokens(key);
+}
+
+Status Exchange::combine(uint16_t* out, uint64_t key) {
+  XDS_RETURN_IF_ERROR(send_vectors(key));
+  return gather_vectors(out, key);
+}
+
+}  // namespace xds::xccl
+
+namespace xds::xccl {
+
+Status run_moe_rounds(Exchange& ex, const uint16_t* x, std::span<const int32_t> topk_ids,
+                      std::span<const float> weights, int n_tokens, const ExpertMap& map,
+                      uint64_t key, const ExpertFn& expert_fn, uint16_t* out) {
+  const MoeConfig& c = ex.config();
+  const size_t H = size_t(c.hidden), K = size_t(c.topk);
+  for (int round = 0;; ++round) {
+    const int begin = std::min(n_tokens, round * c.max_tokens);
+    const int n = std::min(n_tokens - begin, c.max_tokens);
+    const bool more = begin + n < n_tokens;
+    XDS_ASSIGN_OR_RETURN(uint16_t * in, ex.input_rows());
+    if (n > 0) std::memcpy(in, x + size_t(begin) * H, size_t(n) * H * 2);
+    XDS_RETURN_IF_ERROR(ex.dispatch(n, topk_ids.subspan(size_t(begin) * K, size_t(n) * K),
+                                    weights.subspan(size_t(begin) * K, size_t(n) * K), map,
+                                    key + uint64_t(round), more));
+    expert_fn(ex, ex.received_rows(), ex.expert_out());
+    XDS_RETURN_IF_ERROR(ex.combine(out + size_t(begin) * H, key + uint64_t(round)));
+    if (!ex.any_more()) return Status::ok_status();
+  }
+}
+
+}  // namespace xds::xccl

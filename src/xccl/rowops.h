@@ -1,0 +1,36 @@
+// Row kernels of dispatch/combine: bf16 <-> f32, per-token INT8 (P040, P089), weighted sums.
+//
+// xccl depends on base only, so it carries its own two-line bf16 conversion (round to nearest
+// even, as tensor/dtype.h does). INT8 row format: [H] int8 values, then at byte align4(H) one
+// f32 scale = max|x| / 127; x ~= q * scale, error <= scale / 2 per element before bf16 rounding.
+#pragma once
+
+#include <bit>
+#include <cstdint>
+#include <cstring>
+
+namespace xds::xccl {
+
+inline float bf16_to_float(uint16_t b) { return std::bit_cast<float>(uint32_t(b) << 16); }
+inline uint16_t float_to_bf16(float f) {
+  uint32_t u = std::bit_cast<uint32_t>(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return uint16_t(u >> 16);
+}
+
+// Bytes of one INT8 row that travel: values then the scale.
+inline uint64_t int8_row_bytes(int hidden) { return (uint64_t(hidden) + 3) / 4 * 4 + 4; }
+
+// Quantizes x [hidden] bf16 into q (int8_row_bytes(hidden) bytes). Returns the scale.
+float quantize_row_int8(const uint16_t* x, int hidden, std::byte* q);
+// Dequantizes a row written by quantize_row_int8 into bf16.
+void dequantize_row_int8(const std::byte* q, int hidden, uint16_t* out);
+// acc[h] += w * x[h] (x bf16).
+void axpy_bf16(float w, const uint16_t* x, int hidden, float* acc);
+// acc[h] += x[h]
+void add_bf16(const uint16_t* x, int hidden, float* acc);
+// out[h] = bf16(acc[h])
+void store_bf16(const float* acc, int hidden, uint16_t* out);
+
+}  // namespace xds::xccl

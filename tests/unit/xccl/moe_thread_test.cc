@@ -1,0 +1,182 @@
+// Dispatch/combine over the thread-backed fabric (label tsan), checked against moe_reference.h.
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "moe_reference.h"
+#include "xccl/thread_fabric.h"
+
+namespace xds::xccl {
+namespace {
+
+using testing::MoeCase;
+using testing::Routing;
+
+MoeConfig moe_config(const MoeCase& c) {
+  return MoeConfig{.hidden = c.hidden, .topk = c.topk, .max_tokens = c.max_tokens,
+                   .slots_per_device = c.slots, .int8 = c.int8, .timeout_ms = 60'000};
+}
+
+ArenaConfig arena_for(const MoeCase& c) {
+  ArenaConfig a;
+  a.world_size = c.world;
+  a.lanes = 1;
+  a.ring_slots = 1;
+  a.slot_bytes = 64;
+  a.staging_bytes = moe_staging_bytes(moe_config(c), c.world);
+  a.app_bytes = 0;
+  return a;
+}
+
+// Runs the case in rounds on every device; checks each round's received rows and the final
+// combine output against the reference.
+Status run_case(Fabric& f, const MoeCase& c, int pool_threads) {
+  auto t = make_transport("shm", f);
+  Mailbox mb(f, **t);
+  ThreadPool pool(pool_threads);
+  ExchangeRoles roles;
+  for (int r = 0; r < c.world; ++r) {
+    roles.senders.push_back(r);
+    roles.receivers.push_back(r);
+  }
+  roles.staging_base = f.layout().staging;
+  XDS_ASSIGN_OR_RETURN(auto ex, Exchange::create(mb, moe_config(c), roles, &pool));
+  std::vector<testing::DeviceInput> in;
+  for (int d = 0; d < c.world; ++d) in.push_back(testing::make_input(c, d));
+  const int me = f.rank();
+  const ExpertMap map = testing::make_map(c);
+  std::vector<uint16_t> out(size_t(c.n_tokens[size_t(me)]) * size_t(c.hidden), 0xFFFF);
+  int round = 0;
+  Status expert_check;
+  auto experts = [&](const Exchange& e, const uint16_t* rows, uint16_t* y) {
+    std::vector<int> b(size_t(c.world)), en(size_t(c.world));
+    for (int s = 0; s < c.world; ++s) {
+      b[size_t(s)] = std::min(c.n_tokens[size_t(s)], round * c.max_tokens);
+      en[size_t(s)] = std::min(c.n_tokens[size_t(s)], b[size_t(s)] + c.max_tokens);
+    }
+    Status st = testing::check_received(c, in, me, b, en, e);
+    if (expert_check.ok() && !st.ok()) expert_check = st.with_context(fmt::format("round {}", round));
+    testing::run_experts(c, me, e, rows, y);
+    ++round;
+  };
+  XDS_RETURN_IF_ERROR(run_moe_rounds(*ex, in[size_t(me)].x.data(), in[size_t(me)].ids,
+                                     in[size_t(me)].w, c.n_tokens[size_t(me)], map,
+                                     collective_key(f.epoch(), 1, 3, 0), experts, out.data()));
+  XDS_RETURN_IF_ERROR(expert_check);
+  const int want_rounds = [&] {
+    int r = 1;
+    for (int n : c.n_tokens) r = std::max(r, rounds_needed(n, c.max_tokens));
+    return r;
+  }();
+  if (round != want_rounds) return internal_error("{} rounds, expected {}", round, want_rounds);
+  return testing::check_combined(c, in[size_t(me)], me, out);
+}
+
+void run_everywhere(const MoeCase& c, int pool_threads = 1) {
+  auto tf = ThreadFabric::create(arena_for(c), 3);
+  ASSERT_TRUE(tf.ok()) << tf.status().to_string();
+  auto st = (*tf)->run([&](Fabric& f) { return run_case(f, c, pool_threads); });
+  for (size_t r = 0; r < st.size(); ++r) EXPECT_TRUE(st[r].ok()) << "rank " << r << ": " << st[r].to_string();
+}
+
+TEST(XcclMoeThread, RandomTopkTwoToFourDevices) {
+  for (int W = 2; W <= 4; ++W) {
+    MoeCase c;
+    c.world = W;
+    c.n_logical = 3 * W;
+    c.slots = 4;
+    c.topk = 4;
+    c.seed = 11 + uint64_t(W);
+    for (int d = 0; d < W; ++d) c.n_tokens.push_back(3 + 5 * d);
+    run_everywhere(c, W == 2 ? 2 : 1);
+  }
+}
+
+TEST(XcclMoeThread, DeviceThatReceivesNothingAndOneWithoutTokens) {
+  MoeCase c;
+  c.world = 3;
+  c.n_logical = 9;
+  c.slots = 4;
+  c.routing = Routing::kStarveLast;
+  c.n_tokens = {7, 12, 0};
+  run_everywhere(c);
+}
+
+TEST(XcclMoeThread, TokensWhoseExpertsAreAllLocal) {
+  MoeCase c;
+  c.world = 3;
+  c.n_logical = 12;
+  c.slots = 4;
+  c.routing = Routing::kAllLocal;
+  c.n_tokens = {5, 9, 2};
+  run_everywhere(c);
+}
+
+TEST(XcclMoeThread, MoreTokensThanTheRoundMaximumGoInFurtherRounds) {
+  MoeCase c;
+  c.world = 2;
+  c.max_tokens = 8;
+  c.n_tokens = {21, 3};  // 3 rounds; device 1 joins rounds 2 and 3 with zero tokens
+  run_everywhere(c, 2);
+}
+
+TEST(XcclMoeThread, Int8DispatchWithinThePerTokenBound) {
+  MoeCase c;
+  c.world = 3;
+  c.n_logical = 9;
+  c.hidden = 96;
+  c.int8 = true;
+  c.n_tokens = {10, 4, 16};
+  run_everywhere(c);
+}
+
+TEST(XcclMoeThread, MismatchedExpertMapVersionPoisonsTheEpoch) {
+  MoeCase c;
+  c.world = 2;
+  c.n_tokens = {4, 4};
+  auto tf = ThreadFabric::create(arena_for(c), 3);
+  ASSERT_TRUE(tf.ok());
+  auto st = (*tf)->run([&](Fabric& f) -> Status {
+    auto t = make_transport("shm", f);
+    Mailbox mb(f, **t);
+    ExchangeRoles roles{{0, 1}, {0, 1}, f.layout().staging};
+    XDS_ASSIGN_OR_RETURN(auto ex, Exchange::create(mb, moe_config(c), roles, nullptr));
+    auto in = testing::make_input(c, f.rank());
+    ExpertMap map = testing::make_map(c);
+    map.version += uint64_t(f.rank());  // rank 1 switched maps mid-step
+    XDS_ASSIGN_OR_RETURN(uint16_t * x, ex->input_rows());
+    std::memcpy(x, in.x.data(), in.x.size() * 2);
+    return ex->dispatch(4, in.ids, in.w, map, 1);
+  });
+  ASSERT_FALSE(st[0].ok());
+  EXPECT_EQ(st[0].to_string(), st[1].to_string());
+  EXPECT_NE(st[0].message().find("during dispatch"), std::string::npos) << st[0].to_string();
+}
+
+TEST(XcclMoeThread, SilentDeviceFailsTheCollectiveOnEverySurvivor) {
+  MoeCase c;
+  c.world = 3;
+  c.n_logical = 6;
+  c.n_tokens = {4, 4, 4};
+  auto tf = ThreadFabric::create(arena_for(c), 9);
+  ASSERT_TRUE(tf.ok());
+  auto st = (*tf)->run([&](Fabric& f) -> Status {
+    if (f.rank() == 2) return Status::ok_status();  // never joins the step
+    auto t = make_transport("shm", f);
+    Mailbox mb(f, **t);
+    ExchangeRoles roles{{0, 1, 2}, {0, 1, 2}, f.layout().staging};
+    MoeConfig mc = moe_config(c);
+    mc.timeout_ms = f.rank() == 0 ? 200 : 30'000;
+    XDS_ASSIGN_OR_RETURN(auto ex, Exchange::create(mb, mc, roles, nullptr));
+    auto in = testing::make_input(c, f.rank());
+    XDS_ASSIGN_OR_RETURN(uint16_t * x, ex->input_rows());
+    std::memcpy(x, in.x.data(), in.x.size() * 2);
+    return ex->dispatch(4, in.ids, in.w, testing::make_map(c), 1);
+  });
+  ASSERT_FALSE(st[0].ok());
+  EXPECT_EQ(st[0].to_string(), st[1].to_string());
+  EXPECT_NE(st[0].message().find("peer 2 was silent"), std::string::npos) << st[0].to_string();
+}
+
+}  // namespace
+}  // namespace xds::xccl
