@@ -1,0 +1,583 @@
+#include "model/mkmodel.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <bit>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "base/thread_pool.h"
+#include "tensor/dtype.h"
+
+namespace xds {
+namespace {
+
+using ojson = nlohmann::ordered_json;
+
+constexpr int64_t kBlock = 128;                // FP8 block size (published layout)
+constexpr size_t kProgressBytes = 1ull << 30;  // progress line above ~1 GB
+constexpr size_t kChunkBytes = 8u << 20;       // generate at most ~8 MB per step
+
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+uint64_t fnv1a64(std::string_view s) {
+  uint64_t h = 1469598103934665603ull;
+  for (char ch : s) {
+    h ^= static_cast<uint8_t>(ch);
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+// Uniform in [-1, 1) from the element counter.
+inline float uniform(uint64_t key, uint64_t i) {
+  const uint64_t x = splitmix64(key + i * 0xd1342543de82ef95ull);
+  return static_cast<float>(static_cast<int64_t>(x >> 40) - (1ll << 23)) * (1.0f / (1 << 23));
+}
+
+enum class Init { kLinear, kEmbed, kNorm, kRouter, kBias };
+
+// One tensor to write. A FP8 weight is followed by its `_scale_inv` (is_scale).
+struct Spec {
+  std::string name;
+  std::vector<int64_t> shape;
+  DType dtype = DType::kBF16;
+  Init init = Init::kLinear;
+  bool is_scale = false;
+
+  int64_t numel() const {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    return n;
+  }
+  size_t nbytes() const { return static_cast<size_t>(numel()) * dtype_size(dtype); }
+};
+
+// The value of element (r, c) of a tensor, before rounding to its dtype.
+struct Gen {
+  uint64_t key;
+  float scale;  // uniform amplitude
+  float offset;
+  float at(int64_t i) const { return offset + scale * uniform(key, static_cast<uint64_t>(i)); }
+};
+
+Gen make_gen(const Spec& s, uint64_t seed) {
+  const uint64_t key = splitmix64(seed ^ fnv1a64(s.name));
+  const int64_t fan_in = s.shape.size() == 2 ? s.shape[1] : 1;
+  const float sqrt3 = std::sqrt(3.0f);  // U(-a, a) has std a / sqrt(3)
+  switch (s.init) {
+    case Init::kLinear:
+      return {key, sqrt3 / std::sqrt(static_cast<float>(fan_in)), 0.0f};
+    case Init::kEmbed:
+      return {key, 1.0f, 0.0f};
+    case Init::kNorm:
+      return {key, 0.1f, 1.0f};
+    case Init::kRouter:
+      return {key, 2.0f * sqrt3 / std::sqrt(static_cast<float>(fan_in)), 0.0f};
+    case Init::kBias:
+      return {key, 0.05f, 0.0f};
+  }
+  return {key, 0.0f, 0.0f};
+}
+
+// ---- the tensor list of a config ----
+
+struct Builder {
+  const DeepseekV3Config& c;
+  bool fp8;
+  std::vector<Spec> specs;
+
+  void add(std::string name, std::vector<int64_t> shape, Init init, DType dt = DType::kBF16) {
+    specs.push_back({std::move(name), std::move(shape), dt, init, false});
+  }
+  // An attention / MLP projection: FP8 + scales in fp8 mode.
+  void proj(const std::string& name, int64_t rows, int64_t cols) {
+    if (!fp8) {
+      add(name, {rows, cols}, Init::kLinear);
+      return;
+    }
+    add(name, {rows, cols}, Init::kLinear, DType::kF8E4M3);
+    specs.push_back({name + "_scale_inv",
+                     {(rows + kBlock - 1) / kBlock, (cols + kBlock - 1) / kBlock},
+                     DType::kF32,
+                     Init::kLinear,
+                     true});
+  }
+  void mlp(const std::string& p, int64_t width) {
+    const int64_t d = c.hidden_size;
+    proj(p + ".gate_proj.weight", width, d);
+    proj(p + ".up_proj.weight", width, d);
+    proj(p + ".down_proj.weight", d, width);
+  }
+  void decoder_layer(int64_t i) {
+    const std::string p = "model.layers." + std::to_string(i);
+    const int64_t d = c.hidden_size, h = c.num_attention_heads;
+    add(p + ".input_layernorm.weight", {d}, Init::kNorm);
+    const std::string a = p + ".self_attn";
+    if (c.q_lora_rank) {
+      proj(a + ".q_a_proj.weight", *c.q_lora_rank, d);
+      add(a + ".q_a_layernorm.weight", {*c.q_lora_rank}, Init::kNorm);
+      proj(a + ".q_b_proj.weight", h * c.qk_head_dim(), *c.q_lora_rank);
+    } else {
+      proj(a + ".q_proj.weight", h * c.qk_head_dim(), d);
+    }
+    proj(a + ".kv_a_proj_with_mqa.weight", c.kv_lora_rank + c.qk_rope_head_dim, d);
+    add(a + ".kv_a_layernorm.weight", {c.kv_lora_rank}, Init::kNorm);
+    proj(a + ".kv_b_proj.weight", h * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank);
+    proj(a + ".o_proj.weight", d, h * c.v_head_dim);
+    add(p + ".post_attention_layernorm.weight", {d}, Init::kNorm);
+    if (!c.is_moe_layer(i)) {
+      mlp(p + ".mlp", c.intermediate_size);
+      return;
+    }
+    add(p + ".mlp.gate.weight", {c.n_routed_experts, d}, Init::kRouter);
+    add(p + ".mlp.gate.e_score_correction_bias", {c.n_routed_experts}, Init::kBias, DType::kF32);
+    for (int64_t e = 0; e < c.n_routed_experts; ++e) {
+      mlp(p + ".mlp.experts." + std::to_string(e), c.moe_intermediate_size);
+    }
+    if (c.n_shared_experts > 0) {
+      mlp(p + ".mlp.shared_experts", c.n_shared_experts * c.moe_intermediate_size);
+    }
+  }
+};
+
+std::vector<Spec> tensor_specs(const DeepseekV3Config& c, bool fp8) {
+  Builder b{c, fp8, {}};
+  const int64_t d = c.hidden_size, v = c.vocab_size;
+  b.add("model.embed_tokens.weight", {v, d}, Init::kEmbed);
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) b.decoder_layer(i);
+  for (int64_t k = 0; k < c.num_nextn_predict_layers; ++k) {
+    const int64_t l = c.num_hidden_layers + k;
+    const std::string p = "model.layers." + std::to_string(l);
+    b.add(p + ".embed_tokens.weight", {v, d}, Init::kEmbed);
+    b.add(p + ".enorm.weight", {d}, Init::kNorm);
+    b.add(p + ".hnorm.weight", {d}, Init::kNorm);
+    b.add(p + ".eh_proj.weight", {d, 2 * d}, Init::kLinear);
+    b.decoder_layer(l);
+    b.add(p + ".shared_head.norm.weight", {d}, Init::kNorm);
+    b.add(p + ".shared_head.head.weight", {v, d}, Init::kLinear);
+  }
+  b.add("model.norm.weight", {d}, Init::kNorm);
+  b.add("lm_head.weight", {v, d}, Init::kLinear);
+  return std::move(b.specs);
+}
+
+// ---- config.json ----
+
+ojson config_json(const DeepseekV3Config& c) {
+  ojson j;
+  j["architectures"] = {"DeepseekV3ForCausalLM"};
+  j["model_type"] = "deepseek_v3";
+  j["attention_bias"] = false;
+  j["attention_dropout"] = 0.0;
+  j["bos_token_id"] = c.bos_token_id ? ojson(*c.bos_token_id) : ojson(nullptr);
+  j["eos_token_id"] = c.eos_token_ids.empty() ? ojson(nullptr) : ojson(c.eos_token_ids[0]);
+  j["first_k_dense_replace"] = c.first_k_dense_replace;
+  j["hidden_act"] = "silu";
+  j["hidden_size"] = c.hidden_size;
+  j["initializer_range"] = 0.02;
+  j["intermediate_size"] = c.intermediate_size;
+  j["kv_lora_rank"] = c.kv_lora_rank;
+  j["max_position_embeddings"] = c.max_position_embeddings;
+  j["moe_intermediate_size"] = c.moe_intermediate_size;
+  j["moe_layer_freq"] = c.moe_layer_freq;
+  j["n_group"] = c.n_group;
+  j["n_routed_experts"] = c.n_routed_experts;
+  j["n_shared_experts"] = c.n_shared_experts;
+  j["norm_topk_prob"] = c.norm_topk_prob;
+  j["num_attention_heads"] = c.num_attention_heads;
+  j["num_experts_per_tok"] = c.num_experts_per_tok;
+  j["num_hidden_layers"] = c.num_hidden_layers;
+  j["num_key_value_heads"] = c.num_attention_heads;
+  j["num_nextn_predict_layers"] = c.num_nextn_predict_layers;
+  j["q_lora_rank"] = c.q_lora_rank ? ojson(*c.q_lora_rank) : ojson(nullptr);
+  j["qk_nope_head_dim"] = c.qk_nope_head_dim;
+  j["qk_rope_head_dim"] = c.qk_rope_head_dim;
+  if (c.fp8) {
+    j["quantization_config"] = {{"activation_scheme", "dynamic"},
+                                {"fmt", "e4m3"},
+                                {"quant_method", "fp8"},
+                                {"weight_block_size", {c.fp8->block_rows, c.fp8->block_cols}}};
+  }
+  j["rms_norm_eps"] = c.rms_norm_eps;
+  if (c.rope_scaling) {
+    const RopeScaling& r = *c.rope_scaling;
+    j["rope_scaling"] = {{"beta_fast", r.beta_fast},
+                         {"beta_slow", r.beta_slow},
+                         {"factor", r.factor},
+                         {"mscale", r.mscale},
+                         {"mscale_all_dim", r.mscale_all_dim},
+                         {"original_max_position_embeddings", r.original_max_position_embeddings},
+                         {"type", "yarn"}};
+  } else {
+    j["rope_scaling"] = nullptr;
+  }
+  j["rope_theta"] = c.rope_theta;
+  j["routed_scaling_factor"] = c.routed_scaling_factor;
+  j["scoring_func"] = c.scoring_func == GatingScore::kSigmoid ? "sigmoid" : "softmax";
+  j["tie_word_embeddings"] = c.tie_word_embeddings;
+  j["topk_group"] = c.topk_group;
+  j["topk_method"] = "noaux_tc";
+  j["torch_dtype"] = "bfloat16";
+  j["use_cache"] = true;
+  j["v_head_dim"] = c.v_head_dim;
+  j["vocab_size"] = c.vocab_size;
+  return j;
+}
+
+Status write_text(const std::string& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << text;
+  out.close();
+  if (!out) return internal_error("{}: cannot write the file", path);
+  return {};
+}
+
+// ---- writing tensors ----
+
+// Progress across all files (only shown for outputs > ~1 GB).
+struct Progress {
+  size_t total = 0, done = 0;
+  bool enabled = false;
+  double last = -1;
+  void add(size_t n) {
+    done += n;
+    if (!enabled) return;
+    const double t =
+        std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+    if (t - last < 0.25 && done < total) return;
+    last = t;
+    std::fprintf(stderr, "\rmkmodel: %.2f/%.2f GB", done / 1e9, total / 1e9);
+    std::fflush(stderr);
+  }
+};
+
+Status pwrite_all(int fd, const std::string& path, const void* buf, size_t n, size_t off) {
+  const char* p = static_cast<const char*>(buf);
+  while (n > 0) {
+    const ssize_t w = ::pwrite(fd, p, n, static_cast<off_t>(off));
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return internal_error("{}: write of {} bytes at {} failed: {}", path, n, off,
+                            std::strerror(errno));
+    }
+    p += w;
+    n -= static_cast<size_t>(w);
+    off += static_cast<size_t>(w);
+  }
+  return {};
+}
+
+struct TensorWriter {
+  ThreadPool& pool;
+  uint64_t seed;
+  Progress& progress;
+  std::vector<float> last_scales;  // scales of the last FP8 weight, [ceil(r/128)*ceil(c/128)]
+  std::vector<std::byte> buf;
+
+  // Writes tensor `s` at file offset `off`.
+  Status write(int fd, const std::string& path, const Spec& s, size_t off) {
+    if (s.is_scale) {
+      XDS_CHECK(last_scales.size() == static_cast<size_t>(s.numel()), "scales out of order: {}",
+                s.name);
+      XDS_RETURN_IF_ERROR(pwrite_all(fd, path, last_scales.data(), s.nbytes(), off));
+      progress.add(s.nbytes());
+      return {};
+    }
+    const Gen g = make_gen(s, seed);
+    const int64_t rows = s.shape.size() == 2 ? s.shape[0] : 1;
+    const int64_t cols = s.shape.empty() ? 1 : s.shape.back();
+    const size_t row_bytes = static_cast<size_t>(cols) * dtype_size(s.dtype);
+    // Rows per chunk: a multiple of the FP8 block, ~kChunkBytes.
+    int64_t chunk = std::max<int64_t>(1, static_cast<int64_t>(kChunkBytes / row_bytes));
+    if (s.dtype == DType::kF8E4M3) {
+      chunk = std::max<int64_t>(kBlock, chunk / kBlock * kBlock);
+      const int64_t sc = (cols + kBlock - 1) / kBlock;
+      last_scales.assign(static_cast<size_t>(((rows + kBlock - 1) / kBlock) * sc), 0.0f);
+    }
+    for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
+      const int64_t r1 = std::min(rows, r0 + chunk);
+      buf.resize(static_cast<size_t>(r1 - r0) * row_bytes);
+      if (s.dtype == DType::kF8E4M3) {
+        fill_fp8(g, rows, cols, r0, r1);
+      } else {
+        fill_plain(g, s.dtype, cols, r0, r1);
+      }
+      XDS_RETURN_IF_ERROR(
+          pwrite_all(fd, path, buf.data(), buf.size(), off + static_cast<size_t>(r0) * row_bytes));
+      progress.add(buf.size());
+    }
+    return {};
+  }
+
+  void fill_plain(const Gen& g, DType dt, int64_t cols, int64_t r0, int64_t r1) {
+    const int64_t n = (r1 - r0) * cols, base = r0 * cols;
+    std::byte* out = buf.data();
+    pool.parallel_for(n, [&](int64_t b, int64_t e, int) {
+      if (dt == DType::kF32) {
+        auto* o = reinterpret_cast<float*>(out);
+        for (int64_t i = b; i < e; ++i) o[i] = g.at(base + i);
+      } else {
+        auto* o = reinterpret_cast<uint16_t*>(out);
+        for (int64_t i = b; i < e; ++i) o[i] = f32_to_bf16(g.at(base + i));
+      }
+    });
+  }
+
+  // Rows [r0, r1) (r0 a multiple of 128): per 128x128 block, scale = max|w| / 448 and
+  // q = e4m3(w / scale), so that w ~= fp8(q) * scale.
+  void fill_fp8(const Gen& g, int64_t rows, int64_t cols, int64_t r0, int64_t r1) {
+    const int64_t sc = (cols + kBlock - 1) / kBlock;
+    const int64_t nbr = (r1 - r0 + kBlock - 1) / kBlock;
+    auto* out = reinterpret_cast<uint8_t*>(buf.data());
+    pool.parallel_for(nbr * sc, [&](int64_t b, int64_t e, int) {
+      std::vector<float> w(static_cast<size_t>(kBlock * kBlock));
+      for (int64_t blk = b; blk < e; ++blk) {
+        const int64_t br = r0 / kBlock + blk / sc, bc = blk % sc;
+        const int64_t ra = br * kBlock, rb = std::min(rows, ra + kBlock);
+        const int64_t ca = bc * kBlock, cb = std::min(cols, ca + kBlock);
+        float amax = 0.0f;
+        for (int64_t r = ra; r < rb; ++r) {
+          for (int64_t c = ca; c < cb; ++c) {
+            const float v = g.at(r * cols + c);
+            w[(r - ra) * kBlock + (c - ca)] = v;
+            amax = std::max(amax, std::fabs(v));
+          }
+        }
+        const float scale = amax > 0.0f ? amax / 448.0f : 1.0f;
+        last_scales[static_cast<size_t>(br * sc + bc)] = scale;
+        for (int64_t r = ra; r < rb; ++r) {
+          for (int64_t c = ca; c < cb; ++c) {
+            out[(r - r0) * cols + c] = f32_to_f8e4m3_fast(w[(r - ra) * kBlock + (c - ca)] / scale);
+          }
+        }
+      }
+    });
+  }
+};
+
+// Writes one safetensors file holding `specs` (in order).
+Status write_safetensors(const std::string& path, const std::vector<const Spec*>& specs,
+                         TensorWriter& tw) {
+  ojson header;
+  header["__metadata__"] = {{"format", "pt"}};
+  size_t off = 0;
+  for (const Spec* s : specs) {
+    header[s->name] = {{"dtype", std::string(dtype_name(s->dtype))},
+                       {"shape", s->shape},
+                       {"data_offsets", {off, off + s->nbytes()}}};
+    off += s->nbytes();
+  }
+  std::string text = header.dump();
+  while (text.size() % 8 != 0) text += ' ';  // data area 8-byte aligned
+  const size_t data_start = 8 + text.size();
+  const size_t total = data_start + off;
+
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return internal_error("{}: cannot create: {}", path, std::strerror(errno));
+  auto fail = [&](Status st) {
+    ::close(fd);
+    return st;
+  };
+  if (int err = ::posix_fallocate(fd, 0, static_cast<off_t>(total)); err != 0) {
+    return fail(
+        resource_exhausted("{}: cannot reserve {} bytes: {}", path, total, std::strerror(err)));
+  }
+  uint8_t len[8];
+  for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>((text.size() >> (8 * i)) & 0xff);
+  Status st = pwrite_all(fd, path, len, 8, 0);
+  if (st.ok()) st = pwrite_all(fd, path, text.data(), text.size(), 8);
+  size_t pos = data_start;
+  for (const Spec* s : specs) {
+    if (!st.ok()) break;
+    st = tw.write(fd, path, *s, pos);
+    pos += s->nbytes();
+  }
+  if (!st.ok()) return fail(st);
+  if (::close(fd) != 0) return internal_error("{}: close failed: {}", path, std::strerror(errno));
+  return {};
+}
+
+}  // namespace
+
+uint8_t f32_to_f8e4m3_fast(float f) {
+  const uint32_t u = std::bit_cast<uint32_t>(f);
+  const uint8_t sign = static_cast<uint8_t>((u >> 24) & 0x80);
+  const uint32_t a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return 0x7f;          // NaN
+  if (a >= 0x43e00000u) return sign | 0x7e;  // >= 448: saturate
+  if (a < 0x3c800000u) {                     // < 2^-6: subnormal, multiples of 2^-9
+    const float q = std::nearbyint(std::bit_cast<float>(a) * 512.0f);  // 0..8, ties to even
+    return sign | static_cast<uint8_t>(q);  // 8 is the smallest normal, code 0x08
+  }
+  // Normal: keep 3 mantissa bits, round to nearest even on the dropped 20 bits.
+  const uint32_t r = (a + 0x7ffffu + ((a >> 20) & 1u)) >> 20;  // (f32 exp << 3) | man3
+  const uint32_t code = r - ((127u - 7u) << 3);
+  return sign | static_cast<uint8_t>(std::min<uint32_t>(code, 0x7e));
+}
+
+Result<DeepseekV3Config> mkmodel_config(const MkModelOptions& o) {
+  DeepseekV3Config c;
+  if (o.preset == "tiny") {
+    c.vocab_size = 512;
+    c.hidden_size = 256;
+    c.intermediate_size = 512;
+    c.moe_intermediate_size = 96;  // not a multiple of 128: partial FP8 blocks
+    c.num_hidden_layers = 3;
+    c.first_k_dense_replace = 1;
+    c.num_attention_heads = 4;
+    c.q_lora_rank = 128;
+    c.kv_lora_rank = 96;  // kv_a rows 112, kv_b cols 96: partial blocks
+    c.qk_nope_head_dim = 32;
+    c.qk_rope_head_dim = 16;
+    c.v_head_dim = 32;
+    c.n_routed_experts = 16;
+    c.num_experts_per_tok = 4;
+    c.n_group = 4;
+    c.topk_group = 2;
+    c.n_shared_experts = 1;
+    c.max_position_embeddings = 512;
+  } else if (o.preset == "bench-2.6b") {
+    c.vocab_size = 32000;
+    c.hidden_size = 2048;
+    c.intermediate_size = 6144;
+    c.moe_intermediate_size = 512;
+    c.num_hidden_layers = 12;
+    c.first_k_dense_replace = 1;
+    c.num_attention_heads = 16;
+    c.q_lora_rank = 768;
+    c.kv_lora_rank = 512;
+    c.qk_nope_head_dim = 128;
+    c.qk_rope_head_dim = 64;
+    c.v_head_dim = 128;
+    c.n_routed_experts = 64;
+    c.num_experts_per_tok = 6;
+    c.n_group = 8;
+    c.topk_group = 4;
+    c.n_shared_experts = 2;
+    c.max_position_embeddings = 4096;
+  } else {
+    return invalid_argument("mkmodel: unknown preset \"{}\" (expected \"tiny\" or \"bench-2.6b\")",
+                            o.preset);
+  }
+  if (o.dtype == "fp8") {
+    c.fp8 = Fp8Quantization{kBlock, kBlock};
+  } else if (o.dtype != "bf16") {
+    return invalid_argument("mkmodel: unknown dtype \"{}\" (expected \"bf16\" or \"fp8\")",
+                            o.dtype);
+  }
+  if (o.mtp_layers < 0) {
+    return invalid_argument("mkmodel: mtp layers must be >= 0, got {}", o.mtp_layers);
+  }
+  if (o.shards < 1) return invalid_argument("mkmodel: shards must be >= 1, got {}", o.shards);
+  c.num_nextn_predict_layers = o.mtp_layers;
+  c.moe_layer_freq = 1;
+  c.routed_scaling_factor = 2.5;
+  c.norm_topk_prob = true;
+  c.scoring_func = GatingScore::kSigmoid;
+  c.topk_method = TopkMethod::kNoauxTc;
+  if (!o.q_lora) c.q_lora_rank.reset();
+  c.rms_norm_eps = 1e-6;
+  c.rope_theta = 10000.0;
+  if (o.yarn) {
+    RopeScaling r;
+    r.factor = 4.0;
+    r.original_max_position_embeddings = c.max_position_embeddings / 4;
+    r.beta_fast = 32.0;
+    r.beta_slow = 1.0;
+    r.mscale = 1.0;
+    r.mscale_all_dim = 1.0;
+    c.rope_scaling = r;
+  }
+  c.tie_word_embeddings = false;
+  c.bos_token_id = 0;
+  c.eos_token_ids = {1};
+  return c;
+}
+
+Status write_random_checkpoint(const MkModelOptions& o) {
+  if (o.out_dir.empty()) return invalid_argument("mkmodel: --out is required");
+  XDS_ASSIGN_OR_RETURN(DeepseekV3Config c, mkmodel_config(o));
+  std::error_code ec;
+  std::filesystem::create_directories(o.out_dir, ec);
+  if (ec) return internal_error("{}: cannot create the directory: {}", o.out_dir, ec.message());
+
+  const std::string config_text = config_json(c).dump(2) + "\n";
+  // The config must read back as the same model (guards the key names above).
+  XDS_RETURN_IF_ERROR(parse_deepseek_v3_config(config_text, o.out_dir + "/config.json").status());
+  XDS_RETURN_IF_ERROR(write_text(o.out_dir + "/config.json", config_text));
+  ojson gen = {{"_from_model_config", true}, {"bos_token_id", 0}, {"eos_token_id", 1}};
+  XDS_RETURN_IF_ERROR(write_text(o.out_dir + "/generation_config.json", gen.dump(2) + "\n"));
+
+  const std::vector<Spec> specs = tensor_specs(c, c.fp8.has_value());
+  size_t total = 0;
+  for (const Spec& s : specs) total += s.nbytes();
+
+  // Shards: contiguous runs of ~total/shards bytes; a weight and its scales stay together.
+  const int n = o.shards;
+  std::vector<std::vector<const Spec*>> shards(static_cast<size_t>(n));
+  size_t acc = 0, k = 0;
+  for (const Spec& s : specs) {
+    if (!s.is_scale) {  // scales follow their weight into its shard
+      k = std::min<size_t>(
+          static_cast<size_t>(n) - 1,
+          static_cast<size_t>(static_cast<double>(acc) * n / std::max<size_t>(total, 1)));
+    }
+    shards[k].push_back(&s);
+    acc += s.nbytes();
+  }
+  std::vector<std::string> names;
+  if (n == 1) {
+    names.push_back("model.safetensors");
+  } else {
+    for (int i = 0; i < n; ++i) {
+      names.push_back(fmt::format("model-{:05d}-of-{:05d}.safetensors", i + 1, n));
+    }
+  }
+
+  const int threads = o.threads > 0
+                          ? o.threads
+                          : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  ThreadPool pool(threads);
+  Progress progress;
+  progress.total = total;
+  progress.enabled = o.progress && total > kProgressBytes;
+  TensorWriter tw{pool, o.seed, progress, {}, {}};
+  for (int i = 0; i < n; ++i) {
+    XDS_RETURN_IF_ERROR(write_safetensors(o.out_dir + "/" + names[i], shards[i], tw));
+  }
+  if (progress.enabled) std::fprintf(stderr, "\n");
+
+  // A stale single file or index from an earlier run would shadow or contradict this one.
+  const std::string index_path = o.out_dir + "/model.safetensors.index.json";
+  if (n == 1) {
+    std::filesystem::remove(index_path, ec);
+  } else {
+    std::filesystem::remove(o.out_dir + "/model.safetensors", ec);
+    ojson wm = ojson::object();
+    for (int i = 0; i < n; ++i) {
+      for (const Spec* s : shards[i]) wm[s->name] = names[i];
+    }
+    ojson index = {{"metadata", {{"total_size", total}}}, {"weight_map", wm}};
+    XDS_RETURN_IF_ERROR(write_text(index_path, index.dump(2) + "\n"));
+  }
+  return {};
+}
+
+}  // namespace xds

@@ -1,0 +1,47 @@
+// mkmodel: random-weight DeepSeek-V3 checkpoints in the published Hugging Face layout
+// (config.json, generation_config.json, model.safetensors or shards + index), for tests and
+// benchmarks. Tensor names and shapes: docs/design/deepseek_v3_forward.md.
+//
+// Weights are a pure function of (seed, tensor name, element index) (splitmix64 counters),
+// so output does not depend on the thread count. Scales: Linear weights uniform with std
+// 1/sqrt(fan_in); embeddings uniform [-1, 1); norms 1 + U(-0.1, 0.1); the router with std
+// 2/sqrt(hidden) so that sigmoid scores spread; e_score_correction_bias U(-0.05, 0.05), F32.
+// With dtype fp8, every 2-D *_proj.weight of attention and MLP/experts is F8_E4M3 with
+// F32 `<name>_scale_inv` per 128x128 block (scale = block max |w| / 448); embeddings, norms,
+// router, lm_head and eh_proj stay BF16.
+// Tensors are generated and written one at a time (a few MB in memory), in parallel.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "base/status.h"
+#include "model/config.h"
+
+namespace xds {
+
+struct MkModelOptions {
+  std::string out_dir;
+  std::string preset = "tiny";  // "tiny" (a few MB) | "bench-2.6b" (~5.9 GB in bf16)
+  std::string dtype = "bf16";   // "bf16" | "fp8" (block FP8 as published)
+  uint64_t seed = 0;
+  int shards = 1;        // 1: model.safetensors; n > 1: n files + index.json
+  bool yarn = false;     // rope_scaling yarn, factor 4
+  bool q_lora = true;    // false: q_proj instead of q_a_proj/q_b_proj
+  int mtp_layers = 1;    // num_nextn_predict_layers
+  int threads = 0;       // 0: all hardware threads
+  bool progress = true;  // a progress line on stderr for outputs > ~1 GB
+};
+
+// The config a preset describes (before it is written). Errors: unknown preset/dtype.
+Result<DeepseekV3Config> mkmodel_config(const MkModelOptions& opts);
+
+// Writes the checkpoint into opts.out_dir (created if needed; existing files of the same
+// names are replaced).
+Status write_random_checkpoint(const MkModelOptions& opts);
+
+// f32 -> E4M3 (e4m3fn), round to nearest even, saturating to +-448, NaN -> 0x7f; the same
+// results as xds::f32_to_f8e4m3, in a few operations.
+uint8_t f32_to_f8e4m3_fast(float f);
+
+}  // namespace xds
