@@ -1,0 +1,117 @@
+// A2E / E2A between attention devices and expert devices, with trampoline forwarding
+// (P042–P047), addressed by (DP domain, round) so that one domain talks to the experts at a
+// time (P110).
+//
+// Topology: attention devices are split into DP domains; expert devices hold the experts
+// (ExpertMap device index = position in `experts`). The attention device at position i of a
+// domain is paired with trampoline experts[i] (so a domain has at most |experts| devices).
+//
+// A2E for domain D, one round:
+//   1. attention a (position i) writes its rows (INT8: quantized, one scale per token), top-k
+//      ids and weights into its staging; posts kA2eToTrampoline to experts[i].
+//   2. trampoline experts[i] pulls all of a's rows and routing (one peer instead of every
+//      expert device: the fan-out P044 warns about stays on the expert side), routes them with
+//      the expert map and acts as the sender of a dispatch (moe.h Exchange, channels
+//      kA2eForward / kA2eForwardDone) to every expert device; posts kA2eTrampolineDone to a.
+//   3. every expert device pulls from the trampolines, grouped by local expert (rows of the
+//      trampoline itself are read locally).
+// E2A reverses it: every expert device pre-sums per (token, trampoline) (kE2aToTrampoline),
+// each trampoline pulls and sums one vector per (token, expert device) into its e2a staging and
+// posts kE2aToAttention; the attention device pulls [n_tokens, hidden] and posts
+// kE2aAttentionDone.
+//
+// Staging (absolute offsets, identical on every device of the fabric):
+//   [exchange area: exchange_layout(cfg, max domain size, |experts|, staging)]
+//   att_input [max_tokens][hidden] bf16 · att_q [max_tokens][int8 stride] · att_ids
+//   [max_tokens][topk] i32 · att_w [max_tokens][topk] f32 · e2a_out [max_tokens][hidden] bf16
+//
+// Thread-safety: one thread per device drives its A2e.
+#pragma once
+
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "xccl/moe.h"
+
+namespace xds::xccl {
+
+struct A2eTopology {
+  std::vector<std::vector<int>> domains;  // attention ranks per DP domain, position order
+  std::vector<int> experts;               // expert device ranks
+};
+
+// Pure: checks sizes and disjointness.
+Status validate(const A2eTopology& t, int world_size);
+// Pure: where attention rank `rank` sits, or {-1, -1}.
+struct AttentionPos {
+  int domain = -1;
+  int index = -1;
+};
+AttentionPos attention_pos(const A2eTopology& t, int rank);
+// Key of (step, layer, domain, round): every device of the exchange presents the same.
+inline uint64_t a2e_key(uint32_t epoch, uint32_t step, uint16_t layer, int domain, int round) {
+  return collective_key(epoch, step, layer, uint16_t((domain & 0xF) << 8 | (round & 0xFF)));
+}
+
+struct A2eLayout {
+  ExchangeLayout exchange;
+  uint64_t att_input = 0, att_q = 0, att_ids = 0, att_w = 0, e2a_out = 0, end = 0;
+};
+A2eLayout a2e_layout(const MoeConfig& c, const A2eTopology& t, uint64_t staging);
+
+class A2e {
+ public:
+  static Result<std::unique_ptr<A2e>> create(Mailbox& mb, const MoeConfig& cfg, A2eTopology topo,
+                                             ThreadPool* pool);
+
+  // ---- attention side ----
+  // Waits until the trampoline pulled the previous round; returns [max_tokens, hidden].
+  Result<uint16_t*> input_rows();
+  Status a2e_send(int n_tokens, std::span<const int32_t> topk_ids, std::span<const float> weights,
+                  uint64_t key, bool more = false);
+  // out [n_tokens, hidden] bf16: sum over experts of weight * expert output.
+  Status e2a_recv(uint16_t* out, uint64_t key);
+
+  // ---- expert side ----
+  // Serves domain D: trampolines forward, every expert device receives grouped rows.
+  Status a2e_recv(int domain, const ExpertMap& map, uint64_t key);
+  const Exchange& exchange() const { return *ex_; }
+  const uint16_t* received_rows() const { return ex_->received_rows(); }
+  uint16_t* expert_out() { return ex_->expert_out(); }
+  // Source of received row r: (attention rank, token).
+  std::pair<int, uint32_t> row_source(int r) const;
+  bool any_more() const { return ex_->any_more(); }
+  Status e2a_send(uint64_t key);
+
+  bool is_attention() const { return pos_.domain >= 0; }
+  uint64_t bytes_pulled() const;  // stage-1 + exchange bytes this device pulled
+
+ private:
+  A2e(Mailbox& mb, const MoeConfig& cfg, A2eTopology topo, ThreadPool* pool);
+  WaitCtx ctx(OpKind op) const;
+
+  Mailbox& mb_;
+  Fabric& f_;
+  Transport& t_;
+  MoeConfig cfg_;
+  A2eTopology topo_;
+  ThreadPool* pool_;
+  A2eLayout lay_;
+  AttentionPos pos_;
+  int expert_index_ = -1;
+  std::unique_ptr<Exchange> ex_;  // expert devices only
+  // attention state
+  bool att_pending_release_ = false;
+  int att_tokens_ = 0;
+  uint64_t att_key_ = 0;
+  // trampoline state
+  int domain_ = -1;
+  int partner_ = -1;               // attention rank served this round, -1 if none
+  int last_partner_ = -1;          // whose e2a_out pull is still outstanding
+  uint64_t last_partner_key_ = 0;
+  int partner_tokens_ = 0;
+  uint64_t stage1_pulled_ = 0;
+};
+
+}  // namespace xds::xccl
