@@ -11,8 +11,8 @@ namespace xds {
 namespace {
 constexpr size_t kSmallWord = 24;  // below this, a quadratic scan beats the heap
 
-Result<std::pair<std::string, std::string>> parse_merge(const nlohmann::json& m, size_t i,
-                                                        const std::string& file) {
+Result<std::pair<std::string_view, std::string_view>> parse_merge(const nlohmann::json& m, size_t i,
+                                                                  const std::string& file) {
   if (m.is_string()) {
     const std::string& s = m.get_ref<const std::string&>();
     const size_t sp = s.find(' ');
@@ -20,10 +20,12 @@ Result<std::pair<std::string, std::string>> parse_merge(const nlohmann::json& m,
       return invalid_argument("{}: field 'model.merges[{}]': expected \"left right\", got \"{}\"",
                               file, i, s);
     }
-    return std::make_pair(s.substr(0, sp), s.substr(sp + 1));
+    const std::string_view v(s);
+    return std::make_pair(v.substr(0, sp), v.substr(sp + 1));
   }
   if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {
-    return std::make_pair(m[0].get<std::string>(), m[1].get<std::string>());
+    return std::make_pair(std::string_view(m[0].get_ref<const std::string&>()),
+                          std::string_view(m[1].get_ref<const std::string&>()));
   }
   return invalid_argument("{}: field 'model.merges[{}]': expected a string or a pair of strings, "
                           "got {}", file, i, m.dump());
@@ -67,7 +69,8 @@ Result<BpeModel> BpeModel::from_json(const nlohmann::json& model, bool byte_leve
   bpe.id_to_bytes_.resize(max_id + 1);
   bpe.id_to_text_.resize(max_id + 1);
   bpe.text_to_id_.reserve(vocab.size());
-  bpe.bytes_to_id_.reserve(vocab.size());
+  const bool need_bytes_map = !byte_level || bpe.ignore_merges_;
+  if (need_bytes_map) bpe.bytes_to_id_.reserve(vocab.size());
   for (auto it = vocab.begin(); it != vocab.end(); ++it) {
     const auto id = static_cast<int32_t>(it.value().get<int64_t>());
     const std::string& text = it.key();
@@ -75,9 +78,9 @@ Result<BpeModel> BpeModel::from_json(const nlohmann::json& model, bool byte_leve
     bpe.text_to_id_.emplace(text, id);
     if (byte_level) {
       if (auto raw = byte_level::decode_token(text)) {
-        bpe.id_to_bytes_[id] = *raw;
-        bpe.bytes_to_id_.emplace(*raw, id);
+        if (need_bytes_map) bpe.bytes_to_id_.emplace(*raw, id);
         if (raw->size() == 1) bpe.byte_ids_[static_cast<uint8_t>((*raw)[0])] = id;
+        bpe.id_to_bytes_[id] = std::move(*raw);
       } else {
         bpe.id_to_bytes_[id] = text;  // decodes as its own UTF-8, never produced by encode
       }
@@ -103,11 +106,14 @@ Result<BpeModel> BpeModel::from_json(const nlohmann::json& model, bool byte_leve
 
   const auto& merges = model["merges"];
   bpe.merges_.reserve(merges.size());
+  std::string joined;
   for (size_t i = 0; i < merges.size(); ++i) {
     XDS_ASSIGN_OR_RETURN(auto pr, parse_merge(merges[i], i, file));
     auto a = bpe.text_to_id_.find(pr.first);
     auto b = bpe.text_to_id_.find(pr.second);
-    auto ab = bpe.text_to_id_.find(pr.first + pr.second);
+    joined.assign(pr.first);
+    joined.append(pr.second);
+    auto ab = bpe.text_to_id_.find(std::string_view(joined));
     if (a == bpe.text_to_id_.end() || b == bpe.text_to_id_.end() || ab == bpe.text_to_id_.end()) {
       return invalid_argument("{}: field 'model.merges[{}]': \"{} {}\" uses a token that is not in "
                               "model.vocab", file, i, pr.first, pr.second);
@@ -119,7 +125,7 @@ Result<BpeModel> BpeModel::from_json(const nlohmann::json& model, bool byte_leve
 }
 
 std::optional<int32_t> BpeModel::id_of_text(std::string_view text) const {
-  auto it = text_to_id_.find(std::string(text));
+  auto it = text_to_id_.find(text);
   if (it == text_to_id_.end()) return std::nullopt;
   return it->second;
 }
@@ -141,15 +147,13 @@ void BpeModel::initial_symbols(std::string_view word, std::vector<int32_t>* syms
     char32_t cp;
     size_t n = utf8::decode_one(word, i, &cp);
     if (n == 0) n = 1;
-    auto it = bytes_to_id_.find(std::string(word.substr(i, n)));
+    auto it = bytes_to_id_.find(word.substr(i, n));
     if (it != bytes_to_id_.end()) {
       syms->push_back(it->second);
     } else if (byte_fallback_ && std::all_of(word.begin() + i, word.begin() + i + n, [&](char c) {
                  return fallback_ids_[static_cast<uint8_t>(c)] >= 0;
                })) {
       for (size_t k = 0; k < n; ++k) syms->push_back(fallback_ids_[static_cast<uint8_t>(word[i + k])]);
-    } else if (unk_id_ && !(syms->size() > 0 && syms->back() == *unk_id_)) {
-      syms->push_back(*unk_id_);  // consecutive unknowns fuse (fuse_unk) only when equal ids
     } else if (unk_id_) {
       syms->push_back(*unk_id_);
     }
@@ -215,7 +219,7 @@ void BpeModel::merge_heap(std::vector<int32_t>* syms) const {
 void BpeModel::encode_word(std::string_view word, std::vector<int32_t>* out) const {
   if (word.empty()) return;
   if (ignore_merges_) {
-    auto it = bytes_to_id_.find(std::string(word));
+    auto it = bytes_to_id_.find(word);
     if (it != bytes_to_id_.end()) {
       out->push_back(it->second);
       return;

@@ -21,6 +21,13 @@
 
 namespace xds {
 
+// Heterogeneous string hashing so lookups by string_view allocate nothing.
+struct StringHash {
+  using is_transparent = void;
+  size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+};
+using StringIdMap = std::unordered_map<std::string, int32_t, StringHash, std::equal_to<>>;
+
 class BpeModel {
  public:
   // `model` is tokenizer.json's "model" object; `byte_level` says whether the pre-tokenizer
@@ -59,8 +66,8 @@ class BpeModel {
 
   std::vector<std::string> id_to_bytes_;                 // [size] raw bytes
   std::vector<std::string> id_to_text_;                  // [size] tokenizer.json text
-  std::unordered_map<std::string, int32_t> bytes_to_id_;  // raw bytes -> id
-  std::unordered_map<std::string, int32_t> text_to_id_;
+  StringIdMap bytes_to_id_;  // raw bytes -> id (built only when encode needs it)
+  StringIdMap text_to_id_;   // tokenizer.json text -> id
   std::unordered_map<uint64_t, Merge> merges_;  // (left id, right id) -> rank, merged id
   int32_t byte_ids_[256];                       // byte-level: id of each single byte, -1 absent
   int32_t fallback_ids_[256];                   // "<0xXX>" ids when byte_fallback, -1 absent

@@ -9,22 +9,7 @@
 namespace xds {
 namespace {
 
-class FamilyTest : public ::testing::TestWithParam<std::string> {
- protected:
-  static const Tokenizer& tok(const std::string& fam) {
-    static std::map<std::string, Tokenizer> cache;
-    auto it = cache.find(fam);
-    if (it == cache.end()) {
-      auto r = Tokenizer::load(test::fixture_dir() + "/" + fam);
-      XDS_CHECK(r.ok(), "{}", r.status().to_string());
-      it = cache.emplace(fam, std::move(r).value()).first;
-    }
-    return it->second;
-  }
-  static nlohmann::ordered_json cases(const std::string& fam) {
-    return test::read_json(test::fixture_dir() + "/expected/encode_" + fam + ".json");
-  }
-};
+class FamilyTest : public ::testing::TestWithParam<std::string> {};
 
 std::string stream_decode(const Tokenizer& t, const std::vector<int32_t>& ids, bool skip) {
   IncrementalDetokenizer d(t, skip);
@@ -37,54 +22,41 @@ std::string stream_decode(const Tokenizer& t, const std::vector<int32_t>& ids, b
   return out + d.flush();
 }
 
-TEST_P(FamilyTest, EncodeMatchesHuggingFace) {
-  const Tokenizer& t = tok(GetParam());
-  for (const auto& c : cases(GetParam())) {
+// One test per family (one tokenizer load per process): encode with and without special
+// tokens, decode with and without skipping them, streaming decode, and concurrent encodes.
+TEST_P(FamilyTest, MatchesHuggingFace) {
+  const Tokenizer& t = test::fixture_tokenizer(GetParam());
+  const auto cases = test::read_json(test::fixture_dir() + "/expected/encode_" + GetParam() + ".json");
+  ASSERT_GT(cases.size(), 20u);
+  for (const auto& c : cases) {
     const std::string name = c["name"];
+    SCOPED_TRACE(name);
     std::string text = test::from_hex(c["text_hex"]);
     const auto ids = c["ids"].get<std::vector<int32_t>>();
     if (name.starts_with("invalid_utf8")) {
       auto bad = t.encode(text, false);
-      ASSERT_FALSE(bad.ok()) << name;
+      ASSERT_FALSE(bad.ok());
       EXPECT_NE(bad.status().message().find("not valid UTF-8"), std::string::npos);
-      text = utf8::replace_invalid(text);
+      text = utf8::replace_invalid(text);  // what Python / JS would have received
     }
     auto got = t.encode(text, false);
-    ASSERT_TRUE(got.ok()) << name << ": " << got.status().to_string();
-    EXPECT_EQ(*got, ids) << name;
+    ASSERT_TRUE(got.ok()) << got.status().to_string();
+    EXPECT_EQ(*got, ids);
     auto got_sp = t.encode(text, true);
     ASSERT_TRUE(got_sp.ok());
-    EXPECT_EQ(*got_sp, c["ids_special"].get<std::vector<int32_t>>()) << name;
-  }
-}
-
-TEST_P(FamilyTest, DecodeMatchesHuggingFace) {
-  const Tokenizer& t = tok(GetParam());
-  for (const auto& c : cases(GetParam())) {
-    const auto ids = c["ids"].get<std::vector<int32_t>>();
-    EXPECT_EQ(t.decode(ids, false), c["decoded"].get<std::string>()) << c["name"];
-    EXPECT_EQ(t.decode(ids, true), c["decoded_skip_special"].get<std::string>()) << c["name"];
-  }
-}
-
-TEST_P(FamilyTest, StreamingEqualsFullDecode) {
-  const Tokenizer& t = tok(GetParam());
-  for (const auto& c : cases(GetParam())) {
-    const auto ids = c["ids"].get<std::vector<int32_t>>();
+    EXPECT_EQ(*got_sp, c["ids_special"].get<std::vector<int32_t>>());
+    EXPECT_EQ(t.decode(ids, false), c["decoded"].get<std::string>());
+    EXPECT_EQ(t.decode(ids, true), c["decoded_skip_special"].get<std::string>());
     for (const bool skip : {false, true}) {
-      EXPECT_EQ(stream_decode(t, ids, skip), t.decode(ids, skip)) << c["name"] << " skip=" << skip;
+      EXPECT_EQ(stream_decode(t, ids, skip), t.decode(ids, skip)) << "skip=" << skip;
     }
   }
-}
-
-TEST_P(FamilyTest, ConcurrentEncodeIsDeterministic) {
-  const Tokenizer& t = tok(GetParam());
-  const auto cs = cases(GetParam());
+  // Concurrent encodes share the tokenizer and give the same ids.
   std::vector<std::thread> threads;
   std::atomic<int> mismatches{0};
   for (int k = 0; k < 4; ++k) {
     threads.emplace_back([&] {
-      for (const auto& c : cs) {
+      for (const auto& c : cases) {
         const std::string text = utf8::replace_invalid(test::from_hex(c["text_hex"]));
         auto got = t.encode(text, false);
         if (!got.ok() || *got != c["ids"].get<std::vector<int32_t>>()) ++mismatches;
@@ -93,16 +65,14 @@ TEST_P(FamilyTest, ConcurrentEncodeIsDeterministic) {
   }
   for (auto& th : threads) th.join();
   EXPECT_EQ(mismatches.load(), 0);
-}
 
-TEST_P(FamilyTest, SpecialIdsAndSizes) {
-  const Tokenizer& t = tok(GetParam());
   if (GetParam() == "qwen3") {
     EXPECT_EQ(t.vocab_size(), 151669);  // 151643 vocab + 26 added tokens (ids up to 151668)
     EXPECT_FALSE(t.bos_id().has_value());
-    EXPECT_EQ(t.eos_id(), 151645);      // <|im_end|>
-    EXPECT_TRUE(t.is_special(151644));  // <|im_start|>
-    EXPECT_FALSE(t.is_special(151667)); // <think> is added but not special
+    EXPECT_FALSE(t.adds_bos());
+    EXPECT_EQ(t.eos_id(), 151645);       // <|im_end|>
+    EXPECT_TRUE(t.is_special(151644));   // <|im_start|>
+    EXPECT_FALSE(t.is_special(151667));  // <think> is added but not special
   } else {
     EXPECT_EQ(t.vocab_size(), 128815);
     EXPECT_EQ(t.bos_id(), 0);
@@ -118,8 +88,7 @@ INSTANTIATE_TEST_SUITE_P(Families, FamilyTest, ::testing::Values("qwen3", "deeps
 // linear / n log n in the run length, so this finishes in well under the CTest timeout; the
 // result must still round-trip.
 TEST(TokenizerLongRuns, RoundTrip) {
-  auto t = Tokenizer::load(test::fixture_dir() + "/qwen3");
-  ASSERT_TRUE(t.ok());
+  const Tokenizer* t = &test::fixture_tokenizer("qwen3");
   for (const char ch : {' ', 'a', '\n'}) {
     const std::string text(256 * 1024, ch);
     auto ids = t->encode(text, false);

@@ -1,0 +1,151 @@
+#include "tokenizer/chat_template.h"
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "tokenizer/jinja_ast.h"
+#include "tokenizer/jinja_eval.h"
+
+namespace xds {
+namespace {
+
+Result<std::string> read_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return not_found("{}: cannot open file", path);
+  std::ostringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+Result<nlohmann::ordered_json> read_config(const std::string& path) {
+  XDS_ASSIGN_OR_RETURN(std::string text, read_file(path));
+  try {
+    auto j = nlohmann::ordered_json::parse(text);
+    if (!j.is_object()) return invalid_argument("{}: expected a JSON object", path);
+    return j;
+  } catch (const nlohmann::json::parse_error& e) {
+    return invalid_argument("{}: invalid JSON: {}", path, e.what());
+  }
+}
+
+}  // namespace
+
+Result<ChatTemplate> ChatTemplate::from_string(const std::string& source, const std::string& name) {
+  ChatTemplate t;
+  t.name_ = name;
+  t.source_ = std::make_shared<const std::string>(source);
+  try {
+    t.body_ = std::make_shared<const jinja::Body>(jinja::parse(source));
+  } catch (const jinja::TemplateError& e) {
+    return invalid_argument("chat template ({}): {}", name, e.what());
+  }
+  return t;
+}
+
+Result<ChatTemplate> ChatTemplate::from_file(const std::string& path) {
+  XDS_ASSIGN_OR_RETURN(std::string src, read_file(path));
+  return from_string(src, path);
+}
+
+Result<nlohmann::ordered_json> ChatTemplate::special_tokens_context(const std::string& model_dir) {
+  const std::string path = (std::filesystem::path(model_dir) / "tokenizer_config.json").string();
+  nlohmann::ordered_json ctx = nlohmann::ordered_json::object();
+  if (!std::filesystem::exists(path)) return ctx;
+  XDS_ASSIGN_OR_RETURN(auto cfg, read_config(path));
+  for (const char* key : {"bos_token", "eos_token", "unk_token", "pad_token"}) {
+    if (!cfg.contains(key)) continue;
+    const auto& v = cfg[key];
+    if (v.is_string()) ctx[key] = v;
+    else if (v.is_object() && v.contains("content") && v["content"].is_string()) ctx[key] = v["content"];
+  }
+  return ctx;
+}
+
+Result<ChatTemplate> ChatTemplate::from_tokenizer_config(const std::string& model_dir) {
+  const std::string path = (std::filesystem::path(model_dir) / "tokenizer_config.json").string();
+  const std::string jinja_path = (std::filesystem::path(model_dir) / "chat_template.jinja").string();
+  XDS_ASSIGN_OR_RETURN(auto ctx, special_tokens_context(model_dir));
+  if (std::filesystem::exists(path)) {
+    XDS_ASSIGN_OR_RETURN(auto cfg, read_config(path));
+    if (cfg.contains("chat_template") && !cfg["chat_template"].is_null()) {
+      const auto& ct = cfg["chat_template"];
+      std::string src;
+      if (ct.is_string()) {
+        src = ct.get<std::string>();
+      } else if (ct.is_array()) {
+        for (const auto& e : ct) {
+          if (e.is_object() && e.value("name", "") == "default" && e.contains("template") && e["template"].is_string()) {
+            src = e["template"].get<std::string>();
+          }
+        }
+        if (src.empty()) {
+          return invalid_argument("{}: field 'chat_template': a list without a \"default\" entry", path);
+        }
+      } else {
+        return invalid_argument("{}: field 'chat_template': expected a string or a list, got {}", path,
+                                ct.type_name());
+      }
+      XDS_ASSIGN_OR_RETURN(auto t, from_string(src, path + " chat_template"));
+      return t.with_context(ctx);
+    }
+  }
+  if (std::filesystem::exists(jinja_path)) {
+    XDS_ASSIGN_OR_RETURN(auto t, from_file(jinja_path));
+    return t.with_context(ctx);
+  }
+  return not_found("{}: field 'chat_template': missing (and no chat_template.jinja in {})", path, model_dir);
+}
+
+ChatTemplate ChatTemplate::with_context(const nlohmann::ordered_json& extra) const {
+  ChatTemplate t = *this;
+  if (extra.is_object()) {
+    for (auto it = extra.begin(); it != extra.end(); ++it) t.context_[it.key()] = it.value();
+  }
+  return t;
+}
+
+Result<std::string> ChatTemplate::render(const nlohmann::json& messages, bool add_generation_prompt,
+                                         const nlohmann::json& tools) const {
+  return render_ordered(nlohmann::ordered_json::parse(messages.dump()), add_generation_prompt,
+                        tools.is_null() ? nlohmann::ordered_json() : nlohmann::ordered_json::parse(tools.dump()));
+}
+
+Result<std::string> ChatTemplate::render_ordered(const nlohmann::ordered_json& messages,
+                                                 bool add_generation_prompt,
+                                                 const nlohmann::ordered_json& tools,
+                                                 const nlohmann::ordered_json& extra) const {
+  if (!messages.is_array()) {
+    return invalid_argument("chat template ({}): messages must be a JSON array, got {}", name_, messages.type_name());
+  }
+  jinja::Dict ctx;
+  for (auto it = context_.begin(); it != context_.end(); ++it) ctx.set(it.key(), jinja::Value::from_json(it.value()));
+  if (extra.is_object()) {
+    for (auto it = extra.begin(); it != extra.end(); ++it) ctx.set(it.key(), jinja::Value::from_json(it.value()));
+  }
+  ctx.set("messages", jinja::Value::from_json(messages));
+  ctx.set("add_generation_prompt", jinja::Value::boolean(add_generation_prompt));
+  ctx.set("tools", tools.is_null() ? jinja::Value::none() : jinja::Value::from_json(tools));
+  try {
+    return jinja::render(*body_, ctx);
+  } catch (const jinja::TemplateError& e) {
+    return invalid_argument("chat template ({}): {}", name_, e.what());
+  }
+}
+
+Result<std::vector<int32_t>> encode_chat_ordered(const Tokenizer& tok, const ChatTemplate& tmpl,
+                                                 const nlohmann::ordered_json& messages,
+                                                 bool add_generation_prompt,
+                                                 const nlohmann::ordered_json& tools) {
+  XDS_ASSIGN_OR_RETURN(std::string prompt, tmpl.render_ordered(messages, add_generation_prompt, tools));
+  XDS_ASSIGN_OR_RETURN(std::vector<int32_t> ids, tok.encode(prompt, /*add_special_tokens=*/false));
+  if (tok.adds_bos() && (ids.empty() || ids.front() != *tok.bos_id())) ids.insert(ids.begin(), *tok.bos_id());
+  return ids;
+}
+
+Result<std::vector<int32_t>> encode_chat(const Tokenizer& tok, const ChatTemplate& tmpl,
+                                         const nlohmann::json& messages, bool add_generation_prompt) {
+  return encode_chat_ordered(tok, tmpl, nlohmann::ordered_json::parse(messages.dump()), add_generation_prompt);
+}
+
+}  // namespace xds

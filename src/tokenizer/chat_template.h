@@ -1,0 +1,67 @@
+// Chat templates: the Jinja template string in tokenizer_config.json ("chat_template", or the
+// "default" entry of a named list, or chat_template.jinja beside it), rendered with the
+// variables transformers passes: messages, tools, add_generation_prompt, bos_token, eos_token,
+// unk_token, pad_token (and any extra context). Jinja subset: see jinja_ast.h / jinja_eval.h.
+//
+// Thread-safety: immutable after construction; render() may run concurrently.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "base/status.h"
+#include "tokenizer/tokenizer.h"
+
+namespace xds {
+
+namespace jinja {
+struct Stmt;
+}
+
+class ChatTemplate {
+ public:
+  static Result<ChatTemplate> from_tokenizer_config(const std::string& model_dir);
+  static Result<ChatTemplate> from_file(const std::string& path);
+  // `name` names the source in errors.
+  static Result<ChatTemplate> from_string(const std::string& source, const std::string& name);
+
+  // A copy whose render context also holds these variables (e.g. bos_token for a template
+  // loaded with from_file). Keys already present are replaced.
+  ChatTemplate with_context(const nlohmann::ordered_json& extra) const;
+  // The special-token variables (bos_token, eos_token, unk_token, pad_token) of a model's
+  // tokenizer_config.json; an empty object when the file is absent.
+  static Result<nlohmann::ordered_json> special_tokens_context(const std::string& model_dir);
+
+  // messages: [{"role":..,"content":..,"tool_calls":..}, ...] (OpenAI shape), tools may be null.
+  // nlohmann::json sorts object keys; tools | tojson then prints them sorted. Use
+  // render_ordered() to keep the caller's key order, as Python does.
+  Result<std::string> render(const nlohmann::json& messages, bool add_generation_prompt,
+                             const nlohmann::json& tools = nullptr) const;
+  Result<std::string> render_ordered(const nlohmann::ordered_json& messages,
+                                     bool add_generation_prompt,
+                                     const nlohmann::ordered_json& tools = nullptr,
+                                     const nlohmann::ordered_json& extra = nullptr) const;
+
+  const std::string& source() const { return *source_; }
+
+ private:
+  std::string name_;
+  std::shared_ptr<const std::string> source_;
+  std::shared_ptr<const std::vector<std::shared_ptr<const jinja::Stmt>>> body_;
+  nlohmann::ordered_json context_ = nlohmann::ordered_json::object();
+};
+
+// Chat prompt -> ids: render, encode without the post-processor, then prepend BOS only when the
+// tokenizer is configured to add one (add_bos_token) and the rendered prompt does not already
+// start with it — a template that emits {{ bos_token }} is not given a second one.
+Result<std::vector<int32_t>> encode_chat(const Tokenizer& tok, const ChatTemplate& tmpl,
+                                         const nlohmann::json& messages, bool add_generation_prompt);
+Result<std::vector<int32_t>> encode_chat_ordered(const Tokenizer& tok, const ChatTemplate& tmpl,
+                                                 const nlohmann::ordered_json& messages,
+                                                 bool add_generation_prompt,
+                                                 const nlohmann::ordered_json& tools = nullptr);
+
+}  // namespace xds

@@ -1,0 +1,377 @@
+#include "tokenizer/jinja_eval.h"
+
+#include <cmath>
+#include <unordered_map>
+
+#include <fmt/format.h>
+
+#include "tokenizer/jinja_builtins.h"
+
+namespace xds::jinja {
+namespace {
+
+constexpr int kMaxDepth = 64;  // macro call depth
+
+[[noreturn]] void fail(int line, const std::string& msg) {
+  throw TemplateError(fmt::format("line {}: {}", line, msg));
+}
+
+enum class Flow { kNormal, kBreak, kContinue };
+
+class Interpreter {
+ public:
+  explicit Interpreter(const Dict& context) {
+    frames_.emplace_back();
+    Dict g;
+    add_globals(&g);
+    for (auto& [k, v] : g.items) frames_[0][k] = v;
+    for (const auto& [k, v] : context.items) frames_[0][k] = v;
+  }
+
+  Flow exec(const Body& body, std::string* out) {
+    for (const auto& s : body) {
+      const Flow f = exec_one(*s, out);
+      if (f != Flow::kNormal) return f;
+    }
+    return Flow::kNormal;
+  }
+
+ private:
+  using Frame = std::unordered_map<std::string, Value>;
+
+  Value lookup(const std::string& name) const {
+    for (size_t k = frames_.size(); k-- > 0;) {
+      auto it = frames_[k].find(name);
+      if (it != frames_[k].end()) return it->second;
+    }
+    return Value::undefined(name);
+  }
+
+  Flow exec_one(const Stmt& s, std::string* out) {
+    switch (s.kind) {
+      case Stmt::Kind::kText: *out += s.text; return Flow::kNormal;
+      case Stmt::Kind::kOutput: *out += to_str(eval(*s.expr)); return Flow::kNormal;
+      case Stmt::Kind::kIf:
+        for (const auto& [cond, body] : s.branches) {
+          if (cond == nullptr || truthy(eval(*cond))) return exec(body, out);
+        }
+        return Flow::kNormal;
+      case Stmt::Kind::kFor: return exec_for(s, out);
+      case Stmt::Kind::kSet: assign(s, eval(*s.expr)); return Flow::kNormal;
+      case Stmt::Kind::kSetBlock: {
+        std::string buf;
+        exec(s.body, &buf);
+        assign(s, Value::string(buf));
+        return Flow::kNormal;
+      }
+      case Stmt::Kind::kMacro: define_macro(s); return Flow::kNormal;
+      case Stmt::Kind::kBreak: return Flow::kBreak;
+      case Stmt::Kind::kContinue: return Flow::kContinue;
+    }
+    return Flow::kNormal;
+  }
+
+  void assign(const Stmt& s, Value v) {
+    if (s.targets.size() == 1) {
+      frames_.back()[s.targets[0]] = std::move(v);
+      return;
+    }
+    Value ns = lookup(s.targets[0]);
+    if (ns.type != Value::Type::kNamespace) {
+      fail(s.line, fmt::format("cannot assign attribute '{}' on '{}' ({}): only namespace() objects "
+                               "support attribute assignment", s.targets[1], s.targets[0], type_name(ns)));
+    }
+    ns.dict->set(s.targets[1], std::move(v));
+  }
+
+  void bind_targets(const Stmt& s, Frame& f, const Value& item) {
+    if (s.targets.size() == 1) {
+      f[s.targets[0]] = item;
+      return;
+    }
+    if (!item.is_list() || item.list->size() != s.targets.size()) {
+      fail(s.line, fmt::format("cannot unpack {} into {} loop variables", repr(item), s.targets.size()));
+    }
+    for (size_t k = 0; k < s.targets.size(); ++k) f[s.targets[k]] = (*item.list)[k];
+  }
+
+  Flow exec_for(const Stmt& s, std::string* out) {
+    const Value seq = eval(*s.expr);
+    if (seq.is_none()) fail(s.line, "'NoneType' object is not iterable");
+    List items;
+    try {
+      items = iterate(seq);
+    } catch (const TemplateError& e) {
+      fail(s.line, e.what());
+    }
+    frames_.emplace_back();
+    if (s.filter) {
+      List kept;
+      for (const Value& it : items) {
+        bind_targets(s, frames_.back(), it);
+        if (truthy(eval(*s.filter))) kept.push_back(it);
+      }
+      items = std::move(kept);
+    }
+    if (items.empty()) {
+      frames_.pop_back();
+      return exec(s.else_body, out);
+    }
+    const auto n = static_cast<int64_t>(items.size());
+    for (int64_t i = 0; i < n; ++i) {
+      Frame& f = frames_.back();
+      bind_targets(s, f, items[i]);
+      Value loop = Value::new_namespace();
+      Dict& d = *loop.dict;
+      d.set("index", Value::integer(i + 1));
+      d.set("index0", Value::integer(i));
+      d.set("revindex", Value::integer(n - i));
+      d.set("revindex0", Value::integer(n - i - 1));
+      d.set("first", Value::boolean(i == 0));
+      d.set("last", Value::boolean(i == n - 1));
+      d.set("length", Value::integer(n));
+      d.set("depth", Value::integer(1));
+      d.set("depth0", Value::integer(0));
+      d.set("previtem", i > 0 ? items[i - 1] : Value::undefined("previtem"));
+      d.set("nextitem", i + 1 < n ? items[i + 1] : Value::undefined("nextitem"));
+      d.set("cycle", Value::callable([i](Args& a, Kwargs&) {
+        if (a.empty()) throw TemplateError("loop.cycle: no items");
+        return a[static_cast<size_t>(i) % a.size()];
+      }));
+      f["loop"] = loop;
+      const Flow fl = exec(s.body, out);
+      if (fl == Flow::kBreak) break;
+    }
+    frames_.pop_back();
+    return Flow::kNormal;
+  }
+
+  void define_macro(const Stmt& s) {
+    const Stmt* m = &s;
+    frames_.back()[s.targets[0]] = Value::callable([this, m](Args& a, Kwargs& k) {
+      if (depth_ >= kMaxDepth) fail(m->line, fmt::format("macro '{}': recursion deeper than {}", m->targets[0], kMaxDepth));
+      Frame f;
+      for (size_t p = 0; p < m->params.size(); ++p) {
+        const auto& [pname, def] = m->params[p];
+        Value v = p < a.size() ? a[p] : Value::undefined(pname);
+        for (const auto& [kn, kv] : k) {
+          if (kn == pname) v = kv;
+        }
+        if (v.is_undefined() && def) v = eval(*def);
+        f[pname] = v;
+      }
+      if (a.size() > m->params.size()) fail(m->line, fmt::format("macro '{}': too many arguments", m->targets[0]));
+      // A macro sees the template's top-level names and its own parameters.
+      std::vector<Frame> saved;
+      saved.swap(frames_);
+      frames_.push_back(saved[0]);
+      frames_.push_back(std::move(f));
+      ++depth_;
+      std::string buf;
+      try {
+        exec(m->body, &buf);
+      } catch (...) {
+        --depth_;
+        saved[0] = std::move(frames_[0]);
+        frames_.swap(saved);
+        throw;
+      }
+      --depth_;
+      saved[0] = std::move(frames_[0]);
+      frames_.swap(saved);
+      return Value::string(buf);
+    });
+  }
+
+  Value eval(const Expr& e) {
+    try {
+      return eval_inner(e);
+    } catch (const TemplateError& err) {
+      const std::string msg = err.what();
+      if (msg.starts_with("line ")) throw;
+      fail(e.line, msg);
+    }
+  }
+
+  void eval_args(const Expr& e, Args* args, Kwargs* kwargs) {
+    for (const auto& a : e.args) args->push_back(eval(*a));
+    for (const auto& [k, v] : e.kwargs) kwargs->emplace_back(k, eval(*v));
+  }
+
+  static std::string undefined_msg(const Value& v) {
+    return v.undefined_name.empty() ? "value is undefined" : fmt::format("'{}' is undefined", v.undefined_name);
+  }
+
+  Value eval_inner(const Expr& e) {
+    switch (e.kind) {
+      case Expr::Kind::kLiteral: return e.literal;
+      case Expr::Kind::kName: return lookup(e.name);
+      case Expr::Kind::kAttr: {
+        const Value obj = eval(*e.a);
+        if (obj.is_undefined()) fail(e.line, undefined_msg(obj) + fmt::format(" (reading attribute '{}')", e.name));
+        return get_attr(obj, e.name);
+      }
+      case Expr::Kind::kItem: {
+        const Value obj = eval(*e.a);
+        const Value key = eval(*e.b);
+        if (obj.is_undefined()) fail(e.line, undefined_msg(obj) + fmt::format(" (reading item {})", repr(key)));
+        return get_item(obj, key);
+      }
+      case Expr::Kind::kSlice: {
+        const Value obj = eval(*e.a);
+        auto opt = [&](const ExprPtr& p) { return p ? eval(*p) : Value(); };
+        return slice(obj, opt(e.args[0]), opt(e.args[1]), opt(e.args[2]));
+      }
+      case Expr::Kind::kCall: {
+        const Value fn = eval(*e.a);
+        if (fn.type != Value::Type::kCallable) {
+          if (fn.is_undefined()) fail(e.line, undefined_msg(fn) + " (unsupported function or method?)");
+          fail(e.line, fmt::format("'{}' object is not callable", type_name(fn)));
+        }
+        Args args;
+        Kwargs kwargs;
+        eval_args(e, &args, &kwargs);
+        return (*fn.fn)(args, kwargs);
+      }
+      case Expr::Kind::kFilter: {
+        const Value v = eval(*e.a);
+        Args args;
+        Kwargs kwargs;
+        eval_args(e, &args, &kwargs);
+        return apply_filter(e.name, v, args, kwargs);
+      }
+      case Expr::Kind::kTest: {
+        const Value v = eval(*e.a);
+        Args args;
+        Kwargs kwargs;
+        eval_args(e, &args, &kwargs);
+        return Value::boolean(apply_test(e.name, v, args) != e.negated);
+      }
+      case Expr::Kind::kUnary: {
+        const Value v = eval(*e.a);
+        if (e.name == "not") return Value::boolean(!truthy(v));
+        if (v.type == Value::Type::kInt) return Value::integer(e.name == "-" ? -v.i : v.i);
+        if (v.type == Value::Type::kFloat) return Value::number(e.name == "-" ? -v.f : v.f);
+        fail(e.line, fmt::format("bad operand type for unary {}: '{}'", e.name, type_name(v)));
+      }
+      case Expr::Kind::kBinary: return eval_binary(e);
+      case Expr::Kind::kCond:
+        if (truthy(eval(*e.a))) return eval(*e.b);
+        return e.c ? eval(*e.c) : Value::undefined();
+      case Expr::Kind::kList: {
+        Value l = Value::new_list();
+        for (const auto& a : e.args) l.list->push_back(eval(*a));
+        return l;
+      }
+      case Expr::Kind::kDict: {
+        Value d = Value::new_dict();
+        for (size_t k = 0; k < e.args.size(); ++k) {
+          const Value key = eval(*e.args[k]);
+          if (!key.is_string()) fail(e.line, "dict literal keys must be strings");
+          d.dict->set(key.s, eval(*e.values[k]));
+        }
+        return d;
+      }
+    }
+    fail(e.line, "unsupported expression");
+  }
+
+  Value eval_binary(const Expr& e) {
+    const std::string& op = e.name;
+    if (op == "and") {
+      Value l = eval(*e.a);
+      return truthy(l) ? eval(*e.b) : l;
+    }
+    if (op == "or") {
+      Value l = eval(*e.a);
+      return truthy(l) ? l : eval(*e.b);
+    }
+    const Value l = eval(*e.a);
+    const Value r = eval(*e.b);
+    if (op == "==") return Value::boolean(equals(l, r));
+    if (op == "!=") return Value::boolean(!equals(l, r));
+    if (op == "<") return Value::boolean(compare(l, r) < 0);
+    if (op == ">") return Value::boolean(compare(l, r) > 0);
+    if (op == "<=") return Value::boolean(compare(l, r) <= 0);
+    if (op == ">=") return Value::boolean(compare(l, r) >= 0);
+    if (op == "in") return Value::boolean(contains(r, l));
+    if (op == "not in") return Value::boolean(!contains(r, l));
+    if (op == "~") return Value::string(to_str(l) + to_str(r));
+    const bool ints = (l.type == Value::Type::kInt || l.type == Value::Type::kBool) &&
+                      (r.type == Value::Type::kInt || r.type == Value::Type::kBool);
+    const bool nums = (l.is_number() || l.type == Value::Type::kBool) && (r.is_number() || r.type == Value::Type::kBool);
+    const int64_t li = l.type == Value::Type::kBool ? l.b : l.i, ri = r.type == Value::Type::kBool ? r.b : r.i;
+    if (op == "+") {
+      if (ints) return Value::integer(li + ri);
+      if (nums) return Value::number(l.as_double() + r.as_double());
+      if (l.is_string() && r.is_string()) return Value::string(l.s + r.s);
+      if (l.is_list() && r.is_list()) {
+        List out = *l.list;
+        out.insert(out.end(), r.list->begin(), r.list->end());
+        return Value::new_list(std::move(out));
+      }
+    } else if (op == "-") {
+      if (ints) return Value::integer(li - ri);
+      if (nums) return Value::number(l.as_double() - r.as_double());
+    } else if (op == "*") {
+      if (ints) return Value::integer(li * ri);
+      if (nums) return Value::number(l.as_double() * r.as_double());
+      if ((l.is_string() || l.is_list()) && r.type == Value::Type::kInt) {
+        if (r.i > 100000) fail(e.line, "repetition count too large");
+        Value out = l.is_string() ? Value::string("") : Value::new_list();
+        for (int64_t k = 0; k < r.i; ++k) {
+          if (l.is_string()) out.s += l.s;
+          else out.list->insert(out.list->end(), l.list->begin(), l.list->end());
+        }
+        return out;
+      }
+    } else if (op == "/") {
+      if (nums) {
+        if (r.as_double() == 0) fail(e.line, "division by zero");
+        return Value::number(l.as_double() / r.as_double());
+      }
+    } else if (op == "//" || op == "%") {
+      if (ints) {
+        if (ri == 0) fail(e.line, "integer division or modulo by zero");
+        int64_t q = li / ri, m = li % ri;
+        if (m != 0 && ((m < 0) != (ri < 0))) {
+          --q;
+          m += ri;
+        }
+        return Value::integer(op == "//" ? q : m);
+      }
+      if (nums) {
+        const double a = l.as_double(), b = r.as_double();
+        if (b == 0) fail(e.line, "float division or modulo by zero");
+        const double q = std::floor(a / b);
+        return Value::number(op == "//" ? q : a - q * b);
+      }
+      if (l.is_string() && op == "%") fail(e.line, "unsupported construct: '%' string formatting");
+    } else if (op == "**") {
+      if (ints && ri >= 0) {
+        int64_t out = 1;
+        for (int64_t k = 0; k < ri; ++k) out *= li;
+        return Value::integer(out);
+      }
+      if (nums) return Value::number(std::pow(l.as_double(), r.as_double()));
+    }
+    if (l.is_undefined() || r.is_undefined()) {
+      fail(e.line, undefined_msg(l.is_undefined() ? l : r) + fmt::format(" (operand of '{}')", op));
+    }
+    fail(e.line, fmt::format("unsupported operand types for {}: '{}' and '{}'", op, type_name(l), type_name(r)));
+  }
+
+  std::vector<Frame> frames_;
+  int depth_ = 0;
+};
+
+}  // namespace
+
+std::string render(const Body& body, const Dict& context) {
+  Interpreter in(context);
+  std::string out;
+  in.exec(body, &out);
+  return out;
+}
+
+}  // namespace xds::jinja

@@ -1,0 +1,291 @@
+#include "tokenizer/jinja_value.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "tokenizer/utf8.h"
+
+namespace xds::jinja {
+
+Value* Dict::find(const std::string& k) {
+  for (auto& [key, v] : items) {
+    if (key == k) return &v;
+  }
+  return nullptr;
+}
+
+void Dict::set(const std::string& k, Value v) {
+  if (Value* p = find(k)) {
+    *p = std::move(v);
+  } else {
+    items.emplace_back(k, std::move(v));
+  }
+}
+
+Value Value::from_json(const nlohmann::ordered_json& j) {
+  switch (j.type()) {
+    case nlohmann::ordered_json::value_t::null: return none();
+    case nlohmann::ordered_json::value_t::boolean: return boolean(j.get<bool>());
+    case nlohmann::ordered_json::value_t::number_integer: return integer(j.get<int64_t>());
+    case nlohmann::ordered_json::value_t::number_unsigned: return integer(static_cast<int64_t>(j.get<uint64_t>()));
+    case nlohmann::ordered_json::value_t::number_float: return number(j.get<double>());
+    case nlohmann::ordered_json::value_t::string: return string(j.get<std::string>());
+    case nlohmann::ordered_json::value_t::array: {
+      Value v = new_list();
+      for (const auto& e : j) v.list->push_back(from_json(e));
+      return v;
+    }
+    case nlohmann::ordered_json::value_t::object: {
+      Value v = new_dict();
+      for (auto it = j.begin(); it != j.end(); ++it) v.dict->items.emplace_back(it.key(), from_json(it.value()));
+      return v;
+    }
+    default: return none();
+  }
+}
+
+bool truthy(const Value& v) {
+  switch (v.type) {
+    case Value::Type::kUndefined:
+    case Value::Type::kNone: return false;
+    case Value::Type::kBool: return v.b;
+    case Value::Type::kInt: return v.i != 0;
+    case Value::Type::kFloat: return v.f != 0;
+    case Value::Type::kString: return !v.s.empty();
+    case Value::Type::kList: return !v.list->empty();
+    case Value::Type::kDict: return !v.dict->items.empty();
+    default: return true;
+  }
+}
+
+namespace {
+std::string float_repr(double d) {
+  if (std::isnan(d)) return "nan";
+  if (std::isinf(d)) return d > 0 ? "inf" : "-inf";
+  std::string s = fmt::format("{}", d);
+  if (s.find_first_of(".en") == std::string::npos) s += ".0";
+  return s;
+}
+
+std::string py_quote(const std::string& s) {
+  const char q = (s.find('\'') != std::string::npos && s.find('"') == std::string::npos) ? '"' : '\'';
+  std::string out(1, q);
+  for (const char c : s) {
+    if (c == q || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (c == '\n') {
+      out += "\\n";
+    } else if (c == '\r') {
+      out += "\\r";
+    } else if (c == '\t') {
+      out += "\\t";
+    } else {
+      out += c;
+    }
+  }
+  return out + q;
+}
+
+void json_string(const std::string& s, std::string* out) {
+  out->push_back('"');
+  for (const char ch : s) {
+    const auto c = static_cast<uint8_t>(ch);
+    switch (c) {
+      case '"': *out += "\\\""; break;
+      case '\\': *out += "\\\\"; break;
+      case '\n': *out += "\\n"; break;
+      case '\r': *out += "\\r"; break;
+      case '\t': *out += "\\t"; break;
+      case '\b': *out += "\\b"; break;
+      case '\f': *out += "\\f"; break;
+      default:
+        if (c < 0x20) {
+          *out += fmt::format("\\u{:04x}", c);
+        } else {
+          out->push_back(ch);
+        }
+    }
+  }
+  out->push_back('"');
+}
+
+void json_rec(const Value& v, int indent, int depth, const std::string& isep, const std::string& ksep,
+              bool sort_keys, std::string* out) {
+  auto newline = [&](int d) {
+    if (indent < 0) return;
+    out->push_back('\n');
+    out->append(static_cast<size_t>(indent * d), ' ');
+  };
+  switch (v.type) {
+    case Value::Type::kUndefined:
+    case Value::Type::kNone: *out += "null"; break;
+    case Value::Type::kBool: *out += v.b ? "true" : "false"; break;
+    case Value::Type::kInt: *out += std::to_string(v.i); break;
+    case Value::Type::kFloat:
+      *out += std::isnan(v.f) ? "NaN" : std::isinf(v.f) ? (v.f > 0 ? "Infinity" : "-Infinity") : float_repr(v.f);
+      break;
+    case Value::Type::kString: json_string(v.s, out); break;
+    case Value::Type::kList:
+      if (v.list->empty()) {
+        *out += "[]";
+        break;
+      }
+      out->push_back('[');
+      for (size_t k = 0; k < v.list->size(); ++k) {
+        if (k > 0) *out += isep;
+        newline(depth + 1);
+        json_rec((*v.list)[k], indent, depth + 1, isep, ksep, sort_keys, out);
+      }
+      newline(depth);
+      out->push_back(']');
+      break;
+    case Value::Type::kDict:
+    case Value::Type::kNamespace: {
+      if (v.dict->items.empty()) {
+        *out += "{}";
+        break;
+      }
+      std::vector<const std::pair<std::string, Value>*> items;
+      for (const auto& kv : v.dict->items) items.push_back(&kv);
+      if (sort_keys) std::stable_sort(items.begin(), items.end(), [](auto* a, auto* b) { return a->first < b->first; });
+      out->push_back('{');
+      for (size_t k = 0; k < items.size(); ++k) {
+        if (k > 0) *out += isep;
+        newline(depth + 1);
+        json_string(items[k]->first, out);
+        *out += ksep;
+        json_rec(items[k]->second, indent, depth + 1, isep, ksep, sort_keys, out);
+      }
+      newline(depth);
+      out->push_back('}');
+      break;
+    }
+    case Value::Type::kCallable: throw TemplateError("tojson: a function is not JSON serializable");
+  }
+}
+}  // namespace
+
+std::string to_str(const Value& v) {
+  switch (v.type) {
+    case Value::Type::kUndefined: return "";
+    case Value::Type::kNone: return "None";
+    case Value::Type::kBool: return v.b ? "True" : "False";
+    case Value::Type::kInt: return std::to_string(v.i);
+    case Value::Type::kFloat: return float_repr(v.f);
+    case Value::Type::kString: return v.s;
+    default: return repr(v);
+  }
+}
+
+std::string repr(const Value& v) {
+  switch (v.type) {
+    case Value::Type::kString: return py_quote(v.s);
+    case Value::Type::kList: {
+      std::string out = "[";
+      for (size_t k = 0; k < v.list->size(); ++k) out += (k ? ", " : "") + repr((*v.list)[k]);
+      return out + "]";
+    }
+    case Value::Type::kDict: {
+      std::string out = "{";
+      for (size_t k = 0; k < v.dict->items.size(); ++k) {
+        out += (k ? ", " : "") + py_quote(v.dict->items[k].first) + ": " + repr(v.dict->items[k].second);
+      }
+      return out + "}";
+    }
+    case Value::Type::kNamespace: return "<Namespace>";
+    case Value::Type::kCallable: return "<function>";
+    default: return to_str(v);
+  }
+}
+
+std::string to_json(const Value& v, int indent, const std::string& item_sep, const std::string& key_sep,
+                    bool sort_keys) {
+  std::string out;
+  json_rec(v, indent, 0, item_sep, key_sep, sort_keys, &out);
+  return out;
+}
+
+bool equals(const Value& a, const Value& b) {
+  const bool an = a.is_number() || a.type == Value::Type::kBool;
+  const bool bn = b.is_number() || b.type == Value::Type::kBool;
+  if (an && bn) return a.as_double() == b.as_double();
+  if (a.type != b.type) return false;
+  switch (a.type) {
+    case Value::Type::kUndefined:
+    case Value::Type::kNone: return true;
+    case Value::Type::kString: return a.s == b.s;
+    case Value::Type::kList:
+      if (a.list->size() != b.list->size()) return false;
+      for (size_t k = 0; k < a.list->size(); ++k) {
+        if (!equals((*a.list)[k], (*b.list)[k])) return false;
+      }
+      return true;
+    case Value::Type::kDict: {
+      if (a.dict->items.size() != b.dict->items.size()) return false;
+      for (const auto& [k, v] : a.dict->items) {
+        const Value* o = b.dict->find(k);
+        if (o == nullptr || !equals(v, *o)) return false;
+      }
+      return true;
+    }
+    default: return a.dict == b.dict && a.fn == b.fn;
+  }
+}
+
+int compare(const Value& a, const Value& b) {
+  const bool an = a.is_number() || a.type == Value::Type::kBool;
+  const bool bn = b.is_number() || b.type == Value::Type::kBool;
+  if (an && bn) return a.as_double() < b.as_double() ? -1 : a.as_double() > b.as_double() ? 1 : 0;
+  if (a.is_string() && b.is_string()) return a.s < b.s ? -1 : a.s > b.s ? 1 : 0;
+  if (a.is_list() && b.is_list()) {
+    for (size_t k = 0; k < std::min(a.list->size(), b.list->size()); ++k) {
+      if (const int c = compare((*a.list)[k], (*b.list)[k]); c != 0) return c;
+    }
+    return a.list->size() < b.list->size() ? -1 : a.list->size() > b.list->size() ? 1 : 0;
+  }
+  throw TemplateError(fmt::format("cannot compare '{}' with '{}'", type_name(a), type_name(b)));
+}
+
+std::string type_name(const Value& v) {
+  switch (v.type) {
+    case Value::Type::kUndefined: return "undefined";
+    case Value::Type::kNone: return "NoneType";
+    case Value::Type::kBool: return "bool";
+    case Value::Type::kInt: return "int";
+    case Value::Type::kFloat: return "float";
+    case Value::Type::kString: return "str";
+    case Value::Type::kList: return "list";
+    case Value::Type::kDict: return "dict";
+    case Value::Type::kNamespace: return "Namespace";
+    case Value::Type::kCallable: return "function";
+  }
+  return "?";
+}
+
+std::u32string to_u32(const std::string& s) {
+  std::u32string out;
+  size_t i = 0;
+  while (i < s.size()) {
+    char32_t cp;
+    const size_t n = utf8::decode_one(s, i, &cp);
+    if (n == 0) {
+      out.push_back(0xFFFD);
+      i += utf8::invalid_run(s, i);
+    } else {
+      out.push_back(cp);
+      i += n;
+    }
+  }
+  return out;
+}
+
+std::string from_u32(const std::u32string& s) {
+  std::string out;
+  for (const char32_t c : s) utf8::append(&out, c);
+  return out;
+}
+
+}  // namespace xds::jinja

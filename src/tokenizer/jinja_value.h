@@ -1,0 +1,102 @@
+// Values of the Jinja subset interpreter (chat templates). Python semantics: lists and dicts
+// are shared by reference (list.append in a namespace is visible everywhere), dicts keep
+// insertion order (tools | tojson prints keys as the caller gave them), strings are UTF-8 and
+// indexed / measured by code point.
+// Thread-safety: values are not thread-safe; each render() builds its own.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace xds::jinja {
+
+// Thrown inside the interpreter only; ChatTemplate::render() turns it into a Status.
+struct TemplateError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+struct Value;
+using List = std::vector<Value>;
+struct Dict {
+  std::vector<std::pair<std::string, Value>> items;  // insertion order
+  Value* find(const std::string& k);
+  void set(const std::string& k, Value v);
+};
+using NativeFn = std::function<Value(std::vector<Value>& args, std::vector<std::pair<std::string, Value>>& kwargs)>;
+
+struct Value {
+  enum class Type { kUndefined, kNone, kBool, kInt, kFloat, kString, kList, kDict, kNamespace, kCallable };
+  Type type = Type::kUndefined;
+  bool b = false;
+  int64_t i = 0;
+  double f = 0;
+  std::string s;
+  std::shared_ptr<List> list;      // kList
+  std::shared_ptr<Dict> dict;      // kDict, kNamespace
+  std::shared_ptr<NativeFn> fn;    // kCallable
+  std::string undefined_name;      // kUndefined: what was looked up, for error messages
+
+  static Value undefined(std::string name = "") {
+    Value v;
+    v.undefined_name = std::move(name);
+    return v;
+  }
+  static Value none() { return with(Type::kNone); }
+  static Value boolean(bool x) { auto v = with(Type::kBool); v.b = x; return v; }
+  static Value integer(int64_t x) { auto v = with(Type::kInt); v.i = x; return v; }
+  static Value number(double x) { auto v = with(Type::kFloat); v.f = x; return v; }
+  static Value string(std::string x) { auto v = with(Type::kString); v.s = std::move(x); return v; }
+  static Value new_list(List items = {}) {
+    auto v = with(Type::kList);
+    v.list = std::make_shared<List>(std::move(items));
+    return v;
+  }
+  static Value new_dict() { auto v = with(Type::kDict); v.dict = std::make_shared<Dict>(); return v; }
+  static Value new_namespace() { auto v = with(Type::kNamespace); v.dict = std::make_shared<Dict>(); return v; }
+  static Value callable(NativeFn f) {
+    auto v = with(Type::kCallable);
+    v.fn = std::make_shared<NativeFn>(std::move(f));
+    return v;
+  }
+  static Value from_json(const nlohmann::ordered_json& j);
+
+  bool is_undefined() const { return type == Type::kUndefined; }
+  bool is_none() const { return type == Type::kNone; }
+  bool is_string() const { return type == Type::kString; }
+  bool is_number() const { return type == Type::kInt || type == Type::kFloat; }
+  bool is_list() const { return type == Type::kList; }
+  bool is_mapping() const { return type == Type::kDict || type == Type::kNamespace; }
+  double as_double() const { return type == Type::kFloat ? f : static_cast<double>(type == Type::kBool ? b : i); }
+
+ private:
+  static Value with(Type t) { Value v; v.type = t; return v; }
+};
+
+// Python truthiness.
+bool truthy(const Value& v);
+// Python str() of a value as Jinja prints it ({{ x }}): undefined "", None "None", True/False,
+// lists and dicts as Python repr.
+std::string to_str(const Value& v);
+// Python repr() (strings quoted).
+std::string repr(const Value& v);
+// json.dumps(v, ensure_ascii=False, indent=indent, separators=..., sort_keys=sort_keys) as
+// transformers' tojson does. indent < 0 means None.
+std::string to_json(const Value& v, int indent, const std::string& item_sep,
+                    const std::string& key_sep, bool sort_keys);
+bool equals(const Value& a, const Value& b);
+// Python ordering for numbers, strings and lists; throws TemplateError otherwise.
+int compare(const Value& a, const Value& b);
+std::string type_name(const Value& v);
+
+// Code points of a UTF-8 string (ill-formed bytes become U+FFFD).
+std::u32string to_u32(const std::string& s);
+std::string from_u32(const std::u32string& s);
+
+}  // namespace xds::jinja
