@@ -23,8 +23,9 @@ void add_mkmodel_command(CLI::App& app, int* exit_code) {
   cmd->add_option("--mtp-layers", opts->mtp_layers, "num_nextn_predict_layers")
       ->check(CLI::Range(0, 8));
   cmd->add_flag("--yarn", opts->yarn, "Add rope_scaling yarn (factor 4)");
-  cmd->add_flag_function("--no-q-lora", [opts](int64_t) { opts->q_lora = false; },
-                "q_proj instead of q_a_proj/q_b_proj (q_lora_rank null)");
+  cmd->add_flag_function(
+      "--no-q-lora", [opts](int64_t) { opts->q_lora = false; },
+      "q_proj instead of q_a_proj/q_b_proj (q_lora_rank null)");
   cmd->add_option("--threads", opts->threads, "Worker threads (0: all cores)")
       ->check(CLI::NonNegativeNumber);
   cmd->callback([opts, exit_code] {
@@ -34,8 +35,8 @@ void add_mkmodel_command(CLI::App& app, int* exit_code) {
       *exit_code = 1;
       return;
     }
-    std::fprintf(stderr, "wrote %s (preset %s, %s, seed %llu, %d shard%s)\n",
-                 opts->out_dir.c_str(), opts->preset.c_str(), opts->dtype.c_str(),
+    std::fprintf(stderr, "wrote %s (preset %s, %s, seed %llu, %d shard%s)\n", opts->out_dir.c_str(),
+                 opts->preset.c_str(), opts->dtype.c_str(),
                  static_cast<unsigned long long>(opts->seed), opts->shards,
                  opts->shards == 1 ? "" : "s");
   });
