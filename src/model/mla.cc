@@ -89,7 +89,6 @@ void DeepseekV3Model::run_attention(const MlaWeights& w, int64_t cache_layer, co
   const int threads = pool.num_threads();
   int64_t max_ctx = 0;
   for (const Batch::Chunk& ch : b.chunks) max_ctx = std::max(max_ctx, ch.start_pos + ch.count);
-  float* scores_all = grow(s_scores_, threads * max_ctx);
 
   // Absorbed chunks, merged into runs of consecutive tokens so that W_UK and W_UV are read
   // once per run (decode tokens of many sequences form one run).
@@ -125,15 +124,22 @@ void DeepseekV3Model::run_attention(const MlaWeights& w, int64_t cache_layer, co
         }
       });
     }
-    const int64_t items = static_cast<int64_t>(absorbed_tokens.size()) * heads;
-    pool.parallel_for(items, [&](int64_t i0, int64_t i1, int thread) {
-      float* scores = scores_all + thread * max_ctx;
+    // One work item = one token × a group of heads; with fewer tokens than threads the
+    // heads are split so that every thread has work.
+    const int64_t tokens = static_cast<int64_t>(absorbed_tokens.size());
+    const int64_t groups = tokens >= threads ? 1 : std::min<int64_t>(heads, threads);
+    const int64_t per_group = (heads + groups - 1) / groups;
+    float* group_scores = grow(s_scores_, threads * per_group * max_ctx);
+    pool.parallel_for(tokens * groups, [&](int64_t i0, int64_t i1, int thread) {
+      float* scores = group_scores + thread * per_group * max_ctx;
       for (int64_t i = i0; i < i1; ++i) {
-        const int64_t t = absorbed_tokens[i / heads], h = i % heads;
+        const int64_t t = absorbed_tokens[i / groups], g = i % groups;
+        const int64_t h0 = g * per_group, h1 = std::min(heads, h0 + per_group);
+        if (h0 >= h1) continue;
         const Batch::Chunk& ch = b.chunks[token_chunk[t]];
         const kernels::AbsorbedQuery aq{q_abs + t * heads * lat, lat, q + t * heads * dq + dn, dq,
                                         lat_out + t * heads * lat, lat};
-        kernels::mla_absorbed_attention_head(aq, h, cache.view(cache_layer, ch.seq), b.pos[t] + 1, scale, scores);
+        kernels::mla_absorbed_attention(aq, h0, h1, cache.view(cache_layer, ch.seq), b.pos[t] + 1, scale, scores);
       }
     });
     for (auto [r0, r1] : runs) {
@@ -156,6 +162,7 @@ void DeepseekV3Model::run_attention(const MlaWeights& w, int64_t cache_layer, co
     float* gathered = grow(s_gather_, ctx_end * lat);
     for (int64_t s = 0; s < ctx_end; ++s) std::memcpy(gathered + s * lat, kv.latent_at(s), sizeof(float) * lat);
     float* kv_full = grow(s_kvfull_, ctx_end * heads * (dn + dv));
+    float* scores_all = grow(s_scores_, threads * max_ctx);
     kernels::linear_f32(gathered, ctx_end, lat, w.kv_b_proj, kv_full, heads * (dn + dv), pool);
     pool.parallel_for(ch.count * heads, [&](int64_t i0, int64_t i1, int thread) {
       float* scores = scores_all + thread * max_ctx;

@@ -104,7 +104,9 @@ void linear_impl(const XT* x, int64_t n, int64_t ldx, const MatrixRef& w, float*
                  ThreadPool& pool) {
   const WT* wd = static_cast<const WT*>(w.data);
   const int64_t k = w.cols;
-  const int64_t step = rows_per_task(w.rows, pool.num_threads());
+  // Below ~64K multiply-adds a wake-up of the pool costs more than the work.
+  const bool small = n * w.rows * k < (int64_t{1} << 16);
+  const int64_t step = small ? w.rows : rows_per_task(w.rows, pool.num_threads());
   const int64_t tasks = (w.rows + step - 1) / step;
   pool.parallel_for(tasks, [&](int64_t b, int64_t e, int) {
     const int64_t r_begin = b * step, r_end = std::min(w.rows, e * step);

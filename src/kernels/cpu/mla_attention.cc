@@ -16,17 +16,27 @@ inline float dot(const float* a, const float* b, int64_t n) {
 
 }  // namespace
 
-void mla_absorbed_attention_head(const AbsorbedQuery& q, int64_t head, const LatentKvView& kv,
-                                 int64_t ctx, float scale, float* scores) {
-  const float* qa = q.q_abs + head * q.q_abs_ld;
-  const float* qp = q.q_pe + head * q.q_pe_ld;
+void mla_absorbed_attention(const AbsorbedQuery& q, int64_t head_begin, int64_t head_end,
+                            const LatentKvView& kv, int64_t ctx, float scale, float* scores) {
+  const int64_t nh = head_end - head_begin;
+  // scores[j, s] for head head_begin + j.
   for (int64_t s = 0; s < ctx; ++s) {
-    scores[s] = (dot(qa, kv.latent_at(s), kv.latent_dim) + dot(qp, kv.rope_at(s), kv.rope_dim)) * scale;
+    const float* lat = kv.latent_at(s);
+    const float* rope = kv.rope_at(s);
+    for (int64_t j = 0; j < nh; ++j) {
+      const int64_t h = head_begin + j;
+      scores[j * ctx + s] = (dot(q.q_abs + h * q.q_abs_ld, lat, kv.latent_dim) +
+                             dot(q.q_pe + h * q.q_pe_ld, rope, kv.rope_dim)) * scale;
+    }
   }
-  softmax_inplace(scores, ctx);
-  float* out = q.out + head * q.out_ld;
-  std::memset(out, 0, sizeof(float) * static_cast<size_t>(kv.latent_dim));
-  for (int64_t s = 0; s < ctx; ++s) axpy(scores[s], kv.latent_at(s), kv.latent_dim, out);
+  for (int64_t j = 0; j < nh; ++j) {
+    softmax_inplace(scores + j * ctx, ctx);
+    std::memset(q.out + (head_begin + j) * q.out_ld, 0, sizeof(float) * static_cast<size_t>(kv.latent_dim));
+  }
+  for (int64_t s = 0; s < ctx; ++s) {
+    const float* lat = kv.latent_at(s);
+    for (int64_t j = 0; j < nh; ++j) axpy(scores[j * ctx + s], lat, kv.latent_dim, q.out + (head_begin + j) * q.out_ld);
+  }
 }
 
 }  // namespace xds::kernels

@@ -43,8 +43,10 @@ struct AbsorbedQuery {
   int64_t out_ld;
 };
 
-// One head of one query token over context [0, ctx).
-void mla_absorbed_attention_head(const AbsorbedQuery& q, int64_t head, const LatentKvView& kv,
-                                 int64_t ctx, float scale, float* scores);
+// Heads [head_begin, head_end) of one query token over context [0, ctx). Each cached
+// position is read once for all those heads (the latent is shared by every head, MQA-like).
+// scores: scratch of at least (head_end - head_begin) * ctx floats.
+void mla_absorbed_attention(const AbsorbedQuery& q, int64_t head_begin, int64_t head_end,
+                            const LatentKvView& kv, int64_t ctx, float scale, float* scores);
 
 }  // namespace xds::kernels
