@@ -1,8 +1,10 @@
 #include "kernels/cpu/linear.h"
 
+#include <cblas.h>
 #include <immintrin.h>
 
 #include <algorithm>
+#include <mutex>
 #include <vector>
 
 #include "base/check.h"
@@ -15,7 +17,9 @@ namespace {
 
 constexpr int kRowBlock = 6;          // rows of W per tile (split into 3s for multi-token tiles)
 constexpr int kTokenBlock = 4;        // tokens per tile
-constexpr int64_t kTokenChunk = 64;   // tokens kept hot in L2 while a W slice streams
+constexpr int64_t kSgemmMinTokens = 64;  // from here on OpenBLAS sgemm wins (bench/linear)
+constexpr int64_t kSgemmPanelRows = 256;  // rows of W widened to fp32 per sgemm call
+constexpr int64_t kTokenChunk = 16;   // tokens kept hot in L2 (16 x 8 KB rows) while W streams
 
 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
 inline __m256 load8(const uint16_t* p) {
@@ -99,6 +103,37 @@ int64_t rows_per_task(int64_t rows, int threads) {
   return std::max<int64_t>(kRowBlock, (per + kRowBlock - 1) / kRowBlock * kRowBlock);
 }
 
+// Large batches (prefill): each pool thread widens panels of its W rows to fp32 and calls
+// single-threaded OpenBLAS sgemm, y[:, panel] = x · panelᵀ. Summation order differs from
+// the tile kernel by rounding only (~1e-7 relative).
+void linear_sgemm(const float* x, int64_t n, int64_t ldx, const MatrixRef& w, float* y, int64_t ldy,
+                  ThreadPool& pool) {
+  static std::once_flag once;
+  std::call_once(once, [] { openblas_set_num_threads(1); });
+  const int64_t k = w.cols;
+  const int64_t step = rows_per_task(w.rows, pool.num_threads());
+  const int64_t tasks = (w.rows + step - 1) / step;
+  pool.parallel_for(tasks, [&](int64_t b, int64_t e, int) {
+    thread_local std::vector<float> panel;
+    const int64_t r_end = std::min(w.rows, e * step);
+    for (int64_t r = b * step; r < r_end; r += kSgemmPanelRows) {
+      const int64_t rows = std::min(kSgemmPanelRows, r_end - r);
+      const float* wp;
+      if (w.dtype == DType::kBF16) {
+        panel.resize(static_cast<size_t>(rows * k));
+        const uint16_t* src = static_cast<const uint16_t*>(w.data) + r * k;
+        for (int64_t i = 0; i < rows * k; ++i) panel[i] = bf16_to_f32(src[i]);
+        wp = panel.data();
+      } else {
+        wp = static_cast<const float*>(w.data) + r * k;
+      }
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(n), static_cast<int>(rows),
+                  static_cast<int>(k), 1.0f, x, static_cast<int>(ldx), wp, static_cast<int>(k), 0.0f, y + r,
+                  static_cast<int>(ldy));
+    }
+  });
+}
+
 template <typename XT, typename WT>
 void linear_impl(const XT* x, int64_t n, int64_t ldx, const MatrixRef& w, float* y, int64_t ldy,
                  ThreadPool& pool) {
@@ -128,6 +163,7 @@ void linear_impl(const XT* x, int64_t n, int64_t ldx, const MatrixRef& w, float*
 void linear_f32(const float* x, int64_t n, int64_t ldx, const MatrixRef& w, float* y,
                 int64_t ldy, ThreadPool& pool) {
   if (n == 0 || w.rows == 0) return;
+  if (n >= kSgemmMinTokens) return linear_sgemm(x, n, ldx, w, y, ldy, pool);
   if (w.dtype == DType::kBF16) return linear_impl<float, uint16_t>(x, n, ldx, w, y, ldy, pool);
   XDS_CHECK(w.dtype == DType::kF32, "linear: weight dtype {}", dtype_name(w.dtype));
   linear_impl<float, float>(x, n, ldx, w, y, ldy, pool);
@@ -136,6 +172,13 @@ void linear_f32(const float* x, int64_t n, int64_t ldx, const MatrixRef& w, floa
 void linear_bf16(const uint16_t* x, int64_t n, int64_t ldx, const MatrixRef& w, float* y,
                  int64_t ldy, ThreadPool& pool) {
   if (n == 0 || w.rows == 0) return;
+  if (n >= kSgemmMinTokens) {
+    thread_local std::vector<float> wide;
+    wide.resize(static_cast<size_t>(n * w.cols));
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t i = 0; i < w.cols; ++i) wide[t * w.cols + i] = bf16_to_f32(x[t * ldx + i]);
+    return linear_sgemm(wide.data(), n, w.cols, w, y, ldy, pool);
+  }
   if (w.dtype == DType::kBF16) return linear_impl<uint16_t, uint16_t>(x, n, ldx, w, y, ldy, pool);
   XDS_CHECK(w.dtype == DType::kF32, "linear: weight dtype {}", dtype_name(w.dtype));
   linear_impl<uint16_t, float>(x, n, ldx, w, y, ldy, pool);
