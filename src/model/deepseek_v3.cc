@@ -114,9 +114,9 @@ Status DeepseekV3Model::run_moe(const MoeWeights& w, int64_t layer, const Batch&
   float* weights = grow(s_weights_, n * k);
   const GatingParams gp = GatingParams::from_config(config_);
   const float* bias = w.score_bias.empty() ? nullptr : w.score_bias.data();
-  std::vector<float> scratch(static_cast<size_t>(2 * e));
+  float* scratch = grow(s_gating_, 2 * e);
   for (int64_t t = 0; t < n; ++t) {
-    route_token(gp, logits + t * e, bias, ids + t * k, weights + t * k, scratch.data());
+    route_token(gp, logits + t * e, bias, ids + t * k, weights + t * k, scratch);
     if (routing_observer_) {
       std::vector<int32_t> sorted(ids + t * k, ids + (t + 1) * k);
       std::sort(sorted.begin(), sorted.end());

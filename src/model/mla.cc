@@ -92,9 +92,12 @@ void DeepseekV3Model::run_attention(const MlaWeights& w, int64_t cache_layer, co
 
   // Absorbed chunks, merged into runs of consecutive tokens so that W_UK and W_UV are read
   // once per run (decode tokens of many sequences form one run).
-  std::vector<std::pair<int64_t, int64_t>> runs;  // [begin, end) in batch order
-  std::vector<int64_t> absorbed_tokens;           // batch indices
-  std::vector<int32_t> token_chunk(static_cast<size_t>(n), -1);
+  auto& runs = s_runs_;                  // [begin, end) in batch order
+  auto& absorbed_tokens = s_absorbed_;   // batch indices
+  auto& token_chunk = s_token_chunk_;    // chunk of each absorbed token, -1 otherwise
+  runs.clear();
+  absorbed_tokens.clear();
+  token_chunk.assign(static_cast<size_t>(n), -1);
   for (size_t ci = 0; ci < b.chunks.size(); ++ci) {
     const Batch::Chunk& ch = b.chunks[ci];
     const bool absorbed = options_.attention == AttentionMode::kAbsorbed ||
