@@ -29,7 +29,7 @@ std::string short_dump(const json& v) {
 }
 
 bool file_exists(const std::string& path) {
-  struct stat st;
+  struct stat st {};
   return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
 }
 
@@ -134,7 +134,7 @@ std::string format_shape(std::span<const int64_t> shape) {
 Result<MappedFile> MappedFile::open(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return not_found("{}: cannot open: {}", path, std::strerror(errno));
-  struct stat st;
+  struct stat st {};
   if (::fstat(fd, &st) != 0) {
     const int err = errno;
     ::close(fd);
@@ -325,7 +325,7 @@ Result<Checkpoint> Checkpoint::open(const std::string& dir) {
     std::set<std::string> seen;
     for (const auto& [tensor, shard] : weight_map) {
       if (!seen.insert(shard).second) continue;
-      const std::string p = dir + "/" + shard;
+      const std::string p = fmt::format("{}/{}", dir, shard);
       if (!file_exists(p)) {
         return not_found("{}: shard '{}' (holding tensor '{}') is missing: {} does not exist",
                          index_path, shard, tensor, p);
@@ -343,7 +343,7 @@ Result<Checkpoint> Checkpoint::open(const std::string& dir) {
 
   size_t total = 0;
   for (const auto& p : shard_paths) {
-    struct stat st;
+    struct stat st {};
     if (::stat(p.c_str(), &st) == 0) total += static_cast<size_t>(st.st_size);
   }
   const bool progress = total > kProgressBytes;
@@ -366,7 +366,7 @@ Result<Checkpoint> Checkpoint::open(const std::string& dir) {
 
   if (sharded) {
     for (const auto& [tensor, shard] : weight_map) {
-      const std::string p = dir + "/" + shard;
+      const std::string p = fmt::format("{}/{}", dir, shard);
       const TensorView* t = by_path.at(p)->find(tensor);
       if (t == nullptr) {
         return not_found("{}: tensor '{}' is listed in {} but missing from the shard", p, tensor,

@@ -48,7 +48,7 @@ std::string file_identity(const std::string& path) {
   std::error_code ec;
   std::string abs = std::filesystem::weakly_canonical(path, ec).string();
   if (ec) abs = path;
-  struct stat st;
+  struct stat st {};
   if (::stat(path.c_str(), &st) != 0) return abs + "|?";
   return fmt::format("{}|{}|{}.{:09d}", abs, static_cast<int64_t>(st.st_size),
                      static_cast<int64_t>(st.st_mtim.tv_sec),
