@@ -129,8 +129,8 @@ Status A2e::a2e_send(int n, std::span<const int32_t> ids, std::span<const float>
     return invalid_argument("a2e send: {} tokens need {} ids/weights, got {}/{}", n, size_t(n) * K,
                             ids.size(), w.size());
   XDS_ASSIGN_OR_RETURN(uint16_t * in, input_rows());  // waits for the release
-  std::memcpy(f_.local() + lay_.att_ids, ids.data(), size_t(n) * K * 4);
-  std::memcpy(f_.local() + lay_.att_w, w.data(), size_t(n) * K * 4);
+  copy_bytes(f_.local() + lay_.att_ids, ids.data(), size_t(n) * K * 4);
+  copy_bytes(f_.local() + lay_.att_w, w.data(), size_t(n) * K * 4);
   if (cfg_.int8) {
     const uint64_t qs = align64(int8_row_bytes(cfg_.hidden));
     for (int t = 0; t < n; ++t)

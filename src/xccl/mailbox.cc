@@ -63,4 +63,9 @@ Status Mailbox::wait_all(std::span<const int> from, Channel ch, uint64_t key, co
   return Status::ok_status();
 }
 
+Status barrier(Mailbox& mb, std::span<const int> peers, uint64_t key, const WaitCtx& ctx) {
+  for (int p : peers) mb.post(p, Channel::kBarrier, key, MailWords{});
+  return mb.wait_all(peers, Channel::kBarrier, key, ctx);
+}
+
 }  // namespace xds::xccl

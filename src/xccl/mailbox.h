@@ -44,6 +44,9 @@ class Mailbox {
   std::vector<uint64_t> seen_;  // [channel * W + from]
 };
 
+// Every rank in `peers` (self excluded) posts to every other and waits for all (kBarrier).
+Status barrier(Mailbox& mb, std::span<const int> peers, uint64_t key, const WaitCtx& ctx);
+
 // Collective key (epoch, step, layer, phase): every device must present the same one.
 inline uint64_t collective_key(uint32_t epoch, uint32_t step, uint16_t layer, uint16_t phase) {
   return (uint64_t(epoch & 0xFFFF) << 48) | (uint64_t(step & 0xFFFFFF) << 24) |

@@ -99,6 +99,12 @@ Status Exchange::wait_released(bool tokens) {
   return Status::ok_status();
 }
 
+Status Exchange::finish() {
+  if (my_sender_ >= 0) XDS_RETURN_IF_ERROR(wait_released(true));
+  if (my_receiver_ >= 0) XDS_RETURN_IF_ERROR(wait_released(false));
+  return Status::ok_status();
+}
+
 Result<uint16_t*> Exchange::input_rows() {
   if (my_sender_ < 0) return failed_precondition("rank {} is not a sender of this exchange", f_.rank());
   XDS_RETURN_IF_ERROR(wait_released(true));

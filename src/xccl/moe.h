@@ -112,6 +112,10 @@ class Exchange {
                   const ExpertMap& map, uint64_t key, bool more = false);
   Status combine(uint16_t* out, uint64_t key);
 
+  // Waits for every outstanding release (receivers done pulling this device's rows and
+  // vectors). Call before dropping an Exchange whose channels another one will reuse.
+  Status finish();
+
   const ExchangeStats& stats() const { return stats_; }
   const MoeConfig& config() const { return cfg_; }
   int sender_pos() const { return my_sender_; }

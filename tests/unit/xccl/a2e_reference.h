@@ -103,7 +103,7 @@ inline Status run_a2e_device(Fabric& f, const A2eCase& c, ThreadPool* pool) {
       const DeviceInput in = make_input(m, f.rank());
       const int n = m.n_tokens[size_t(f.rank())];
       XDS_ASSIGN_OR_RETURN(uint16_t * x, a->input_rows());
-      std::memcpy(x, in.x.data(), in.x.size() * 2);
+      if (n > 0) std::memcpy(x, in.x.data(), in.x.size() * 2);
       XDS_RETURN_IF_ERROR(a->a2e_send(n, in.ids, in.w, key));
       std::vector<uint16_t> out(size_t(n) * size_t(m.hidden));
       XDS_RETURN_IF_ERROR(a->e2a_recv(out.data(), key));

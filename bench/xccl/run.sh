@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# XCCL vs Open MPI on this machine, in one run: builds (Release, build/bench-xccl), runs the
+# XCCL bench (2 device processes pinned to cores 0 and 1) and the Open MPI bench (2 ranks
+# bound to the 2 cores, btl self,vader; vader's single-copy mechanism is recorded), then
+# prints the side-by-side table and writes bench/xccl/results/xccl_vs_mpi.json.
+#   bench/xccl/run.sh [--quick]
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+quick="${1:-}"
+build=build/bench-xccl
+cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build "$build" --target xccl_bench xccl_mpi_bench >/dev/null
+out=bench/xccl/results
+mkdir -p "$out"
+rm -f "$out/xccl.jsonl" "$out/mpi.jsonl"
+"$build/bench/xccl/xccl_bench" "$out/xccl.jsonl" $quick
+single_copy=$(ompi_info --param btl vader --level 9 2>/dev/null |
+  sed -n 's/.*btl_vader_single_copy_mechanism" (current value: "\([a-z]*\)".*/\1/p' | head -n1)
+echo "{\"bench\":\"meta\",\"impl\":\"openmpi\",\"version\":\"$(ompi_info --version 2>/dev/null | head -n1)\",\"btl\":\"self,vader\",\"vader_single_copy\":\"${single_copy:-unknown}\"}" >> "$out/mpi.jsonl"
+mpirun --allow-run-as-root -np 2 --bind-to core --map-by core --mca btl self,vader \
+  "$build/bench/xccl/xccl_mpi_bench" "$out/mpi.jsonl" $quick
+/usr/bin/python3 bench/xccl/report.py "$out/xccl.jsonl" "$out/mpi.jsonl" "$out/xccl_vs_mpi.json"

@@ -1,0 +1,198 @@
+// XCCL benchmarks (run.sh runs this beside Open MPI and prints the table):
+//   memcpy  single-thread memcpy of cold (DRAM) buffers: the physical limit of one copy
+//   p2p     send/recv ping-pong, 8 B .. 64 MB x lanes {1, 2, 4}; zero-copy put+signal (paper Fig. 5)
+//   moe     dispatch / combine, tokens per device 1..512, hidden 2048 / 7168, top-8 of 256
+//           experts, bf16 and INT8 (paper Fig. 6)
+// Two device processes pinned to cores 0 and 1. Writes JSON lines to OUT.
+//   xccl_bench OUT.jsonl [--quick]
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "base/thread_pool.h"
+#include "bench_common.h"
+#include "xccl/launcher.h"
+#include "xccl/moe.h"
+#include "xccl/p2p.h"
+#include "xccl/rowops.h"
+
+namespace {
+
+using namespace xbench;
+using namespace xds;
+using namespace xds::xccl;
+
+void bench_memcpy(const char* out, bool quick) {
+  for (size_t n : p2p_sizes(quick)) {
+    ColdPool src(n), dst(n, size_t(64) << 20);
+    const int iters = iterations_for(n, quick);
+    double best = 1e30;
+    for (int pass = 0; pass < 3; ++pass) {
+      const double t0 = now_s();
+      for (int i = 0; i < iters; ++i) std::memcpy(dst.get(), src.get(), n);
+      best = std::min(best, (now_s() - t0) / iters);
+    }
+    jsonl(out, "{\"bench\":\"memcpy\",\"impl\":\"memcpy\",\"bytes\":" + std::to_string(n) +
+                   ",\"us\":" + std::to_string(best * 1e6) + ",\"gbps\":" +
+                   std::to_string(double(n) / best / 1e9) + "}");
+  }
+}
+
+Status p2p_device(Fabric& f, const char* out, bool quick) {
+  XDS_ASSIGN_OR_RETURN(auto t, make_transport("shm", f));
+  const int me = f.rank(), peer = 1 - me;
+  for (int lanes : {1, 2, 4}) {
+    ThreadPool pool(lanes);
+    P2p p2p(f, *t, P2pOptions{.lanes = lanes, .pool = &pool, .timeout_ms = 600'000});
+    for (size_t n : p2p_sizes(quick)) {
+      if (lanes > 1 && n < 4096) continue;  // a small message uses one lane anyway
+      ColdPool sp(n), rp(n);
+      const int iters = iterations_for(n, quick);
+      double best = 1e30;
+      for (int pass = 0; pass < 3; ++pass) {
+        const double t0 = now_s();
+        for (int i = 0; i < iters; ++i) {
+          auto src = std::span<const std::byte>(reinterpret_cast<std::byte*>(sp.get()), n);
+          auto dst = std::span<std::byte>(reinterpret_cast<std::byte*>(rp.get()), n);
+          if (me == 0) {
+            XDS_RETURN_IF_ERROR(p2p.send(peer, uint64_t(i), src));
+            XDS_RETURN_IF_ERROR(p2p.recv(peer, uint64_t(i), dst).status());
+          } else {
+            XDS_RETURN_IF_ERROR(p2p.recv(peer, uint64_t(i), dst).status());
+            XDS_RETURN_IF_ERROR(p2p.send(peer, uint64_t(i), src));
+          }
+        }
+        if (pass > 0) best = std::min(best, (now_s() - t0) / (2.0 * iters));
+      }
+      if (me == 0)
+        jsonl(out, "{\"bench\":\"p2p\",\"impl\":\"xccl\",\"bytes\":" + std::to_string(n) +
+                       ",\"lanes\":" + std::to_string(lanes) + ",\"one_way_us\":" +
+                       std::to_string(best * 1e6) + ",\"gbps\":" + std::to_string(double(n) / best / 1e9) + "}");
+    }
+  }
+  // Zero-copy: put into the peer's registered (application) buffer + signal; one copy.
+  P2p p2p(f, *t, P2pOptions{.timeout_ms = 600'000});
+  uint64_t v = 0;
+  for (size_t n : p2p_sizes(quick)) {
+    ColdPool sp(n);
+    const int iters = iterations_for(n, quick);
+    double best = 1e30;
+    for (int pass = 0; pass < 3; ++pass) {
+      const double t0 = now_s();
+      for (int i = 0; i < iters; ++i) {
+        ++v;
+        auto src = std::span<const std::byte>(reinterpret_cast<std::byte*>(sp.get()), n);
+        if (me == 0) {
+          XDS_RETURN_IF_ERROR(p2p.put(p2p.app_desc(peer), 0, src, 0, v));
+          XDS_RETURN_IF_ERROR(p2p.wait_signal(peer, 0, v));
+        } else {
+          XDS_RETURN_IF_ERROR(p2p.wait_signal(peer, 0, v));
+          XDS_RETURN_IF_ERROR(p2p.put(p2p.app_desc(peer), 0, src, 0, v));
+        }
+      }
+      if (pass > 0) best = std::min(best, (now_s() - t0) / (2.0 * iters));
+    }
+    if (me == 0)
+      jsonl(out, "{\"bench\":\"p2p_put\",\"impl\":\"xccl\",\"bytes\":" + std::to_string(n) +
+                     ",\"lanes\":1,\"one_way_us\":" + std::to_string(best * 1e6) + ",\"gbps\":" +
+                     std::to_string(double(n) / best / 1e9) + "}");
+  }
+  return Status::ok_status();
+}
+
+MoeConfig moe_cfg(int hidden, bool int8) {
+  return MoeConfig{.hidden = hidden, .topk = 8, .max_tokens = 512, .slots_per_device = 128,
+                   .int8 = int8, .timeout_ms = 600'000};
+}
+
+Status moe_device(Fabric& f, const char* out, bool quick) {
+  XDS_ASSIGN_OR_RETURN(auto t, make_transport("shm", f));
+  Mailbox mb(f, *t);
+  const int me = f.rank();
+  const std::vector<int> peers = {1 - me};
+  const ExpertMap map = ExpertMap::identity(256, 2, 128);
+  uint64_t key = 0;
+  for (int H : {2048, 7168}) {
+    for (bool int8 : {false, true}) {
+      ExchangeRoles roles{{0, 1}, {0, 1}, f.layout().staging};
+      XDS_ASSIGN_OR_RETURN(auto ex, Exchange::create(mb, moe_cfg(H, int8), roles, nullptr));
+      for (int T : moe_token_counts()) {
+        std::vector<int32_t> ids;
+        std::vector<float> w;
+        make_routing(me, T, 8, 256, ids, w);
+        const size_t TH = static_cast<size_t>(T) * static_cast<size_t>(H);
+        std::vector<uint16_t> x(TH), y(TH);
+        for (size_t i = 0; i < x.size(); ++i) x[i] = float_to_bf16(float(int(mix(i) % 200) - 100) / 50.f);
+        std::vector<double> td, tc, tin;
+        uint64_t bytes = 0;
+        const int iters = quick ? 10 : 40;
+        for (int it = 0; it < iters + 3; ++it) {
+          ++key;
+          XDS_RETURN_IF_ERROR(barrier(mb, peers, key, WaitCtx{OpKind::kBarrier, deadline_after_ms(600'000)}));
+          const double ti = now_s();
+          XDS_ASSIGN_OR_RETURN(uint16_t * in, ex->input_rows());
+          std::memcpy(in, x.data(), x.size() * 2);
+          const uint64_t b0 = ex->stats().bytes_pulled_tokens;
+          const double t0 = now_s();
+          XDS_RETURN_IF_ERROR(ex->dispatch(T, ids, w, map, key));
+          const double t1 = now_s();
+          XDS_RETURN_IF_ERROR(ex->combine(y.data(), key));
+          const double t2 = now_s();
+          if (it >= 3) {
+            tin.push_back(t0 - ti);
+            td.push_back(t1 - t0);
+            tc.push_back(t2 - t1);
+            bytes = ex->stats().bytes_pulled_tokens - b0;
+          }
+        }
+        if (me == 0)
+          jsonl(out, "{\"bench\":\"moe\",\"impl\":\"xccl\",\"world\":2,\"tokens\":" + std::to_string(T) +
+                         ",\"hidden\":" + std::to_string(H) + ",\"dtype\":\"" + (int8 ? "int8" : "bf16") +
+                         "\",\"dispatch_us\":" + std::to_string(median(td) * 1e6) +
+                         ",\"combine_us\":" + std::to_string(median(tc) * 1e6) +
+                         ",\"input_copy_us\":" + std::to_string(median(tin) * 1e6) +
+                         ",\"dispatch_bytes_pulled\":" + std::to_string(bytes) + "}");
+      }
+      XDS_RETURN_IF_ERROR(ex->finish());
+    }
+  }
+  return Status::ok_status();
+}
+
+int run_devices(const LaunchOptions& o, Status (*fn)(Fabric&, const char*, bool), const char* out,
+                bool quick) {
+  auto r = launch_devices(o, [&](Fabric& f) {
+    Status st = fn(f, out, quick);
+    if (!st.ok()) std::fprintf(stderr, "device %d: %s\n", f.rank(), st.to_string().c_str());
+    return st.ok() ? 0 : 1;
+  });
+  if (!r.ok()) {
+    std::fprintf(stderr, "%s\n", r.status().to_string().c_str());
+    return 1;
+  }
+  for (const auto& e : *r)
+    if (!e.ok()) return 1;
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const char* out = argc > 1 ? argv[1] : "xccl.jsonl";
+  const bool quick = argc > 2 && std::string(argv[2]) == "--quick";
+  const std::string only = argc > 3 ? argv[3] : "";
+  if (only.empty() || only == "memcpy") bench_memcpy(out, quick);
+  LaunchOptions o;
+  o.devices = 2;
+  o.cpus = {0, 1};
+  o.arena.lanes = 4;
+  o.arena.ring_slots = 4;
+  o.arena.slot_bytes = 256 * 1024;
+  o.arena.app_bytes = size_t(64) << 20;
+  o.arena.staging_bytes = 4096;
+  if ((only.empty() || only == "p2p") && run_devices(o, p2p_device, out, quick) != 0) return 1;
+  o.arena.app_bytes = 0;
+  o.arena.staging_bytes = moe_staging_bytes(moe_cfg(7168, true), 2);
+  if ((only.empty() || only == "moe") && run_devices(o, moe_device, out, quick) != 0) return 1;
+  return 0;
+}

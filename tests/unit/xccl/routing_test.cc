@@ -1,0 +1,133 @@
+// Pure routing and row functions: expert map, plan_routes, group_by_expert, INT8 rows,
+// exchange staging layout. Expected values are worked out by hand in the comments.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "xccl/a2e.h"
+#include "xccl/expert_map.h"
+#include "xccl/moe.h"
+#include "xccl/rowops.h"
+
+namespace xds::xccl {
+namespace {
+
+TEST(XcclExpertMap, IdentityWithSpareSlots) {
+  // 6 logical experts over 2 devices with 4 slots: 3 per device, slot 3 is spare.
+  ExpertMap m = ExpertMap::identity(6, 2, 4, 9);
+  ASSERT_TRUE(m.validate().ok());
+  EXPECT_EQ(m.version, 9u);
+  EXPECT_EQ(m.physical(0, 0), 0);
+  EXPECT_EQ(m.physical(2, 0), 2);
+  EXPECT_EQ(m.physical(3, 0), 4);  // device 1, slot 0
+  EXPECT_EQ(m.physical(5, 0), 6);
+  m.replicas[1].push_back(7);  // replica in device 1's spare slot
+  EXPECT_EQ(m.physical(1, 0), 1);
+  EXPECT_EQ(m.physical(1, 1), 7);  // round-robin by token
+  m.replicas[2] = {8};
+  EXPECT_NE(m.validate().message().find("slot 8 outside [0, 8)"), std::string::npos);
+}
+
+TEST(XcclRouting, PlanSendsATokenOncePerDeviceWithItsLocalExperts) {
+  const ExpertMap m = ExpertMap::identity(8, 2, 4);  // experts 0-3 on device 0, 4-7 on 1
+  // token 0: experts 1, 5, 2  -> device 0 {1, 2}, device 1 {1}
+  // token 1: experts 6, 7, -1 -> device 1 {2, 3}
+  // token 2: experts 0, 3, 2  -> device 0 {0, 3, 2}
+  const std::vector<int32_t> ids = {1, 5, 2, 6, 7, -1, 0, 3, 2};
+  const std::vector<float> w = {.1f, .2f, .3f, .4f, .5f, .6f, .7f, .8f, .9f};
+  auto plan = plan_routes(m, ids, w, 3, 3);
+  ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+  const auto& d0 = plan->per_device[0];
+  const auto& d1 = plan->per_device[1];
+  ASSERT_EQ(d0.size(), 2u);
+  ASSERT_EQ(d1.size(), 2u);
+  EXPECT_EQ(d0[0].token, 0u);
+  EXPECT_EQ(d0[0].n_local, 2);
+  EXPECT_EQ(d0[0].local_expert[0], 1);
+  EXPECT_EQ(d0[0].local_expert[1], 2);
+  EXPECT_FLOAT_EQ(d0[0].weight[1], .3f);
+  EXPECT_EQ(d0[1].token, 2u);
+  EXPECT_EQ(d0[1].n_local, 3);
+  EXPECT_EQ(d1[0].token, 0u);
+  EXPECT_EQ(d1[0].n_local, 1);
+  EXPECT_EQ(d1[0].local_expert[0], 1);
+  EXPECT_EQ(d1[1].token, 1u);
+  EXPECT_EQ(d1[1].local_expert[1], 3);
+  EXPECT_FLOAT_EQ(d1[1].weight[1], .5f);
+  // Out-of-range expert ids are an error naming the token.
+  const std::vector<int32_t> bad = {1, 9, 2};
+  EXPECT_NE(plan_routes(m, bad, w, 1, 3).status().message().find("token 0 expert 9"), std::string::npos);
+}
+
+TEST(XcclRouting, GroupByExpertOrdersByExpertThenSourceThenEntry) {
+  // Source 0 sends token 4 (experts 2, 0) and token 7 (expert 2); source 1 sends token 1 (expert 0).
+  RouteEntry a{}, b{}, c{};
+  a.token = 4; a.n_local = 2; a.local_expert[0] = 2; a.local_expert[1] = 0; a.weight[0] = 1; a.weight[1] = 2;
+  b.token = 7; b.n_local = 1; b.local_expert[0] = 2; b.weight[0] = 3;
+  c.token = 1; c.n_local = 1; c.local_expert[0] = 0; c.weight[0] = 4;
+  const std::vector<RouteEntry> s0 = {a, b}, s1 = {c};
+  const std::vector<std::span<const RouteEntry>> from = {s0, s1};
+  const RecvLayout L = group_by_expert(from, 3);
+  // Expert 0: (src 0, token 4), (src 1, token 1); expert 1: none; expert 2: (0, 4), (0, 7).
+  ASSERT_EQ(L.n_rows(), 4);
+  EXPECT_EQ(L.expert_offset, (std::vector<int32_t>{0, 2, 2, 4}));
+  EXPECT_EQ(L.rows[0].token, 4u);
+  EXPECT_EQ(L.rows[0].weight, 2.f);
+  EXPECT_EQ(L.rows[0].first, 0);  // token 4's first expert is 2, pulled into row 2
+  EXPECT_EQ(L.rows[1].src, 1);
+  EXPECT_EQ(L.rows[2].token, 4u);
+  EXPECT_EQ(L.rows[2].first, 1);
+  EXPECT_EQ(L.rows[3].token, 7u);
+  EXPECT_EQ(L.entry_row[0][0 * kMaxTopk + 0], 2u);
+  EXPECT_EQ(L.entry_row[0][0 * kMaxTopk + 1], 0u);
+  EXPECT_EQ(L.entry_row[1][0], 1u);
+  EXPECT_EQ(rounds_needed(0, 8), 0);
+  EXPECT_EQ(rounds_needed(17, 8), 3);
+}
+
+TEST(XcclRowOps, Int8RowsStayWithinHalfAScaleAndCarryHalfTheBytes) {
+  const int H = 7168;
+  std::vector<uint16_t> x(H), y(H);
+  for (int h = 0; h < H; ++h) x[size_t(h)] = float_to_bf16(std::sin(float(h)) * (h % 7 + 1));
+  std::vector<std::byte> q(int8_row_bytes(H));
+  const float scale = quantize_row_int8(x.data(), H, q.data());
+  float amax = 0;
+  for (int h = 0; h < H; ++h) amax = std::max(amax, std::fabs(bf16_to_float(x[size_t(h)])));
+  EXPECT_FLOAT_EQ(scale, amax / 127.f);
+  dequantize_row_int8(q.data(), H, y.data());
+  for (int h = 0; h < H; ++h) {
+    const float a = bf16_to_float(x[size_t(h)]), b = bf16_to_float(y[size_t(h)]);
+    ASSERT_LE(std::fabs(a - b), scale / 2 + std::fabs(a) / 128.f) << h;
+  }
+  // 7168 int8 values + 4-byte scale vs 7168 * 2 bytes.
+  EXPECT_EQ(int8_row_bytes(H), 7172u);
+  EXPECT_NEAR(double(int8_row_bytes(H)) / (2.0 * H), 0.5, 0.001);
+  // An all-zero row quantizes to zeros.
+  std::vector<uint16_t> z(16, 0), zz(16, 1);
+  std::vector<std::byte> qz(int8_row_bytes(16));
+  quantize_row_int8(z.data(), 16, qz.data());
+  dequantize_row_int8(qz.data(), 16, zz.data());
+  for (uint16_t v : zz) EXPECT_EQ(v, 0);
+}
+
+TEST(XcclRowOps, Bf16RoundsToNearestEven) {
+  EXPECT_EQ(float_to_bf16(1.0f), 0x3f80);
+  EXPECT_EQ(float_to_bf16(1.00390625f), 0x3f80);  // halfway between 0x3f80 and 0x3f81: even
+  EXPECT_EQ(float_to_bf16(1.01171875f), 0x3f82);  // halfway between 0x3f81 and 0x3f82: even
+  EXPECT_EQ(bf16_to_float(0xc040), -3.0f);
+}
+
+TEST(XcclExchangeLayout, RegionsFollowTheDrawnOrder) {
+  MoeConfig c{.hidden = 100, .topk = 8, .max_tokens = 10, .slots_per_device = 4, .int8 = true};
+  const ExchangeLayout l = exchange_layout(c, 3, 2, 4100);
+  EXPECT_EQ(l.routes, 4160u);  // align64(4100)
+  EXPECT_EQ(l.input, 6272u);   // align64(4160 + 2 receivers * 10 tokens * 104 B = 6240)
+  EXPECT_EQ(l.qrows, 8320u);   // align64(6272 + 10 * 100 * 2 = 8272)
+  EXPECT_EQ(l.presum, 9600u);  // 8320 + 10 * 128 (int8 row 100 + 4 = 104 B, stride 128)
+  EXPECT_EQ(l.end, 15616u);    // align64(9600 + 3 senders * 10 * 200 = 15600)
+  c.int8 = false;
+  EXPECT_EQ(exchange_layout(c, 3, 2, 4100).presum, 8320u);  // no INT8 rows
+}
+
+}  // namespace
+}  // namespace xds::xccl
