@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <optional>
 
+#include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
 
 namespace xds::cli {
@@ -38,7 +39,9 @@ Result<std::vector<int32_t>> PromptCodec::encode_prompt(const std::string& text,
     return failed_precondition("{}: no tokenizer files (tokenizer.json): pass --prompt-ids", impl_->model_dir);
   }
   if (chat) {
-    return unimplemented("--chat: chat templates are not wired into generate yet");
+    XDS_ASSIGN_OR_RETURN(ChatTemplate tmpl, ChatTemplate::load(impl_->model_dir, impl_->chat_template_file));
+    const nlohmann::json messages = nlohmann::json::array({{{"role", "user"}, {"content", text}}});
+    return encode_chat(*impl_->tokenizer, tmpl, messages, /*add_generation_prompt=*/true);
   }
   return impl_->tokenizer->encode(text, /*add_special_tokens=*/true);
 }
