@@ -8,6 +8,7 @@ int main(int argc, char** argv) {
   // One line per subcommand (commands.h).
   xds::cli::add_generate_command(app, &exit_code);
   xds::cli::add_mkmodel_command(app, &exit_code);
+  xds::cli::add_tokenize_command(app, &exit_code);
   xds::cli::add_perplexity_command(app, &exit_code);
   (void)&exit_code;
   CLI11_PARSE(app, argc, argv);

@@ -97,6 +97,13 @@ Result<ChatTemplate> ChatTemplate::from_tokenizer_config(const std::string& mode
   return not_found("{}: field 'chat_template': missing (and no chat_template.jinja in {})", path, model_dir);
 }
 
+Result<ChatTemplate> ChatTemplate::load(const std::string& model_dir, const std::string& override_file) {
+  if (override_file.empty()) return from_tokenizer_config(model_dir);
+  XDS_ASSIGN_OR_RETURN(auto t, from_file(override_file));
+  XDS_ASSIGN_OR_RETURN(auto ctx, special_tokens_context(model_dir));
+  return t.with_context(ctx);
+}
+
 ChatTemplate ChatTemplate::with_context(const nlohmann::ordered_json& extra) const {
   ChatTemplate t = *this;
   if (extra.is_object()) {

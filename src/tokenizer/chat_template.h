@@ -25,6 +25,9 @@ class ChatTemplate {
  public:
   static Result<ChatTemplate> from_tokenizer_config(const std::string& model_dir);
   static Result<ChatTemplate> from_file(const std::string& path);
+  // What `--chat-template FILE` means: `override_file` when non-empty (with the model's special
+  // tokens as context), otherwise the model's own template.
+  static Result<ChatTemplate> load(const std::string& model_dir, const std::string& override_file);
   // `name` names the source in errors.
   static Result<ChatTemplate> from_string(const std::string& source, const std::string& name);
 

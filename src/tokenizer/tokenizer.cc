@@ -331,8 +331,8 @@ bool Tokenizer::has_tokenizer_files(const std::string& model_dir) {
 Result<std::vector<int32_t>> Tokenizer::encode(std::string_view text, bool add_special_tokens) const {
   const Impl& t = *impl_;
   if (const size_t bad = utf8::find_invalid(text); bad != std::string_view::npos) {
-    return invalid_argument("encode: input is not valid UTF-8: byte {} (0x{:02x}) at offset {}",
-                            bad, static_cast<uint8_t>(text[bad]), bad);
+    return invalid_argument("encode: input is not valid UTF-8 at byte offset {} (0x{:02x})", bad,
+                            static_cast<uint8_t>(text[bad]));
   }
   std::vector<int32_t> ids;
   ids.reserve(text.size() / 3 + 4);
