@@ -22,6 +22,7 @@ class LinearRunner {
   void operator()(const float* x, int64_t n, int64_t ldx, const MatrixRef& w, float* y,
                   int64_t ldy);
   ThreadPool& pool() { return pool_; }
+  ComputeDType compute() const { return compute_; }
 
  private:
   ComputeDType compute_;

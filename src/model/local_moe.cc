@@ -1,8 +1,11 @@
 #include "model/local_moe.h"
 
+#include <algorithm>
 #include <cstring>
 
+#include "kernels/cpu/linear.h"
 #include "kernels/cpu/ops.h"
+#include "model/deepseek_v3.h"
 
 namespace xds {
 
@@ -14,8 +17,8 @@ const MoeWeights& LocalMoeExchange::layer_weights(int64_t layer) const {
 Status LocalMoeExchange::run(const MoeExchangeInput& in) {
   const MoeWeights& w = layer_weights(in.layer);
   const int64_t d = config_.hidden_size;
-  const int64_t inter = config_.moe_intermediate_size;
   const int64_t experts = static_cast<int64_t>(w.experts.size());
+  if (in.top_k > 64) return unimplemented("MoE: num_experts_per_tok {} > 64", in.top_k);
   std::memset(in.out, 0, sizeof(float) * static_cast<size_t>(in.n * d));
 
   // offsets_[e] .. offsets_[e+1]: the (token * top_k + slot) entries routed to expert e.
@@ -33,28 +36,70 @@ Status LocalMoeExchange::run(const MoeExchangeInput& in) {
     for (int64_t i = 0; i < entries; ++i) order_[fill[in.ids[i]]++] = static_cast<int32_t>(i);
   }
 
+  active_.clear();
   for (int64_t e = 0; e < experts; ++e) {
-    const int64_t begin = offsets_[e], m = offsets_[e + 1] - offsets_[e];
-    if (m == 0) continue;
-    xe_.resize(static_cast<size_t>(m * d));
-    gate_.resize(static_cast<size_t>(m * inter));
-    up_.resize(static_cast<size_t>(m * inter));
-    down_.resize(static_cast<size_t>(m * d));
-    for (int64_t i = 0; i < m; ++i) {
-      const int64_t token = order_[begin + i] / in.top_k;
-      std::memcpy(xe_.data() + i * d, in.x + token * d, sizeof(float) * static_cast<size_t>(d));
-    }
-    const MlpWeights& mlp = w.experts[e];
-    linear_(xe_.data(), m, d, mlp.gate_proj, gate_.data(), inter);
-    linear_(xe_.data(), m, d, mlp.up_proj, up_.data(), inter);
-    kernels::silu_mul(gate_.data(), up_.data(), m * inter, gate_.data());
-    linear_(gate_.data(), m, inter, mlp.down_proj, down_.data(), d);
-    for (int64_t i = 0; i < m; ++i) {
-      const int64_t entry = order_[begin + i];
-      kernels::axpy(in.weights[entry], down_.data() + i * d, d, in.out + (entry / in.top_k) * d);
-    }
+    if (offsets_[e + 1] > offsets_[e]) active_.push_back(static_cast<int32_t>(e));
   }
+  const int64_t d_total = entries * d;
+  if (staged_.size() < static_cast<size_t>(d_total)) staged_.resize(static_cast<size_t>(d_total));
+  ThreadPool& pool = linear_.pool();
+  scratch_.resize(static_cast<size_t>(pool.num_threads()));
+  pool.parallel_for(static_cast<int64_t>(active_.size()), [&](int64_t a0, int64_t a1, int thread) {
+    for (int64_t a = a0; a < a1; ++a) {
+      const int32_t e = active_[a];
+      run_expert(w.experts[e], in, offsets_[e], offsets_[e + 1] - offsets_[e], scratch_[thread]);
+    }
+  });
+  // out[t] = Σ over t's slots in ascending expert id of the staged rows.
+  pool.parallel_for(in.n, [&](int64_t t0, int64_t t1, int) {
+    for (int64_t t = t0; t < t1; ++t) {
+      int32_t slots[64];  // top_k <= 64, checked above
+      const int64_t k = in.top_k;
+      for (int64_t j = 0; j < k; ++j) slots[j] = static_cast<int32_t>(t * in.top_k + j);
+      std::sort(slots, slots + k, [&](int32_t a, int32_t b) { return in.ids[a] < in.ids[b]; });
+      float* o = in.out + t * d;
+      for (int64_t j = 0; j < k; ++j) {
+        const float* row = staged_.data() + static_cast<int64_t>(slots[j]) * d;
+        for (int64_t i = 0; i < d; ++i) o[i] += row[i];
+      }
+    }
+  });
   return {};
+}
+
+void LocalMoeExchange::linear_inline(const float* x, int64_t n, const MatrixRef& w, float* y,
+                                     ThreadScratch& s) {
+  if (linear_.compute() == ComputeDType::kF32) {
+    kernels::linear_f32(x, n, w.cols, w, y, w.rows, inline_pool_);
+    return;
+  }
+  s.bf16.resize(static_cast<size_t>(n * w.cols));
+  kernels::round_to_bf16(x, n * w.cols, s.bf16.data());
+  kernels::linear_bf16(s.bf16.data(), n, w.cols, w, y, w.rows, inline_pool_);
+}
+
+void LocalMoeExchange::run_expert(const MlpWeights& mlp, const MoeExchangeInput& in, int64_t begin,
+                                  int64_t m, ThreadScratch& s) {
+  const int64_t d = config_.hidden_size, inter = config_.moe_intermediate_size;
+  s.xe.resize(static_cast<size_t>(m * d));
+  s.gate.resize(static_cast<size_t>(m * inter));
+  s.up.resize(static_cast<size_t>(m * inter));
+  s.down.resize(static_cast<size_t>(m * d));
+  for (int64_t i = 0; i < m; ++i) {
+    const int64_t token = order_[begin + i] / in.top_k;
+    std::memcpy(s.xe.data() + i * d, in.x + token * d, sizeof(float) * static_cast<size_t>(d));
+  }
+  linear_inline(s.xe.data(), m, mlp.gate_proj, s.gate.data(), s);
+  linear_inline(s.xe.data(), m, mlp.up_proj, s.up.data(), s);
+  kernels::silu_mul(s.gate.data(), s.up.data(), m * inter, s.gate.data());
+  linear_inline(s.gate.data(), m, mlp.down_proj, s.down.data(), s);
+  for (int64_t i = 0; i < m; ++i) {
+    const int64_t entry = order_[begin + i];
+    float* row = staged_.data() + entry * d;
+    const float wgt = in.weights[entry];
+    const float* src = s.down.data() + i * d;
+    for (int64_t j = 0; j < d; ++j) row[j] = wgt * src[j];
+  }
 }
 
 }  // namespace xds

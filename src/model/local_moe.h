@@ -1,9 +1,11 @@
 // LocalMoeExchange: every routed expert computed in this process (one device, no EP).
 //
 // Tokens are grouped by expert (counting sort), each expert runs one batched MLP over its
-// tokens, [m, D] -> [m, I] (gate, up) -> [m, D] (down), and the results are added into
-// out[t] with the gating weights. Logical == physical ids (the identity expert map).
-// Thread-safety: one run() at a time.
+// tokens, [m, D] -> [m, I] (gate, up) -> [m, D] (down). Experts run in parallel, one per
+// pool thread at a time (no pool wake-up per matrix), each writing its outputs to the
+// (token, slot) rows of a staging buffer; out[t] then sums token t's rows in ascending
+// expert order, so the result does not depend on the thread count or the batch.
+// Logical == physical ids (the identity expert map). Thread-safety: one run() at a time.
 #pragma once
 
 #include <vector>
@@ -27,8 +29,19 @@ class LocalMoeExchange final : public MoeExchange {
   const DeepseekV3Config& config_;
   const DeepseekV3Weights& weights_;
   LinearRunner& linear_;
+  struct ThreadScratch {
+    std::vector<float> xe, gate, up, down;      // [m, D], [m, I], [m, I], [m, D]
+    std::vector<uint16_t> bf16;                 // [m, max(D, I)] rounded inputs (bf16 mode)
+  };
+  void run_expert(const MlpWeights& mlp, const MoeExchangeInput& in, int64_t begin, int64_t m,
+                  ThreadScratch& s);
+  void linear_inline(const float* x, int64_t n, const MatrixRef& w, float* y, ThreadScratch& s);
+
   std::vector<int32_t> offsets_, order_;        // counting sort of (token, slot) by expert
-  std::vector<float> xe_, gate_, up_, down_;    // [m, D], [m, I], [m, I], [m, D]
+  std::vector<int32_t> active_;                 // experts with tokens
+  std::vector<float> staged_;                   // [n * top_k, D] weighted expert outputs
+  std::vector<ThreadScratch> scratch_;          // one per pool thread
+  ThreadPool inline_pool_{1};
 };
 
 }  // namespace xds
