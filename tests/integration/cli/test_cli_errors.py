@@ -1,0 +1,99 @@
+"""Bad input to `xdeepserve generate` / `perplexity` gets a clear error (naming what was
+wrong and where) and a non-zero exit code, never a crash or a hang."""
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+
+XDS = None
+
+
+def read_json(path):
+    with open(path) as f:
+        return json.load(f)
+
+
+def run(*args, timeout=120):
+    p = subprocess.run([XDS, *args], capture_output=True, text=True, timeout=timeout)
+    return p.returncode, p.stdout, p.stderr
+
+
+class CliErrors(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="xds_cli_")
+        cls.model = os.path.join(cls.tmp, "tiny")
+        code, _, err = run("mkmodel", "--out", cls.model, "--preset", "tiny", "--seed", "3")
+        assert code == 0, err
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.tmp)
+
+    def expect_error(self, args, code, *fragments):
+        rc, out, err = run(*args)
+        self.assertEqual(rc, code, f"args {args}: stderr {err!r}")
+        self.assertNotIn("Sanitizer", err)
+        for f in fragments:
+            self.assertIn(f, err, f"args {args}")
+
+    def test_missing_model_directory(self):
+        self.expect_error(["generate", "--model", os.path.join(self.tmp, "nope"), "--prompt-ids", "1"], 1,
+                          "config.json")
+
+    def test_bad_prompt_ids(self):
+        self.expect_error(["generate", "--model", self.model, "--prompt-ids", "1,x,3"], 1, "'x' is not a token id")
+
+    def test_token_id_beyond_vocabulary(self):
+        vocab = read_json(os.path.join(self.model, "config.json"))["vocab_size"]
+        self.expect_error(["generate", "--model", self.model, "--prompt-ids", f"1,{vocab}"], 1,
+                          f"token id {vocab} out of range [0, {vocab})")
+
+    def test_text_prompt_without_tokenizer(self):
+        self.expect_error(["generate", "--model", self.model, "--prompt", "hello"], 1, "no tokenizer files")
+
+    def test_bad_compute_dtype(self):
+        self.expect_error(["generate", "--model", self.model, "--prompt-ids", "1", "--compute-dtype", "f16"], 1,
+                          "--compute-dtype must be f32 or bf16, got 'f16'")
+
+    def test_no_prompt(self):
+        self.expect_error(["generate", "--model", self.model], 2, "--prompt or --prompt-ids")
+
+    def test_truncated_weights(self):
+        broken = os.path.join(self.tmp, "truncated")
+        shutil.copytree(self.model, broken)
+        path = os.path.join(broken, "model.safetensors")
+        size = os.path.getsize(path)
+        with open(path, "r+b") as f:
+            f.truncate(size - 1000)
+        self.expect_error(["generate", "--model", broken, "--prompt-ids", "1"], 1, "model.safetensors")
+
+    def test_bad_config_field(self):
+        broken = os.path.join(self.tmp, "badconfig")
+        shutil.copytree(self.model, broken)
+        cfg_path = os.path.join(broken, "config.json")
+        cfg = read_json(cfg_path)
+        cfg["hidden_size"] = -4
+        with open(cfg_path, "w") as f:
+            json.dump(cfg, f)
+        self.expect_error(["generate", "--model", broken, "--prompt-ids", "1"], 1, "hidden_size")
+
+    def test_generation_succeeds_and_reports_throughput(self):
+        rc, out, err = run("generate", "--model", self.model, "--prompt-ids", "1,2,3", "--max-tokens", "4",
+                           "--ignore-eos")
+        self.assertEqual(rc, 0, err)
+        ids = [int(x) for x in out.strip().split(",")]
+        self.assertEqual(len(ids), 4)
+        self.assertIn("tokens/s", err)
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--xdeepserve", required=True)
+    args, rest = ap.parse_known_args()
+    XDS = args.xdeepserve
+    unittest.main(argv=[sys.argv[0], *rest])
