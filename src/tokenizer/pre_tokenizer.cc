@@ -141,11 +141,11 @@ Result<PreTokenizer> PreTokenizer::from_json(const nlohmann::json& j, const std:
   return pt;
 }
 
-Status PreTokenizer::split_one(const Step& st, std::string_view s,
+Status PreTokenizer::split_one(const Step& st, std::string_view s, RegexScratch* scratch,
                                std::vector<std::string>* out) const {
   std::vector<std::pair<size_t, size_t>> matches;
   if (st.regex) {
-    XDS_ASSIGN_OR_RETURN(matches, st.regex->find_all(s));
+    XDS_RETURN_IF_ERROR(st.regex->find_all(s, scratch, &matches));
   } else {
     size_t p = 0;
     while ((p = s.find(st.literal, p)) != std::string_view::npos) {
@@ -167,6 +167,12 @@ Status PreTokenizer::split_one(const Step& st, std::string_view s,
 }
 
 Status PreTokenizer::apply(std::string_view text, std::vector<std::string>* words) const {
+  RegexScratch scratch;
+  return apply(text, &scratch, words);
+}
+
+Status PreTokenizer::apply(std::string_view text, RegexScratch* scratch,
+                           std::vector<std::string>* words) const {
   std::vector<std::string> cur, next;
   cur.emplace_back(text);
   for (const Step& st : steps_) {
@@ -175,7 +181,7 @@ Status PreTokenizer::apply(std::string_view text, std::vector<std::string>* word
       if (st.kind == Kind::kByteLevelPrefix) {
         next.push_back(!w.empty() && w[0] == ' ' ? w : " " + w);
       } else {
-        XDS_RETURN_IF_ERROR(split_one(st, w, &next));
+        XDS_RETURN_IF_ERROR(split_one(st, w, scratch, &next));
       }
     }
     std::swap(cur, next);

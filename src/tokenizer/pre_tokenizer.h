@@ -33,6 +33,7 @@ class PreTokenizer {
 
   // Splits `text` (valid UTF-8) into words. Appends to *words.
   Status apply(std::string_view text, std::vector<std::string>* words) const;
+  Status apply(std::string_view text, RegexScratch* scratch, std::vector<std::string>* words) const;
 
   // Whether a ByteLevel step is present (the BPE vocabulary is then byte-level).
   bool byte_level() const { return byte_level_; }
@@ -48,7 +49,8 @@ class PreTokenizer {
   };
   static Status add_steps(const nlohmann::json& j, const std::string& file,
                           const std::string& field, PreTokenizer* pt);
-  Status split_one(const Step& st, std::string_view s, std::vector<std::string>* out) const;
+  Status split_one(const Step& st, std::string_view s, RegexScratch* scratch,
+                   std::vector<std::string>* out) const;
 
   std::vector<Step> steps_;
   bool byte_level_ = false;

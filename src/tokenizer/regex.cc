@@ -36,29 +36,47 @@ Result<Regex> Regex::compile(std::string_view pattern) {
   return r;
 }
 
+RegexScratch::RegexScratch()
+    : match_data_(pcre2_match_data_create(1, nullptr)), match_context_(pcre2_match_context_create(nullptr)) {}
+
+RegexScratch::~RegexScratch() {
+  if (jit_stack_ != nullptr) pcre2_jit_stack_free(static_cast<pcre2_jit_stack*>(jit_stack_));
+  pcre2_match_context_free(static_cast<pcre2_match_context*>(match_context_));
+  pcre2_match_data_free(static_cast<pcre2_match_data*>(match_data_));
+}
+
 Result<std::vector<std::pair<size_t, size_t>>> Regex::find_all(std::string_view text) const {
+  RegexScratch scratch;
   std::vector<std::pair<size_t, size_t>> out;
-  pcre2_match_data* md = pcre2_match_data_create_from_pattern(code_->code, nullptr);
-  pcre2_match_context* mc = pcre2_match_context_create(nullptr);
-  // Long runs (1 MB of spaces) need more than the default 32 KiB JIT stack for lookaheads.
-  pcre2_jit_stack* js = code_->jit ? pcre2_jit_stack_create(32 * 1024, 8 * 1024 * 1024, nullptr)
-                                   : nullptr;
-  if (js != nullptr) pcre2_jit_stack_assign(mc, nullptr, js);
+  XDS_RETURN_IF_ERROR(find_all(text, &scratch, &out));
+  return out;
+}
+
+Status Regex::find_all(std::string_view text, RegexScratch* scratch,
+                       std::vector<std::pair<size_t, size_t>>* out) const {
+  auto* md = static_cast<pcre2_match_data*>(scratch->match_data_);
+  auto* mc = static_cast<pcre2_match_context*>(scratch->match_context_);
   const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
   size_t start = 0;
-  Status st;
   while (start <= text.size()) {
-    const int rc = pcre2_match(code_->code, subject, text.size(), start, PCRE2_NO_UTF_CHECK, md, mc);
+    int rc = pcre2_match(code_->code, subject, text.size(), start, PCRE2_NO_UTF_CHECK, md, mc);
+    if (rc == PCRE2_ERROR_JIT_STACKLIMIT && scratch->jit_stack_ == nullptr && code_->jit) {
+      // Long runs (1 MB of spaces) can need more than the default 32 KiB JIT stack.
+      auto* js = pcre2_jit_stack_create(32 * 1024, 64 * 1024 * 1024, nullptr);
+      if (js == nullptr) return resource_exhausted("regex '{}': cannot allocate a JIT stack", pattern_);
+      scratch->jit_stack_ = js;
+      pcre2_jit_stack_assign(mc, nullptr, js);
+      rc = pcre2_match(code_->code, subject, text.size(), start, PCRE2_NO_UTF_CHECK, md, mc);
+    }
     if (rc == PCRE2_ERROR_NOMATCH) break;
     if (rc < 0) {
-      st = internal_error("regex '{}': match failed at byte {}: {}", pattern_, start,
-                          pcre2_message(rc));
-      break;
+      return internal_error("regex '{}': match failed at byte {}: {}", pattern_, start, pcre2_message(rc));
     }
+    // rc == 0: ovector too small for the capture groups; the whole match is still set.
     const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
     const size_t b = ov[0], e = ov[1];
     if (e > b) {
-      out.emplace_back(b, e);
+      out->emplace_back(b, e);
       start = e;
     } else {
       // Empty match: skip one character.
@@ -68,11 +86,7 @@ Result<std::vector<std::pair<size_t, size_t>>> Regex::find_all(std::string_view 
       start = b + n;
     }
   }
-  if (js != nullptr) pcre2_jit_stack_free(js);
-  pcre2_match_context_free(mc);
-  pcre2_match_data_free(md);
-  if (!st.ok()) return st;
-  return out;
+  return {};
 }
 
 }  // namespace xds

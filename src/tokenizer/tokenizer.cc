@@ -3,6 +3,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <unordered_map>
 
 #include <nlohmann/json.hpp>
 
@@ -11,6 +12,7 @@
 #include "tokenizer/byte_level.h"
 #include "tokenizer/normalizer.h"
 #include "tokenizer/pre_tokenizer.h"
+#include "tokenizer/regex.h"
 #include "tokenizer/utf8.h"
 
 namespace xds {
@@ -338,10 +340,32 @@ Result<std::vector<int32_t>> Tokenizer::encode(std::string_view text, bool add_s
   ids.reserve(text.size() / 3 + 4);
   if (add_special_tokens) ids = t.prefix;
   std::vector<std::string> words;
+  RegexScratch scratch;
+  // Per-call cache of short words (they repeat in ordinary text): word -> [offset, length) in
+  // cached_ids. Local to this call, so concurrent encodes share nothing mutable.
+  constexpr size_t kCacheWordMax = 15, kCacheEntriesMax = 1 << 16;
+  std::unordered_map<std::string, std::pair<uint32_t, uint32_t>, StringHash, std::equal_to<>> cache;
+  std::vector<int32_t> cached_ids;
   auto encode_text = [&](std::string_view s) -> Status {
     words.clear();
-    XDS_RETURN_IF_ERROR(t.pre_tokenizer.apply(s, &words));
-    for (const auto& w : words) t.model.encode_word(w, &ids);
+    XDS_RETURN_IF_ERROR(t.pre_tokenizer.apply(s, &scratch, &words));
+    for (const auto& w : words) {
+      const bool cacheable = w.size() <= kCacheWordMax;
+      if (cacheable) {
+        if (auto it = cache.find(std::string_view(w)); it != cache.end()) {
+          ids.insert(ids.end(), cached_ids.begin() + it->second.first,
+                     cached_ids.begin() + it->second.first + it->second.second);
+          continue;
+        }
+      }
+      const size_t before = ids.size();
+      t.model.encode_word(w, &ids);
+      if (cacheable && cache.size() < kCacheEntriesMax) {
+        cache.emplace(w, std::make_pair(static_cast<uint32_t>(cached_ids.size()),
+                                        static_cast<uint32_t>(ids.size() - before)));
+        cached_ids.insert(cached_ids.end(), ids.begin() + before, ids.end());
+      }
+    }
     return {};
   };
   for (const AddedSegment& seg : t.raw_matcher.split(text)) {
