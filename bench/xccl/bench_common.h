@@ -88,6 +88,10 @@ inline double median(std::vector<double> v) {
   return v.empty() ? 0 : v[v.size() / 2];
 }
 
+inline double min_of(const std::vector<double>& v) {
+  return v.empty() ? 0 : *std::min_element(v.begin(), v.end());
+}
+
 // Appends one JSON object per line.
 inline void jsonl(const char* path, const std::string& line) {
   if (FILE* f = std::fopen(path, "a")) {

@@ -26,26 +26,25 @@ inline uint16_t tobf(float f) {
 void p2p(int rank, const char* out, bool quick) {
   for (size_t n : p2p_sizes(quick)) {
     ColdPool sp(n), rp(n);
-    const int iters = iterations_for(n, quick);
-    std::vector<double> times;
-    for (int w = 0; w < 3; ++w) {  // warm-up + two measured passes, keep the best pass
-      MPI_Barrier(MPI_COMM_WORLD);
+    const int iters = iterations_for(n, quick) + 2;
+    std::vector<double> samples;  // one-way = round trip / 2; the first two warm up
+    MPI_Barrier(MPI_COMM_WORLD);
+    for (int i = 0; i < iters; ++i) {
       const double t0 = now_s();
-      for (int i = 0; i < iters; ++i) {
-        if (rank == 0) {
-          MPI_Send(sp.get(), int(n), MPI_BYTE, 1, 0, MPI_COMM_WORLD);
-          MPI_Recv(rp.get(), int(n), MPI_BYTE, 1, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
-        } else {
-          MPI_Recv(rp.get(), int(n), MPI_BYTE, 0, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
-          MPI_Send(sp.get(), int(n), MPI_BYTE, 0, 0, MPI_COMM_WORLD);
-        }
+      if (rank == 0) {
+        MPI_Send(sp.get(), int(n), MPI_BYTE, 1, 0, MPI_COMM_WORLD);
+        MPI_Recv(rp.get(), int(n), MPI_BYTE, 1, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+      } else {
+        MPI_Recv(rp.get(), int(n), MPI_BYTE, 0, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+        MPI_Send(sp.get(), int(n), MPI_BYTE, 0, 0, MPI_COMM_WORLD);
       }
-      if (w > 0) times.push_back((now_s() - t0) / (2.0 * iters));
+      if (i >= 2) samples.push_back((now_s() - t0) / 2);
     }
-    const double one_way = *std::min_element(times.begin(), times.end());
+    const double one_way = median(samples);
     if (rank == 0)
       jsonl(out, "{\"bench\":\"p2p\",\"impl\":\"openmpi\",\"bytes\":" + std::to_string(n) +
                      ",\"lanes\":0,\"one_way_us\":" + std::to_string(one_way * 1e6) +
+                     ",\"one_way_min_us\":" + std::to_string(min_of(samples) * 1e6) +
                      ",\"gbps\":" + std::to_string(double(n) / one_way / 1e9) + "}");
   }
 }

@@ -19,7 +19,8 @@
 //   sig(p, k)  = head(W, 0) + 64*(p*K + k)           SignalLine written by p, read by owner
 //   box(c, p)  = sig(W, 0) + 64*(c*W + p)            MailboxLine written by p, read by owner
 //   ── managed data area ── managed = align4096(box(C, 0))
-//   slot(p, l, s) = managed + (p*L*S + l*S + s) * (64 + B)   SlotHeader + B payload bytes,
+//   slot(p, l, s) = managed + (p*L*S + l*S + s) * (64 + B)   SlotHeader + B payload bytes
+//                                                            (<= 24 B ride inline in the header),
 //                                                            written by sender p, read by owner
 //   staging = align4096(slot(W, 0, 0))           G bytes, written by owner, pulled by peers
 //   ── application area ── app = align4096(staging + G), A bytes, registered by the engine
@@ -164,8 +165,10 @@ struct alignas(kLine) SlotHeader {
   uint32_t chunk_id;     // index of this chunk in the message
   uint32_t lanes_used;   // lanes this message is spread over
   uint32_t epoch;
-  uint32_t reserved[7];
+  uint32_t reserved;
+  uint8_t inline_data[24];  // a chunk of <= kInlineBytes travels here, in the header's line
 };
+inline constexpr uint64_t kInlineBytes = 24;
 
 static_assert(sizeof(IdentityLine) == kLine);
 static_assert(sizeof(PoisonLine) == kLine);

@@ -161,9 +161,14 @@ LaneStep send_lane(Fabric& f, Transport& t, P2pOp& op, int l) {
     h.lanes_used = static_cast<uint32_t>(op.plan.lanes_used);
     h.epoch = f.epoch();
     const MemDesc slot{op.peer, lay.slot_off(me, l, seq), lay.slot_stride()};
-    t.put(slot, 0, &h, sizeof(h));
-    t.put_with_signal(slot, kLine, op.buf + off, n, SignalRef{op.peer, lay.tail_off(me, l)},
-                      seq + 1);
+    const SignalRef tail{op.peer, lay.tail_off(me, l)};
+    if (n <= kInlineBytes) {  // small: one cache line carries header and data
+      copy_bytes(h.inline_data, op.buf + off, n);
+      t.put_with_signal(slot, 0, &h, sizeof(h), tail, seq + 1);
+    } else {
+      t.put(slot, 0, &h, sizeof(h));
+      t.put_with_signal(slot, kLine, op.buf + off, n, tail, seq + 1);
+    }
     ++c.next;
     op.moved.fetch_add(n, std::memory_order_relaxed);
     r.moved = true;
@@ -196,7 +201,10 @@ LaneStep recv_lane(Fabric& f, Transport& t, P2pOp& op, int l) {
     }
     const uint64_t off = chunk * op.plan.chunk_bytes;
     const uint64_t n = std::min(op.plan.chunk_bytes, op.total - std::min(off, op.total));
-    if (!op.too_small) t.get(op.buf + off, slot, kLine, n);
+    if (!op.too_small) {
+      if (n <= kInlineBytes) copy_bytes(op.buf + off, h.inline_data, n);
+      else t.get(op.buf + off, slot, kLine, n);
+    }
     t.put_with_signal(MemDesc{}, 0, nullptr, 0, SignalRef{op.peer, lay.head_off(me, l)}, seq + 1);
     ++c.next;
     op.moved.fetch_add(n, std::memory_order_relaxed);
