@@ -188,25 +188,57 @@ void round_to_bf16(const float* src, int64_t count, uint16_t* dst) {
   for (int64_t i = 0; i < count; ++i) dst[i] = f32_to_bf16(src[i]);
 }
 
+namespace {
+
+// y[t, c0 .. c0+8*CB) += Σ_r x[t, r] W[r, c0 ..] for TB tokens, accumulated in registers
+// over all rows r (W is read once per TB tokens).
+template <typename WT, int TB, int CB>
+void nn_tile(const float* x, int64_t ldx, const WT* w, int64_t rows, int64_t ldw, float* y, int64_t ldy) {
+  __m256 acc[TB][CB];
+  for (int t = 0; t < TB; ++t)
+    for (int c = 0; c < CB; ++c) acc[t][c] = _mm256_loadu_ps(y + t * ldy + 8 * c);
+  for (int64_t r = 0; r < rows; ++r) {
+    __m256 wv[CB];
+    for (int c = 0; c < CB; ++c) wv[c] = load8(w + r * ldw + 8 * c);
+    for (int t = 0; t < TB; ++t) {
+      const __m256 xv = _mm256_set1_ps(x[t * ldx + r]);
+      for (int c = 0; c < CB; ++c) acc[t][c] = _mm256_fmadd_ps(xv, wv[c], acc[t][c]);
+    }
+  }
+  for (int t = 0; t < TB; ++t)
+    for (int c = 0; c < CB; ++c) _mm256_storeu_ps(y + t * ldy + 8 * c, acc[t][c]);
+}
+
+template <typename WT>
+void matmul_nn_impl(const float* x, int64_t n, int64_t ldx, const WT* w, int64_t rows, int64_t cols,
+                    float* y, int64_t ldy) {
+  const int64_t cv = cols & ~int64_t{31};  // blocks of 32 columns (4 registers)
+  for (int64_t t = 0; t < n; t += 3) {
+    const int tb = static_cast<int>(std::min<int64_t>(3, n - t));
+    for (int64_t c = 0; c < cv; c += 32) {
+      const float* xt = x + t * ldx;
+      float* yt = y + t * ldy + c;
+      if (tb == 3) nn_tile<WT, 3, 4>(xt, ldx, w + c, rows, cols, yt, ldy);
+      if (tb == 2) nn_tile<WT, 2, 4>(xt, ldx, w + c, rows, cols, yt, ldy);
+      if (tb == 1) nn_tile<WT, 1, 4>(xt, ldx, w + c, rows, cols, yt, ldy);
+    }
+  }
+  for (int64_t t = 0; t < n; ++t) {  // the remaining columns
+    for (int64_t r = 0; r < rows; ++r) {
+      const float xr = x[t * ldx + r];
+      for (int64_t c = cv; c < cols; ++c) y[t * ldy + c] += xr * scalar(w[r * cols + c]);
+    }
+  }
+}
+
+}  // namespace
+
 void matmul_nn_accumulate(const float* x, int64_t n, int64_t ldx, const MatrixRef& w,
                           float* y, int64_t ldy) {
-  const int64_t cols = w.cols;
-  const int64_t cv = cols & ~int64_t{7};
-  for (int64_t r = 0; r < w.rows; ++r) {
-    const uint16_t* wb = static_cast<const uint16_t*>(w.data) + r * cols;
-    const float* wf = static_cast<const float*>(w.data) + r * cols;
-    const bool bf16 = w.dtype == DType::kBF16;
-    for (int64_t c0 = 0; c0 < cv; c0 += 8) {
-      const __m256 wv = bf16 ? load8(wb + c0) : load8(wf + c0);
-      for (int64_t t = 0; t < n; ++t) {
-        float* yt = y + t * ldy + c0;
-        _mm256_storeu_ps(yt, _mm256_fmadd_ps(_mm256_set1_ps(x[t * ldx + r]), wv, _mm256_loadu_ps(yt)));
-      }
-    }
-    for (int64_t c = cv; c < cols; ++c) {
-      const float wc = bf16 ? bf16_to_f32(wb[c]) : wf[c];
-      for (int64_t t = 0; t < n; ++t) y[t * ldy + c] += x[t * ldx + r] * wc;
-    }
+  if (w.dtype == DType::kBF16) {
+    matmul_nn_impl(x, n, ldx, static_cast<const uint16_t*>(w.data), w.rows, w.cols, y, ldy);
+  } else {
+    matmul_nn_impl(x, n, ldx, static_cast<const float*>(w.data), w.rows, w.cols, y, ldy);
   }
 }
 
