@@ -65,7 +65,8 @@ enum class Channel : uint32_t {
   kE2aTrampolineDone,  // trampoline -> expert: pulled
   kE2aToAttention,     // trampoline -> attention: result ready
   kE2aAttentionDone,   // attention -> trampoline: pulled
-  kBarrier,
+  kBarrier,            // barriers / step headers with an even index
+  kBarrierOdd,         // ... odd index (double-buffered: a peer may run one barrier ahead)
   kCount,
 };
 inline constexpr int kMailboxChannels = static_cast<int>(Channel::kCount);

@@ -64,8 +64,14 @@ Status Mailbox::wait_all(std::span<const int> from, Channel ch, uint64_t key, co
 }
 
 Status barrier(Mailbox& mb, std::span<const int> peers, uint64_t key, const WaitCtx& ctx) {
-  for (int p : peers) mb.post(p, Channel::kBarrier, key, MailWords{});
-  return mb.wait_all(peers, Channel::kBarrier, key, ctx);
+  return allgather_words(mb, peers, key, MailWords{}, ctx, {});
+}
+
+Status allgather_words(Mailbox& mb, std::span<const int> peers, uint64_t key,
+                       const MailWords& mine, const WaitCtx& ctx, std::span<MailWords> out) {
+  const Channel ch = mb.next_barrier_channel();
+  for (int p : peers) mb.post(p, ch, key, mine);
+  return mb.wait_all(peers, ch, key, ctx, out);
 }
 
 }  // namespace xds::xccl

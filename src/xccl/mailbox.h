@@ -35,6 +35,10 @@ class Mailbox {
 
   Fabric& fabric() { return f_; }
   Transport& transport() { return t_; }
+  // kBarrier / kBarrierOdd alternately; every device runs the same sequence of barriers.
+  Channel next_barrier_channel() {
+    return (barriers_++ & 1) ? Channel::kBarrierOdd : Channel::kBarrier;
+  }
 
  private:
   MailboxLine& line(int owner, Channel ch, int writer) const;
@@ -42,10 +46,17 @@ class Mailbox {
   Transport& t_;
   std::vector<uint64_t> sent_;  // [channel * W + to]
   std::vector<uint64_t> seen_;  // [channel * W + from]
+  uint64_t barriers_ = 0;
 };
 
 // Every rank in `peers` (self excluded) posts to every other and waits for all (kBarrier).
 Status barrier(Mailbox& mb, std::span<const int> peers, uint64_t key, const WaitCtx& ctx);
+// The step header exchange of "devices step together": every device posts `mine` (epoch-local
+// step, tokens, MoE passes, map version, abort flag, ... as the caller defines) and receives
+// every peer's; out[i] is peers[i]'s words. Barriers alternate between two channels: a peer
+// that left barrier k may post k+1 before everyone read k, but cannot reach k+2.
+Status allgather_words(Mailbox& mb, std::span<const int> peers, uint64_t key,
+                       const MailWords& mine, const WaitCtx& ctx, std::span<MailWords> out);
 
 // Collective key (epoch, step, layer, phase): every device must present the same one.
 inline uint64_t collective_key(uint32_t epoch, uint32_t step, uint16_t layer, uint16_t phase) {

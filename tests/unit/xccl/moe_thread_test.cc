@@ -180,3 +180,40 @@ TEST(XcclMoeThread, SilentDeviceFailsTheCollectiveOnEverySurvivor) {
 
 }  // namespace
 }  // namespace xds::xccl
+
+namespace xds::xccl {
+namespace {
+
+TEST(XcclMailboxThread, StepHeaderAllgatherAndAbortFlagPoisonsAlike) {
+  ArenaConfig a;
+  a.world_size = 4;
+  auto tf = ThreadFabric::create(a, 2);
+  ASSERT_TRUE(tf.ok());
+  auto st = (*tf)->run([&](Fabric& f) -> Status {
+    auto t = make_transport("shm", f);
+    Mailbox mb(f, **t);
+    std::vector<int> peers;
+    for (int r = 0; r < 4; ++r)
+      if (r != f.rank()) peers.push_back(r);
+    WaitCtx ctx{OpKind::kBarrier, deadline_after_ms(30'000)};
+    for (uint32_t step = 0; step < 3; ++step) {
+      std::vector<MailWords> got(peers.size());
+      const MailWords mine{step, uint64_t(f.rank()) * 10 + step, 0, 0, 0, 0};  // tokens per device
+      XDS_RETURN_IF_ERROR(allgather_words(mb, peers, collective_key(2, step, 0, 0), mine, ctx, got));
+      for (size_t i = 0; i < peers.size(); ++i)
+        if (got[i][0] != step || got[i][1] != uint64_t(peers[i]) * 10 + step)
+          return internal_error("step {}: header from {} is ({}, {})", step, peers[i], got[i][0], got[i][1]);
+    }
+    // Rank 3 raises the abort flag: every device's next wait fails with the same status.
+    if (f.rank() == 3) return f.poison({f.epoch(), 3, PoisonReason::kAborted, OpKind::kBarrier, 3});
+    return barrier(mb, peers, collective_key(2, 3, 0, 0), ctx);
+  });
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_EQ(st[size_t(r)].code(), StatusCode::kAborted) << st[size_t(r)].to_string();
+    EXPECT_EQ(st[size_t(r)].to_string(), st[3].to_string());
+  }
+  EXPECT_NE(st[0].message().find("peer 3 aborted during barrier"), std::string::npos) << st[0].to_string();
+}
+
+}  // namespace
+}  // namespace xds::xccl
