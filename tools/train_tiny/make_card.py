@@ -152,7 +152,10 @@ The training chapters are encoded as `BOS chapter EOS`, concatenated:
 {st['step']} steps of {targs['batch']} random windows x {targs['seq']} tokens
 ({tokens_seen:,} tokens, {tokens_seen / n_train_tokens:.2f} epochs), AdamW (betas 0.9/0.95,
 weight decay 0.1 on matrices), peak learning rate {targs['lr']:g}, {targs['warmup']} warm-up
-steps then cosine to 10%, gradient clipping 1.0, float32 on CPU with {targs['threads']} threads.
+steps, then cosine towards 10% over a {targs['steps']}-step horizon until step
+{targs.get('anneal_from')}, then linear to 10% at step {st['step']} (the run was shortened in flight to fit
+the time budget; the flags reproduce it exactly), gradient clipping 1.0, float32 on CPU with
+{targs['threads']} threads.
 Loss = main next-token cross-entropy + {targs['mtp_weight']} x MTP (token t+2) cross-entropy.
 Aux-loss-free balancing: after every step, per MoE layer, bias_e += {targs['bias_rate']:g} x
 sign(mean load - load_e) over the batch's choices; the bias enters the selection only.

@@ -65,11 +65,20 @@ def batch_for_step(ids, step, batch, seq):
     return torch.from_numpy(x)
 
 
-def lr_at(step, steps, peak, warmup, floor_frac=0.1):
-    if step < warmup:
-        return peak * (step + 1) / warmup
-    p = (step - warmup) / max(1, steps - warmup)
-    return peak * (floor_frac + (1 - floor_frac) * 0.5 * (1 + math.cos(math.pi * p)))
+def lr_at(step, steps, peak, warmup, anneal_from=None, anneal_steps=0, floor_frac=0.1):
+    """Linear warm-up, then cosine from peak to floor_frac*peak over `steps`. With
+    anneal_from set, from that step on the rate instead falls linearly from its cosine value
+    there to the floor in anneal_steps steps (training then ends at anneal_from +
+    anneal_steps): the way to shorten a run in flight without changing its past."""
+    def cosine(s):
+        if s < warmup:
+            return peak * (s + 1) / warmup
+        p = (s - warmup) / max(1, steps - warmup)
+        return peak * (floor_frac + (1 - floor_frac) * 0.5 * (1 + math.cos(math.pi * p)))
+    if anneal_from is None or step < anneal_from:
+        return cosine(step)
+    f = (step - anneal_from + 1) / anneal_steps
+    return cosine(anneal_from) * (1 - f) + peak * floor_frac * f
 
 
 def losses(m, x):
@@ -98,17 +107,22 @@ def update_bias(m, rate):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--work", default="build/train_tiny")
-    ap.add_argument("--steps", type=int, default=480)
+    ap.add_argument("--steps", type=int, default=640)
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--seq", type=int, default=512)
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--warmup", type=int, default=40)
+    ap.add_argument("--anneal-from", type=int, default=175)
+    ap.add_argument("--anneal-steps", type=int, default=225)
     ap.add_argument("--mtp-weight", type=float, default=0.3)
     ap.add_argument("--bias-rate", type=float, default=1e-3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--ckpt-every", type=int, default=25)
     ap.add_argument("--log-every", type=int, default=5)
     args = ap.parse_args()
+    last_step = args.steps
+    if args.anneal_from is not None:
+        last_step = args.anneal_from + args.anneal_steps
     torch.set_num_threads(args.threads)
     torch.manual_seed(SEED)
 
@@ -133,11 +147,12 @@ def main():
     log = open(os.path.join(args.work, "train.log"), "a")
     print(f"params {m.num_params()} train tokens {len(ids)} steps {args.steps} "
           f"batch {args.batch}x{args.seq}", flush=True)
+    print(f"last step {last_step}", flush=True)
     m.train()
     t_last = time.time()
     acc = {"main": 0.0, "mtp": 0.0, "n": 0}
-    while step < args.steps:
-        lr = lr_at(step, args.steps, args.lr, args.warmup)
+    while step < last_step:
+        lr = lr_at(step, args.steps, args.lr, args.warmup, args.anneal_from, args.anneal_steps)
         for g in opt.param_groups:
             g["lr"] = lr
         x = batch_for_step(ids, step, args.batch, args.seq)
@@ -155,19 +170,19 @@ def main():
         acc["main"] += main_l.item()
         acc["mtp"] += mtp_l.item()
         acc["n"] += 1
-        if step % args.log_every == 0 or step == args.steps:
+        if step % args.log_every == 0 or step == last_step:
             mm, mt = acc["main"] / acc["n"], acc["mtp"] / acc["n"]
             history.append({"step": step, "main": mm, "mtp": mt, "elapsed": elapsed})
             acc = {"main": 0.0, "mtp": 0.0, "n": 0}
             rate = step * args.batch * args.seq / elapsed
-            eta = (args.steps - step) * elapsed / step
-            line = (f"step {step}/{args.steps} loss {mm:.3f} mtp {mt:.3f} lr {lr:.2e} "
+            eta = (last_step - step) * elapsed / step
+            line = (f"step {step}/{last_step} loss {mm:.3f} mtp {mt:.3f} lr {lr:.2e} "
                     f"load max/mean {' '.join(f'{v:.2f}' for v in loads)} "
                     f"{rate:.0f} tok/s elapsed {elapsed / 60:.1f} min eta {eta / 60:.1f} min")
             print(line, flush=True)
             log.write(line + "\n")
             log.flush()
-        if step % args.ckpt_every == 0 or step == args.steps:
+        if step % args.ckpt_every == 0 or step == last_step:
             tmp = ckpt + ".tmp"
             torch.save({"model": m.state_dict(), "opt": opt.state_dict(), "step": step,
                         "elapsed": elapsed, "history": history, "config": cfg,
