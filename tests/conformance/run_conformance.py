@@ -48,6 +48,10 @@ CASES = [
     # 37 prompt tokens + 8: crosses KV blocks (16 tokens) in prefill, chunk edges straddle them.
     {"name": "bf16_long", "maker": "engine", "args": ["--preset", "tiny"], "prompt_len": 37,
      "variants": ["oneshot", "chunked", "expanded", "chunked_absorbed"]},
+    # 70 prompt tokens: prefill linears take the engine's many-token (sgemm) path.
+    {"name": "fp8_prefill70", "maker": "engine",
+     "args": ["--preset", "tiny", "--dtype", "fp8"], "prompt_len": 70,
+     "variants": ["oneshot", "chunked_absorbed"]},
     {"name": "fp8_2shards", "maker": "engine",
      "args": ["--preset", "tiny", "--dtype", "fp8", "--shards", "2"], "variants": ["oneshot"]},
     {"name": "yarn", "maker": "engine", "args": ["--preset", "tiny", "--yarn"],
