@@ -87,6 +87,10 @@ Status run_generate(const GenerateArgs& a) {
   const int64_t valid_vocab = codec.valid_vocab(cfg.vocab_size);
 
   const int64_t total = static_cast<int64_t>(prompt.size()) + a.max_tokens;
+  if (total > cfg.max_position_embeddings) {
+    return invalid_argument("prompt ({} tokens) + --max-tokens {} exceeds the model's max_position_embeddings {}",
+                            prompt.size(), a.max_tokens, cfg.max_position_embeddings);
+  }
   KvCache cache = model->make_cache(total + 16);
   const int64_t seq = cache.add_sequence();
 

@@ -60,6 +60,11 @@ class CliErrors(unittest.TestCase):
         self.expect_error(["generate", "--model", self.model, "--prompt-ids", "1", "--compute-dtype", "f16"], 1,
                           "--compute-dtype must be f32 or bf16, got 'f16'")
 
+    def test_context_beyond_max_position_embeddings(self):
+        limit = read_json(os.path.join(self.model, "config.json"))["max_position_embeddings"]
+        self.expect_error(["generate", "--model", self.model, "--prompt-ids", "1,2", "--max-tokens", str(limit)], 1,
+                          f"exceeds the model's max_position_embeddings {limit}")
+
     def test_no_prompt(self):
         self.expect_error(["generate", "--model", self.model], 2, "--prompt or --prompt-ids")
 
