@@ -90,7 +90,7 @@ def main():
     cfg = oracle.cfg
     vocab = cfg.vocab_size
     tokens = np.fromfile(os.path.join(args.ref, "tokens.i32"), dtype="<i4")
-    n_seq = int(meta.get("num_sequences", 3))
+    n_seq = int(meta["rows"])
     tokens = tokens.reshape(n_seq, -1)
     t = tokens.shape[1]
     ref_logits = load(args.ref, "logits.f32", "<f4", (n_seq, t, vocab)).astype(np.float64)
