@@ -26,7 +26,8 @@ inline std::vector<size_t> p2p_sizes(bool quick) {
   s.push_back(64u << 20);
   std::sort(s.begin(), s.end());
   s.erase(std::unique(s.begin(), s.end()), s.end());
-  if (quick) s.erase(std::remove_if(s.begin(), s.end(), [](size_t n) { return n > (4u << 20); }), s.end());
+  if (quick)
+    s.erase(std::remove_if(s.begin(), s.end(), [](size_t n) { return n > (4u << 20); }), s.end());
   return s;
 }
 
@@ -71,8 +72,9 @@ inline void make_routing(int rank, int n_tokens, int k, int n_experts, std::vect
       bool dup;
       uint64_t salt = 0;
       do {
-        e = int32_t(mix((uint64_t(rank) << 40) ^ (uint64_t(t) << 16) ^ uint64_t(j) ^ (salt++ << 56)) %
-                    uint64_t(n_experts));
+        e = int32_t(
+            mix((uint64_t(rank) << 40) ^ (uint64_t(t) << 16) ^ uint64_t(j) ^ (salt++ << 56)) %
+            uint64_t(n_experts));
         dup = false;
         for (int i = 0; i < j; ++i) dup |= ids[size_t(t * k + i)] == e;
       } while (dup);
@@ -81,7 +83,9 @@ inline void make_routing(int rank, int n_tokens, int k, int n_experts, std::vect
     }
 }
 
-inline std::vector<int> moe_token_counts() { return {1, 2, 4, 8, 16, 32, 64, 128, 256, 512}; }
+inline std::vector<int> moe_token_counts() {
+  return {1, 2, 4, 8, 16, 32, 64, 128, 256, 512};
+}
 
 inline double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());

@@ -15,7 +15,12 @@ namespace {
 
 using namespace xbench;
 
-inline float bf(uint16_t b) { uint32_t u = uint32_t(b) << 16; float f; std::memcpy(&f, &u, 4); return f; }
+inline float bf(uint16_t b) {
+  uint32_t u = uint32_t(b) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
 inline uint16_t tobf(float f) {
   uint32_t u;
   std::memcpy(&u, &f, 4);
@@ -62,7 +67,8 @@ void moe(int rank, int world, const char* out, bool quick) {
       for (size_t i = 0; i < x.size(); ++i) x[i] = tobf(float(int(mix(i) % 200) - 100) / 50.f);
       const size_t row = size_t(H) * 2 + kMeta;
       std::vector<unsigned char> sendbuf, recvbuf;
-      std::vector<uint16_t> back_send, back_recv, result(static_cast<size_t>(T) * static_cast<size_t>(H));
+      std::vector<uint16_t> back_send, back_recv, expert_out,
+          result(static_cast<size_t>(T) * static_cast<size_t>(H));
       std::vector<float> acc(static_cast<size_t>(H));
       const int iters = quick ? 10 : 40;
       std::vector<double> td, tc;
@@ -84,8 +90,12 @@ void moe(int rank, int world, const char* out, bool quick) {
         std::vector<int> sb(W), sd(W), rb(W), rd(W);
         int so = 0, ro = 0;
         for (int d = 0; d < world; ++d) {
-          sb[size_t(d)] = scount[size_t(d)] * int(row); sd[size_t(d)] = so; so += sb[size_t(d)];
-          rb[size_t(d)] = rcount[size_t(d)] * int(row); rd[size_t(d)] = ro; ro += rb[size_t(d)];
+          sb[size_t(d)] = scount[size_t(d)] * int(row);
+          sd[size_t(d)] = so;
+          so += sb[size_t(d)];
+          rb[size_t(d)] = rcount[size_t(d)] * int(row);
+          rd[size_t(d)] = ro;
+          ro += rb[size_t(d)];
         }
         sendbuf.resize(size_t(so));
         recvbuf.resize(size_t(ro));
@@ -108,40 +118,56 @@ void moe(int rank, int world, const char* out, bool quick) {
         MPI_Alltoallv(sendbuf.data(), sb.data(), sd.data(), MPI_BYTE, recvbuf.data(), rb.data(),
                       rd.data(), MPI_BYTE, MPI_COMM_WORLD);
         const double t1 = now_s();
-        // combine: pre-sum each received token over its local experts (the expert output is the
-        // row itself here; XCCL's bench does the same arithmetic), send back, sum per token.
+        // combine: pre-sum each received token over its local experts' outputs (one distinct
+        // output row per (token, local expert), as XCCL's bench reads), send back, sum per token.
         const int n_recv = ro / int(row);
         back_send.resize(size_t(n_recv) * size_t(H));
+        size_t n_pairs = 0;
+        for (int r = 0; r < n_recv; ++r) {
+          int32_t nl;
+          std::memcpy(&nl, recvbuf.data() + size_t(r) * row + size_t(H) * 2 + 4, 4);
+          n_pairs += size_t(nl);
+        }
+        if (expert_out.size() < n_pairs * size_t(H)) expert_out.resize(n_pairs * size_t(H));
+        size_t pair = 0;
         for (int r = 0; r < n_recv; ++r) {
           const unsigned char* q = recvbuf.data() + size_t(r) * row;
           int32_t meta[kMeta / 4];
           std::memcpy(meta, q + size_t(H) * 2, kMeta);
-          const auto* xr = reinterpret_cast<const uint16_t*>(q);
           std::fill(acc.begin(), acc.end(), 0.f);
           for (int j = 0; j < meta[1]; ++j) {
             float w;
             std::memcpy(&w, &meta[10 + j], 4);
+            const uint16_t* xr = expert_out.data() + pair++ * size_t(H);
             for (int h = 0; h < H; ++h) acc[size_t(h)] += w * bf(xr[h]);
           }
-          for (int h = 0; h < H; ++h) back_send[size_t(r) * size_t(H) + size_t(h)] = tobf(acc[size_t(h)]);
+          for (int h = 0; h < H; ++h)
+            back_send[size_t(r) * size_t(H) + size_t(h)] = tobf(acc[size_t(h)]);
         }
         back_recv.resize(size_t(so / int(row)) * size_t(H));
         std::vector<int> bsb(W), bsd(W), brb(W), brd(W);
         for (int d = 0; d < world; ++d) {
-          bsb[size_t(d)] = rcount[size_t(d)] * H * 2; bsd[size_t(d)] = rd[size_t(d)] / int(row) * H * 2;
-          brb[size_t(d)] = scount[size_t(d)] * H * 2; brd[size_t(d)] = sd[size_t(d)] / int(row) * H * 2;
+          bsb[size_t(d)] = rcount[size_t(d)] * H * 2;
+          bsd[size_t(d)] = rd[size_t(d)] / int(row) * H * 2;
+          brb[size_t(d)] = scount[size_t(d)] * H * 2;
+          brd[size_t(d)] = sd[size_t(d)] / int(row) * H * 2;
         }
         MPI_Alltoallv(back_send.data(), bsb.data(), bsd.data(), MPI_BYTE, back_recv.data(),
                       brb.data(), brd.data(), MPI_BYTE, MPI_COMM_WORLD);
-        std::vector<float> sum(static_cast<size_t>(T) * static_cast<size_t>(H), 0.f);
-        size_t r = 0;
+        // per token, sum its vectors (one per device) in f32, as XCCL's gather does
+        std::vector<std::vector<uint32_t>> tok_rows(static_cast<size_t>(T));
+        uint32_t r = 0;
         for (int d = 0; d < world; ++d)
-          for (int t : dest_tokens[size_t(d)]) {
-            const uint16_t* v = back_recv.data() + r++ * size_t(H);
-            float* s = sum.data() + size_t(t) * size_t(H);
-            for (int h = 0; h < H; ++h) s[h] += bf(v[h]);
+          for (int t : dest_tokens[size_t(d)]) tok_rows[size_t(t)].push_back(r++);
+        for (int t = 0; t < T; ++t) {
+          std::fill(acc.begin(), acc.end(), 0.f);
+          for (uint32_t k : tok_rows[size_t(t)]) {
+            const uint16_t* v = back_recv.data() + size_t(k) * size_t(H);
+            for (int h = 0; h < H; ++h) acc[size_t(h)] += bf(v[h]);
           }
-        for (size_t i = 0; i < sum.size(); ++i) result[i] = tobf(sum[i]);
+          for (int h = 0; h < H; ++h)
+            result[size_t(t) * size_t(H) + size_t(h)] = tobf(acc[size_t(h)]);
+        }
         const double t2 = now_s();
         if (it >= 3) {
           td.push_back(t1 - t0);
@@ -152,7 +178,9 @@ void moe(int rank, int world, const char* out, bool quick) {
         jsonl(out, "{\"bench\":\"moe\",\"impl\":\"openmpi\",\"world\":" + std::to_string(world) +
                        ",\"tokens\":" + std::to_string(T) + ",\"hidden\":" + std::to_string(H) +
                        ",\"dtype\":\"bf16\",\"dispatch_us\":" + std::to_string(median(td) * 1e6) +
-                       ",\"combine_us\":" + std::to_string(median(tc) * 1e6) + "}");
+                       ",\"combine_us\":" + std::to_string(median(tc) * 1e6) +
+                       ",\"dispatch_min_us\":" + std::to_string(min_of(td) * 1e6) +
+                       ",\"combine_min_us\":" + std::to_string(min_of(tc) * 1e6) + "}");
     }
   }
 }

@@ -1,5 +1,9 @@
 #!/usr/bin/python3
-"""Prints the XCCL vs Open MPI tables and the target checks; writes the merged JSON."""
+"""Prints the XCCL vs Open MPI tables and the target checks; writes the merged JSON.
+
+Every figure is shown as median / best (min) over its samples: on a shared 2-core VM the
+median carries the other tenants' preemptions, the best shows what the code path costs when
+both devices run. Targets are checked on both."""
 import json
 import sys
 
@@ -15,54 +19,72 @@ p2p = {(r["impl"], r["lanes"], r["bytes"]): r for r in rows if r["bench"] == "p2
 put = {r["bytes"]: r for r in rows if r["bench"] == "p2p_put"}
 moe = {(r["impl"], r["hidden"], r["dtype"], r["tokens"]): r for r in rows if r["bench"] == "moe"}
 
-def fmt_size(n):
+def size(n):
     for unit, d in (("MB", 1 << 20), ("KB", 1 << 10)):
         if n >= d:
             return f"{n / d:g} {unit}"
     return f"{n} B"
 
+def gb(n, us):
+    return n / (us * 1e-6) / 1e9 if us > 0 else 0
+
 if meta:
     m = meta[0]
     print(f"Open MPI {m['version']}, btl {m['btl']}, vader single-copy mechanism: {m['vader_single_copy']}")
-print("\nP2P one-way latency (us) and bandwidth (GB/s); memcpy = one thread, cold buffers")
-lanes = sorted({k[1] for k in p2p if k[0] == "xccl"})
-hdr = f"{'size':>8} | {'memcpy':>14} | {'Open MPI':>14} | " + " | ".join(f"{'xccl L=' + str(l):>14}" for l in lanes) + f" | {'xccl put':>14}"
-print(hdr)
-print("-" * len(hdr))
 checks = []
+print("\nP2P one-way: GB/s median / best (small sizes: us median / best); memcpy = 1 thread, cold buffers")
+lanes = sorted({k[1] for k in p2p if k[0] == "xccl"})
+cols = ["memcpy", "Open MPI"] + [f"xccl L={l}" for l in lanes] + ["xccl put"]
+print(f"{'size':>8} | " + " | ".join(f"{c:>15}" for c in cols))
 for n in sorted(memcpy):
-    def cell(r):
-        return f"{r['one_way_us']:7.2f} {r['gbps']:6.2f}" if r else f"{'-':>14}"
     mc = memcpy[n]
-    line = f"{fmt_size(n):>8} | {mc['us']:7.2f} {mc['gbps']:6.2f} | {cell(p2p.get(('openmpi', 0, n)))} | "
-    line += " | ".join(cell(p2p.get(("xccl", l, n))) for l in lanes) + f" | {cell(put.get(n))}"
-    print(line)
-    best = [p2p[k]["gbps"] for k in p2p if k[0] == "xccl" and k[2] == n]
-    if n >= (1 << 20) and best:
-        checks.append((f"P2P {fmt_size(n)}: best xccl send/recv bandwidth >= 80% of memcpy",
-                       max(best) / mc["gbps"] >= 0.8, f"{max(best) / mc['gbps'] * 100:.0f}%"))
+    entries = [(mc["us"], mc["min_us"]), None] + [None] * len(lanes) + [None]
+    r = p2p.get(("openmpi", 0, n))
+    entries[1] = (r["one_way_us"], r["one_way_min_us"]) if r else None
+    for i, l in enumerate(lanes):
+        r = p2p.get(("xccl", l, n))
+        entries[2 + i] = (r["one_way_us"], r["one_way_min_us"]) if r else None
+    r = put.get(n)
+    entries[-1] = (r["one_way_us"], r["one_way_min_us"]) if r else None
+    def cell(e):
+        if not e:
+            return f"{'-':>15}"
+        if n < 65536:
+            return f"{e[0]:6.2f} /{e[1]:6.2f}us"
+        return f"{gb(n, e[0]):6.2f} /{gb(n, e[1]):6.2f}"
+    print(f"{size(n):>8} | " + " | ".join(cell(e) for e in entries))
+    if n >= (1 << 20):
+        for what, i in (("median", 0), ("best", 1)):
+            best = max(gb(n, e[i]) for e in entries[2:-1] if e)
+            ref = gb(n, entries[0][i])
+            checks.append((f"P2P {size(n)} send/recv bandwidth >= 80% of memcpy ({what})",
+                           best >= 0.8 * ref, f"{best:.2f} vs {ref:.2f} GB/s = {best / ref * 100:.0f}%"))
 small = min(memcpy)
 if ("openmpi", 0, small) in p2p and ("xccl", 1, small) in p2p:
-    a, b = p2p[("xccl", 1, small)]["one_way_us"], p2p[("openmpi", 0, small)]["one_way_us"]
-    checks.append((f"P2P {small} B latency no worse than Open MPI", a <= b, f"{a:.2f} us vs {b:.2f} us"))
+    x, m = p2p[("xccl", 1, small)], p2p[("openmpi", 0, small)]
+    for what, k in (("median", "one_way_us"), ("best", "one_way_min_us")):
+        checks.append((f"P2P {small} B send/recv latency no worse than Open MPI ({what})",
+                       x[k] <= m[k], f"{x[k]:.2f} us vs {m[k]:.2f} us"))
+    checks.append((f"P2P {small} B zero-copy put latency no worse than Open MPI (median)",
+                   put[small]["one_way_us"] <= m["one_way_us"], f"{put[small]['one_way_us']:.2f} us"))
 
 for hidden in sorted({k[1] for k in moe}):
-    print(f"\nDispatch / combine, 2 devices, hidden {hidden}, top-8 of 256 experts (us, median)")
-    hdr = f"{'tokens':>6} | {'MPI disp':>9} {'MPI comb':>9} | {'xccl disp':>9} {'xccl comb':>9} {'speedup':>7} | {'int8 disp':>9} {'int8 comb':>9} | {'int8/bf16 bytes':>15}"
-    print(hdr)
-    print("-" * len(hdr))
+    print(f"\nDispatch + combine, 2 devices, hidden {hidden}, top-8 of 256 experts: us median (best)")
+    print(f"{'tokens':>6} | {'Open MPI d+c':>17} | {'xccl bf16 d+c':>17} | {'speedup':>13} | {'xccl int8 d+c':>17} | {'int8/bf16 bytes':>15}")
     for t in sorted({k[3] for k in moe if k[1] == hidden}):
         m = moe.get(("openmpi", hidden, "bf16", t))
         x = moe.get(("xccl", hidden, "bf16", t))
         q = moe.get(("xccl", hidden, "int8", t))
-        sp = (m["dispatch_us"] + m["combine_us"]) / (x["dispatch_us"] + x["combine_us"]) if m and x else 0
+        tot = lambda r: (r["dispatch_us"] + r["combine_us"], r["dispatch_min_us"] + r["combine_min_us"]) if r else (0, 0)
+        f = lambda r: f"{tot(r)[0]:8.1f} ({tot(r)[1]:7.1f})" if r else f"{'-':>17}"
+        sp = (tot(m)[0] / tot(x)[0], tot(m)[1] / tot(x)[1]) if m and x else (0, 0)
         ratio = q["dispatch_bytes_pulled"] / x["dispatch_bytes_pulled"] if q and x and x["dispatch_bytes_pulled"] else 0
-        f = lambda r, k: f"{r[k]:9.1f}" if r else f"{'-':>9}"
-        print(f"{t:>6} | {f(m, 'dispatch_us')} {f(m, 'combine_us')} | {f(x, 'dispatch_us')} {f(x, 'combine_us')} {sp:6.2f}x | {f(q, 'dispatch_us')} {f(q, 'combine_us')} | {ratio:15.3f}")
+        print(f"{t:>6} | {f(m)} | {f(x)} | {sp[0]:5.2f}x ({sp[1]:4.2f}x) | {f(q)} | {ratio:15.3f}")
         if m and x and t >= 8:
-            checks.append((f"dispatch+combine {t} tok x {hidden}: >= 2.5x faster than Open MPI", sp >= 2.5, f"{sp:.2f}x"))
+            checks.append((f"dispatch+combine {t} x {hidden} >= 2.5x faster than Open MPI (median / best)",
+                           sp[0] >= 2.5 and sp[1] >= 2.5, f"{sp[0]:.2f}x / {sp[1]:.2f}x"))
         if q and x and t >= 8:
-            checks.append((f"INT8 dispatch {t} tok x {hidden} moves half the bytes", ratio <= 0.51, f"{ratio:.3f}"))
+            checks.append((f"INT8 dispatch {t} x {hidden} moves half the bytes", ratio <= 0.51, f"{ratio:.3f}"))
 
 print("\nTargets")
 for name, ok, val in checks:

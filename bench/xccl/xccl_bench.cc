@@ -1,7 +1,7 @@
 // XCCL benchmarks (run.sh runs this beside Open MPI and prints the table):
 //   memcpy  single-thread memcpy of cold (DRAM) buffers: the physical limit of one copy
-//   p2p     send/recv ping-pong, 8 B .. 64 MB x lanes {1, 2, 4}; zero-copy put+signal (paper Fig. 5)
-//   moe     dispatch / combine, tokens per device 1..512, hidden 2048 / 7168, top-8 of 256
+//   p2p     send/recv ping-pong, 8 B .. 64 MB x lanes {1, 2, 4}; zero-copy put+signal (paper Fig.
+//   5) moe     dispatch / combine, tokens per device 1..512, hidden 2048 / 7168, top-8 of 256
 //           experts, bf16 and INT8 (paper Fig. 6)
 // Two device processes pinned to cores 0 and 1. Writes JSON lines to OUT.
 //   xccl_bench OUT.jsonl [--quick]
@@ -35,9 +35,9 @@ void bench_memcpy(const char* out, bool quick) {
     }
     const double med = median(samples);
     jsonl(out, "{\"bench\":\"memcpy\",\"impl\":\"memcpy\",\"bytes\":" + std::to_string(n) +
-                   ",\"us\":" + std::to_string(med * 1e6) + ",\"min_us\":" +
-                   std::to_string(min_of(samples) * 1e6) + ",\"gbps\":" +
-                   std::to_string(double(n) / med / 1e9) + "}");
+                   ",\"us\":" + std::to_string(med * 1e6) +
+                   ",\"min_us\":" + std::to_string(min_of(samples) * 1e6) +
+                   ",\"gbps\":" + std::to_string(double(n) / med / 1e9) + "}");
   }
 }
 
@@ -68,10 +68,10 @@ Status p2p_device(Fabric& f, const char* out, bool quick) {
       const double best = median(samples);
       if (me == 0)
         jsonl(out, "{\"bench\":\"p2p\",\"impl\":\"xccl\",\"bytes\":" + std::to_string(n) +
-                       ",\"lanes\":" + std::to_string(lanes) + ",\"one_way_us\":" +
-                       std::to_string(best * 1e6) + ",\"one_way_min_us\":" +
-                       std::to_string(min_of(samples) * 1e6) + ",\"gbps\":" +
-                       std::to_string(double(n) / best / 1e9) + "}");
+                       ",\"lanes\":" + std::to_string(lanes) +
+                       ",\"one_way_us\":" + std::to_string(best * 1e6) +
+                       ",\"one_way_min_us\":" + std::to_string(min_of(samples) * 1e6) +
+                       ",\"gbps\":" + std::to_string(double(n) / best / 1e9) + "}");
     }
   }
   // Zero-copy: put into the peer's registered (application) buffer + signal; one copy.
@@ -98,15 +98,19 @@ Status p2p_device(Fabric& f, const char* out, bool quick) {
     if (me == 0)
       jsonl(out, "{\"bench\":\"p2p_put\",\"impl\":\"xccl\",\"bytes\":" + std::to_string(n) +
                      ",\"lanes\":1,\"one_way_us\":" + std::to_string(best * 1e6) +
-                     ",\"one_way_min_us\":" + std::to_string(min_of(samples) * 1e6) + ",\"gbps\":" +
-                     std::to_string(double(n) / best / 1e9) + "}");
+                     ",\"one_way_min_us\":" + std::to_string(min_of(samples) * 1e6) +
+                     ",\"gbps\":" + std::to_string(double(n) / best / 1e9) + "}");
   }
   return Status::ok_status();
 }
 
 MoeConfig moe_cfg(int hidden, bool int8) {
-  return MoeConfig{.hidden = hidden, .topk = 8, .max_tokens = 512, .slots_per_device = 128,
-                   .int8 = int8, .timeout_ms = 600'000};
+  return MoeConfig{.hidden = hidden,
+                   .topk = 8,
+                   .max_tokens = 512,
+                   .slots_per_device = 128,
+                   .int8 = int8,
+                   .timeout_ms = 600'000};
 }
 
 Status moe_device(Fabric& f, const char* out, bool quick) {
@@ -126,13 +130,15 @@ Status moe_device(Fabric& f, const char* out, bool quick) {
         make_routing(me, T, 8, 256, ids, w);
         const size_t TH = static_cast<size_t>(T) * static_cast<size_t>(H);
         std::vector<uint16_t> x(TH), y(TH);
-        for (size_t i = 0; i < x.size(); ++i) x[i] = float_to_bf16(float(int(mix(i) % 200) - 100) / 50.f);
+        for (size_t i = 0; i < x.size(); ++i)
+          x[i] = float_to_bf16(float(int(mix(i) % 200) - 100) / 50.f);
         std::vector<double> td, tc, tin;
         uint64_t bytes = 0;
         const int iters = quick ? 10 : 40;
         for (int it = 0; it < iters + 3; ++it) {
           ++key;
-          XDS_RETURN_IF_ERROR(barrier(mb, peers, key, WaitCtx{OpKind::kBarrier, deadline_after_ms(600'000)}));
+          XDS_RETURN_IF_ERROR(
+              barrier(mb, peers, key, WaitCtx{OpKind::kBarrier, deadline_after_ms(600'000)}));
           const double ti = now_s();
           XDS_ASSIGN_OR_RETURN(uint16_t * in, ex->input_rows());
           std::memcpy(in, x.data(), x.size() * 2);
@@ -150,10 +156,13 @@ Status moe_device(Fabric& f, const char* out, bool quick) {
           }
         }
         if (me == 0)
-          jsonl(out, "{\"bench\":\"moe\",\"impl\":\"xccl\",\"world\":2,\"tokens\":" + std::to_string(T) +
-                         ",\"hidden\":" + std::to_string(H) + ",\"dtype\":\"" + (int8 ? "int8" : "bf16") +
+          jsonl(out, "{\"bench\":\"moe\",\"impl\":\"xccl\",\"world\":2,\"tokens\":" +
+                         std::to_string(T) + ",\"hidden\":" + std::to_string(H) + ",\"dtype\":\"" +
+                         (int8 ? "int8" : "bf16") +
                          "\",\"dispatch_us\":" + std::to_string(median(td) * 1e6) +
                          ",\"combine_us\":" + std::to_string(median(tc) * 1e6) +
+                         ",\"dispatch_min_us\":" + std::to_string(min_of(td) * 1e6) +
+                         ",\"combine_min_us\":" + std::to_string(min_of(tc) * 1e6) +
                          ",\"input_copy_us\":" + std::to_string(median(tin) * 1e6) +
                          ",\"dispatch_bytes_pulled\":" + std::to_string(bytes) + "}");
       }

@@ -9,7 +9,9 @@
 namespace xds::xccl {
 namespace {
 
-constexpr uint64_t align64(uint64_t x) { return (x + 63) / 64 * 64; }
+constexpr uint64_t align64(uint64_t x) {
+  return (x + 63) / 64 * 64;
+}
 constexpr uint64_t kMore = 1, kInt8 = 2;
 
 size_t max_domain(const A2eTopology& t) {
@@ -23,19 +25,22 @@ size_t max_domain(const A2eTopology& t) {
 Status validate(const A2eTopology& t, int world_size) {
   if (t.domains.empty() || t.experts.empty())
     return invalid_argument("a2e topology: need at least one domain and one expert device");
-  if (t.domains.size() > 16) return invalid_argument("a2e topology: {} domains > 16", t.domains.size());
+  if (t.domains.size() > 16)
+    return invalid_argument("a2e topology: {} domains > 16", t.domains.size());
   std::set<int> seen;
   auto add = [&](int r) -> Status {
     if (r < 0 || r >= world_size)
-      return invalid_argument("a2e topology: rank {} outside the fabric's {} devices", r, world_size);
+      return invalid_argument("a2e topology: rank {} outside the fabric's {} devices", r,
+                              world_size);
     if (!seen.insert(r).second) return invalid_argument("a2e topology: rank {} appears twice", r);
     return Status::ok_status();
   };
   for (size_t d = 0; d < t.domains.size(); ++d) {
     if (t.domains[d].empty() || t.domains[d].size() > t.experts.size())
-      return invalid_argument("a2e topology: domain {} has {} attention devices; it needs 1..{} "
-                              "(one trampoline expert device each)",
-                              d, t.domains[d].size(), t.experts.size());
+      return invalid_argument(
+          "a2e topology: domain {} has {} attention devices; it needs 1..{} "
+          "(one trampoline expert device each)",
+          d, t.domains[d].size(), t.experts.size());
     for (int r : t.domains[d]) XDS_RETURN_IF_ERROR(add(r));
   }
   for (int r : t.experts) XDS_RETURN_IF_ERROR(add(r));
@@ -63,8 +68,7 @@ A2eLayout a2e_layout(const MoeConfig& c, const A2eTopology& t, uint64_t staging)
 }
 
 A2e::A2e(Mailbox& mb, const MoeConfig& cfg, A2eTopology topo, ThreadPool* pool)
-    : mb_(mb), f_(mb.fabric()), t_(mb.transport()), cfg_(cfg), topo_(std::move(topo)),
-      pool_(pool) {
+    : mb_(mb), f_(mb.fabric()), t_(mb.transport()), cfg_(cfg), topo_(std::move(topo)), pool_(pool) {
   lay_ = a2e_layout(cfg_, topo_, f_.layout().staging);
   pos_ = attention_pos(topo_, f_.rank());
   auto it = std::find(topo_.experts.begin(), topo_.experts.end(), f_.rank());
@@ -104,13 +108,15 @@ WaitCtx A2e::ctx(OpKind op) const {
 }
 
 uint64_t A2e::bytes_pulled() const {
-  return stage1_pulled_ + (ex_ ? ex_->stats().bytes_pulled_tokens + ex_->stats().bytes_pulled_vectors : 0);
+  return stage1_pulled_ +
+         (ex_ ? ex_->stats().bytes_pulled_tokens + ex_->stats().bytes_pulled_vectors : 0);
 }
 
 // ---------------------------------------------------------------- attention side
 
 Result<uint16_t*> A2e::input_rows() {
-  if (!is_attention()) return failed_precondition("a2e: rank {} is not an attention device", f_.rank());
+  if (!is_attention())
+    return failed_precondition("a2e: rank {} is not an attention device", f_.rank());
   if (att_pending_release_) {
     const int tramp = topo_.experts[size_t(pos_.index)];
     XDS_RETURN_IF_ERROR(mb_.wait_all(std::span<const int>(&tramp, 1), Channel::kA2eTrampolineDone,
@@ -146,7 +152,8 @@ Status A2e::a2e_send(int n, std::span<const int32_t> ids, std::span<const float>
 }
 
 Status A2e::e2a_recv(uint16_t* out, uint64_t key) {
-  if (!is_attention()) return failed_precondition("a2e: rank {} is not an attention device", f_.rank());
+  if (!is_attention())
+    return failed_precondition("a2e: rank {} is not an attention device", f_.rank());
   const int tramp = topo_.experts[size_t(pos_.index)];
   MailWords m{};
   XDS_RETURN_IF_ERROR(mb_.wait_all(std::span<const int>(&tramp, 1), Channel::kE2aToAttention, key,
@@ -182,8 +189,9 @@ Status A2e::a2e_recv(int domain, const ExpertMap& map, uint64_t key) {
     if (i < dom.size()) {
       partner_ = dom[i];
       MailWords m{};
-      XDS_RETURN_IF_ERROR(mb_.wait_all(std::span<const int>(&partner_, 1), Channel::kA2eToTrampoline,
-                                       key, ctx(OpKind::kA2e), std::span<MailWords>(&m, 1)));
+      XDS_RETURN_IF_ERROR(mb_.wait_all(std::span<const int>(&partner_, 1),
+                                       Channel::kA2eToTrampoline, key, ctx(OpKind::kA2e),
+                                       std::span<MailWords>(&m, 1)));
       n = int(m[0]);
       more = (m[1] & kMore) != 0;
       if (n > cfg_.max_tokens || ((m[1] & kInt8) != 0) != cfg_.int8)
@@ -227,10 +235,12 @@ Status A2e::e2a_send(uint64_t key) {
   // Trampoline: its e2a_out must be free (the previous partner pulled it).
   if (last_partner_ >= 0) {
     XDS_RETURN_IF_ERROR(mb_.wait_all(std::span<const int>(&last_partner_, 1),
-                                     Channel::kE2aAttentionDone, last_partner_key_, ctx(OpKind::kE2a)));
+                                     Channel::kE2aAttentionDone, last_partner_key_,
+                                     ctx(OpKind::kE2a)));
     last_partner_ = -1;
   }
-  XDS_RETURN_IF_ERROR(ex_->gather_vectors(reinterpret_cast<uint16_t*>(f_.local() + lay_.e2a_out), key));
+  XDS_RETURN_IF_ERROR(
+      ex_->gather_vectors(reinterpret_cast<uint16_t*>(f_.local() + lay_.e2a_out), key));
   if (partner_ >= 0) {
     mb_.post(partner_, Channel::kE2aToAttention, key,
              MailWords{uint64_t(partner_tokens_), 0, 0, 0, 0, 0});

@@ -107,8 +107,8 @@ class A2e {
   uint64_t att_key_ = 0;
   // trampoline state
   int domain_ = -1;
-  int partner_ = -1;               // attention rank served this round, -1 if none
-  int last_partner_ = -1;          // whose e2a_out pull is still outstanding
+  int partner_ = -1;       // attention rank served this round, -1 if none
+  int last_partner_ = -1;  // whose e2a_out pull is still outstanding
   uint64_t last_partner_key_ = 0;
   int partner_tokens_ = 0;
   uint64_t stage1_pulled_ = 0;

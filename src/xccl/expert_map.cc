@@ -39,8 +39,9 @@ Result<RoutePlan> plan_routes(const ExpertMap& map, std::span<const int32_t> top
     return invalid_argument("plan_routes: top-k {} outside [1, {}]", k, kMaxTopk);
   const size_t need = size_t(n_tokens) * size_t(k);
   if (topk_ids.size() < need || weights.size() < need)
-    return invalid_argument("plan_routes: {} tokens x top-{} need {} ids and weights, got {} and {}",
-                            n_tokens, k, need, topk_ids.size(), weights.size());
+    return invalid_argument(
+        "plan_routes: {} tokens x top-{} need {} ids and weights, got {} and {}", n_tokens, k, need,
+        topk_ids.size(), weights.size());
   RoutePlan plan;
   plan.per_device.resize(size_t(map.n_devices));
   std::vector<int> last_token(size_t(map.n_devices), -1);
@@ -87,8 +88,8 @@ RecvLayout group_by_expert(std::span<const std::span<const RouteEntry>> from_src
       const RouteEntry& r = from_src[s][i];
       for (int j = 0; j < r.n_local; ++j) {
         const uint32_t row = uint32_t(cursor[r.local_expert[j]]++);
-        out.rows[row] = RowOrigin{int32_t(s), uint32_t(i), r.token, r.local_expert[j],
-                                  uint16_t(j == 0), r.weight[j]};
+        out.rows[row] = RowOrigin{int32_t(s),        uint32_t(i),      r.token,
+                                  r.local_expert[j], uint16_t(j == 0), r.weight[j]};
         out.entry_row[s][i * kMaxTopk + size_t(j)] = row;
       }
     }

@@ -20,7 +20,7 @@ inline constexpr int kMaxTopk = 16;
 struct ExpertMap {
   uint64_t version = 0;
   int n_devices = 0;
-  int slots_per_device = 0;                  // local expert slots, spares included
+  int slots_per_device = 0;                    // local expert slots, spares included
   std::vector<std::vector<int32_t>> replicas;  // [n_logical] -> physical slot ids (>= 1 each)
 
   // Logical expert e on device e / ceil(n_logical / n_devices); spare slots stay empty.
@@ -38,8 +38,8 @@ struct ExpertMap {
 // One token travelling to one device, with the experts it meets there. Fixed size so that a
 // device can address entry i of a list in a peer's arena by formula.
 struct RouteEntry {
-  uint32_t token = 0;                  // index in the source's batch
-  uint16_t n_local = 0;                // experts of this token on the destination (1..topk)
+  uint32_t token = 0;    // index in the source's batch
+  uint16_t n_local = 0;  // experts of this token on the destination (1..topk)
   uint16_t pad = 0;
   uint16_t local_expert[kMaxTopk] = {};  // slot indices on the destination
   float weight[kMaxTopk] = {};           // gate weights, same order

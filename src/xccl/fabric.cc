@@ -10,17 +10,28 @@ namespace xds::xccl {
 
 std::string_view op_kind_name(OpKind k) {
   switch (k) {
-    case OpKind::kNone: return "none";
-    case OpKind::kSend: return "send";
-    case OpKind::kRecv: return "recv";
-    case OpKind::kGet: return "get";
-    case OpKind::kPut: return "put";
-    case OpKind::kWaitSignal: return "wait_signal";
-    case OpKind::kDispatch: return "dispatch";
-    case OpKind::kCombine: return "combine";
-    case OpKind::kA2e: return "a2e";
-    case OpKind::kE2a: return "e2a";
-    case OpKind::kBarrier: return "barrier";
+    case OpKind::kNone:
+      return "none";
+    case OpKind::kSend:
+      return "send";
+    case OpKind::kRecv:
+      return "recv";
+    case OpKind::kGet:
+      return "get";
+    case OpKind::kPut:
+      return "put";
+    case OpKind::kWaitSignal:
+      return "wait_signal";
+    case OpKind::kDispatch:
+      return "dispatch";
+    case OpKind::kCombine:
+      return "combine";
+    case OpKind::kA2e:
+      return "a2e";
+    case OpKind::kE2a:
+      return "e2a";
+    case OpKind::kBarrier:
+      return "barrier";
   }
   return "unknown";
 }
@@ -28,11 +39,16 @@ std::string_view op_kind_name(OpKind k) {
 namespace {
 std::string_view reason_text(PoisonReason r) {
   switch (r) {
-    case PoisonReason::kNone: return "ok";
-    case PoisonReason::kDead: return "is dead";
-    case PoisonReason::kSilent: return "was silent past the deadline";
-    case PoisonReason::kProtocol: return "is out of step (protocol mismatch)";
-    case PoisonReason::kAborted: return "aborted";
+    case PoisonReason::kNone:
+      return "ok";
+    case PoisonReason::kDead:
+      return "is dead";
+    case PoisonReason::kSilent:
+      return "was silent past the deadline";
+    case PoisonReason::kProtocol:
+      return "is out of step (protocol mismatch)";
+    case PoisonReason::kAborted:
+      return "aborted";
   }
   return "unknown";
 }

@@ -28,18 +28,28 @@ namespace xds::xccl {
 
 // What a device was doing when an operation failed (named in errors and poison records).
 enum class OpKind : uint8_t {
-  kNone = 0, kSend, kRecv, kGet, kPut, kWaitSignal, kDispatch, kCombine, kA2e, kE2a, kBarrier,
+  kNone = 0,
+  kSend,
+  kRecv,
+  kGet,
+  kPut,
+  kWaitSignal,
+  kDispatch,
+  kCombine,
+  kA2e,
+  kE2a,
+  kBarrier,
 };
 std::string_view op_kind_name(OpKind k);
 
 enum class PoisonReason : uint8_t { kNone = 0, kDead, kSilent, kProtocol, kAborted };
 
 struct PoisonRecord {
-  uint32_t epoch = 0;      // low 20 bits are kept
-  int peer = 0;            // the peer that failed (dead / silent / out of step)
+  uint32_t epoch = 0;  // low 20 bits are kept
+  int peer = 0;        // the peer that failed (dead / silent / out of step)
   PoisonReason reason = PoisonReason::kNone;
   OpKind op = OpKind::kNone;
-  int detector = 0;        // rank that noticed first
+  int detector = 0;  // rank that noticed first
 };
 // Pure: bit 63 set | epoch:20 @40 | peer:12 @28 | detector:12 @16 | op:8 @8 | reason:8 @0.
 uint64_t encode_poison(const PoisonRecord& r);
@@ -65,9 +75,7 @@ class Fabric {
   virtual bool peer_alive(int r) = 0;
 
   // Poison state (reads rank 0's PoisonLine; 0 = clean).
-  uint64_t poison_word() const {
-    return header(0).poison.word.load(std::memory_order_acquire);
-  }
+  uint64_t poison_word() const { return header(0).poison.word.load(std::memory_order_acquire); }
   // Records `rec` unless another record won first; wakes every device; returns the winner's
   // status (identical on every device).
   Status poison(const PoisonRecord& rec);

@@ -86,7 +86,8 @@ Status send_hello(int sock, const Hello& h, const std::vector<pid_t>& pids,
   msg.msg_control = ctrl.data();
   msg.msg_controllen = ctrl.size();
   ssize_t n;
-  do n = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC); while (n < 0 && errno == EINTR);
+  do n = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
+  while (n < 0 && errno == EINTR);
   if (n < static_cast<ssize_t>(sizeof(Hello))) _exit(112);  // launcher gave up
   close(sock);
   Hello h;
@@ -121,7 +122,8 @@ Status send_hello(int sock, const Hello& h, const std::vector<pid_t>& pids,
   }
   std::vector<int> pidfds(static_cast<size_t>(W), -1);
   for (int r = 0; r < W; ++r)
-    if (r != h.rank) pidfds[size_t(r)] = static_cast<int>(syscall(SYS_pidfd_open, pids[size_t(r)], 0));
+    if (r != h.rank)
+      pidfds[size_t(r)] = static_cast<int>(syscall(SYS_pidfd_open, pids[size_t(r)], 0));
   int code;
   {
     ProcessFabric fabric(h.rank, h.epoch, lay, std::move(arenas), std::move(pidfds));
@@ -148,7 +150,8 @@ DeviceGroup::~DeviceGroup() {
   for (pid_t p : pids_) kill(p, SIGKILL);
   for (pid_t p : pids_) {
     int st;
-    while (waitpid(p, &st, 0) < 0 && errno == EINTR) {}
+    while (waitpid(p, &st, 0) < 0 && errno == EINTR) {
+    }
   }
 }
 
@@ -207,8 +210,10 @@ Result<DeviceGroup> DeviceGroup::spawn(const LaunchOptions& opts,
     }
     fds.push_back(fd);
     if (fallocate(fd, 0, 0, static_cast<off_t>(lay.total)) != 0) {
-      Status st = resource_exhausted("xccl launcher: cannot reserve {} bytes for the arena of rank "
-                                     "{}: {}", lay.total, r, std::strerror(errno));
+      Status st = resource_exhausted(
+          "xccl launcher: cannot reserve {} bytes for the arena of rank "
+          "{}: {}",
+          lay.total, r, std::strerror(errno));
       close_all();
       return st;
     }
@@ -239,7 +244,8 @@ Result<std::vector<DeviceExit>> DeviceGroup::wait() {
   for (pid_t p : pids_) {
     int st = 0;
     pid_t r;
-    do r = waitpid(p, &st, 0); while (r < 0 && errno == EINTR);
+    do r = waitpid(p, &st, 0);
+    while (r < 0 && errno == EINTR);
     if (r < 0) return errno_status("waitpid");
     DeviceExit e;
     if (WIFEXITED(st)) e.exit_code = WEXITSTATUS(st);

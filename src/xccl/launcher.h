@@ -25,9 +25,9 @@ namespace xds::xccl {
 
 struct LaunchOptions {
   int devices = 2;
-  ArenaConfig arena{};     // arena.world_size is set to `devices`
+  ArenaConfig arena{};  // arena.world_size is set to `devices`
   uint32_t epoch = 1;
-  std::vector<int> cpus;   // device i is pinned to cpus[i % size]; empty: no pinning
+  std::vector<int> cpus;  // device i is pinned to cpus[i % size]; empty: no pinning
 };
 
 // How each device ended: exit code, or the signal that killed it.

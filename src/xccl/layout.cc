@@ -5,7 +5,9 @@
 
 namespace xds::xccl {
 namespace {
-constexpr uint64_t align_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
+constexpr uint64_t align_up(uint64_t x, uint64_t a) {
+  return (x + a - 1) / a * a;
+}
 }  // namespace
 
 Status validate(const ArenaConfig& c) {
@@ -17,8 +19,8 @@ Status validate(const ArenaConfig& c) {
   if (c.ring_slots < 1 || c.ring_slots > 1024)
     return invalid_argument("arena config: ring_slots must be in [1, 1024], got {}", c.ring_slots);
   if (c.slot_bytes < kLine || c.slot_bytes % kLine != 0 || c.slot_bytes > (1ull << 30))
-    return invalid_argument("arena config: slot_bytes must be a multiple of 64 in [64, 1 GiB], got {}",
-                            c.slot_bytes);
+    return invalid_argument(
+        "arena config: slot_bytes must be a multiple of 64 in [64, 1 GiB], got {}", c.slot_bytes);
   if (c.signals_per_peer < 1 || c.signals_per_peer > 4096)
     return invalid_argument("arena config: signals_per_peer must be in [1, 4096], got {}",
                             c.signals_per_peer);
@@ -59,14 +61,15 @@ Status check_arena(const void* base, const ArenaLayout& layout, int rank) {
     return data_loss("arena of rank {}: bad magic {:#x}, expected {:#x}", rank, h->id.magic,
                      kArenaMagic);
   if (h->id.layout_version != kLayoutVersion)
-    return data_loss("arena of rank {}: layout version {}, expected {}", rank,
-                     h->id.layout_version, kLayoutVersion);
+    return data_loss("arena of rank {}: layout version {}, expected {}", rank, h->id.layout_version,
+                     kLayoutVersion);
   if (h->id.rank != rank || h->id.world_size != layout.cfg.world_size ||
       h->id.total_bytes != layout.total)
-    return data_loss("arena of rank {}: header says rank {} of {} with {} bytes, expected rank {} of {} "
-                     "with {} bytes",
-                     rank, h->id.rank, h->id.world_size, h->id.total_bytes, rank,
-                     layout.cfg.world_size, layout.total);
+    return data_loss(
+        "arena of rank {}: header says rank {} of {} with {} bytes, expected rank {} of {} "
+        "with {} bytes",
+        rank, h->id.rank, h->id.world_size, h->id.total_bytes, rank, layout.cfg.world_size,
+        layout.total);
   return Status::ok_status();
 }
 

@@ -5,26 +5,29 @@
 // one-sided primitive. Rule: a device only ever WAITS on lines of its OWN arena; everything a
 // peer must notice is pushed into that peer's arena. Every 64-byte line has exactly one writer.
 //
-//   offset                                   size                        writer / reader
-//   ─────────────────────────────────────────────────────────────────────────────────────────
-//   0                                        64      IdentityLine        launcher / all (read-only)
-//   64                                       64      PoisonLine          any device (CAS) / all;
-//                                                                        authoritative in rank 0's arena
-//   128                                      64      DoorbellLine        waiters: owner; doorbell: any
-//   [192, 4096)                              pad
+// clang-format off
+//   offset                          size  line           writer / reader
+//   ──────────────────────────────────────────────────────────────────────────────────────
+//   0                               64    IdentityLine   launcher / all (read-only)
+//   64                              64    PoisonLine     any device (CAS 0 -> record) / all;
+//                                                        rank 0's is the authoritative one
+//   128                             64    DoorbellLine   waiters: owner; doorbell: any writer
+//   [192, 4096)                           pad
 //   ── metadata area ── meta = 4096
-//   tail(p, l) = meta + 64*(p*L + l)                 TailLine  written by sender p, read by owner
-//   head(p, l) = tail(W, 0) + 64*(p*L + l)           HeadLine  written by receiver p (ACK of the
-//                                                               owner's sends to p), read by owner
-//   sig(p, k)  = head(W, 0) + 64*(p*K + k)           SignalLine written by p, read by owner
-//   box(c, p)  = sig(W, 0) + 64*(c*W + p)            MailboxLine written by p, read by owner
+//   tail(p, l) = meta + 64*(p*L + l)          TailLine     sender p / owner
+//   head(p, l) = tail(W, 0) + 64*(p*L + l)    HeadLine     receiver p (ACK of the owner's
+//                                                          sends to p) / owner
+//   sig(p, k)  = head(W, 0) + 64*(p*K + k)    SignalLine   p / owner
+//   box(c, p)  = sig(W, 0) + 64*(c*W + p)     MailboxLine  p / owner
 //   ── managed data area ── managed = align4096(box(C, 0))
-//   slot(p, l, s) = managed + (p*L*S + l*S + s) * (64 + B)   SlotHeader + B payload bytes
-//                                                            (<= 24 B ride inline in the header),
-//                                                            written by sender p, read by owner
-//   staging = align4096(slot(W, 0, 0))           G bytes, written by owner, pulled by peers
-//   ── application area ── app = align4096(staging + G), A bytes, registered by the engine
+//   slot(p, l, s) = managed + (p*L*S + l*S + s) * (64 + B)
+//                                             SlotHeader + B payload bytes (<= 24 B ride
+//                                             inline in the header line); sender p / owner
+//   staging = align4096(slot(W, 0, 0))        G bytes; owner / peers pull
+//   ── application area ── app = align4096(staging + G)
+//                                             A bytes, registered by the engine (KV blocks)
 //   total = align4096(app + A)
+// clang-format on
 //
 // W = world_size, L = lanes, S = ring_slots, B = slot_bytes, K = signals_per_peer,
 // C = kMailboxChannels, G = staging_bytes, A = app_bytes. The (p == owner) entries exist but
@@ -74,12 +77,12 @@ inline constexpr int kMailboxChannels = static_cast<int>(Channel::kCount);
 // Sizing of one arena; every device of a fabric uses the same config.
 struct ArenaConfig {
   int world_size = 2;
-  int lanes = 2;                       // L: copy lanes (AIV analogue) per pair
-  int ring_slots = 4;                  // S: slots per (pair, lane) ring
-  uint64_t slot_bytes = 64 * 1024;     // B: payload bytes per slot, multiple of 64
-  int signals_per_peer = 8;            // K: put_with_signal targets per writer
-  uint64_t staging_bytes = 1 << 20;    // G: collective staging (managed data area)
-  uint64_t app_bytes = 1 << 20;        // A: application area
+  int lanes = 2;                     // L: copy lanes (AIV analogue) per pair
+  int ring_slots = 4;                // S: slots per (pair, lane) ring
+  uint64_t slot_bytes = 64 * 1024;   // B: payload bytes per slot, multiple of 64
+  int signals_per_peer = 8;          // K: put_with_signal targets per writer
+  uint64_t staging_bytes = 1 << 20;  // G: collective staging (managed data area)
+  uint64_t app_bytes = 1 << 20;      // A: application area
 };
 
 // Checks ranges; error names the field, what was expected and what was found.

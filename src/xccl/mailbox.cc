@@ -29,7 +29,8 @@ void Mailbox::post(int to, Channel ch, uint64_t key, const MailWords& words) {
   } payload{key, words};
   static_assert(sizeof(payload) == kLine - 8);
   const uint64_t off = f_.layout().mailbox_off(ch, f_.rank());
-  t_.put_with_signal(MemDesc{to, off, kLine}, 8, &payload, sizeof(payload), SignalRef{to, off}, seq);
+  t_.put_with_signal(MemDesc{to, off, kLine}, 8, &payload, sizeof(payload), SignalRef{to, off},
+                     seq);
 }
 
 Status Mailbox::wait_all(std::span<const int> from, Channel ch, uint64_t key, const WaitCtx& ctx,
@@ -54,8 +55,9 @@ Status Mailbox::wait_all(std::span<const int> from, Channel ch, uint64_t key, co
     const uint64_t seq = l.seq.load(std::memory_order_acquire);
     if (seq != seen || l.key != key) {
       // The detail goes to the log; the returned status is the shared poison message.
-      XDS_LOG_ERROR("xccl rank {}: channel {} expected seq {} key {:#x}, peer {} sent seq {} key {:#x}",
-                    f_.rank(), static_cast<int>(ch), seen, key, p, seq, l.key);
+      XDS_LOG_ERROR(
+          "xccl rank {}: channel {} expected seq {} key {:#x}, peer {} sent seq {} key {:#x}",
+          f_.rank(), static_cast<int>(ch), seen, key, p, seq, l.key);
       return f_.poison({f_.epoch(), p, PoisonReason::kProtocol, ctx.op, f_.rank()});
     }
     if (!words_out.empty()) std::memcpy(words_out[i].data(), l.words, sizeof(MailWords));
@@ -67,8 +69,8 @@ Status barrier(Mailbox& mb, std::span<const int> peers, uint64_t key, const Wait
   return allgather_words(mb, peers, key, MailWords{}, ctx, {});
 }
 
-Status allgather_words(Mailbox& mb, std::span<const int> peers, uint64_t key,
-                       const MailWords& mine, const WaitCtx& ctx, std::span<MailWords> out) {
+Status allgather_words(Mailbox& mb, std::span<const int> peers, uint64_t key, const MailWords& mine,
+                       const WaitCtx& ctx, std::span<MailWords> out) {
   const Channel ch = mb.next_barrier_channel();
   for (int p : peers) mb.post(p, ch, key, mine);
   return mb.wait_all(peers, ch, key, ctx, out);

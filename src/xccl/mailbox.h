@@ -55,8 +55,8 @@ Status barrier(Mailbox& mb, std::span<const int> peers, uint64_t key, const Wait
 // step, tokens, MoE passes, map version, abort flag, ... as the caller defines) and receives
 // every peer's; out[i] is peers[i]'s words. Barriers alternate between two channels: a peer
 // that left barrier k may post k+1 before everyone read k, but cannot reach k+2.
-Status allgather_words(Mailbox& mb, std::span<const int> peers, uint64_t key,
-                       const MailWords& mine, const WaitCtx& ctx, std::span<MailWords> out);
+Status allgather_words(Mailbox& mb, std::span<const int> peers, uint64_t key, const MailWords& mine,
+                       const WaitCtx& ctx, std::span<MailWords> out);
 
 // Collective key (epoch, step, layer, phase): every device must present the same one.
 inline uint64_t collective_key(uint32_t epoch, uint32_t step, uint16_t layer, uint16_t phase) {

@@ -9,10 +9,14 @@
 namespace xds::xccl {
 namespace {
 
-constexpr uint64_t align64(uint64_t x) { return (x + 63) / 64 * 64; }
+constexpr uint64_t align64(uint64_t x) {
+  return (x + 63) / 64 * 64;
+}
 constexpr uint64_t kFlagMore = 1, kFlagInt8 = 2;
 
-uint64_t qstride(int hidden) { return align64(int8_row_bytes(hidden)); }
+uint64_t qstride(int hidden) {
+  return align64(int8_row_bytes(hidden));
+}
 
 int position(const std::vector<int>& v, int rank) {
   auto it = std::find(v.begin(), v.end(), rank);
@@ -21,8 +25,7 @@ int position(const std::vector<int>& v, int rank) {
 
 }  // namespace
 
-ExchangeLayout exchange_layout(const MoeConfig& c, int n_senders, int n_receivers,
-                               uint64_t base) {
+ExchangeLayout exchange_layout(const MoeConfig& c, int n_senders, int n_receivers, uint64_t base) {
   ExchangeLayout l;
   const uint64_t T = uint64_t(c.max_tokens), H = uint64_t(c.hidden);
   l.routes = align64(base);
@@ -34,7 +37,11 @@ ExchangeLayout exchange_layout(const MoeConfig& c, int n_senders, int n_receiver
 }
 
 Exchange::Exchange(Mailbox& mb, const MoeConfig& cfg, ExchangeRoles roles, ThreadPool* pool)
-    : mb_(mb), f_(mb.fabric()), t_(mb.transport()), cfg_(cfg), roles_(std::move(roles)),
+    : mb_(mb),
+      f_(mb.fabric()),
+      t_(mb.transport()),
+      cfg_(cfg),
+      roles_(std::move(roles)),
       pool_(pool) {
   lay_ = exchange_layout(cfg_, int(roles_.senders.size()), int(roles_.receivers.size()),
                          roles_.staging_base);
@@ -53,9 +60,10 @@ Result<std::unique_ptr<Exchange>> Exchange::create(Mailbox& mb, const MoeConfig&
                                                    ExchangeRoles roles, ThreadPool* pool) {
   if (cfg.hidden < 1 || cfg.max_tokens < 1 || cfg.topk < 1 || cfg.topk > kMaxTopk ||
       cfg.slots_per_device < 1)
-    return invalid_argument("moe config: hidden {}, max_tokens {}, slots_per_device {} must be >= 1 "
-                            "and topk {} in [1, {}]",
-                            cfg.hidden, cfg.max_tokens, cfg.slots_per_device, cfg.topk, kMaxTopk);
+    return invalid_argument(
+        "moe config: hidden {}, max_tokens {}, slots_per_device {} must be >= 1 "
+        "and topk {} in [1, {}]",
+        cfg.hidden, cfg.max_tokens, cfg.slots_per_device, cfg.topk, kMaxTopk);
   const Fabric& f = mb.fabric();
   for (const auto* v : {&roles.senders, &roles.receivers}) {
     if (v->empty()) return invalid_argument("moe exchange: empty sender or receiver list");
@@ -68,10 +76,10 @@ Result<std::unique_ptr<Exchange>> Exchange::create(Mailbox& mb, const MoeConfig&
                                            int(roles.receivers.size()), roles.staging_base);
   const uint64_t have = f.layout().staging + f.layout().cfg.staging_bytes;
   if (l.routes < f.layout().staging || l.end > have)
-    return resource_exhausted("moe exchange needs staging [{}, {}) but the arena's staging area is "
-                              "[{}, {}); raise ArenaConfig::staging_bytes to at least {}",
-                              l.routes, l.end, f.layout().staging, have,
-                              l.end - f.layout().staging);
+    return resource_exhausted(
+        "moe exchange needs staging [{}, {}) but the arena's staging area is "
+        "[{}, {}); raise ArenaConfig::staging_bytes to at least {}",
+        l.routes, l.end, f.layout().staging, have, l.end - f.layout().staging);
   return std::unique_ptr<Exchange>(new Exchange(mb, cfg, std::move(roles), pool));
 }
 
@@ -106,7 +114,8 @@ Status Exchange::finish() {
 }
 
 Result<uint16_t*> Exchange::input_rows() {
-  if (my_sender_ < 0) return failed_precondition("rank {} is not a sender of this exchange", f_.rank());
+  if (my_sender_ < 0)
+    return failed_precondition("rank {} is not a sender of this exchange", f_.rank());
   XDS_RETURN_IF_ERROR(wait_released(true));
   return reinterpret_cast<uint16_t*>(f_.local() + lay_.input);
 }
@@ -120,7 +129,8 @@ Result<std::byte*> Exchange::int8_rows() {
 
 Status Exchange::send_tokens(const RoutePlan& plan, uint64_t map_version, int n_tokens,
                              uint64_t key, bool more, bool rows_quantized) {
-  if (my_sender_ < 0) return failed_precondition("rank {} is not a sender of this exchange", f_.rank());
+  if (my_sender_ < 0)
+    return failed_precondition("rank {} is not a sender of this exchange", f_.rank());
   if (n_tokens < 0 || n_tokens > cfg_.max_tokens)
     return invalid_argument("moe send: {} tokens outside [0, max_tokens={}]; split into rounds",
                             n_tokens, cfg_.max_tokens);
@@ -153,7 +163,8 @@ Status Exchange::send_tokens(const RoutePlan& plan, uint64_t map_version, int n_
     parallel(n_tokens, [&](int64_t b, int64_t e, int) {
       for (int64_t t = b; t < e; ++t)
         if (remote[size_t(t)])
-          quantize_row_int8(in + t * cfg_.hidden, cfg_.hidden, q + uint64_t(t) * qstride(cfg_.hidden));
+          quantize_row_int8(in + t * cfg_.hidden, cfg_.hidden,
+                            q + uint64_t(t) * qstride(cfg_.hidden));
     });
   }
   // token -> (receiver, entry) references, receivers ascending (combine sums in this order).
@@ -178,7 +189,8 @@ Status Exchange::send_tokens(const RoutePlan& plan, uint64_t map_version, int n_
 }
 
 Status Exchange::recv_tokens(uint64_t key) {
-  if (my_receiver_ < 0) return failed_precondition("rank {} is not a receiver of this exchange", f_.rank());
+  if (my_receiver_ < 0)
+    return failed_precondition("rank {} is not a receiver of this exchange", f_.rank());
   const WaitCtx c = ctx(roles_.tokens_op);
   std::vector<MailWords> w(remote_senders_.size());
   XDS_RETURN_IF_ERROR(mb_.wait_all(remote_senders_, roles_.meta, key, c, w));
@@ -199,8 +211,9 @@ Status Exchange::recv_tokens(uint64_t key) {
     any_more_ |= (m[3] & kFlagMore) != 0;
     from_flags_[s] = int(m[3] & kFlagInt8);
     from_[s].resize(m[0]);
-    t_.get(from_[s].data(), MemDesc{rank, lay_.routes + uint64_t(my_receiver_) * list_bytes, list_bytes},
-           0, m[0] * sizeof(RouteEntry));
+    t_.get(from_[s].data(),
+           MemDesc{rank, lay_.routes + uint64_t(my_receiver_) * list_bytes, list_bytes}, 0,
+           m[0] * sizeof(RouteEntry));
   }
   std::vector<std::span<const RouteEntry>> spans(from_.begin(), from_.end());
   layout_ = group_by_expert(spans, cfg_.slots_per_device);
@@ -215,14 +228,16 @@ Status Exchange::recv_tokens(uint64_t key) {
   out_.resize(size_t(layout_.n_rows()) * H);
   // Units = (sender, entry); each pulls one row and copies it to its other expert groups.
   std::vector<uint32_t> unit_start(from_.size() + 1, 0);
-  for (size_t s = 0; s < from_.size(); ++s) unit_start[s + 1] = unit_start[s] + uint32_t(from_[s].size());
+  for (size_t s = 0; s < from_.size(); ++s)
+    unit_start[s + 1] = unit_start[s] + uint32_t(from_[s].size());
   std::atomic<uint64_t> pulled{0};
   const uint64_t qbytes = int8_row_bytes(cfg_.hidden);
   parallel(unit_start.back(), [&](int64_t b, int64_t e, int) {
     std::vector<std::byte> tmp(qbytes);
     uint64_t my_pulled = 0;
     size_t s = size_t(std::upper_bound(unit_start.begin(), unit_start.end(), uint32_t(b)) -
-                      unit_start.begin()) - 1;
+                      unit_start.begin()) -
+               1;
     for (int64_t u = b; u < e; ++u) {
       while (uint32_t(u) >= unit_start[s + 1]) ++s;
       const size_t i = size_t(u) - unit_start[s];
@@ -230,11 +245,13 @@ Status Exchange::recv_tokens(uint64_t key) {
       const int rank = roles_.senders[s];
       uint16_t* dst = rows_.data() + size_t(layout_.entry_row[s][i * kMaxTopk]) * H;
       if (from_flags_[s] & kFlagInt8) {
-        t_.get(tmp.data(), MemDesc{rank, lay_.qrows + r.token * qstride(cfg_.hidden), qbytes}, 0, qbytes);
+        t_.get(tmp.data(), MemDesc{rank, lay_.qrows + r.token * qstride(cfg_.hidden), qbytes}, 0,
+               qbytes);
         dequantize_row_int8(tmp.data(), cfg_.hidden, dst);
         if (rank != f_.rank()) my_pulled += qbytes;
       } else {
-        t_.get(dst, MemDesc{rank, lay_.input + r.token * rows_stride_, rows_stride_}, 0, rows_stride_);
+        t_.get(dst, MemDesc{rank, lay_.input + r.token * rows_stride_, rows_stride_}, 0,
+               rows_stride_);
         if (rank != f_.rank()) my_pulled += rows_stride_;
       }
       for (int j = 1; j < r.n_local; ++j)
@@ -249,23 +266,27 @@ Status Exchange::recv_tokens(uint64_t key) {
 }
 
 Status Exchange::send_vectors(uint64_t key) {
-  if (my_receiver_ < 0) return failed_precondition("rank {} is not a receiver of this exchange", f_.rank());
+  if (my_receiver_ < 0)
+    return failed_precondition("rank {} is not a receiver of this exchange", f_.rank());
   XDS_RETURN_IF_ERROR(wait_released(false));
   const size_t H = size_t(cfg_.hidden);
   std::vector<uint32_t> unit_start(from_.size() + 1, 0);
-  for (size_t s = 0; s < from_.size(); ++s) unit_start[s + 1] = unit_start[s] + uint32_t(from_[s].size());
+  for (size_t s = 0; s < from_.size(); ++s)
+    unit_start[s + 1] = unit_start[s] + uint32_t(from_[s].size());
   auto* presum = reinterpret_cast<uint16_t*>(f_.local() + lay_.presum);
   parallel(unit_start.back(), [&](int64_t b, int64_t e, int) {
     std::vector<float> acc(H);
     size_t s = size_t(std::upper_bound(unit_start.begin(), unit_start.end(), uint32_t(b)) -
-                      unit_start.begin()) - 1;
+                      unit_start.begin()) -
+               1;
     for (int64_t u = b; u < e; ++u) {
       while (uint32_t(u) >= unit_start[s + 1]) ++s;
       const size_t i = size_t(u) - unit_start[s];
       const RouteEntry& r = from_[s][i];
       std::fill(acc.begin(), acc.end(), 0.f);
       for (int j = 0; j < r.n_local; ++j)
-        axpy_bf16(r.weight[j], out_.data() + size_t(layout_.entry_row[s][i * kMaxTopk + size_t(j)]) * H,
+        axpy_bf16(r.weight[j],
+                  out_.data() + size_t(layout_.entry_row[s][i * kMaxTopk + size_t(j)]) * H,
                   cfg_.hidden, acc.data());
       store_bf16(acc.data(), cfg_.hidden, presum + (s * size_t(cfg_.max_tokens) + i) * H);
     }
@@ -279,7 +300,8 @@ Status Exchange::send_vectors(uint64_t key) {
 }
 
 Status Exchange::gather_vectors(uint16_t* out, uint64_t key) {
-  if (my_sender_ < 0) return failed_precondition("rank {} is not a sender of this exchange", f_.rank());
+  if (my_sender_ < 0)
+    return failed_precondition("rank {} is not a sender of this exchange", f_.rank());
   XDS_RETURN_IF_ERROR(mb_.wait_all(remote_receivers_, roles_.ready, key, ctx(roles_.vectors_op)));
   const size_t H = size_t(cfg_.hidden);
   std::atomic<uint64_t> pulled{0};
@@ -292,7 +314,8 @@ Status Exchange::gather_vectors(uint16_t* out, uint64_t key) {
       for (uint32_t k = ref_offset_[size_t(t)]; k < ref_offset_[size_t(t) + 1]; ++k) {
         const auto [d, i] = refs_[k];
         const int rank = roles_.receivers[size_t(d)];
-        const uint64_t off = lay_.presum + (uint64_t(my_sender_) * uint64_t(cfg_.max_tokens) + i) * rows_stride_;
+        const uint64_t off =
+            lay_.presum + (uint64_t(my_sender_) * uint64_t(cfg_.max_tokens) + i) * rows_stride_;
         t_.get(tmp.data(), MemDesc{rank, off, rows_stride_}, 0, rows_stride_);
         if (rank != f_.rank()) my_pulled += rows_stride_;
         add_bf16(tmp.data(), cfg_.hidden, acc.data());
@@ -309,10 +332,11 @@ Status Exchange::gather_vectors(uint16_t* out, uint64_t key) {
 Status Exchange::dispatch(int n_tokens, std::span<const int32_t> topk_ids,
                           std::span<const float> weights, const ExpertMap& map, uint64_t key,
                           bool more) {
-  if (map.n_devices != int(roles_.receivers.size()) || map.slots_per_device != cfg_.slots_per_device)
-    return invalid_argument("dispatch: expert map v{} has {} devices x {} slots, the exchange {} x {}",
-                            map.version, map.n_devices, map.slots_per_device,
-                            roles_.receivers.size(), cfg_.slots_per_device);
+  if (map.n_devices != int(roles_.receivers.size()) ||
+      map.slots_per_device != cfg_.slots_per_device)
+    return invalid_argument(
+        "dispatch: expert map v{} has {} devices x {} slots, the exchange {} x {}", map.version,
+        map.n_devices, map.slots_per_device, roles_.receivers.size(), cfg_.slots_per_device);
   XDS_ASSIGN_OR_RETURN(RoutePlan plan, plan_routes(map, topk_ids, weights, n_tokens, cfg_.topk));
   XDS_RETURN_IF_ERROR(send_tokens(plan, map.version, n_tokens, key, more));
   return recv_tokens(key);

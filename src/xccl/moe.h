@@ -49,11 +49,11 @@
 namespace xds::xccl {
 
 struct MoeConfig {
-  int hidden = 0;             // H, elements per token row (bf16)
-  int topk = 8;               // k <= kMaxTopk
-  int max_tokens = 0;         // per sender per round
-  int slots_per_device = 1;   // local expert slots on a receiver, spares included
-  bool int8 = false;          // quantize dispatch payload to INT8 (+ one f32 scale per token)
+  int hidden = 0;            // H, elements per token row (bf16)
+  int topk = 8;              // k <= kMaxTopk
+  int max_tokens = 0;        // per sender per round
+  int slots_per_device = 1;  // local expert slots on a receiver, spares included
+  bool int8 = false;         // quantize dispatch payload to INT8 (+ one f32 scale per token)
   int64_t timeout_ms = 30'000;
   BackoffPolicy backoff{};
 };
@@ -61,8 +61,7 @@ struct MoeConfig {
 struct ExchangeLayout {
   uint64_t routes = 0, input = 0, qrows = 0, presum = 0, end = 0;  // absolute arena offsets
 };
-ExchangeLayout exchange_layout(const MoeConfig& c, int n_senders, int n_receivers,
-                               uint64_t base);
+ExchangeLayout exchange_layout(const MoeConfig& c, int n_senders, int n_receivers, uint64_t base);
 // Staging bytes a symmetric dispatcher over `world` devices needs.
 inline uint64_t moe_staging_bytes(const MoeConfig& c, int world) {
   return exchange_layout(c, world, world, 0).end;
@@ -136,13 +135,13 @@ class Exchange {
   ExchangeLayout lay_;
   int my_sender_ = -1, my_receiver_ = -1;
   std::vector<int> remote_receivers_, remote_senders_;  // ranks, self excluded
-  uint64_t rows_stride_ = 0;                             // hidden * 2 bytes
+  uint64_t rows_stride_ = 0;                            // hidden * 2 bytes
 
   // sender state
   RoutePlan plan_;
   int n_tokens_ = 0;
   uint64_t key_tokens_ = 0;
-  std::vector<uint32_t> ref_offset_;                 // [n_tokens + 1] CSR over (receiver, entry)
+  std::vector<uint32_t> ref_offset_;                // [n_tokens + 1] CSR over (receiver, entry)
   std::vector<std::pair<int32_t, uint32_t>> refs_;  // (receiver position, entry index)
   bool more_ = false, rows_quantized_ = false;
   uint64_t token_rounds_ = 0, token_released_ = 0;
@@ -153,7 +152,7 @@ class Exchange {
   std::vector<std::vector<RouteEntry>> from_;  // [n_senders] entries pulled (self: copied)
   std::vector<int> from_flags_;                // [n_senders] bit 1: rows are INT8
   RecvLayout layout_;
-  std::vector<uint16_t> rows_, out_;           // [n_rows, hidden]
+  std::vector<uint16_t> rows_, out_;  // [n_rows, hidden]
   bool any_more_ = false;
   uint64_t map_version_ = 0;
   ExchangeStats stats_;

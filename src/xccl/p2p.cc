@@ -76,8 +76,8 @@ P2p::P2p(Fabric& fabric, Transport& transport, const P2pOptions& opts)
   for (int p = 0; p < f_.world_size(); ++p)
     for (int l = 0; l < L; ++l) {
       auto word = [&](uint64_t off) {
-        return reinterpret_cast<std::atomic<uint64_t>*>(f_.arena(p) + off)->load(
-            std::memory_order_acquire);
+        return reinterpret_cast<std::atomic<uint64_t>*>(f_.arena(p) + off)
+            ->load(std::memory_order_acquire);
       };
       send_next_[size_t(p * L + l)] = word(lay.tail_off(f_.rank(), l));
       recv_next_[size_t(p * L + l)] = word(lay.head_off(f_.rank(), l));
@@ -173,8 +173,7 @@ LaneStep send_lane(Fabric& f, Transport& t, P2pOp& op, int l) {
     op.moved.fetch_add(n, std::memory_order_relaxed);
     r.moved = true;
   }
-  if (c.next == c.count && !c.acked &&
-      t.test_signal(head, c.seq0 + c.count) == OpState::kDone) {
+  if (c.next == c.count && !c.acked && t.test_signal(head, c.seq0 + c.count) == OpState::kDone) {
     c.acked = true;
     r.moved = true;
   }
@@ -202,8 +201,10 @@ LaneStep recv_lane(Fabric& f, Transport& t, P2pOp& op, int l) {
     const uint64_t off = chunk * op.plan.chunk_bytes;
     const uint64_t n = std::min(op.plan.chunk_bytes, op.total - std::min(off, op.total));
     if (!op.too_small) {
-      if (n <= kInlineBytes) copy_bytes(op.buf + off, h.inline_data, n);
-      else t.get(op.buf + off, slot, kLine, n);
+      if (n <= kInlineBytes)
+        copy_bytes(op.buf + off, h.inline_data, n);
+      else
+        t.get(op.buf + off, slot, kLine, n);
     }
     t.put_with_signal(MemDesc{}, 0, nullptr, 0, SignalRef{op.peer, lay.head_off(me, l)}, seq + 1);
     ++c.next;
@@ -284,26 +285,35 @@ bool P2p::progress_locked() {
             assign_send(f_.layout(), op, opts_.lanes, send_next_);
           } else {
             Result<bool> planned = plan_recv(f_, t_, op, recv_next_);
-            if (!planned.ok()) { failure = planned.status(); break; }
-            if (!*planned) { unplanned_before = true; continue; }
+            if (!planned.ok()) {
+              failure = planned.status();
+              break;
+            }
+            if (!*planned) {
+              unplanned_before = true;
+              continue;
+            }
           }
           moved = true;
         }
         for (int l = 0; l < op.plan.lanes_used; ++l) {
           if (blocked & (1ull << l)) continue;
           LaneStep s = op.is_send ? send_lane(f_, t_, op, l) : recv_lane(f_, t_, op, l);
-          if (!s.error.ok()) { failure = s.error; break; }
+          if (!s.error.ok()) {
+            failure = s.error;
+            break;
+          }
           moved |= s.moved;
           const LaneCursor& c = op.lanes[static_cast<size_t>(l)];
           if (c.next < c.count) blocked |= 1ull << l;
         }
         if (!failure.ok()) break;
         if (lanes_finished(op)) {
-          Status st = op.too_small
-                          ? invalid_argument("xccl recv from peer {} event {}: message of {} bytes "
-                                             "does not fit the {}-byte buffer (drained)",
-                                             op.peer, op.event, op.total, op.len)
-                          : Status::ok_status();
+          Status st = op.too_small ? invalid_argument(
+                                         "xccl recv from peer {} event {}: message of {} bytes "
+                                         "does not fit the {}-byte buffer (drained)",
+                                         op.peer, op.event, op.total, op.len)
+                                   : Status::ok_status();
           if (op.mode == Progress::kBackground) --background_ops_;
           finish(op, std::move(st), OpState::kDone);
         } else if (now > op.deadline_ns) {
@@ -342,9 +352,13 @@ Status P2p::status(const P2pHandle& h) const {
   return h->status;
 }
 
-OpState P2p::state(const P2pHandle& h) const { return h->state.load(std::memory_order_acquire); }
+OpState P2p::state(const P2pHandle& h) const {
+  return h->state.load(std::memory_order_acquire);
+}
 
-uint64_t P2p::bytes(const P2pHandle& h) const { return h->moved.load(std::memory_order_relaxed); }
+uint64_t P2p::bytes(const P2pHandle& h) const {
+  return h->moved.load(std::memory_order_relaxed);
+}
 
 Status P2p::cancel(const P2pHandle& h) {
   std::lock_guard<std::mutex> lock(mu_);
@@ -357,8 +371,9 @@ Status P2p::cancel(const P2pHandle& h) {
   auto& q = (h->is_send ? send_q_ : recv_q_)[static_cast<size_t>(h->peer)];
   std::erase(q, h);
   if (h->mode == Progress::kBackground) --background_ops_;
-  finish(*h, cancelled("xccl {} with peer {} event {} cancelled", h->is_send ? "send" : "recv",
-                       h->peer, h->event),
+  finish(*h,
+         cancelled("xccl {} with peer {} event {} cancelled", h->is_send ? "send" : "recv", h->peer,
+                   h->event),
          OpState::kCancelled);
   return Status::ok_status();
 }
@@ -387,7 +402,10 @@ Status P2p::wait_locked(const P2pHandle& h, std::unique_lock<std::mutex>& lock) 
           Status st = planned.ok() ? Status::ok_status() : planned.status();
           if (st.ok() && *planned) break;
           if (st.ok()) st = loop.idle(h->peer);
-          if (!st.ok()) { progress_locked(); return st; }
+          if (!st.ok()) {
+            progress_locked();
+            return st;
+          }
         }
       }
     }
@@ -401,15 +419,21 @@ Status P2p::wait_locked(const P2pHandle& h, std::unique_lock<std::mutex>& lock) 
           const LaneCursor& c = op.lanes[static_cast<size_t>(l)];
           while (c.next < c.count || (op.is_send && !c.acked)) {
             LaneStep s = op.is_send ? send_lane(f_, t_, op, l) : recv_lane(f_, t_, op, l);
-            Status st = s.error.ok() ? (s.moved ? Status::ok_status() : loop.idle(op.peer))
-                                     : s.error;
-            if (!st.ok()) { errs[static_cast<size_t>(ti)] = st; return; }
+            Status st =
+                s.error.ok() ? (s.moved ? Status::ok_status() : loop.idle(op.peer)) : s.error;
+            if (!st.ok()) {
+              errs[static_cast<size_t>(ti)] = st;
+              return;
+            }
             if (s.moved) loop.progressed();
           }
         }
       });
       for (auto& e : errs)
-        if (!e.ok()) { progress_locked(); return h->state.load() == OpState::kInProgress ? e : h->status; }
+        if (!e.ok()) {
+          progress_locked();
+          return h->state.load() == OpState::kInProgress ? e : h->status;
+        }
     }
   }
   detail::WaitLoop loop(f_, ctx);
@@ -478,14 +502,12 @@ Status P2p::put(const MemDesc& dst, uint64_t off, std::span<const std::byte> src
 }
 
 Status P2p::wait_signal(int from, int index, uint64_t value) {
-  if (from < 0 || from >= f_.world_size() || index < 0 ||
-      index >= f_.layout().cfg.signals_per_peer)
+  if (from < 0 || from >= f_.world_size() || index < 0 || index >= f_.layout().cfg.signals_per_peer)
     return invalid_argument("xccl wait_signal: peer {} / index {} out of range", from, index);
   const SignalRef sig{f_.rank(), f_.layout().signal_off(from, index)};
   WaitCtx ctx{OpKind::kWaitSignal, deadline_after_ms(opts_.timeout_ms), opts_.backoff};
-  return wait_until(f_, ctx, [&] {
-    return t_.test_signal(sig, value) == OpState::kDone ? kReady : from;
-  });
+  return wait_until(f_, ctx,
+                    [&] { return t_.test_signal(sig, value) == OpState::kDone ? kReady : from; });
 }
 
 Status P2p::get(std::span<std::byte> dst, const MemDesc& src, uint64_t off) {

@@ -117,8 +117,8 @@ class P2p {
   P2pOptions opts_;
   mutable std::mutex mu_;
   std::vector<std::deque<P2pHandle>> send_q_, recv_q_;  // [peer], posting order
-  std::vector<uint64_t> send_next_, recv_next_;          // [peer * L + lane] next seq to assign
-  int background_ops_ = 0;                                // guarded by mu_
+  std::vector<uint64_t> send_next_, recv_next_;         // [peer * L + lane] next seq to assign
+  int background_ops_ = 0;                              // guarded by mu_
   bool stop_ = false;
   std::condition_variable bg_cv_;
   std::thread bg_;

@@ -11,7 +11,9 @@
 
 namespace xds::xccl {
 
-inline float bf16_to_float(uint16_t b) { return std::bit_cast<float>(uint32_t(b) << 16); }
+inline float bf16_to_float(uint16_t b) {
+  return std::bit_cast<float>(uint32_t(b) << 16);
+}
 inline uint16_t float_to_bf16(float f) {
   uint32_t u = std::bit_cast<uint32_t>(f);
   if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40);
@@ -20,7 +22,9 @@ inline uint16_t float_to_bf16(float f) {
 }
 
 // Bytes of one INT8 row that travel: values then the scale.
-inline uint64_t int8_row_bytes(int hidden) { return (uint64_t(hidden) + 3) / 4 * 4 + 4; }
+inline uint64_t int8_row_bytes(int hidden) {
+  return (uint64_t(hidden) + 3) / 4 * 4 + 4;
+}
 
 // Quantizes x [hidden] bf16 into q (int8_row_bytes(hidden) bytes). Returns the scale.
 float quantize_row_int8(const uint16_t* x, int hidden, std::byte* q);

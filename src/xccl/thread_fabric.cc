@@ -19,8 +19,7 @@ class ThreadDevice final : public Fabric {
 
 }  // namespace
 
-Result<std::unique_ptr<ThreadFabric>> ThreadFabric::create(const ArenaConfig& cfg,
-                                                           uint32_t epoch) {
+Result<std::unique_ptr<ThreadFabric>> ThreadFabric::create(const ArenaConfig& cfg, uint32_t epoch) {
   XDS_RETURN_IF_ERROR(validate(cfg));
   const ArenaLayout lay = arena_layout(cfg);
   std::unique_ptr<ThreadFabric> tf(new ThreadFabric());

@@ -11,10 +11,14 @@ namespace xds::xccl {
 
 std::string_view op_state_name(OpState s) {
   switch (s) {
-    case OpState::kInProgress: return "in_progress";
-    case OpState::kDone: return "done";
-    case OpState::kFailed: return "failed";
-    case OpState::kCancelled: return "cancelled";
+    case OpState::kInProgress:
+      return "in_progress";
+    case OpState::kDone:
+      return "done";
+    case OpState::kFailed:
+      return "failed";
+    case OpState::kCancelled:
+      return "cancelled";
   }
   return "unknown";
 }
@@ -40,8 +44,9 @@ class ShmTransport final : public Transport {
  public:
   explicit ShmTransport(Fabric& f) : f_(f) {}
   std::string_view name() const override { return "shm"; }
-  TransportCaps caps() const override { return {.load_store = true, .async_completion = false,
-                                                 .non_temporal = true}; }
+  TransportCaps caps() const override {
+    return {.load_store = true, .async_completion = false, .non_temporal = true};
+  }
 
   Result<MemDesc> register_memory(const void* ptr, uint64_t bytes) override {
     auto* p = static_cast<const std::byte*>(ptr);
@@ -93,7 +98,9 @@ class ShmTransport final : public Transport {
   Fabric& f_;
 };
 
-std::unique_ptr<Transport> make_shm(Fabric& f) { return std::make_unique<ShmTransport>(f); }
+std::unique_ptr<Transport> make_shm(Fabric& f) {
+  return std::make_unique<ShmTransport>(f);
+}
 
 constexpr TransportEntry kTransports[] = {
     {"shm", "shared memory between the devices of one host (memfd or heap arenas)", &make_shm},
@@ -102,7 +109,9 @@ constexpr TransportEntry kTransports[] = {
 
 }  // namespace
 
-std::span<const TransportEntry> transport_table() { return kTransports; }
+std::span<const TransportEntry> transport_table() {
+  return kTransports;
+}
 
 Result<std::unique_ptr<Transport>> make_transport(std::string_view name, Fabric& fabric) {
   std::string known;

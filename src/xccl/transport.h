@@ -40,9 +40,9 @@ struct SignalRef {
 };
 
 struct TransportCaps {
-  bool load_store = false;      // peers' memory is directly addressable (shared memory)
+  bool load_store = false;        // peers' memory is directly addressable (shared memory)
   bool async_completion = false;  // put/get may return kInProgress until flush()
-  bool non_temporal = false;    // large copies bypass caches (flush() fences them)
+  bool non_temporal = false;      // large copies bypass caches (flush() fences them)
 };
 
 class Transport {

@@ -2,11 +2,11 @@
 
 #include <linux/futex.h>
 
-#include <algorithm>
 #include <sched.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
+#include <algorithm>
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -22,7 +22,8 @@ BackoffPhase backoff_phase(int64_t elapsed_ns, const BackoffPolicy& p) {
 
 Status check_poison(const Fabric& f) {
   uint64_t w = f.poison_word();
-  if (w != 0) [[unlikely]] return poison_status(decode_poison(w));
+  if (w != 0) [[unlikely]]
+    return poison_status(decode_poison(w));
   return Status::ok_status();
 }
 

@@ -24,12 +24,14 @@ inline constexpr int kReady = -1;
 inline constexpr int64_t kNoDeadline = std::numeric_limits<int64_t>::max();
 
 // Deadline helper: now + timeout.
-inline int64_t deadline_after_ms(int64_t ms) { return now_ns() + ms * 1'000'000; }
+inline int64_t deadline_after_ms(int64_t ms) {
+  return now_ns() + ms * 1'000'000;
+}
 
 struct BackoffPolicy {
-  int64_t spin_ns = 20'000;     // busy poll this long first (latency path)
-  int64_t yield_ns = 200'000;   // then yield the core until this much time has passed
-  int64_t sleep_ns = 1'000'000; // then futex naps of at most this long
+  int64_t spin_ns = 20'000;      // busy poll this long first (latency path)
+  int64_t yield_ns = 200'000;    // then yield the core until this much time has passed
+  int64_t sleep_ns = 1'000'000;  // then futex naps of at most this long
 };
 
 enum class BackoffPhase : uint8_t { kSpin, kYield, kSleep };

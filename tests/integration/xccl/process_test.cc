@@ -64,8 +64,10 @@ Status exchange_sizes(Fabric& f, const std::vector<size_t>& sizes, int lanes, Th
     std::vector<std::byte> dst(sizes[i]);
     if (W == 2 && pool != nullptr) {  // synchronous pairs so the lanes run on the pool
       for (int s = 0; s < 2; ++s) {
-        if (me == s) XDS_RETURN_IF_ERROR(p2p.send(next, i, src));
-        else XDS_RETURN_IF_ERROR(p2p.recv(prev, i, dst).status());
+        if (me == s)
+          XDS_RETURN_IF_ERROR(p2p.send(next, i, src));
+        else
+          XDS_RETURN_IF_ERROR(p2p.recv(prev, i, dst).status());
       }
     } else {
       XDS_ASSIGN_OR_RETURN(P2pHandle h, p2p.send_async(next, i, src));
@@ -99,7 +101,9 @@ TEST(XcclProcess, P2pRingOfFourAndEightDevices) {
     o.arena.lanes = 2;
     o.arena.ring_slots = 2;
     o.arena.slot_bytes = 16 * 1024;
-    launch_ok(o, [](Fabric& f) { return exchange_sizes(f, {0, 5, 16 * 1024 + 1, 200000}, 2, nullptr); });
+    launch_ok(o, [](Fabric& f) {
+      return exchange_sizes(f, {0, 5, 16 * 1024 + 1, 200000}, 2, nullptr);
+    });
   }
 }
 
@@ -120,9 +124,12 @@ TEST(XcclProcess, DispatchCombineTwoToEightDevices) {
     o.arena.lanes = 1;
     o.arena.slot_bytes = 64;
     o.arena.ring_slots = 1;
-    o.arena.staging_bytes = moe_staging_bytes(
-        MoeConfig{.hidden = c.hidden, .topk = c.topk, .max_tokens = c.max_tokens,
-                  .slots_per_device = c.slots, .int8 = c.int8}, W);
+    o.arena.staging_bytes = moe_staging_bytes(MoeConfig{.hidden = c.hidden,
+                                                        .topk = c.topk,
+                                                        .max_tokens = c.max_tokens,
+                                                        .slots_per_device = c.slots,
+                                                        .int8 = c.int8},
+                                              W);
     launch_ok(o, [&](Fabric& f) -> Status {
       XDS_ASSIGN_OR_RETURN(auto t, make_transport("shm", f));
       Mailbox mb(f, *t);
@@ -130,10 +137,14 @@ TEST(XcclProcess, DispatchCombineTwoToEightDevices) {
       for (int r = 0; r < W; ++r) roles.senders.push_back(r);
       roles.receivers = roles.senders;
       roles.staging_base = f.layout().staging;
-      XDS_ASSIGN_OR_RETURN(auto ex, Exchange::create(
-          mb, MoeConfig{.hidden = c.hidden, .topk = c.topk, .max_tokens = c.max_tokens,
-                        .slots_per_device = c.slots, .int8 = c.int8, .timeout_ms = 120'000},
-          roles, nullptr));
+      XDS_ASSIGN_OR_RETURN(auto ex, Exchange::create(mb,
+                                                     MoeConfig{.hidden = c.hidden,
+                                                               .topk = c.topk,
+                                                               .max_tokens = c.max_tokens,
+                                                               .slots_per_device = c.slots,
+                                                               .int8 = c.int8,
+                                                               .timeout_ms = 120'000},
+                                                     roles, nullptr));
       const auto in = testing::make_input(c, f.rank());
       std::vector<uint16_t> out(in.x.size());
       XDS_RETURN_IF_ERROR(run_moe_rounds(

@@ -30,8 +30,12 @@ inline A2eCase a2e_case(bool int8) {
 }
 
 inline MoeConfig a2e_moe_config(const A2eCase& c) {
-  return MoeConfig{.hidden = c.moe.hidden, .topk = c.moe.topk, .max_tokens = c.moe.max_tokens,
-                   .slots_per_device = c.moe.slots, .int8 = c.moe.int8, .timeout_ms = 60'000};
+  return MoeConfig{.hidden = c.moe.hidden,
+                   .topk = c.moe.topk,
+                   .max_tokens = c.moe.max_tokens,
+                   .slots_per_device = c.moe.slots,
+                   .int8 = c.moe.int8,
+                   .timeout_ms = 60'000};
 }
 
 inline ArenaConfig a2e_arena(const A2eCase& c) {
@@ -68,15 +72,17 @@ inline Status check_a2e_rows(const A2eCase& c, int d, int e, const A2e& a) {
           const RowOrigin& o = got.rows[r];
           if (src != dom[i] || int(tok) != t || o.expert != s ||
               o.weight != in.w[size_t(t * m.topk + j)])
-            return internal_error("expert {} domain {} row {}: got (att {}, token {}, slot {}), "
-                                  "reference (att {}, token {}, slot {})",
-                                  e, d, r, src, tok, o.expert, dom[i], t, s);
+            return internal_error(
+                "expert {} domain {} row {}: got (att {}, token {}, slot {}), "
+                "reference (att {}, token {}, slot {})",
+                e, d, r, src, tok, o.expert, dom[i], t, s);
           const uint16_t* x = in.x.data() + size_t(t) * size_t(m.hidden);
           const uint16_t* y = a.received_rows() + r * size_t(m.hidden);
           float amax = 0;
           for (int h = 0; h < m.hidden; ++h) amax = std::max(amax, std::fabs(bf16_to_float(x[h])));
           for (int h = 0; h < m.hidden; ++h) {
-            const float tol = m.int8 ? amax / 254.f + std::fabs(bf16_to_float(x[h])) / 128.f + 1e-6f : 0.f;
+            const float tol =
+                m.int8 ? amax / 254.f + std::fabs(bf16_to_float(x[h])) / 128.f + 1e-6f : 0.f;
             if (std::fabs(bf16_to_float(x[h]) - bf16_to_float(y[h])) > tol)
               return internal_error("expert {} row {} elem {} differs", e, r, h);
           }
@@ -108,8 +114,9 @@ inline Status run_a2e_device(Fabric& f, const A2eCase& c, ThreadPool* pool) {
       std::vector<uint16_t> out(size_t(n) * size_t(m.hidden));
       XDS_RETURN_IF_ERROR(a->e2a_recv(out.data(), key));
       MoeCase one = m;  // check_combined's INT8 term: every row was quantized (dev = -1)
-      XDS_RETURN_IF_ERROR(check_combined(one, in, /*dev=*/m.int8 ? -1 : f.rank(), out)
-                              .with_context(fmt::format("attention rank {} step {}", f.rank(), step)));
+      XDS_RETURN_IF_ERROR(
+          check_combined(one, in, /*dev=*/m.int8 ? -1 : f.rank(), out)
+              .with_context(fmt::format("attention rank {} step {}", f.rank(), step)));
     } else {
       const int e = int(std::find(c.topo.experts.begin(), c.topo.experts.end(), f.rank()) -
                         c.topo.experts.begin());

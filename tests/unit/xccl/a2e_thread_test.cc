@@ -28,7 +28,8 @@ TEST(XcclA2eThread, PureTopologyChecks) {
   EXPECT_EQ(attention_pos(t, 1).index, 1);
   EXPECT_EQ(attention_pos(t, 4).domain, -1);
   A2eTopology too_big{{{0, 1, 2}}, {3, 4}};
-  EXPECT_NE(validate(too_big, 5).message().find("domain 0 has 3 attention devices"), std::string::npos);
+  EXPECT_NE(validate(too_big, 5).message().find("domain 0 has 3 attention devices"),
+            std::string::npos);
   A2eTopology dup{{{0, 1}}, {1, 2}};
   EXPECT_NE(validate(dup, 5).message().find("rank 1 appears twice"), std::string::npos);
   EXPECT_NE(a2e_key(1, 2, 3, 0, 1), a2e_key(1, 2, 3, 1, 1));

@@ -22,9 +22,9 @@ TEST(XcclLayout, OffsetsFollowTheDrawnFormulas) {
   ASSERT_TRUE(validate(c).ok());
   const ArenaLayout a = arena_layout(c);
   EXPECT_EQ(a.meta, 4096u);
-  EXPECT_EQ(a.heads, 4096u + 64 * 3 * 2);            // 4480
-  EXPECT_EQ(a.signals, 4480u + 64 * 3 * 2);          // 4864
-  EXPECT_EQ(a.mailboxes, 4864u + 64 * 3 * 5);        // 5824
+  EXPECT_EQ(a.heads, 4096u + 64 * 3 * 2);      // 4480
+  EXPECT_EQ(a.signals, 4480u + 64 * 3 * 2);    // 4864
+  EXPECT_EQ(a.mailboxes, 4864u + 64 * 3 * 5);  // 5824
   const uint64_t box_end = 5824 + 64 * kMailboxChannels * 3;
   EXPECT_EQ(a.managed, (box_end + 4095) / 4096 * 4096);
   EXPECT_EQ(a.staging, (a.managed + (64 + 1024) * 3 * 2 * 4 + 4095) / 4096 * 4096);
@@ -111,8 +111,9 @@ TEST(XcclPoison, RoundTripsAndReadsTheSameEverywhere) {
   EXPECT_EQ(d.detector, 17);
   const Status st = poison_status(d);
   EXPECT_EQ(st.code(), StatusCode::kAborted);
-  EXPECT_EQ(st.message(),
-            "xccl epoch 12345 poisoned: peer 4095 is dead during combine (first noticed by rank 17)");
+  EXPECT_EQ(
+      st.message(),
+      "xccl epoch 12345 poisoned: peer 4095 is dead during combine (first noticed by rank 17)");
 }
 
 TEST(XcclBackoff, SpinThenYieldThenSleep) {

@@ -131,15 +131,18 @@ inline Status check_received(const MoeCase& c, const std::vector<DeviceInput>& i
   const auto want = expected_rows(c, in, dev, begin, end);
   const auto& got = ex.received();
   if (size_t(got.n_rows()) != want.size())
-    return internal_error("device {}: {} rows received, reference {}", dev, got.n_rows(), want.size());
+    return internal_error("device {}: {} rows received, reference {}", dev, got.n_rows(),
+                          want.size());
   for (size_t r = 0; r < want.size(); ++r) {
     const RowOrigin& g = got.rows[r];
     const ExpectedRow& w = want[r];
     if (g.src != w.src || int(g.token) != w.token || g.expert != w.expert || g.weight != w.weight)
-      return internal_error("device {} row {}: got (src {}, token {}, expert {}, w {}), reference "
-                            "(src {}, token {}, expert {}, w {})",
-                            dev, r, g.src, g.token, g.expert, g.weight, w.src, w.token, w.expert, w.weight);
-    const uint16_t* x = in[size_t(w.src)].x.data() + size_t(begin[size_t(w.src)] + w.token) * size_t(c.hidden);
+      return internal_error(
+          "device {} row {}: got (src {}, token {}, expert {}, w {}), reference "
+          "(src {}, token {}, expert {}, w {})",
+          dev, r, g.src, g.token, g.expert, g.weight, w.src, w.token, w.expert, w.weight);
+    const uint16_t* x =
+        in[size_t(w.src)].x.data() + size_t(begin[size_t(w.src)] + w.token) * size_t(c.hidden);
     const uint16_t* y = ex.received_rows() + r * size_t(c.hidden);
     float amax = 0;
     for (int h = 0; h < c.hidden; ++h) amax = std::max(amax, std::fabs(bf16_to_float(x[h])));
@@ -171,10 +174,12 @@ inline Status check_combined(const MoeCase& c, const DeviceInput& in, int dev,
         const int32_t id = in.ids[size_t(t * c.topk + j)];
         if (id < 0) continue;
         const int p = m.physical(id, uint32_t(t % c.max_tokens));
-        const double ws = double(in.w[size_t(t * c.topk + j)]) * expert_scale(c, p / c.slots, p % c.slots);
+        const double ws =
+            double(in.w[size_t(t * c.topk + j)]) * expert_scale(c, p / c.slots, p % c.slots);
         ref += ws * bf16_to_float(x[h]);
         mag += std::fabs(ws * bf16_to_float(x[h]));
-        if (c.int8 && p / c.slots != dev) qerr += std::fabs(ws) * (amax / 127.0 / 2.0 + std::fabs(bf16_to_float(x[h])) / 128.0);
+        if (c.int8 && p / c.slots != dev)
+          qerr += std::fabs(ws) * (amax / 127.0 / 2.0 + std::fabs(bf16_to_float(x[h])) / 128.0);
       }
       // bf16 roundings: expert output, pre-sum, final sum (2^-8 relative each), plus INT8.
       const double tol = 4.0 * mag / 256.0 + qerr + 1e-6;

@@ -13,8 +13,12 @@ using testing::MoeCase;
 using testing::Routing;
 
 MoeConfig moe_config(const MoeCase& c) {
-  return MoeConfig{.hidden = c.hidden, .topk = c.topk, .max_tokens = c.max_tokens,
-                   .slots_per_device = c.slots, .int8 = c.int8, .timeout_ms = 60'000};
+  return MoeConfig{.hidden = c.hidden,
+                   .topk = c.topk,
+                   .max_tokens = c.max_tokens,
+                   .slots_per_device = c.slots,
+                   .int8 = c.int8,
+                   .timeout_ms = 60'000};
 }
 
 ArenaConfig arena_for(const MoeCase& c) {
@@ -55,7 +59,8 @@ Status run_case(Fabric& f, const MoeCase& c, int pool_threads) {
       en[size_t(s)] = std::min(c.n_tokens[size_t(s)], b[size_t(s)] + c.max_tokens);
     }
     Status st = testing::check_received(c, in, me, b, en, e);
-    if (expert_check.ok() && !st.ok()) expert_check = st.with_context(fmt::format("round {}", round));
+    if (expert_check.ok() && !st.ok())
+      expert_check = st.with_context(fmt::format("round {}", round));
     testing::run_experts(c, me, e, rows, y);
     ++round;
   };
@@ -76,7 +81,8 @@ void run_everywhere(const MoeCase& c, int pool_threads = 1) {
   auto tf = ThreadFabric::create(arena_for(c), 3);
   ASSERT_TRUE(tf.ok()) << tf.status().to_string();
   auto st = (*tf)->run([&](Fabric& f) { return run_case(f, c, pool_threads); });
-  for (size_t r = 0; r < st.size(); ++r) EXPECT_TRUE(st[r].ok()) << "rank " << r << ": " << st[r].to_string();
+  for (size_t r = 0; r < st.size(); ++r)
+    EXPECT_TRUE(st[r].ok()) << "rank " << r << ": " << st[r].to_string();
 }
 
 TEST(XcclMoeThread, RandomTopkTwoToFourDevices) {
@@ -199,10 +205,12 @@ TEST(XcclMailboxThread, StepHeaderAllgatherAndAbortFlagPoisonsAlike) {
     for (uint32_t step = 0; step < 3; ++step) {
       std::vector<MailWords> got(peers.size());
       const MailWords mine{step, uint64_t(f.rank()) * 10 + step, 0, 0, 0, 0};  // tokens per device
-      XDS_RETURN_IF_ERROR(allgather_words(mb, peers, collective_key(2, step, 0, 0), mine, ctx, got));
+      XDS_RETURN_IF_ERROR(
+          allgather_words(mb, peers, collective_key(2, step, 0, 0), mine, ctx, got));
       for (size_t i = 0; i < peers.size(); ++i)
         if (got[i][0] != step || got[i][1] != uint64_t(peers[i]) * 10 + step)
-          return internal_error("step {}: header from {} is ({}, {})", step, peers[i], got[i][0], got[i][1]);
+          return internal_error("step {}: header from {} is ({}, {})", step, peers[i], got[i][0],
+                                got[i][1]);
     }
     // Rank 3 raises the abort flag: every device's next wait fails with the same status.
     if (f.rank() == 3) return f.poison({f.epoch(), 3, PoisonReason::kAborted, OpKind::kBarrier, 3});
@@ -212,7 +220,8 @@ TEST(XcclMailboxThread, StepHeaderAllgatherAndAbortFlagPoisonsAlike) {
     EXPECT_EQ(st[size_t(r)].code(), StatusCode::kAborted) << st[size_t(r)].to_string();
     EXPECT_EQ(st[size_t(r)].to_string(), st[3].to_string());
   }
-  EXPECT_NE(st[0].message().find("peer 3 aborted during barrier"), std::string::npos) << st[0].to_string();
+  EXPECT_NE(st[0].message().find("peer 3 aborted during barrier"), std::string::npos)
+      << st[0].to_string();
 }
 
 }  // namespace

@@ -33,7 +33,8 @@ std::unique_ptr<ThreadFabric> make(const ArenaConfig& c) {
 }
 
 void expect_all_ok(const std::vector<Status>& st) {
-  for (size_t r = 0; r < st.size(); ++r) EXPECT_TRUE(st[r].ok()) << "rank " << r << ": " << st[r].to_string();
+  for (size_t r = 0; r < st.size(); ++r)
+    EXPECT_TRUE(st[r].ok()) << "rank " << r << ": " << st[r].to_string();
 }
 
 // Ring exchange: rank r sends sizes[i] bytes to r+1 and receives from r-1.
@@ -61,9 +62,8 @@ TEST(XcclP2pThread, OddSizesTwoToFourRanks) {
   const std::vector<size_t> sizes = {0, 1, 7, 63, 64, 65, 4095, 4096, 4097, 3 * 4096 + 5, 70001};
   for (int W = 2; W <= 4; ++W) {
     auto tf = make(small_config(W));
-    for (int lanes : {1, 3}) expect_all_ok(tf->run([&](Fabric& f) {
-      return ring_exchange(f, sizes, lanes, nullptr);
-    }));
+    for (int lanes : {1, 3})
+      expect_all_ok(tf->run([&](Fabric& f) { return ring_exchange(f, sizes, lanes, nullptr); }));
   }
 }
 
@@ -181,7 +181,8 @@ TEST(XcclP2pThread, ZeroCopyPutAndPullGet) {
     P2p p2p(f, **t, P2pOptions{});
     const int W = f.world_size(), me = f.rank(), next = (me + 1) % W, prev = (me + W - 1) % W;
     // Write 1000 bytes into next's app area at offset 64*me, signal it.
-    XDS_RETURN_IF_ERROR(p2p.put(p2p.app_desc(next), 4096 * uint64_t(me), pattern(me, next, 0, 1000), 2, 1));
+    XDS_RETURN_IF_ERROR(
+        p2p.put(p2p.app_desc(next), 4096 * uint64_t(me), pattern(me, next, 0, 1000), 2, 1));
     XDS_RETURN_IF_ERROR(p2p.wait_signal(prev, 2, 1));
     std::vector<std::byte> got(1000);
     XDS_RETURN_IF_ERROR(p2p.get(got, p2p.app_desc(me), 4096 * uint64_t(prev)));
@@ -229,7 +230,8 @@ TEST(XcclP2pThread, DeadPeerIsNamedAndANewEpochWorks) {
     return p2p.recv(1, 3, buf).status();
   });
   ASSERT_EQ(st[0].code(), StatusCode::kAborted) << st[0].to_string();
-  EXPECT_NE(st[0].message().find("peer 1 is dead during recv"), std::string::npos) << st[0].to_string();
+  EXPECT_NE(st[0].message().find("peer 1 is dead during recv"), std::string::npos)
+      << st[0].to_string();
   // Later operations of the poisoned epoch fail at once.
   auto again = tf->run([&](Fabric& f) -> Status {
     auto t = make_transport("shm", f);

@@ -56,15 +56,28 @@ TEST(XcclRouting, PlanSendsATokenOncePerDeviceWithItsLocalExperts) {
   EXPECT_FLOAT_EQ(d1[1].weight[1], .5f);
   // Out-of-range expert ids are an error naming the token.
   const std::vector<int32_t> bad = {1, 9, 2};
-  EXPECT_NE(plan_routes(m, bad, w, 1, 3).status().message().find("token 0 expert 9"), std::string::npos);
+  EXPECT_NE(plan_routes(m, bad, w, 1, 3).status().message().find("token 0 expert 9"),
+            std::string::npos);
 }
 
 TEST(XcclRouting, GroupByExpertOrdersByExpertThenSourceThenEntry) {
-  // Source 0 sends token 4 (experts 2, 0) and token 7 (expert 2); source 1 sends token 1 (expert 0).
+  // Source 0 sends token 4 (experts 2, 0) and token 7 (expert 2); source 1 sends token 1 (expert
+  // 0).
   RouteEntry a{}, b{}, c{};
-  a.token = 4; a.n_local = 2; a.local_expert[0] = 2; a.local_expert[1] = 0; a.weight[0] = 1; a.weight[1] = 2;
-  b.token = 7; b.n_local = 1; b.local_expert[0] = 2; b.weight[0] = 3;
-  c.token = 1; c.n_local = 1; c.local_expert[0] = 0; c.weight[0] = 4;
+  a.token = 4;
+  a.n_local = 2;
+  a.local_expert[0] = 2;
+  a.local_expert[1] = 0;
+  a.weight[0] = 1;
+  a.weight[1] = 2;
+  b.token = 7;
+  b.n_local = 1;
+  b.local_expert[0] = 2;
+  b.weight[0] = 3;
+  c.token = 1;
+  c.n_local = 1;
+  c.local_expert[0] = 0;
+  c.weight[0] = 4;
   const std::vector<RouteEntry> s0 = {a, b}, s1 = {c};
   const std::vector<std::span<const RouteEntry>> from = {s0, s1};
   const RecvLayout L = group_by_expert(from, 3);
