@@ -10,8 +10,10 @@ import json
 import os
 import sys
 
-import numpy as np
-import torch
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # see train.py
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bpe      # noqa: E402

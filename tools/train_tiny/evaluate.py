@@ -26,8 +26,10 @@ import os
 import sys
 import time
 
-import numpy as np
-import torch
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # see train.py
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))

@@ -9,8 +9,10 @@ import json
 import os
 import sys
 
-import numpy as np
-import torch
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # see train.py
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import corpus           # noqa: E402
@@ -74,7 +76,13 @@ def main():
     size = os.path.getsize(os.path.join(args.model, "model.safetensors"))
     d, inter = cfg["hidden_size"], cfg["moe_intermediate_size"]
     n_moe = cfg["num_hidden_layers"] - cfg["first_k_dense_replace"]
-    active = (unique - groups["routed experts"]
+    n = cfg["num_hidden_layers"]
+    mtp_part = sum(int(np.prod(a.shape)) for k, (a, _) in tensors.items()
+                   if k.startswith(f"model.layers.{n}."))
+    routed_main = sum(int(np.prod(a.shape)) for k, (a, _) in tensors.items()
+                      if ".mlp.experts." in k and not k.startswith(f"model.layers.{n}."))
+    # main model only (MTP layer excluded), embedding and lm_head included
+    active = (total - mtp_part - routed_main
               + n_moe * cfg["num_experts_per_tok"] * 3 * d * inter)
     n_train_tokens = int(np.load(os.path.join(args.work, "train_ids.npy"), mmap_mode="r").shape[0])
     biases = {k: safetensors_io.to_float32(*v) for k, v in tensors.items()
@@ -115,7 +123,7 @@ Files: `config.json` (DeepseekV3 field names), `generation_config.json`, `model.
 | dense MLP | intermediate_size {cfg['intermediate_size']} |
 | MoE | {cfg['n_routed_experts']} routed experts (moe_intermediate_size {inter}) + {cfg['n_shared_experts']} shared, top-{cfg['num_experts_per_tok']}, n_group {cfg['n_group']}, topk_group {cfg['topk_group']}, sigmoid scores, noaux_tc, norm_topk_prob {str(cfg['norm_topk_prob']).lower()}, routed_scaling_factor {cfg['routed_scaling_factor']} |
 | rms_norm_eps | {cfg['rms_norm_eps']:g} |
-| parameters | {total:,} stored ({unique:,} distinct: the MTP layer's `embed_tokens` and `shared_head.head` are copies of `model.embed_tokens` and `lm_head`, tied in training); about {active:,} active per token in the main model |
+| parameters | {total:,} stored ({unique:,} distinct: the MTP layer's `embed_tokens` and `shared_head.head` are copies of `model.embed_tokens` and `lm_head`, tied in training); about {active:,} active per token in the main model (MTP layer excluded; embedding and lm_head included) |
 | model.safetensors | {size:,} bytes |
 
 | part | parameters |
@@ -206,6 +214,12 @@ layer, over its rows); max/mean = 1 would be perfectly even.
 ## Sample generations (PyTorch, exported weights; BOS + prompt; at most 60 new tokens)
 
 {samples}
+
+Limitations: less than one epoch on 2 shared CPU cores, so the model is weak: it has the
+KJV's vocabulary, verse layout and cadence, but little sense; greedy decoding soon falls into
+loops ("and the LORD, and the LORD"); sampling reads better. Layer 3 and the MTP layer each
+route about a quarter of all choices to one expert (the bias moved 1e-3 per step for only
+{st['step']} steps, not enough to even that out), a real imbalance for load-balancing demonstrations.
 
 ## Reproduce
 
