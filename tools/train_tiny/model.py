@@ -107,12 +107,9 @@ class Gate(nn.Module):
 
 
 def select_experts(scores, bias, n_group, topk_group, top_k):
-    """noaux_tc selection. scores: [N, E] sigmoid scores; returns chosen ids [N, k].
-
-    Ties break to the lower index: torch.topk is not guaranteed to do so, so the keys get a
-    tiny index-dependent offset only when exact ties exist (never in practice); instead we
-    sort stably, which orders equal keys by index.
-    """
+    """noaux_tc selection. scores: [N, E] sigmoid scores; returns chosen ids [N, k] in
+    descending order of biased score. Ties break to the lower index (torch.topk does not
+    promise that; a stable descending sort does)."""
     n, e = scores.shape
     b = acc(scores) + bias.to(acc(scores).dtype)[None, :]                          # [N, E]
     grp = b.view(n, n_group, e // n_group)

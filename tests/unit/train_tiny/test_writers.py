@@ -20,6 +20,8 @@ import sys
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 sys.path.insert(0, os.path.join(ROOT, "tools", "train_tiny"))
 
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 import numpy as np      # noqa: E402
 import torch            # noqa: E402
 
