@@ -9,9 +9,6 @@
 namespace xds::xccl {
 namespace {
 
-constexpr uint64_t align64(uint64_t x) {
-  return (x + 63) / 64 * 64;
-}
 constexpr uint64_t kMore = 1, kInt8 = 2;
 
 size_t max_domain(const A2eTopology& t) {
@@ -59,11 +56,11 @@ A2eLayout a2e_layout(const MoeConfig& c, const A2eTopology& t, uint64_t staging)
   l.exchange = exchange_layout(c, int(max_domain(t)), int(t.experts.size()), staging);
   const uint64_t T = uint64_t(c.max_tokens), H = uint64_t(c.hidden), K = uint64_t(c.topk);
   l.att_input = l.exchange.end;
-  l.att_q = align64(l.att_input + T * H * 2);
-  l.att_ids = align64(l.att_q + (c.int8 ? T * align64(int8_row_bytes(c.hidden)) : 0));
-  l.att_w = align64(l.att_ids + T * K * 4);
-  l.e2a_out = align64(l.att_w + T * K * 4);
-  l.end = align64(l.e2a_out + T * H * 2);
+  l.att_q = align_line(l.att_input + T * H * 2);
+  l.att_ids = align_line(l.att_q + (c.int8 ? T * int8_row_stride(c.hidden) : 0));
+  l.att_w = align_line(l.att_ids + T * K * 4);
+  l.e2a_out = align_line(l.att_w + T * K * 4);
+  l.end = align_line(l.e2a_out + T * H * 2);
   return l;
 }
 
@@ -138,7 +135,7 @@ Status A2e::a2e_send(int n, std::span<const int32_t> ids, std::span<const float>
   copy_bytes(f_.local() + lay_.att_ids, ids.data(), size_t(n) * K * 4);
   copy_bytes(f_.local() + lay_.att_w, w.data(), size_t(n) * K * 4);
   if (cfg_.int8) {
-    const uint64_t qs = align64(int8_row_bytes(cfg_.hidden));
+    const uint64_t qs = int8_row_stride(cfg_.hidden);
     for (int t = 0; t < n; ++t)
       quantize_row_int8(in + size_t(t) * size_t(cfg_.hidden), cfg_.hidden,
                         f_.local() + lay_.att_q + uint64_t(t) * qs);
@@ -203,7 +200,7 @@ Status A2e::a2e_recv(int domain, const ExpertMap& map, uint64_t key) {
       t_.get(w.data(), MemDesc{partner_, lay_.att_w, w.size() * 4}, 0, w.size() * 4);
       if (cfg_.int8) {
         XDS_ASSIGN_OR_RETURN(std::byte * q, ex_->int8_rows());
-        const uint64_t bytes = uint64_t(n) * align64(int8_row_bytes(cfg_.hidden));
+        const uint64_t bytes = uint64_t(n) * int8_row_stride(cfg_.hidden);
         t_.get(q, MemDesc{partner_, lay_.att_q, bytes}, 0, bytes);
         stage1_pulled_ += bytes;
       } else {

@@ -4,11 +4,6 @@
 #include <new>
 
 namespace xds::xccl {
-namespace {
-constexpr uint64_t align_up(uint64_t x, uint64_t a) {
-  return (x + a - 1) / a * a;
-}
-}  // namespace
 
 Status validate(const ArenaConfig& c) {
   if (c.world_size < 1 || c.world_size > kMaxWorld)

@@ -54,6 +54,13 @@ inline constexpr size_t kLine = 64;
 inline constexpr size_t kPage = 4096;
 inline constexpr int kMaxWorld = 4096;  // poison word stores ranks in 12 bits
 
+inline constexpr uint64_t align_up(uint64_t x, uint64_t a) {
+  return (x + a - 1) / a * a;
+}
+inline constexpr uint64_t align_line(uint64_t x) {
+  return align_up(x, kLine);
+}
+
 // Mailbox channels (one line per (channel, writer) in the reader's arena).
 enum class Channel : uint32_t {
   kDispatchMeta = 0,   // sender -> receiver: counts of a dispatch

@@ -9,14 +9,7 @@
 namespace xds::xccl {
 namespace {
 
-constexpr uint64_t align64(uint64_t x) {
-  return (x + 63) / 64 * 64;
-}
 constexpr uint64_t kFlagMore = 1, kFlagInt8 = 2;
-
-uint64_t qstride(int hidden) {
-  return align64(int8_row_bytes(hidden));
-}
 
 int position(const std::vector<int>& v, int rank) {
   auto it = std::find(v.begin(), v.end(), rank);
@@ -28,11 +21,11 @@ int position(const std::vector<int>& v, int rank) {
 ExchangeLayout exchange_layout(const MoeConfig& c, int n_senders, int n_receivers, uint64_t base) {
   ExchangeLayout l;
   const uint64_t T = uint64_t(c.max_tokens), H = uint64_t(c.hidden);
-  l.routes = align64(base);
-  l.input = align64(l.routes + uint64_t(n_receivers) * T * sizeof(RouteEntry));
-  l.qrows = align64(l.input + T * H * 2);
-  l.presum = align64(l.qrows + (c.int8 ? T * qstride(c.hidden) : 0));
-  l.end = align64(l.presum + uint64_t(n_senders) * T * H * 2);
+  l.routes = align_line(base);
+  l.input = align_line(l.routes + uint64_t(n_receivers) * T * sizeof(RouteEntry));
+  l.qrows = align_line(l.input + T * H * 2);
+  l.presum = align_line(l.qrows + (c.int8 ? T * int8_row_stride(c.hidden) : 0));
+  l.end = align_line(l.presum + uint64_t(n_senders) * T * H * 2);
   return l;
 }
 
@@ -164,7 +157,7 @@ Status Exchange::send_tokens(const RoutePlan& plan, uint64_t map_version, int n_
       for (int64_t t = b; t < e; ++t)
         if (remote[size_t(t)])
           quantize_row_int8(in + t * cfg_.hidden, cfg_.hidden,
-                            q + uint64_t(t) * qstride(cfg_.hidden));
+                            q + uint64_t(t) * int8_row_stride(cfg_.hidden));
     });
   }
   // token -> (receiver, entry) references, receivers ascending (combine sums in this order).
@@ -245,7 +238,8 @@ Status Exchange::recv_tokens(uint64_t key) {
       const int rank = roles_.senders[s];
       uint16_t* dst = rows_.data() + size_t(layout_.entry_row[s][i * kMaxTopk]) * H;
       if (from_flags_[s] & kFlagInt8) {
-        t_.get(tmp.data(), MemDesc{rank, lay_.qrows + r.token * qstride(cfg_.hidden), qbytes}, 0,
+        t_.get(tmp.data(),
+               MemDesc{rank, lay_.qrows + r.token * int8_row_stride(cfg_.hidden), qbytes}, 0,
                qbytes);
         dequantize_row_int8(tmp.data(), cfg_.hidden, dst);
         if (rank != f_.rank()) my_pulled += qbytes;

@@ -82,7 +82,6 @@ P2p::P2p(Fabric& fabric, Transport& transport, const P2pOptions& opts)
       send_next_[size_t(p * L + l)] = word(lay.tail_off(f_.rank(), l));
       recv_next_[size_t(p * L + l)] = word(lay.head_off(f_.rank(), l));
     }
-  bg_ = std::thread([this] { background_loop(); });
 }
 
 P2p::~P2p() {
@@ -91,7 +90,7 @@ P2p::~P2p() {
     stop_ = true;
   }
   bg_cv_.notify_all();
-  bg_.join();
+  if (bg_.joinable()) bg_.join();
 }
 
 MemDesc P2p::app_desc(int r) const {
@@ -116,7 +115,10 @@ Result<P2pHandle> P2p::post(bool is_send, int peer, uint64_t event, std::byte* b
   {
     std::lock_guard<std::mutex> lock(mu_);
     (is_send ? send_q_ : recv_q_)[static_cast<size_t>(peer)].push_back(op);
-    if (mode == Progress::kBackground) ++background_ops_;
+    if (mode == Progress::kBackground) {
+      ++background_ops_;
+      if (!bg_.joinable()) bg_ = std::thread([this] { background_loop(); });  // first use
+    }
   }
   if (mode == Progress::kBackground) bg_cv_.notify_one();
   return op;

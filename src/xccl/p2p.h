@@ -121,7 +121,7 @@ class P2p {
   int background_ops_ = 0;                              // guarded by mu_
   bool stop_ = false;
   std::condition_variable bg_cv_;
-  std::thread bg_;
+  std::thread bg_;  // started by the first background op
 };
 
 }  // namespace xds::xccl

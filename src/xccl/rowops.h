@@ -26,6 +26,11 @@ inline uint64_t int8_row_bytes(int hidden) {
   return (uint64_t(hidden) + 3) / 4 * 4 + 4;
 }
 
+// Stride of INT8 rows in staging (each row starts on a 64-byte line).
+inline uint64_t int8_row_stride(int hidden) {
+  return (int8_row_bytes(hidden) + 63) / 64 * 64;
+}
+
 // Quantizes x [hidden] bf16 into q (int8_row_bytes(hidden) bytes). Returns the scale.
 float quantize_row_int8(const uint16_t* x, int hidden, std::byte* q);
 // Dequantizes a row written by quantize_row_int8 into bf16.
