@@ -12,7 +12,7 @@ packages=(
   # tests and benchmarks
   libgtest-dev libgmock-dev libbenchmark-dev libopenmpi-dev openmpi-bin
   # oracle, fixtures and the training recipe
-  python3 python3-numpy python3-torch bible-kjv-text nodejs
+  python3 python3-numpy python3-torch bible-kjv bible-kjv-text nodejs
 )
 
 missing=()
