@@ -80,6 +80,7 @@ P2p::P2p(Fabric& fabric, Transport& transport, const P2pOptions& opts)
             ->load(std::memory_order_acquire);
       };
       send_next_[size_t(p * L + l)] = word(lay.tail_off(f_.rank(), l));
+      known_head_.push_back(0);
       recv_next_[size_t(p * L + l)] = word(lay.head_off(f_.rank(), l));
     }
 }
@@ -142,7 +143,9 @@ struct LaneStep {
 };
 
 // Sends what the ring allows on one lane. Safe concurrently for different lanes of one op.
-LaneStep send_lane(Fabric& f, Transport& t, P2pOp& op, int l) {
+// known_head: a lower bound of head(peer, l) seen earlier, so that a send into a ring with room
+// does not reload the ACK line the receiver just wrote (a cache miss on the latency path).
+LaneStep send_lane(Fabric& f, Transport& t, P2pOp& op, int l, uint64_t& known_head) {
   LaneStep r;
   LaneCursor& c = op.lanes[static_cast<size_t>(l)];
   const ArenaLayout& lay = f.layout();
@@ -151,7 +154,10 @@ LaneStep send_lane(Fabric& f, Transport& t, P2pOp& op, int l) {
   const SignalRef head{me, lay.head_off(op.peer, l)};
   while (c.next < c.count) {
     const uint64_t seq = c.seq0 + c.next;
-    if (seq >= S && t.test_signal(head, seq - S + 1) != OpState::kDone) break;  // ring full
+    if (seq >= S && known_head < seq - S + 1) {
+      if (t.test_signal(head, seq - S + 1) != OpState::kDone) break;  // ring full
+      known_head = seq - S + 1;
+    }
     const uint64_t chunk = c.next * static_cast<uint64_t>(op.plan.lanes_used) + l;
     const uint64_t off = chunk * op.plan.chunk_bytes;
     const uint64_t n = std::min(op.plan.chunk_bytes, op.total - std::min(off, op.total));
@@ -177,6 +183,7 @@ LaneStep send_lane(Fabric& f, Transport& t, P2pOp& op, int l) {
   }
   if (c.next == c.count && !c.acked && t.test_signal(head, c.seq0 + c.count) == OpState::kDone) {
     c.acked = true;
+    known_head = std::max(known_head, c.seq0 + c.count);
     r.moved = true;
   }
   return r;
@@ -300,7 +307,8 @@ bool P2p::progress_locked() {
         }
         for (int l = 0; l < op.plan.lanes_used; ++l) {
           if (blocked & (1ull << l)) continue;
-          LaneStep s = op.is_send ? send_lane(f_, t_, op, l) : recv_lane(f_, t_, op, l);
+          LaneStep s = op.is_send ? send_lane(f_, t_, op, l, known_head_[head_index(op.peer, l)])
+                                  : recv_lane(f_, t_, op, l);
           if (!s.error.ok()) {
             failure = s.error;
             break;
@@ -420,7 +428,8 @@ Status P2p::wait_locked(const P2pHandle& h, std::unique_lock<std::mutex>& lock) 
           detail::WaitLoop loop(f_, ctx);
           const LaneCursor& c = op.lanes[static_cast<size_t>(l)];
           while (c.next < c.count || (op.is_send && !c.acked)) {
-            LaneStep s = op.is_send ? send_lane(f_, t_, op, l) : recv_lane(f_, t_, op, l);
+            LaneStep s = op.is_send ? send_lane(f_, t_, op, l, known_head_[head_index(op.peer, l)])
+                                    : recv_lane(f_, t_, op, l);
             Status st =
                 s.error.ok() ? (s.moved ? Status::ok_status() : loop.idle(op.peer)) : s.error;
             if (!st.ok()) {

@@ -118,7 +118,11 @@ class P2p {
   mutable std::mutex mu_;
   std::vector<std::deque<P2pHandle>> send_q_, recv_q_;  // [peer], posting order
   std::vector<uint64_t> send_next_, recv_next_;         // [peer * L + lane] next seq to assign
-  int background_ops_ = 0;                              // guarded by mu_
+  std::vector<uint64_t> known_head_;  // [peer * L + lane] lower bound of the peer's ACK (send side)
+  size_t head_index(int peer, int lane) const {
+    return size_t(peer) * size_t(f_.layout().cfg.lanes) + size_t(lane);
+  }
+  int background_ops_ = 0;  // guarded by mu_
   bool stop_ = false;
   std::condition_variable bg_cv_;
   std::thread bg_;  // started by the first background op

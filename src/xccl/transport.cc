@@ -37,6 +37,8 @@ void store_fence() {
 
 namespace {
 
+constexpr uint64_t kNonTemporalFloor = 256 * 1024;
+
 // Shared memory: every arena is mapped, so put/get are memcpy and a signal is a seq_cst
 // store (a release store whose order against the waiter-flag load makes futex wake-ups safe,
 // see Fabric::ring) into the owner's arena.
@@ -74,7 +76,9 @@ class ShmTransport final : public Transport {
                           const SignalRef& sig, uint64_t value) override {
     if (n != 0) {
       put(dst, off, src, n);
-      store_fence();  // non-temporal stores of the copy are ordered before the signal
+      // glibc's memcpy uses non-temporal stores only far above this size; order them before
+      // the signal. Smaller copies are ordinary stores, ordered by the seq_cst store below.
+      if (n >= kNonTemporalFloor) store_fence();
     }
     word(sig).store(value, std::memory_order_seq_cst);
     f_.ring(sig.rank);
