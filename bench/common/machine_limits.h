@@ -11,8 +11,8 @@
 namespace xds::bench {
 
 struct MachineLimits {
-  double read_gbps = 0;      // median of `repeats`, GB/s (1e9 bytes)
-  double f32_gflops = 0;     // median of `repeats`
+  double read_gbps = 0;   // median of `repeats`, GB/s (1e9 bytes)
+  double f32_gflops = 0;  // median of `repeats`
 };
 
 MachineLimits measure_machine_limits(ThreadPool& pool, int repeats = 5);

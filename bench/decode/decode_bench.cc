@@ -16,8 +16,8 @@
 #include <string>
 #include <vector>
 
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 #include "base/clock.h"
@@ -27,15 +27,18 @@
 namespace xds::bench {
 namespace {
 
-int64_t mlp_bytes(const MlpWeights& m) { return m.gate_proj.bytes() + m.up_proj.bytes() + m.down_proj.bytes(); }
+int64_t mlp_bytes(const MlpWeights& m) {
+  return m.gate_proj.bytes() + m.up_proj.bytes() + m.down_proj.bytes();
+}
 int64_t mlp_params(const MlpWeights& m) {
-  return m.gate_proj.rows * m.gate_proj.cols + m.up_proj.rows * m.up_proj.cols + m.down_proj.rows * m.down_proj.cols;
+  return m.gate_proj.rows * m.gate_proj.cols + m.up_proj.rows * m.up_proj.cols +
+         m.down_proj.rows * m.down_proj.cols;
 }
 
 struct StaticCost {
-  int64_t dense_bytes = 0;     // weights read once per step whatever the batch
-  int64_t dense_params = 0;    // multiply-adds per token through them
-  int64_t expert_bytes = 0;    // one routed expert
+  int64_t dense_bytes = 0;   // weights read once per step whatever the batch
+  int64_t dense_params = 0;  // multiply-adds per token through them
+  int64_t expert_bytes = 0;  // one routed expert
   int64_t expert_params = 0;
 };
 
@@ -48,7 +51,8 @@ StaticCost static_cost(const DeepseekV3Model& model) {
   };
   for (const LayerWeights& l : w.layers) {
     const MlaWeights& a = l.attn;
-    for (const auto* m : {&a.q_a_proj, &a.q_b_proj, &a.q_proj}) if (*m) add(**m);
+    for (const auto* m : {&a.q_a_proj, &a.q_b_proj, &a.q_proj})
+      if (*m) add(**m);
     add(a.kv_a_proj);
     add(a.kv_b_proj);
     add(a.o_proj);
@@ -56,7 +60,8 @@ StaticCost static_cost(const DeepseekV3Model& model) {
       add(l.dense->gate_proj), add(l.dense->up_proj), add(l.dense->down_proj);
     } else {
       add(l.moe->router);
-      if (l.moe->shared) add(l.moe->shared->gate_proj), add(l.moe->shared->up_proj), add(l.moe->shared->down_proj);
+      if (l.moe->shared)
+        add(l.moe->shared->gate_proj), add(l.moe->shared->up_proj), add(l.moe->shared->down_proj);
       s.expert_bytes = mlp_bytes(l.moe->experts[0]);
       s.expert_params = mlp_params(l.moe->experts[0]);
     }
@@ -68,12 +73,14 @@ StaticCost static_cost(const DeepseekV3Model& model) {
 // Attention FLOPs of one token attending `ctx` positions, absorbed form, per layer.
 double attention_flops(const DeepseekV3Config& c, int64_t ctx) {
   const double h = c.num_attention_heads, lat = c.kv_lora_rank, dr = c.qk_rope_head_dim;
-  return h * 2.0 * lat * (c.qk_nope_head_dim + c.v_head_dim) + ctx * h * (2.0 * (lat + dr) + 2.0 * lat);
+  return h * 2.0 * lat * (c.qk_nope_head_dim + c.v_head_dim) +
+         ctx * h * (2.0 * (lat + dr) + 2.0 * lat);
 }
 
 // Fills positions [0, ctx) of `seq` with random latent/rope values in every main layer: the
 // cost of a decode step depends on the context length, not on what the context says.
-void fill_context(const DeepseekV3Config& c, KvCache& cache, int64_t seq, int64_t ctx, std::mt19937& rng) {
+void fill_context(const DeepseekV3Config& c, KvCache& cache, int64_t seq, int64_t ctx,
+                  std::mt19937& rng) {
   std::normal_distribution<float> d(0.0f, 1.0f);
   (void)cache.reserve(seq, ctx + 64);
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
@@ -121,8 +128,8 @@ int main(int argc, char** argv) {
   DeepseekV3Model& model = **loaded;
   const DeepseekV3Config& c = model.config();
   const MachineLimits lim = measure_machine_limits(model.pool());
-  std::fprintf(stderr, "machine: read %.1f GB/s, fp32 peak %.1f GFLOP/s (%d threads)\n", lim.read_gbps,
-               lim.f32_gflops, model.pool().num_threads());
+  std::fprintf(stderr, "machine: read %.1f GB/s, fp32 peak %.1f GFLOP/s (%d threads)\n",
+               lim.read_gbps, lim.f32_gflops, model.pool().num_threads());
   const StaticCost sc = static_cost(model);
   const int64_t moe_layers = [&] {
     int64_t n = 0;
@@ -168,14 +175,16 @@ int main(int argc, char** argv) {
       if (!s.ok()) return std::fprintf(stderr, "error: %s\n", s.to_string().c_str()), 1;
       double attn = 0;
       for (int64_t t = 0; t < prompt; ++t) attn += attention_flops(c, t + 1);
-      flops = 2.0 * (prompt * static_cast<double>(sc.dense_params) + routed_token_experts * static_cast<double>(sc.expert_params)) +
+      flops = 2.0 * (prompt * static_cast<double>(sc.dense_params) +
+                     routed_token_experts * static_cast<double>(sc.expert_params)) +
               attn * c.num_hidden_layers;
       bytes = static_cast<double>(sc.dense_bytes + touched_count() * sc.expert_bytes);
     }
     const double t = median(times);
     const double roof = std::max(bytes / (lim.read_gbps * 1e9), flops / (lim.f32_gflops * 1e9));
-    rows.push_back({"prefill", 1, prompt / t, t * 1e3, roof * 1e3, bytes / 1e9, flops / 1e9,
-                    bytes / (lim.read_gbps * 1e9) > flops / (lim.f32_gflops * 1e9) ? "memory" : "compute"});
+    rows.push_back(
+        {"prefill", 1, prompt / t, t * 1e3, roof * 1e3, bytes / 1e9, flops / 1e9,
+         bytes / (lim.read_gbps * 1e9) > flops / (lim.f32_gflops * 1e9) ? "memory" : "compute"});
   }
 
   std::stringstream ss(batches_arg);
@@ -204,36 +213,52 @@ int main(int argc, char** argv) {
       if (!st.ok()) return std::fprintf(stderr, "error: %s\n", st.to_string().c_str()), 1;
       if (s == 0) continue;  // warm-up
       const int64_t ctx = context + s + 1;
-      const double kv_bytes = static_cast<double>(batch) * ctx * (c.kv_lora_rank + c.qk_rope_head_dim) * 4.0 * c.num_hidden_layers;
-      const double bytes = static_cast<double>(sc.dense_bytes + touched_count() * sc.expert_bytes) + kv_bytes;
-      const double flops = 2.0 * (batch * static_cast<double>(sc.dense_params) + routed_token_experts * static_cast<double>(sc.expert_params)) +
+      const double kv_bytes = static_cast<double>(batch) * ctx *
+                              (c.kv_lora_rank + c.qk_rope_head_dim) * 4.0 * c.num_hidden_layers;
+      const double bytes =
+          static_cast<double>(sc.dense_bytes + touched_count() * sc.expert_bytes) + kv_bytes;
+      const double flops = 2.0 * (batch * static_cast<double>(sc.dense_params) +
+                                  routed_token_experts * static_cast<double>(sc.expert_params)) +
                            batch * attention_flops(c, ctx) * c.num_hidden_layers;
       times.push_back(t);
       bytes_v.push_back(bytes);
       flops_v.push_back(flops);
       rooflines.push_back(std::max(bytes / (lim.read_gbps * 1e9), flops / (lim.f32_gflops * 1e9)));
     }
-    const double t = median(times), roof = median(rooflines), bytes = median(bytes_v), flops = median(flops_v);
-    rows.push_back({"decode", batch, batch / t, t * 1e3, roof * 1e3, bytes / 1e9, flops / 1e9,
-                    bytes / (lim.read_gbps * 1e9) > flops / (lim.f32_gflops * 1e9) ? "memory" : "compute"});
+    const double t = median(times), roof = median(rooflines), bytes = median(bytes_v),
+                 flops = median(flops_v);
+    rows.push_back(
+        {"decode", batch, batch / t, t * 1e3, roof * 1e3, bytes / 1e9, flops / 1e9,
+         bytes / (lim.read_gbps * 1e9) > flops / (lim.f32_gflops * 1e9) ? "memory" : "compute"});
   }
   (void)moe_layers;
 
-  std::printf("\nmodel %s, compute %s, context %lld; machine: read %.1f GB/s, fp32 peak %.1f GFLOP/s\n",
-              model_dir.c_str(), dtype.c_str(), static_cast<long long>(context), lim.read_gbps, lim.f32_gflops);
-  std::printf("%-8s %6s %12s %10s %12s %9s %9s %9s %8s\n", "phase", "batch", "tokens/s", "step ms", "roofline ms",
-              "% roof", "GB read", "GFLOP", "bound");
+  std::printf(
+      "\nmodel %s, compute %s, context %lld; machine: read %.1f GB/s, fp32 peak %.1f GFLOP/s\n",
+      model_dir.c_str(), dtype.c_str(), static_cast<long long>(context), lim.read_gbps,
+      lim.f32_gflops);
+  std::printf("%-8s %6s %12s %10s %12s %9s %9s %9s %8s\n", "phase", "batch", "tokens/s", "step ms",
+              "roofline ms", "% roof", "GB read", "GFLOP", "bound");
   nlohmann::json j;
-  j["machine"] = {{"read_gbps", lim.read_gbps}, {"f32_gflops", lim.f32_gflops}, {"threads", model.pool().num_threads()}};
+  j["machine"] = {{"read_gbps", lim.read_gbps},
+                  {"f32_gflops", lim.f32_gflops},
+                  {"threads", model.pool().num_threads()}};
   j["model"] = model_dir;
   j["compute_dtype"] = dtype;
   j["context"] = context;
   for (const Row& r : rows) {
-    std::printf("%-8s %6lld %12.1f %10.2f %12.2f %8.1f%% %9.3f %9.2f %8s\n", r.what.c_str(), static_cast<long long>(r.batch),
-                r.tokens_per_s, r.step_ms, r.roofline_ms, 100.0 * r.roofline_ms / r.step_ms, r.bytes_gb, r.gflop, r.bound.c_str());
-    j["rows"].push_back({{"phase", r.what}, {"batch", r.batch}, {"tokens_per_s", r.tokens_per_s}, {"step_ms", r.step_ms},
-                         {"roofline_ms", r.roofline_ms}, {"fraction_of_roofline", r.roofline_ms / r.step_ms},
-                         {"gb_read", r.bytes_gb}, {"gflop", r.gflop}, {"bound", r.bound},
+    std::printf("%-8s %6lld %12.1f %10.2f %12.2f %8.1f%% %9.3f %9.2f %8s\n", r.what.c_str(),
+                static_cast<long long>(r.batch), r.tokens_per_s, r.step_ms, r.roofline_ms,
+                100.0 * r.roofline_ms / r.step_ms, r.bytes_gb, r.gflop, r.bound.c_str());
+    j["rows"].push_back({{"phase", r.what},
+                         {"batch", r.batch},
+                         {"tokens_per_s", r.tokens_per_s},
+                         {"step_ms", r.step_ms},
+                         {"roofline_ms", r.roofline_ms},
+                         {"fraction_of_roofline", r.roofline_ms / r.step_ms},
+                         {"gb_read", r.bytes_gb},
+                         {"gflop", r.gflop},
+                         {"bound", r.bound},
                          {"achieved_gflops", r.gflop / (r.step_ms / 1e3)}});
   }
   std::ofstream(json_path) << j.dump(2) << "\n";

@@ -16,9 +16,9 @@ namespace xds::detail {
 }
 }  // namespace xds::detail
 
-#define XDS_CHECK(cond, ...)                                                          \
-  do {                                                                                \
-    if (!(cond)) [[unlikely]]                                                         \
+#define XDS_CHECK(cond, ...)                                                              \
+  do {                                                                                    \
+    if (!(cond)) [[unlikely]]                                                             \
       ::xds::detail::check_failed(__FILE__, __LINE__, #cond, ::fmt::format(__VA_ARGS__)); \
   } while (0)
 

@@ -18,17 +18,17 @@ namespace xds {
 
 enum class StatusCode {
   kOk = 0,
-  kInvalidArgument,    // the caller's input is wrong (bad flag, malformed request)
-  kNotFound,           // a file, tensor or key that must exist does not
-  kDataLoss,           // a file is truncated or corrupt
-  kUnimplemented,      // valid input that this build does not support
-  kFailedPrecondition, // the system is not in a state to do this
-  kResourceExhausted,  // out of memory, slots, blocks
-  kDeadlineExceeded,   // a wait ran past its deadline
-  kUnavailable,        // a peer is dead or unreachable
-  kAborted,            // the operation was aborted (poisoned epoch, cancelled step)
-  kCancelled,          // the caller cancelled it
-  kInternal,           // a bug or an unexpected system error
+  kInvalidArgument,     // the caller's input is wrong (bad flag, malformed request)
+  kNotFound,            // a file, tensor or key that must exist does not
+  kDataLoss,            // a file is truncated or corrupt
+  kUnimplemented,       // valid input that this build does not support
+  kFailedPrecondition,  // the system is not in a state to do this
+  kResourceExhausted,   // out of memory, slots, blocks
+  kDeadlineExceeded,    // a wait ran past its deadline
+  kUnavailable,         // a peer is dead or unreachable
+  kAborted,             // the operation was aborted (poisoned epoch, cancelled step)
+  kCancelled,           // the caller cancelled it
+  kInternal,            // a bug or an unexpected system error
 };
 
 std::string_view status_code_name(StatusCode code);
@@ -55,9 +55,9 @@ class [[nodiscard]] Status {
 };
 
 // Builders: xds::invalid_argument("field '{}' must be > 0, got {}", name, v).
-#define XDS_DEFINE_STATUS_BUILDER(fn, code)                                  \
-  template <typename... Args>                                                \
-  Status fn(fmt::format_string<Args...> f, Args&&... args) {                 \
+#define XDS_DEFINE_STATUS_BUILDER(fn, code)                                       \
+  template <typename... Args>                                                     \
+  Status fn(fmt::format_string<Args...> f, Args&&... args) {                      \
     return Status(StatusCode::code, fmt::format(f, std::forward<Args>(args)...)); \
   }
 XDS_DEFINE_STATUS_BUILDER(invalid_argument, kInvalidArgument)
@@ -76,7 +76,7 @@ XDS_DEFINE_STATUS_BUILDER(internal_error, kInternal)
 template <typename T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : v_(std::move(value)) {}  // NOLINT(google-explicit-constructor)
+  Result(T value) : v_(std::move(value)) {}        // NOLINT(google-explicit-constructor)
   Result(Status status) : v_(std::move(status)) {  // NOLINT(google-explicit-constructor)
     XDS_CHECK(!std::get<Status>(v_).ok(), "Result constructed from an ok Status");
   }

@@ -71,7 +71,8 @@ Status run_generate(const GenerateArgs& a) {
   } else if (a.attention == "expanded") {
     mo.attention = AttentionMode::kExpanded;
   } else {
-    return invalid_argument("--attention must be auto, absorbed or expanded, got '{}'", a.attention);
+    return invalid_argument("--attention must be auto, absorbed or expanded, got '{}'",
+                            a.attention);
   }
   mo.threads = a.threads;
   XDS_ASSIGN_OR_RETURN(auto model, DeepseekV3Model::load(a.model, mo));
@@ -88,8 +89,9 @@ Status run_generate(const GenerateArgs& a) {
 
   const int64_t total = static_cast<int64_t>(prompt.size()) + a.max_tokens;
   if (total > cfg.max_position_embeddings) {
-    return invalid_argument("prompt ({} tokens) + --max-tokens {} exceeds the model's max_position_embeddings {}",
-                            prompt.size(), a.max_tokens, cfg.max_position_embeddings);
+    return invalid_argument(
+        "prompt ({} tokens) + --max-tokens {} exceeds the model's max_position_embeddings {}",
+        prompt.size(), a.max_tokens, cfg.max_position_embeddings);
   }
   KvCache cache = model->make_cache(total + 16);
   const int64_t seq = cache.add_sequence();
@@ -105,15 +107,17 @@ Status run_generate(const GenerateArgs& a) {
   }
   int64_t step_start = 0;
   if (routing_file.is_open()) {
-    model->set_routing_observer([&](int64_t layer, int64_t token, std::span<const int32_t> experts) {
-      routing_file << fmt::format("{{\"layer\":{},\"row\":{},\"experts\":[{}]}}\n", layer,
-                                  step_start + token, fmt::join(experts, ","));
-    });
+    model->set_routing_observer(
+        [&](int64_t layer, int64_t token, std::span<const int32_t> experts) {
+          routing_file << fmt::format("{{\"layer\":{},\"row\":{},\"experts\":[{}]}}\n", layer,
+                                      step_start + token, fmt::join(experts, ","));
+        });
   }
   const bool dump = logits_file.is_open();
   auto write_rows = [&](const StepOutput& out) {
-    if (dump) logits_file.write(reinterpret_cast<const char*>(out.logits.data()),
-                                static_cast<std::streamsize>(out.logits.size() * sizeof(float)));
+    if (dump)
+      logits_file.write(reinterpret_cast<const char*>(out.logits.data()),
+                        static_cast<std::streamsize>(out.logits.size() * sizeof(float)));
   };
 
   // Prefill, in chunks of --prefill-chunk tokens over the cached blocks (0: one chunk).
@@ -138,10 +142,12 @@ Status run_generate(const GenerateArgs& a) {
   int64_t generated = 0;
   const auto t1 = Clock::now();
   while (generated < a.max_tokens) {
-    const int32_t next = kernels::sample_token(row.data(), valid_vocab, sp, kernels::sampling_uniform(a.seed, pos), scratch);
+    const int32_t next = kernels::sample_token(row.data(), valid_vocab, sp,
+                                               kernels::sampling_uniform(a.seed, pos), scratch);
     ++generated;
     codec.emit(next, generated == 1);
-    const bool eos = std::find(cfg.eos_token_ids.begin(), cfg.eos_token_ids.end(), next) != cfg.eos_token_ids.end();
+    const bool eos = std::find(cfg.eos_token_ids.begin(), cfg.eos_token_ids.end(), next) !=
+                     cfg.eos_token_ids.end();
     if ((eos && !a.ignore_eos) || generated == a.max_tokens) break;
     step_start = pos;
     TokenChunk tc{seq, pos, std::span<const int32_t>(&next, 1), false};
@@ -153,7 +159,9 @@ Status run_generate(const GenerateArgs& a) {
   const double decode_s = seconds_since(t1);
   codec.finish();
   const int64_t decode_steps = generated - 1;
-  std::fprintf(stderr, "prefill: %lld tokens in %.3f s (%.1f tokens/s); decode: %lld tokens in %.3f s (%.1f tokens/s)\n",
+  std::fprintf(stderr,
+               "prefill: %lld tokens in %.3f s (%.1f tokens/s); decode: %lld tokens in %.3f s "
+               "(%.1f tokens/s)\n",
                static_cast<long long>(n_prompt), prefill_s, n_prompt / std::max(prefill_s, 1e-9),
                static_cast<long long>(decode_steps), decode_s,
                decode_steps > 0 ? decode_steps / std::max(decode_s, 1e-9) : 0.0);
@@ -167,22 +175,30 @@ void add_generate_command(CLI::App& app, int* exit_code) {
   CLI::App* cmd = app.add_subcommand("generate", "Stream a generation from one prompt");
   cmd->add_option("--model", args->model, "Model directory (Hugging Face layout)")->required();
   auto* text = cmd->add_option("--prompt", args->prompt, "Prompt text");
-  auto* ids = cmd->add_option("--prompt-ids", args->prompt_ids, "Prompt token ids, comma-separated");
+  auto* ids =
+      cmd->add_option("--prompt-ids", args->prompt_ids, "Prompt token ids, comma-separated");
   text->excludes(ids);
   cmd->add_flag("--chat", args->chat, "Apply the model's chat template to the prompt");
-  cmd->add_option("--chat-template", args->chat_template, "Jinja chat template file overriding the model's");
-  cmd->add_option("--max-tokens", args->max_tokens, "Tokens to generate")->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
-  cmd->add_option("--temperature", args->temperature, "0 is greedy")->check(CLI::Range(0.0f, 100.0f));
+  cmd->add_option("--chat-template", args->chat_template,
+                  "Jinja chat template file overriding the model's");
+  cmd->add_option("--max-tokens", args->max_tokens, "Tokens to generate")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  cmd->add_option("--temperature", args->temperature, "0 is greedy")
+      ->check(CLI::Range(0.0f, 100.0f));
   cmd->add_option("--top-p", args->top_p)->check(CLI::Range(0.0f, 1.0f));
   cmd->add_option("--top-k", args->top_k)->check(CLI::NonNegativeNumber);
   cmd->add_option("--seed", args->seed);
   cmd->add_flag("--ignore-eos", args->ignore_eos, "Do not stop at the end-of-sequence token");
   cmd->add_option("--compute-dtype", args->compute_dtype, "f32 (reference) or bf16 (fast)");
   cmd->add_option("--attention", args->attention, "Prefill attention: auto, absorbed or expanded");
-  cmd->add_option("--dump-logits", args->dump_logits, "Write float32 logits [rows, vocab] of every position");
+  cmd->add_option("--dump-logits", args->dump_logits,
+                  "Write float32 logits [rows, vocab] of every position");
   cmd->add_option("--dump-routing", args->dump_routing, "Write the chosen experts as JSON lines");
-  cmd->add_option("--prefill-chunk", args->prefill_chunk, "Prefill in chunks of N tokens (0: one chunk)")->check(CLI::NonNegativeNumber);
-  cmd->add_option("--threads", args->threads, "Worker threads (0: all cores)")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--prefill-chunk", args->prefill_chunk,
+                  "Prefill in chunks of N tokens (0: one chunk)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--threads", args->threads, "Worker threads (0: all cores)")
+      ->check(CLI::NonNegativeNumber);
   cmd->callback([args, exit_code, text, ids] {
     if (text->count() == 0 && ids->count() == 0) {
       std::fprintf(stderr, "error: generate needs --prompt or --prompt-ids\n");

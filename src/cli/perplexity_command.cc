@@ -33,10 +33,12 @@ Status run_perplexity(const PerplexityArgs& a) {
   std::stringstream ss;
   ss << in.rdbuf();
   if (!Tokenizer::has_tokenizer_files(a.model)) {
-    return failed_precondition("{}: no tokenizer files (tokenizer.json): perplexity needs text", a.model);
+    return failed_precondition("{}: no tokenizer files (tokenizer.json): perplexity needs text",
+                               a.model);
   }
   XDS_ASSIGN_OR_RETURN(Tokenizer tok, Tokenizer::load(a.model));
-  XDS_ASSIGN_OR_RETURN(std::vector<int32_t> ids, tok.encode(ss.str(), /*add_special_tokens=*/false));
+  XDS_ASSIGN_OR_RETURN(std::vector<int32_t> ids,
+                       tok.encode(ss.str(), /*add_special_tokens=*/false));
   ModelOptions mo;
   if (a.compute_dtype == "bf16") {
     mo.compute = ComputeDType::kBF16;
@@ -69,8 +71,9 @@ Status run_perplexity(const PerplexityArgs& a) {
       ++count;
     }
     std::fprintf(stderr, "\rperplexity: window %lld/%lld, %lld tokens, running ppl %.4f, %.1f s",
-                 static_cast<long long>(w + 1), static_cast<long long>(windows), static_cast<long long>(count),
-                 std::exp(nll / std::max<int64_t>(count, 1)), seconds_since(t0));
+                 static_cast<long long>(w + 1), static_cast<long long>(windows),
+                 static_cast<long long>(count), std::exp(nll / std::max<int64_t>(count, 1)),
+                 seconds_since(t0));
   }
   std::fprintf(stderr, "\n");
   if (count == 0) return invalid_argument("{}: fewer than 2 tokens, nothing to predict", a.file);
@@ -87,7 +90,8 @@ void add_perplexity_command(CLI::App& app, int* exit_code) {
   CLI::App* cmd = app.add_subcommand("perplexity", "Perplexity of a text file");
   cmd->add_option("--model", args->model, "Model directory")->required();
   cmd->add_option("--file", args->file, "UTF-8 text file")->required();
-  cmd->add_option("--window", args->window, "Tokens per window")->check(CLI::Range(int64_t{2}, int64_t{1} << 20));
+  cmd->add_option("--window", args->window, "Tokens per window")
+      ->check(CLI::Range(int64_t{2}, int64_t{1} << 20));
   cmd->add_option("--compute-dtype", args->compute_dtype, "f32 or bf16");
   cmd->add_option("--threads", args->threads)->check(CLI::NonNegativeNumber);
   cmd->callback([args, exit_code] {

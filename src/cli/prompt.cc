@@ -20,7 +20,8 @@ PromptCodec::PromptCodec(PromptCodec&&) noexcept = default;
 PromptCodec& PromptCodec::operator=(PromptCodec&&) noexcept = default;
 PromptCodec::~PromptCodec() = default;
 
-Result<PromptCodec> PromptCodec::open(const std::string& model_dir, const std::string& chat_template_file) {
+Result<PromptCodec> PromptCodec::open(const std::string& model_dir,
+                                      const std::string& chat_template_file) {
   PromptCodec codec;
   codec.impl_->model_dir = model_dir;
   codec.impl_->chat_template_file = chat_template_file;
@@ -32,14 +33,18 @@ Result<PromptCodec> PromptCodec::open(const std::string& model_dir, const std::s
   return codec;
 }
 
-bool PromptCodec::has_tokenizer() const { return impl_->tokenizer.has_value(); }
+bool PromptCodec::has_tokenizer() const {
+  return impl_->tokenizer.has_value();
+}
 
 Result<std::vector<int32_t>> PromptCodec::encode_prompt(const std::string& text, bool chat) const {
   if (!impl_->tokenizer) {
-    return failed_precondition("{}: no tokenizer files (tokenizer.json): pass --prompt-ids", impl_->model_dir);
+    return failed_precondition("{}: no tokenizer files (tokenizer.json): pass --prompt-ids",
+                               impl_->model_dir);
   }
   if (chat) {
-    XDS_ASSIGN_OR_RETURN(ChatTemplate tmpl, ChatTemplate::load(impl_->model_dir, impl_->chat_template_file));
+    XDS_ASSIGN_OR_RETURN(ChatTemplate tmpl,
+                         ChatTemplate::load(impl_->model_dir, impl_->chat_template_file));
     const nlohmann::json messages = nlohmann::json::array({{{"role", "user"}, {"content", text}}});
     return encode_chat(*impl_->tokenizer, tmpl, messages, /*add_generation_prompt=*/true);
   }

@@ -13,7 +13,8 @@ namespace xds::cli {
 
 class PromptCodec {
  public:
-  static Result<PromptCodec> open(const std::string& model_dir, const std::string& chat_template_file);
+  static Result<PromptCodec> open(const std::string& model_dir,
+                                  const std::string& chat_template_file);
   PromptCodec(PromptCodec&&) noexcept;
   PromptCodec& operator=(PromptCodec&&) noexcept;
   ~PromptCodec();

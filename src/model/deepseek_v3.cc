@@ -24,7 +24,8 @@ T* grow(std::vector<T>& v, int64_t count) {
 
 // The MoE layer keeps its own LinearRunner (a bf16 scratch of its own).
 struct OwnedLocalMoe final : MoeExchange {
-  OwnedLocalMoe(const DeepseekV3Config& c, const DeepseekV3Weights& w, ComputeDType dt, ThreadPool& pool)
+  OwnedLocalMoe(const DeepseekV3Config& c, const DeepseekV3Weights& w, ComputeDType dt,
+                ThreadPool& pool)
       : linear(dt, pool), exchange(c, w, linear) {}
   Status run(const MoeExchangeInput& in) override { return exchange.run(in); }
   LinearRunner linear;
@@ -40,18 +41,21 @@ Result<std::unique_ptr<DeepseekV3Model>> DeepseekV3Model::load(const std::string
   std::unique_ptr<DeepseekV3Model> m(new DeepseekV3Model());
   XDS_ASSIGN_OR_RETURN(m->config_, load_deepseek_v3_config(dir));
   m->options_ = options;
-  const int threads = options.threads > 0 ? options.threads
-                                          : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int threads = options.threads > 0
+                          ? options.threads
+                          : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   m->pool_ = std::make_unique<ThreadPool>(threads);
   XDS_ASSIGN_OR_RETURN(Checkpoint ckpt, Checkpoint::open(dir));
   m->checkpoint_ = std::make_unique<Checkpoint>(std::move(ckpt));
   RepackOptions repack;
   repack.pool = m->pool_.get();
   m->store_ = std::make_unique<RepackCache>(repack);
-  XDS_ASSIGN_OR_RETURN(m->weights_, bind_deepseek_v3_weights(m->config_, *m->checkpoint_, *m->store_));
+  XDS_ASSIGN_OR_RETURN(m->weights_,
+                       bind_deepseek_v3_weights(m->config_, *m->checkpoint_, *m->store_));
   m->store_->finish_progress();
   m->rope_ = std::make_unique<RopeTable>(m->config_);
-  m->local_exchange_ = std::make_unique<OwnedLocalMoe>(m->config_, m->weights_, options.compute, *m->pool_);
+  m->local_exchange_ =
+      std::make_unique<OwnedLocalMoe>(m->config_, m->weights_, options.compute, *m->pool_);
   m->exchange_ = m->local_exchange_.get();
   return m;
 }
@@ -135,15 +139,16 @@ Status DeepseekV3Model::run_moe(const MoeWeights& w, int64_t layer, const Batch&
   return {};
 }
 
-Status DeepseekV3Model::run_layer(const LayerWeights& w, int64_t cache_layer, const Batch& b, KvCache& cache,
-                                  float* x) {
+Status DeepseekV3Model::run_layer(const LayerWeights& w, int64_t cache_layer, const Batch& b,
+                                  KvCache& cache, float* x) {
   const int64_t n = b.n, d = config_.hidden_size;
   const double eps = config_.rms_norm_eps;
   float* xn = grow(s_xn_, n * d);
   float* tmp = grow(s_tmp_, n * d);
   auto norm_rows = [&](std::span<const float> weight) {
     pool_->parallel_for(n, [&](int64_t t0, int64_t t1, int) {
-      for (int64_t t = t0; t < t1; ++t) kernels::rmsnorm(x + t * d, weight.data(), d, eps, xn + t * d);
+      for (int64_t t = t0; t < t1; ++t)
+        kernels::rmsnorm(x + t * d, weight.data(), d, eps, xn + t * d);
     });
   };
   norm_rows(w.input_norm);
@@ -177,7 +182,8 @@ Status check_tokens(std::span<const int32_t> tokens, int64_t vocab) {
 
 }  // namespace
 
-Status DeepseekV3Model::forward(std::span<const TokenChunk> chunks, KvCache& cache, StepOutput& out) {
+Status DeepseekV3Model::forward(std::span<const TokenChunk> chunks, KvCache& cache,
+                                StepOutput& out) {
   const int64_t d = config_.hidden_size;
   Batch b;
   int64_t max_pos = 0;
@@ -203,14 +209,16 @@ Status DeepseekV3Model::forward(std::span<const TokenChunk> chunks, KvCache& cac
   out.hidden.resize(static_cast<size_t>(b.n * d));
   pool_->parallel_for(b.n, [&](int64_t t0, int64_t t1, int) {
     for (int64_t t = t0; t < t1; ++t) {
-      kernels::rmsnorm(x + t * d, weights_.final_norm.data(), d, config_.rms_norm_eps, out.hidden.data() + t * d);
+      kernels::rmsnorm(x + t * d, weights_.final_norm.data(), d, config_.rms_norm_eps,
+                       out.hidden.data() + t * d);
     }
   });
   out.logit_tokens.clear();
   for (size_t i = 0; i < chunks.size(); ++i) {
     const Batch::Chunk& ch = b.chunks[i];
     if (ch.count == 0) continue;
-    for (int64_t t = chunks[i].all_logits ? 0 : ch.count - 1; t < ch.count; ++t) out.logit_tokens.push_back(ch.begin + t);
+    for (int64_t t = chunks[i].all_logits ? 0 : ch.count - 1; t < ch.count; ++t)
+      out.logit_tokens.push_back(ch.begin + t);
   }
   const int64_t rows = static_cast<int64_t>(out.logit_tokens.size());
   float* hn = grow(s_xn_, rows * d);
@@ -224,7 +232,8 @@ Status DeepseekV3Model::forward(std::span<const TokenChunk> chunks, KvCache& cac
 Status DeepseekV3Model::forward_mtp(int64_t k, std::span<const MtpChunk> chunks, KvCache& cache,
                                     StepOutput& out) {
   if (k < 0 || k >= config_.num_nextn_predict_layers) {
-    return invalid_argument("MTP layer {} requested, the model has {}", k, config_.num_nextn_predict_layers);
+    return invalid_argument("MTP layer {} requested, the model has {}", k,
+                            config_.num_nextn_predict_layers);
   }
   const MtpWeights& w = weights_.mtp[k];
   const int64_t d = config_.hidden_size, layer = config_.num_hidden_layers + k;
@@ -248,15 +257,16 @@ Status DeepseekV3Model::forward_mtp(int64_t k, std::span<const MtpChunk> chunks,
     embed_rows(w.embed, ch.next_tokens, e + at * d);
     for (size_t i = 0; i < ch.next_tokens.size(); ++i, ++at) {
       kernels::rmsnorm(e + at * d, w.enorm.data(), d, config_.rms_norm_eps, cat + at * 2 * d);
-      kernels::rmsnorm(ch.hidden + static_cast<int64_t>(i) * d, w.hnorm.data(), d, config_.rms_norm_eps,
-                       cat + at * 2 * d + d);
+      kernels::rmsnorm(ch.hidden + static_cast<int64_t>(i) * d, w.hnorm.data(), d,
+                       config_.rms_norm_eps, cat + at * 2 * d + d);
     }
   }
   float* x = grow(s_x_, b.n * d);
   linear(cat, b.n, 2 * d, w.eh_proj, x, d);
   XDS_RETURN_IF_ERROR(run_layer(w.layer, layer, b, cache, x));
   float* hn = grow(s_xn_, b.n * d);
-  for (int64_t t = 0; t < b.n; ++t) kernels::rmsnorm(x + t * d, w.head_norm.data(), d, config_.rms_norm_eps, hn + t * d);
+  for (int64_t t = 0; t < b.n; ++t)
+    kernels::rmsnorm(x + t * d, w.head_norm.data(), d, config_.rms_norm_eps, hn + t * d);
   out.logit_tokens.resize(static_cast<size_t>(b.n));
   for (int64_t t = 0; t < b.n; ++t) out.logit_tokens[t] = t;
   logits_for(hn, b.n, w.head, out);

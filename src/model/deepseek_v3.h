@@ -40,33 +40,33 @@ enum class ComputeDType {
 enum class AttentionMode { kAuto, kAbsorbed, kExpanded };
 
 struct TokenChunk {
-  int64_t seq = 0;                     // KvCache sequence slot
-  int64_t start_pos = 0;               // position of tokens[0]
+  int64_t seq = 0;        // KvCache sequence slot
+  int64_t start_pos = 0;  // position of tokens[0]
   std::span<const int32_t> tokens;
-  bool all_logits = false;             // logits for every token, else only the last
+  bool all_logits = false;  // logits for every token, else only the last
 };
 
 // Called with (layer, token index in batch order, chosen expert ids) for every MoE layer.
 using RoutingObserver = std::function<void(int64_t, int64_t, std::span<const int32_t>)>;
 
 struct StepOutput {
-  std::vector<float> logits;           // [rows, vocab]
-  std::vector<int64_t> logit_tokens;   // [rows] token index (batch order) of each row
-  std::vector<float> hidden;           // [n_tokens, D] final-normed hidden (MTP input)
+  std::vector<float> logits;          // [rows, vocab]
+  std::vector<int64_t> logit_tokens;  // [rows] token index (batch order) of each row
+  std::vector<float> hidden;          // [n_tokens, D] final-normed hidden (MTP input)
 };
 
 // One MTP row: extends the main model's hidden at position `pos` with token_{pos+1}.
 struct MtpChunk {
   int64_t seq = 0;
-  int64_t start_pos = 0;               // position of the first row
+  int64_t start_pos = 0;                 // position of the first row
   std::span<const int32_t> next_tokens;  // token_{pos+1} for each row
-  const float* hidden = nullptr;       // [rows, D] final-normed main-model hidden
+  const float* hidden = nullptr;         // [rows, D] final-normed main-model hidden
 };
 
 struct ModelOptions {
   ComputeDType compute = ComputeDType::kF32;
   AttentionMode attention = AttentionMode::kAuto;
-  int threads = 0;                     // 0: all cores
+  int threads = 0;  // 0: all cores
 };
 
 class DeepseekV3Model {
@@ -86,8 +86,7 @@ class DeepseekV3Model {
   // Runs the main model on `chunks`; reserves cache blocks as needed.
   Status forward(std::span<const TokenChunk> chunks, KvCache& cache, StepOutput& out);
   // Runs MTP layer `k` (0-based); fills out.logits with one row per MTP row.
-  Status forward_mtp(int64_t k, std::span<const MtpChunk> chunks, KvCache& cache,
-                     StepOutput& out);
+  Status forward_mtp(int64_t k, std::span<const MtpChunk> chunks, KvCache& cache, StepOutput& out);
 
   void set_routing_observer(RoutingObserver observer) { routing_observer_ = std::move(observer); }
   // Replaces the local expert computation (expert parallelism, disaggregation).

@@ -15,8 +15,8 @@ struct DeepseekV3Model::Batch {
     int64_t begin;      // index of its first token in batch order
     int64_t count;
   };
-  int64_t n = 0;                 // tokens in the step
-  std::vector<int64_t> pos;      // [n] absolute position of each token
+  int64_t n = 0;             // tokens in the step
+  std::vector<int64_t> pos;  // [n] absolute position of each token
   std::vector<Chunk> chunks;
 };
 

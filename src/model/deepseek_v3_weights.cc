@@ -47,15 +47,17 @@ class Binder {
       const int64_t q = *c_.q_lora_rank;
       XDS_ASSIGN_OR_RETURN(l.attn.q_a_proj, matrix(a + ".q_a_proj.weight", q, d));
       XDS_ASSIGN_OR_RETURN(l.attn.q_a_norm, vec(a + ".q_a_layernorm.weight", q));
-      XDS_ASSIGN_OR_RETURN(l.attn.q_b_proj, matrix(a + ".q_b_proj.weight", h * c_.qk_head_dim(), q));
+      XDS_ASSIGN_OR_RETURN(l.attn.q_b_proj,
+                           matrix(a + ".q_b_proj.weight", h * c_.qk_head_dim(), q));
     } else {
       XDS_ASSIGN_OR_RETURN(l.attn.q_proj, matrix(a + ".q_proj.weight", h * c_.qk_head_dim(), d));
     }
-    XDS_ASSIGN_OR_RETURN(l.attn.kv_a_proj,
-                         matrix(a + ".kv_a_proj_with_mqa.weight", c_.kv_lora_rank + c_.qk_rope_head_dim, d));
+    XDS_ASSIGN_OR_RETURN(l.attn.kv_a_proj, matrix(a + ".kv_a_proj_with_mqa.weight",
+                                                  c_.kv_lora_rank + c_.qk_rope_head_dim, d));
     XDS_ASSIGN_OR_RETURN(l.attn.kv_a_norm, vec(a + ".kv_a_layernorm.weight", c_.kv_lora_rank));
-    XDS_ASSIGN_OR_RETURN(l.attn.kv_b_proj, matrix(a + ".kv_b_proj.weight",
-                                                  h * (c_.qk_nope_head_dim + c_.v_head_dim), c_.kv_lora_rank));
+    XDS_ASSIGN_OR_RETURN(l.attn.kv_b_proj,
+                         matrix(a + ".kv_b_proj.weight", h * (c_.qk_nope_head_dim + c_.v_head_dim),
+                                c_.kv_lora_rank));
     XDS_ASSIGN_OR_RETURN(l.attn.o_proj, matrix(a + ".o_proj.weight", d, h * c_.v_head_dim));
     if (!c_.is_moe_layer(i)) {
       XDS_ASSIGN_OR_RETURN(l.dense, mlp(p + ".mlp", c_.intermediate_size));
@@ -69,11 +71,13 @@ class Binder {
     }
     moe.experts.reserve(static_cast<size_t>(c_.n_routed_experts));
     for (int64_t e = 0; e < c_.n_routed_experts; ++e) {
-      XDS_ASSIGN_OR_RETURN(MlpWeights m, mlp(fmt::format("{}.mlp.experts.{}", p, e), c_.moe_intermediate_size));
+      XDS_ASSIGN_OR_RETURN(MlpWeights m,
+                           mlp(fmt::format("{}.mlp.experts.{}", p, e), c_.moe_intermediate_size));
       moe.experts.push_back(m);
     }
     if (c_.n_shared_experts > 0) {
-      XDS_ASSIGN_OR_RETURN(moe.shared, mlp(p + ".mlp.shared_experts", c_.n_shared_experts * c_.moe_intermediate_size));
+      XDS_ASSIGN_OR_RETURN(moe.shared, mlp(p + ".mlp.shared_experts",
+                                           c_.n_shared_experts * c_.moe_intermediate_size));
     }
     l.moe = std::move(moe);
     return l;
@@ -88,8 +92,8 @@ class Binder {
 
 }  // namespace
 
-Result<DeepseekV3Weights> bind_deepseek_v3_weights(const DeepseekV3Config& c, const Checkpoint& ckpt,
-                                                   RepackCache& store) {
+Result<DeepseekV3Weights> bind_deepseek_v3_weights(const DeepseekV3Config& c,
+                                                   const Checkpoint& ckpt, RepackCache& store) {
   Binder b(c, ckpt, store);
   const int64_t d = c.hidden_size, v = c.vocab_size;
   DeepseekV3Weights w;

@@ -18,14 +18,14 @@ class Checkpoint;
 class RepackCache;
 
 struct MlaWeights {
-  std::optional<MatrixRef> q_a_proj;   // [Q, D]            (q_lora_rank set)
-  std::span<const float> q_a_norm;     // [Q]
-  std::optional<MatrixRef> q_b_proj;   // [H*(Dn+Dr), Q]
-  std::optional<MatrixRef> q_proj;     // [H*(Dn+Dr), D]    (q_lora_rank null)
-  MatrixRef kv_a_proj;                 // [C+Dr, D]
-  std::span<const float> kv_a_norm;    // [C]
-  MatrixRef kv_b_proj;                 // [H*(Dn+Dv), C]: per head Dn rows of W_UK, Dv of W_UV
-  MatrixRef o_proj;                    // [D, H*Dv]
+  std::optional<MatrixRef> q_a_proj;  // [Q, D]            (q_lora_rank set)
+  std::span<const float> q_a_norm;    // [Q]
+  std::optional<MatrixRef> q_b_proj;  // [H*(Dn+Dr), Q]
+  std::optional<MatrixRef> q_proj;    // [H*(Dn+Dr), D]    (q_lora_rank null)
+  MatrixRef kv_a_proj;                // [C+Dr, D]
+  std::span<const float> kv_a_norm;   // [C]
+  MatrixRef kv_b_proj;                // [H*(Dn+Dv), C]: per head Dn rows of W_UK, Dv of W_UV
+  MatrixRef o_proj;                   // [D, H*Dv]
 };
 
 struct MlpWeights {
@@ -35,35 +35,35 @@ struct MlpWeights {
 };
 
 struct MoeWeights {
-  MatrixRef router;                        // [E, D] (mlp.gate.weight)
-  std::span<const float> score_bias;       // [E] e_score_correction_bias, empty if none
-  std::vector<MlpWeights> experts;         // [E]
-  std::optional<MlpWeights> shared;        // width n_shared * moe_intermediate_size
+  MatrixRef router;                   // [E, D] (mlp.gate.weight)
+  std::span<const float> score_bias;  // [E] e_score_correction_bias, empty if none
+  std::vector<MlpWeights> experts;    // [E]
+  std::optional<MlpWeights> shared;   // width n_shared * moe_intermediate_size
 };
 
 struct LayerWeights {
-  std::span<const float> input_norm;       // [D]
-  std::span<const float> post_attn_norm;   // [D]
+  std::span<const float> input_norm;      // [D]
+  std::span<const float> post_attn_norm;  // [D]
   MlaWeights attn;
-  std::optional<MlpWeights> dense;         // first_k_dense layers
+  std::optional<MlpWeights> dense;  // first_k_dense layers
   std::optional<MoeWeights> moe;
 };
 
 struct MtpWeights {
-  MatrixRef embed;                         // [vocab, D] (the main embedding if not stored)
-  std::span<const float> enorm, hnorm;     // [D]
-  MatrixRef eh_proj;                       // [D, 2D]: columns [0, D) embedding, [D, 2D) hidden
-  std::span<const float> head_norm;        // [D] shared_head.norm
-  MatrixRef head;                          // [vocab, D] shared_head.head (or lm_head)
+  MatrixRef embed;                      // [vocab, D] (the main embedding if not stored)
+  std::span<const float> enorm, hnorm;  // [D]
+  MatrixRef eh_proj;                    // [D, 2D]: columns [0, D) embedding, [D, 2D) hidden
+  std::span<const float> head_norm;     // [D] shared_head.norm
+  MatrixRef head;                       // [vocab, D] shared_head.head (or lm_head)
   LayerWeights layer;
 };
 
 struct DeepseekV3Weights {
-  MatrixRef embed;                         // [vocab, D]
-  std::vector<LayerWeights> layers;        // [num_hidden_layers]
-  std::span<const float> final_norm;       // [D]
-  MatrixRef lm_head;                       // [vocab, D]
-  std::vector<MtpWeights> mtp;             // [num_nextn_predict_layers]
+  MatrixRef embed;                    // [vocab, D]
+  std::vector<LayerWeights> layers;   // [num_hidden_layers]
+  std::span<const float> final_norm;  // [D]
+  MatrixRef lm_head;                  // [vocab, D]
+  std::vector<MtpWeights> mtp;        // [num_nextn_predict_layers]
 };
 
 // Binds every tensor the config calls for; an error names the file, the tensor, the

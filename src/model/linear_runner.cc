@@ -5,8 +5,8 @@
 
 namespace xds {
 
-void LinearRunner::operator()(const float* x, int64_t n, int64_t ldx, const MatrixRef& w,
-                              float* y, int64_t ldy) {
+void LinearRunner::operator()(const float* x, int64_t n, int64_t ldx, const MatrixRef& w, float* y,
+                              int64_t ldy) {
   if (compute_ == ComputeDType::kF32) {
     kernels::linear_f32(x, n, ldx, w, y, ldy, pool_);
     return;

@@ -26,7 +26,8 @@ Status LocalMoeExchange::run(const MoeExchangeInput& in) {
   const int64_t entries = in.n * in.top_k;
   for (int64_t i = 0; i < entries; ++i) {
     const int32_t e = in.ids[i];
-    if (e < 0 || e >= experts) return internal_error("MoE: expert id {} out of range [0, {})", e, experts);
+    if (e < 0 || e >= experts)
+      return internal_error("MoE: expert id {} out of range [0, {})", e, experts);
     ++offsets_[e + 1];
   }
   for (int64_t e = 0; e < experts; ++e) offsets_[e + 1] += offsets_[e];

@@ -30,17 +30,17 @@ class LocalMoeExchange final : public MoeExchange {
   const DeepseekV3Weights& weights_;
   LinearRunner& linear_;
   struct ThreadScratch {
-    std::vector<float> xe, gate, up, down;      // [m, D], [m, I], [m, I], [m, D]
-    std::vector<uint16_t> bf16;                 // [m, max(D, I)] rounded inputs (bf16 mode)
+    std::vector<float> xe, gate, up, down;  // [m, D], [m, I], [m, I], [m, D]
+    std::vector<uint16_t> bf16;             // [m, max(D, I)] rounded inputs (bf16 mode)
   };
   void run_expert(const MlpWeights& mlp, const MoeExchangeInput& in, int64_t begin, int64_t m,
                   ThreadScratch& s);
   void linear_inline(const float* x, int64_t n, const MatrixRef& w, float* y, ThreadScratch& s);
 
-  std::vector<int32_t> offsets_, order_;        // counting sort of (token, slot) by expert
-  std::vector<int32_t> active_;                 // experts with tokens
-  std::vector<float> staged_;                   // [n * top_k, D] weighted expert outputs
-  std::vector<ThreadScratch> scratch_;          // one per pool thread
+  std::vector<int32_t> offsets_, order_;  // counting sort of (token, slot) by expert
+  std::vector<int32_t> active_;           // experts with tokens
+  std::vector<float> staged_;             // [n * top_k, D] weighted expert outputs
+  std::vector<ThreadScratch> scratch_;    // one per pool thread
   ThreadPool inline_pool_{1};
 };
 

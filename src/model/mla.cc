@@ -23,11 +23,13 @@ T* grow(std::vector<T>& v, int64_t count) {
 bool absorbed_is_cheaper(const DeepseekV3Config& c, int64_t p0, int64_t m) {
   const double h = static_cast<double>(c.num_attention_heads);
   const double lat = static_cast<double>(c.kv_lora_rank);
-  const double dn = static_cast<double>(c.qk_nope_head_dim), dr = static_cast<double>(c.qk_rope_head_dim);
+  const double dn = static_cast<double>(c.qk_nope_head_dim),
+               dr = static_cast<double>(c.qk_rope_head_dim);
   const double dv = static_cast<double>(c.v_head_dim);
   const double pairs = static_cast<double>(m) * static_cast<double>(p0) +
                        static_cast<double>(m) * static_cast<double>(m + 1) / 2.0;
-  const double absorbed = m * h * 2.0 * lat * (dn + dv) + pairs * h * (2.0 * (lat + dr) + 2.0 * lat);
+  const double absorbed =
+      m * h * 2.0 * lat * (dn + dv) + pairs * h * (2.0 * (lat + dr) + 2.0 * lat);
   const double expanded = static_cast<double>(p0 + m) * 2.0 * lat * h * (dn + dv) +
                           pairs * h * (2.0 * (dn + dr) + 2.0 * dv);
   return absorbed <= expanded;
@@ -58,7 +60,8 @@ void DeepseekV3Model::run_attention(const MlaWeights& w, int64_t cache_layer, co
     float* qa = grow(s_qa_, n * ql);
     linear(xn, n, d, *w.q_a_proj, qa, ql);
     pool.parallel_for(n, [&](int64_t t0, int64_t t1, int) {
-      for (int64_t t = t0; t < t1; ++t) kernels::rmsnorm(qa + t * ql, w.q_a_norm.data(), ql, c.rms_norm_eps, qa + t * ql);
+      for (int64_t t = t0; t < t1; ++t)
+        kernels::rmsnorm(qa + t * ql, w.q_a_norm.data(), ql, c.rms_norm_eps, qa + t * ql);
     });
     linear(qa, n, ql, *w.q_b_proj, q, heads * dq);
   } else {
@@ -73,14 +76,17 @@ void DeepseekV3Model::run_attention(const MlaWeights& w, int64_t cache_layer, co
       float* row = kva + t * (lat + dr);
       kernels::rmsnorm(row, w.kv_a_norm.data(), lat, c.rms_norm_eps, row);
       kernels::rope_interleaved(row + lat, dr, cs);
-      for (int64_t h = 0; h < heads; ++h) kernels::rope_interleaved(q + (t * heads + h) * dq + dn, dr, cs);
+      for (int64_t h = 0; h < heads; ++h)
+        kernels::rope_interleaved(q + (t * heads + h) * dq + dn, dr, cs);
     }
   });
   for (const Batch::Chunk& ch : b.chunks) {
     for (int64_t i = 0; i < ch.count; ++i) {
       const float* row = kva + (ch.begin + i) * (lat + dr);
-      std::memcpy(cache.latent_slot(cache_layer, ch.seq, ch.start_pos + i), row, sizeof(float) * lat);
-      std::memcpy(cache.rope_slot(cache_layer, ch.seq, ch.start_pos + i), row + lat, sizeof(float) * dr);
+      std::memcpy(cache.latent_slot(cache_layer, ch.seq, ch.start_pos + i), row,
+                  sizeof(float) * lat);
+      std::memcpy(cache.rope_slot(cache_layer, ch.seq, ch.start_pos + i), row + lat,
+                  sizeof(float) * dr);
     }
   }
 
@@ -92,16 +98,17 @@ void DeepseekV3Model::run_attention(const MlaWeights& w, int64_t cache_layer, co
 
   // Absorbed chunks, merged into runs of consecutive tokens so that W_UK and W_UV are read
   // once per run (decode tokens of many sequences form one run).
-  auto& runs = s_runs_;                  // [begin, end) in batch order
-  auto& absorbed_tokens = s_absorbed_;   // batch indices
-  auto& token_chunk = s_token_chunk_;    // chunk of each absorbed token, -1 otherwise
+  auto& runs = s_runs_;                 // [begin, end) in batch order
+  auto& absorbed_tokens = s_absorbed_;  // batch indices
+  auto& token_chunk = s_token_chunk_;   // chunk of each absorbed token, -1 otherwise
   runs.clear();
   absorbed_tokens.clear();
   token_chunk.assign(static_cast<size_t>(n), -1);
   for (size_t ci = 0; ci < b.chunks.size(); ++ci) {
     const Batch::Chunk& ch = b.chunks[ci];
     const bool absorbed = options_.attention == AttentionMode::kAbsorbed ||
-                          (options_.attention == AttentionMode::kAuto && absorbed_is_cheaper(c, ch.start_pos, ch.count));
+                          (options_.attention == AttentionMode::kAuto &&
+                           absorbed_is_cheaper(c, ch.start_pos, ch.count));
     if (!absorbed) continue;
     if (!runs.empty() && runs.back().second == ch.begin) {
       runs.back().second += ch.count;
@@ -118,7 +125,8 @@ void DeepseekV3Model::run_attention(const MlaWeights& w, int64_t cache_layer, co
     float* q_abs = grow(s_qabs_, n * heads * lat);
     float* lat_out = grow(s_lat_, n * heads * lat);
     for (auto [r0, r1] : runs) {
-      std::memset(q_abs + r0 * heads * lat, 0, sizeof(float) * static_cast<size_t>((r1 - r0) * heads * lat));
+      std::memset(q_abs + r0 * heads * lat, 0,
+                  sizeof(float) * static_cast<size_t>((r1 - r0) * heads * lat));
       pool.parallel_for(heads, [&](int64_t h0, int64_t h1, int) {
         for (int64_t h = h0; h < h1; ++h) {
           const MatrixRef w_uk = w.kv_b_proj.row_slice(h * (dn + dv), dn);
@@ -140,9 +148,10 @@ void DeepseekV3Model::run_attention(const MlaWeights& w, int64_t cache_layer, co
         const int64_t h0 = g * per_group, h1 = std::min(heads, h0 + per_group);
         if (h0 >= h1) continue;
         const Batch::Chunk& ch = b.chunks[token_chunk[t]];
-        const kernels::AbsorbedQuery aq{q_abs + t * heads * lat, lat, q + t * heads * dq + dn, dq,
+        const kernels::AbsorbedQuery aq{q_abs + t * heads * lat,   lat, q + t * heads * dq + dn, dq,
                                         lat_out + t * heads * lat, lat};
-        kernels::mla_absorbed_attention(aq, h0, h1, cache.view(cache_layer, ch.seq), b.pos[t] + 1, scale, scores);
+        kernels::mla_absorbed_attention(aq, h0, h1, cache.view(cache_layer, ch.seq), b.pos[t] + 1,
+                                        scale, scores);
       }
     });
     for (auto [r0, r1] : runs) {
@@ -163,7 +172,8 @@ void DeepseekV3Model::run_attention(const MlaWeights& w, int64_t cache_layer, co
     const int64_t ctx_end = ch.start_pos + ch.count;
     const kernels::LatentKvView kv = cache.view(cache_layer, ch.seq);
     float* gathered = grow(s_gather_, ctx_end * lat);
-    for (int64_t s = 0; s < ctx_end; ++s) std::memcpy(gathered + s * lat, kv.latent_at(s), sizeof(float) * lat);
+    for (int64_t s = 0; s < ctx_end; ++s)
+      std::memcpy(gathered + s * lat, kv.latent_at(s), sizeof(float) * lat);
     float* kv_full = grow(s_kvfull_, ctx_end * heads * (dn + dv));
     float* scores_all = grow(s_scores_, threads * max_ctx);
     kernels::linear_f32(gathered, ctx_end, lat, w.kv_b_proj, kv_full, heads * (dn + dv), pool);
@@ -179,7 +189,8 @@ void DeepseekV3Model::run_attention(const MlaWeights& w, int64_t cache_layer, co
         kernels::softmax_inplace(scores, ctx);
         float* o = attn + ((ch.begin + t) * heads + h) * dv;
         std::memset(o, 0, sizeof(float) * static_cast<size_t>(dv));
-        for (int64_t s = 0; s < ctx; ++s) kernels::axpy(scores[s], kv_full + (s * heads + h) * (dn + dv) + dn, dv, o);
+        for (int64_t s = 0; s < ctx; ++s)
+          kernels::axpy(scores[s], kv_full + (s * heads + h) * (dn + dv) + dn, dv, o);
       }
     });
   }

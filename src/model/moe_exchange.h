@@ -12,13 +12,13 @@
 namespace xds {
 
 struct MoeExchangeInput {
-  int64_t layer = 0;            // decoder layer index (MTP layers included)
-  const float* x = nullptr;     // [n, hidden] post-attention-normed activations
+  int64_t layer = 0;         // decoder layer index (MTP layers included)
+  const float* x = nullptr;  // [n, hidden] post-attention-normed activations
   int64_t n = 0;
-  const int32_t* ids = nullptr;     // [n, top_k] logical expert ids
-  const float* weights = nullptr;   // [n, top_k] gating weights (already scaled)
+  const int32_t* ids = nullptr;    // [n, top_k] logical expert ids
+  const float* weights = nullptr;  // [n, top_k] gating weights (already scaled)
   int64_t top_k = 0;
-  float* out = nullptr;         // [n, hidden] overwritten with the routed experts' sum
+  float* out = nullptr;  // [n, hidden] overwritten with the routed experts' sum
 };
 
 class MoeExchange {

@@ -7,7 +7,9 @@
 namespace xds {
 namespace {
 
-double yarn_get_mscale(double scale, double m) { return scale <= 1.0 ? 1.0 : 0.1 * m * std::log(scale) + 1.0; }
+double yarn_get_mscale(double scale, double m) {
+  return scale <= 1.0 ? 1.0 : 0.1 * m * std::log(scale) + 1.0;
+}
 
 double yarn_correction_dim(double num_rotations, int64_t dim, double base, double max_pos) {
   return (static_cast<double>(dim) * std::log(max_pos / (num_rotations * 2.0 * std::numbers::pi))) /
@@ -20,15 +22,16 @@ RopeTable::RopeTable(const DeepseekV3Config& c) : dim_(c.qk_rope_head_dim) {
   const int64_t half = dim_ / 2;
   inv_freq_.resize(static_cast<size_t>(half));
   for (int64_t i = 0; i < half; ++i) {
-    inv_freq_[i] = std::pow(c.rope_theta, -2.0 * static_cast<double>(i) / static_cast<double>(dim_));
+    inv_freq_[i] =
+        std::pow(c.rope_theta, -2.0 * static_cast<double>(i) / static_cast<double>(dim_));
   }
   softmax_scale_ = 1.0 / std::sqrt(static_cast<double>(c.qk_head_dim()));
   if (c.rope_scaling) {
     const RopeScaling& y = *c.rope_scaling;
-    double low = std::floor(yarn_correction_dim(y.beta_fast, dim_, c.rope_theta,
-                                                static_cast<double>(y.original_max_position_embeddings)));
-    double high = std::ceil(yarn_correction_dim(y.beta_slow, dim_, c.rope_theta,
-                                                static_cast<double>(y.original_max_position_embeddings)));
+    double low = std::floor(yarn_correction_dim(
+        y.beta_fast, dim_, c.rope_theta, static_cast<double>(y.original_max_position_embeddings)));
+    double high = std::ceil(yarn_correction_dim(
+        y.beta_slow, dim_, c.rope_theta, static_cast<double>(y.original_max_position_embeddings)));
     low = std::max(low, 0.0);
     high = std::min(high, static_cast<double>(dim_ - 1));
     if (low == high) high += 0.001;

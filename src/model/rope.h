@@ -31,7 +31,7 @@ class RopeTable {
   double mscale_ = 1.0;
   double softmax_scale_ = 1.0;
   int64_t size_ = 0;
-  std::vector<float> table_;      // [size_, dim_]
+  std::vector<float> table_;  // [size_, dim_]
 };
 
 }  // namespace xds

@@ -6,17 +6,28 @@ namespace xds {
 
 int dtype_size(DType t) {
   switch (t) {
-    case DType::kF32: return 4;
-    case DType::kBF16: return 2;
-    case DType::kF16: return 2;
-    case DType::kF8E4M3: return 1;
-    case DType::kI8: return 1;
-    case DType::kU8: return 1;
-    case DType::kI16: return 2;
-    case DType::kI32: return 4;
-    case DType::kI64: return 8;
-    case DType::kBool: return 1;
-    case DType::kF64: return 8;
+    case DType::kF32:
+      return 4;
+    case DType::kBF16:
+      return 2;
+    case DType::kF16:
+      return 2;
+    case DType::kF8E4M3:
+      return 1;
+    case DType::kI8:
+      return 1;
+    case DType::kU8:
+      return 1;
+    case DType::kI16:
+      return 2;
+    case DType::kI32:
+      return 4;
+    case DType::kI64:
+      return 8;
+    case DType::kBool:
+      return 1;
+    case DType::kF64:
+      return 8;
   }
   return 0;
 }
@@ -27,10 +38,9 @@ struct DTypeName {
   std::string_view name;
 };
 constexpr DTypeName kNames[] = {
-    {DType::kF32, "F32"},   {DType::kBF16, "BF16"}, {DType::kF16, "F16"},
-    {DType::kF8E4M3, "F8_E4M3"}, {DType::kI8, "I8"}, {DType::kU8, "U8"},
-    {DType::kI16, "I16"},   {DType::kI32, "I32"},   {DType::kI64, "I64"},
-    {DType::kBool, "BOOL"}, {DType::kF64, "F64"},
+    {DType::kF32, "F32"}, {DType::kBF16, "BF16"}, {DType::kF16, "F16"}, {DType::kF8E4M3, "F8_E4M3"},
+    {DType::kI8, "I8"},   {DType::kU8, "U8"},     {DType::kI16, "I16"}, {DType::kI32, "I32"},
+    {DType::kI64, "I64"}, {DType::kBool, "BOOL"}, {DType::kF64, "F64"},
 };
 }  // namespace
 
@@ -74,7 +84,7 @@ uint16_t f32_to_f16(float f) {
     return sign | static_cast<uint16_t>(q);
   }
   int e;
-  const float m = std::frexp(a, &e);  // a = m * 2^e, m in [0.5, 1)
+  const float m = std::frexp(a, &e);      // a = m * 2^e, m in [0.5, 1)
   float q = std::nearbyint(m * 2048.0f);  // 11 significant bits
   if (q == 2048.0f) {
     q = 1024.0f;

@@ -21,7 +21,9 @@ std::string_view dtype_name(DType t);
 // Parses a safetensors dtype string; nullopt if unknown.
 std::optional<DType> dtype_from_name(std::string_view name);
 
-inline float bf16_to_f32(uint16_t b) { return std::bit_cast<float>(static_cast<uint32_t>(b) << 16); }
+inline float bf16_to_f32(uint16_t b) {
+  return std::bit_cast<float>(static_cast<uint32_t>(b) << 16);
+}
 
 inline uint16_t f32_to_bf16(float f) {
   uint32_t u = std::bit_cast<uint32_t>(f);

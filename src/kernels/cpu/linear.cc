@@ -15,19 +15,25 @@
 namespace xds::kernels {
 namespace {
 
-constexpr int kRowBlock = 6;          // rows of W per tile (split into 3s for multi-token tiles)
-constexpr int kTokenBlock = 4;        // tokens per tile
+constexpr int kRowBlock = 6;             // rows of W per tile (split into 3s for multi-token tiles)
+constexpr int kTokenBlock = 4;           // tokens per tile
 constexpr int64_t kSgemmMinTokens = 64;  // from here on OpenBLAS sgemm wins (bench/linear)
 constexpr int64_t kSgemmPanelRows = 256;  // rows of W widened to fp32 per sgemm call
-constexpr int64_t kTokenChunk = 16;   // tokens kept hot in L2 (16 x 8 KB rows) while W streams
+constexpr int64_t kTokenChunk = 16;       // tokens kept hot in L2 (16 x 8 KB rows) while W streams
 
-inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const float* p) {
+  return _mm256_loadu_ps(p);
+}
 inline __m256 load8(const uint16_t* p) {
   const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
 }
-inline float scalar(float v) { return v; }
-inline float scalar(uint16_t v) { return bf16_to_f32(v); }
+inline float scalar(float v) {
+  return v;
+}
+inline float scalar(uint16_t v) {
+  return bf16_to_f32(v);
+}
 
 inline float hsum(__m256 v) {
   const __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
@@ -41,7 +47,8 @@ inline float hsum(__m256 v) {
 // order (vector lanes, then the scalar tail), independent of TB and RB so that a token's
 // result does not depend on which other tokens share its batch.
 template <typename XT, typename WT, int TB, int RB>
-void dot_tile(const XT* x, int64_t ldx, const WT* w, int64_t ldw, int64_t k, float* y, int64_t ldy) {
+void dot_tile(const XT* x, int64_t ldx, const WT* w, int64_t ldw, int64_t k, float* y,
+              int64_t ldy) {
   __m256 acc[TB][RB];
   for (int t = 0; t < TB; ++t)
     for (int r = 0; r < RB; ++r) acc[t][r] = _mm256_setzero_ps();
@@ -64,17 +71,24 @@ void dot_tile(const XT* x, int64_t ldx, const WT* w, int64_t ldw, int64_t k, flo
 }
 
 template <typename XT, typename WT, int TB>
-void dot_rows(int rb, const XT* x, int64_t ldx, const WT* w, int64_t ldw, int64_t k, float* y, int64_t ldy) {
+void dot_rows(int rb, const XT* x, int64_t ldx, const WT* w, int64_t ldw, int64_t k, float* y,
+              int64_t ldy) {
   switch (rb) {
-    case 1: return dot_tile<XT, WT, TB, 1>(x, ldx, w, ldw, k, y, ldy);
-    case 2: return dot_tile<XT, WT, TB, 2>(x, ldx, w, ldw, k, y, ldy);
-    case 3: return dot_tile<XT, WT, TB, 3>(x, ldx, w, ldw, k, y, ldy);
+    case 1:
+      return dot_tile<XT, WT, TB, 1>(x, ldx, w, ldw, k, y, ldy);
+    case 2:
+      return dot_tile<XT, WT, TB, 2>(x, ldx, w, ldw, k, y, ldy);
+    case 3:
+      return dot_tile<XT, WT, TB, 3>(x, ldx, w, ldw, k, y, ldy);
   }
   if constexpr (TB == 1) {
     switch (rb) {
-      case 4: return dot_tile<XT, WT, 1, 4>(x, ldx, w, ldw, k, y, ldy);
-      case 5: return dot_tile<XT, WT, 1, 5>(x, ldx, w, ldw, k, y, ldy);
-      case 6: return dot_tile<XT, WT, 1, 6>(x, ldx, w, ldw, k, y, ldy);
+      case 4:
+        return dot_tile<XT, WT, 1, 4>(x, ldx, w, ldw, k, y, ldy);
+      case 5:
+        return dot_tile<XT, WT, 1, 5>(x, ldx, w, ldw, k, y, ldy);
+      case 6:
+        return dot_tile<XT, WT, 1, 6>(x, ldx, w, ldw, k, y, ldy);
     }
   }
   XDS_CHECK(false, "bad row block {} for {} tokens", rb, TB);
@@ -90,10 +104,17 @@ void tile(int tb, int rb, const XT* x, int64_t ldx, const WT* w, int64_t k, floa
     const WT* wr = w + r0 * k;
     float* yr = y + r0;
     switch (tb) {
-      case 2: dot_rows<XT, WT, 2>(part, x, ldx, wr, k, k, yr, ldy); break;
-      case 3: dot_rows<XT, WT, 3>(part, x, ldx, wr, k, k, yr, ldy); break;
-      case 4: dot_rows<XT, WT, 4>(part, x, ldx, wr, k, k, yr, ldy); break;
-      default: XDS_CHECK(false, "bad token block {}", tb);
+      case 2:
+        dot_rows<XT, WT, 2>(part, x, ldx, wr, k, k, yr, ldy);
+        break;
+      case 3:
+        dot_rows<XT, WT, 3>(part, x, ldx, wr, k, k, yr, ldy);
+        break;
+      case 4:
+        dot_rows<XT, WT, 4>(part, x, ldx, wr, k, k, yr, ldy);
+        break;
+      default:
+        XDS_CHECK(false, "bad token block {}", tb);
     }
   }
 }
@@ -127,9 +148,9 @@ void linear_sgemm(const float* x, int64_t n, int64_t ldx, const MatrixRef& w, fl
       } else {
         wp = static_cast<const float*>(w.data) + r * k;
       }
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(n), static_cast<int>(rows),
-                  static_cast<int>(k), 1.0f, x, static_cast<int>(ldx), wp, static_cast<int>(k), 0.0f, y + r,
-                  static_cast<int>(ldy));
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(n),
+                  static_cast<int>(rows), static_cast<int>(k), 1.0f, x, static_cast<int>(ldx), wp,
+                  static_cast<int>(k), 0.0f, y + r, static_cast<int>(ldy));
     }
   });
 }
@@ -160,8 +181,8 @@ void linear_impl(const XT* x, int64_t n, int64_t ldx, const MatrixRef& w, float*
 
 }  // namespace
 
-void linear_f32(const float* x, int64_t n, int64_t ldx, const MatrixRef& w, float* y,
-                int64_t ldy, ThreadPool& pool) {
+void linear_f32(const float* x, int64_t n, int64_t ldx, const MatrixRef& w, float* y, int64_t ldy,
+                ThreadPool& pool) {
   if (n == 0 || w.rows == 0) return;
   if (n >= kSgemmMinTokens) return linear_sgemm(x, n, ldx, w, y, ldy, pool);
   if (w.dtype == DType::kBF16) return linear_impl<float, uint16_t>(x, n, ldx, w, y, ldy, pool);
@@ -193,7 +214,8 @@ namespace {
 // y[t, c0 .. c0+8*CB) += Σ_r x[t, r] W[r, c0 ..] for TB tokens, accumulated in registers
 // over all rows r (W is read once per TB tokens).
 template <typename WT, int TB, int CB>
-void nn_tile(const float* x, int64_t ldx, const WT* w, int64_t rows, int64_t ldw, float* y, int64_t ldy) {
+void nn_tile(const float* x, int64_t ldx, const WT* w, int64_t rows, int64_t ldw, float* y,
+             int64_t ldy) {
   __m256 acc[TB][CB];
   for (int t = 0; t < TB; ++t)
     for (int c = 0; c < CB; ++c) acc[t][c] = _mm256_loadu_ps(y + t * ldy + 8 * c);
@@ -233,8 +255,8 @@ void matmul_nn_impl(const float* x, int64_t n, int64_t ldx, const WT* w, int64_t
 
 }  // namespace
 
-void matmul_nn_accumulate(const float* x, int64_t n, int64_t ldx, const MatrixRef& w,
-                          float* y, int64_t ldy) {
+void matmul_nn_accumulate(const float* x, int64_t n, int64_t ldx, const MatrixRef& w, float* y,
+                          int64_t ldy) {
   if (w.dtype == DType::kBF16) {
     matmul_nn_impl(x, n, ldx, static_cast<const uint16_t*>(w.data), w.rows, w.cols, y, ldy);
   } else {

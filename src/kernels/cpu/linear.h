@@ -17,8 +17,8 @@
 namespace xds::kernels {
 
 // fp32 activations (the reference mode): W is converted to fp32 on the fly.
-void linear_f32(const float* x, int64_t n, int64_t ldx, const MatrixRef& w, float* y,
-                int64_t ldy, ThreadPool& pool);
+void linear_f32(const float* x, int64_t n, int64_t ldx, const MatrixRef& w, float* y, int64_t ldy,
+                ThreadPool& pool);
 
 // bf16 activations (the fast mode's rounding point): x holds bf16 values, widened exactly
 // to fp32 in registers; products and sums as in linear_f32.
@@ -30,7 +30,7 @@ void round_to_bf16(const float* src, int64_t count, uint16_t* dst);
 
 // y[n, cols] += x[n, rows] · W[rows, cols] for a (small) W block, single thread:
 // used by absorbed MLA, where a head's W_UK block multiplies from the left.
-void matmul_nn_accumulate(const float* x, int64_t n, int64_t ldx, const MatrixRef& w,
-                          float* y, int64_t ldy);
+void matmul_nn_accumulate(const float* x, int64_t n, int64_t ldx, const MatrixRef& w, float* y,
+                          int64_t ldy);
 
 }  // namespace xds::kernels

@@ -26,16 +26,19 @@ void mla_absorbed_attention(const AbsorbedQuery& q, int64_t head_begin, int64_t 
     for (int64_t j = 0; j < nh; ++j) {
       const int64_t h = head_begin + j;
       scores[j * ctx + s] = (dot(q.q_abs + h * q.q_abs_ld, lat, kv.latent_dim) +
-                             dot(q.q_pe + h * q.q_pe_ld, rope, kv.rope_dim)) * scale;
+                             dot(q.q_pe + h * q.q_pe_ld, rope, kv.rope_dim)) *
+                            scale;
     }
   }
   for (int64_t j = 0; j < nh; ++j) {
     softmax_inplace(scores + j * ctx, ctx);
-    std::memset(q.out + (head_begin + j) * q.out_ld, 0, sizeof(float) * static_cast<size_t>(kv.latent_dim));
+    std::memset(q.out + (head_begin + j) * q.out_ld, 0,
+                sizeof(float) * static_cast<size_t>(kv.latent_dim));
   }
   for (int64_t s = 0; s < ctx; ++s) {
     const float* lat = kv.latent_at(s);
-    for (int64_t j = 0; j < nh; ++j) axpy(scores[j * ctx + s], lat, kv.latent_dim, q.out + (head_begin + j) * q.out_ld);
+    for (int64_t j = 0; j < nh; ++j)
+      axpy(scores[j * ctx + s], lat, kv.latent_dim, q.out + (head_begin + j) * q.out_ld);
   }
 }
 

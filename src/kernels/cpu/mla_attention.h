@@ -17,8 +17,8 @@
 namespace xds::kernels {
 
 struct LatentKvView {
-  const float* latent = nullptr;      // [num_blocks, block_size, latent_dim]
-  const float* rope = nullptr;        // [num_blocks, block_size, rope_dim]
+  const float* latent = nullptr;  // [num_blocks, block_size, latent_dim]
+  const float* rope = nullptr;    // [num_blocks, block_size, rope_dim]
   const int32_t* block_table = nullptr;
   int64_t block_size = 0;
   int64_t latent_dim = 0;

@@ -6,7 +6,8 @@
 namespace xds::kernels {
 
 double sampling_uniform(uint64_t seed, int64_t position) {
-  uint64_t z = seed * 0x9e3779b97f4a7c15ull + static_cast<uint64_t>(position) + 0x632be59bd9b4e019ull;
+  uint64_t z =
+      seed * 0x9e3779b97f4a7c15ull + static_cast<uint64_t>(position) + 0x632be59bd9b4e019ull;
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
   z ^= z >> 31;
@@ -24,8 +25,11 @@ int32_t sample_token(const float* logits, int64_t valid_vocab, const SamplingPar
   }
   // Candidates ordered by logit descending, ties by lower id.
   scratch.clear();
-  for (int64_t i = 0; i < valid_vocab; ++i) scratch.emplace_back(logits[i], static_cast<int32_t>(i));
-  auto better = [](const auto& a, const auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); };
+  for (int64_t i = 0; i < valid_vocab; ++i)
+    scratch.emplace_back(logits[i], static_cast<int32_t>(i));
+  auto better = [](const auto& a, const auto& b) {
+    return a.first > b.first || (a.first == b.first && a.second < b.second);
+  };
   int64_t keep = valid_vocab;
   if (p.top_k > 0 && p.top_k < valid_vocab) {
     keep = p.top_k;
@@ -37,7 +41,8 @@ int32_t sample_token(const float* logits, int64_t valid_vocab, const SamplingPar
   const double mx = scratch[0].first;
   std::vector<double> prob(static_cast<size_t>(keep));
   double sum = 0.0;
-  for (int64_t i = 0; i < keep; ++i) sum += prob[i] = std::exp((scratch[i].first - mx) / p.temperature);
+  for (int64_t i = 0; i < keep; ++i)
+    sum += prob[i] = std::exp((scratch[i].first - mx) / p.temperature);
   int64_t cut = keep;
   if (p.top_p < 1.0f) {
     double cum = 0.0;

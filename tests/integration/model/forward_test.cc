@@ -16,7 +16,8 @@ namespace xds {
 namespace {
 
 std::string make_tiny(const std::string& name, uint64_t seed) {
-  const std::string dir = (std::filesystem::temp_directory_path() / ("xds_forward_" + name)).string();
+  const std::string dir =
+      (std::filesystem::temp_directory_path() / ("xds_forward_" + name)).string();
   MkModelOptions o;
   o.out_dir = dir;
   o.seed = seed;
@@ -61,7 +62,8 @@ TEST(Forward, LogitsDoNotDependOnBatchComposition) {
   const int64_t sa = cache.add_sequence(), sb = cache.add_sequence(), sc = cache.add_sequence();
   StepOutput out;
   {
-    const TokenChunk first[] = {{sa, 0, std::span(a).first(8), false}, {sb, 0, std::span(b).first(5), false}};
+    const TokenChunk first[] = {{sa, 0, std::span(a).first(8), false},
+                                {sb, 0, std::span(b).first(5), false}};
     ASSERT_TRUE(model.forward(first, cache, out).ok());
   }
   const TokenChunk mixed[] = {{sa, 8, std::span(a).subspan(8, 1), false},
@@ -71,7 +73,8 @@ TEST(Forward, LogitsDoNotDependOnBatchComposition) {
   ASSERT_EQ(out.logit_tokens.size(), 1u + 9u + 6u);
   auto expect_row = [&](int64_t row, const std::vector<float>& ref, int64_t pos) {
     for (int64_t i = 0; i < v; ++i) {
-      ASSERT_NEAR(out.logits[row * v + i], ref[pos * v + i], 1e-5f * (1.0f + std::fabs(ref[pos * v + i])))
+      ASSERT_NEAR(out.logits[row * v + i], ref[pos * v + i],
+                  1e-5f * (1.0f + std::fabs(ref[pos * v + i])))
           << "row " << row << " vocab " << i;
     }
   };
@@ -97,8 +100,12 @@ TEST(Forward, Bf16ModeStaysWithinToleranceOfF32TeacherForced) {
   const auto ids = random_ids(40, v, 9);
   using Routing = std::map<std::pair<int64_t, int64_t>, std::vector<int32_t>>;
   Routing rf, rb;
-  (*mf)->set_routing_observer([&](int64_t l, int64_t t, std::span<const int32_t> e) { rf[{l, t}].assign(e.begin(), e.end()); });
-  (*mb)->set_routing_observer([&](int64_t l, int64_t t, std::span<const int32_t> e) { rb[{l, t}].assign(e.begin(), e.end()); });
+  (*mf)->set_routing_observer([&](int64_t l, int64_t t, std::span<const int32_t> e) {
+    rf[{l, t}].assign(e.begin(), e.end());
+  });
+  (*mb)->set_routing_observer([&](int64_t l, int64_t t, std::span<const int32_t> e) {
+    rb[{l, t}].assign(e.begin(), e.end());
+  });
   const auto lf = alone(**mf, ids), lb = alone(**mb, ids);
   // A row depends on the routing of every token up to it (through attention).
   std::vector<bool> same_routing(ids.size(), true);
@@ -160,7 +167,8 @@ TEST(Forward, MtpHeadRunsOnItsOwnCachedLayer) {
   ASSERT_TRUE(model.forward_mtp(0, {&first, 1}, cache2, mtp_step).ok());
   MtpChunk last{seq2, 10, std::span(ids).subspan(11, 1), main_out.hidden.data() + 10 * d};
   ASSERT_TRUE(model.forward_mtp(0, {&last, 1}, cache2, mtp_step).ok());
-  for (int64_t i = 0; i < v; ++i) EXPECT_NEAR(mtp_step.logits[i], mtp_all.logits[10 * v + i], 1e-5f);
+  for (int64_t i = 0; i < v; ++i)
+    EXPECT_NEAR(mtp_step.logits[i], mtp_all.logits[10 * v + i], 1e-5f);
   EXPECT_FALSE(model.forward_mtp(1, {&all, 1}, cache, mtp_all).ok());
 }
 

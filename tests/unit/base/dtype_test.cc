@@ -27,8 +27,8 @@ TEST(DType, F16Exact) {
 }
 
 TEST(DType, F8E4M3HandDerivedValues) {
-  EXPECT_EQ(f8e4m3_to_f32(0x38), 1.0f);          // exp 7 (bias 7), man 0
-  EXPECT_EQ(f8e4m3_to_f32(0x7e), 448.0f);        // max finite: 1.75 * 2^8
+  EXPECT_EQ(f8e4m3_to_f32(0x38), 1.0f);                  // exp 7 (bias 7), man 0
+  EXPECT_EQ(f8e4m3_to_f32(0x7e), 448.0f);                // max finite: 1.75 * 2^8
   EXPECT_EQ(f8e4m3_to_f32(0x01), std::ldexp(1.0f, -9));  // min subnormal
   EXPECT_EQ(f8e4m3_to_f32(0xc0), -2.0f);
   EXPECT_TRUE(std::isnan(f8e4m3_to_f32(0x7f)));

@@ -20,7 +20,8 @@ TEST(Status, CarriesCodeAndMessage) {
   EXPECT_FALSE(s.ok());
   EXPECT_EQ(s.code(), StatusCode::kNotFound);
   EXPECT_EQ(s.to_string(), "NotFound: tensor 'a.b' missing");
-  EXPECT_EQ(s.with_context("model.safetensors").message(), "model.safetensors: tensor 'a.b' missing");
+  EXPECT_EQ(s.with_context("model.safetensors").message(),
+            "model.safetensors: tensor 'a.b' missing");
 }
 
 TEST(Result, PropagatesErrors) {

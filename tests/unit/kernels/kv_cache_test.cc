@@ -6,7 +6,8 @@ namespace xds {
 namespace {
 
 TEST(KvCache, BlocksAreReservedFreedAndExhaustedWithAClearError) {
-  KvCache cache({/*layers=*/2, /*num_blocks=*/4, /*block_size=*/4, /*latent_dim=*/3, /*rope_dim=*/2});
+  KvCache cache(
+      {/*layers=*/2, /*num_blocks=*/4, /*block_size=*/4, /*latent_dim=*/3, /*rope_dim=*/2});
   const int64_t a = cache.add_sequence(), b = cache.add_sequence();
   ASSERT_TRUE(cache.reserve(a, 5).ok());  // 2 blocks
   EXPECT_EQ(cache.capacity(a), 8);
@@ -15,7 +16,8 @@ TEST(KvCache, BlocksAreReservedFreedAndExhaustedWithAClearError) {
   EXPECT_EQ(full.code(), StatusCode::kResourceExhausted);
   EXPECT_NE(full.message().find("1 more blocks"), std::string::npos) << full.message();
   // Writes through the block table land where the view reads them.
-  for (int64_t pos = 0; pos < 5; ++pos) cache.latent_slot(1, a, pos)[2] = static_cast<float>(pos + 10);
+  for (int64_t pos = 0; pos < 5; ++pos)
+    cache.latent_slot(1, a, pos)[2] = static_cast<float>(pos + 10);
   const auto view = cache.view(1, a);
   for (int64_t pos = 0; pos < 5; ++pos) EXPECT_EQ(view.latent_at(pos)[2], pos + 10);
   cache.free_sequence(b);

@@ -24,8 +24,9 @@ std::vector<float> random_vec(size_t n, std::mt19937& rng) {
 TEST(Linear, MatchesDoubleReferenceForAllTileShapes) {
   std::mt19937 rng(7);
   ThreadPool pool(2);
-  for (const Case c : {Case{1, 1, 1}, Case{1, 7, 9}, Case{2, 13, 8}, Case{3, 6, 17}, Case{4, 12, 64},
-                       Case{5, 25, 33}, Case{9, 31, 100}, Case{70, 19, 40}, Case{1, 130, 256}}) {
+  for (const Case c :
+       {Case{1, 1, 1}, Case{1, 7, 9}, Case{2, 13, 8}, Case{3, 6, 17}, Case{4, 12, 64},
+        Case{5, 25, 33}, Case{9, 31, 100}, Case{70, 19, 40}, Case{1, 130, 256}}) {
     const auto x = random_vec(static_cast<size_t>(c.n * c.cols), rng);
     const auto wf = random_vec(static_cast<size_t>(c.rows * c.cols), rng);
     std::vector<uint16_t> wb(wf.size());
@@ -38,8 +39,8 @@ TEST(Linear, MatchesDoubleReferenceForAllTileShapes) {
     for (size_t i = 0; i < x.size(); ++i) xb[i] = f32_to_bf16(x[i]);
     for (int variant = 0; variant < 3; ++variant) {
       const bool bf16_w = variant != 0, bf16_x = variant == 2;
-      const MatrixRef w{bf16_w ? DType::kBF16 : DType::kF32, bf16_w ? static_cast<const void*>(wb.data()) : wf.data(),
-                        c.rows, c.cols};
+      const MatrixRef w{bf16_w ? DType::kBF16 : DType::kF32,
+                        bf16_w ? static_cast<const void*>(wb.data()) : wf.data(), c.rows, c.cols};
       std::vector<float> y(static_cast<size_t>(c.n * c.rows), -7.0f);
       if (bf16_x) {
         linear_bf16(xb.data(), c.n, c.cols, w, y.data(), c.rows, pool);
@@ -82,17 +83,19 @@ TEST(MatmulNn, MatchesReference) {
   std::mt19937 rng(5);
   for (const Case c : {Case{3, 5, 21}, Case{1, 7, 64}, Case{5, 128, 75}, Case{2, 3, 32}}) {
     const int64_t n = c.n, rows = c.rows, cols = c.cols;
-  const auto x = random_vec(static_cast<size_t>(n * rows), rng);
-  const auto wf = random_vec(static_cast<size_t>(rows * cols), rng);
-  std::vector<float> y(static_cast<size_t>(n * cols), 0.5f);
-  matmul_nn_accumulate(x.data(), n, rows, MatrixRef{DType::kF32, wf.data(), rows, cols}, y.data(), cols);
-  for (int64_t t = 0; t < n; ++t) {
-    for (int64_t c = 0; c < cols; ++c) {
-      double ref = 0.5;
-      for (int64_t r = 0; r < rows; ++r) ref += static_cast<double>(x[t * rows + r]) * wf[r * cols + c];
-      EXPECT_NEAR(y[t * cols + c], ref, 1e-5 * std::sqrt(double(rows)));
+    const auto x = random_vec(static_cast<size_t>(n * rows), rng);
+    const auto wf = random_vec(static_cast<size_t>(rows * cols), rng);
+    std::vector<float> y(static_cast<size_t>(n * cols), 0.5f);
+    matmul_nn_accumulate(x.data(), n, rows, MatrixRef{DType::kF32, wf.data(), rows, cols}, y.data(),
+                         cols);
+    for (int64_t t = 0; t < n; ++t) {
+      for (int64_t c = 0; c < cols; ++c) {
+        double ref = 0.5;
+        for (int64_t r = 0; r < rows; ++r)
+          ref += static_cast<double>(x[t * rows + r]) * wf[r * cols + c];
+        EXPECT_NEAR(y[t * cols + c], ref, 1e-5 * std::sqrt(double(rows)));
+      }
     }
-  }
   }
 }
 

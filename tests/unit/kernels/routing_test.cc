@@ -8,7 +8,9 @@
 namespace xds {
 namespace {
 
-float logit(float p) { return std::log(p / (1.0f - p)); }  // sigmoid(logit(p)) == p
+float logit(float p) {
+  return std::log(p / (1.0f - p));
+}  // sigmoid(logit(p)) == p
 
 TEST(Routing, NoauxTcGroupLimitedTopK) {
   // 8 experts in 4 groups of 2, keep 2 groups, top-2.
@@ -50,8 +52,8 @@ TEST(Routing, BiasChangesSelectionButNotWeights) {
   float w;
   float scratch[8];
   route_token(p, logits, bias, &id, &w, scratch);
-  EXPECT_EQ(id, 1);                 // .6 + .2 beats .7
-  EXPECT_NEAR(w, 0.6f, 1e-6);       // top_k 1: not normalised, the unbiased score
+  EXPECT_EQ(id, 1);            // .6 + .2 beats .7
+  EXPECT_NEAR(w, 0.6f, 1e-6);  // top_k 1: not normalised, the unbiased score
 }
 
 TEST(Routing, SoftmaxGreedy) {

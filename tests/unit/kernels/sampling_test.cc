@@ -30,7 +30,8 @@ TEST(Sampling, FrequenciesFollowSoftmax) {
   SamplingParams p{1.0f, 1.0f, 0, 42};
   int counts[3] = {};
   const int draws = 40000;
-  for (int i = 0; i < draws; ++i) ++counts[sample_token(logits, 3, p, sampling_uniform(42, i), scratch)];
+  for (int i = 0; i < draws; ++i)
+    ++counts[sample_token(logits, 3, p, sampling_uniform(42, i), scratch)];
   EXPECT_NEAR(counts[0] / double(draws), 1.0 / 8, 0.01);
   EXPECT_NEAR(counts[1] / double(draws), 2.0 / 8, 0.01);
   EXPECT_NEAR(counts[2] / double(draws), 5.0 / 8, 0.01);
@@ -41,7 +42,8 @@ TEST(Sampling, TopPKeepsTheSmallestPrefix) {
   std::vector<std::pair<float, int32_t>> scratch;
   const float logits[] = {0.0f, std::log(2.0f), std::log(5.0f)};
   SamplingParams p{1.0f, 0.6f, 0, 1};
-  for (int i = 0; i < 200; ++i) EXPECT_EQ(sample_token(logits, 3, p, sampling_uniform(1, i), scratch), 2);
+  for (int i = 0; i < 200; ++i)
+    EXPECT_EQ(sample_token(logits, 3, p, sampling_uniform(1, i), scratch), 2);
 }
 
 TEST(Sampling, UniformIsDeterministicAndInRange) {
