@@ -122,7 +122,8 @@ class P2p {
   size_t head_index(int peer, int lane) const {
     return size_t(peer) * size_t(f_.layout().cfg.lanes) + size_t(lane);
   }
-  int background_ops_ = 0;  // guarded by mu_
+  uint64_t progress_calls_ = 0;  // guarded by mu_
+  int background_ops_ = 0;       // guarded by mu_
   bool stop_ = false;
   std::condition_variable bg_cv_;
   std::thread bg_;  // started by the first background op

@@ -49,17 +49,24 @@ WaitLoop::~WaitLoop() {
 void WaitLoop::progressed() {
   if (registered_) f_.header(f_.rank()).bell.waiters.fetch_sub(1, std::memory_order_seq_cst);
   registered_ = false;
+  spinning_ = true;
   start_ns_ = now_ns();
 }
 
 Status WaitLoop::idle(int blocking) {
   XDS_RETURN_IF_ERROR(check_poison(f_));
+  // Spin phase: read the clock only every 32nd call (it costs as much as the probe).
+  if (spinning_ && (++iter_ & 31) != 0) {
+    cpu_relax();
+    return Status::ok_status();
+  }
   const int64_t now = now_ns();
   PoisonRecord rec{f_.epoch(), blocking, PoisonReason::kSilent, ctx_.op, f_.rank()};
   if (now > ctx_.deadline_ns) return f_.poison(rec);
   const BackoffPhase phase = backoff_phase(now - start_ns_, ctx_.backoff);
-  if (phase == BackoffPhase::kSpin) {
-    if ((++iter_ & 1023) == 0) sched_yield();  // a spinning waiter never starves its peer for long
+  spinning_ = phase == BackoffPhase::kSpin;
+  if (spinning_) {
+    if ((iter_ & 1023) == 0) sched_yield();  // a spinning waiter never starves its peer for long
     cpu_relax();
     return Status::ok_status();
   }

@@ -65,6 +65,7 @@ class WaitLoop {
   int64_t start_ns_;
   int64_t last_live_check_ns_;
   uint32_t iter_ = 0;
+  bool spinning_ = true;     // in the spin phase: the clock is read every 32nd idle()
   bool registered_ = false;  // counted in our DoorbellLine::waiters
   uint32_t seen_bell_ = 0;   // doorbell value read before the last probe
 };
