@@ -10,40 +10,50 @@ namespace xds {
 
 namespace {
 constexpr size_t kSmallWord = 24;  // below this, a quadratic scan beats the heap
-
-Result<std::pair<std::string_view, std::string_view>> parse_merge(const nlohmann::json& m, size_t i,
-                                                                  const std::string& file) {
-  if (m.is_string()) {
-    const std::string& s = m.get_ref<const std::string&>();
-    const size_t sp = s.find(' ');
-    if (sp == std::string::npos || s.find(' ', sp + 1) != std::string::npos) {
-      return invalid_argument("{}: field 'model.merges[{}]': expected \"left right\", got \"{}\"",
-                              file, i, s);
-    }
-    const std::string_view v(s);
-    return std::make_pair(v.substr(0, sp), v.substr(sp + 1));
-  }
-  if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {
-    return std::make_pair(std::string_view(m[0].get_ref<const std::string&>()),
-                          std::string_view(m[1].get_ref<const std::string&>()));
-  }
-  return invalid_argument("{}: field 'model.merges[{}]': expected a string or a pair of strings, "
-                          "got {}", file, i, m.dump());
-}
 }  // namespace
 
 Result<BpeModel> BpeModel::from_json(const nlohmann::json& model, bool byte_level,
                                      const std::string& file) {
-  BpeModel bpe;
-  bpe.byte_level_ = byte_level;
-  std::fill(std::begin(bpe.byte_ids_), std::end(bpe.byte_ids_), -1);
-  std::fill(std::begin(bpe.fallback_ids_), std::end(bpe.fallback_ids_), -1);
   if (!model.contains("vocab") || !model["vocab"].is_object()) {
     return invalid_argument("{}: field 'model.vocab': missing or not an object", file);
   }
   if (!model.contains("merges") || !model["merges"].is_array()) {
     return invalid_argument("{}: field 'model.merges': missing or not an array", file);
   }
+  VocabList vocab;
+  for (auto it = model["vocab"].begin(); it != model["vocab"].end(); ++it) {
+    if (!it.value().is_number_integer()) {
+      return invalid_argument("{}: field 'model.vocab[\"{}\"]': expected a non-negative id, got {}", file,
+                              it.key(), it.value().dump());
+    }
+    vocab.emplace_back(it.key(), it.value().get<int64_t>());
+  }
+  MergeList merges;
+  for (size_t i = 0; i < model["merges"].size(); ++i) {
+    const auto& m = model["merges"][i];
+    if (m.is_string()) {
+      const std::string& ms = m.get_ref<const std::string&>();
+      const size_t sp = ms.find(' ');
+      if (sp == std::string::npos || ms.find(' ', sp + 1) != std::string::npos) {
+        return invalid_argument("{}: field 'model.merges[{}]': expected \"left right\", got \"{}\"", file, i, ms);
+      }
+      merges.emplace_back(ms.substr(0, sp), ms.substr(sp + 1));
+    } else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {
+      merges.emplace_back(m[0].get<std::string>(), m[1].get<std::string>());
+    } else {
+      return invalid_argument("{}: field 'model.merges[{}]': expected a string or a pair of strings, got {}",
+                              file, i, m.dump());
+    }
+  }
+  return from_parts(model, vocab, merges, byte_level, file);
+}
+
+Result<BpeModel> BpeModel::from_parts(const nlohmann::json& model, const VocabList& vocab,
+                                      const MergeList& merges, bool byte_level, const std::string& file) {
+  BpeModel bpe;
+  bpe.byte_level_ = byte_level;
+  std::fill(std::begin(bpe.byte_ids_), std::end(bpe.byte_ids_), -1);
+  std::fill(std::begin(bpe.fallback_ids_), std::end(bpe.fallback_ids_), -1);
   for (const char* f : {"continuing_subword_prefix", "end_of_word_suffix"}) {
     if (model.contains(f) && model[f].is_string() && !model[f].get<std::string>().empty()) {
       return unimplemented("{}: field 'model.{}': non-empty value \"{}\" is not supported", file, f,
@@ -56,24 +66,20 @@ Result<BpeModel> BpeModel::from_json(const nlohmann::json& model, bool byte_leve
   bpe.byte_fallback_ = model.value("byte_fallback", false);
   bpe.ignore_merges_ = model.value("ignore_merges", false);
 
-  const auto& vocab = model["vocab"];
   int64_t max_id = -1;
-  for (auto it = vocab.begin(); it != vocab.end(); ++it) {
-    if (!it.value().is_number_integer() || it.value().get<int64_t>() < 0 ||
-        it.value().get<int64_t>() > INT32_MAX) {
-      return invalid_argument("{}: field 'model.vocab[\"{}\"]': expected a non-negative id, got {}",
-                              file, it.key(), it.value().dump());
+  for (const auto& [text, id] : vocab) {
+    if (id < 0 || id > INT32_MAX) {
+      return invalid_argument("{}: field 'model.vocab[\"{}\"]': expected a non-negative id, got {}", file, text, id);
     }
-    max_id = std::max<int64_t>(max_id, it.value().get<int64_t>());
+    max_id = std::max<int64_t>(max_id, id);
   }
   bpe.id_to_bytes_.resize(max_id + 1);
   bpe.id_to_text_.resize(max_id + 1);
   bpe.text_to_id_.reserve(vocab.size());
   const bool need_bytes_map = !byte_level || bpe.ignore_merges_;
   if (need_bytes_map) bpe.bytes_to_id_.reserve(vocab.size());
-  for (auto it = vocab.begin(); it != vocab.end(); ++it) {
-    const auto id = static_cast<int32_t>(it.value().get<int64_t>());
-    const std::string& text = it.key();
+  for (const auto& [text, id64] : vocab) {
+    const auto id = static_cast<int32_t>(id64);
     bpe.id_to_text_[id] = text;
     bpe.text_to_id_.emplace(text, id);
     if (byte_level) {
@@ -90,7 +96,7 @@ Result<BpeModel> BpeModel::from_json(const nlohmann::json& model, bool byte_leve
       unsigned v = 0;
       if (text.size() == 6 && text.starts_with("<0x") && text.back() == '>' &&
           std::sscanf(text.c_str() + 3, "%2X", &v) == 1) {
-        bpe.fallback_ids_[v] = id;
+        bpe.fallback_ids_[v] = static_cast<int32_t>(id);
         bpe.id_to_bytes_[id] = std::string(1, static_cast<char>(v));
       }
     }
@@ -104,19 +110,18 @@ Result<BpeModel> BpeModel::from_json(const nlohmann::json& model, bool byte_leve
     bpe.unk_id_ = it->second;
   }
 
-  const auto& merges = model["merges"];
   bpe.merges_.reserve(merges.size());
   std::string joined;
   for (size_t i = 0; i < merges.size(); ++i) {
-    XDS_ASSIGN_OR_RETURN(auto pr, parse_merge(merges[i], i, file));
-    auto a = bpe.text_to_id_.find(pr.first);
-    auto b = bpe.text_to_id_.find(pr.second);
-    joined.assign(pr.first);
-    joined.append(pr.second);
+    const auto& [left, right] = merges[i];
+    auto a = bpe.text_to_id_.find(left);
+    auto b = bpe.text_to_id_.find(right);
+    joined.assign(left);
+    joined.append(right);
     auto ab = bpe.text_to_id_.find(std::string_view(joined));
     if (a == bpe.text_to_id_.end() || b == bpe.text_to_id_.end() || ab == bpe.text_to_id_.end()) {
       return invalid_argument("{}: field 'model.merges[{}]': \"{} {}\" uses a token that is not in "
-                              "model.vocab", file, i, pr.first, pr.second);
+                              "model.vocab", file, i, left, right);
     }
     bpe.merges_.emplace(pair_key(a->second, b->second),
                         Merge{static_cast<int32_t>(i), ab->second});  // first occurrence wins

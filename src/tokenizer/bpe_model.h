@@ -35,6 +35,11 @@ class BpeModel {
   // Errors name `file` and the field ("model.merges[12]").
   static Result<BpeModel> from_json(const nlohmann::json& model, bool byte_level,
                                     const std::string& file);
+  // Same, with the vocabulary and merges already pulled out of `model` (parse_tokenizer_json).
+  using VocabList = std::vector<std::pair<std::string, int64_t>>;
+  using MergeList = std::vector<std::pair<std::string, std::string>>;
+  static Result<BpeModel> from_parts(const nlohmann::json& model, const VocabList& vocab,
+                                     const MergeList& merges, bool byte_level, const std::string& file);
 
   // Appends the ids of one pre-tokenized word (raw bytes).
   void encode_word(std::string_view word, std::vector<int32_t>* out) const;

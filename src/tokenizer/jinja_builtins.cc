@@ -11,7 +11,8 @@ namespace {
 
 [[noreturn]] void fail(const std::string& msg) { throw TemplateError(msg); }
 
-const Value& arg(Args& args, Kwargs& kwargs, size_t pos, const char* name, const Value& def) {
+// Returns a copy: `def` is often a temporary.
+Value arg(Args& args, Kwargs& kwargs, size_t pos, const char* name, const Value& def) {
   for (auto& [k, v] : kwargs) {
     if (k == name) return v;
   }
@@ -127,7 +128,7 @@ Value str_method(const Value& obj, const std::string& name) {
   }
   if (name == "split") {
     return bind([s](Args& a, Kwargs& k) {
-      const Value& ms = arg(a, k, 1, "maxsplit", Value::integer(-1));
+      const Value ms = arg(a, k, 1, "maxsplit", Value::integer(-1));
       return split(s, arg(a, k, 0, "sep", Value()), ms.i);
     });
   }
@@ -465,10 +466,10 @@ Value apply_filter(const std::string& name, const Value& v, Args& args, Kwargs& 
     fail(fmt::format("object of type '{}' has no length", type_name(v)));
   }
   if (name == "tojson") {
-    const Value& ind = arg(args, kwargs, 0, "indent", none);
+    const Value ind = arg(args, kwargs, 0, "indent", none);
     const int indent = ind.type == Value::Type::kInt ? static_cast<int>(ind.i) : -1;
     std::string isep = indent >= 0 ? "," : ", ", ksep = ": ";
-    const Value& seps = arg(args, kwargs, 99, "separators", none);
+    const Value seps = arg(args, kwargs, 99, "separators", none);
     if (seps.is_list() && seps.list->size() == 2) {
       isep = need_str((*seps.list)[0], "tojson separators");
       ksep = need_str((*seps.list)[1], "tojson separators");
@@ -481,7 +482,7 @@ Value apply_filter(const std::string& name, const Value& v, Args& args, Kwargs& 
   if (name == "default" || name == "d") {
     const bool boolean = truthy(arg(args, kwargs, 1, "boolean", none));
     if (v.is_undefined() || (boolean && !truthy(v))) {
-      const Value& d = arg(args, kwargs, 0, "default_value", none);
+      const Value d = arg(args, kwargs, 0, "default_value", none);
       return d.is_undefined() ? Value::string("") : d;
     }
     return v;
@@ -507,7 +508,7 @@ Value apply_filter(const std::string& name, const Value& v, Args& args, Kwargs& 
       } catch (...) {
       }
     }
-    const Value& d = arg(args, kwargs, 0, "default", none);
+    const Value d = arg(args, kwargs, 0, "default", none);
     return d.is_undefined() ? Value::integer(0) : d;
   }
   if (name == "float") {
@@ -547,7 +548,7 @@ Value apply_filter(const std::string& name, const Value& v, Args& args, Kwargs& 
   }
   if (name == "join") {
     const std::string sep = to_str(arg(args, kwargs, 0, "d", Value::string("")));
-    const Value& attr = arg(args, kwargs, 1, "attribute", none);
+    const Value attr = arg(args, kwargs, 1, "attribute", none);
     std::string out;
     const List items = iterate(v);
     for (size_t k = 0; k < items.size(); ++k) {
@@ -589,7 +590,7 @@ Value apply_filter(const std::string& name, const Value& v, Args& args, Kwargs& 
   }
   if (name == "map") {
     Value out = Value::new_list();
-    const Value& attr = arg(args, kwargs, 99, "attribute", none);
+    const Value attr = arg(args, kwargs, 99, "attribute", none);
     for (const Value& item : iterate(v)) {
       if (!attr.is_undefined()) {
         Value x = attr_path(item, to_str(attr));
@@ -614,7 +615,7 @@ Value apply_filter(const std::string& name, const Value& v, Args& args, Kwargs& 
   if (name == "sort") {
     List items = iterate(v);
     const bool rev = truthy(arg(args, kwargs, 0, "reverse", none));
-    const Value& attr = arg(args, kwargs, 2, "attribute", none);
+    const Value attr = arg(args, kwargs, 2, "attribute", none);
     std::stable_sort(items.begin(), items.end(), [&](const Value& a, const Value& b) {
       const Value ka = attr.is_undefined() ? a : attr_path(a, to_str(attr));
       const Value kb = attr.is_undefined() ? b : attr_path(b, to_str(attr));

@@ -13,6 +13,7 @@
 #include "tokenizer/normalizer.h"
 #include "tokenizer/pre_tokenizer.h"
 #include "tokenizer/regex.h"
+#include "tokenizer/tokenizer_json.h"
 #include "tokenizer/utf8.h"
 
 namespace xds {
@@ -204,7 +205,8 @@ Status parse_post_processor(const nlohmann::json& p, const Tokenizer::Impl& t,
 
 Result<Tokenizer> Tokenizer::from_json_text(std::string_view tokenizer_json,
                                             std::string_view config_json, const std::string& name) {
-  XDS_ASSIGN_OR_RETURN(nlohmann::json j, parse_json(tokenizer_json, name));
+  XDS_ASSIGN_OR_RETURN(TokenizerJson parsed, parse_tokenizer_json(tokenizer_json, name));
+  const nlohmann::json& j = parsed.root;
   const std::string cfg_name = "tokenizer_config.json";
   nlohmann::json cfg = nlohmann::json::object();
   if (!config_json.empty()) {
@@ -217,12 +219,14 @@ Result<Tokenizer> Tokenizer::from_json_text(std::string_view tokenizer_json,
   }
   const auto& m = j["model"];
   const std::string mtype = m.contains("type") && m["type"].is_string() ? m["type"].get<std::string>()
-                            : m.contains("merges")                      ? "BPE"
+                            : parsed.has_merges                         ? "BPE"
                                                                         : "";
   if (mtype != "BPE") {
     return unimplemented("{}: field 'model.type': model type \"{}\" is not supported (only BPE)",
                          name, mtype);
   }
+  if (!parsed.has_vocab) return invalid_argument("{}: field 'model.vocab': missing or not an object", name);
+  if (!parsed.has_merges) return invalid_argument("{}: field 'model.merges': missing or not an array", name);
   auto impl = std::make_shared<Impl>();
   {
     auto r = Normalizer::from_json(j.value("normalizer", nlohmann::json()), name, "normalizer");
@@ -235,7 +239,7 @@ Result<Tokenizer> Tokenizer::from_json_text(std::string_view tokenizer_json,
     impl->pre_tokenizer = std::move(r).value();
   }
   {
-    auto r = BpeModel::from_json(m, impl->pre_tokenizer.byte_level(), name);
+    auto r = BpeModel::from_parts(m, parsed.vocab, parsed.merges, impl->pre_tokenizer.byte_level(), name);
     if (!r.ok()) return r.status();
     impl->model = std::move(r).value();
   }
