@@ -84,13 +84,14 @@ TEST_P(FamilyTest, MatchesHuggingFace) {
 
 INSTANTIATE_TEST_SUITE_P(Families, FamilyTest, ::testing::Values("qwen3", "deepseek_v3"));
 
-// Long runs of one character: 256 KiB of spaces, letters, newlines. The regexes and BPE are
-// linear / n log n in the run length, so this finishes in well under the CTest timeout; the
-// result must still round-trip.
+// Long runs of one character: 64 KiB of spaces, letters, newlines through DeepSeek-V3's three
+// Split regexes and BPE. The regex scan is linear in the run and BPE merging is O(n log n)
+// (min-heap over a linked list), so this stays fast; the result must still round-trip.
+// Scaling measured in bench/tokenizer's notes (docs/notes/issue-3.md): 64 KiB -> 1 MiB grows ~25x.
 TEST(TokenizerLongRuns, RoundTrip) {
-  const Tokenizer* t = &test::fixture_tokenizer("qwen3");
+  const Tokenizer* t = &test::fixture_tokenizer("deepseek_v3");
   for (const char ch : {' ', 'a', '\n'}) {
-    const std::string text(256 * 1024, ch);
+    const std::string text(64 * 1024, ch);
     auto ids = t->encode(text, false);
     ASSERT_TRUE(ids.ok());
     EXPECT_EQ(t->decode(*ids, false), text);
