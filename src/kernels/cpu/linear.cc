@@ -190,6 +190,25 @@ void linear_f32(const float* x, int64_t n, int64_t ldx, const MatrixRef& w, floa
   linear_impl<float, float>(x, n, ldx, w, y, ldy, pool);
 }
 
+void linear_f32_serial(const float* x, int64_t n, int64_t ldx, const MatrixRef& w, float* y,
+                       int64_t ldy) {
+  if (n == 0 || w.rows == 0) return;
+  const int64_t k = w.cols;
+  for (int64_t t = 0; t < n; t += kTokenBlock) {
+    const int tb = static_cast<int>(std::min<int64_t>(kTokenBlock, n - t));
+    for (int64_t r = 0; r < w.rows; r += kRowBlock) {
+      const int rb = static_cast<int>(std::min<int64_t>(kRowBlock, w.rows - r));
+      if (w.dtype == DType::kBF16) {
+        tile<float, uint16_t>(tb, rb, x + t * ldx, ldx, static_cast<const uint16_t*>(w.data) + r * k, k,
+                              y + t * ldy + r, ldy);
+      } else {
+        tile<float, float>(tb, rb, x + t * ldx, ldx, static_cast<const float*>(w.data) + r * k, k,
+                           y + t * ldy + r, ldy);
+      }
+    }
+  }
+}
+
 void linear_bf16(const uint16_t* x, int64_t n, int64_t ldx, const MatrixRef& w, float* y,
                  int64_t ldy, ThreadPool& pool) {
   if (n == 0 || w.rows == 0) return;

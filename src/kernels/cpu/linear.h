@@ -25,6 +25,11 @@ void linear_f32(const float* x, int64_t n, int64_t ldx, const MatrixRef& w, floa
 void linear_bf16(const uint16_t* x, int64_t n, int64_t ldx, const MatrixRef& w, float* y,
                  int64_t ldy, ThreadPool& pool);
 
+// linear_f32 on the calling thread with the tile kernel only (never sgemm): for the many
+// small products inside a parallel region (attention over one cache block).
+void linear_f32_serial(const float* x, int64_t n, int64_t ldx, const MatrixRef& w, float* y,
+                       int64_t ldy);
+
 // Rounds fp32 to bf16 (nearest even): dst[i] = bf16(src[i]) for i < count.
 void round_to_bf16(const float* src, int64_t count, uint16_t* dst);
 
