@@ -182,21 +182,25 @@ Status check_tokens(std::span<const int32_t> tokens, int64_t vocab) {
 
 }  // namespace
 
+Status DeepseekV3Model::append_chunk(Batch& b, int64_t seq, int64_t start_pos,
+                                     std::span<const int32_t> tokens, KvCache& cache) {
+  XDS_RETURN_IF_ERROR(check_tokens(tokens, config_.vocab_size));
+  const int64_t count = static_cast<int64_t>(tokens.size());
+  XDS_RETURN_IF_ERROR(cache.reserve(seq, start_pos + count));
+  b.chunks.push_back({seq, start_pos, b.n, count});
+  for (int64_t i = 0; i < count; ++i) b.pos.push_back(start_pos + i);
+  b.n += count;
+  rope_->ensure(start_pos + count);
+  return {};
+}
+
 Status DeepseekV3Model::forward(std::span<const TokenChunk> chunks, KvCache& cache,
                                 StepOutput& out) {
   const int64_t d = config_.hidden_size;
   Batch b;
-  int64_t max_pos = 0;
   for (const TokenChunk& ch : chunks) {
-    XDS_RETURN_IF_ERROR(check_tokens(ch.tokens, config_.vocab_size));
-    const int64_t count = static_cast<int64_t>(ch.tokens.size());
-    XDS_RETURN_IF_ERROR(cache.reserve(ch.seq, ch.start_pos + count));
-    b.chunks.push_back({ch.seq, ch.start_pos, b.n, count});
-    for (int64_t i = 0; i < count; ++i) b.pos.push_back(ch.start_pos + i);
-    b.n += count;
-    max_pos = std::max(max_pos, ch.start_pos + count);
+    XDS_RETURN_IF_ERROR(append_chunk(b, ch.seq, ch.start_pos, ch.tokens, cache));
   }
-  rope_->ensure(max_pos);
   float* x = grow(s_x_, b.n * d);
   int64_t at = 0;
   for (const TokenChunk& ch : chunks) {
@@ -238,17 +242,9 @@ Status DeepseekV3Model::forward_mtp(int64_t k, std::span<const MtpChunk> chunks,
   const MtpWeights& w = weights_.mtp[k];
   const int64_t d = config_.hidden_size, layer = config_.num_hidden_layers + k;
   Batch b;
-  int64_t max_pos = 0;
   for (const MtpChunk& ch : chunks) {
-    XDS_RETURN_IF_ERROR(check_tokens(ch.next_tokens, config_.vocab_size));
-    const int64_t count = static_cast<int64_t>(ch.next_tokens.size());
-    XDS_RETURN_IF_ERROR(cache.reserve(ch.seq, ch.start_pos + count));
-    b.chunks.push_back({ch.seq, ch.start_pos, b.n, count});
-    for (int64_t i = 0; i < count; ++i) b.pos.push_back(ch.start_pos + i);
-    b.n += count;
-    max_pos = std::max(max_pos, ch.start_pos + count);
+    XDS_RETURN_IF_ERROR(append_chunk(b, ch.seq, ch.start_pos, ch.next_tokens, cache));
   }
-  rope_->ensure(max_pos);
   // cat: [n, 2D] = [enorm(embed(next)); hnorm(hidden)]
   float* cat = grow(s_gather_, b.n * 2 * d);
   float* e = grow(s_tmp_, b.n * d);

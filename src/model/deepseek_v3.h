@@ -95,6 +95,9 @@ class DeepseekV3Model {
  private:
   DeepseekV3Model() = default;
   struct Batch;
+  // Appends one chunk to `b` (ids checked, cache blocks reserved, rope table grown).
+  Status append_chunk(Batch& b, int64_t seq, int64_t start_pos, std::span<const int32_t> tokens,
+                      KvCache& cache);
   Status run_layer(const LayerWeights& w, int64_t cache_layer, const Batch& b, KvCache& cache,
                    float* x);
   void run_attention(const MlaWeights& w, int64_t cache_layer, const Batch& b, KvCache& cache,
