@@ -3,6 +3,9 @@
 // sizes go to 64 MB, up to 11 processes share the 2 cores, and a device is SIGKILLed.
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <thread>
+
 #include <dirent.h>
 #include <signal.h>
 #include <unistd.h>
@@ -192,6 +195,10 @@ TEST(XcclProcess, SigkilledPeerMidTransferPoisonsTheEpochThenANewEpochWorks) {
       }
       Status st;
       if (f.rank() == 0) {
+        // Start draining only after rank 2 has filled the 2-slot rings and died, so the
+        // transfer is always cut mid-way (a fast receiver could otherwise finish all 32 MB
+        // within rank 2's 20 polls).
+        std::this_thread::sleep_for(std::chrono::milliseconds(500));
         std::vector<std::byte> dst(32 << 20);
         st = p2p.recv(2, 1, dst).status();
       } else {
