@@ -54,6 +54,7 @@ Result<std::unique_ptr<DeepseekV3Model>> DeepseekV3Model::load(const std::string
                        bind_deepseek_v3_weights(m->config_, *m->checkpoint_, *m->store_));
   m->store_->finish_progress();
   m->rope_ = std::make_unique<RopeTable>(m->config_);
+  m->linear_ = std::make_unique<LinearRunner>(options.compute, *m->pool_);
   m->local_exchange_ =
       std::make_unique<OwnedLocalMoe>(m->config_, m->weights_, options.compute, *m->pool_);
   m->exchange_ = m->local_exchange_.get();
@@ -72,14 +73,7 @@ KvCache DeepseekV3Model::make_cache(int64_t max_tokens, int64_t block_size) cons
 
 void DeepseekV3Model::linear(const float* x, int64_t n, int64_t ldx, const MatrixRef& w, float* y,
                              int64_t ldy) {
-  if (options_.compute == ComputeDType::kF32) {
-    kernels::linear_f32(x, n, ldx, w, y, ldy, *pool_);
-    return;
-  }
-  const int64_t k = w.cols;
-  uint16_t* xb = grow(s_bf16_, n * k);
-  for (int64_t t = 0; t < n; ++t) kernels::round_to_bf16(x + t * ldx, k, xb + t * k);
-  kernels::linear_bf16(xb, n, k, w, y, ldy, *pool_);
+  (*linear_)(x, n, ldx, w, y, ldy);
 }
 
 void DeepseekV3Model::embed_rows(const MatrixRef& table, std::span<const int32_t> ids, float* out) {

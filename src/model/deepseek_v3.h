@@ -29,6 +29,7 @@ namespace xds {
 
 class Checkpoint;
 class RepackCache;
+class LinearRunner;
 
 enum class ComputeDType {
   kF32,   // reference: fp32 activations, weights widened on the fly
@@ -115,6 +116,7 @@ class DeepseekV3Model {
   DeepseekV3Weights weights_;
   std::unique_ptr<ThreadPool> pool_;
   std::unique_ptr<RopeTable> rope_;
+  std::unique_ptr<LinearRunner> linear_;  // the compute dtype's linear (owns its bf16 scratch)
   std::unique_ptr<MoeExchange> local_exchange_;
   MoeExchange* exchange_ = nullptr;
   RoutingObserver routing_observer_;
@@ -123,7 +125,6 @@ class DeepseekV3Model {
   // Scratch reused across steps (grown, never shrunk).
   std::vector<float> s_x_, s_xn_, s_tmp_, s_q_, s_qa_, s_kva_, s_qabs_, s_lat_, s_attn_;
   std::vector<float> s_gather_, s_kvfull_, s_gate_, s_up_, s_scores_, s_routed_, s_router_;
-  std::vector<uint16_t> s_bf16_;
   std::vector<int32_t> s_ids_, s_token_chunk_;
   std::vector<int64_t> s_absorbed_;
   std::vector<std::pair<int64_t, int64_t>> s_runs_;
