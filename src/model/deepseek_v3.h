@@ -124,7 +124,7 @@ class DeepseekV3Model {
 
   // Scratch reused across steps (grown, never shrunk).
   std::vector<float> s_x_, s_xn_, s_tmp_, s_q_, s_qa_, s_kva_, s_qabs_, s_lat_, s_attn_;
-  std::vector<float> s_gather_, s_kvfull_, s_gate_, s_up_, s_scores_, s_routed_, s_router_;
+  std::vector<float> s_gather_, s_kvfull_, s_rope_, s_gate_, s_up_, s_scores_, s_routed_, s_router_;
   std::vector<int32_t> s_ids_, s_token_chunk_;
   std::vector<int64_t> s_absorbed_;
   std::vector<std::pair<int64_t, int64_t>> s_runs_;

@@ -35,13 +35,6 @@ bool absorbed_is_cheaper(const DeepseekV3Config& c, int64_t p0, int64_t m) {
   return absorbed <= expanded;
 }
 
-float dot(const float* a, const float* b, int64_t n) {
-  float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-  for (int64_t i = 0; i < n; ++i) s += a[i] * b[i];
-  return s;
-}
-
 }  // namespace
 
 void DeepseekV3Model::run_attention(const MlaWeights& w, int64_t cache_layer, const Batch& b,
@@ -175,23 +168,19 @@ void DeepseekV3Model::run_attention(const MlaWeights& w, int64_t cache_layer, co
     for (int64_t s = 0; s < ctx_end; ++s)
       std::memcpy(gathered + s * lat, kv.latent_at(s), sizeof(float) * lat);
     float* kv_full = grow(s_kvfull_, ctx_end * heads * (dn + dv));
-    float* scores_all = grow(s_scores_, threads * max_ctx);
     kernels::linear_f32(gathered, ctx_end, lat, w.kv_b_proj, kv_full, heads * (dn + dv), pool);
-    pool.parallel_for(ch.count * heads, [&](int64_t i0, int64_t i1, int thread) {
-      float* scores = scores_all + thread * max_ctx;
-      for (int64_t i = i0; i < i1; ++i) {
-        const int64_t t = i / heads, h = i % heads, ctx = ch.start_pos + t + 1;
-        const float* qt = q + ((ch.begin + t) * heads + h) * dq;
-        for (int64_t s = 0; s < ctx; ++s) {
-          const float* ks = kv_full + (s * heads + h) * (dn + dv);
-          scores[s] = (dot(qt, ks, dn) + dot(qt + dn, kv.rope_at(s), dr)) * scale;
-        }
-        kernels::softmax_inplace(scores, ctx);
-        float* o = attn + ((ch.begin + t) * heads + h) * dv;
-        std::memset(o, 0, sizeof(float) * static_cast<size_t>(dv));
-        for (int64_t s = 0; s < ctx; ++s)
-          kernels::axpy(scores[s], kv_full + (s * heads + h) * (dn + dv) + dn, dv, o);
-      }
+    float* rope = grow(s_rope_, ctx_end * dr);  // the rope plane, contiguous for sgemm
+    for (int64_t s = 0; s < ctx_end; ++s)
+      std::memcpy(rope + s * dr, kv.rope_at(s), sizeof(float) * dr);
+    const kernels::ExpandedChunk ec{q + ch.begin * heads * dq, heads * dq, kv_full,
+                                    heads * (dn + dv),         rope,       attn + ch.begin * heads * dv,
+                                    heads * dv,                ch.count,   ch.start_pos,
+                                    dn,                        dr,         dv};
+    const int64_t per_thread = kernels::kExpandedRowBlock * ctx_end;
+    float* scores_all = grow(s_scores_, threads * per_thread);
+    pool.parallel_for(heads, [&](int64_t h0, int64_t h1, int thread) {
+      for (int64_t h = h0; h < h1; ++h)
+        kernels::mla_expanded_attention(ec, h, scale, scores_all + thread * per_thread);
     });
   }
   linear(attn, n, heads * dv, w.o_proj, out, d);

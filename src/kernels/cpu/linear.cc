@@ -19,7 +19,8 @@ constexpr int kRowBlock = 6;             // rows of W per tile (split into 3s fo
 constexpr int kTokenBlock = 4;           // tokens per tile
 constexpr int64_t kSgemmMinTokens = 64;  // from here on OpenBLAS sgemm wins (bench/linear)
 constexpr int64_t kSgemmPanelRows = 256;  // rows of W widened to fp32 per sgemm call
-constexpr int64_t kTokenChunk = 16;       // tokens kept hot in L2 (16 x 8 KB rows) while W streams
+constexpr int64_t kTokenChunk = 16;       // tokens whose x slices share one pass over a row block
+constexpr int64_t kKBlock = 256;          // k per block: 16 tokens x 1 KB of x stay in L1
 
 inline __m256 load8(const float* p) {
   return _mm256_loadu_ps(p);
@@ -44,16 +45,28 @@ inline float hsum(__m256 v) {
 }
 
 // y[t][r] = x[t] · w[r] over k for TB tokens and RB rows; fp32 accumulation in a fixed
-// order (vector lanes, then the scalar tail), independent of TB and RB so that a token's
-// result does not depend on which other tokens share its batch.
+// order (8 vector lanes over ascending k, then their horizontal sum, then the scalar tail),
+// independent of TB, RB and of k blocking, so that a token's result does not depend on which
+// other tokens share its batch.
+//
+// Blocked form: the lanes of [kb, ke) are added to part[t * RB + r] (8 floats each, spilled
+// between k blocks, which is exact); `first` starts from zero, `last` finishes into y.
+// kb, ke are multiples of 8 except that the last block ends at k.
 template <typename XT, typename WT, int TB, int RB>
-void dot_tile(const XT* x, int64_t ldx, const WT* w, int64_t ldw, int64_t k, float* y,
-              int64_t ldy) {
+void dot_tile(const XT* x, int64_t ldx, const WT* w, int64_t ldw, int64_t k, int64_t kb,
+              int64_t ke, __m256* part, bool first, bool last, float* y, int64_t ldy) {
   __m256 acc[TB][RB];
   for (int t = 0; t < TB; ++t)
-    for (int r = 0; r < RB; ++r) acc[t][r] = _mm256_setzero_ps();
-  const int64_t kv = k & ~int64_t{7};
-  for (int64_t k0 = 0; k0 < kv; k0 += 8) {
+    for (int r = 0; r < RB; ++r) acc[t][r] = first ? _mm256_setzero_ps() : part[t * RB + r];
+  const int64_t kv = std::min(ke, k & ~int64_t{7});
+  // The RB rows after this tile are what the next tile reads: prefetch them at the rate this
+  // tile consumes its own (RB × 8 weights per step, at most two lines). Short rows end before
+  // the hardware prefetcher has locked on.
+  const char* next = reinterpret_cast<const char*>(w + RB * ldw);
+  for (int64_t k0 = kb; k0 < kv; k0 += 8) {
+    const char* pf = next + k0 * RB * static_cast<int64_t>(sizeof(WT));
+    _mm_prefetch(pf, _MM_HINT_T0);
+    if constexpr (RB * 8 * sizeof(WT) > 64) _mm_prefetch(pf + 64, _MM_HINT_T0);
     __m256 wv[RB];
     for (int r = 0; r < RB; ++r) wv[r] = load8(w + r * ldw + k0);
     for (int t = 0; t < TB; ++t) {
@@ -61,34 +74,58 @@ void dot_tile(const XT* x, int64_t ldx, const WT* w, int64_t ldw, int64_t k, flo
       for (int r = 0; r < RB; ++r) acc[t][r] = _mm256_fmadd_ps(xv, wv[r], acc[t][r]);
     }
   }
+  if (!last) {
+    for (int t = 0; t < TB; ++t)
+      for (int r = 0; r < RB; ++r) part[t * RB + r] = acc[t][r];
+    return;
+  }
+  const int64_t k_vec = k & ~int64_t{7};
   for (int t = 0; t < TB; ++t) {
     for (int r = 0; r < RB; ++r) {
       float s = hsum(acc[t][r]);
-      for (int64_t i = kv; i < k; ++i) s += scalar(x[t * ldx + i]) * scalar(w[r * ldw + i]);
+      for (int64_t i = k_vec; i < k; ++i) s += scalar(x[t * ldx + i]) * scalar(w[r * ldw + i]);
       y[t * ldy + r] = s;
     }
   }
 }
 
-template <typename XT, typename WT, int TB>
-void dot_rows(int rb, const XT* x, int64_t ldx, const WT* w, int64_t ldw, int64_t k, float* y,
+// One pass over all of k (no spilling).
+template <typename XT, typename WT, int TB, int RB>
+void dot_tile(const XT* x, int64_t ldx, const WT* w, int64_t ldw, int64_t k, float* y,
               int64_t ldy) {
+  dot_tile<XT, WT, TB, RB>(x, ldx, w, ldw, k, 0, k, nullptr, true, true, y, ldy);
+}
+
+// A range [kb, ke) of k and where the tile's accumulators live between ranges (see dot_tile).
+struct KBlock {
+  int64_t kb = 0, ke = 0;
+  __m256* part = nullptr;  // [TB * RB] per row group, groups kPartStride apart
+  bool first = true, last = true;
+};
+constexpr int kPartStride = kTokenBlock * 3;  // vectors per row group of a multi-token tile
+
+template <typename XT, typename WT, int TB>
+void dot_rows(int rb, const XT* x, int64_t ldx, const WT* w, int64_t ldw, int64_t k,
+              const KBlock& kr, float* y, int64_t ldy) {
+  auto run = [&]<int RB>() {
+    dot_tile<XT, WT, TB, RB>(x, ldx, w, ldw, k, kr.kb, kr.ke, kr.part, kr.first, kr.last, y, ldy);
+  };
   switch (rb) {
     case 1:
-      return dot_tile<XT, WT, TB, 1>(x, ldx, w, ldw, k, y, ldy);
+      return run.template operator()<1>();
     case 2:
-      return dot_tile<XT, WT, TB, 2>(x, ldx, w, ldw, k, y, ldy);
+      return run.template operator()<2>();
     case 3:
-      return dot_tile<XT, WT, TB, 3>(x, ldx, w, ldw, k, y, ldy);
+      return run.template operator()<3>();
   }
   if constexpr (TB == 1) {
     switch (rb) {
       case 4:
-        return dot_tile<XT, WT, 1, 4>(x, ldx, w, ldw, k, y, ldy);
+        return run.template operator()<4>();
       case 5:
-        return dot_tile<XT, WT, 1, 5>(x, ldx, w, ldw, k, y, ldy);
+        return run.template operator()<5>();
       case 6:
-        return dot_tile<XT, WT, 1, 6>(x, ldx, w, ldw, k, y, ldy);
+        return run.template operator()<6>();
     }
   }
   XDS_CHECK(false, "bad row block {} for {} tokens", rb, TB);
@@ -97,26 +134,35 @@ void dot_rows(int rb, const XT* x, int64_t ldx, const WT* w, int64_t ldw, int64_
 // One tile of tb tokens × rb rows (rb <= 6): a single token uses up to 6 independent rows;
 // several tokens use row groups of 3 (4 tokens × 3 rows = 12 accumulators + 3 + 1 registers).
 template <typename XT, typename WT>
-void tile(int tb, int rb, const XT* x, int64_t ldx, const WT* w, int64_t k, float* y, int64_t ldy) {
-  if (tb == 1) return dot_rows<XT, WT, 1>(rb, x, ldx, w, k, k, y, ldy);
+void tile(int tb, int rb, const XT* x, int64_t ldx, const WT* w, int64_t k, const KBlock& kr,
+          float* y, int64_t ldy) {
+  if (tb == 1) return dot_rows<XT, WT, 1>(rb, x, ldx, w, k, k, kr, y, ldy);
   for (int r0 = 0; r0 < rb; r0 += 3) {
     const int part = std::min(3, rb - r0);
     const WT* wr = w + r0 * k;
     float* yr = y + r0;
+    KBlock group = kr;
+    if (group.part) group.part += (r0 / 3) * kPartStride;
     switch (tb) {
       case 2:
-        dot_rows<XT, WT, 2>(part, x, ldx, wr, k, k, yr, ldy);
+        dot_rows<XT, WT, 2>(part, x, ldx, wr, k, k, group, yr, ldy);
         break;
       case 3:
-        dot_rows<XT, WT, 3>(part, x, ldx, wr, k, k, yr, ldy);
+        dot_rows<XT, WT, 3>(part, x, ldx, wr, k, k, group, yr, ldy);
         break;
       case 4:
-        dot_rows<XT, WT, 4>(part, x, ldx, wr, k, k, yr, ldy);
+        dot_rows<XT, WT, 4>(part, x, ldx, wr, k, k, group, yr, ldy);
         break;
       default:
         XDS_CHECK(false, "bad token block {}", tb);
     }
   }
+}
+
+template <typename XT, typename WT>
+void tile(int tb, int rb, const XT* x, int64_t ldx, const WT* w, int64_t k, float* y,
+          int64_t ldy) {
+  tile<XT, WT>(tb, rb, x, ldx, w, k, KBlock{0, k}, y, ldy);
 }
 
 int64_t rows_per_task(int64_t rows, int threads) {
@@ -129,8 +175,7 @@ int64_t rows_per_task(int64_t rows, int threads) {
 // the tile kernel by rounding only (~1e-7 relative).
 void linear_sgemm(const float* x, int64_t n, int64_t ldx, const MatrixRef& w, float* y, int64_t ldy,
                   ThreadPool& pool) {
-  static std::once_flag once;
-  std::call_once(once, [] { openblas_set_num_threads(1); });
+  use_single_threaded_blas();
   const int64_t k = w.cols;
   const int64_t step = rows_per_task(w.rows, pool.num_threads());
   const int64_t tasks = (w.rows + step - 1) / step;
@@ -155,6 +200,30 @@ void linear_sgemm(const float* x, int64_t n, int64_t ldx, const MatrixRef& w, fl
   });
 }
 
+// Several tokens: per block of 6 rows, k is walked in blocks of kKBlock so that the chunk's
+// x slices (16 tokens × 1 KB) and the rows' slices stay in L1 while every token block uses
+// them; accumulators are spilled between k blocks (exact, see dot_tile).
+template <typename XT, typename WT>
+void rows_multi_token(const XT* x, int64_t n, int64_t ldx, const WT* w, int64_t k, int64_t r_begin,
+                      int64_t r_end, float* y, int64_t ldy) {
+  constexpr int64_t kGroups = kRowBlock / 3;
+  alignas(32) __m256 parts[kTokenChunk / kTokenBlock][kGroups * kPartStride];
+  for (int64_t r = r_begin; r < r_end; r += kRowBlock) {
+    const int rb = static_cast<int>(std::min<int64_t>(kRowBlock, r_end - r));
+    for (int64_t t0 = 0; t0 < n; t0 += kTokenChunk) {
+      const int64_t t1 = std::min(n, t0 + kTokenChunk);
+      for (int64_t kb = 0; kb < k; kb += kKBlock) {
+        const int64_t ke = kb + kKBlock >= k ? k : kb + kKBlock;
+        for (int64_t t = t0; t < t1; t += kTokenBlock) {
+          const int tb = static_cast<int>(std::min<int64_t>(kTokenBlock, t1 - t));
+          const KBlock kr{kb, ke, parts[(t - t0) / kTokenBlock], kb == 0, ke == k};
+          tile<XT, WT>(tb, rb, x + t * ldx, ldx, w + r * k, k, kr, y + t * ldy + r, ldy);
+        }
+      }
+    }
+  }
+}
+
 template <typename XT, typename WT>
 void linear_impl(const XT* x, int64_t n, int64_t ldx, const MatrixRef& w, float* y, int64_t ldy,
                  ThreadPool& pool) {
@@ -166,20 +235,20 @@ void linear_impl(const XT* x, int64_t n, int64_t ldx, const MatrixRef& w, float*
   const int64_t tasks = (w.rows + step - 1) / step;
   pool.parallel_for(tasks, [&](int64_t b, int64_t e, int) {
     const int64_t r_begin = b * step, r_end = std::min(w.rows, e * step);
-    for (int64_t t0 = 0; t0 < n; t0 += kTokenChunk) {
-      const int64_t t1 = std::min(n, t0 + kTokenChunk);
-      for (int64_t r = r_begin; r < r_end; r += kRowBlock) {
-        const int rb = static_cast<int>(std::min<int64_t>(kRowBlock, r_end - r));
-        for (int64_t t = t0; t < t1; t += kTokenBlock) {
-          const int tb = static_cast<int>(std::min<int64_t>(kTokenBlock, t1 - t));
-          tile<XT, WT>(tb, rb, x + t * ldx, ldx, wd + r * k, k, y + t * ldy + r, ldy);
-        }
-      }
+    if (n > 1) return rows_multi_token<XT, WT>(x, n, ldx, wd, k, r_begin, r_end, y, ldy);
+    for (int64_t r = r_begin; r < r_end; r += kRowBlock) {
+      const int rb = static_cast<int>(std::min<int64_t>(kRowBlock, r_end - r));
+      tile<XT, WT>(1, rb, x, ldx, wd + r * k, k, y + r, ldy);
     }
   });
 }
 
 }  // namespace
+
+void use_single_threaded_blas() {
+  static std::once_flag once;
+  std::call_once(once, [] { openblas_set_num_threads(1); });
+}
 
 void linear_f32(const float* x, int64_t n, int64_t ldx, const MatrixRef& w, float* y, int64_t ldy,
                 ThreadPool& pool) {

@@ -30,6 +30,10 @@ void linear_bf16(const uint16_t* x, int64_t n, int64_t ldx, const MatrixRef& w, 
 void linear_f32_serial(const float* x, int64_t n, int64_t ldx, const MatrixRef& w, float* y,
                        int64_t ldy);
 
+// Sets OpenBLAS to one thread (once per process): every sgemm of the kernels runs inside a
+// pool thread that owns its slice of the work.
+void use_single_threaded_blas();
+
 // Rounds fp32 to bf16 (nearest even): dst[i] = bf16(src[i]) for i < count.
 void round_to_bf16(const float* src, int64_t count, uint16_t* dst);
 

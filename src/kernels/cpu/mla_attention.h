@@ -1,4 +1,5 @@
-// MLA attention over the paged latent KV cache (the weight-absorbed form).
+// MLA attention over the paged latent KV cache: the weight-absorbed form (decode) and the
+// expanded form (prefill chunks, see mla_expanded_attention).
 //
 // The cache keeps, per layer, two planes of fixed-size blocks:
 //   latent: [num_blocks, block_size, C]   c = kv_a_layernorm(kv_a[:C])   (C = kv_lora_rank)
@@ -48,5 +49,31 @@ struct AbsorbedQuery {
 // scores: scratch of at least (head_end - head_begin) * ctx floats.
 void mla_absorbed_attention(const AbsorbedQuery& q, int64_t head_begin, int64_t head_end,
                             const LatentKvView& kv, int64_t ctx, float scale, float* scores);
+
+// The expanded form for one prefill chunk: m new tokens at positions p0 .. p0+m-1 attend to
+// positions [0, p0+m) causally, with keys and values already expanded per head:
+//   q:    q[t, h, 0..Dn+Dr)  at q + t*q_ld + h*(Dn+Dr)       (nope part, then rotated rope part)
+//   kv:   kv[s, h, 0..Dn+Dv) at kv + s*kv_ld + h*(Dn+Dv)     (k_nope, then v)
+//   rope: rope[s, 0..Dr)     at rope + s*Dr                  (k_pe, shared by all heads)
+//   out:  out[t, h, 0..Dv)   at out + t*out_ld + h*Dv
+struct ExpandedChunk {
+  const float* q;
+  int64_t q_ld;
+  const float* kv;
+  int64_t kv_ld;
+  const float* rope;
+  float* out;
+  int64_t out_ld;
+  int64_t m, p0;
+  int64_t dn, dr, dv;
+};
+
+// Rows of queries per block of the expanded kernel; scratch must hold this many × (p0+m).
+inline constexpr int64_t kExpandedRowBlock = 64;
+
+// Head h of the chunk, on the calling thread, as three single-threaded sgemm products per
+// block of kExpandedRowBlock queries (scores = q_nope·k_nopeᵀ + q_pe·k_peᵀ, scaled, causal
+// softmax, out = p·v). scores: scratch of kExpandedRowBlock * (p0 + m) floats.
+void mla_expanded_attention(const ExpandedChunk& c, int64_t h, float scale, float* scores);
 
 }  // namespace xds::kernels

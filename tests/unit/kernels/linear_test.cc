@@ -26,7 +26,9 @@ TEST(Linear, MatchesDoubleReferenceForAllTileShapes) {
   ThreadPool pool(2);
   for (const Case c :
        {Case{1, 1, 1}, Case{1, 7, 9}, Case{2, 13, 8}, Case{3, 6, 17}, Case{4, 12, 64},
-        Case{5, 25, 33}, Case{9, 31, 100}, Case{70, 19, 40}, Case{1, 130, 256}}) {
+        Case{5, 25, 33}, Case{9, 31, 100}, Case{70, 19, 40}, Case{1, 130, 256},
+        // several k blocks (256) with a scalar tail, several token chunks (16)
+        Case{1, 11, 603}, Case{21, 14, 603}, Case{40, 7, 515}}) {
     const auto x = random_vec(static_cast<size_t>(c.n * c.cols), rng);
     const auto wf = random_vec(static_cast<size_t>(c.rows * c.cols), rng);
     std::vector<uint16_t> wb(wf.size());
@@ -66,16 +68,23 @@ TEST(Linear, MatchesDoubleReferenceForAllTileShapes) {
 TEST(Linear, ResultOfATokenDoesNotDependOnItsBatch) {
   std::mt19937 rng(3);
   ThreadPool pool(2);
-  const int64_t rows = 29, cols = 77, n = 11;
-  const auto x = random_vec(static_cast<size_t>(n * cols), rng);
-  const auto wf = random_vec(static_cast<size_t>(rows * cols), rng);
-  const MatrixRef w{DType::kF32, wf.data(), rows, cols};
-  std::vector<float> all(static_cast<size_t>(n * rows));
-  linear_f32(x.data(), n, cols, w, all.data(), rows, pool);
-  for (int64_t t = 0; t < n; ++t) {
-    std::vector<float> one(static_cast<size_t>(rows));
-    linear_f32(x.data() + t * cols, 1, cols, w, one.data(), rows, pool);
-    for (int64_t r = 0; r < rows; ++r) EXPECT_EQ(one[r], all[t * rows + r]) << t << "," << r;
+  // One k block, and three k blocks (256 each) with a scalar tail over three token chunks.
+  for (const Case c : {Case{11, 29, 77}, Case{37, 29, 603}}) {
+    const int64_t rows = c.rows, cols = c.cols, n = c.n;
+    const auto x = random_vec(static_cast<size_t>(n * cols), rng);
+    const auto wf = random_vec(static_cast<size_t>(rows * cols), rng);
+    const MatrixRef w{DType::kF32, wf.data(), rows, cols};
+    std::vector<float> all(static_cast<size_t>(n * rows)), serial(all.size());
+    linear_f32(x.data(), n, cols, w, all.data(), rows, pool);
+    linear_f32_serial(x.data(), n, cols, w, serial.data(), rows);
+    for (int64_t t = 0; t < n; ++t) {
+      std::vector<float> one(static_cast<size_t>(rows));
+      linear_f32(x.data() + t * cols, 1, cols, w, one.data(), rows, pool);
+      for (int64_t r = 0; r < rows; ++r) {
+        EXPECT_EQ(one[r], all[t * rows + r]) << t << "," << r << " cols=" << cols;
+        EXPECT_EQ(one[r], serial[t * rows + r]) << t << "," << r << " cols=" << cols;
+      }
+    }
   }
 }
 
