@@ -1,5 +1,13 @@
 // Open MPI baseline for bench/xccl: MPI_Send/Recv ping-pong, and dispatch/combine written the
-// usual way (Alltoall of counts + Alltoallv of packed rows, packing included). Run by run.sh:
+// usual way. Timed, per step, with the same routing and data as the XCCL bench:
+//   dispatch: per-destination token lists, Alltoall of counts, pack (row + 104-byte route
+//     metadata, once per (token, device), self included), Alltoallv, and the per-local-expert
+//     (row, weight) table built from the metadata (what XCCL's received() gives).
+//   combine:  [presum "combine": pre-sum every received row over its local experts' outputs
+//     with XCCL's row kernel], Alltoallv of one vector per (token, device) back, per-token sum
+//     with the same kernel.
+// Not timed, on both sides: the "experts" (output = input row), and with presum "experts"
+// the pre-sum in their epilogue. Run by run.sh:
 //   mpirun --allow-run-as-root -np 2 --bind-to core --map-by core --mca btl self,vader
 //          xccl_mpi_bench OUT.jsonl [--quick]
 #include <mpi.h>
@@ -10,17 +18,12 @@
 #include <vector>
 
 #include "bench_common.h"
+#include "xccl/rowops.h"  // the same row kernel (weighted bf16 sums) as XCCL's combine
 
 namespace {
 
 using namespace xbench;
 
-inline float bf(uint16_t b) {
-  uint32_t u = uint32_t(b) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
 inline uint16_t tobf(float f) {
   uint32_t u;
   std::memcpy(&u, &f, 4);
@@ -54,12 +57,32 @@ void p2p(int rank, const char* out, bool quick) {
   }
 }
 
+constexpr int kMeta = 104;  // token index, local expert list, weights (XCCL's RouteEntry)
+
+// Pre-sums every received row over its local experts' outputs (pair_row[r] + j) into
+// back [n_recv][H] with the same row kernel as XCCL's combine.
+void presum_rows(const unsigned char* recv, size_t row, int H, int n_recv,
+                 const uint16_t* expert_out, const uint32_t* pair_row, uint16_t* back) {
+  const uint16_t* terms[16];
+  float tw[16];
+  for (int r = 0; r < n_recv; ++r) {
+    int32_t meta[kMeta / 4];
+    std::memcpy(meta, recv + size_t(r) * row + size_t(H) * 2, kMeta);
+    for (int j = 0; j < meta[1]; ++j) {
+      std::memcpy(&tw[j], &meta[10 + j], 4);
+      terms[j] = expert_out + (size_t(pair_row[r]) + size_t(j)) * size_t(H);
+    }
+    xds::xccl::weighted_sum_bf16(terms, tw, meta[1], H, back + size_t(r) * size_t(H));
+  }
+}
+
 // One dispatch + combine with the same routing as the XCCL bench (n_experts split evenly).
 void moe(int rank, int world, const char* out, bool quick) {
   const int K = 8, n_experts = 256, per_dev = n_experts / world;
-  constexpr int kMeta = 104;  // token index, local expert list, weights (XCCL's RouteEntry)
   for (int H : {2048, 7168}) {
-    for (int T : moe_token_counts()) {
+    for (int T : moe_token_counts())
+    for (const char* presum : {"combine", "experts"}) {
+      const bool in_combine = presum[0] == 'c';
       std::vector<int32_t> ids;
       std::vector<float> wts;
       make_routing(rank, T, K, n_experts, ids, wts);
@@ -69,7 +92,9 @@ void moe(int rank, int world, const char* out, bool quick) {
       std::vector<unsigned char> sendbuf, recvbuf;
       std::vector<uint16_t> back_send, back_recv, expert_out,
           result(static_cast<size_t>(T) * static_cast<size_t>(H));
-      std::vector<float> acc(static_cast<size_t>(H));
+      std::vector<uint32_t> pair_row;                  // [received rows + 1]
+      std::vector<int> expert_offset;                 // [per_dev + 1]
+      std::vector<std::pair<int, float>> table;       // [rows] (received row, weight)
       const int iters = quick ? 10 : 40;
       std::vector<double> td, tc;
       for (int it = 0; it < iters + 3; ++it) {
@@ -117,33 +142,57 @@ void moe(int rank, int world, const char* out, bool quick) {
           }
         MPI_Alltoallv(sendbuf.data(), sb.data(), sd.data(), MPI_BYTE, recvbuf.data(), rb.data(),
                       rd.data(), MPI_BYTE, MPI_COMM_WORLD);
+        // "grouped by local expert", as XCCL delivers it: a per-local-expert table of
+        // (received row, weight) built from the metadata (the expert GEMM gathers by it).
+        {
+          const int n_in = ro / int(row);
+          expert_offset.assign(size_t(per_dev) + 1, 0);
+          for (int r = 0; r < n_in; ++r) {
+            int32_t meta[kMeta / 4];
+            std::memcpy(meta, recvbuf.data() + size_t(r) * row + size_t(H) * 2, kMeta);
+            for (int j = 0; j < meta[1]; ++j) ++expert_offset[size_t(meta[2 + j]) + 1];
+          }
+          for (int e = 0; e < per_dev; ++e) expert_offset[size_t(e) + 1] += expert_offset[size_t(e)];
+          table.resize(size_t(expert_offset.back()));
+          std::vector<int> cur(expert_offset.begin(), expert_offset.end() - 1);
+          for (int r = 0; r < n_in; ++r) {
+            int32_t meta[kMeta / 4];
+            std::memcpy(meta, recvbuf.data() + size_t(r) * row + size_t(H) * 2, kMeta);
+            for (int j = 0; j < meta[1]; ++j) {
+              float w;
+              std::memcpy(&w, &meta[10 + j], 4);
+              table[size_t(cur[size_t(meta[2 + j])]++)] = {r, w};
+            }
+          }
+        }
         const double t1 = now_s();
-        // combine: pre-sum each received token over its local experts' outputs (one distinct
-        // output row per (token, local expert), as XCCL's bench reads), send back, sum per token.
+        // Not timed (as on the XCCL side): the "experts" write one output row per (token,
+        // local expert), in received-row order: pair_row[r] is row r's first output.
         const int n_recv = ro / int(row);
-        back_send.resize(size_t(n_recv) * size_t(H));
         size_t n_pairs = 0;
+        pair_row.resize(size_t(n_recv) + 1);
         for (int r = 0; r < n_recv; ++r) {
           int32_t nl;
           std::memcpy(&nl, recvbuf.data() + size_t(r) * row + size_t(H) * 2 + 4, 4);
+          pair_row[size_t(r)] = uint32_t(n_pairs);
           n_pairs += size_t(nl);
         }
         if (expert_out.size() < n_pairs * size_t(H)) expert_out.resize(n_pairs * size_t(H));
-        size_t pair = 0;
-        for (int r = 0; r < n_recv; ++r) {
-          const unsigned char* q = recvbuf.data() + size_t(r) * row;
-          int32_t meta[kMeta / 4];
-          std::memcpy(meta, q + size_t(H) * 2, kMeta);
-          std::fill(acc.begin(), acc.end(), 0.f);
-          for (int j = 0; j < meta[1]; ++j) {
-            float w;
-            std::memcpy(&w, &meta[10 + j], 4);
-            const uint16_t* xr = expert_out.data() + pair++ * size_t(H);
-            for (int h = 0; h < H; ++h) acc[size_t(h)] += w * bf(xr[h]);
-          }
-          for (int h = 0; h < H; ++h)
-            back_send[size_t(r) * size_t(H) + size_t(h)] = tobf(acc[size_t(h)]);
-        }
+        for (const auto& [r, w] : table)
+          std::memcpy(expert_out.data() + size_t(pair_row[size_t(r)]) * size_t(H),
+                      recvbuf.data() + size_t(r) * row, size_t(H) * 2);
+        back_send.resize(size_t(n_recv) * size_t(H));
+        const uint16_t* terms[16];
+        float tw[16];
+        if (!in_combine)  // the experts' epilogue pre-sums (not timed, as on the XCCL side)
+          presum_rows(recvbuf.data(), row, H, n_recv, expert_out.data(), pair_row.data(),
+                      back_send.data());
+        const double t1b = now_s();
+        // combine: pre-sum each received token over its local experts' outputs (the same
+        // row kernel as XCCL's) unless the experts did, send back, sum per token.
+        if (in_combine)
+          presum_rows(recvbuf.data(), row, H, n_recv, expert_out.data(), pair_row.data(),
+                      back_send.data());
         back_recv.resize(size_t(so / int(row)) * size_t(H));
         std::vector<int> bsb(W), bsd(W), brb(W), brd(W);
         for (int d = 0; d < world; ++d) {
@@ -160,24 +209,23 @@ void moe(int rank, int world, const char* out, bool quick) {
         for (int d = 0; d < world; ++d)
           for (int t : dest_tokens[size_t(d)]) tok_rows[size_t(t)].push_back(r++);
         for (int t = 0; t < T; ++t) {
-          std::fill(acc.begin(), acc.end(), 0.f);
+          int n = 0;
           for (uint32_t k : tok_rows[size_t(t)]) {
-            const uint16_t* v = back_recv.data() + size_t(k) * size_t(H);
-            for (int h = 0; h < H; ++h) acc[size_t(h)] += bf(v[h]);
+            terms[n] = back_recv.data() + size_t(k) * size_t(H);
+            tw[n++] = 1.f;
           }
-          for (int h = 0; h < H; ++h)
-            result[size_t(t) * size_t(H) + size_t(h)] = tobf(acc[size_t(h)]);
+          xds::xccl::weighted_sum_bf16(terms, tw, n, H, result.data() + size_t(t) * size_t(H));
         }
         const double t2 = now_s();
         if (it >= 3) {
           td.push_back(t1 - t0);
-          tc.push_back(t2 - t1);
+          tc.push_back(t2 - t1b);
         }
       }
       if (rank == 0)
         jsonl(out, "{\"bench\":\"moe\",\"impl\":\"openmpi\",\"world\":" + std::to_string(world) +
                        ",\"tokens\":" + std::to_string(T) + ",\"hidden\":" + std::to_string(H) +
-                       ",\"dtype\":\"bf16\",\"dispatch_us\":" + std::to_string(median(td) * 1e6) +
+                       ",\"dtype\":\"bf16\",\"presum\":\"" + presum + "\",\"dispatch_us\":" + std::to_string(median(td) * 1e6) +
                        ",\"combine_us\":" + std::to_string(median(tc) * 1e6) +
                        ",\"dispatch_min_us\":" + std::to_string(min_of(td) * 1e6) +
                        ",\"combine_min_us\":" + std::to_string(min_of(tc) * 1e6) + "}");

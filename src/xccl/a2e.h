@@ -77,7 +77,7 @@ class A2e {
   // Serves domain D: trampolines forward, every expert device receives grouped rows.
   Status a2e_recv(int domain, const ExpertMap& map, uint64_t key);
   const Exchange& exchange() const { return *ex_; }
-  const uint16_t* received_rows() const { return ex_->received_rows(); }
+  const uint16_t* row(int r) const { return ex_->row(r); }  // token row of grouped row r
   uint16_t* expert_out() { return ex_->expert_out(); }
   // Source of received row r: (attention rank, token).
   std::pair<int, uint32_t> row_source(int r) const;

@@ -61,7 +61,7 @@ struct RowOrigin {
   uint32_t entry = 0;   // index in that source's list
   uint32_t token = 0;   // token index at the source
   uint16_t expert = 0;  // local expert slot
-  uint16_t first = 0;   // 1 if this is the entry's first row (pulled), 0 if copied locally
+  uint16_t first = 0;   // 1 for the first of the entry's rows (j == 0); all share one token row
   float weight = 0;
 };
 struct RecvLayout {

@@ -4,12 +4,20 @@
 #include <atomic>
 #include <cstring>
 
+#include "base/check.h"
 #include "xccl/rowops.h"
 
 namespace xds::xccl {
 namespace {
 
 constexpr uint64_t kFlagMore = 1, kFlagInt8 = 2;
+
+// Grow-only heap buffer without zero-filling (it is written before it is read every round).
+void grow(std::unique_ptr<uint16_t[]>& p, size_t& cap, size_t n) {
+  if (n <= cap && p) return;
+  p.reset(new uint16_t[std::max<size_t>(n, 1)]);
+  cap = std::max<size_t>(n, 1);
+}
 
 int position(const std::vector<int>& v, int rank) {
   auto it = std::find(v.begin(), v.end(), rank);
@@ -217,40 +225,63 @@ Status Exchange::recv_tokens(uint64_t key) {
           return f_.poison({f_.epoch(), roles_.senders[size_t(&list - from_.data())],
                             PoisonReason::kProtocol, c.op, f_.rank()});
   const size_t H = size_t(cfg_.hidden);
-  rows_.resize(size_t(layout_.n_rows()) * H);
-  out_.resize(size_t(layout_.n_rows()) * H);
-  // Units = (sender, entry); each pulls one row and copies it to its other expert groups.
-  std::vector<uint32_t> unit_start(from_.size() + 1, 0);
+  unit_start_.assign(from_.size() + 1, 0);
   for (size_t s = 0; s < from_.size(); ++s)
-    unit_start[s + 1] = unit_start[s] + uint32_t(from_[s].size());
+    unit_start_[s + 1] = unit_start_[s] + uint32_t(from_[s].size());
+  const size_t n_units = unit_start_.back(), n_rows = size_t(layout_.n_rows());
+  grow(tokens_, tokens_cap_, n_units * H);
+  grow(out_, out_cap_, n_rows * H);
+  // Where each unit's token row lives: own bf16 tokens stay in the input staging (no copy).
+  std::vector<const uint16_t*> unit_row(n_units);
+  const auto* own_input = reinterpret_cast<const uint16_t*>(f_.local() + lay_.input);
+  for (size_t s = 0; s < from_.size(); ++s)
+    for (size_t i = 0; i < from_[s].size(); ++i) {
+      const size_t u = unit_start_[s] + i;
+      const bool in_place = roles_.senders[s] == f_.rank() && !(from_flags_[s] & kFlagInt8);
+      unit_row[u] = in_place ? own_input + size_t(from_[s][i].token) * H : tokens_.get() + u * H;
+    }
+  row_ptr_.resize(n_rows);
+  row_unit_.resize(n_rows);
+  for (size_t r = 0; r < n_rows; ++r) {
+    const RowOrigin& o = layout_.rows[r];
+    row_unit_[r] = unit_start_[size_t(o.src)] + o.entry;
+    row_ptr_[r] = unit_row[row_unit_[r]];
+  }
+  // Units = (sender, entry): each pulls its token row once; runs of consecutive tokens of one
+  // sender are one copy (bf16). INT8 rows are dequantized row by row on arrival.
   std::atomic<uint64_t> pulled{0};
   const uint64_t qbytes = int8_row_bytes(cfg_.hidden);
-  parallel(unit_start.back(), [&](int64_t b, int64_t e, int) {
+  parallel(int64_t(n_units), [&](int64_t b, int64_t e, int) {
     std::vector<std::byte> tmp(qbytes);
     uint64_t my_pulled = 0;
-    size_t s = size_t(std::upper_bound(unit_start.begin(), unit_start.end(), uint32_t(b)) -
-                      unit_start.begin()) -
+    size_t s = size_t(std::upper_bound(unit_start_.begin(), unit_start_.end(), uint32_t(b)) -
+                      unit_start_.begin()) -
                1;
-    for (int64_t u = b; u < e; ++u) {
-      while (uint32_t(u) >= unit_start[s + 1]) ++s;
-      const size_t i = size_t(u) - unit_start[s];
+    for (int64_t u = b; u < e;) {
+      while (uint32_t(u) >= unit_start_[s + 1]) ++s;
+      const size_t i = size_t(u) - unit_start_[s];
       const RouteEntry& r = from_[s][i];
       const int rank = roles_.senders[s];
-      uint16_t* dst = rows_.data() + size_t(layout_.entry_row[s][i * kMaxTopk]) * H;
+      uint16_t* dst = tokens_.get() + size_t(u) * H;
       if (from_flags_[s] & kFlagInt8) {
         t_.get(tmp.data(),
                MemDesc{rank, lay_.qrows + r.token * int8_row_stride(cfg_.hidden), qbytes}, 0,
                qbytes);
         dequantize_row_int8(tmp.data(), cfg_.hidden, dst);
         if (rank != f_.rank()) my_pulled += qbytes;
+        ++u;
+      } else if (rank == f_.rank()) {
+        ++u;  // read in place
       } else {
-        t_.get(dst, MemDesc{rank, lay_.input + r.token * rows_stride_, rows_stride_}, 0,
-               rows_stride_);
-        if (rank != f_.rank()) my_pulled += rows_stride_;
+        size_t n = 1;  // run of consecutive tokens inside [b, e) and this sender's list
+        while (u + int64_t(n) < e && i + n < from_[s].size() &&
+               from_[s][i + n].token == r.token + n)
+          ++n;
+        const uint64_t bytes = n * rows_stride_;
+        t_.get(dst, MemDesc{rank, lay_.input + r.token * rows_stride_, bytes}, 0, bytes);
+        my_pulled += bytes;
+        u += int64_t(n);
       }
-      for (int j = 1; j < r.n_local; ++j)
-        std::memcpy(rows_.data() + size_t(layout_.entry_row[s][i * kMaxTopk + size_t(j)]) * H, dst,
-                    rows_stride_);
     }
     pulled.fetch_add(my_pulled, std::memory_order_relaxed);
   });
@@ -263,26 +294,26 @@ Status Exchange::send_vectors(uint64_t key) {
   if (my_receiver_ < 0)
     return failed_precondition("rank {} is not a receiver of this exchange", f_.rank());
   XDS_RETURN_IF_ERROR(wait_released(false));
+  presummed_ = false;
   const size_t H = size_t(cfg_.hidden);
-  std::vector<uint32_t> unit_start(from_.size() + 1, 0);
-  for (size_t s = 0; s < from_.size(); ++s)
-    unit_start[s + 1] = unit_start[s] + uint32_t(from_[s].size());
+  // Units of remote senders only: the own share is pre-summed inside gather_vectors.
+  const int64_t own = my_sender_;
   auto* presum = reinterpret_cast<uint16_t*>(f_.local() + lay_.presum);
-  parallel(unit_start.back(), [&](int64_t b, int64_t e, int) {
-    std::vector<float> acc(H);
-    size_t s = size_t(std::upper_bound(unit_start.begin(), unit_start.end(), uint32_t(b)) -
-                      unit_start.begin()) -
+  parallel(unit_start_.back(), [&](int64_t b, int64_t e, int) {
+    const uint16_t* rows[kMaxTopk];
+    float w[kMaxTopk];
+    size_t s = size_t(std::upper_bound(unit_start_.begin(), unit_start_.end(), uint32_t(b)) -
+                      unit_start_.begin()) -
                1;
     for (int64_t u = b; u < e; ++u) {
-      while (uint32_t(u) >= unit_start[s + 1]) ++s;
-      const size_t i = size_t(u) - unit_start[s];
-      const RouteEntry& r = from_[s][i];
-      std::fill(acc.begin(), acc.end(), 0.f);
-      for (int j = 0; j < r.n_local; ++j)
-        axpy_bf16(r.weight[j],
-                  out_.data() + size_t(layout_.entry_row[s][i * kMaxTopk + size_t(j)]) * H,
-                  cfg_.hidden, acc.data());
-      store_bf16(acc.data(), cfg_.hidden, presum + (s * size_t(cfg_.max_tokens) + i) * H);
+      while (uint32_t(u) >= unit_start_[s + 1]) ++s;
+      if (int64_t(s) == own) {
+        u = int64_t(unit_start_[s + 1]) - 1;
+        continue;
+      }
+      const size_t i = size_t(u) - unit_start_[s];
+      const int n = entry_rows(s, i, rows, w);
+      weighted_sum_bf16(rows, w, n, cfg_.hidden, presum + (s * size_t(cfg_.max_tokens) + i) * H);
     }
   });
   for (size_t s = 0; s < roles_.senders.size(); ++s)
@@ -293,28 +324,87 @@ Status Exchange::send_vectors(uint64_t key) {
   return Status::ok_status();
 }
 
+Status Exchange::wait_vectors_free() {
+  if (my_receiver_ < 0)
+    return failed_precondition("rank {} is not a receiver of this exchange", f_.rank());
+  return wait_released(false);
+}
+
+uint16_t* Exchange::presum_vector(uint32_t unit) {
+  XDS_CHECK(unit < uint32_t(n_units()), "presum_vector: unit {} of {}", unit, n_units());
+  const size_t s = size_t(std::upper_bound(unit_start_.begin(), unit_start_.end(), unit) -
+                          unit_start_.begin()) -
+                   1;
+  const size_t i = unit - unit_start_[s];
+  return reinterpret_cast<uint16_t*>(f_.local() + lay_.presum) +
+         (s * size_t(cfg_.max_tokens) + i) * size_t(cfg_.hidden);
+}
+
+Status Exchange::send_presummed(uint64_t key) {
+  XDS_RETURN_IF_ERROR(wait_vectors_free());
+  presummed_ = true;
+  for (size_t s = 0; s < roles_.senders.size(); ++s)
+    if (roles_.senders[s] != f_.rank())
+      mb_.post(roles_.senders[s], roles_.ready, key, MailWords{from_[s].size(), 0, 0, 0, 0, 0});
+  ++vector_rounds_;
+  key_released_[1] = key;
+  return Status::ok_status();
+}
+
+Status Exchange::combine_presummed(uint16_t* out, uint64_t key) {
+  XDS_RETURN_IF_ERROR(send_presummed(key));
+  return gather_vectors(out, key);
+}
+
+int Exchange::entry_rows(size_t s, size_t i, const uint16_t** rows, float* w) const {
+  const RouteEntry& r = from_[s][i];
+  const uint32_t* idx = layout_.entry_row[s].data() + i * kMaxTopk;
+  for (int j = 0; j < r.n_local; ++j) {
+    rows[j] = out_.get() + size_t(idx[j]) * size_t(cfg_.hidden);
+    w[j] = r.weight[j];
+  }
+  return r.n_local;
+}
+
 Status Exchange::gather_vectors(uint16_t* out, uint64_t key) {
   if (my_sender_ < 0)
     return failed_precondition("rank {} is not a sender of this exchange", f_.rank());
   XDS_RETURN_IF_ERROR(mb_.wait_all(remote_receivers_, roles_.ready, key, ctx(roles_.vectors_op)));
   const size_t H = size_t(cfg_.hidden);
+  const size_t max_terms = roles_.receivers.size() + kMaxTopk;
   std::atomic<uint64_t> pulled{0};
   parallel(n_tokens_, [&](int64_t b, int64_t e, int) {
-    std::vector<float> acc(H);
-    std::vector<uint16_t> tmp(H);
+    std::vector<uint16_t> tmp(remote_receivers_.size() * H);  // pulled pre-sums of one token
+    std::vector<const uint16_t*> rows(max_terms);
+    std::vector<float> w(max_terms);
     uint64_t my_pulled = 0;
     for (int64_t t = b; t < e; ++t) {
-      std::fill(acc.begin(), acc.end(), 0.f);
+      // Terms in ascending receiver order: a pulled pre-sum (weight 1) per remote device, the
+      // own experts' outputs (their gate weights) for this device: one pass, f32, bf16 once.
+      int n = 0;
+      size_t n_tmp = 0;
       for (uint32_t k = ref_offset_[size_t(t)]; k < ref_offset_[size_t(t) + 1]; ++k) {
         const auto [d, i] = refs_[k];
         const int rank = roles_.receivers[size_t(d)];
+        if (rank == f_.rank() && presummed_) {  // the engine's own pre-sum, in place
+          rows[size_t(n)] = reinterpret_cast<const uint16_t*>(f_.local() + lay_.presum) +
+                            (size_t(my_sender_) * size_t(cfg_.max_tokens) + i) * H;
+          w[size_t(n++)] = 1.f;
+          continue;
+        }
+        if (rank == f_.rank()) {
+          n += entry_rows(size_t(my_sender_), i, rows.data() + n, w.data() + n);
+          continue;
+        }
         const uint64_t off =
             lay_.presum + (uint64_t(my_sender_) * uint64_t(cfg_.max_tokens) + i) * rows_stride_;
-        t_.get(tmp.data(), MemDesc{rank, off, rows_stride_}, 0, rows_stride_);
-        if (rank != f_.rank()) my_pulled += rows_stride_;
-        add_bf16(tmp.data(), cfg_.hidden, acc.data());
+        uint16_t* dst = tmp.data() + n_tmp++ * H;
+        t_.get(dst, MemDesc{rank, off, rows_stride_}, 0, rows_stride_);
+        my_pulled += rows_stride_;
+        rows[size_t(n)] = dst;
+        w[size_t(n++)] = 1.f;
       }
-      store_bf16(acc.data(), cfg_.hidden, out + size_t(t) * H);
+      weighted_sum_bf16(rows.data(), w.data(), n, cfg_.hidden, out + size_t(t) * H);
     }
     pulled.fetch_add(my_pulled, std::memory_order_relaxed);
   });
@@ -359,7 +449,7 @@ Status run_moe_rounds(Exchange& ex, const uint16_t* x, std::span<const int32_t> 
     XDS_RETURN_IF_ERROR(ex.dispatch(n, topk_ids.subspan(size_t(begin) * K, size_t(n) * K),
                                     weights.subspan(size_t(begin) * K, size_t(n) * K), map,
                                     key + uint64_t(round), more));
-    expert_fn(ex, ex.received_rows(), ex.expert_out());
+    expert_fn(ex, ex.expert_out());
     XDS_RETURN_IF_ERROR(ex.combine(out + size_t(begin) * H, key + uint64_t(round)));
     if (!ex.any_more()) return Status::ok_status();
   }

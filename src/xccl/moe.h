@@ -11,16 +11,24 @@
 //      some remote receiver needs (one scale per token, fused into that copy).
 //   2. S posts counts to every receiver (kDispatchMeta: entries, map version, flags).
 //   3. R waits for every sender's counts ("counts and offsets first"), pulls the route lists,
-//      computes the grouped layout (group_by_expert), then pulls each (token, device) row once
-//      into the first of its expert rows (dequantizing on arrival) and copies it locally to the
-//      others. Rows of R's own tokens are read locally: nothing goes through the fabric to self.
+//      then pulls each (token, device) row ONCE, straight from S's input staging into its
+//      token buffer (runs of consecutive tokens in one copy; INT8 dequantized on arrival). No
+//      pack, no ring, no second copy: "grouped by local expert" is a per-local-expert row-index
+//      table (group_by_expert: expert -> rows, each naming its token row and weight), built
+//      from the route lists; the expert GEMM gathers its rows through row(r) anyway. Rows of
+//      R's own tokens are not copied at all: row(r) points into R's own input staging.
 //   4. R posts kDispatchDone to every sender: S may now overwrite its rows.
 // combine:
 //   5. R waits until every sender pulled R's previous pre-sums (kCombineDone), then pre-sums
-//      each received (token, sender) over its local experts, weighted, in f32, stored as bf16
-//      in presum[sender position][entry] of R's staging; posts kCombineReady.
-//   6. S waits for kCombineReady from every receiver, pulls one vector per (token, device) and
-//      sums them in f32 (ascending receiver order) into out[token]; posts kCombineDone.
+//      each received (token, remote sender) over its local experts, weighted, in f32, stored as
+//      bf16 in presum[sender position][entry] of R's staging; posts kCombineReady.
+//   6. S waits for kCombineReady from every remote receiver and sums, per token in f32 in
+//      ascending receiver order, one pulled vector per (token, remote device); its own
+//      experts' share is pre-summed in the same loop from its own expert outputs (nothing
+//      goes through staging to self). Posts kCombineDone.
+// Flags per round and pair: kDispatchMeta and kCombineReady are on the critical path (one
+// one-way line transfer each); kDispatchDone / kCombineDone are releases, normally already
+// there when the next round waits for them.
 // A maximum of max_tokens per sender per round is agreed up front (MoeConfig); more tokens go
 // in further rounds: every sender flags "more" and the round loop continues while any did.
 //
@@ -29,8 +37,14 @@
 //   routes  [n_receivers][max_tokens] RouteEntry (104 B)
 //   input   [max_tokens][hidden] bf16            (engine writes its tokens here: zero copy)
 //   qrows   [max_tokens][int8_row_bytes(hidden)] (INT8 only)
-//   presum  [n_senders][max_tokens][hidden] bf16
+//   presum  [n_senders][max_tokens][hidden] bf16 (own block: only with send_presummed)
 // Each region starts on a 64-byte boundary.
+//
+// Receiver buffers of one round (heap, reused; valid until the next recv_tokens):
+//   tokens  [remote (sender, entry) units][hidden] bf16: pulled rows, one per (token, device)
+//   row(r)  grouped row r (0 <= r < received().n_rows()) -> its token row: a row of `tokens`,
+//           or of this device's own input staging (valid until the next input_rows())
+//   out     [n_rows][hidden] bf16: expert outputs, grouped order, written by the engine
 //
 // Thread-safety: one thread drives an Exchange; the copy work runs on the ThreadPool given.
 #pragma once
@@ -99,17 +113,30 @@ class Exchange {
 
   // ---- receiver side ----
   Status recv_tokens(uint64_t key);
+  // Per-local-expert table: rows grouped by local expert (source, token, expert, weight).
   const RecvLayout& received() const { return layout_; }
-  const uint16_t* received_rows() const { return rows_.data(); }  // [n_rows, hidden]
-  uint16_t* expert_out() { return out_.data(); }                  // [n_rows, hidden]
+  // Token row [hidden] of grouped row r (no copy per expert: rows of one token share it).
+  const uint16_t* row(int r) const { return row_ptr_[size_t(r)]; }
+  uint16_t* expert_out() { return out_.get(); }  // [n_rows, hidden], grouped order
   bool any_more() const { return any_more_; }
   // Pre-sums expert_out() per (token, sender) and publishes it.
   Status send_vectors(uint64_t key);
+  // The other combine input: the engine pre-sums itself (e.g. in its expert GEMM's epilogue,
+  // from f32 accumulators) and writes one bf16 vector [hidden] per unit = received (token,
+  // sender) straight into presum_vector(unit), in staging where the sender pulls it (written
+  // once, pulled once); then send_presummed() publishes. Units: 0 <= u < n_units(); grouped
+  // row r belongs to unit unit_of(r). Call presum_vector() only after wait_vectors_free().
+  int n_units() const { return int(unit_start_.empty() ? 0 : unit_start_.back()); }
+  uint32_t unit_of(int r) const { return row_unit_[size_t(r)]; }
+  Status wait_vectors_free();  // the senders pulled the previous round's vectors
+  uint16_t* presum_vector(uint32_t unit);
+  Status send_presummed(uint64_t key);
 
   // ---- symmetric helpers (this device is sender and receiver) ----
   Status dispatch(int n_tokens, std::span<const int32_t> topk_ids, std::span<const float> weights,
                   const ExpertMap& map, uint64_t key, bool more = false);
   Status combine(uint16_t* out, uint64_t key);
+  Status combine_presummed(uint16_t* out, uint64_t key);  // send_presummed + gather_vectors
 
   // Waits for every outstanding release (receivers done pulling this device's rows and
   // vectors). Call before dropping an Exchange whose channels another one will reuse.
@@ -123,6 +150,8 @@ class Exchange {
  private:
   Exchange(Mailbox& mb, const MoeConfig& cfg, ExchangeRoles roles, ThreadPool* pool);
   Status wait_released(bool tokens);
+  // Expert-output rows and gate weights of (sender position s, entry i); returns n_local.
+  int entry_rows(size_t s, size_t i, const uint16_t** rows, float* w) const;
   void parallel(int64_t n, const std::function<void(int64_t, int64_t, int)>& fn);
   WaitCtx ctx(OpKind op) const;
 
@@ -151,8 +180,13 @@ class Exchange {
   // receiver state
   std::vector<std::vector<RouteEntry>> from_;  // [n_senders] entries pulled (self: copied)
   std::vector<int> from_flags_;                // [n_senders] bit 1: rows are INT8
+  std::vector<uint32_t> unit_start_;           // [n_senders + 1] CSR over (sender, entry)
   RecvLayout layout_;
-  std::vector<uint16_t> rows_, out_;  // [n_rows, hidden]
+  std::unique_ptr<uint16_t[]> tokens_, out_;  // see "Receiver buffers" (grow-only, not zeroed)
+  size_t tokens_cap_ = 0, out_cap_ = 0;       // elements
+  std::vector<const uint16_t*> row_ptr_;      // [n_rows]
+  std::vector<uint32_t> row_unit_;            // [n_rows]
+  bool presummed_ = false;  // this round's own share was pre-summed by the engine
   bool any_more_ = false;
   uint64_t map_version_ = 0;
   ExchangeStats stats_;
@@ -162,9 +196,9 @@ class Exchange {
 
 namespace xds::xccl {
 
-// Expert computation of one round: rows [n_rows, hidden] grouped as ex.received() says;
-// writes outputs [n_rows, hidden] (the same order) to out.
-using ExpertFn = std::function<void(const Exchange& ex, const uint16_t* rows, uint16_t* out)>;
+// Expert computation of one round: grouped row r (ex.received().rows[r], input ex.row(r));
+// writes outputs [n_rows, hidden] (grouped order) to out.
+using ExpertFn = std::function<void(const Exchange& ex, uint16_t* out)>;
 
 // One MoE layer over any number of tokens (symmetric exchange): rounds of at most max_tokens
 // per device, each = copy into input_rows, dispatch, expert_fn, combine. Round i uses key + i.

@@ -35,6 +35,10 @@ inline uint64_t int8_row_stride(int hidden) {
 float quantize_row_int8(const uint16_t* x, int hidden, std::byte* q);
 // Dequantizes a row written by quantize_row_int8 into bf16.
 void dequantize_row_int8(const std::byte* q, int hidden, uint16_t* out);
+// out[h] = bf16(sum_j w[j] * rows[j][h]), f32 fused multiply-adds in ascending j (0 rows:
+// zeros). The partial sums of 16 columns stay in registers: one pass over every row.
+void weighted_sum_bf16(const uint16_t* const* rows, const float* w, int n, int hidden,
+                       uint16_t* out);
 // acc[h] += w * x[h] (x bf16).
 void axpy_bf16(float w, const uint16_t* x, int hidden, float* acc);
 // acc[h] += x[h]

@@ -152,8 +152,8 @@ TEST(XcclProcess, DispatchCombineTwoToEightDevices) {
       std::vector<uint16_t> out(in.x.size());
       XDS_RETURN_IF_ERROR(run_moe_rounds(
           *ex, in.x.data(), in.ids, in.w, c.n_tokens[size_t(f.rank())], testing::make_map(c), 1,
-          [&](const Exchange& e, const uint16_t* rows, uint16_t* y) {
-            testing::run_experts(c, f.rank(), e, rows, y);
+          [&](const Exchange& e, uint16_t* y) {
+            testing::run_experts(c, f.rank(), e, y);
           },
           out.data()));
       return testing::check_combined(c, in, f.rank(), out);

@@ -77,7 +77,7 @@ inline Status check_a2e_rows(const A2eCase& c, int d, int e, const A2e& a) {
                 "reference (att {}, token {}, slot {})",
                 e, d, r, src, tok, o.expert, dom[i], t, s);
           const uint16_t* x = in.x.data() + size_t(t) * size_t(m.hidden);
-          const uint16_t* y = a.received_rows() + r * size_t(m.hidden);
+          const uint16_t* y = a.row(int(r));
           float amax = 0;
           for (int h = 0; h < m.hidden; ++h) amax = std::max(amax, std::fabs(bf16_to_float(x[h])));
           for (int h = 0; h < m.hidden; ++h) {
@@ -124,7 +124,7 @@ inline Status run_a2e_device(Fabric& f, const A2eCase& c, ThreadPool* pool) {
         const uint64_t key = a2e_key(f.epoch(), uint32_t(step), 1, d, 0);
         XDS_RETURN_IF_ERROR(a->a2e_recv(d, map, key));
         XDS_RETURN_IF_ERROR(check_a2e_rows(c, d, e, *a));
-        run_experts(m, e, a->exchange(), a->received_rows(), a->expert_out());
+        run_experts(m, e, a->exchange(), a->expert_out());
         XDS_RETURN_IF_ERROR(a->e2a_send(key));
       }
     }

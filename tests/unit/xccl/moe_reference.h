@@ -86,15 +86,14 @@ inline float expert_scale(const MoeCase& c, int dev, int slot) {
 }
 
 // The "engine" of the tests: output row = bf16(row * scale(device, slot)).
-inline void run_experts(const MoeCase& c, int dev, const Exchange& ex, const uint16_t* rows,
-                        uint16_t* out) {
+// Gathers each grouped row's input through ex.row(r), as an expert GEMM would.
+inline void run_experts(const MoeCase& c, int dev, const Exchange& ex, uint16_t* out) {
   const auto& L = ex.received();
   for (int r = 0; r < L.n_rows(); ++r) {
     const float s = expert_scale(c, dev, L.rows[size_t(r)].expert);
-    for (int h = 0; h < c.hidden; ++h) {
-      const size_t i = size_t(r) * size_t(c.hidden) + size_t(h);
-      out[i] = float_to_bf16(bf16_to_float(rows[i]) * s);
-    }
+    const uint16_t* x = ex.row(r);
+    for (int h = 0; h < c.hidden; ++h)
+      out[size_t(r) * size_t(c.hidden) + size_t(h)] = float_to_bf16(bf16_to_float(x[h]) * s);
   }
 }
 
@@ -143,7 +142,7 @@ inline Status check_received(const MoeCase& c, const std::vector<DeviceInput>& i
           dev, r, g.src, g.token, g.expert, g.weight, w.src, w.token, w.expert, w.weight);
     const uint16_t* x =
         in[size_t(w.src)].x.data() + size_t(begin[size_t(w.src)] + w.token) * size_t(c.hidden);
-    const uint16_t* y = ex.received_rows() + r * size_t(c.hidden);
+    const uint16_t* y = ex.row(int(r));
     float amax = 0;
     for (int h = 0; h < c.hidden; ++h) amax = std::max(amax, std::fabs(bf16_to_float(x[h])));
     const bool quant = c.int8 && w.src != dev;

@@ -52,7 +52,7 @@ Status run_case(Fabric& f, const MoeCase& c, int pool_threads) {
   std::vector<uint16_t> out(size_t(c.n_tokens[size_t(me)]) * size_t(c.hidden), 0xFFFF);
   int round = 0;
   Status expert_check;
-  auto experts = [&](const Exchange& e, const uint16_t* rows, uint16_t* y) {
+  auto experts = [&](const Exchange& e, uint16_t* y) {
     std::vector<int> b(size_t(c.world)), en(size_t(c.world));
     for (int s = 0; s < c.world; ++s) {
       b[size_t(s)] = std::min(c.n_tokens[size_t(s)], round * c.max_tokens);
@@ -61,7 +61,7 @@ Status run_case(Fabric& f, const MoeCase& c, int pool_threads) {
     Status st = testing::check_received(c, in, me, b, en, e);
     if (expert_check.ok() && !st.ok())
       expert_check = st.with_context(fmt::format("round {}", round));
-    testing::run_experts(c, me, e, rows, y);
+    testing::run_experts(c, me, e, y);
     ++round;
   };
   XDS_RETURN_IF_ERROR(run_moe_rounds(*ex, in[size_t(me)].x.data(), in[size_t(me)].ids,
@@ -134,6 +134,56 @@ TEST(XcclMoeThread, Int8DispatchWithinThePerTokenBound) {
   c.int8 = true;
   c.n_tokens = {10, 4, 16};
   run_everywhere(c);
+}
+
+// The engine pre-sums itself (as an expert GEMM epilogue would) into presum_vector(unit):
+// the test's plain double loop over the grouped rows, then combine_presummed. Three steps on
+// the same Exchange (the presum area is reused once the senders released it).
+TEST(XcclMoeThread, EngineWrittenPreSumsCombineToTheReference) {
+  MoeCase c;
+  c.world = 3;
+  c.n_logical = 9;
+  c.slots = 4;
+  c.max_tokens = 16;
+  c.n_tokens = {9, 0, 16};
+  auto tf = ThreadFabric::create(arena_for(c), 5);
+  ASSERT_TRUE(tf.ok());
+  auto st = (*tf)->run([&](Fabric& f) -> Status {
+    auto t = make_transport("shm", f);
+    Mailbox mb(f, **t);
+    ThreadPool pool(2);
+    ExchangeRoles roles{{0, 1, 2}, {0, 1, 2}, f.layout().staging};
+    XDS_ASSIGN_OR_RETURN(auto ex, Exchange::create(mb, moe_config(c), roles, &pool));
+    const int me = f.rank(), n = c.n_tokens[size_t(me)];
+    const auto in = testing::make_input(c, me);
+    const ExpertMap map = testing::make_map(c);
+    for (uint32_t step = 0; step < 3; ++step) {
+      const uint64_t key = collective_key(f.epoch(), step, 1, 0);
+      XDS_ASSIGN_OR_RETURN(uint16_t * x, ex->input_rows());
+      if (n > 0) std::memcpy(x, in.x.data(), in.x.size() * 2);
+      XDS_RETURN_IF_ERROR(ex->dispatch(n, in.ids, in.w, map, key));
+      std::vector<uint16_t> y(size_t(ex->received().n_rows()) * size_t(c.hidden));
+      testing::run_experts(c, me, *ex, y.data());
+      std::vector<double> acc(size_t(ex->n_units()) * size_t(c.hidden), 0.0);
+      for (int r = 0; r < ex->received().n_rows(); ++r)
+        for (int h = 0; h < c.hidden; ++h)
+          acc[size_t(ex->unit_of(r)) * size_t(c.hidden) + size_t(h)] +=
+              double(ex->received().rows[size_t(r)].weight) *
+              bf16_to_float(y[size_t(r) * size_t(c.hidden) + size_t(h)]);
+      XDS_RETURN_IF_ERROR(ex->wait_vectors_free());
+      for (int u = 0; u < ex->n_units(); ++u)
+        for (int h = 0; h < c.hidden; ++h)
+          ex->presum_vector(uint32_t(u))[h] =
+              float_to_bf16(float(acc[size_t(u) * size_t(c.hidden) + size_t(h)]));
+      std::vector<uint16_t> out(size_t(n) * size_t(c.hidden), 0xFFFF);
+      XDS_RETURN_IF_ERROR(ex->combine_presummed(out.data(), key));
+      XDS_RETURN_IF_ERROR(testing::check_combined(c, in, me, out)
+                              .with_context(fmt::format("rank {} step {}", me, step)));
+    }
+    return ex->finish();
+  });
+  for (size_t r = 0; r < st.size(); ++r)
+    EXPECT_TRUE(st[r].ok()) << "rank " << r << ": " << st[r].to_string();
 }
 
 TEST(XcclMoeThread, MismatchedExpertMapVersionPoisonsTheEpoch) {

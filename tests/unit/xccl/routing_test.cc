@@ -130,6 +130,38 @@ TEST(XcclRowOps, Bf16RoundsToNearestEven) {
   EXPECT_EQ(bf16_to_float(0xc040), -3.0f);
 }
 
+// The combine row kernel against a plain double-precision sum (odd widths exercise the
+// vector body and the scalar tail; 0 terms give zeros). Tolerance: f32 accumulation of n
+// terms (n * 2^-23 of the magnitude sum) plus the final bf16 rounding (2^-8 of |sum|).
+TEST(XcclRowOps, WeightedSumMatchesAPlainDoubleSum) {
+  for (int hidden : {1, 15, 16, 37, 2048 + 5}) {
+    for (int n : {0, 1, 3, 9}) {
+      std::vector<std::vector<uint16_t>> rows(size_t(n), std::vector<uint16_t>(size_t(hidden), 0));
+      std::vector<const uint16_t*> ptr;
+      std::vector<float> w;
+      for (int j = 0; j < n; ++j) {
+        for (int h = 0; h < hidden; ++h)
+          rows[size_t(j)][size_t(h)] = float_to_bf16(std::sin(float(h * 7 + j)) * float(j + 1));
+        ptr.push_back(rows[size_t(j)].data());
+        w.push_back(0.25f + 0.5f * float(j % 3));
+      }
+      std::vector<uint16_t> out(size_t(hidden), 0xFFFF);
+      weighted_sum_bf16(ptr.data(), w.data(), n, hidden, out.data());
+      for (int h = 0; h < hidden; ++h) {
+        double ref = 0, mag = 0;
+        for (int j = 0; j < n; ++j) {
+          const double term = double(w[size_t(j)]) * bf16_to_float(rows[size_t(j)][size_t(h)]);
+          ref += term;
+          mag += std::fabs(term);
+        }
+        const double tol = std::fabs(ref) / 256.0 + mag * n * 1.2e-7 + 1e-30;
+        ASSERT_NEAR(bf16_to_float(out[size_t(h)]), ref, tol)
+            << "hidden " << hidden << " terms " << n << " column " << h;
+      }
+    }
+  }
+}
+
 TEST(XcclExchangeLayout, RegionsFollowTheDrawnOrder) {
   MoeConfig c{.hidden = 100, .topk = 8, .max_tokens = 10, .slots_per_device = 4, .int8 = true};
   const ExchangeLayout l = exchange_layout(c, 3, 2, 4100);
