@@ -17,7 +17,6 @@ namespace {
 
 constexpr int kRowBlock = 6;             // rows of W per tile (split into 3s for multi-token tiles)
 constexpr int kTokenBlock = 4;           // tokens per tile
-constexpr int64_t kSgemmMinTokens = 64;  // from here on OpenBLAS sgemm wins (bench/linear)
 constexpr int64_t kSgemmPanelRows = 256;  // rows of W widened to fp32 per sgemm call
 constexpr int64_t kTokenChunk = 16;       // tokens whose x slices share one pass over a row block
 constexpr int64_t kKBlock = 256;          // k per block: 16 tokens x 1 KB of x stay in L1
@@ -251,9 +250,9 @@ void use_single_threaded_blas() {
 }
 
 void linear_f32(const float* x, int64_t n, int64_t ldx, const MatrixRef& w, float* y, int64_t ldy,
-                ThreadPool& pool) {
+                ThreadPool& pool, int64_t sgemm_min_tokens) {
   if (n == 0 || w.rows == 0) return;
-  if (n >= kSgemmMinTokens) return linear_sgemm(x, n, ldx, w, y, ldy, pool);
+  if (n >= sgemm_min_tokens) return linear_sgemm(x, n, ldx, w, y, ldy, pool);
   if (w.dtype == DType::kBF16) return linear_impl<float, uint16_t>(x, n, ldx, w, y, ldy, pool);
   XDS_CHECK(w.dtype == DType::kF32, "linear: weight dtype {}", dtype_name(w.dtype));
   linear_impl<float, float>(x, n, ldx, w, y, ldy, pool);

@@ -16,9 +16,14 @@
 
 namespace xds::kernels {
 
-// fp32 activations (the reference mode): W is converted to fp32 on the fly.
+// From this many tokens on, W is widened to fp32 in panels and multiplied by OpenBLAS sgemm
+// (bench/linear); below, the register-blocked tile kernel reads bf16 W directly.
+inline constexpr int64_t kSgemmMinTokens = 64;
+
+// fp32 activations (the reference mode): W is converted to fp32 on the fly. Results of a
+// token do not depend on the other tokens of the call as long as n < sgemm_min_tokens.
 void linear_f32(const float* x, int64_t n, int64_t ldx, const MatrixRef& w, float* y, int64_t ldy,
-                ThreadPool& pool);
+                ThreadPool& pool, int64_t sgemm_min_tokens = kSgemmMinTokens);
 
 // bf16 activations (the fast mode's rounding point): x holds bf16 values, widened exactly
 // to fp32 in registers; products and sums as in linear_f32.

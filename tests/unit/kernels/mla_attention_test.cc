@@ -54,5 +54,50 @@ TEST(MlaExpanded, MatchesCausalAttentionReference) {
   }
 }
 
+TEST(MlaAbsorbed, MatchesReferenceOverPagedBlocks) {
+  std::mt19937 rng(12);
+  std::uniform_real_distribution<float> d(-1.0f, 1.0f);
+  const int64_t lat = 24, dr = 8, bs = 16, blocks = 4;
+  std::vector<float> latent(static_cast<size_t>(blocks * bs * lat)), rope(static_cast<size_t>(blocks * bs * dr));
+  for (auto* v : {&latent, &rope})
+    for (float& x : *v) x = d(rng);
+  const int32_t table[] = {2, 0, 3, 1};  // context position s lives in block table[s / bs]
+  const LatentKvView kv{latent.data(), rope.data(), table, bs, lat, dr};
+  // 3 and 8 heads (8 lanes), 11 and 16 (16 lanes, padded), 20 (16 + 4); ctx crosses blocks.
+  for (const int64_t heads : {3, 8, 11, 16, 20}) {
+    for (const int64_t ctx : {1, 5, 37, 64}) {
+      std::vector<float> q_abs(static_cast<size_t>(heads * lat)), q_pe(static_cast<size_t>(heads * dr));
+      for (auto* v : {&q_abs, &q_pe})
+        for (float& x : *v) x = d(rng);
+      std::vector<float> out(static_cast<size_t>(heads * lat), -3.0f),
+          scores(static_cast<size_t>(heads * ctx));
+      const AbsorbedQuery q{q_abs.data(), lat, q_pe.data(), dr, out.data(), lat};
+      const float scale = 0.29f;
+      // Heads [1, heads) only, as a thread with a group of heads does; head 0 stays untouched.
+      mla_absorbed_attention(q, 1, heads, kv, ctx, scale, scores.data());
+      for (int64_t i = 0; i < lat; ++i) ASSERT_EQ(out[i], -3.0f);
+      for (int64_t h = 1; h < heads; ++h) {
+        std::vector<double> s(static_cast<size_t>(ctx));
+        for (int64_t j = 0; j < ctx; ++j) {
+          const float* l = kv.latent_at(j);
+          const float* r = kv.rope_at(j);
+          double acc = 0.0;
+          for (int64_t c = 0; c < lat; ++c) acc += double(q_abs[h * lat + c]) * l[c];
+          for (int64_t c = 0; c < dr; ++c) acc += double(q_pe[h * dr + c]) * r[c];
+          s[j] = acc * scale;
+        }
+        const double mx = *std::max_element(s.begin(), s.end());
+        double z = 0.0;
+        for (double& x : s) z += (x = std::exp(x - mx));
+        for (int64_t c = 0; c < lat; ++c) {
+          double ref = 0.0;
+          for (int64_t j = 0; j < ctx; ++j) ref += s[j] / z * kv.latent_at(j)[c];
+          ASSERT_NEAR(out[h * lat + c], ref, 2e-5) << "heads=" << heads << " ctx=" << ctx << " h=" << h;
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace xds::kernels
