@@ -1,6 +1,7 @@
 #include "xccl/fabric.h"
 
 #include <linux/futex.h>
+#include <linux/membarrier.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -90,6 +91,28 @@ long futex_wake(std::atomic<uint32_t>* addr) {
                  nullptr, 0);
 }
 }  // namespace
+
+namespace {
+bool membarrier_supported() {
+  static const bool ok = [] {
+    const long q = syscall(SYS_membarrier, MEMBARRIER_CMD_QUERY, 0, 0);
+    return q >= 0 && (q & MEMBARRIER_CMD_GLOBAL_EXPEDITED) != 0 &&
+           (q & MEMBARRIER_CMD_REGISTER_GLOBAL_EXPEDITED) != 0;
+  }();
+  return ok;
+}
+}  // namespace
+
+bool register_asymmetric_fence() {
+  // Not cached: registration belongs to the process (mm), and a forked device must register.
+  return membarrier_supported() &&
+         syscall(SYS_membarrier, MEMBARRIER_CMD_REGISTER_GLOBAL_EXPEDITED, 0, 0) == 0;
+}
+
+void asymmetric_fence() {
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (membarrier_supported()) syscall(SYS_membarrier, MEMBARRIER_CMD_GLOBAL_EXPEDITED, 0, 0);
+}
 
 void Fabric::ring(int r) const {
   auto& bell = header(r).bell;

@@ -16,6 +16,7 @@
 // Thread-safety: the accessors are safe from any thread; peer_alive() too.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <string_view>
@@ -57,6 +58,13 @@ PoisonRecord decode_poison(uint64_t word);
 // The one error every survivor returns: Aborted "xccl epoch E poisoned: peer P ... during OP".
 Status poison_status(const PoisonRecord& r);
 
+// Registers this process for MEMBARRIER_CMD_GLOBAL_EXPEDITED (every Fabric does, so that each
+// forked device registers itself); false where the kernel lacks it.
+bool register_asymmetric_fence();
+// The sleeper's half of the lost-wake-up protocol (see Fabric): a full barrier on every CPU
+// that runs a registered process (the writers), and on this one.
+void asymmetric_fence();
+
 class Fabric {
  public:
   virtual ~Fabric() = default;
@@ -80,19 +88,41 @@ class Fabric {
   // status (identical on every device).
   Status poison(const PoisonRecord& rec);
 
-  // Wakes rank r if it sleeps on its doorbell. Call after a seq_cst publish into r's arena.
+  // Wakes rank r if it sleeps on its doorbell. Call right after publishing into r's arena with
+  // publish_order() (+ a compiler barrier), see "Lost wake-ups" below.
   void ring(int r) const;
   void ring_all() const;
 
+  // Lost wake-ups. A writer stores a word (data published) and then loads r's waiter count; a
+  // sleeper increments its waiter count and then re-loads the word. Either store must be seen
+  // by the other side's load (Dekker). Two ways to order the writer's store-load pair:
+  //   - light publish (this process registered for MEMBARRIER_CMD_GLOBAL_EXPEDITED): the hot
+  //     path is a plain release store (a `mov` on x86, no `xchg` waiting for the line); the
+  //     rare sleeper pays instead: after registering, asymmetric_fence() runs a membarrier
+  //     that forces a full barrier on every CPU running a registered process.
+  //   - otherwise: the writer stores with seq_cst.
+  // The sleeper always calls asymmetric_fence() (it is a no-op where membarrier is missing), so
+  // devices that disagree on the mode are still safe.
+  std::memory_order publish_order() const {
+    return light_publish_ ? std::memory_order_release : std::memory_order_seq_cst;
+  }
+  bool light_publish() const { return light_publish_; }
+
  protected:
   Fabric(int rank, uint32_t epoch, const ArenaLayout& layout, std::vector<std::byte*> arenas)
-      : rank_(rank), epoch_(epoch), layout_(layout), arenas_(std::move(arenas)) {}
+      : rank_(rank),
+        epoch_(epoch),
+        layout_(layout),
+        arenas_(std::move(arenas)),
+        light_publish_(register_asymmetric_fence()) {}
 
  private:
   int rank_;
   uint32_t epoch_;
   ArenaLayout layout_;
   std::vector<std::byte*> arenas_;  // [world_size] mapped bases, arenas_[rank_] is local
+  bool light_publish_;
 };
+
 
 }  // namespace xds::xccl

@@ -22,7 +22,8 @@
 //   ── managed data area ── managed = align4096(box(C, 0))
 //   slot(p, l, s) = managed + (p*L*S + l*S + s) * (64 + B)
 //                                             SlotHeader + B payload bytes (<= 24 B ride
-//                                             inline in the header line); sender p / owner
+//                                             inline in the header line, whose seq word is
+//                                             stored last); sender p / owner
 //   staging = align4096(slot(W, 0, 0))        G bytes; owner / peers pull
 //   ── application area ── app = align4096(staging + G)
 //                                             A bytes, registered by the engine (KV blocks)
@@ -49,7 +50,7 @@
 namespace xds::xccl {
 
 inline constexpr uint64_t kArenaMagic = 0x4c43435853445821ull;  // "!XDSXCCL"
-inline constexpr uint32_t kLayoutVersion = 1;
+inline constexpr uint32_t kLayoutVersion = 2;
 inline constexpr size_t kLine = 64;
 inline constexpr size_t kPage = 4096;
 inline constexpr int kMaxWorld = 4096;  // poison word stores ranks in 12 bits
@@ -168,18 +169,22 @@ struct alignas(kLine) MailboxLine {
   uint64_t words[6];          // payload (counts, offsets, flags), written before seq
 };
 
-// Written by the sender into the slot before publishing the tail.
+// Written by the sender into the slot before publishing the tail. `seq` (ring sequence + 1) is
+// stored last, with release, after every other byte of the slot: a receiver expecting a small
+// message polls this one line (header + inline payload + sequence) instead of tail + slot.
+// Every other field is written with plain stores before, never while a reader may look.
 struct alignas(kLine) SlotHeader {
   uint64_t event_id;     // user event id, checked by the receiver
   uint64_t total_bytes;  // size of the whole message
-  uint64_t chunk_bytes;  // payload bytes per chunk of this message (last may be shorter)
+  uint64_t seq;          // ring sequence + 1 of this slot's current chunk (atomic, release)
+  uint32_t chunk_bytes;  // payload bytes per chunk of this message (last may be shorter)
   uint32_t chunk_id;     // index of this chunk in the message
   uint32_t lanes_used;   // lanes this message is spread over
   uint32_t epoch;
-  uint32_t reserved;
   uint8_t inline_data[24];  // a chunk of <= kInlineBytes travels here, in the header's line
 };
 inline constexpr uint64_t kInlineBytes = 24;
+inline constexpr uint64_t kSlotSeqOffset = 16;  // offsetof(SlotHeader, seq)
 
 static_assert(sizeof(IdentityLine) == kLine);
 static_assert(sizeof(PoisonLine) == kLine);
@@ -188,6 +193,8 @@ static_assert(sizeof(ArenaHeader) == 3 * kLine);
 static_assert(sizeof(TailLine) == kLine && sizeof(HeadLine) == kLine);
 static_assert(sizeof(SignalLine) == kLine && sizeof(MailboxLine) == kLine);
 static_assert(sizeof(SlotHeader) == kLine);
+static_assert(offsetof(SlotHeader, seq) == kSlotSeqOffset);
+static_assert(offsetof(SlotHeader, inline_data) == kLine - kInlineBytes);
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
 static_assert(std::atomic<uint32_t>::is_always_lock_free);
 

@@ -137,6 +137,40 @@ Result<P2pHandle> P2p::recv_async(int peer, uint64_t event, std::span<std::byte>
 
 namespace {
 
+struct ChunkHeader {
+  uint64_t event = 0, total = 0, chunk_bytes = 0, chunk = 0;
+  int lanes_used = 1;
+};
+
+// Writes chunk `seq` of lane l into slot(me, l, seq) of `peer`'s arena: header fields and the
+// payload with plain stores, then the slot's seq word (release: a receiver may poll that line
+// alone), then tail(me, l) (release: the generic receiver polls the tail).
+void publish_chunk(Fabric& f, Transport& t, int peer, int l, uint64_t seq, const ChunkHeader& c,
+                   const std::byte* data, uint64_t n) {
+  const ArenaLayout& lay = f.layout();
+  const int me = f.rank();
+  SlotHeader h{};
+  h.event_id = c.event;
+  h.total_bytes = c.total;
+  h.chunk_bytes = static_cast<uint32_t>(c.chunk_bytes);
+  h.chunk_id = static_cast<uint32_t>(c.chunk);
+  h.lanes_used = static_cast<uint32_t>(c.lanes_used);
+  h.epoch = f.epoch();
+  const auto* hb = reinterpret_cast<const std::byte*>(&h);
+  const MemDesc slot{peer, lay.slot_off(me, l, seq), lay.slot_stride()};
+  const SignalRef seq_word{peer, slot.offset + kSlotSeqOffset};
+  constexpr uint64_t kAfterSeq = kSlotSeqOffset + 8;
+  t.put(slot, 0, hb, kSlotSeqOffset);  // never the seq word itself with a plain store
+  if (n <= kInlineBytes) {             // small: one cache line carries header, data and seq
+    copy_bytes(h.inline_data, data, n);
+    t.put_with_signal(slot, kAfterSeq, hb + kAfterSeq, kLine - kAfterSeq, seq_word, seq + 1);
+  } else {
+    t.put(slot, kAfterSeq, hb + kAfterSeq, kLine - kAfterSeq - kInlineBytes);
+    t.put_with_signal(slot, kLine, data, n, seq_word, seq + 1);
+  }
+  t.put_with_signal(MemDesc{}, 0, nullptr, 0, SignalRef{peer, lay.tail_off(me, l)}, seq + 1);
+}
+
 struct LaneStep {
   bool moved = false;
   Status error;
@@ -161,22 +195,9 @@ LaneStep send_lane(Fabric& f, Transport& t, P2pOp& op, int l, uint64_t& known_he
     const uint64_t chunk = c.next * static_cast<uint64_t>(op.plan.lanes_used) + l;
     const uint64_t off = chunk * op.plan.chunk_bytes;
     const uint64_t n = std::min(op.plan.chunk_bytes, op.total - std::min(off, op.total));
-    SlotHeader h{};
-    h.event_id = op.event;
-    h.total_bytes = op.total;
-    h.chunk_bytes = op.plan.chunk_bytes;
-    h.chunk_id = static_cast<uint32_t>(chunk);
-    h.lanes_used = static_cast<uint32_t>(op.plan.lanes_used);
-    h.epoch = f.epoch();
-    const MemDesc slot{op.peer, lay.slot_off(me, l, seq), lay.slot_stride()};
-    const SignalRef tail{op.peer, lay.tail_off(me, l)};
-    if (n <= kInlineBytes) {  // small: one cache line carries header and data
-      copy_bytes(h.inline_data, op.buf + off, n);
-      t.put_with_signal(slot, 0, &h, sizeof(h), tail, seq + 1);
-    } else {
-      t.put(slot, 0, &h, sizeof(h));
-      t.put_with_signal(slot, kLine, op.buf + off, n, tail, seq + 1);
-    }
+    publish_chunk(f, t, op.peer, l, seq,
+                  ChunkHeader{op.event, op.total, op.plan.chunk_bytes, chunk, op.plan.lanes_used},
+                  op.buf + off, n);
     ++c.next;
     op.moved.fetch_add(n, std::memory_order_relaxed);
     r.moved = true;
@@ -488,12 +509,106 @@ void P2p::background_loop() {
   }
 }
 
+bool P2p::idle_locked() const {
+  if (background_ops_ != 0) return false;
+  for (const auto* qs : {&send_q_, &recv_q_})
+    for (const auto& q : *qs)
+      if (!q.empty()) return false;
+  return true;
+}
+
+template <typename Probe>
+bool P2p::spin_until(Probe&& probe) const {
+  if (probe()) return true;
+  const int64_t start = now_ns();
+  for (uint32_t i = 1;; ++i) {
+    detail::cpu_relax();
+    if (probe()) return true;
+    if ((i & 63) == 0 &&
+        (f_.poison_word() != 0 || now_ns() - start > opts_.backoff.spin_ns))
+      return false;  // the generic path takes over (deadline, yield, futex, poison)
+  }
+}
+
+std::optional<Status> P2p::send_small(int peer, uint64_t event, std::span<const std::byte> src) {
+  if (peer < 0 || peer >= f_.world_size() || peer == f_.rank()) return std::nullopt;
+  const ArenaLayout& lay = f_.layout();
+  const ChunkPlan plan = plan_chunks(src.size(), opts_.lanes, lay.cfg.slot_bytes);
+  if (plan.n_chunks != 1) return std::nullopt;
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!idle_locked()) return std::nullopt;
+  if (f_.poison_word() != 0) return check_poison(f_);
+  const uint64_t S = static_cast<uint64_t>(lay.cfg.ring_slots);
+  const size_t idx = head_index(peer, 0);
+  const uint64_t seq = send_next_[idx];
+  const SignalRef head{f_.rank(), lay.head_off(peer, 0)};
+  if (seq >= S && known_head_[idx] < seq - S + 1) {
+    if (t_.test_signal(head, seq - S + 1) != OpState::kDone) return std::nullopt;  // ring full
+    known_head_[idx] = seq - S + 1;
+  }
+  publish_chunk(f_, t_, peer, 0, seq, ChunkHeader{event, src.size(), plan.chunk_bytes, 0, 1},
+                src.data(), src.size());
+  send_next_[idx] = seq + 1;
+  if (spin_until([&] { return t_.test_signal(head, seq + 1) == OpState::kDone; })) {
+    known_head_[idx] = seq + 1;
+    return Status::ok_status();
+  }
+  // No ACK yet: hand over to the generic engine as an op whose only chunk is published.
+  auto op = std::make_shared<P2pOp>();
+  op->is_send = true;
+  op->peer = peer;
+  op->event = event;
+  op->len = op->total = src.size();
+  op->deadline_ns = deadline_after_ms(opts_.timeout_ms);
+  op->plan = plan;
+  op->lanes.resize(static_cast<size_t>(lay.cfg.lanes));
+  op->lanes[0] = LaneCursor{seq, 1, 1, false};
+  op->assigned = true;
+  op->moved.store(src.size(), std::memory_order_relaxed);
+  send_q_[static_cast<size_t>(peer)].push_back(op);
+  return wait_locked(op, lock);
+}
+
+std::optional<Result<uint64_t>> P2p::recv_small(int peer, uint64_t event,
+                                                std::span<std::byte> dst) {
+  if (peer < 0 || peer >= f_.world_size() || peer == f_.rank()) return std::nullopt;
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!idle_locked()) return std::nullopt;
+  if (f_.poison_word() != 0) return check_poison(f_);
+  const ArenaLayout& lay = f_.layout();
+  const int me = f_.rank();
+  const size_t idx = head_index(peer, 0);
+  const uint64_t seq = recv_next_[idx];
+  const MemDesc slot{me, lay.slot_off(peer, 0, seq), lay.slot_stride()};
+  const SignalRef seq_word{me, slot.offset + kSlotSeqOffset};
+  if (!spin_until([&] { return t_.test_signal(seq_word, seq + 1) == OpState::kDone; }))
+    return std::nullopt;
+  SlotHeader h;
+  t_.get(&h, slot, 0, sizeof(h));
+  // Anything but a whole one-chunk message for this recv goes the generic way (which checks,
+  // drains or poisons); nothing has been consumed yet.
+  const uint64_t n = h.total_bytes;
+  if (h.event_id != event || h.chunk_id != 0 || h.lanes_used != 1 || n > dst.size() ||
+      h.chunk_bytes > lay.cfg.slot_bytes || n > std::max<uint64_t>(h.chunk_bytes, 0) ||
+      plan_chunks(n, 1, h.chunk_bytes ? h.chunk_bytes : kLine).chunk_bytes != h.chunk_bytes)
+    return std::nullopt;
+  if (n <= kInlineBytes)
+    copy_bytes(dst.data(), h.inline_data, n);
+  else
+    t_.get(dst.data(), slot, kLine, n);
+  t_.put_with_signal(MemDesc{}, 0, nullptr, 0, SignalRef{peer, lay.head_off(me, 0)}, seq + 1);
+  recv_next_[idx] = seq + 1;
+  return n;
+}
+
 Status P2p::send(int peer, uint64_t event, std::span<const std::byte> src) {
+  if (auto fast = send_small(peer, event, src)) return *fast;
   XDS_ASSIGN_OR_RETURN(P2pHandle h, send_async(peer, event, src));
   return wait(h);
 }
 
 Result<uint64_t> P2p::recv(int peer, uint64_t event, std::span<std::byte> dst) {
+  if (auto fast = recv_small(peer, event, dst)) return *fast;
   XDS_ASSIGN_OR_RETURN(P2pHandle h, recv_async(peer, event, dst));
   XDS_RETURN_IF_ERROR(wait(h));
   return h->total;

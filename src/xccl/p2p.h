@@ -14,6 +14,12 @@
 // event id and fails the pair's epoch (out of step) when it differs. Several sends and recvs may
 // be in flight per pair; ops on the same pair progress in posting order.
 //
+// Synchronous one-chunk messages with nothing else in flight take a fast path: the slot's
+// sequence word is stored last (release) in the header line, which for <= 24 B also carries
+// the data; the receiver polls that line only, copies out and ACKs; the sender waits for the
+// ACK (briefly spinning, then through the generic engine). Same wire format, so either side
+// may use either path.
+//
 // Forms: send/recv (synchronous; lanes run in parallel on the caller's ThreadPool), *_async
 // (returns a handle; poll() progresses on the caller's thread), background (a DMA-analogue
 // thread of this P2p progresses it; the caller only polls the state), put (zero-copy into a
@@ -29,6 +35,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <thread>
 #include <vector>
@@ -107,6 +114,15 @@ class P2p {
  private:
   Result<P2pHandle> post(bool is_send, int peer, uint64_t event, std::byte* buf, uint64_t len,
                          Progress mode);
+  // Fast path of a lone synchronous one-chunk message (one slot on lane 0; <= kInlineBytes ride
+  // in the header line): no op, no queue scan; the receiver polls the slot's seq word only.
+  // Spins at most backoff.spin_ns under the mutex; std::nullopt = not taken, nothing done (the
+  // send may also hand its published chunk to the generic engine to await the ACK).
+  std::optional<Status> send_small(int peer, uint64_t event, std::span<const std::byte> src);
+  std::optional<Result<uint64_t>> recv_small(int peer, uint64_t event, std::span<std::byte> dst);
+  bool idle_locked() const;  // no queued op, no background op
+  template <typename Probe>
+  bool spin_until(Probe&& probe) const;
   // Lock held. Progresses every queued op once; returns whether anything moved.
   bool progress_locked();
   Status wait_locked(const P2pHandle& h, std::unique_lock<std::mutex>& lock);

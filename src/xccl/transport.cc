@@ -39,9 +39,9 @@ namespace {
 
 constexpr uint64_t kNonTemporalFloor = 256 * 1024;
 
-// Shared memory: every arena is mapped, so put/get are memcpy and a signal is a seq_cst
-// store (a release store whose order against the waiter-flag load makes futex wake-ups safe,
-// see Fabric::ring) into the owner's arena.
+// Shared memory: every arena is mapped, so put/get are memcpy and a signal is a release store
+// into the owner's arena (seq_cst where the asymmetric fence is missing: Fabric, "Lost
+// wake-ups"), followed by the waiter-flag check of Fabric::ring.
 class ShmTransport final : public Transport {
  public:
   explicit ShmTransport(Fabric& f) : f_(f) {}
@@ -77,10 +77,11 @@ class ShmTransport final : public Transport {
     if (n != 0) {
       put(dst, off, src, n);
       // glibc's memcpy uses non-temporal stores only far above this size; order them before
-      // the signal. Smaller copies are ordinary stores, ordered by the seq_cst store below.
+      // the signal. Smaller copies are ordinary stores, ordered by the release store below.
       if (n >= kNonTemporalFloor) store_fence();
     }
-    word(sig).store(value, std::memory_order_seq_cst);
+    word(sig).store(value, f_.publish_order());
+    std::atomic_signal_fence(std::memory_order_seq_cst);  // the store stays before ring's load
     f_.ring(sig.rank);
     return OpState::kDone;
   }

@@ -85,6 +85,7 @@ Status WaitLoop::idle(int blocking) {
   if (!registered_) {
     // Register first, then let the caller re-probe before the first nap (no lost wake-up).
     bell.waiters.fetch_add(1, std::memory_order_seq_cst);
+    asymmetric_fence();  // writers publish with a plain release store (Fabric, "Lost wake-ups")
     registered_ = true;
     seen_bell_ = bell.doorbell.load(std::memory_order_seq_cst);
     return Status::ok_status();

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <thread>
 
 #include "base/thread_pool.h"
@@ -86,6 +87,60 @@ TEST(XcclP2pThread, ParallelLanesOnAPool) {
         }
       }
     }
+    return Status::ok_status();
+  }));
+}
+
+// Synchronous ping-pong of one-chunk messages (the fast path: one slot on lane 0, inline up to
+// 24 B) around the ring wrap, mixed with async posts (generic path) on either side of the same
+// pair, with a receiver that starts late (the sender's ACK wait falls back to the generic
+// engine and its futex sleep). Every payload is checked against pattern().
+TEST(XcclP2pThread, SyncOneChunkFastPathMixedWithAsyncAndLateReceiver) {
+  ArenaConfig c = small_config(2);
+  c.lanes = 1;
+  c.ring_slots = 3;
+  auto tf = make(c);
+  BackoffPolicy quick;  // reach the futex phase fast when the peer is late
+  quick.spin_ns = 2'000;
+  quick.yield_ns = 20'000;
+  expect_all_ok(tf->run([&](Fabric& f) -> Status {
+    auto t = make_transport("shm", f);
+    P2p p2p(f, **t, P2pOptions{.timeout_ms = 60'000, .backoff = quick});
+    const int me = f.rank(), peer = 1 - me;
+    const std::vector<size_t> sizes = {0, 1, 8, 23, 24, 25, 63, 64, 65, 1000, 4095, 4096, 4097};
+    uint64_t ev = 0;
+    for (int round = 0; round < 4; ++round)
+      for (size_t n : sizes) {
+        ++ev;
+        const bool async_send = (ev % 5) == 0, async_recv = (ev % 7) == 0;
+        const bool late = (ev % 11) == 0;
+        for (int sender = 0; sender < 2; ++sender) {
+          if (me == sender) {
+            auto src = pattern(sender, peer, ev, n);
+            if (async_send) {
+              XDS_ASSIGN_OR_RETURN(P2pHandle h, p2p.send_async(peer, ev, src));
+              XDS_RETURN_IF_ERROR(p2p.wait(h));
+            } else {
+              XDS_RETURN_IF_ERROR(p2p.send(peer, ev, src));
+            }
+          } else {
+            if (late) std::this_thread::sleep_for(std::chrono::milliseconds(3));
+            std::vector<std::byte> dst(n + 1);
+            uint64_t got = 0;
+            if (async_recv) {
+              XDS_ASSIGN_OR_RETURN(P2pHandle h, p2p.recv_async(peer, ev, dst));
+              XDS_RETURN_IF_ERROR(p2p.wait(h));
+              got = p2p.bytes(h);
+            } else {
+              XDS_ASSIGN_OR_RETURN(got, p2p.recv(peer, ev, dst));
+            }
+            dst.resize(got);
+            if (got != n || dst != pattern(peer, me, ev, n))
+              return internal_error("rank {} event {}: {} of {} bytes, payload differs", me, ev,
+                                    got, n);
+          }
+        }
+      }
     return Status::ok_status();
   }));
 }
