@@ -4,7 +4,9 @@
 //   bench_decode --model DIR [--prompt 512] [--context 512] [--batches 1,4,16,64]
 //                [--steps 5] [--compute-dtype f32|bf16] [--json FILE]
 //
-// Roofline of a step = max(bytes the step must read / read bandwidth, FLOPs / fp32 peak).
+// Roofline of a step = max(bytes the step must read / read bandwidth, FLOPs / fp32 peak),
+// with bandwidth and peak measured again right before each row (the run-start figures are
+// printed too; this VM drifts by ±20 % over minutes).
 // Bytes: every non-expert weight once, plus the routed experts the step actually touched
 // (counted from the routing), plus the latent KV cache of every sequence. FLOPs: 2 per
 // multiply-add of the linear layers actually run (routed experts per token), plus attention.
@@ -98,6 +100,7 @@ struct Row {
   int64_t batch;
   double tokens_per_s, step_ms, roofline_ms, bytes_gb, gflop;
   std::string bound;
+  MachineLimits limits;  // measured right before this row's steps
 };
 
 }  // namespace
@@ -159,6 +162,7 @@ int main(int argc, char** argv) {
   std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(c.vocab_size - 1));
 
   {  // Prefill: one sequence, `prompt` tokens in one chunk.
+    const MachineLimits lim = measure_machine_limits(model.pool());
     std::vector<double> times;
     double flops = 0, bytes = 0;
     for (int r = 0; r < 3; ++r) {
@@ -184,13 +188,17 @@ int main(int argc, char** argv) {
     const double roof = std::max(bytes / (lim.read_gbps * 1e9), flops / (lim.f32_gflops * 1e9));
     rows.push_back(
         {"prefill", 1, prompt / t, t * 1e3, roof * 1e3, bytes / 1e9, flops / 1e9,
-         bytes / (lim.read_gbps * 1e9) > flops / (lim.f32_gflops * 1e9) ? "memory" : "compute"});
+         bytes / (lim.read_gbps * 1e9) > flops / (lim.f32_gflops * 1e9) ? "memory" : "compute",
+         lim});
   }
 
   std::stringstream ss(batches_arg);
   std::string item;
   while (std::getline(ss, item, ',')) {
     const int64_t batch = std::stoll(item);
+    // The machine's limits drift by ±20 % over minutes on a shared VM: each row's roofline
+    // uses limits measured right before its steps.
+    const MachineLimits lim = measure_machine_limits(model.pool());
     KvCache cache = model.make_cache(batch * (context + 64 + steps + 8));
     std::vector<int64_t> seqs;
     for (int64_t b = 0; b < batch; ++b) {
@@ -229,7 +237,8 @@ int main(int argc, char** argv) {
                  flops = median(flops_v);
     rows.push_back(
         {"decode", batch, batch / t, t * 1e3, roof * 1e3, bytes / 1e9, flops / 1e9,
-         bytes / (lim.read_gbps * 1e9) > flops / (lim.f32_gflops * 1e9) ? "memory" : "compute"});
+         bytes / (lim.read_gbps * 1e9) > flops / (lim.f32_gflops * 1e9) ? "memory" : "compute",
+         lim});
   }
   (void)moe_layers;
 
@@ -237,8 +246,9 @@ int main(int argc, char** argv) {
       "\nmodel %s, compute %s, context %lld; machine: read %.1f GB/s, fp32 peak %.1f GFLOP/s\n",
       model_dir.c_str(), dtype.c_str(), static_cast<long long>(context), lim.read_gbps,
       lim.f32_gflops);
-  std::printf("%-8s %6s %12s %10s %12s %9s %9s %9s %8s\n", "phase", "batch", "tokens/s", "step ms",
-              "roofline ms", "% roof", "GB read", "GFLOP", "bound");
+  std::printf("%-8s %6s %12s %10s %12s %9s %9s %9s %8s %8s %8s\n", "phase", "batch", "tokens/s",
+              "step ms", "roofline ms", "% roof", "GB read", "GFLOP", "bound", "row GB/s",
+              "row GF/s");
   nlohmann::json j;
   j["machine"] = {{"read_gbps", lim.read_gbps},
                   {"f32_gflops", lim.f32_gflops},
@@ -247,9 +257,10 @@ int main(int argc, char** argv) {
   j["compute_dtype"] = dtype;
   j["context"] = context;
   for (const Row& r : rows) {
-    std::printf("%-8s %6lld %12.1f %10.2f %12.2f %8.1f%% %9.3f %9.2f %8s\n", r.what.c_str(),
-                static_cast<long long>(r.batch), r.tokens_per_s, r.step_ms, r.roofline_ms,
-                100.0 * r.roofline_ms / r.step_ms, r.bytes_gb, r.gflop, r.bound.c_str());
+    std::printf("%-8s %6lld %12.1f %10.2f %12.2f %8.1f%% %9.3f %9.2f %8s %8.1f %8.1f\n",
+                r.what.c_str(), static_cast<long long>(r.batch), r.tokens_per_s, r.step_ms,
+                r.roofline_ms, 100.0 * r.roofline_ms / r.step_ms, r.bytes_gb, r.gflop,
+                r.bound.c_str(), r.limits.read_gbps, r.limits.f32_gflops);
     j["rows"].push_back({{"phase", r.what},
                          {"batch", r.batch},
                          {"tokens_per_s", r.tokens_per_s},
@@ -259,6 +270,8 @@ int main(int argc, char** argv) {
                          {"gb_read", r.bytes_gb},
                          {"gflop", r.gflop},
                          {"bound", r.bound},
+                         {"row_read_gbps", r.limits.read_gbps},
+                         {"row_f32_gflops", r.limits.f32_gflops},
                          {"achieved_gflops", r.gflop / (r.step_ms / 1e3)}});
   }
   std::ofstream(json_path) << j.dump(2) << "\n";
