@@ -45,7 +45,7 @@ Status p2p_device(Fabric& f, const char* out, bool quick) {
   XDS_ASSIGN_OR_RETURN(auto t, make_transport("shm", f));
   const int me = f.rank(), peer = 1 - me;
   for (int lanes : {1, 2, 4}) {
-    ThreadPool pool(lanes);
+    ThreadPool pool(lanes, ThreadPool::kNoSpin);  // idle lanes must not steal the peer's core
     P2p p2p(f, *t, P2pOptions{.lanes = lanes, .pool = &pool, .timeout_ms = 600'000});
     for (size_t n : p2p_sizes(quick)) {
       if (lanes > 1 && n < 4096) continue;  // a small message uses one lane anyway

@@ -4,7 +4,7 @@
 
 namespace xds {
 
-ThreadPool::ThreadPool(int num_threads) {
+ThreadPool::ThreadPool(int num_threads, int spin_pauses) : spin_pauses_(std::max(0, spin_pauses)) {
   for (int i = 1; i < std::max(1, num_threads); ++i) {
     workers_.emplace_back([this, i] { worker_loop(i); });
   }
@@ -24,7 +24,8 @@ void ThreadPool::worker_loop(int index) {
   uint64_t seen = 0;
   for (;;) {
     // Spin a little before sleeping: kernels issue many short jobs back to back.
-    for (int spin = 0; spin < 2000 && generation_.load(std::memory_order_acquire) == seen; ++spin) {
+    for (int spin = 0; spin < spin_pauses_ && generation_.load(std::memory_order_acquire) == seen;
+         ++spin) {
 #if defined(__x86_64__)
       __builtin_ia32_pause();
 #endif
@@ -58,7 +59,8 @@ void ThreadPool::run_on_all(const std::function<void(int)>& fn) {
   }
   cv_.notify_all();
   fn(0);
-  for (int spin = 0; spin < 20000 && pending_.load(std::memory_order_acquire) != 0; ++spin) {
+  for (int spin = 0; spin < 10 * spin_pauses_ && pending_.load(std::memory_order_acquire) != 0;
+       ++spin) {
 #if defined(__x86_64__)
     __builtin_ia32_pause();
 #endif

@@ -19,8 +19,14 @@ namespace xds {
 
 class ThreadPool {
  public:
+  // How long threads poll before sleeping: workers after a job (pause instructions), and the
+  // caller of run_on_all waiting for the workers (10x as many). kNoSpin: sleep at once, for
+  // pools that share cores with other busy processes (a spinning worker steals their cycles).
+  static constexpr int kDefaultSpin = 2000;
+  static constexpr int kNoSpin = 0;
+
   // num_threads counts the caller: 1 means "run everything on the calling thread".
-  explicit ThreadPool(int num_threads);
+  explicit ThreadPool(int num_threads, int spin_pauses = kDefaultSpin);
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
@@ -43,6 +49,7 @@ class ThreadPool {
   std::atomic<uint64_t> generation_{0};
   std::atomic<int> pending_{0};
   bool stop_ = false;
+  int spin_pauses_ = kDefaultSpin;
 };
 
 }  // namespace xds

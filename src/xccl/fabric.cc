@@ -110,7 +110,8 @@ bool register_asymmetric_fence() {
 }
 
 void asymmetric_fence() {
-  std::atomic_thread_fence(std::memory_order_seq_cst);
+  static std::atomic<uint32_t> full_barrier{0};  // a locked RMW: full barrier, TSan-friendly
+  full_barrier.fetch_add(0, std::memory_order_seq_cst);
   if (membarrier_supported()) syscall(SYS_membarrier, MEMBARRIER_CMD_GLOBAL_EXPEDITED, 0, 0);
 }
 

@@ -70,8 +70,9 @@ TEST(XcclP2pThread, OddSizesTwoToFourRanks) {
 
 TEST(XcclP2pThread, ParallelLanesOnAPool) {
   auto tf = make(small_config(2));
+  for (int spin : {ThreadPool::kDefaultSpin, ThreadPool::kNoSpin})
   expect_all_ok(tf->run([&](Fabric& f) -> Status {
-    ThreadPool pool(3);  // synchronous calls run their lanes on these threads
+    ThreadPool pool(3, spin);  // synchronous calls run their lanes on these threads
     auto t = make_transport("shm", f);
     P2p p2p(f, **t, P2pOptions{.lanes = 3, .pool = &pool});
     const int peer = 1 - f.rank();
