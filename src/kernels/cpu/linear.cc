@@ -16,6 +16,8 @@ namespace xds::kernels {
 namespace {
 
 constexpr int kRowBlock = 6;             // rows of W per tile (split into 3s for multi-token tiles)
+constexpr int kLongRowBlock = 8;         // rows per single-token tile when rows are page-long
+constexpr int64_t kPageBytes = 4096;
 constexpr int kTokenBlock = 4;           // tokens per tile
 constexpr int64_t kSgemmPanelRows = 256;  // rows of W widened to fp32 per sgemm call
 constexpr int64_t kTokenChunk = 16;       // tokens whose x slices share one pass over a row block
@@ -58,14 +60,18 @@ void dot_tile(const XT* x, int64_t ldx, const WT* w, int64_t ldw, int64_t k, int
   for (int t = 0; t < TB; ++t)
     for (int r = 0; r < RB; ++r) acc[t][r] = first ? _mm256_setzero_ps() : part[t * RB + r];
   const int64_t kv = std::min(ke, k & ~int64_t{7});
-  // The RB rows after this tile are what the next tile reads: prefetch them at the rate this
-  // tile consumes its own (RB × 8 weights per step, at most two lines). Short rows end before
-  // the hardware prefetcher has locked on.
+  // Rows shorter than a page end before the hardware prefetcher has locked on: then the RB
+  // rows after this tile (what the next tile reads) are prefetched into L2 at the rate this
+  // tile consumes its own (RB × 8 weights per step, at most two lines). Page-long rows
+  // stream as fast or faster without it (docs/design/cpu_kernels.md).
+  const bool prefetch = ldw * static_cast<int64_t>(sizeof(WT)) < kPageBytes;
   const char* next = reinterpret_cast<const char*>(w + RB * ldw);
   for (int64_t k0 = kb; k0 < kv; k0 += 8) {
-    const char* pf = next + k0 * RB * static_cast<int64_t>(sizeof(WT));
-    _mm_prefetch(pf, _MM_HINT_T0);
-    if constexpr (RB * 8 * sizeof(WT) > 64) _mm_prefetch(pf + 64, _MM_HINT_T0);
+    if (prefetch) {
+      const char* pf = next + k0 * RB * static_cast<int64_t>(sizeof(WT));
+      _mm_prefetch(pf, _MM_HINT_T1);
+      if constexpr (RB * 8 * sizeof(WT) > 64) _mm_prefetch(pf + 64, _MM_HINT_T1);
+    }
     __m256 wv[RB];
     for (int r = 0; r < RB; ++r) wv[r] = load8(w + r * ldw + k0);
     for (int t = 0; t < TB; ++t) {
@@ -125,12 +131,16 @@ void dot_rows(int rb, const XT* x, int64_t ldx, const WT* w, int64_t ldw, int64_
         return run.template operator()<5>();
       case 6:
         return run.template operator()<6>();
+      case 7:
+        return run.template operator()<7>();
+      case 8:
+        return run.template operator()<8>();
     }
   }
   XDS_CHECK(false, "bad row block {} for {} tokens", rb, TB);
 }
 
-// One tile of tb tokens × rb rows (rb <= 6): a single token uses up to 6 independent rows;
+// One tile of tb tokens × rb rows (rb <= 8): a single token uses up to 8 independent rows;
 // several tokens use row groups of 3 (4 tokens × 3 rows = 12 accumulators + 3 + 1 registers).
 template <typename XT, typename WT>
 void tile(int tb, int rb, const XT* x, int64_t ldx, const WT* w, int64_t k, const KBlock& kr,
@@ -166,7 +176,8 @@ void tile(int tb, int rb, const XT* x, int64_t ldx, const WT* w, int64_t k, floa
 
 int64_t rows_per_task(int64_t rows, int threads) {
   const int64_t per = (rows + threads - 1) / threads;
-  return std::max<int64_t>(kRowBlock, (per + kRowBlock - 1) / kRowBlock * kRowBlock);
+  constexpr int64_t kAlign = 24;  // whole tiles of 6 and of 8 rows
+  return std::max<int64_t>(kAlign, (per + kAlign - 1) / kAlign * kAlign);
 }
 
 // Large batches (prefill): each pool thread widens panels of its W rows to fp32 and calls
@@ -235,8 +246,10 @@ void linear_impl(const XT* x, int64_t n, int64_t ldx, const MatrixRef& w, float*
   pool.parallel_for(tasks, [&](int64_t b, int64_t e, int) {
     const int64_t r_begin = b * step, r_end = std::min(w.rows, e * step);
     if (n > 1) return rows_multi_token<XT, WT>(x, n, ldx, wd, k, r_begin, r_end, y, ldy);
-    for (int64_t r = r_begin; r < r_end; r += kRowBlock) {
-      const int rb = static_cast<int>(std::min<int64_t>(kRowBlock, r_end - r));
+    // One token: 8 streams per tile for page-long rows (measured best), 6 for short ones.
+    const int64_t block = k * static_cast<int64_t>(sizeof(WT)) >= kPageBytes ? kLongRowBlock : kRowBlock;
+    for (int64_t r = r_begin; r < r_end; r += block) {
+      const int rb = static_cast<int>(std::min<int64_t>(block, r_end - r));
       tile<XT, WT>(1, rb, x, ldx, wd + r * k, k, y + r, ldy);
     }
   });
@@ -318,18 +331,59 @@ void nn_tile(const float* x, int64_t ldx, const WT* w, int64_t rows, int64_t ldw
     for (int c = 0; c < CB; ++c) _mm256_storeu_ps(y + t * ldy + 8 * c, acc[t][c]);
 }
 
+// The same sums for one or two tokens, reading W row by row (4 rows at a time, sequential
+// streams) instead of in 32-column strips that stride across all rows: y stays in L1 and
+// each element still gets its rows' multiply-adds in ascending row order, one FMA each, so
+// the result is bit-for-bit that of nn_tile.
+template <typename WT>
+void matmul_nn_few_tokens(const float* x, int64_t n, int64_t ldx, const WT* w, int64_t rows,
+                          int64_t cols, float* y, int64_t ldy) {
+  const int64_t cv = cols & ~int64_t{31};
+  int64_t r = 0;
+  for (; r + 4 <= rows; r += 4) {
+    const WT* w0 = w + r * cols;
+    for (int64_t c = 0; c < cv; c += 8) {
+      const __m256 a = load8(w0 + c), b = load8(w0 + cols + c), d = load8(w0 + 2 * cols + c),
+                   e = load8(w0 + 3 * cols + c);
+      for (int64_t t = 0; t < n; ++t) {
+        const float* xr = x + t * ldx + r;
+        float* yt = y + t * ldy + c;
+        __m256 acc = _mm256_loadu_ps(yt);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(xr[0]), a, acc);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(xr[1]), b, acc);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(xr[2]), d, acc);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(xr[3]), e, acc);
+        _mm256_storeu_ps(yt, acc);
+      }
+    }
+  }
+  for (; r < rows; ++r) {
+    for (int64_t c = 0; c < cv; c += 8) {
+      const __m256 a = load8(w + r * cols + c);
+      for (int64_t t = 0; t < n; ++t) {
+        float* yt = y + t * ldy + c;
+        _mm256_storeu_ps(yt, _mm256_fmadd_ps(_mm256_set1_ps(x[t * ldx + r]), a, _mm256_loadu_ps(yt)));
+      }
+    }
+  }
+}
+
 template <typename WT>
 void matmul_nn_impl(const float* x, int64_t n, int64_t ldx, const WT* w, int64_t rows, int64_t cols,
                     float* y, int64_t ldy) {
   const int64_t cv = cols & ~int64_t{31};  // blocks of 32 columns (4 registers)
-  for (int64_t t = 0; t < n; t += 3) {
-    const int tb = static_cast<int>(std::min<int64_t>(3, n - t));
-    for (int64_t c = 0; c < cv; c += 32) {
-      const float* xt = x + t * ldx;
-      float* yt = y + t * ldy + c;
-      if (tb == 3) nn_tile<WT, 3, 4>(xt, ldx, w + c, rows, cols, yt, ldy);
-      if (tb == 2) nn_tile<WT, 2, 4>(xt, ldx, w + c, rows, cols, yt, ldy);
-      if (tb == 1) nn_tile<WT, 1, 4>(xt, ldx, w + c, rows, cols, yt, ldy);
+  if (n <= 2) {
+    matmul_nn_few_tokens(x, n, ldx, w, rows, cols, y, ldy);
+  } else {
+    for (int64_t t = 0; t < n; t += 3) {
+      const int tb = static_cast<int>(std::min<int64_t>(3, n - t));
+      for (int64_t c = 0; c < cv; c += 32) {
+        const float* xt = x + t * ldx;
+        float* yt = y + t * ldy + c;
+        if (tb == 3) nn_tile<WT, 3, 4>(xt, ldx, w + c, rows, cols, yt, ldy);
+        if (tb == 2) nn_tile<WT, 2, 4>(xt, ldx, w + c, rows, cols, yt, ldy);
+        if (tb == 1) nn_tile<WT, 1, 4>(xt, ldx, w + c, rows, cols, yt, ldy);
+      }
     }
   }
   for (int64_t t = 0; t < n; ++t) {  // the remaining columns

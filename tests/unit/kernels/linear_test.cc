@@ -28,7 +28,9 @@ TEST(Linear, MatchesDoubleReferenceForAllTileShapes) {
        {Case{1, 1, 1}, Case{1, 7, 9}, Case{2, 13, 8}, Case{3, 6, 17}, Case{4, 12, 64},
         Case{5, 25, 33}, Case{9, 31, 100}, Case{70, 19, 40}, Case{1, 130, 256},
         // several k blocks (256) with a scalar tail, several token chunks (16)
-        Case{1, 11, 603}, Case{21, 14, 603}, Case{40, 7, 515}}) {
+        Case{1, 11, 603}, Case{21, 14, 603}, Case{40, 7, 515},
+        // page-long rows (8-row single-token tiles, no prefetch) with a partial last tile
+        Case{1, 61, 2048}, Case{1, 30, 2051}}) {
     const auto x = random_vec(static_cast<size_t>(c.n * c.cols), rng);
     const auto wf = random_vec(static_cast<size_t>(c.rows * c.cols), rng);
     std::vector<uint16_t> wb(wf.size());
@@ -90,7 +92,10 @@ TEST(Linear, ResultOfATokenDoesNotDependOnItsBatch) {
 
 TEST(MatmulNn, MatchesReference) {
   std::mt19937 rng(5);
-  for (const Case c : {Case{3, 5, 21}, Case{1, 7, 64}, Case{5, 128, 75}, Case{2, 3, 32}}) {
+  // n <= 2 takes the row-streaming path, n >= 3 the 32-column strips; odd row counts leave
+  // rows outside the groups of 4, odd column counts a scalar remainder.
+  for (const Case c : {Case{3, 5, 21}, Case{1, 7, 64}, Case{5, 128, 75}, Case{2, 3, 32},
+                       Case{1, 130, 512}, Case{2, 11, 100}}) {
     const int64_t n = c.n, rows = c.rows, cols = c.cols;
     const auto x = random_vec(static_cast<size_t>(n * rows), rng);
     const auto wf = random_vec(static_cast<size_t>(rows * cols), rng);
@@ -105,6 +110,24 @@ TEST(MatmulNn, MatchesReference) {
         EXPECT_NEAR(y[t * cols + c], ref, 1e-5 * std::sqrt(double(rows)));
       }
     }
+  }
+}
+
+TEST(MatmulNn, FewTokensPathSumsInTheSameOrderAsTheStrips) {
+  // Token rows computed one or two at a time must equal the same rows inside a call of 3+.
+  std::mt19937 rng(8);
+  const int64_t n = 5, rows = 37, cols = 96;
+  const auto x = random_vec(static_cast<size_t>(n * rows), rng);
+  const auto wf = random_vec(static_cast<size_t>(rows * cols), rng);
+  std::vector<uint16_t> wb(wf.size());
+  for (size_t i = 0; i < wf.size(); ++i) wb[i] = f32_to_bf16(wf[i]);
+  const MatrixRef w{DType::kBF16, wb.data(), rows, cols};
+  std::vector<float> all(static_cast<size_t>(n * cols), 0.25f);
+  matmul_nn_accumulate(x.data(), n, rows, w, all.data(), cols);
+  for (int64_t t = 0; t < n; ++t) {
+    std::vector<float> one(static_cast<size_t>(cols), 0.25f);
+    matmul_nn_accumulate(x.data() + t * rows, 1, rows, w, one.data(), cols);
+    for (int64_t c = 0; c < cols; ++c) EXPECT_EQ(one[c], all[t * cols + c]) << t << "," << c;
   }
 }
 
