@@ -1,6 +1,7 @@
 #include "model/weights.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -118,7 +119,10 @@ Result<const std::byte*> RepackCache::get_or_create(const std::string& key, size
   std::filesystem::create_directories(dir_, ec);
   if (ec)
     return internal_error("repack cache {}: cannot create the directory: {}", dir_, ec.message());
-  std::string tmp = path + ".tmp.XXXXXX";
+  if (!swept_) remove_stale_temporaries();
+  // The writer's pid in the name lets a later loader tell a dead writer's leftover from a
+  // file another live process is still filling.
+  std::string tmp = fmt::format("{}.tmp.{}.XXXXXX", path, ::getpid());
   const int fd = ::mkstemp(tmp.data());
   if (fd < 0) {
     return internal_error("repack cache {}: cannot create a temporary file: {}", dir_,
@@ -163,6 +167,22 @@ Result<const std::byte*> RepackCache::get_or_create(const std::string& key, size
   }
   ++stats_.files_written;
   return p;
+}
+
+void RepackCache::remove_stale_temporaries() {
+  swept_ = true;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(dir_, ec)) {
+    const std::string name = entry.path().filename().string();
+    const size_t at = name.find(".xrp.tmp.");
+    if (at == std::string::npos) continue;
+    const char* pid_text = name.c_str() + at + 9;
+    char* end = nullptr;
+    const long pid = std::strtol(pid_text, &end, 10);
+    if (end == pid_text || *end != '.' || pid <= 0) continue;  // not ours (or an old name)
+    if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;  // writer alive
+    std::filesystem::remove(entry.path(), ec);
+  }
 }
 
 std::span<const float> RepackCache::keep(std::vector<float> v) {

@@ -79,6 +79,10 @@ class RepackCache {
  private:
   // The payload of a valid repack file at `path` for `key`, or nullptr if there is none.
   const std::byte* map_existing(const std::string& path, const std::string& key, size_t nbytes);
+  // Removes `<hash>.xrp.tmp.<pid>.*` files whose writer process no longer exists (killed while
+  // repacking); once per cache, before its first write.
+  void remove_stale_temporaries();
+  bool swept_ = false;
 
   RepackOptions opts_;
   std::string dir_;

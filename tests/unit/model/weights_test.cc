@@ -2,8 +2,12 @@
 
 #include <gtest/gtest.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
+#include <fstream>
 
 #include "test_files.h"
 
@@ -212,6 +216,35 @@ TEST_F(Weights, MisalignedBf16IsRepacked) {
   ASSERT_FALSE(pad.ok());
   EXPECT_EQ(pad.status().code(), StatusCode::kUnimplemented);
   EXPECT_CONTAINS(pad.status().message(), "dtype U8");
+}
+
+// A repack writer killed mid-file leaves `<hash>.xrp.tmp.<pid>.*`; the next loader removes
+// it when that pid is gone, and leaves a live writer's temporary and other files alone.
+TEST_F(Weights, DeadWritersTemporaryRepackFilesAreRemoved) {
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) ::_exit(0);
+  ASSERT_EQ(::waitpid(child, nullptr, 0), child);  // `child` is now a pid with no process
+  std::filesystem::create_directories(dir_ / "cache");
+  const std::string dead = "0123456789abcdef.xrp.tmp." + std::to_string(child) + ".Ab12Cd";
+  const std::string live = "0123456789abcdef.xrp.tmp." + std::to_string(::getpid()) + ".Ef34Gh";
+  for (const std::string& name : {dead, live, std::string("notes.txt")}) {
+    std::ofstream(dir_ / "cache" / name) << "partial";
+  }
+  write("model.safetensors",
+        safetensors_bytes(R"({"w":{"dtype":"F8_E4M3","shape":[2,2],"data_offsets":[0,4]},)"
+                          R"("w_scale_inv":{"dtype":"F32","shape":[1,1],"data_offsets":[4,8]}})",
+                          le_bytes<uint8_t>({0x38, 0x40, 0x30, 0xb8}) + le_bytes<float>({2.0f})));
+  Checkpoint ck = open();
+  RepackCache cache(opts());
+  auto m = bind_matrix(ck, "w", 2, 2, cache);
+  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  const auto files = cache_files();
+  auto has = [&](const std::string& n) { return std::find(files.begin(), files.end(), n) != files.end(); };
+  EXPECT_FALSE(has(dead));
+  EXPECT_TRUE(has(live));
+  EXPECT_TRUE(has("notes.txt"));
+  EXPECT_EQ(files.size(), 3u);  // live, notes.txt and the new repack file
 }
 
 TEST_F(Weights, RepackFileIsReusedNotRewritten) {
