@@ -2,7 +2,7 @@
 // the roofline of each measurement, with the machine's limits measured in the same run.
 //
 //   bench_decode --model DIR [--prompt 512] [--context 512] [--batches 1,4,16,64]
-//                [--steps 5] [--compute-dtype f32|bf16] [--json FILE]
+//                [--steps 5] [--compute-dtype f32|bf16] [--json FILE] [--rounds R]
 //
 // Roofline of a step = max(bytes the step must read / read bandwidth, FLOPs / fp32 peak),
 // with bandwidth and peak measured again right before each row (the run-start figures are
@@ -10,6 +10,7 @@
 // Bytes: every non-expert weight once, plus the routed experts the step actually touched
 // (counted from the routing), plus the latent KV cache of every sequence. FLOPs: 2 per
 // multiply-add of the linear layers actually run (routed experts per token), plus attention.
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <random>
@@ -101,6 +102,7 @@ struct Row {
   double tokens_per_s, step_ms, roofline_ms, bytes_gb, gflop;
   std::string bound;
   MachineLimits limits;  // measured right before this row's steps
+  int round = 0;
 };
 
 }  // namespace
@@ -112,6 +114,7 @@ int main(int argc, char** argv) {
   CLI::App app{"bench_decode: prefill and decode throughput against the roofline"};
   std::string model_dir, json_path = "bench_decode.json", dtype = "f32", batches_arg = "1,4,16,64";
   int64_t prompt = 512, context = 512, steps = 5;
+  int rounds = 1;
   app.add_option("--model", model_dir)->required();
   app.add_option("--prompt", prompt);
   app.add_option("--context", context);
@@ -119,6 +122,9 @@ int main(int argc, char** argv) {
   app.add_option("--steps", steps);
   app.add_option("--compute-dtype", dtype);
   app.add_option("--json", json_path);
+  app.add_option("--rounds", rounds,
+                 "repeat all rows this many times; the table gives medians and ranges")
+      ->check(CLI::Range(1, 20));
   CLI11_PARSE(app, argc, argv);
 
   ModelOptions mo;
@@ -161,84 +167,88 @@ int main(int argc, char** argv) {
   std::mt19937 rng(1);
   std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(c.vocab_size - 1));
 
-  {  // Prefill: one sequence, `prompt` tokens in one chunk.
-    const MachineLimits lim = measure_machine_limits(model.pool());
-    std::vector<double> times;
-    double flops = 0, bytes = 0;
-    for (int r = 0; r < 3; ++r) {
-      KvCache cache = model.make_cache(prompt + 16);
-      const int64_t seq = cache.add_sequence();
-      std::vector<int32_t> ids(static_cast<size_t>(prompt));
-      for (auto& t : ids) t = tok(rng);
-      reset_touched();
-      StepOutput out;
-      TokenChunk ch{seq, 0, ids, false};
-      const auto t0 = Clock::now();
-      const Status s = model.forward({&ch, 1}, cache, out);
-      times.push_back(seconds_since(t0));
-      if (!s.ok()) return std::fprintf(stderr, "error: %s\n", s.to_string().c_str()), 1;
-      double attn = 0;
-      for (int64_t t = 0; t < prompt; ++t) attn += attention_flops(c, t + 1);
-      flops = 2.0 * (prompt * static_cast<double>(sc.dense_params) +
-                     routed_token_experts * static_cast<double>(sc.expert_params)) +
-              attn * c.num_hidden_layers;
-      bytes = static_cast<double>(sc.dense_bytes + touched_count() * sc.expert_bytes);
-    }
-    const double t = median(times);
-    const double roof = std::max(bytes / (lim.read_gbps * 1e9), flops / (lim.f32_gflops * 1e9));
-    rows.push_back(
-        {"prefill", 1, prompt / t, t * 1e3, roof * 1e3, bytes / 1e9, flops / 1e9,
-         bytes / (lim.read_gbps * 1e9) > flops / (lim.f32_gflops * 1e9) ? "memory" : "compute",
-         lim});
-  }
-
-  std::stringstream ss(batches_arg);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    const int64_t batch = std::stoll(item);
-    // The machine's limits drift by ±20 % over minutes on a shared VM: each row's roofline
-    // uses limits measured right before its steps.
-    const MachineLimits lim = measure_machine_limits(model.pool());
-    KvCache cache = model.make_cache(batch * (context + 64 + steps + 8));
-    std::vector<int64_t> seqs;
-    for (int64_t b = 0; b < batch; ++b) {
-      seqs.push_back(cache.add_sequence());
-      fill_context(c, cache, seqs.back(), context, rng);
-    }
-    std::vector<int32_t> ids(static_cast<size_t>(batch));
-    std::vector<double> times, rooflines, bytes_v, flops_v;
-    for (int64_t s = 0; s < steps + 1; ++s) {
-      std::vector<TokenChunk> chunks;
-      for (int64_t b = 0; b < batch; ++b) {
-        ids[b] = tok(rng);
-        chunks.push_back({seqs[b], context + s, std::span<const int32_t>(&ids[b], 1), false});
+  for (int round = 0; round < rounds; ++round) {
+    {  // Prefill: one sequence, `prompt` tokens in one chunk.
+      const MachineLimits lim = measure_machine_limits(model.pool());
+      std::vector<double> times;
+      double flops = 0, bytes = 0;
+      for (int r = 0; r < 3; ++r) {
+        KvCache cache = model.make_cache(prompt + 16);
+        const int64_t seq = cache.add_sequence();
+        std::vector<int32_t> ids(static_cast<size_t>(prompt));
+        for (auto& t : ids) t = tok(rng);
+        reset_touched();
+        StepOutput out;
+        TokenChunk ch{seq, 0, ids, false};
+        const auto t0 = Clock::now();
+        const Status s = model.forward({&ch, 1}, cache, out);
+        times.push_back(seconds_since(t0));
+        if (!s.ok()) return std::fprintf(stderr, "error: %s\n", s.to_string().c_str()), 1;
+        double attn = 0;
+        for (int64_t t = 0; t < prompt; ++t) attn += attention_flops(c, t + 1);
+        flops = 2.0 * (prompt * static_cast<double>(sc.dense_params) +
+                       routed_token_experts * static_cast<double>(sc.expert_params)) +
+                attn * c.num_hidden_layers;
+        bytes = static_cast<double>(sc.dense_bytes + touched_count() * sc.expert_bytes);
       }
-      reset_touched();
-      StepOutput out;
-      const auto t0 = Clock::now();
-      const Status st = model.forward(chunks, cache, out);
-      const double t = seconds_since(t0);
-      if (!st.ok()) return std::fprintf(stderr, "error: %s\n", st.to_string().c_str()), 1;
-      if (s == 0) continue;  // warm-up
-      const int64_t ctx = context + s + 1;
-      const double kv_bytes = static_cast<double>(batch) * ctx *
-                              (c.kv_lora_rank + c.qk_rope_head_dim) * 4.0 * c.num_hidden_layers;
-      const double bytes =
-          static_cast<double>(sc.dense_bytes + touched_count() * sc.expert_bytes) + kv_bytes;
-      const double flops = 2.0 * (batch * static_cast<double>(sc.dense_params) +
-                                  routed_token_experts * static_cast<double>(sc.expert_params)) +
-                           batch * attention_flops(c, ctx) * c.num_hidden_layers;
-      times.push_back(t);
-      bytes_v.push_back(bytes);
-      flops_v.push_back(flops);
-      rooflines.push_back(std::max(bytes / (lim.read_gbps * 1e9), flops / (lim.f32_gflops * 1e9)));
+      const double t = median(times);
+      const double roof = std::max(bytes / (lim.read_gbps * 1e9), flops / (lim.f32_gflops * 1e9));
+      rows.push_back(
+          {"prefill", 1, prompt / t, t * 1e3, roof * 1e3, bytes / 1e9, flops / 1e9,
+           bytes / (lim.read_gbps * 1e9) > flops / (lim.f32_gflops * 1e9) ? "memory" : "compute",
+           lim});
+      rows.back().round = round;
     }
-    const double t = median(times), roof = median(rooflines), bytes = median(bytes_v),
-                 flops = median(flops_v);
-    rows.push_back(
-        {"decode", batch, batch / t, t * 1e3, roof * 1e3, bytes / 1e9, flops / 1e9,
-         bytes / (lim.read_gbps * 1e9) > flops / (lim.f32_gflops * 1e9) ? "memory" : "compute",
-         lim});
+
+    std::stringstream ss(batches_arg);
+    std::string item;
+    while (std::getline(ss, item, ',')) {
+      const int64_t batch = std::stoll(item);
+      // The machine's limits drift by ±20 % over minutes on a shared VM: each row's roofline
+      // uses limits measured right before its steps.
+      const MachineLimits lim = measure_machine_limits(model.pool());
+      KvCache cache = model.make_cache(batch * (context + 64 + steps + 8));
+      std::vector<int64_t> seqs;
+      for (int64_t b = 0; b < batch; ++b) {
+        seqs.push_back(cache.add_sequence());
+        fill_context(c, cache, seqs.back(), context, rng);
+      }
+      std::vector<int32_t> ids(static_cast<size_t>(batch));
+      std::vector<double> times, rooflines, bytes_v, flops_v;
+      for (int64_t s = 0; s < steps + 1; ++s) {
+        std::vector<TokenChunk> chunks;
+        for (int64_t b = 0; b < batch; ++b) {
+          ids[b] = tok(rng);
+          chunks.push_back({seqs[b], context + s, std::span<const int32_t>(&ids[b], 1), false});
+        }
+        reset_touched();
+        StepOutput out;
+        const auto t0 = Clock::now();
+        const Status st = model.forward(chunks, cache, out);
+        const double t = seconds_since(t0);
+        if (!st.ok()) return std::fprintf(stderr, "error: %s\n", st.to_string().c_str()), 1;
+        if (s == 0) continue;  // warm-up
+        const int64_t ctx = context + s + 1;
+        const double kv_bytes = static_cast<double>(batch) * ctx *
+                                (c.kv_lora_rank + c.qk_rope_head_dim) * 4.0 * c.num_hidden_layers;
+        const double bytes =
+            static_cast<double>(sc.dense_bytes + touched_count() * sc.expert_bytes) + kv_bytes;
+        const double flops = 2.0 * (batch * static_cast<double>(sc.dense_params) +
+                                    routed_token_experts * static_cast<double>(sc.expert_params)) +
+                             batch * attention_flops(c, ctx) * c.num_hidden_layers;
+        times.push_back(t);
+        bytes_v.push_back(bytes);
+        flops_v.push_back(flops);
+        rooflines.push_back(std::max(bytes / (lim.read_gbps * 1e9), flops / (lim.f32_gflops * 1e9)));
+      }
+      const double t = median(times), roof = median(rooflines), bytes = median(bytes_v),
+                   flops = median(flops_v);
+      rows.push_back(
+          {"decode", batch, batch / t, t * 1e3, roof * 1e3, bytes / 1e9, flops / 1e9,
+           bytes / (lim.read_gbps * 1e9) > flops / (lim.f32_gflops * 1e9) ? "memory" : "compute",
+           lim});
+      rows.back().round = round;
+    }
   }
   (void)moe_layers;
 
@@ -270,9 +280,37 @@ int main(int argc, char** argv) {
                          {"gb_read", r.bytes_gb},
                          {"gflop", r.gflop},
                          {"bound", r.bound},
+                         {"round", r.round},
                          {"row_read_gbps", r.limits.read_gbps},
                          {"row_f32_gflops", r.limits.f32_gflops},
                          {"achieved_gflops", r.gflop / (r.step_ms / 1e3)}});
+  }
+  if (rounds > 1) {
+    // Medians over the rounds, in the order the rows were first measured.
+    std::printf("\nmedians over %d rounds\n%-8s %6s %12s %9s %17s\n", rounds, "phase", "batch",
+                "tokens/s", "% roof", "% roof range");
+    std::vector<std::pair<std::string, int64_t>> keys;
+    for (const Row& r : rows) {
+      if (std::find(keys.begin(), keys.end(), std::pair{r.what, r.batch}) == keys.end())
+        keys.emplace_back(r.what, r.batch);
+    }
+    for (const auto& [what, batch] : keys) {
+      std::vector<double> tps, frac;
+      for (const Row& r : rows) {
+        if (r.what != what || r.batch != batch) continue;
+        tps.push_back(r.tokens_per_s);
+        frac.push_back(100.0 * r.roofline_ms / r.step_ms);
+      }
+      const auto [lo, hi] = std::minmax_element(frac.begin(), frac.end());
+      std::printf("%-8s %6lld %12.1f %8.1f%% %7.1f - %5.1f%%\n", what.c_str(),
+                  static_cast<long long>(batch), median(tps), median(frac), *lo, *hi);
+      j["medians"].push_back({{"phase", what},
+                              {"batch", batch},
+                              {"tokens_per_s", median(tps)},
+                              {"fraction_of_roofline", median(frac) / 100.0},
+                              {"fraction_min", *lo / 100.0},
+                              {"fraction_max", *hi / 100.0}});
+    }
   }
   std::ofstream(json_path) << j.dump(2) << "\n";
   std::printf("wrote %s\n", json_path.c_str());
