@@ -316,12 +316,16 @@ Status Exchange::send_vectors(uint64_t key) {
       weighted_sum_bf16(rows, w, n, cfg_.hidden, presum + (s * size_t(cfg_.max_tokens) + i) * H);
     }
   });
+  publish_vectors(key);
+  return Status::ok_status();
+}
+
+void Exchange::publish_vectors(uint64_t key) {
   for (size_t s = 0; s < roles_.senders.size(); ++s)
     if (roles_.senders[s] != f_.rank())
       mb_.post(roles_.senders[s], roles_.ready, key, MailWords{from_[s].size(), 0, 0, 0, 0, 0});
   ++vector_rounds_;
   key_released_[1] = key;
-  return Status::ok_status();
 }
 
 Status Exchange::wait_vectors_free() {
@@ -343,11 +347,7 @@ uint16_t* Exchange::presum_vector(uint32_t unit) {
 Status Exchange::send_presummed(uint64_t key) {
   XDS_RETURN_IF_ERROR(wait_vectors_free());
   presummed_ = true;
-  for (size_t s = 0; s < roles_.senders.size(); ++s)
-    if (roles_.senders[s] != f_.rank())
-      mb_.post(roles_.senders[s], roles_.ready, key, MailWords{from_[s].size(), 0, 0, 0, 0, 0});
-  ++vector_rounds_;
-  key_released_[1] = key;
+  publish_vectors(key);
   return Status::ok_status();
 }
 

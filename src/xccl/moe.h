@@ -150,6 +150,8 @@ class Exchange {
  private:
   Exchange(Mailbox& mb, const MoeConfig& cfg, ExchangeRoles roles, ThreadPool* pool);
   Status wait_released(bool tokens);
+  // Tells every remote sender that this round's pre-summed vectors are ready to pull.
+  void publish_vectors(uint64_t key);
   // Expert-output rows and gate weights of (sender position s, entry i); returns n_local.
   int entry_rows(size_t s, size_t i, const uint16_t** rows, float* w) const;
   void parallel(int64_t n, const std::function<void(int64_t, int64_t, int)>& fn);

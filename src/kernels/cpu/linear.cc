@@ -94,13 +94,6 @@ void dot_tile(const XT* x, int64_t ldx, const WT* w, int64_t ldw, int64_t k, int
   }
 }
 
-// One pass over all of k (no spilling).
-template <typename XT, typename WT, int TB, int RB>
-void dot_tile(const XT* x, int64_t ldx, const WT* w, int64_t ldw, int64_t k, float* y,
-              int64_t ldy) {
-  dot_tile<XT, WT, TB, RB>(x, ldx, w, ldw, k, 0, k, nullptr, true, true, y, ldy);
-}
-
 // A range [kb, ke) of k and where the tile's accumulators live between ranges (see dot_tile).
 struct KBlock {
   int64_t kb = 0, ke = 0;
