@@ -22,6 +22,10 @@ class Binder {
   Result<MatrixRef> matrix(const std::string& name, int64_t rows, int64_t cols) {
     return bind_matrix(ckpt_, name, rows, cols, store_, br_, bc_);
   }
+  // A weight used only as y = x · Wᵀ: panels when BF16 (bind_linear).
+  Result<MatrixRef> linear(const std::string& name, int64_t rows, int64_t cols) {
+    return bind_linear(ckpt_, name, rows, cols, store_, br_, bc_);
+  }
   Result<std::span<const float>> vec(const std::string& name, int64_t n) {
     return bind_vector_f32(ckpt_, name, n, store_);
   }
@@ -30,9 +34,9 @@ class Binder {
   Result<MlpWeights> mlp(const std::string& p, int64_t width) {
     const int64_t d = c_.hidden_size;
     MlpWeights m;
-    XDS_ASSIGN_OR_RETURN(m.gate_proj, matrix(p + ".gate_proj.weight", width, d));
-    XDS_ASSIGN_OR_RETURN(m.up_proj, matrix(p + ".up_proj.weight", width, d));
-    XDS_ASSIGN_OR_RETURN(m.down_proj, matrix(p + ".down_proj.weight", d, width));
+    XDS_ASSIGN_OR_RETURN(m.gate_proj, linear(p + ".gate_proj.weight", width, d));
+    XDS_ASSIGN_OR_RETURN(m.up_proj, linear(p + ".up_proj.weight", width, d));
+    XDS_ASSIGN_OR_RETURN(m.down_proj, linear(p + ".down_proj.weight", d, width));
     return m;
   }
 
@@ -45,26 +49,26 @@ class Binder {
     const std::string a = p + ".self_attn";
     if (c_.q_lora_rank) {
       const int64_t q = *c_.q_lora_rank;
-      XDS_ASSIGN_OR_RETURN(l.attn.q_a_proj, matrix(a + ".q_a_proj.weight", q, d));
+      XDS_ASSIGN_OR_RETURN(l.attn.q_a_proj, linear(a + ".q_a_proj.weight", q, d));
       XDS_ASSIGN_OR_RETURN(l.attn.q_a_norm, vec(a + ".q_a_layernorm.weight", q));
       XDS_ASSIGN_OR_RETURN(l.attn.q_b_proj,
-                           matrix(a + ".q_b_proj.weight", h * c_.qk_head_dim(), q));
+                           linear(a + ".q_b_proj.weight", h * c_.qk_head_dim(), q));
     } else {
-      XDS_ASSIGN_OR_RETURN(l.attn.q_proj, matrix(a + ".q_proj.weight", h * c_.qk_head_dim(), d));
+      XDS_ASSIGN_OR_RETURN(l.attn.q_proj, linear(a + ".q_proj.weight", h * c_.qk_head_dim(), d));
     }
-    XDS_ASSIGN_OR_RETURN(l.attn.kv_a_proj, matrix(a + ".kv_a_proj_with_mqa.weight",
+    XDS_ASSIGN_OR_RETURN(l.attn.kv_a_proj, linear(a + ".kv_a_proj_with_mqa.weight",
                                                   c_.kv_lora_rank + c_.qk_rope_head_dim, d));
     XDS_ASSIGN_OR_RETURN(l.attn.kv_a_norm, vec(a + ".kv_a_layernorm.weight", c_.kv_lora_rank));
     XDS_ASSIGN_OR_RETURN(l.attn.kv_b_proj,
                          matrix(a + ".kv_b_proj.weight", h * (c_.qk_nope_head_dim + c_.v_head_dim),
                                 c_.kv_lora_rank));
-    XDS_ASSIGN_OR_RETURN(l.attn.o_proj, matrix(a + ".o_proj.weight", d, h * c_.v_head_dim));
+    XDS_ASSIGN_OR_RETURN(l.attn.o_proj, linear(a + ".o_proj.weight", d, h * c_.v_head_dim));
     if (!c_.is_moe_layer(i)) {
       XDS_ASSIGN_OR_RETURN(l.dense, mlp(p + ".mlp", c_.intermediate_size));
       return l;
     }
     MoeWeights moe;
-    XDS_ASSIGN_OR_RETURN(moe.router, matrix(p + ".mlp.gate.weight", c_.n_routed_experts, d));
+    XDS_ASSIGN_OR_RETURN(moe.router, linear(p + ".mlp.gate.weight", c_.n_routed_experts, d));
     const std::string bias = p + ".mlp.gate.e_score_correction_bias";
     if (c_.topk_method == TopkMethod::kNoauxTc) {
       XDS_ASSIGN_OR_RETURN(moe.score_bias, vec(bias, c_.n_routed_experts));
@@ -104,9 +108,9 @@ Result<DeepseekV3Weights> bind_deepseek_v3_weights(const DeepseekV3Config& c,
   }
   XDS_ASSIGN_OR_RETURN(w.final_norm, b.vec("model.norm.weight", d));
   if (c.tie_word_embeddings && !b.has("lm_head.weight")) {
-    w.lm_head = w.embed;
+    XDS_ASSIGN_OR_RETURN(w.lm_head, b.linear("model.embed_tokens.weight", v, d));
   } else {
-    XDS_ASSIGN_OR_RETURN(w.lm_head, b.matrix("lm_head.weight", v, d));
+    XDS_ASSIGN_OR_RETURN(w.lm_head, b.linear("lm_head.weight", v, d));
   }
   for (int64_t k = 0; k < c.num_nextn_predict_layers; ++k) {
     const int64_t i = c.num_hidden_layers + k;
@@ -119,10 +123,10 @@ Result<DeepseekV3Weights> bind_deepseek_v3_weights(const DeepseekV3Config& c,
     }
     XDS_ASSIGN_OR_RETURN(m.enorm, b.vec(p + ".enorm.weight", d));
     XDS_ASSIGN_OR_RETURN(m.hnorm, b.vec(p + ".hnorm.weight", d));
-    XDS_ASSIGN_OR_RETURN(m.eh_proj, b.matrix(p + ".eh_proj.weight", d, 2 * d));
+    XDS_ASSIGN_OR_RETURN(m.eh_proj, b.linear(p + ".eh_proj.weight", d, 2 * d));
     XDS_ASSIGN_OR_RETURN(m.head_norm, b.vec(p + ".shared_head.norm.weight", d));
     if (b.has(p + ".shared_head.head.weight")) {
-      XDS_ASSIGN_OR_RETURN(m.head, b.matrix(p + ".shared_head.head.weight", v, d));
+      XDS_ASSIGN_OR_RETURN(m.head, b.linear(p + ".shared_head.head.weight", v, d));
     } else {
       m.head = w.lm_head;
     }

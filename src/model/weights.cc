@@ -1,5 +1,7 @@
 #include "model/weights.h"
 
+#include "kernels/cpu/linear_panels.h"
+
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -352,6 +354,31 @@ Result<MatrixRef> bind_matrix(const Checkpoint& ckpt, const std::string& name, i
           "F32, F16 or F8_E4M3)",
           t->file, name, dtype_name(t->dtype));
   }
+}
+
+Result<MatrixRef> bind_linear(const Checkpoint& ckpt, const std::string& name, int64_t rows,
+                              int64_t cols, RepackCache& cache, int64_t block_rows,
+                              int64_t block_cols) {
+  XDS_ASSIGN_OR_RETURN(MatrixRef m,
+                       bind_matrix(ckpt, name, rows, cols, cache, block_rows, block_cols));
+  if (m.dtype != DType::kBF16) return m;
+  const TensorView* t = ckpt.find(name);
+  MatrixRef packed = m;
+  packed.layout = MatrixLayout::kPanels16;
+  const auto* src = static_cast<const uint16_t*>(m.data);
+  XDS_ASSIGN_OR_RETURN(
+      const std::byte* p,
+      cache.get_or_create(repack_key(*t, nullptr, "BF16-panels16", 0, 0),
+                          static_cast<size_t>(packed.bytes()), [&](std::byte* out) -> Status {
+                            for_range(cache.pool(), packed.panels(), [&](int64_t b, int64_t e) {
+                              kernels::pack_panels16(src, rows, cols, b, e,
+                                                     reinterpret_cast<uint16_t*>(out));
+                            });
+                            return {};
+                          }));
+  --cache.mutable_stats().in_place;  // bound through the repack file, not in place
+  packed.data = p;
+  return packed;
 }
 
 Result<std::span<const float>> bind_vector_f32(const Checkpoint& ckpt, const std::string& name,

@@ -102,6 +102,14 @@ Result<MatrixRef> bind_matrix(const Checkpoint& ckpt, const std::string& name, i
                               int64_t cols, RepackCache& cache, int64_t block_rows = 128,
                               int64_t block_cols = 128);
 
+// bind_matrix for the weights of linear layers (y = x · Wᵀ only, never sliced by rows):
+// BF16 is repacked once into the kernels' panel layout (MatrixLayout::kPanels16) in the
+// repack cache, shared by every process like the FP8 dequantization; other dtypes are
+// bound as bind_matrix does.
+Result<MatrixRef> bind_linear(const Checkpoint& ckpt, const std::string& name, int64_t rows,
+                              int64_t cols, RepackCache& cache, int64_t block_rows = 128,
+                              int64_t block_cols = 128);
+
 // Binds the 1-D tensor `name` of shape [n] as f32 (norm weights, biases): F32 in place,
 // BF16/F16 converted into memory owned by `cache`.
 Result<std::span<const float>> bind_vector_f32(const Checkpoint& ckpt, const std::string& name,

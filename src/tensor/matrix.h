@@ -1,9 +1,22 @@
-// MatrixRef: a read-only row-major matrix in the kernels' layout.
+// MatrixRef: a read-only weight matrix in one of the kernels' layouts.
 //
-// Linear weights are stored as Hugging Face does, [out_features, in_features] row-major,
-// so row r holds the weights of output r. `data` usually points into a read-only mmap of
-// the checkpoint (BF16/F32 used in place) or into a shared repack file (F16/FP8 checkpoints
-// dequantized once to F32). Not owning; the Checkpoint / repack mapping outlives it.
+// kRows: Hugging Face's own [out_features, in_features] row-major layout, so row r holds
+// the weights of output r. `data` points into a read-only mmap of the checkpoint (BF16/F32
+// used in place) or into a shared repack file (F16/FP8 checkpoints dequantized once to F32).
+//
+// kPanels16 (BF16 only): the linear kernels' layout, written once into the shared repack
+// cache. Rows are grouped in panels of 16 (the last one zero-padded); a panel stores its
+// 16 rows column by column, k-major, 32 bytes per column:
+//
+//   panel p, column c: uint16 [16] at data + (p * cols + c) * 16, where
+//     element 2j   = W[16p + j][c]        (j = 0..7: the low half of 32-bit lane j)
+//     element 2j+1 = W[16p + 8 + j][c]    (the high half of lane j)
+//
+// so one 32-byte load yields rows 16p..16p+7 as fp32 by `lane << 16` and rows
+// 16p+8..16p+15 by `lane & 0xffff0000`, and a panel is one sequential stream
+// (kernels/cpu/linear_panels.h).
+//
+// Not owning; the Checkpoint / repack mapping outlives it.
 #pragma once
 
 #include <cstdint>
@@ -12,17 +25,26 @@
 
 namespace xds {
 
+enum class MatrixLayout { kRows, kPanels16 };
+
+inline constexpr int64_t kPanelRows = 16;
+
 struct MatrixRef {
-  DType dtype = DType::kF32;  // kBF16 or kF32
+  DType dtype = DType::kF32;  // kBF16 or kF32 (kPanels16: kBF16 only)
   const void* data = nullptr;
   int64_t rows = 0;  // out_features
   int64_t cols = 0;  // in_features
+  MatrixLayout layout = MatrixLayout::kRows;
 
   int64_t row_bytes() const { return cols * dtype_size(dtype); }
-  int64_t bytes() const { return rows * row_bytes(); }
-  // A view of rows [begin, begin + count).
+  int64_t panels() const { return (rows + kPanelRows - 1) / kPanelRows; }
+  // Bytes of the payload, padding of the last panel included.
+  int64_t bytes() const {
+    return layout == MatrixLayout::kRows ? rows * row_bytes() : panels() * kPanelRows * row_bytes();
+  }
+  // A view of rows [begin, begin + count); kRows only.
   MatrixRef row_slice(int64_t begin, int64_t count) const {
-    return {dtype, static_cast<const char*>(data) + begin * row_bytes(), count, cols};
+    return {dtype, static_cast<const char*>(data) + begin * row_bytes(), count, cols, layout};
   }
 };
 

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "base/check.h"
+#include "kernels/cpu/linear_panels.h"
 
 // AVX2 + FMA kernels (8 floats per register, 16 registers). The machines this project runs
 // on report AVX2/FMA; an AVX512-BF16 variant belongs behind a runtime CPU check.
@@ -248,6 +249,36 @@ void linear_impl(const XT* x, int64_t n, int64_t ldx, const MatrixRef& w, float*
   });
 }
 
+// kPanels16 weights: the pool splits the panels; each thread runs the outer-product kernel
+// over its own, or (from sgemm_min_tokens on) widens groups of 16 panels to fp32 k-major
+// and calls single-threaded sgemm on them (y = x · B, B [cols, 256]).
+void linear_panels_pool(const float* x, int64_t n, int64_t ldx, const MatrixRef& w, float* y,
+                        int64_t ldy, ThreadPool& pool, bool sgemm) {
+  const int64_t panels = w.panels();
+  // Below ~64K multiply-adds a wake-up of the pool costs more than the work.
+  const bool small = !sgemm && n * w.rows * w.cols < (int64_t{1} << 16);
+  const int threads = pool.num_threads();
+  const int64_t step = small ? panels : (panels + threads - 1) / threads;
+  const int64_t tasks = (panels + step - 1) / step;
+  pool.parallel_for(tasks, [&](int64_t b, int64_t e, int) {
+    const int64_t p_begin = b * step, p_end = std::min(panels, e * step);
+    if (!sgemm) return panels_linear(x, n, ldx, w, p_begin, p_end, y, ldy);
+    constexpr int64_t kGroup = kSgemmPanelRows / kPanelRows;
+    thread_local std::vector<float> wide;
+    for (int64_t p = p_begin; p < p_end; p += kGroup) {
+      const int64_t q = std::min(p_end, p + kGroup);
+      const int64_t width = (q - p) * kPanelRows;
+      wide.resize(static_cast<size_t>(width * w.cols));
+      widen_panels(w, p, q, wide.data());
+      const int64_t real = std::min(w.rows, q * kPanelRows) - p * kPanelRows;
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(n),
+                  static_cast<int>(real), static_cast<int>(w.cols), 1.0f, x, static_cast<int>(ldx),
+                  wide.data(), static_cast<int>(width), 0.0f, y + p * kPanelRows,
+                  static_cast<int>(ldy));
+    }
+  });
+}
+
 }  // namespace
 
 void use_single_threaded_blas() {
@@ -258,6 +289,10 @@ void use_single_threaded_blas() {
 void linear_f32(const float* x, int64_t n, int64_t ldx, const MatrixRef& w, float* y, int64_t ldy,
                 ThreadPool& pool, int64_t sgemm_min_tokens) {
   if (n == 0 || w.rows == 0) return;
+  if (w.layout == MatrixLayout::kPanels16) {
+    if (n >= sgemm_min_tokens) use_single_threaded_blas();
+    return linear_panels_pool(x, n, ldx, w, y, ldy, pool, n >= sgemm_min_tokens);
+  }
   if (n >= sgemm_min_tokens) return linear_sgemm(x, n, ldx, w, y, ldy, pool);
   if (w.dtype == DType::kBF16) return linear_impl<float, uint16_t>(x, n, ldx, w, y, ldy, pool);
   XDS_CHECK(w.dtype == DType::kF32, "linear: weight dtype {}", dtype_name(w.dtype));
@@ -267,6 +302,7 @@ void linear_f32(const float* x, int64_t n, int64_t ldx, const MatrixRef& w, floa
 void linear_f32_serial(const float* x, int64_t n, int64_t ldx, const MatrixRef& w, float* y,
                        int64_t ldy) {
   if (n == 0 || w.rows == 0) return;
+  if (w.layout == MatrixLayout::kPanels16) return panels_linear(x, n, ldx, w, 0, w.panels(), y, ldy);
   const int64_t k = w.cols;
   for (int64_t t = 0; t < n; t += kTokenBlock) {
     const int tb = static_cast<int>(std::min<int64_t>(kTokenBlock, n - t));
@@ -286,11 +322,13 @@ void linear_f32_serial(const float* x, int64_t n, int64_t ldx, const MatrixRef& 
 void linear_bf16(const uint16_t* x, int64_t n, int64_t ldx, const MatrixRef& w, float* y,
                  int64_t ldy, ThreadPool& pool) {
   if (n == 0 || w.rows == 0) return;
-  if (n >= kSgemmMinTokens) {
+  if (n >= kSgemmMinTokens || w.layout == MatrixLayout::kPanels16) {
+    // bf16 values widen to fp32 exactly, so the fp32 kernels give the same products.
     thread_local std::vector<float> wide;
     wide.resize(static_cast<size_t>(n * w.cols));
     for (int64_t t = 0; t < n; ++t)
       for (int64_t i = 0; i < w.cols; ++i) wide[t * w.cols + i] = bf16_to_f32(x[t * ldx + i]);
+    if (w.layout == MatrixLayout::kPanels16) return linear_f32(wide.data(), n, w.cols, w, y, ldy, pool);
     return linear_sgemm(wide.data(), n, w.cols, w, y, ldy, pool);
   }
   if (w.dtype == DType::kBF16) return linear_impl<uint16_t, uint16_t>(x, n, ldx, w, y, ldy, pool);
@@ -391,6 +429,7 @@ void matmul_nn_impl(const float* x, int64_t n, int64_t ldx, const WT* w, int64_t
 
 void matmul_nn_accumulate(const float* x, int64_t n, int64_t ldx, const MatrixRef& w, float* y,
                           int64_t ldy) {
+  XDS_CHECK(w.layout == MatrixLayout::kRows, "matmul_nn_accumulate: weights must be row-major");
   if (w.dtype == DType::kBF16) {
     matmul_nn_impl(x, n, ldx, static_cast<const uint16_t*>(w.data), w.rows, w.cols, y, ldy);
   } else {

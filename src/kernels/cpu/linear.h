@@ -1,12 +1,14 @@
 // Linear layers: y = x · Wᵀ with fp32 accumulation.
 //
 //   x: [n, k] activations, row stride ldx (elements)
-//   W: MatrixRef [rows, k] (BF16 or F32), the Hugging Face [out, in] layout
+//   W: MatrixRef [rows, k]: BF16 or F32 in the Hugging Face [out, in] layout (kRows), or
+//      BF16 panels (kPanels16, the loaded model's linears: kernels/cpu/linear_panels.h)
 //   y: [n, rows] fp32, row stride ldy
 //
 // Work is split across the pool by output rows, so every thread streams its own slice of
 // W exactly once per call while the activations stay in cache (decode is memory-bound on
-// W). Tokens are register-blocked 4 at a time, rows 3-6 at a time.
+// W). kRows: tokens are register-blocked 4 at a time, rows 3-8 at a time. kPanels16: an
+// outer-product kernel, 6 tokens × 16 rows per tile. matmul_nn_accumulate takes kRows only.
 #pragma once
 
 #include <cstdint>

@@ -180,6 +180,39 @@ TEST_F(Weights, Bf16AndF32InPlace) {
   EXPECT_CONTAINS(missing.status().message(), "missing tensor 'c' (expected shape [1, 2])");
 }
 
+TEST_F(Weights, Bf16LinearIsPackedIntoPanelsOnceAndShared) {
+  // W = [[1, 2], [3, 4], [5, 6]] in BF16 (1 panel of 16 rows, 13 of them padding).
+  write("model.safetensors",
+        safetensors_bytes(R"({"w":{"dtype":"BF16","shape":[3,2],"data_offsets":[0,12]},)"
+                          R"("f":{"dtype":"F32","shape":[1,2],"data_offsets":[12,20]}})",
+                          le_bytes<uint16_t>({0x3f80, 0x4000, 0x4040, 0x4080, 0x40a0, 0x40c0}) +
+                              le_bytes<float>({1, 2})));
+  for (int loader = 0; loader < 2; ++loader) {  // the second finds the repack file
+    Checkpoint ck = open();
+    RepackCache cache(opts());
+    auto w = bind_linear(ck, "w", 3, 2, cache);
+    ASSERT_TRUE(w.ok()) << w.status().to_string();
+    EXPECT_EQ(w->layout, MatrixLayout::kPanels16);
+    EXPECT_EQ(w->dtype, DType::kBF16);
+    EXPECT_EQ(cache.stats().files_written, loader == 0 ? 1 : 0);
+    EXPECT_EQ(cache.stats().files_reused, loader == 0 ? 0 : 1);
+    // Column c of the panel: rows 0..7 in the even slots, rows 8..15 in the odd ones.
+    const auto* p = static_cast<const uint16_t*>(w->data);
+    const uint16_t expect[2][3] = {{0x3f80, 0x4040, 0x40a0}, {0x4000, 0x4080, 0x40c0}};
+    for (int c = 0; c < 2; ++c) {
+      for (int slot = 0; slot < 16; ++slot) {
+        const int row = slot % 2 == 0 ? slot / 2 : 8 + slot / 2;
+        EXPECT_EQ(p[c * 16 + slot], row < 3 ? expect[c][row] : 0) << c << " " << slot;
+      }
+    }
+    auto f = bind_linear(ck, "f", 1, 2, cache);  // F32 stays row-major, in place
+    ASSERT_TRUE(f.ok()) << f.status().to_string();
+    EXPECT_EQ(f->layout, MatrixLayout::kRows);
+    EXPECT_EQ(f->data, ck.find("f")->data);
+  }
+  EXPECT_EQ(cache_files().size(), 1u);
+}
+
 TEST_F(Weights, F16DequantizedToF32) {
   // 0x3c00 = 1, 0xc000 = -2, 0x3800 = 0.5, 0x0001 = 2^-24 (smallest subnormal).
   write("model.safetensors",

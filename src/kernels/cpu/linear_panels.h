@@ -1,0 +1,40 @@
+// Linear layers over BF16 weights in the kPanels16 layout (tensor/matrix.h):
+// y[t][r] = Σ_c x[t][c] · W[r][c], fp32 accumulation.
+//
+//   x: [n, cols] fp32, row stride ldx
+//   W: MatrixRef, kPanels16: ceil(rows/16) panels, each [cols][16] bf16 (pairs interleaved)
+//   y: [n, rows] fp32, row stride ldy
+//
+// The micro-kernel is an outer product: per column c it loads the panel's 16 weights once
+// (one 32-byte load, widened by a shift and a mask), broadcasts x[t][c] of up to 6 tokens
+// and adds 16 × T products into T × 2 accumulator registers. A panel is one sequential
+// stream, so a thread reads one or two streams at a time (the read loop's speed), and the
+// widening costs two instructions per 16 weights instead of four per 8.
+//
+// Summation order: every y[t][r] is Σ_c in ascending c, one fused multiply-add per c, in
+// fp32, whatever n, the token blocking, the k blocking or the thread split: a token's
+// result never depends on the other tokens of the call (batch invariance, bit-exact).
+#pragma once
+
+#include <cstdint>
+
+#include "tensor/matrix.h"
+
+namespace xds::kernels {
+
+// Writes panels [panel_begin, panel_end) of the BF16 row-major matrix w [rows, cols] into
+// `out`, the whole kPanels16 buffer (panels() * 16 * cols elements); rows past the end of
+// the last panel are zero.
+void pack_panels16(const uint16_t* w, int64_t rows, int64_t cols, int64_t panel_begin,
+                   int64_t panel_end, uint16_t* out);
+
+// y[:, 16 p_begin .. min(rows, 16 p_end)) for all n tokens, on the calling thread.
+void panels_linear(const float* x, int64_t n, int64_t ldx, const MatrixRef& w, int64_t p_begin,
+                   int64_t p_end, float* y, int64_t ldy);
+
+// Widens panels [p_begin, p_end) to fp32, k-major: out[c][16 q + j] = W[16 (p_begin + q) + j][c]
+// for q < p_end - p_begin, row stride 16 (p_end - p_begin): the B operand of
+// y = x · B (sgemm NoTrans/NoTrans). Padding rows widen to 0.
+void widen_panels(const MatrixRef& w, int64_t p_begin, int64_t p_end, float* out);
+
+}  // namespace xds::kernels

@@ -1,0 +1,139 @@
+// The panel-layout linear kernels against a plain double-precision reference that reads the
+// original row-major weights (so the packing is checked too), and against a plain float
+// loop that sums in the order the kernel promises (ascending columns, one FMA each).
+#include "kernels/cpu/linear_panels.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "kernels/cpu/linear.h"
+
+namespace xds::kernels {
+namespace {
+
+std::vector<float> random_vec(size_t n, std::mt19937& rng) {
+  std::uniform_real_distribution<float> d(-1.0f, 1.0f);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+// A BF16 matrix kept both row-major (for the references) and packed.
+struct Packed {
+  std::vector<uint16_t> rows_major, panels;
+  MatrixRef ref;
+};
+
+Packed make_packed(int64_t rows, int64_t cols, std::mt19937& rng) {
+  Packed p;
+  const auto wf = random_vec(static_cast<size_t>(rows * cols), rng);
+  p.rows_major.resize(wf.size());
+  for (size_t i = 0; i < wf.size(); ++i) p.rows_major[i] = f32_to_bf16(wf[i]);
+  p.ref = MatrixRef{DType::kBF16, nullptr, rows, cols, MatrixLayout::kPanels16};
+  p.panels.assign(static_cast<size_t>(p.ref.bytes() / 2), 0xFFFF);  // poison: packing fills all
+  pack_panels16(p.rows_major.data(), rows, cols, 0, p.ref.panels(), p.panels.data());
+  p.ref.data = p.panels.data();
+  return p;
+}
+
+TEST(LinearPanels, PackingPlacesEveryWeightAndZeroPadsTheLastPanel) {
+  const int64_t rows = 21, cols = 5;  // two panels, the second with 5 real rows
+  std::vector<uint16_t> w(static_cast<size_t>(rows * cols));
+  for (size_t i = 0; i < w.size(); ++i) w[i] = static_cast<uint16_t>(i + 1);
+  std::vector<uint16_t> out(2 * 16 * cols, 0xFFFF);
+  pack_panels16(w.data(), rows, cols, 0, 2, out.data());
+  for (int64_t p = 0; p < 2; ++p) {
+    for (int64_t c = 0; c < cols; ++c) {
+      for (int j = 0; j < 8; ++j) {
+        const uint16_t* col = out.data() + (p * cols + c) * 16;
+        const int64_t lo = 16 * p + j, hi = 16 * p + 8 + j;  // the layout of tensor/matrix.h
+        EXPECT_EQ(col[2 * j], lo < rows ? w[lo * cols + c] : 0) << p << " " << c << " " << j;
+        EXPECT_EQ(col[2 * j + 1], hi < rows ? w[hi * cols + c] : 0) << p << " " << c << " " << j;
+      }
+    }
+  }
+}
+
+TEST(LinearPanels, MatchesDoubleReferenceForTokenAndPanelCounts) {
+  std::mt19937 rng(11);
+  ThreadPool pool(2);
+  struct Case {
+    int64_t n, rows, cols;
+  };
+  // Token counts 1..13 cover every tile width (1-6) and several token blocks with k
+  // blocking (cols > 512); rows cover 1-2-panel tiles and a padded last panel; n = 64 and
+  // 70 take the sgemm path over widened panels.
+  for (const Case c :
+       {Case{1, 16, 8}, Case{1, 37, 70}, Case{2, 48, 33}, Case{3, 16, 1}, Case{4, 50, 64},
+        Case{5, 32, 129}, Case{6, 17, 40}, Case{7, 64, 1030}, Case{13, 33, 600}, Case{1, 96, 2048},
+        Case{2, 80, 1100}, Case{64, 40, 300}, Case{70, 300, 65}}) {
+    const Packed w = make_packed(c.rows, c.cols, rng);
+    const auto x = random_vec(static_cast<size_t>(c.n * c.cols), rng);
+    std::vector<uint16_t> xb(x.size());
+    for (size_t i = 0; i < x.size(); ++i) xb[i] = f32_to_bf16(x[i]);
+    for (int variant = 0; variant < 3; ++variant) {
+      std::vector<float> y(static_cast<size_t>(c.n * c.rows), -7.0f);
+      if (variant == 0) linear_f32(x.data(), c.n, c.cols, w.ref, y.data(), c.rows, pool);
+      if (variant == 1) linear_bf16(xb.data(), c.n, c.cols, w.ref, y.data(), c.rows, pool);
+      if (variant == 2) linear_f32_serial(x.data(), c.n, c.cols, w.ref, y.data(), c.rows);
+      for (int64_t t = 0; t < c.n; ++t) {
+        for (int64_t r = 0; r < c.rows; ++r) {
+          double ref = 0.0, mag = 0.0;
+          for (int64_t k = 0; k < c.cols; ++k) {
+            const double xv = variant == 1 ? bf16_to_f32(xb[t * c.cols + k]) : x[t * c.cols + k];
+            const double prod = xv * bf16_to_f32(w.rows_major[r * c.cols + k]);
+            ref += prod;
+            mag += std::fabs(prod);
+          }
+          ASSERT_NEAR(y[t * c.rows + r], ref, 1e-6 * mag + 1e-6)
+              << "n=" << c.n << " rows=" << c.rows << " cols=" << c.cols << " variant=" << variant
+              << " t=" << t << " r=" << r;
+        }
+      }
+    }
+  }
+}
+
+TEST(LinearPanels, SumsInAscendingColumnOrderWhateverTheBatch) {
+  // The promised order, written as a plain loop: y = fma(x[c], w[c], y) for c = 0, 1, ...
+  std::mt19937 rng(5);
+  ThreadPool pool(2);
+  const int64_t rows = 45, cols = 1300;
+  const Packed w = make_packed(rows, cols, rng);
+  const int64_t n_max = 17;
+  const auto x = random_vec(static_cast<size_t>(n_max * cols), rng);
+  for (const int64_t n : {int64_t{1}, int64_t{2}, int64_t{5}, int64_t{6}, int64_t{11}, n_max}) {
+    std::vector<float> y(static_cast<size_t>(n * rows));
+    linear_f32(x.data(), n, cols, w.ref, y.data(), rows, pool);
+    for (int64_t t = 0; t < n; ++t) {
+      for (int64_t r = 0; r < rows; ++r) {
+        float s = 0.0f;
+        for (int64_t k = 0; k < cols; ++k)
+          s = std::fma(x[t * cols + k], bf16_to_f32(w.rows_major[r * cols + k]), s);
+        ASSERT_EQ(y[t * rows + r], s) << "n=" << n << " t=" << t << " r=" << r;
+      }
+    }
+  }
+}
+
+TEST(LinearPanels, WidenedPanelsAreTheWeightsTransposed) {
+  std::mt19937 rng(3);
+  const int64_t rows = 40, cols = 9;  // three panels, the last with 8 real rows
+  const Packed w = make_packed(rows, cols, rng);
+  const int64_t width = 2 * 16;
+  std::vector<float> out(static_cast<size_t>(cols * width), -1.0f);
+  widen_panels(w.ref, 1, 3, out.data());
+  for (int64_t c = 0; c < cols; ++c) {
+    for (int64_t q = 0; q < width; ++q) {
+      const int64_t r = 16 + q;
+      const float expect = r < rows ? bf16_to_f32(w.rows_major[r * cols + c]) : 0.0f;
+      EXPECT_EQ(out[c * width + q], expect) << c << " " << q;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace xds::kernels
