@@ -152,7 +152,8 @@ void DeepseekV3Model::run_attention(const MlaWeights& w, int64_t cache_layer, co
         for (int64_t h = h0; h < h1; ++h) {
           const MatrixRef w_uv = w.kv_b_proj.row_slice(h * (dn + dv) + dn, dv);
           kernels::linear_f32(lat_out + (r0 * heads + h) * lat, r1 - r0, heads * lat, w_uv,
-                              attn + (r0 * heads + h) * dv, heads * dv, inline_pool_);
+                              attn + (r0 * heads + h) * dv, heads * dv, inline_pool_,
+                              kernels::kNnSgemmMinTokens);
         }
       });
     }

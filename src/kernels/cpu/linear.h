@@ -45,7 +45,10 @@ void use_single_threaded_blas();
 void round_to_bf16(const float* src, int64_t count, uint16_t* dst);
 
 // y[n, cols] += x[n, rows] · W[rows, cols] for a (small) W block, single thread:
-// used by absorbed MLA, where a head's W_UK block multiplies from the left.
+// used by absorbed MLA, where a head's W_UK block multiplies from the left. From
+// kNnSgemmMinTokens tokens on, W is widened and multiplied by sgemm (rounding differs);
+// below, a token's sums do not depend on the other tokens.
+inline constexpr int64_t kNnSgemmMinTokens = 16;
 void matmul_nn_accumulate(const float* x, int64_t n, int64_t ldx, const MatrixRef& w, float* y,
                           int64_t ldy);
 

@@ -95,19 +95,32 @@ TEST(MatmulNn, MatchesReference) {
   // n <= 2 takes the row-streaming path, n >= 3 the 32-column strips; odd row counts leave
   // rows outside the groups of 4, odd column counts a scalar remainder.
   for (const Case c : {Case{3, 5, 21}, Case{1, 7, 64}, Case{5, 128, 75}, Case{2, 3, 32},
-                       Case{1, 130, 512}, Case{2, 11, 100}}) {
+                       Case{1, 130, 512}, Case{2, 11, 100},
+                       // the sgemm path (n >= kNnSgemmMinTokens), F32 and BF16 W
+                       Case{16, 128, 512}, Case{40, 9, 33}}) {
     const int64_t n = c.n, rows = c.rows, cols = c.cols;
     const auto x = random_vec(static_cast<size_t>(n * rows), rng);
-    const auto wf = random_vec(static_cast<size_t>(rows * cols), rng);
-    std::vector<float> y(static_cast<size_t>(n * cols), 0.5f);
-    matmul_nn_accumulate(x.data(), n, rows, MatrixRef{DType::kF32, wf.data(), rows, cols}, y.data(),
-                         cols);
-    for (int64_t t = 0; t < n; ++t) {
-      for (int64_t c = 0; c < cols; ++c) {
-        double ref = 0.5;
-        for (int64_t r = 0; r < rows; ++r)
-          ref += static_cast<double>(x[t * rows + r]) * wf[r * cols + c];
-        EXPECT_NEAR(y[t * cols + c], ref, 1e-5 * std::sqrt(double(rows)));
+    auto wf = random_vec(static_cast<size_t>(rows * cols), rng);
+    std::vector<uint16_t> wb(wf.size());
+    for (const bool bf16 : {false, true}) {
+      if (bf16) {  // the reference then uses the bf16 values
+        for (size_t i = 0; i < wf.size(); ++i) {
+          wb[i] = f32_to_bf16(wf[i]);
+          wf[i] = bf16_to_f32(wb[i]);
+        }
+      }
+      const MatrixRef w = bf16 ? MatrixRef{DType::kBF16, wb.data(), rows, cols}
+                               : MatrixRef{DType::kF32, wf.data(), rows, cols};
+      std::vector<float> y(static_cast<size_t>(n * cols), 0.5f);
+      matmul_nn_accumulate(x.data(), n, rows, w, y.data(), cols);
+      for (int64_t t = 0; t < n; ++t) {
+        for (int64_t c = 0; c < cols; ++c) {
+          double ref = 0.5;
+          for (int64_t r = 0; r < rows; ++r)
+            ref += static_cast<double>(x[t * rows + r]) * wf[r * cols + c];
+          ASSERT_NEAR(y[t * cols + c], ref, 1e-5 * std::sqrt(double(rows)))
+              << "n=" << n << " bf16=" << bf16 << " t=" << t << " c=" << c;
+        }
       }
     }
   }
