@@ -18,6 +18,10 @@ namespace {
 constexpr int kMaxTokens = 6;     // tokens per tile
 constexpr int64_t kKBlock = 512;  // columns per pass when several token blocks share a panel:
                                   // 16 KB of panel + 6 × 2 KB of x stay in L1
+// Software prefetch distance along a panel (4 KB ahead, one line per two columns; it runs
+// on into the next panel, which is what is read next). A cold two-thread A/B of 64-256
+// columns against none gave +10-25 % at 1, 3 and 6 tokens (docs/design/cpu_kernels.md).
+constexpr int64_t kPrefetchCols = 128;
 
 inline const uint16_t* panel_ptr(const MatrixRef& w, int64_t p) {
   return static_cast<const uint16_t*>(w.data) + p * w.cols * kPanelRows;
@@ -43,6 +47,13 @@ void panel_tile(const float* x, int64_t ldx, const uint16_t* w, int64_t cols, in
   }
   const __m256i high = _mm256_set1_epi32(static_cast<int>(0xffff0000u));
   for (int64_t c = kb; c < ke; ++c) {
+    if ((c & 1) == 0) {
+      _mm_prefetch(reinterpret_cast<const char*>(w + (c + kPrefetchCols) * kPanelRows),
+                   _MM_HINT_T0);
+      if constexpr (P == 2)
+        _mm_prefetch(reinterpret_cast<const char*>(w2 + (c + kPrefetchCols) * kPanelRows),
+                     _MM_HINT_T0);
+    }
     const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + c * kPanelRows));
     const __m256 lo = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
     const __m256 hi = _mm256_castsi256_ps(_mm256_and_si256(v, high));
