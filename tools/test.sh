@@ -6,6 +6,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ./tools/install_deps.sh
 jobs=$(nproc)
+# Checkpoints that tests write get their repack files (FP8 dequantized, BF16 panels) in a
+# cache of the build tree, emptied per run, not in the user's ~/.cache.
+export XDS_CACHE_DIR="$PWD/build/test-repack-cache"
+rm -rf "$XDS_CACHE_DIR"
 
 cmake -S . -B build/asan -G Ninja -DXDS_SANITIZE=address -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 cmake --build build/asan -j "$jobs"
