@@ -101,7 +101,7 @@ TEST(LinearPanels, SumsInAscendingColumnOrderWhateverTheBatch) {
   // The promised order, written as a plain loop: y = fma(x[c], w[c], y) for c = 0, 1, ...
   std::mt19937 rng(5);
   ThreadPool pool(2);
-  const int64_t rows = 45, cols = 1300;
+  const int64_t rows = 77, cols = 1300;  // 4 full panels (the 1-token 4-panel tile) + a padded one
   const Packed w = make_packed(rows, cols, rng);
   const int64_t n_max = 17;
   const auto x = random_vec(static_cast<size_t>(n_max * cols), rng);
