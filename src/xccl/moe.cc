@@ -251,8 +251,11 @@ Status Exchange::recv_tokens(uint64_t key) {
   // sender are one copy (bf16). INT8 rows are dequantized row by row on arrival.
   std::atomic<uint64_t> pulled{0};
   const uint64_t qbytes = int8_row_bytes(cfg_.hidden);
+  // Load/store transports: INT8 rows are dequantized while they are read from the peer (one
+  // pass); others pull each row into a bounce buffer first.
+  const bool direct = t_.caps().load_store;
   parallel(int64_t(n_units), [&](int64_t b, int64_t e, int) {
-    std::vector<std::byte> tmp(qbytes);
+    std::vector<std::byte> tmp(direct ? 0 : qbytes);
     uint64_t my_pulled = 0;
     size_t s = size_t(std::upper_bound(unit_start_.begin(), unit_start_.end(), uint32_t(b)) -
                       unit_start_.begin()) -
@@ -264,10 +267,13 @@ Status Exchange::recv_tokens(uint64_t key) {
       const int rank = roles_.senders[s];
       uint16_t* dst = tokens_.get() + size_t(u) * H;
       if (from_flags_[s] & kFlagInt8) {
-        t_.get(tmp.data(),
-               MemDesc{rank, lay_.qrows + r.token * int8_row_stride(cfg_.hidden), qbytes}, 0,
-               qbytes);
-        dequantize_row_int8(tmp.data(), cfg_.hidden, dst);
+        const uint64_t off = lay_.qrows + r.token * int8_row_stride(cfg_.hidden);
+        if (direct) {  // dequantize straight out of the peer's staging: the pull is the read
+          dequantize_row_int8(f_.arena(rank) + off, cfg_.hidden, dst);
+        } else {
+          t_.get(tmp.data(), MemDesc{rank, off, qbytes}, 0, qbytes);
+          dequantize_row_int8(tmp.data(), cfg_.hidden, dst);
+        }
         if (rank != f_.rank()) my_pulled += qbytes;
         ++u;
       } else if (rank == f_.rank()) {

@@ -9,27 +9,6 @@
 
 namespace xds::xccl {
 
-float quantize_row_int8(const uint16_t* x, int hidden, std::byte* q) {
-  float amax = 0.f;
-  for (int h = 0; h < hidden; ++h) amax = std::max(amax, std::fabs(bf16_to_float(x[h])));
-  const float scale = amax > 0.f ? amax / 127.f : 1.f;
-  const float inv = 1.f / scale;
-  auto* qi = reinterpret_cast<int8_t*>(q);
-  for (int h = 0; h < hidden; ++h) {
-    float v = std::nearbyint(bf16_to_float(x[h]) * inv);
-    qi[h] = static_cast<int8_t>(std::clamp(v, -127.f, 127.f));
-  }
-  std::memcpy(q + int8_row_bytes(hidden) - 4, &scale, 4);
-  return scale;
-}
-
-void dequantize_row_int8(const std::byte* q, int hidden, uint16_t* out) {
-  float scale;
-  std::memcpy(&scale, q + int8_row_bytes(hidden) - 4, 4);
-  const auto* qi = reinterpret_cast<const int8_t*>(q);
-  for (int h = 0; h < hidden; ++h) out[h] = float_to_bf16(float(qi[h]) * scale);
-}
-
 #if defined(__AVX2__) && defined(__FMA__)
 namespace {
 inline __m256 load8_bf16(const uint16_t* p) {
@@ -49,6 +28,113 @@ inline __m128i round8_bf16(__m256 v) {
 }
 }  // namespace
 #endif
+
+namespace {
+// Scalar forms: the reference semantics, and the tails of the vector loops.
+float absmax_scalar(const uint16_t* x, int b, int e, float amax) {
+  for (int h = b; h < e; ++h) amax = std::max(amax, std::fabs(bf16_to_float(x[h])));
+  return amax;
+}
+void quantize_scalar(const uint16_t* x, int b, int e, float inv, int8_t* q) {
+  for (int h = b; h < e; ++h) {
+    const float v = std::nearbyint(bf16_to_float(x[h]) * inv);
+    q[h] = static_cast<int8_t>(v > 127.f ? 127.f : v >= -127.f ? v : -127.f);  // NaN -> -127
+  }
+}
+void dequantize_scalar(const int8_t* q, int b, int e, float scale, uint16_t* out) {
+  for (int h = b; h < e; ++h) out[h] = float_to_bf16(float(q[h]) * scale);
+}
+}  // namespace
+
+// INT8 kernels, 32 columns per step (AVX2), bit-identical to the scalar forms:
+//  * |x| of a bf16 is its bit pattern & 0x7fff, whose integer order is the magnitude order; a
+//    row with a NaN (pattern > 0x7f80) takes the scalar path (std::max skips NaNs).
+//  * With a finite 1 / scale, |x * inv| <= 127 (+ rounding), so cvtps (round to nearest even,
+//    the default mode, as nearbyint) needs no clamp before it; the saturating packs and the
+//    max with -127 keep the scalar's clamp for anything else.
+//  * bf16 -> f32 is an unpack with zeros: unpacklo/hi take columns [0-3 | 8-11] and
+//    [4-7 | 12-15] of 16, and packs_epi32 of the two restores [0-7 | 8-15] per 128-bit lane.
+//  * dequantize: float(q) * scale rounded to bf16 to nearest even; q * scale is finite for a
+//    finite scale, so the NaN case of round8_bf16 is not needed (a non-finite scale: scalar).
+float quantize_row_int8(const uint16_t* x, int hidden, std::byte* q) {
+  auto* qi = reinterpret_cast<int8_t*>(q);
+  int h = 0;
+  float amax = 0.f;
+#if defined(__AVX2__) && defined(__FMA__)
+  {
+    __m256i m = _mm256_setzero_si256();
+    const __m256i abs_mask = _mm256_set1_epi16(0x7fff);
+    for (; h + 16 <= hidden; h += 16)
+      m = _mm256_max_epu16(
+          m, _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + h)),
+                              abs_mask));
+    __m128i m8 = _mm_max_epu16(_mm256_castsi256_si128(m), _mm256_extracti128_si256(m, 1));
+    m8 = _mm_max_epu16(m8, _mm_srli_si128(m8, 8));
+    m8 = _mm_max_epu16(m8, _mm_srli_si128(m8, 4));
+    m8 = _mm_max_epu16(m8, _mm_srli_si128(m8, 2));
+    const uint16_t bits = uint16_t(_mm_extract_epi16(m8, 0));
+    if (bits > 0x7f80) h = 0;  // a NaN: the scalar scan below skips it
+    else amax = bf16_to_float(bits);
+  }
+#endif
+  amax = absmax_scalar(x, h, hidden, amax);
+  const float scale = amax > 0.f ? amax / 127.f : 1.f;
+  const float inv = 1.f / scale;
+  h = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+  if (std::isfinite(inv) && std::isfinite(amax)) {
+    const __m256 vinv = _mm256_set1_ps(inv);
+    const __m256i zero = _mm256_setzero_si256(), lo = _mm256_set1_epi8(-127);
+    auto q16 = [&](int at) {  // 16 columns -> 16 int16, order [0-7 | 8-15]
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + at));
+      const __m256 a = _mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, v));
+      const __m256 b = _mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, v));
+      return _mm256_packs_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(a, vinv)),
+                                _mm256_cvtps_epi32(_mm256_mul_ps(b, vinv)));
+    };
+    for (; h + 32 <= hidden; h += 32) {
+      // packs_epi16 of [0-7 | 8-15] and [16-23 | 24-31]: 8-byte groups 0, 2, 1, 3.
+      const __m256i bytes = _mm256_permute4x64_epi64(_mm256_packs_epi16(q16(h), q16(h + 16)),
+                                                     _MM_SHUFFLE(3, 1, 2, 0));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(qi + h), _mm256_max_epi8(bytes, lo));
+    }
+  }
+#endif
+  quantize_scalar(x, h, hidden, inv, qi);
+  std::memcpy(q + int8_row_bytes(hidden) - 4, &scale, 4);
+  return scale;
+}
+
+void dequantize_row_int8(const std::byte* q, int hidden, uint16_t* out) {
+  float scale;
+  std::memcpy(&scale, q + int8_row_bytes(hidden) - 4, 4);
+  const auto* qi = reinterpret_cast<const int8_t*>(q);
+  int h = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+  if (std::isfinite(scale)) {
+    const __m256 vs = _mm256_set1_ps(scale);
+    const __m256i one = _mm256_set1_epi32(1), half = _mm256_set1_epi32(0x7fff);
+    auto bf8 = [&](const int8_t* p) {  // 8 int8 -> 8 rounded f32 patterns, bf16 in bits 16-31
+      const __m256i u = _mm256_castps_si256(_mm256_mul_ps(
+          _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+              _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)))),
+          vs));
+      const __m256i bias = _mm256_add_epi32(half, _mm256_and_si256(_mm256_srli_epi32(u, 16), one));
+      return _mm256_srli_epi32(_mm256_add_epi32(u, bias), 16);
+    };
+    for (; h + 32 <= hidden; h += 32) {
+      _mm_prefetch(reinterpret_cast<const char*>(qi + h) + 512, _MM_HINT_T0);  // a peer's line
+      for (int k = 0; k < 32; k += 16) {
+        // packus of [0-3 | 4-7] and [8-11 | 12-15]: 8-byte groups 0, 2, 1, 3.
+        const __m256i w = _mm256_packus_epi32(bf8(qi + h + k), bf8(qi + h + k + 8));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + h + k),
+                            _mm256_permute4x64_epi64(w, _MM_SHUFFLE(3, 1, 2, 0)));
+      }
+    }
+  }
+#endif
+  dequantize_scalar(qi, h, hidden, scale, out);
+}
 
 void weighted_sum_bf16(const uint16_t* const* rows, const float* w, int n, int hidden,
                        uint16_t* out) {
