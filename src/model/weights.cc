@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
+#include <string_view>
 #include <cstring>
 #include <filesystem>
 
@@ -72,6 +73,11 @@ void for_range(ThreadPool* pool, int64_t n, const std::function<void(int64_t, in
 }
 
 }  // namespace
+
+bool bf16_panels_from_env() {
+  const char* v = std::getenv("XDS_WEIGHT_LAYOUT");
+  return v == nullptr || std::string_view(v) != "rows";
+}
 
 std::string repack_cache_dir_from_env() {
   if (const char* d = std::getenv("XDS_CACHE_DIR"); d != nullptr && *d != '\0') return d;
@@ -361,7 +367,7 @@ Result<MatrixRef> bind_linear(const Checkpoint& ckpt, const std::string& name, i
                               int64_t block_cols) {
   XDS_ASSIGN_OR_RETURN(MatrixRef m,
                        bind_matrix(ckpt, name, rows, cols, cache, block_rows, block_cols));
-  if (m.dtype != DType::kBF16) return m;
+  if (m.dtype != DType::kBF16 || !bf16_panels_from_env()) return m;
   const TensorView* t = ckpt.find(name);
   MatrixRef packed = m;
   packed.layout = MatrixLayout::kPanels16;

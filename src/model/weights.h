@@ -102,10 +102,15 @@ Result<MatrixRef> bind_matrix(const Checkpoint& ckpt, const std::string& name, i
                               int64_t cols, RepackCache& cache, int64_t block_rows = 128,
                               int64_t block_cols = 128);
 
+// Environment setting XDS_WEIGHT_LAYOUT: "rows" keeps BF16 linear weights in place in the
+// checkpoint's row-major layout (no repack file: zero extra disk, slower decode kernels);
+// anything else or unset: panels.
+bool bf16_panels_from_env();
+
 // bind_matrix for the weights of linear layers (y = x · Wᵀ only, never sliced by rows):
 // BF16 is repacked once into the kernels' panel layout (MatrixLayout::kPanels16) in the
-// repack cache, shared by every process like the FP8 dequantization; other dtypes are
-// bound as bind_matrix does.
+// repack cache, shared by every process like the FP8 dequantization (unless
+// XDS_WEIGHT_LAYOUT=rows); other dtypes are bound as bind_matrix does.
 Result<MatrixRef> bind_linear(const Checkpoint& ckpt, const std::string& name, int64_t rows,
                               int64_t cols, RepackCache& cache, int64_t block_rows = 128,
                               int64_t block_cols = 128);

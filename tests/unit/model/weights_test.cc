@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <fstream>
 
 #include "test_files.h"
@@ -211,6 +212,17 @@ TEST_F(Weights, Bf16LinearIsPackedIntoPanelsOnceAndShared) {
     EXPECT_EQ(f->data, ck.find("f")->data);
   }
   EXPECT_EQ(cache_files().size(), 1u);
+
+  // XDS_WEIGHT_LAYOUT=rows: BF16 in place, row-major, no repack file.
+  ::setenv("XDS_WEIGHT_LAYOUT", "rows", 1);
+  Checkpoint ck = open();
+  RepackCache cache(opts());
+  auto w = bind_linear(ck, "w", 3, 2, cache);
+  ::unsetenv("XDS_WEIGHT_LAYOUT");
+  ASSERT_TRUE(w.ok()) << w.status().to_string();
+  EXPECT_EQ(w->layout, MatrixLayout::kRows);
+  EXPECT_EQ(w->data, ck.find("w")->data);
+  EXPECT_EQ(cache.stats().files_written + cache.stats().files_reused, 0);
 }
 
 TEST_F(Weights, F16DequantizedToF32) {
