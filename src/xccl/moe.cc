@@ -380,7 +380,9 @@ Status Exchange::gather_vectors(uint16_t* out, uint64_t key) {
   const size_t max_terms = roles_.receivers.size() + kMaxTopk;
   std::atomic<uint64_t> pulled{0};
   parallel(n_tokens_, [&](int64_t b, int64_t e, int) {
-    std::vector<uint16_t> tmp(remote_receivers_.size() * H);  // pulled pre-sums of one token
+    // Pulled pre-sums of one token; on load/store transports the sum reads them in place.
+    const bool direct = t_.caps().load_store;
+    std::vector<uint16_t> tmp(direct ? 0 : remote_receivers_.size() * H);
     std::vector<const uint16_t*> rows(max_terms);
     std::vector<float> w(max_terms);
     uint64_t my_pulled = 0;
@@ -404,10 +406,14 @@ Status Exchange::gather_vectors(uint16_t* out, uint64_t key) {
         }
         const uint64_t off =
             lay_.presum + (uint64_t(my_sender_) * uint64_t(cfg_.max_tokens) + i) * rows_stride_;
-        uint16_t* dst = tmp.data() + n_tmp++ * H;
-        t_.get(dst, MemDesc{rank, off, rows_stride_}, 0, rows_stride_);
+        if (direct) {
+          rows[size_t(n)] = reinterpret_cast<const uint16_t*>(f_.arena(rank) + off);
+        } else {
+          uint16_t* dst = tmp.data() + n_tmp++ * H;
+          t_.get(dst, MemDesc{rank, off, rows_stride_}, 0, rows_stride_);
+          rows[size_t(n)] = dst;
+        }
         my_pulled += rows_stride_;
-        rows[size_t(n)] = dst;
         w[size_t(n++)] = 1.f;
       }
       weighted_sum_bf16(rows.data(), w.data(), n, cfg_.hidden, out + size_t(t) * H);
