@@ -67,9 +67,9 @@ TEST(LinearPanels, MatchesDoubleReferenceForTokenAndPanelCounts) {
   // blocking (cols > 512); rows cover 1-2-panel tiles and a padded last panel; n = 64 and
   // 70 take the sgemm path over widened panels.
   for (const Case c :
-       {Case{1, 16, 8}, Case{1, 37, 70}, Case{2, 48, 33}, Case{3, 16, 1}, Case{4, 50, 64},
-        Case{5, 32, 129}, Case{6, 17, 40}, Case{7, 64, 1030}, Case{13, 33, 600}, Case{1, 96, 2048},
-        Case{2, 80, 1100}, Case{64, 40, 300}, Case{70, 300, 65}}) {
+       {Case{1, 16, 8}, Case{1, 37, 70}, Case{2, 48, 33}, Case{3, 16, 1}, Case{3, 40, 70},
+        Case{4, 50, 64}, Case{5, 32, 129}, Case{6, 17, 40}, Case{7, 64, 1030}, Case{13, 33, 600},
+        Case{1, 96, 2048}, Case{2, 80, 1100}, Case{64, 40, 300}, Case{70, 300, 65}}) {
     const Packed w = make_packed(c.rows, c.cols, rng);
     const auto x = random_vec(static_cast<size_t>(c.n * c.cols), rng);
     std::vector<uint16_t> xb(x.size());
@@ -105,7 +105,8 @@ TEST(LinearPanels, SumsInAscendingColumnOrderWhateverTheBatch) {
   const Packed w = make_packed(rows, cols, rng);
   const int64_t n_max = 17;
   const auto x = random_vec(static_cast<size_t>(n_max * cols), rng);
-  for (const int64_t n : {int64_t{1}, int64_t{2}, int64_t{5}, int64_t{6}, int64_t{11}, n_max}) {
+  for (const int64_t n :
+       {int64_t{1}, int64_t{2}, int64_t{3}, int64_t{5}, int64_t{6}, int64_t{11}, n_max}) {
     std::vector<float> y(static_cast<size_t>(n * rows));
     linear_f32(x.data(), n, cols, w.ref, y.data(), rows, pool);
     for (int64_t t = 0; t < n; ++t) {
