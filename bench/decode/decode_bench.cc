@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <random>
 #include <set>
 #include <sstream>
@@ -103,6 +104,7 @@ struct Row {
   std::string bound;
   MachineLimits limits;  // measured right before this row's steps
   int round = 0;
+  std::map<std::string, double> phase_ms{};  // --phases: mean ms per step of each phase
 };
 
 }  // namespace
@@ -115,6 +117,7 @@ int main(int argc, char** argv) {
   std::string model_dir, json_path = "bench_decode.json", dtype = "f32", batches_arg = "1,4,16,64";
   int64_t prompt = 512, context = 512, steps = 5;
   int rounds = 1;
+  bool phases = false;
   app.add_option("--model", model_dir)->required();
   app.add_option("--prompt", prompt);
   app.add_option("--context", context);
@@ -125,6 +128,9 @@ int main(int argc, char** argv) {
   app.add_option("--rounds", rounds,
                  "repeat all rows this many times; the table gives medians and ranges")
       ->check(CLI::Range(1, 20));
+  app.add_flag("--phases", phases,
+               "time the decode step's phases (attention parts, router, experts, ...) and print "
+               "ms per step beside the table");
   CLI11_PARSE(app, argc, argv);
 
   ModelOptions mo;
@@ -215,6 +221,9 @@ int main(int argc, char** argv) {
       }
       std::vector<int32_t> ids(static_cast<size_t>(batch));
       std::vector<double> times, rooflines, bytes_v, flops_v;
+      PhaseTimes step_phases;
+      std::map<std::string, double> phase_sum;
+      if (phases) model.set_phase_times(&step_phases);
       for (int64_t s = 0; s < steps + 1; ++s) {
         std::vector<TokenChunk> chunks;
         for (int64_t b = 0; b < batch; ++b) {
@@ -227,7 +236,10 @@ int main(int argc, char** argv) {
         const Status st = model.forward(chunks, cache, out);
         const double t = seconds_since(t0);
         if (!st.ok()) return std::fprintf(stderr, "error: %s\n", st.to_string().c_str()), 1;
-        if (s == 0) continue;  // warm-up
+        if (s == 0) {  // warm-up
+          step_phases.clear();
+          continue;
+        }
         const int64_t ctx = context + s + 1;
         const double kv_bytes = static_cast<double>(batch) * ctx *
                                 (c.kv_lora_rank + c.qk_rope_head_dim) * 4.0 * c.num_hidden_layers;
@@ -241,6 +253,8 @@ int main(int argc, char** argv) {
         flops_v.push_back(flops);
         rooflines.push_back(std::max(bytes / (lim.read_gbps * 1e9), flops / (lim.f32_gflops * 1e9)));
       }
+      model.set_phase_times(nullptr);
+      for (const auto& [name, sec] : step_phases.seconds) phase_sum[name] = sec * 1e3 / steps;
       const double t = median(times), roof = median(rooflines), bytes = median(bytes_v),
                    flops = median(flops_v);
       rows.push_back(
@@ -248,6 +262,7 @@ int main(int argc, char** argv) {
            bytes / (lim.read_gbps * 1e9) > flops / (lim.f32_gflops * 1e9) ? "memory" : "compute",
            lim});
       rows.back().round = round;
+      rows.back().phase_ms = phase_sum;
     }
   }
   (void)moe_layers;
@@ -284,6 +299,43 @@ int main(int argc, char** argv) {
                          {"row_read_gbps", r.limits.read_gbps},
                          {"row_f32_gflops", r.limits.f32_gflops},
                          {"achieved_gflops", r.gflop / (r.step_ms / 1e3)}});
+  }
+  if (phases) {
+    // One column per decode row: mean ms per step in each phase, then their sum beside the
+    // measured step (the rest is embedding, the final norm and unlabelled glue).
+    std::vector<const Row*> cols;
+    std::map<std::string, int> names;
+    for (const Row& r : rows) {
+      if (r.phase_ms.empty()) continue;
+      cols.push_back(&r);
+      for (const auto& kv : r.phase_ms) names.emplace(kv.first, 0);
+    }
+    std::printf("\nphases, ms per decode step (mean over the timed steps)\n%-20s", "phase");
+    for (const Row* r : cols) std::printf(" %8s", fmt::format("b{}", r->batch).c_str());
+    std::printf("\n");
+    for (const auto& [name, unused] : names) {
+      std::printf("%-20s", name.c_str());
+      for (const Row* r : cols) {
+        const auto it = r->phase_ms.find(name);
+        std::printf(" %8.2f", it == r->phase_ms.end() ? 0.0 : it->second);
+      }
+      std::printf("\n");
+    }
+    std::printf("%-20s", "sum of phases");
+    for (const Row* r : cols) {
+      double sum = 0;
+      for (const auto& kv : r->phase_ms) sum += kv.second;
+      std::printf(" %8.2f", sum);
+    }
+    std::printf("\n%-20s", "step (median)");
+    for (const Row* r : cols) std::printf(" %8.2f", r->step_ms);
+    std::printf("\n");
+    for (const Row& r : rows) {
+      if (r.phase_ms.empty()) continue;
+      nlohmann::json ph;
+      for (const auto& [name, ms] : r.phase_ms) ph[name] = ms;
+      j["phases_ms_per_step"].push_back({{"batch", r.batch}, {"round", r.round}, {"phases", ph}});
+    }
   }
   if (rounds > 1) {
     // Medians over the rounds, in the order the rows were first measured.

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <thread>
 
 #include "kernels/cpu/linear.h"
@@ -106,6 +107,7 @@ Status DeepseekV3Model::run_moe(const MoeWeights& w, int64_t layer, const Batch&
   const int64_t n = b.n, d = config_.hidden_size, e = config_.n_routed_experts;
   const int64_t k = config_.num_experts_per_tok;
   // Router in fp32 in every compute mode: routing decisions must not move with the fast mode.
+  std::optional<ScopedPhase> phase(std::in_place, phases_, "moe.router");
   float* logits = grow(s_router_, n * e);
   kernels::linear_f32(xn, n, d, w.router, logits, e, *pool_);
   int32_t* ids = grow(s_ids_, n * k);
@@ -123,7 +125,9 @@ Status DeepseekV3Model::run_moe(const MoeWeights& w, int64_t layer, const Batch&
   }
   float* routed = grow(s_routed_, n * d);
   MoeExchangeInput in{layer, xn, n, ids, weights, k, routed};
+  phase.emplace(phases_, "moe.experts");
   XDS_RETURN_IF_ERROR(exchange_->run(in));
+  phase.emplace(phases_, "moe.shared");
   if (w.shared) {
     run_mlp(*w.shared, xn, n, out);
     for (int64_t i = 0; i < n * d; ++i) out[i] += routed[i];
@@ -145,21 +149,30 @@ Status DeepseekV3Model::run_layer(const LayerWeights& w, int64_t cache_layer, co
         kernels::rmsnorm(x + t * d, weight.data(), d, eps, xn + t * d);
     });
   };
-  norm_rows(w.input_norm);
+  {
+    ScopedPhase phase(phases_, "norm+residual");
+    norm_rows(w.input_norm);
+  }
   run_attention(w.attn, cache_layer, b, cache, xn, tmp);
-  for (int64_t i = 0; i < n * d; ++i) x[i] += tmp[i];
-  norm_rows(w.post_attn_norm);
+  {
+    ScopedPhase phase(phases_, "norm+residual");
+    for (int64_t i = 0; i < n * d; ++i) x[i] += tmp[i];
+    norm_rows(w.post_attn_norm);
+  }
   if (w.dense) {
+    ScopedPhase phase(phases_, "dense_mlp");
     run_mlp(*w.dense, xn, n, tmp);
   } else {
     XDS_RETURN_IF_ERROR(run_moe(*w.moe, cache_layer, b, xn, tmp));
   }
+  ScopedPhase phase(phases_, "norm+residual");
   for (int64_t i = 0; i < n * d; ++i) x[i] += tmp[i];
   return {};
 }
 
 void DeepseekV3Model::logits_for(const float* hidden_normed, int64_t rows, const MatrixRef& head,
                                  StepOutput& out) {
+  ScopedPhase phase(phases_, "lm_head");
   const int64_t v = config_.vocab_size;
   out.logits.resize(static_cast<size_t>(rows * v));
   linear(hidden_normed, rows, config_.hidden_size, head, out.logits.data(), v);

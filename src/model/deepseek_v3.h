@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "base/phase_times.h"
 #include "base/status.h"
 #include "base/thread_pool.h"
 #include "model/config.h"
@@ -92,6 +93,8 @@ class DeepseekV3Model {
   void set_routing_observer(RoutingObserver observer) { routing_observer_ = std::move(observer); }
   // Replaces the local expert computation (expert parallelism, disaggregation).
   void set_moe_exchange(MoeExchange* exchange) { exchange_ = exchange; }
+  // Times the step's phases into `times` from now on (nullptr: stop). For profiling.
+  void set_phase_times(PhaseTimes* times) { phases_ = times; }
 
  private:
   DeepseekV3Model() = default;
@@ -120,6 +123,7 @@ class DeepseekV3Model {
   std::unique_ptr<MoeExchange> local_exchange_;
   MoeExchange* exchange_ = nullptr;
   RoutingObserver routing_observer_;
+  PhaseTimes* phases_ = nullptr;
   ThreadPool inline_pool_{1};  // for linear calls made inside a parallel region
 
   // Scratch reused across steps (grown, never shrunk).

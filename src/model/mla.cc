@@ -3,6 +3,7 @@
 // C = kv_lora_rank, Q = q_lora_rank, S = context length of a chunk's sequence.
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <utility>
 
 #include "kernels/cpu/linear.h"
@@ -45,6 +46,7 @@ void DeepseekV3Model::run_attention(const MlaWeights& w, int64_t cache_layer, co
   const int64_t dq = dn + dr, lat = c.kv_lora_rank;
   const float scale = static_cast<float>(rope_->softmax_scale());
   ThreadPool& pool = *pool_;
+  std::optional<ScopedPhase> phase(std::in_place, phases_, "attn.qkv_proj");
 
   // q: [n, H, Dn+Dr]
   float* q = grow(s_q_, n * heads * dq);
@@ -117,6 +119,7 @@ void DeepseekV3Model::run_attention(const MlaWeights& w, int64_t cache_layer, co
     // q_abs[t, h] = W_UK[h]ᵀ q_nope[t, h]: [n, H, C]; lat_out: [n, H, C]
     float* q_abs = grow(s_qabs_, n * heads * lat);
     float* lat_out = grow(s_lat_, n * heads * lat);
+    phase.emplace(phases_, "attn.w_uk");
     for (auto [r0, r1] : runs) {
       std::memset(q_abs + r0 * heads * lat, 0,
                   sizeof(float) * static_cast<size_t>((r1 - r0) * heads * lat));
@@ -130,6 +133,7 @@ void DeepseekV3Model::run_attention(const MlaWeights& w, int64_t cache_layer, co
     }
     // One work item = one token × a group of heads; with fewer tokens than threads the
     // heads are split so that every thread has work.
+    phase.emplace(phases_, "attn.absorbed_core");
     const int64_t tokens = static_cast<int64_t>(absorbed_tokens.size());
     const int64_t groups = tokens >= threads ? 1 : std::min<int64_t>(heads, threads);
     const int64_t per_group = (heads + groups - 1) / groups;
@@ -147,6 +151,7 @@ void DeepseekV3Model::run_attention(const MlaWeights& w, int64_t cache_layer, co
                                         scale, scores);
       }
     });
+    phase.emplace(phases_, "attn.w_uv");
     for (auto [r0, r1] : runs) {
       pool.parallel_for(heads, [&](int64_t h0, int64_t h1, int) {
         for (int64_t h = h0; h < h1; ++h) {
@@ -159,6 +164,7 @@ void DeepseekV3Model::run_attention(const MlaWeights& w, int64_t cache_layer, co
     }
   }
 
+  phase.emplace(phases_, "attn.expanded");
   for (size_t ci = 0; ci < b.chunks.size(); ++ci) {
     const Batch::Chunk& ch = b.chunks[ci];
     if (ch.count > 0 && token_chunk[ch.begin] >= 0) continue;  // done above
@@ -184,6 +190,7 @@ void DeepseekV3Model::run_attention(const MlaWeights& w, int64_t cache_layer, co
         kernels::mla_expanded_attention(ec, h, scale, scores_all + thread * per_thread);
     });
   }
+  phase.emplace(phases_, "attn.o_proj");
   linear(attn, n, heads * dv, w.o_proj, out, d);
 }
 

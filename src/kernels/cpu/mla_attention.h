@@ -44,9 +44,15 @@ struct AbsorbedQuery {
   int64_t out_ld;
 };
 
-// Heads [head_begin, head_end) of one query token over context [0, ctx). Each cached
-// position is read once for all those heads (the latent is shared by every head, MQA-like).
-// scores: scratch of at least (head_end - head_begin) * ctx floats.
+// Rows of context per slice of the absorbed kernel (256 KB of fp32 latent at C = 512).
+inline constexpr int64_t kAbsorbedSliceRows = 128;
+
+// Heads [head_begin, head_end) of one query token over context [0, ctx), on the calling
+// thread. Each cached position is read from memory once for all those heads (the latent
+// is shared by every head, MQA-like): slice by slice, scores, an online softmax, then
+// p·latent while the slice is in cache.
+// scores: scratch of at least min(16, head_end - head_begin) * min(ctx, kAbsorbedSliceRows)
+// floats.
 void mla_absorbed_attention(const AbsorbedQuery& q, int64_t head_begin, int64_t head_end,
                             const LatentKvView& kv, int64_t ctx, float scale, float* scores);
 

@@ -57,22 +57,28 @@ TEST(MlaExpanded, MatchesCausalAttentionReference) {
 TEST(MlaAbsorbed, MatchesReferenceOverPagedBlocks) {
   std::mt19937 rng(12);
   std::uniform_real_distribution<float> d(-1.0f, 1.0f);
-  const int64_t lat = 24, dr = 8, bs = 16, blocks = 4;
-  std::vector<float> latent(static_cast<size_t>(blocks * bs * lat)), rope(static_cast<size_t>(blocks * bs * dr));
-  for (auto* v : {&latent, &rope})
-    for (float& x : *v) x = d(rng);
-  const int32_t table[] = {2, 0, 3, 1};  // context position s lives in block table[s / bs]
-  const LatentKvView kv{latent.data(), rope.data(), table, bs, lat, dr};
-  // 3 and 8 heads (8 lanes), 11 and 16 (16 lanes, padded), 20 (16 + 4); ctx crosses blocks.
+  const int64_t dr = 8, bs = 16, blocks = 20;
+  // Context position s lives in block table[s / bs]: a permutation, so blocks are not in order.
+  std::vector<int32_t> table(static_cast<size_t>(blocks));
+  for (int32_t b = 0; b < blocks; ++b) table[b] = (b * 7 + 3) % blocks;
+  // lat 24: one 16-column tile and 8 columns one by one; lat 32: two tiles.
+  // 3 and 8 heads (8 lanes), 11 and 16 (16 lanes, padded), 20 (16 + 4); ctx crosses blocks,
+  // and from 129 on the 128-row slices (the online softmax rescales earlier slices' sums;
+  // scale 2 makes the distribution peaked so that the running max moves between slices).
+  for (const int64_t lat : {24, 32})
+  for (const float scale : {0.29f, 2.0f})
   for (const int64_t heads : {3, 8, 11, 16, 20}) {
-    for (const int64_t ctx : {1, 5, 37, 64}) {
+    std::vector<float> latent(static_cast<size_t>(blocks * bs * lat)), rope(static_cast<size_t>(blocks * bs * dr));
+    for (auto* v : {&latent, &rope})
+      for (float& x : *v) x = d(rng);
+    const LatentKvView kv{latent.data(), rope.data(), table.data(), bs, lat, dr};
+    for (const int64_t ctx : {1, 5, 37, 64, 129, 300}) {
       std::vector<float> q_abs(static_cast<size_t>(heads * lat)), q_pe(static_cast<size_t>(heads * dr));
       for (auto* v : {&q_abs, &q_pe})
         for (float& x : *v) x = d(rng);
       std::vector<float> out(static_cast<size_t>(heads * lat), -3.0f),
           scores(static_cast<size_t>(heads * ctx));
       const AbsorbedQuery q{q_abs.data(), lat, q_pe.data(), dr, out.data(), lat};
-      const float scale = 0.29f;
       // Heads [1, heads) only, as a thread with a group of heads does; head 0 stays untouched.
       mla_absorbed_attention(q, 1, heads, kv, ctx, scale, scores.data());
       for (int64_t i = 0; i < lat; ++i) ASSERT_EQ(out[i], -3.0f);
@@ -92,7 +98,9 @@ TEST(MlaAbsorbed, MatchesReferenceOverPagedBlocks) {
         for (int64_t c = 0; c < lat; ++c) {
           double ref = 0.0;
           for (int64_t j = 0; j < ctx; ++j) ref += s[j] / z * kv.latent_at(j)[c];
-          ASSERT_NEAR(out[h * lat + c], ref, 2e-5) << "heads=" << heads << " ctx=" << ctx << " h=" << h;
+          ASSERT_NEAR(out[h * lat + c], ref, 2e-5)
+              << "lat=" << lat << " scale=" << scale << " heads=" << heads << " ctx=" << ctx
+              << " h=" << h;
         }
       }
     }
