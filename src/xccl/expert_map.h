@@ -53,6 +53,10 @@ struct RoutePlan {
 };
 Result<RoutePlan> plan_routes(const ExpertMap& map, std::span<const int32_t> topk_ids,
                               std::span<const float> weights, int n_tokens, int k);
+// Same, into `plan`, reusing its lists' storage (the per-step form: no allocation once warm).
+// On error `plan` is left in an unspecified but valid state.
+Status plan_routes_into(const ExpertMap& map, std::span<const int32_t> topk_ids,
+                        std::span<const float> weights, int n_tokens, int k, RoutePlan& plan);
 
 // Where each received (source, entry, expert) lands on the receiver: rows are grouped by local
 // expert; inside a group, by source position then entry order.
@@ -67,12 +71,15 @@ struct RowOrigin {
 struct RecvLayout {
   std::vector<int32_t> expert_offset;  // [slots_per_device + 1], prefix sums of group sizes
   std::vector<RowOrigin> rows;         // [n_rows]
-  // Row of (source, entry, j-th local expert of the entry).
+  // Row of (source, entry, j-th local expert of the entry); slots j >= n_local unspecified.
   std::vector<std::vector<uint32_t>> entry_row;  // [n_src][entries * kMaxTopk]
   int n_rows() const { return static_cast<int>(rows.size()); }
 };
 RecvLayout group_by_expert(std::span<const std::span<const RouteEntry>> from_src,
                            int slots_per_device);
+// Same, into `out`, reusing its storage.
+void group_by_expert_into(std::span<const std::span<const RouteEntry>> from_src,
+                          int slots_per_device, RecvLayout& out);
 
 // Tokens over several rounds of at most max_tokens each (pure).
 inline int rounds_needed(int n_tokens, int max_tokens) {

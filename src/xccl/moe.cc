@@ -12,11 +12,12 @@ namespace {
 
 constexpr uint64_t kFlagMore = 1, kFlagInt8 = 2;
 
-// Grow-only heap buffer without zero-filling (it is written before it is read every round).
-void grow(std::unique_ptr<uint16_t[]>& p, size_t& cap, size_t n) {
+// Grow-only heap buffer without zero-filling (it is written before it is read every round);
+// 64-byte aligned, so that rows pulled into it start on a line (copy_bytes stores whole lines).
+void grow(RowBuffer& p, size_t& cap, size_t n) {
   if (n <= cap && p) return;
-  p.reset(new uint16_t[std::max<size_t>(n, 1)]);
   cap = std::max<size_t>(n, 1);
+  p.reset(static_cast<uint16_t*>(::operator new[](cap * 2, std::align_val_t(64))));
 }
 
 int position(const std::vector<int>& v, int rank) {
@@ -139,7 +140,7 @@ Status Exchange::send_tokens(const RoutePlan& plan, uint64_t map_version, int n_
     return invalid_argument("moe send: route plan has {} devices, the exchange {} receivers",
                             plan.per_device.size(), roles_.receivers.size());
   XDS_RETURN_IF_ERROR(wait_released(true));
-  plan_ = plan;
+  if (&plan != &plan_) plan_ = plan;  // dispatch() plans straight into plan_
   n_tokens_ = n_tokens;
   more_ = more;
   rows_quantized_ = rows_quantized;
@@ -217,7 +218,7 @@ Status Exchange::recv_tokens(uint64_t key) {
            m[0] * sizeof(RouteEntry));
   }
   std::vector<std::span<const RouteEntry>> spans(from_.begin(), from_.end());
-  layout_ = group_by_expert(spans, cfg_.slots_per_device);
+  group_by_expert_into(spans, cfg_.slots_per_device, layout_);
   for (const auto& list : from_)
     for (const RouteEntry& e : list)
       for (int j = 0; j < e.n_local; ++j)
@@ -433,8 +434,10 @@ Status Exchange::dispatch(int n_tokens, std::span<const int32_t> topk_ids,
     return invalid_argument(
         "dispatch: expert map v{} has {} devices x {} slots, the exchange {} x {}", map.version,
         map.n_devices, map.slots_per_device, roles_.receivers.size(), cfg_.slots_per_device);
-  XDS_ASSIGN_OR_RETURN(RoutePlan plan, plan_routes(map, topk_ids, weights, n_tokens, cfg_.topk));
-  XDS_RETURN_IF_ERROR(send_tokens(plan, map.version, n_tokens, key, more));
+  // Planned straight into plan_ (its lists' storage is reused from step to step); nothing of
+  // the previous round reads plan_ any more (combine uses refs_ / from_).
+  XDS_RETURN_IF_ERROR(plan_routes_into(map, topk_ids, weights, n_tokens, cfg_.topk, plan_));
+  XDS_RETURN_IF_ERROR(send_tokens(plan_, map.version, n_tokens, key, more));
   return recv_tokens(key);
 }
 

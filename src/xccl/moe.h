@@ -52,6 +52,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <new>
 #include <span>
 #include <vector>
 
@@ -71,6 +72,12 @@ struct MoeConfig {
   int64_t timeout_ms = 30'000;
   BackoffPolicy backoff{};
 };
+
+// 64-byte aligned heap rows (operator new[] with align_val_t(64)).
+struct AlignedDelete {
+  void operator()(uint16_t* p) const { ::operator delete[](p, std::align_val_t(64)); }
+};
+using RowBuffer = std::unique_ptr<uint16_t[], AlignedDelete>;
 
 struct ExchangeLayout {
   uint64_t routes = 0, input = 0, qrows = 0, presum = 0, end = 0;  // absolute arena offsets
@@ -184,7 +191,7 @@ class Exchange {
   std::vector<int> from_flags_;                // [n_senders] bit 1: rows are INT8
   std::vector<uint32_t> unit_start_;           // [n_senders + 1] CSR over (sender, entry)
   RecvLayout layout_;
-  std::unique_ptr<uint16_t[]> tokens_, out_;  // see "Receiver buffers" (grow-only, not zeroed)
+  RowBuffer tokens_, out_;                    // see "Receiver buffers" (grow-only, not zeroed)
   size_t tokens_cap_ = 0, out_cap_ = 0;       // elements
   std::vector<const uint16_t*> row_ptr_;      // [n_rows]
   std::vector<uint32_t> row_unit_;            // [n_rows]

@@ -140,7 +140,51 @@ void weighted_sum_bf16(const uint16_t* const* rows, const float* w, int n, int h
                        uint16_t* out) {
   int h = 0;
 #if defined(__AVX2__) && defined(__FMA__)
-  // 16 columns at a time, every row's term accumulated in registers (one pass over the rows).
+  // 64 columns at a time, every row's term accumulated in registers (one pass over the rows).
+  // A 32-bit lane of 2 bf16 [even | odd << 16] gives both as f32 without a widening shuffle:
+  // even = lane << 16, odd = lane & 0xffff0000. Same FMAs in the same order as the scalar form
+  // per column, so the result is identical; rounding re-packs [even >> 16 | odd & 0xffff0000].
+  const __m256i hi_mask = _mm256_set1_epi32(int(0xffff0000u));
+  const __m256i one = _mm256_set1_epi32(1), half = _mm256_set1_epi32(0x7fff);
+  // f32 lanes -> bf16 bit patterns in bits 16-31, round to nearest even (finite and infinite
+  // lanes; a NaN would carry into the sign, so a step with a NaN takes the scalar path).
+  auto round_hi = [&](__m256 v) {
+    const __m256i u = _mm256_castps_si256(v);
+    return _mm256_add_epi32(u, _mm256_add_epi32(half, _mm256_and_si256(_mm256_srli_epi32(u, 16), one)));
+  };
+  for (; h + 64 <= hidden; h += 64) {
+    __m256 e[4], o[4];
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; ++k) e[k] = o[k] = _mm256_setzero_ps();
+    for (int j = 0; j < n; ++j) {
+      const __m256 wj = _mm256_set1_ps(w[j]);
+      const auto* p = reinterpret_cast<const __m256i*>(rows[j] + h);
+#pragma GCC unroll 4
+      for (int k = 0; k < 4; ++k) {
+        const __m256i v = _mm256_loadu_si256(p + k);
+        e[k] = _mm256_fmadd_ps(wj, _mm256_castsi256_ps(_mm256_slli_epi32(v, 16)), e[k]);
+        o[k] = _mm256_fmadd_ps(wj, _mm256_castsi256_ps(_mm256_and_si256(v, hi_mask)), o[k]);
+      }
+    }
+    // Any NaN among the 64 sums? (unordered compare of pairs: NaN if either is)
+    const __m256 nan = _mm256_or_ps(
+        _mm256_or_ps(_mm256_cmp_ps(e[0], e[1], _CMP_UNORD_Q), _mm256_cmp_ps(e[2], e[3], _CMP_UNORD_Q)),
+        _mm256_or_ps(_mm256_cmp_ps(o[0], o[1], _CMP_UNORD_Q), _mm256_cmp_ps(o[2], o[3], _CMP_UNORD_Q)));
+    if (!_mm256_testz_ps(nan, nan)) [[unlikely]] {
+      for (int c = h; c < h + 64; ++c) {
+        float acc = 0.f;
+        for (int j = 0; j < n; ++j) acc = std::fma(w[j], bf16_to_float(rows[j][c]), acc);
+        out[c] = float_to_bf16(acc);
+      }
+      continue;
+    }
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; ++k) {
+      const __m256i r = _mm256_or_si256(_mm256_srli_epi32(round_hi(e[k]), 16),
+                                        _mm256_and_si256(round_hi(o[k]), hi_mask));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + h) + k, r);
+    }
+  }
   for (; h + 16 <= hidden; h += 16) {
     __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
     for (int j = 0; j < n; ++j) {

@@ -63,6 +63,48 @@ TEST(XcclRouting, PlanSendsATokenOncePerDeviceWithItsLocalExperts) {
             std::string::npos);
 }
 
+TEST(XcclRouting, PlanIntoAReusedPlanEqualsTheHandDerivedOne) {
+  const ExpertMap m = ExpertMap::identity(8, 2, 4);
+  // First a bigger plan: 4 tokens x top-4, every expert used, so every list and slot is dirty.
+  const std::vector<int32_t> big_ids = {0, 1, 4, 5, 2, 3, 6, 7, 7, 6, 5, 4, 3, 2, 1, 0};
+  const std::vector<float> big_w(16, 9.f);
+  RoutePlan plan;
+  ASSERT_TRUE(plan_routes_into(m, big_ids, big_w, 4, 4, plan).ok());
+  ASSERT_EQ(plan.per_device[0].size(), 3u);  // tokens 0, 1, 3
+  ASSERT_EQ(plan.per_device[1].size(), 3u);  // tokens 0, 1, 2
+  // Then the 3-token plan of the test above (hand-derived there): same entries, and the slots
+  // past n_local are blank (zero), as on a fresh plan.
+  const std::vector<int32_t> ids = {1, 5, 2, 6, 7, -1, 0, 3, 2};
+  const std::vector<float> w = {.1f, .2f, .3f, .4f, .5f, .6f, .7f, .8f, .9f};
+  ASSERT_TRUE(plan_routes_into(m, ids, w, 3, 3, plan).ok());
+  const auto& d0 = plan.per_device[0];
+  const auto& d1 = plan.per_device[1];
+  ASSERT_EQ(d0.size(), 2u);
+  ASSERT_EQ(d1.size(), 2u);
+  EXPECT_EQ(d0[0].token, 0u);
+  EXPECT_EQ(d0[0].n_local, 2);
+  EXPECT_EQ(d0[0].local_expert[0], 1);
+  EXPECT_EQ(d0[0].local_expert[1], 2);
+  EXPECT_EQ(d0[0].local_expert[2], 0);
+  EXPECT_FLOAT_EQ(d0[0].weight[1], .3f);
+  EXPECT_EQ(d0[0].weight[2], 0.f);
+  EXPECT_EQ(d0[1].token, 2u);
+  EXPECT_EQ(d0[1].n_local, 3);
+  EXPECT_EQ(d0[1].local_expert[3], 0);
+  EXPECT_EQ(d1[0].token, 0u);
+  EXPECT_EQ(d1[0].n_local, 1);
+  EXPECT_EQ(d1[0].local_expert[0], 1);
+  EXPECT_EQ(d1[0].local_expert[1], 0);
+  EXPECT_EQ(d1[1].token, 1u);
+  EXPECT_EQ(d1[1].n_local, 2);
+  EXPECT_EQ(d1[1].local_expert[1], 3);
+  EXPECT_FLOAT_EQ(d1[1].weight[1], .5f);
+  // Zero tokens: empty lists; negative: an error.
+  ASSERT_TRUE(plan_routes_into(m, ids, w, 0, 3, plan).ok());
+  EXPECT_TRUE(plan.per_device[0].empty() && plan.per_device[1].empty());
+  EXPECT_FALSE(plan_routes_into(m, ids, w, -1, 3, plan).ok());
+}
+
 TEST(XcclRouting, GroupByExpertOrdersByExpertThenSourceThenEntry) {
   // Source 0 sends token 4 (experts 2, 0) and token 7 (expert 2); source 1 sends token 1 (expert
   // 0).
@@ -97,6 +139,27 @@ TEST(XcclRouting, GroupByExpertOrdersByExpertThenSourceThenEntry) {
   EXPECT_EQ(L.entry_row[0][0 * kMaxTopk + 0], 2u);
   EXPECT_EQ(L.entry_row[0][0 * kMaxTopk + 1], 0u);
   EXPECT_EQ(L.entry_row[1][0], 1u);
+  // Into a layout that held a bigger grouping before: the same table.
+  RecvLayout R;
+  const std::vector<RouteEntry> big(5, a);
+  const std::vector<std::span<const RouteEntry>> big_from = {big, big, s1};
+  group_by_expert_into(big_from, 3, R);
+  ASSERT_EQ(R.n_rows(), 21);
+  group_by_expert_into(from, 3, R);
+  ASSERT_EQ(R.n_rows(), 4);
+  EXPECT_EQ(R.expert_offset, (std::vector<int32_t>{0, 2, 2, 4}));
+  ASSERT_EQ(R.entry_row.size(), 2u);
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_EQ(R.rows[size_t(r)].src, L.rows[size_t(r)].src);
+    EXPECT_EQ(R.rows[size_t(r)].entry, L.rows[size_t(r)].entry);
+    EXPECT_EQ(R.rows[size_t(r)].token, L.rows[size_t(r)].token);
+    EXPECT_EQ(R.rows[size_t(r)].first, L.rows[size_t(r)].first);
+    EXPECT_EQ(R.rows[size_t(r)].weight, L.rows[size_t(r)].weight);
+  }
+  EXPECT_EQ(R.entry_row[0][0 * kMaxTopk + 0], 2u);
+  EXPECT_EQ(R.entry_row[0][0 * kMaxTopk + 1], 0u);
+  EXPECT_EQ(R.entry_row[0][1 * kMaxTopk + 0], 3u);
+  EXPECT_EQ(R.entry_row[1][0], 1u);
   EXPECT_EQ(rounds_needed(0, 8), 0);
   EXPECT_EQ(rounds_needed(17, 8), 3);
 }
