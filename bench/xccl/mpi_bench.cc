@@ -9,10 +9,11 @@
 // Not timed, on both sides: the "experts" (output = input row), and with presum "experts"
 // the pre-sum in their epilogue. Run by run.sh:
 //   mpirun --allow-run-as-root -np 2 --bind-to core --map-by core --mca btl self,vader
-//          xccl_mpi_bench OUT.jsonl [--quick]
+//          xccl_mpi_bench OUT.jsonl [--quick] [lat ROUND]
 #include <mpi.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -55,6 +56,28 @@ void p2p(int rank, const char* out, bool quick) {
                      ",\"one_way_min_us\":" + std::to_string(min_of(samples) * 1e6) +
                      ",\"gbps\":" + std::to_string(double(n) / one_way / 1e9) + "}");
   }
+}
+
+// One interleaved latency round: 8 B ping-pong, 20000 round trips (as xccl_bench lat).
+void lat(int rank, const char* out, int round) {
+  char sbuf[8] = {}, rbuf[8];
+  std::vector<double> samples;
+  MPI_Barrier(MPI_COMM_WORLD);
+  for (int i = 0; i < 20'002; ++i) {
+    const double t0 = now_s();
+    if (rank == 0) {
+      MPI_Send(sbuf, 8, MPI_BYTE, 1, 0, MPI_COMM_WORLD);
+      MPI_Recv(rbuf, 8, MPI_BYTE, 1, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+    } else {
+      MPI_Recv(rbuf, 8, MPI_BYTE, 0, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+      MPI_Send(sbuf, 8, MPI_BYTE, 0, 0, MPI_COMM_WORLD);
+    }
+    if (i >= 2) samples.push_back((now_s() - t0) / 2);
+  }
+  if (rank == 0)
+    jsonl(out, "{\"bench\":\"lat\",\"impl\":\"openmpi\",\"bytes\":8,\"round\":" +
+                   std::to_string(round) + ",\"one_way_us\":" + std::to_string(median(samples) * 1e6) +
+                   ",\"one_way_min_us\":" + std::to_string(min_of(samples) * 1e6) + "}");
 }
 
 constexpr int kMeta = 104;  // token index, local expert list, weights (XCCL's RouteEntry)
@@ -242,6 +265,11 @@ int main(int argc, char** argv) {
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   const char* out = argc > 1 ? argv[1] : "mpi.jsonl";
   const bool quick = argc > 2 && std::string(argv[2]) == "--quick";
+  if (argc > 3 && std::string(argv[3]) == "lat") {  // interleaved latency round (run.sh)
+    if (world == 2) lat(rank, out, argc > 4 ? std::atoi(argv[4]) : 0);
+    MPI_Finalize();
+    return 0;
+  }
   if (world == 2) p2p(rank, out, quick);
   moe(rank, world, out, quick);
   MPI_Finalize();

@@ -17,8 +17,12 @@ meta = [r for r in mpi if r["bench"] == "meta"]
 memcpy = {r["bytes"]: r for r in rows if r["bench"] == "memcpy"}
 p2p = {(r["impl"], r["lanes"], r["bytes"]): r for r in rows if r["bench"] == "p2p"}
 put = {r["bytes"]: r for r in rows if r["bench"] == "p2p_put"}
-moe = {(r["impl"], r["hidden"], r["dtype"], r["tokens"], r.get("presum", "combine")): r
+# dtype "int8p": INT8 rows written by the producer's epilogue (quant "producer"), dispatch
+# only dequantizes; "int8": dispatch quantizes.
+moe = {(r["impl"], r["hidden"], r["dtype"] + ("p" if r.get("quant") == "producer" else ""),
+        r["tokens"], r.get("presum", "combine")): r
        for r in rows if r["bench"] == "moe"}
+lat = sorted((r for r in rows if r["bench"] == "lat"), key=lambda r: (r["round"], r["impl"]))
 
 def size(n):
     for unit, d in (("MB", 1 << 20), ("KB", 1 << 10)):
@@ -69,6 +73,24 @@ if ("openmpi", 0, small) in p2p and ("xccl", 1, small) in p2p and small in put:
     checks.append((f"P2P {small} B zero-copy put latency no worse than Open MPI (median)",
                    put[small]["one_way_us"] <= m["one_way_us"], f"{put[small]['one_way_us']:.2f} us"))
 
+if lat:
+    rounds = sorted({r["round"] for r in lat})
+    by = {(r["impl"], r["round"]): r for r in lat}
+    print("\n8 B send/recv one-way latency, interleaved rounds (xccl then Open MPI, 20000 round trips each): us median / best")
+    print(f"{'round':>5} | {'xccl':>15} | {'Open MPI':>15}")
+    xs, ms, wins = [], [], 0
+    for rd in rounds:
+        x, m = by.get(("xccl", rd)), by.get(("openmpi", rd))
+        if not x or not m:
+            continue
+        xs.append(x["one_way_us"]); ms.append(m["one_way_us"]); wins += x["one_way_us"] <= m["one_way_us"]
+        print(f"{rd:>5} | {x['one_way_us']:6.3f} /{x['one_way_min_us']:6.3f} | {m['one_way_us']:6.3f} /{m['one_way_min_us']:6.3f}")
+    if xs:
+        med = lambda v: sorted(v)[len(v) // 2]
+        print(f"{'med':>5} | {med(xs):6.3f}         | {med(ms):6.3f}")
+        checks.append((f"P2P 8 B send/recv latency no worse than Open MPI (interleaved rounds, median of round medians)",
+                       med(xs) <= med(ms), f"{med(xs):.3f} us vs {med(ms):.3f} us; xccl <= MPI in {wins} of {len(xs)} rounds"))
+
 WHAT = {
     "combine": ("pre-sum inside combine",
                 "both sides pre-sum from one expert output per (token, local expert), same row kernel"),
@@ -92,21 +114,32 @@ for presum in ("combine", "experts"):
         continue
     title, detail = WHAT[presum]
     print(f"\nhidden {hidden}, {title} ({detail}): us median (best)")
-    print(f"{'tokens':>6} | {'Open MPI d+c':>17} | {'xccl bf16 d+c':>17} | {'speedup':>13} | {'xccl int8 d+c':>17} | {'int8/bf16 bytes':>15}")
+    print(f"{'tokens':>6} | {'Open MPI d+c':>17} | {'xccl bf16 d+c':>17} | {'speedup':>13} | {'xccl int8 d+c':>17} | {'int8 prod-q d+c':>17} | {'int8/bf16 bytes':>15}")
     for t in sorted({k[3] for k in moe if k[1] == hidden}):
         m = moe.get(("openmpi", hidden, "bf16", t, presum))
         x = moe.get(("xccl", hidden, "bf16", t, presum))
         q = moe.get(("xccl", hidden, "int8", t, presum))
+        qp = moe.get(("xccl", hidden, "int8p", t, presum))
         tot = lambda r: (r["dispatch_us"] + r["combine_us"], r["dispatch_min_us"] + r["combine_min_us"]) if r else (0, 0)
         f = lambda r: f"{tot(r)[0]:8.1f} ({tot(r)[1]:7.1f})" if r else f"{'-':>17}"
         sp = (tot(m)[0] / tot(x)[0], tot(m)[1] / tot(x)[1]) if m and x else (0, 0)
         ratio = q["dispatch_bytes_pulled"] / x["dispatch_bytes_pulled"] if q and x and x["dispatch_bytes_pulled"] else 0
-        print(f"{t:>6} | {f(m)} | {f(x)} | {sp[0]:5.2f}x ({sp[1]:4.2f}x) | {f(q)} | {ratio:15.3f}")
+        print(f"{t:>6} | {f(m)} | {f(x)} | {sp[0]:5.2f}x ({sp[1]:4.2f}x) | {f(q)} | {f(qp)} | {ratio:15.3f}")
         if m and x and t >= 8:
             checks.append((f"dispatch+combine {t} x {hidden}, {title}, >= 2.5x faster than Open MPI (median / best)",
                            sp[0] >= 2.5 and sp[1] >= 2.5, f"{sp[0]:.2f}x / {sp[1]:.2f}x"))
         if q and x and t >= 8 and presum == "combine":
             checks.append((f"INT8 dispatch {t} x {hidden} moves half the bytes", ratio <= 0.51, f"{ratio:.3f}"))
+
+print("\nDispatch alone (pre-sum by the experts runs), us median (best): bf16 | INT8 quantized in dispatch | INT8 rows from the producer's epilogue")
+for hidden in sorted({k[1] for k in moe}):
+    print(f"hidden {hidden}")
+    for t in sorted({k[3] for k in moe if k[1] == hidden}):
+        cells = []
+        for dt in ("bf16", "int8", "int8p"):
+            r = moe.get(("xccl", hidden, dt, t, "experts"))
+            cells.append(f"{r['dispatch_us']:8.1f} ({r['dispatch_min_us']:7.1f})" if r else f"{'-':>18}")
+        print(f"{t:>6} | " + " | ".join(cells))
 
 print("\nTargets")
 for name, ok, val in checks:

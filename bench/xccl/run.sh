@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # XCCL vs Open MPI on this machine, in one run: builds (Release, build/bench-xccl), runs the
 # XCCL bench (2 device processes pinned to cores 0 and 1) and the Open MPI bench (2 ranks
-# bound to the 2 cores, btl self,vader; vader's single-copy mechanism is recorded), then
-# prints the side-by-side table and writes bench/xccl/results/xccl_vs_mpi.json.
+# bound to the 2 cores, btl self,vader; vader's single-copy mechanism is recorded), then 5
+# interleaved 8 B latency rounds of each, prints the side-by-side table and writes
+# bench/xccl/results/xccl_vs_mpi.json.
 #   bench/xccl/run.sh [--quick]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -19,4 +20,12 @@ single_copy=$(ompi_info --param btl vader --level 9 2>/dev/null |
 echo "{\"bench\":\"meta\",\"impl\":\"openmpi\",\"version\":\"$(ompi_info --version 2>/dev/null | head -n1)\",\"btl\":\"self,vader\",\"vader_single_copy\":\"${single_copy:-unknown}\"}" >> "$out/mpi.jsonl"
 mpirun --allow-run-as-root -np 2 --bind-to core --map-by core --mca btl self,vader \
   "$build/bench/xccl/xccl_mpi_bench" "$out/mpi.jsonl" $quick
+# 8 B latency in 5 interleaved rounds (xccl, Open MPI, xccl, ...): this VM's cross-core line
+# transfer time changes between process launches, so one pair of runs seconds apart can land
+# in different states; alternating compares both sides under the same ones.
+for round in 1 2 3 4 5; do
+  "$build/bench/xccl/xccl_bench" "$out/xccl.jsonl" --quick lat "$round"
+  mpirun --allow-run-as-root -np 2 --bind-to core --map-by core --mca btl self,vader \
+    "$build/bench/xccl/xccl_mpi_bench" "$out/mpi.jsonl" --quick lat "$round"
+done
 /usr/bin/python3 bench/xccl/report.py "$out/xccl.jsonl" "$out/mpi.jsonl" "$out/xccl_vs_mpi.json"

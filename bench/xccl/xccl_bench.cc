@@ -4,7 +4,8 @@
 //   5) moe     dispatch / combine, tokens per device 1..512, hidden 2048 / 7168, top-8 of 256
 //           experts, bf16 and INT8 (paper Fig. 6)
 // Two device processes pinned to cores 0 and 1. Writes JSON lines to OUT.
-//   xccl_bench OUT.jsonl [--quick]
+//   xccl_bench OUT.jsonl [--quick] [memcpy|p2p|moe|lat ROUND]
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -39,6 +40,35 @@ void bench_memcpy(const char* out, bool quick) {
                    ",\"min_us\":" + std::to_string(min_of(samples) * 1e6) +
                    ",\"gbps\":" + std::to_string(double(n) / med / 1e9) + "}");
   }
+}
+
+// Interleaved latency rounds (run.sh alternates this with the Open MPI one, so both sides
+// meet the same VM state): 8 B send/recv ping-pong only, 20000 round trips, one JSON line.
+int g_lat_round = 0;
+
+Status lat_device(Fabric& f, const char* out, bool) {
+  XDS_ASSIGN_OR_RETURN(auto t, make_transport("shm", f));
+  const int me = f.rank(), peer = 1 - me;
+  P2p p2p(f, *t, P2pOptions{.timeout_ms = 600'000});
+  std::byte sbuf[8] = {}, rbuf[8];
+  std::vector<double> samples;
+  for (int i = 0; i < 20'002; ++i) {
+    const double t0 = now_s();
+    if (me == 0) {
+      XDS_RETURN_IF_ERROR(p2p.send(peer, uint64_t(i), sbuf));
+      XDS_RETURN_IF_ERROR(p2p.recv(peer, uint64_t(i), rbuf).status());
+    } else {
+      XDS_RETURN_IF_ERROR(p2p.recv(peer, uint64_t(i), rbuf).status());
+      XDS_RETURN_IF_ERROR(p2p.send(peer, uint64_t(i), sbuf));
+    }
+    if (i >= 2) samples.push_back((now_s() - t0) / 2);
+  }
+  if (me == 0)
+    jsonl(out, "{\"bench\":\"lat\",\"impl\":\"xccl\",\"bytes\":8,\"round\":" +
+                   std::to_string(g_lat_round) +
+                   ",\"one_way_us\":" + std::to_string(median(samples) * 1e6) +
+                   ",\"one_way_min_us\":" + std::to_string(min_of(samples) * 1e6) + "}");
+  return Status::ok_status();
 }
 
 Status p2p_device(Fabric& f, const char* out, bool quick) {
@@ -121,7 +151,13 @@ Status moe_device(Fabric& f, const char* out, bool quick) {
   const ExpertMap map = ExpertMap::identity(256, 2, 128);
   uint64_t key = 0;
   for (int H : {2048, 7168}) {
-    for (bool int8 : {false, true}) {
+    // dtype: bf16; int8 = dispatch quantizes the rows remote receivers need (critical path);
+    // int8 + producer = the engine's producer epilogue wrote every token's INT8 row beside
+    // the bf16 one (SenderRows::kBf16AndInt8; not timed, like the bf16 input write), dispatch
+    // only dequantizes.
+    for (int variant : {0, 1, 2}) {
+      const bool int8 = variant > 0, producer = variant == 2;
+      const SenderRows form = producer ? SenderRows::kBf16AndInt8 : SenderRows::kBf16;
       ExchangeRoles roles{{0, 1}, {0, 1}, f.layout().staging};
       XDS_ASSIGN_OR_RETURN(auto ex, Exchange::create(mb, moe_cfg(H, int8), roles, nullptr));
       for (int T : moe_token_counts()) {
@@ -147,9 +183,15 @@ Status moe_device(Fabric& f, const char* out, bool quick) {
             const double ti = now_s();
             XDS_ASSIGN_OR_RETURN(uint16_t * in, ex->input_rows());
             std::memcpy(in, x.data(), x.size() * 2);
+            if (producer) {  // the epilogue's second store of each row, INT8 + scale
+              XDS_ASSIGN_OR_RETURN(std::byte * q, ex->int8_rows());
+              for (int i = 0; i < T; ++i)
+                quantize_row_int8(x.data() + size_t(i) * size_t(H), H,
+                                  q + size_t(i) * int8_row_stride(H));
+            }
             const uint64_t b0 = ex->stats().bytes_pulled_tokens;
             const double t0 = now_s();
-            XDS_RETURN_IF_ERROR(ex->dispatch(T, ids, w, map, key));
+            XDS_RETURN_IF_ERROR(ex->dispatch(T, ids, w, map, key, false, form));
             const double t1 = now_s();
             // Not timed (as on the Open MPI side): the "experts" (output = input row), which
             // gather their inputs through row(r) and either write one output row per (token,
@@ -191,7 +233,8 @@ Status moe_device(Fabric& f, const char* out, bool quick) {
           if (me == 0)
             jsonl(out, "{\"bench\":\"moe\",\"impl\":\"xccl\",\"world\":2,\"tokens\":" +
                            std::to_string(T) + ",\"hidden\":" + std::to_string(H) +
-                           ",\"dtype\":\"" + (int8 ? "int8" : "bf16") + "\",\"presum\":\"" +
+                           ",\"dtype\":\"" + (int8 ? "int8" : "bf16") + "\",\"quant\":\"" +
+                           (producer ? "producer" : "dispatch") + "\",\"presum\":\"" +
                            presum + "\",\"dispatch_us\":" + std::to_string(median(td) * 1e6) +
                            ",\"combine_us\":" + std::to_string(median(tc) * 1e6) +
                            ",\"dispatch_min_us\":" + std::to_string(min_of(td) * 1e6) +
@@ -227,7 +270,8 @@ int run_devices(const LaunchOptions& o, Status (*fn)(Fabric&, const char*, bool)
 int main(int argc, char** argv) {
   const char* out = argc > 1 ? argv[1] : "xccl.jsonl";
   const bool quick = argc > 2 && std::string(argv[2]) == "--quick";
-  const std::string only = argc > 3 ? argv[3] : "";
+  const std::string only = argc > 3 ? argv[3] : "";  // memcpy | p2p | moe | lat ROUND
+  if (only == "lat") g_lat_round = argc > 4 ? std::atoi(argv[4]) : 0;
   if (only.empty() || only == "memcpy") bench_memcpy(out, quick);
   LaunchOptions o;
   o.devices = 2;
@@ -238,6 +282,7 @@ int main(int argc, char** argv) {
   o.arena.app_bytes = size_t(64) << 20;
   o.arena.staging_bytes = 4096;
   if ((only.empty() || only == "p2p") && run_devices(o, p2p_device, out, quick) != 0) return 1;
+  if (only == "lat") return run_devices(o, lat_device, out, quick);
   o.arena.app_bytes = 0;
   o.arena.staging_bytes = moe_staging_bytes(moe_cfg(7168, true), 2);
   if ((only.empty() || only == "moe") && run_devices(o, moe_device, out, quick) != 0) return 1;

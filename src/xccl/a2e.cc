@@ -215,7 +215,8 @@ Status A2e::a2e_recv(int domain, const ExpertMap& map, uint64_t key) {
       XDS_RETURN_IF_ERROR(ex_->input_rows().status());  // previous round released
     }
     partner_tokens_ = n;
-    XDS_RETURN_IF_ERROR(ex_->send_tokens(plan, map.version, n, key, more, cfg_.int8));
+    XDS_RETURN_IF_ERROR(ex_->send_tokens(plan, map.version, n, key, more,
+                                         cfg_.int8 ? SenderRows::kInt8 : SenderRows::kBf16));
   }
   return ex_->recv_tokens(key);
 }

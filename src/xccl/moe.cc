@@ -130,7 +130,7 @@ Result<std::byte*> Exchange::int8_rows() {
 }
 
 Status Exchange::send_tokens(const RoutePlan& plan, uint64_t map_version, int n_tokens,
-                             uint64_t key, bool more, bool rows_quantized) {
+                             uint64_t key, bool more, SenderRows rows) {
   if (my_sender_ < 0)
     return failed_precondition("rank {} is not a sender of this exchange", f_.rank());
   if (n_tokens < 0 || n_tokens > cfg_.max_tokens)
@@ -139,11 +139,14 @@ Status Exchange::send_tokens(const RoutePlan& plan, uint64_t map_version, int n_
   if (plan.per_device.size() != roles_.receivers.size())
     return invalid_argument("moe send: route plan has {} devices, the exchange {} receivers",
                             plan.per_device.size(), roles_.receivers.size());
+  if (rows != SenderRows::kBf16 && !cfg_.int8)
+    return invalid_argument("moe send: INT8 rows given but the exchange has no INT8 staging "
+                            "(MoeConfig::int8 is false)");
   XDS_RETURN_IF_ERROR(wait_released(true));
   if (&plan != &plan_) plan_ = plan;  // dispatch() plans straight into plan_
   n_tokens_ = n_tokens;
   more_ = more;
-  rows_quantized_ = rows_quantized;
+  rows_ = rows;
   map_version_ = map_version;
   // Route lists for every remote receiver, and which tokens some remote receiver needs.
   std::vector<uint8_t> remote(size_t(n_tokens), 0);
@@ -158,8 +161,8 @@ Status Exchange::send_tokens(const RoutePlan& plan, uint64_t map_version, int n_
     t_.put(MemDesc{f_.rank(), lay_.routes + d * list_bytes, list_bytes}, 0, list.data(),
            list.size() * sizeof(RouteEntry));
   }
-  const bool int8 = cfg_.int8 || rows_quantized;
-  if (cfg_.int8 && !rows_quantized) {
+  const bool int8 = cfg_.int8;
+  if (cfg_.int8 && rows == SenderRows::kBf16) {
     const auto* in = reinterpret_cast<const uint16_t*>(f_.local() + lay_.input);
     std::byte* q = f_.local() + lay_.qrows;
     parallel(n_tokens, [&](int64_t b, int64_t e, int) {
@@ -204,7 +207,7 @@ Status Exchange::recv_tokens(uint64_t key) {
     const int rank = roles_.senders[s];
     if (rank == f_.rank()) {
       from_[s] = plan_.per_device[size_t(my_receiver_)];
-      from_flags_[s] = rows_quantized_ ? int(kFlagInt8) : 0;
+      from_flags_[s] = rows_ == SenderRows::kInt8 ? int(kFlagInt8) : 0;
       continue;
     }
     const MailWords& m = w[wi++];
@@ -428,7 +431,7 @@ Status Exchange::gather_vectors(uint16_t* out, uint64_t key) {
 
 Status Exchange::dispatch(int n_tokens, std::span<const int32_t> topk_ids,
                           std::span<const float> weights, const ExpertMap& map, uint64_t key,
-                          bool more) {
+                          bool more, SenderRows rows) {
   if (map.n_devices != int(roles_.receivers.size()) ||
       map.slots_per_device != cfg_.slots_per_device)
     return invalid_argument(
@@ -437,7 +440,7 @@ Status Exchange::dispatch(int n_tokens, std::span<const int32_t> topk_ids,
   // Planned straight into plan_ (its lists' storage is reused from step to step); nothing of
   // the previous round reads plan_ any more (combine uses refs_ / from_).
   XDS_RETURN_IF_ERROR(plan_routes_into(map, topk_ids, weights, n_tokens, cfg_.topk, plan_));
-  XDS_RETURN_IF_ERROR(send_tokens(plan_, map.version, n_tokens, key, more));
+  XDS_RETURN_IF_ERROR(send_tokens(plan_, map.version, n_tokens, key, more, rows));
   return recv_tokens(key);
 }
 

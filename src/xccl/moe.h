@@ -8,7 +8,8 @@
 // dispatch (sender S, receiver R):
 //   1. S waits until every receiver released S's previous round (kDispatchDone), writes its
 //      RouteEntry lists (one per receiver) into its staging, and, with INT8, quantizes the rows
-//      some remote receiver needs (one scale per token, fused into that copy).
+//      some remote receiver needs (one scale per token) unless the engine already wrote them
+//      (SenderRows::kBf16AndInt8: quantized in the producer's epilogue, off the critical path).
 //   2. S posts counts to every receiver (kDispatchMeta: entries, map version, flags).
 //   3. R waits for every sender's counts ("counts and offsets first"), pulls the route lists,
 //      then pulls each (token, device) row ONCE, straight from S's input staging into its
@@ -79,6 +80,17 @@ struct AlignedDelete {
 };
 using RowBuffer = std::unique_ptr<uint16_t[], AlignedDelete>;
 
+// What a sender's engine wrote into its staging for a round (send_tokens / dispatch):
+//   kBf16         input_rows() only. With MoeConfig::int8, dispatch quantizes the rows some
+//                 remote receiver needs (on the critical path).
+//   kBf16AndInt8  input_rows() and, for every token, int8_rows() (quantize_row_int8, e.g. in
+//                 the producer's epilogue while the row is in registers): dispatch does no
+//                 quantizing, receivers only dequantize; own experts read the bf16 rows in
+//                 place. Needs MoeConfig::int8.
+//   kInt8         int8_rows() only (a trampoline forwarding INT8 rows); own rows are
+//                 dequantized like remote ones. Needs MoeConfig::int8.
+enum class SenderRows : uint8_t { kBf16, kBf16AndInt8, kInt8 };
+
 struct ExchangeLayout {
   uint64_t routes = 0, input = 0, qrows = 0, presum = 0, end = 0;  // absolute arena offsets
 };
@@ -112,9 +124,9 @@ class Exchange {
   Result<uint16_t*> input_rows();
   // Same for the INT8 rows [max_tokens][int8_row_bytes] (a trampoline fills them directly).
   Result<std::byte*> int8_rows();
-  // Routes n_tokens rows of input_rows() (or, with rows_quantized, of int8_rows()).
+  // Routes n_tokens rows; `rows` says what the engine wrote (SenderRows).
   Status send_tokens(const RoutePlan& plan, uint64_t map_version, int n_tokens, uint64_t key,
-                     bool more, bool rows_quantized = false);
+                     bool more, SenderRows rows = SenderRows::kBf16);
   // Pulls one pre-summed vector per (token, receiver) and sums: out [n_tokens, hidden] bf16.
   Status gather_vectors(uint16_t* out, uint64_t key);
 
@@ -141,7 +153,8 @@ class Exchange {
 
   // ---- symmetric helpers (this device is sender and receiver) ----
   Status dispatch(int n_tokens, std::span<const int32_t> topk_ids, std::span<const float> weights,
-                  const ExpertMap& map, uint64_t key, bool more = false);
+                  const ExpertMap& map, uint64_t key, bool more = false,
+                  SenderRows rows = SenderRows::kBf16);
   Status combine(uint16_t* out, uint64_t key);
   Status combine_presummed(uint16_t* out, uint64_t key);  // send_presummed + gather_vectors
 
@@ -181,7 +194,8 @@ class Exchange {
   uint64_t key_tokens_ = 0;
   std::vector<uint32_t> ref_offset_;                // [n_tokens + 1] CSR over (receiver, entry)
   std::vector<std::pair<int32_t, uint32_t>> refs_;  // (receiver position, entry index)
-  bool more_ = false, rows_quantized_ = false;
+  bool more_ = false;
+  SenderRows rows_ = SenderRows::kBf16;
   uint64_t token_rounds_ = 0, token_released_ = 0;
   uint64_t vector_rounds_ = 0, vector_released_ = 0;
   uint64_t key_released_[2] = {0, 0};  // key of the last round whose release is awaited

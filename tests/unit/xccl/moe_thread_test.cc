@@ -2,6 +2,8 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <set>
+#include <utility>
 
 #include "moe_reference.h"
 #include "xccl/thread_fabric.h"
@@ -134,6 +136,83 @@ TEST(XcclMoeThread, Int8DispatchWithinThePerTokenBound) {
   c.int8 = true;
   c.n_tokens = {10, 4, 16};
   run_everywhere(c);
+}
+
+// The producer writes both forms, as an epilogue would (bf16 rows, and every token's INT8 row
+// + scale): dispatch does no quantizing, receivers dequantize; own rows stay exact bf16. Three
+// steps on one Exchange, checked against the reference (INT8 bound for other devices' rows).
+TEST(XcclMoeThread, Int8RowsWrittenByTheProducerDispatchWithinTheBound) {
+  MoeCase c;
+  c.world = 3;
+  c.n_logical = 9;
+  c.hidden = 96;
+  c.int8 = true;
+  c.max_tokens = 16;
+  c.n_tokens = {10, 0, 16};
+  auto tf = ThreadFabric::create(arena_for(c), 5);
+  ASSERT_TRUE(tf.ok());
+  auto st = (*tf)->run([&](Fabric& f) -> Status {
+    auto t = make_transport("shm", f);
+    Mailbox mb(f, **t);
+    ThreadPool pool(2);
+    ExchangeRoles roles{{0, 1, 2}, {0, 1, 2}, f.layout().staging};
+    XDS_ASSIGN_OR_RETURN(auto ex, Exchange::create(mb, moe_config(c), roles, &pool));
+    std::vector<testing::DeviceInput> in;
+    for (int d = 0; d < c.world; ++d) in.push_back(testing::make_input(c, d));
+    const int me = f.rank(), n = c.n_tokens[size_t(me)];
+    const ExpertMap map = testing::make_map(c);
+    const std::vector<int> begin(size_t(c.world), 0);
+    for (uint32_t step = 0; step < 3; ++step) {
+      const uint64_t key = collective_key(f.epoch(), step, 2, 0);
+      XDS_ASSIGN_OR_RETURN(uint16_t * x, ex->input_rows());
+      XDS_ASSIGN_OR_RETURN(std::byte * q, ex->int8_rows());
+      for (int i = 0; i < n; ++i) {
+        const uint16_t* row = in[size_t(me)].x.data() + size_t(i) * size_t(c.hidden);
+        std::memcpy(x + size_t(i) * size_t(c.hidden), row, size_t(c.hidden) * 2);
+        quantize_row_int8(row, c.hidden, q + size_t(i) * int8_row_stride(c.hidden));
+      }
+      const uint64_t pulled0 = ex->stats().bytes_pulled_tokens;
+      XDS_RETURN_IF_ERROR(ex->dispatch(n, in[size_t(me)].ids, in[size_t(me)].w, map, key, false,
+                                       SenderRows::kBf16AndInt8));
+      XDS_RETURN_IF_ERROR(testing::check_received(c, in, me, begin, c.n_tokens, *ex)
+                              .with_context(fmt::format("step {}", step)));
+      // INT8 on the wire: one INT8 row per (token, other device) of the reference routing.
+      std::set<std::pair<int, int>> units;
+      for (const auto& r : testing::expected_rows(c, in, me, begin, c.n_tokens))
+        if (r.src != me) units.insert({r.src, r.token});
+      const uint64_t pulled = ex->stats().bytes_pulled_tokens - pulled0;
+      if (pulled != units.size() * int8_row_bytes(c.hidden))
+        return internal_error("rank {} step {}: pulled {} bytes, {} INT8 rows are {}", me, step,
+                              pulled, units.size(), units.size() * int8_row_bytes(c.hidden));
+      testing::run_experts(c, me, *ex, ex->expert_out());
+      std::vector<uint16_t> out(size_t(n) * size_t(c.hidden), 0xFFFF);
+      XDS_RETURN_IF_ERROR(ex->combine(out.data(), key));
+      XDS_RETURN_IF_ERROR(testing::check_combined(c, in[size_t(me)], me, out)
+                              .with_context(fmt::format("step {}", step)));
+    }
+    return ex->finish();
+  });
+  for (size_t r = 0; r < st.size(); ++r)
+    EXPECT_TRUE(st[r].ok()) << "rank " << r << ": " << st[r].to_string();
+  // INT8 rows on an exchange without INT8 staging: an error naming the setting, on every rank
+  // (before anything is posted).
+  MoeCase b = c;
+  b.int8 = false;
+  auto tf2 = ThreadFabric::create(arena_for(b), 6);
+  ASSERT_TRUE(tf2.ok());
+  auto st2 = (*tf2)->run([&](Fabric& f) -> Status {
+    auto t = make_transport("shm", f);
+    Mailbox mb(f, **t);
+    ExchangeRoles roles{{0, 1, 2}, {0, 1, 2}, f.layout().staging};
+    XDS_ASSIGN_OR_RETURN(auto ex, Exchange::create(mb, moe_config(b), roles, nullptr));
+    const auto in = testing::make_input(b, f.rank());
+    return ex->dispatch(b.n_tokens[size_t(f.rank())], in.ids, in.w, testing::make_map(b), 1,
+                        false, SenderRows::kBf16AndInt8);
+  });
+  for (size_t r = 0; r < st2.size(); ++r) {
+    EXPECT_EQ(st2[r].code(), StatusCode::kInvalidArgument) << st2[r].to_string();
+    EXPECT_NE(st2[r].message().find("MoeConfig::int8"), std::string::npos) << st2[r].to_string();
+  }
 }
 
 // The engine pre-sums itself (as an expert GEMM epilogue would) into presum_vector(unit):
