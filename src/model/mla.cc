@@ -2,6 +2,7 @@
 // docs/design/deepseek_v3_forward.md). Shapes: n tokens, H heads, Dn/Dr/Dv head dims,
 // C = kv_lora_rank, Q = q_lora_rank, S = context length of a chunk's sequence.
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <optional>
 #include <utility>
@@ -131,26 +132,76 @@ void DeepseekV3Model::run_attention(const MlaWeights& w, int64_t cache_layer, co
         }
       });
     }
-    // One work item = one token × a group of heads; with fewer tokens than threads the
-    // heads are split so that every thread has work.
     phase.emplace(phases_, "attn.absorbed_core");
-    const int64_t tokens = static_cast<int64_t>(absorbed_tokens.size());
-    const int64_t groups = tokens >= threads ? 1 : std::min<int64_t>(heads, threads);
-    const int64_t per_group = (heads + groups - 1) / groups;
-    float* group_scores = grow(s_scores_, threads * per_group * max_ctx);
-    pool.parallel_for(tokens * groups, [&](int64_t i0, int64_t i1, int thread) {
-      float* scores = group_scores + thread * per_group * max_ctx;
-      for (int64_t i = i0; i < i1; ++i) {
-        const int64_t t = absorbed_tokens[i / groups], g = i % groups;
-        const int64_t h0 = g * per_group, h1 = std::min(heads, h0 + per_group);
-        if (h0 >= h1) continue;
-        const Batch::Chunk& ch = b.chunks[token_chunk[t]];
-        const kernels::AbsorbedQuery aq{q_abs + t * heads * lat,   lat, q + t * heads * dq + dn, dq,
-                                        lat_out + t * heads * lat, lat};
-        kernels::mla_absorbed_attention(aq, h0, h1, cache.view(cache_layer, ch.seq), b.pos[t] + 1,
-                                        scale, scores);
+    // One work item = one token × one part of its context (absorbed_context_split: a
+    // function of the context length alone, so results do not depend on the batch or the
+    // thread count). Items are taken from a shared counter, longest first; a token with
+    // several parts is merged afterwards from its parts' unnormalised sums.
+    using Item = AbsorbedItem;
+    std::vector<Item>& items = s_items_;
+    items.clear();
+    int64_t slots = 0;
+    for (const int64_t t : absorbed_tokens) {
+      const int64_t ctx = b.pos[t] + 1;
+      const kernels::AbsorbedSplit split = kernels::absorbed_context_split(ctx);
+      for (int64_t p = 0; p < split.count; ++p) {
+        items.push_back({t, p * split.rows, std::min(ctx, (p + 1) * split.rows),
+                         split.count > 1 ? slots++ : -1});
+      }
+    }
+    std::stable_sort(items.begin(), items.end(), [](const Item& x, const Item& y) {
+      return x.end - x.begin > y.end - y.begin;
+    });
+    float* part_out = grow(s_part_out_, slots * heads * lat);  // [slots, H, C]
+    float* part_ml = grow(s_part_ml_, slots * 2 * heads);      // [slots, 2, H]: m, l
+    const int64_t per_thread =
+        std::min<int64_t>(16, heads) * std::min(max_ctx, kernels::kAbsorbedSliceRows);
+    float* all_scores = grow(s_scores_, threads * per_thread);
+    std::atomic<int64_t> next{0};
+    pool.run_on_all([&](int thread) {
+      float* scores = all_scores + thread * per_thread;
+      for (int64_t i = next.fetch_add(1, std::memory_order_relaxed);
+           i < static_cast<int64_t>(items.size()); i = next.fetch_add(1, std::memory_order_relaxed)) {
+        const Item& it = items[i];
+        const Batch::Chunk& ch = b.chunks[token_chunk[it.token]];
+        const kernels::AbsorbedQuery aq{q_abs + it.token * heads * lat,   lat,
+                                        q + it.token * heads * dq + dn,   dq,
+                                        lat_out + it.token * heads * lat, lat};
+        const kernels::LatentKvView kv = cache.view(cache_layer, ch.seq);
+        if (it.slot < 0) {
+          kernels::mla_absorbed_attention(aq, 0, heads, kv, it.end, scale, scores);
+        } else {
+          float* ml = part_ml + it.slot * 2 * heads;
+          const kernels::AbsorbedPart part{part_out + it.slot * heads * lat, lat, ml, ml + heads};
+          kernels::mla_absorbed_attention_part(aq, 0, heads, kv, it.begin, it.end, scale, scores,
+                                               part);
+        }
       }
     });
+    if (slots > 0) {
+      // Slots were numbered token by token, parts in context order: token t's parts are
+      // consecutive slots. Merge each multi-part token (parts in context order).
+      std::vector<std::pair<int64_t, int64_t>>& merges = s_merges_;  // (token, first slot)
+      merges.clear();
+      int64_t slot = 0;
+      for (const int64_t t : absorbed_tokens) {
+        const int64_t count = kernels::absorbed_context_split(b.pos[t] + 1).count;
+        if (count > 1) merges.emplace_back(t, slot), slot += count;
+      }
+      pool.parallel_for(static_cast<int64_t>(merges.size()), [&](int64_t i0, int64_t i1, int) {
+        for (int64_t i = i0; i < i1; ++i) {
+          const auto [t, first] = merges[i];
+          const int64_t count = kernels::absorbed_context_split(b.pos[t] + 1).count;
+          kernels::AbsorbedPart parts[kernels::kAbsorbedMaxParts];
+          for (int64_t p = 0; p < count; ++p) {
+            float* ml = part_ml + (first + p) * 2 * heads;
+            parts[p] = {part_out + (first + p) * heads * lat, lat, ml, ml + heads};
+          }
+          kernels::mla_absorbed_merge({parts, static_cast<size_t>(count)}, heads, lat,
+                                      lat_out + t * heads * lat, lat);
+        }
+      });
+    }
     phase.emplace(phases_, "attn.w_uv");
     for (auto [r0, r1] : runs) {
       pool.parallel_for(heads, [&](int64_t h0, int64_t h1, int) {

@@ -166,48 +166,49 @@ void pv_slice(const float* p, int64_t nh, int64_t ldp, const LatentKvView& kv, i
   }
 }
 
-// One group of nh <= 16 heads: the context in slices of kAbsorbedSliceRows rows; per slice
-// the scores (the rows come from DRAM, prefetched), an online softmax (running max m and
-// sum l per head; out rescaled by exp(m_old - m_new) when the max grows), then p·latent
-// while the slice's rows are still in L2. Each cached row is read from memory once.
+// One group of nh <= 16 heads over context rows [s_begin, s_end), in slices of
+// kAbsorbedSliceRows rows; per slice the scores (the rows come from DRAM, prefetched), an
+// online softmax (running max m and sum l per head; out rescaled by exp(m_old - m_new) when
+// the max grows), then p·latent while the slice's rows are still in L2. Each cached row is
+// read from memory once. Leaves out unnormalised: out[h] = Σ_s e^(score - m[h]) latent(s),
+// l[h] = Σ_s e^(score - m[h]).
 void attend_group(const AbsorbedQuery& q, int64_t h0, int64_t nh, const LatentKvView& kv,
-                  int64_t ctx, float scale, float* sc, float* qt) {
+                  int64_t s_begin, int64_t s_end, float scale, float* sc, float* qt, float* out,
+                  int64_t out_ld, float* m, float* l) {
   const int64_t lat = kv.latent_dim, dr = kv.rope_dim;
   const int64_t kw = nh > 8 ? 16 : 8;
   transpose_queries(q, h0, nh, lat, dr, kw, qt);
-  float m[16], l[16];
-  float* out = q.out + h0 * q.out_ld;
-  for (int64_t s0 = 0; s0 < ctx; s0 += kAbsorbedSliceRows) {
-    const int64_t s1 = std::min(ctx, s0 + kAbsorbedSliceRows), len = s1 - s0;
+  // Slices of equal length (at most kAbsorbedSliceRows): 257 rows go as 86 + 86 + 85, not
+  // 128 + 128 + 1.
+  const int64_t slices = (s_end - s_begin + kAbsorbedSliceRows - 1) / kAbsorbedSliceRows;
+  const int64_t slice_rows = (s_end - s_begin + slices - 1) / slices;
+  for (int64_t s0 = s_begin; s0 < s_end; s0 += slice_rows) {
+    const int64_t s1 = std::min(s_end, s0 + slice_rows), len = s1 - s0;
+    const bool first = s0 == s_begin;
     // 12 accumulators: with 8 (R = 4) the FMA chains left the kernel at ~55 % of peak.
     if (kw == 16) {
-      slice_scores<2, 6>(qt, nh, kv, s0, s1, ctx - 1, sc, len);
+      slice_scores<2, 6>(qt, nh, kv, s0, s1, s_end - 1, sc, len);
     } else {
-      slice_scores<1, 12>(qt, nh, kv, s0, s1, ctx - 1, sc, len);
+      slice_scores<1, 12>(qt, nh, kv, s0, s1, s_end - 1, sc, len);
     }
     for (int64_t j = 0; j < nh; ++j) {
       float* row = sc + j * len;
       float mx = -std::numeric_limits<float>::infinity();
       for (int64_t i = 0; i < len; ++i) mx = std::max(mx, row[i] *= scale);
-      const float m_new = s0 == 0 ? mx : std::max(m[j], mx);
+      const float m_new = first ? mx : std::max(m[j], mx);
       float sum = 0.0f;
       for (int64_t i = 0; i < len; ++i) sum += row[i] = std::exp(row[i] - m_new);
-      if (s0 == 0) {
+      if (first) {
         l[j] = sum;
       } else {
         const float alpha = std::exp(m[j] - m_new);
         l[j] = l[j] * alpha + sum;
-        float* o = out + j * q.out_ld;
+        float* o = out + j * out_ld;
         for (int64_t c = 0; c < lat; ++c) o[c] *= alpha;
       }
       m[j] = m_new;
     }
-    pv_slice(sc, nh, len, kv, s0, s1, s0 == 0, out, q.out_ld);
-  }
-  for (int64_t j = 0; j < nh; ++j) {
-    const float inv = 1.0f / l[j];
-    float* o = out + j * q.out_ld;
-    for (int64_t c = 0; c < lat; ++c) o[c] *= inv;
+    pv_slice(sc, nh, len, kv, s0, s1, first, out, out_ld);
   }
 }
 
@@ -219,8 +220,54 @@ void mla_absorbed_attention(const AbsorbedQuery& q, int64_t head_begin, int64_t 
   thread_local std::vector<float> qt;
   qt.resize(static_cast<size_t>((kv.latent_dim + kv.rope_dim) * 16));
   for (int64_t g = head_begin; g < head_end; g += 16) {
-    attend_group(q, g, std::min<int64_t>(16, head_end - g), kv, ctx, scale, scores, qt.data());
+    const int64_t nh = std::min<int64_t>(16, head_end - g);
+    float m[16], l[16];
+    float* out = q.out + g * q.out_ld;
+    attend_group(q, g, nh, kv, 0, ctx, scale, scores, qt.data(), out, q.out_ld, m, l);
+    for (int64_t j = 0; j < nh; ++j) {
+      const float inv = 1.0f / l[j];
+      for (int64_t c = 0; c < kv.latent_dim; ++c) out[j * q.out_ld + c] *= inv;
+    }
   }
+}
+
+void mla_absorbed_attention_part(const AbsorbedQuery& q, int64_t head_begin, int64_t head_end,
+                                 const LatentKvView& kv, int64_t s_begin, int64_t s_end,
+                                 float scale, float* scores, const AbsorbedPart& part) {
+  XDS_CHECK(s_begin < s_end, "mla_absorbed_attention_part: empty rows [{}, {})", s_begin, s_end);
+  thread_local std::vector<float> qt;
+  qt.resize(static_cast<size_t>((kv.latent_dim + kv.rope_dim) * 16));
+  for (int64_t g = head_begin; g < head_end; g += 16) {
+    const int64_t j = g - head_begin;
+    attend_group(q, g, std::min<int64_t>(16, head_end - g), kv, s_begin, s_end, scale, scores,
+                 qt.data(), part.out + j * part.out_ld, part.out_ld, part.m + j, part.l + j);
+  }
+}
+
+void mla_absorbed_merge(std::span<const AbsorbedPart> parts, int64_t nh, int64_t lat, float* out,
+                        int64_t out_ld) {
+  for (int64_t h = 0; h < nh; ++h) {
+    float mx = -std::numeric_limits<float>::infinity();
+    for (const AbsorbedPart& p : parts) mx = std::max(mx, p.m[h]);
+    float denom = 0.0f;
+    for (const AbsorbedPart& p : parts) denom += std::exp(p.m[h] - mx) * p.l[h];
+    const float inv = 1.0f / denom;
+    float* o = out + h * out_ld;
+    for (size_t i = 0; i < parts.size(); ++i) {
+      const float w = std::exp(parts[i].m[h] - mx) * inv;
+      const float* src = parts[i].out + h * parts[i].out_ld;
+      if (i == 0) {
+        for (int64_t c = 0; c < lat; ++c) o[c] = w * src[c];
+      } else {
+        for (int64_t c = 0; c < lat; ++c) o[c] += w * src[c];
+      }
+    }
+  }
+}
+
+AbsorbedSplit absorbed_context_split(int64_t ctx) {
+  const int64_t count = std::clamp<int64_t>(ctx / kAbsorbedPartMinRows, 1, kAbsorbedMaxParts);
+  return {count, (ctx + count - 1) / count};
 }
 
 void mla_expanded_attention(const ExpandedChunk& c, int64_t h, float scale, float* scores) {

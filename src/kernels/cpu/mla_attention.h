@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 
 namespace xds::kernels {
 
@@ -55,6 +56,39 @@ inline constexpr int64_t kAbsorbedSliceRows = 128;
 // floats.
 void mla_absorbed_attention(const AbsorbedQuery& q, int64_t head_begin, int64_t head_end,
                             const LatentKvView& kv, int64_t ctx, float scale, float* scores);
+
+// A part of one token's context, for several threads on one token (flash-decoding style):
+// out[h] = Σ_{s in part} e^(score[h, s] - m[h]) latent(s), unnormalised, at out + h*out_ld;
+// m[h] the part's max score, l[h] = Σ_{s in part} e^(score[h, s] - m[h]).
+struct AbsorbedPart {
+  float* out;
+  int64_t out_ld;
+  float* m;
+  float* l;
+};
+
+// Heads [head_begin, head_end) over context rows [s_begin, s_end) into `part` (head j of
+// the range at row j of part.out, m[j], l[j]). scores: scratch as for mla_absorbed_attention.
+void mla_absorbed_attention_part(const AbsorbedQuery& q, int64_t head_begin, int64_t head_end,
+                                 const LatentKvView& kv, int64_t s_begin, int64_t s_end,
+                                 float scale, float* scores, const AbsorbedPart& part);
+
+// out[h] = Σ_i e^(m_i[h] - M) out_i[h] / Σ_i e^(m_i[h] - M) l_i[h], M = max_i m_i[h], parts
+// taken in the order given: the attention of the whole context from its parts.
+void mla_absorbed_merge(std::span<const AbsorbedPart> parts, int64_t nh, int64_t lat, float* out,
+                        int64_t out_ld);
+
+// How a context of ctx rows is split into parts: `count` parts of `rows` rows (the last one
+// shorter); a function of ctx alone, so that a token's result does not depend on the batch
+// or the thread count. Parts of at least kAbsorbedPartMinRows rows (one part below that), at
+// most kAbsorbedMaxParts of them: 513 rows go as 257 + 256.
+inline constexpr int64_t kAbsorbedPartMinRows = 256;
+inline constexpr int64_t kAbsorbedMaxParts = 8;
+struct AbsorbedSplit {
+  int64_t count;
+  int64_t rows;
+};
+AbsorbedSplit absorbed_context_split(int64_t ctx);
 
 // The expanded form for one prefill chunk: m new tokens at positions p0 .. p0+m-1 attend to
 // positions [0, p0+m) causally, with keys and values already expanded per head:

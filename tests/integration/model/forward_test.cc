@@ -83,6 +83,37 @@ TEST(Forward, LogitsDoNotDependOnBatchComposition) {
   for (int64_t i = 0; i < 6; ++i) expect_row(10 + i, ref_c, i);
 }
 
+// Decode at a context long enough to be split into parts (absorbed attention, parts merged:
+// kernels::absorbed_context_split) against the same positions prefilled in one chunk (the
+// expanded form), and against the same decode step carried in a batch with a short sequence.
+TEST(Forward, DecodeOverALongContextMatchesPrefill) {
+  const std::string dir = make_tiny("long", 13);
+  ModelOptions mo;
+  mo.threads = 2;
+  auto m = DeepseekV3Model::load(dir, mo);
+  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  DeepseekV3Model& model = **m;
+  const int64_t v = model.config().vocab_size, n = 300;
+  const auto ids = random_ids(n, v, 4);
+  const auto ref = alone(model, ids);  // every position, one prefill chunk
+  for (const bool with_neighbour : {false, true}) {
+    KvCache cache = model.make_cache(2 * n);
+    const int64_t seq = cache.add_sequence(), other = cache.add_sequence();
+    StepOutput out;
+    const TokenChunk prefill{seq, 0, std::span(ids).first(n - 1), false};
+    ASSERT_TRUE(model.forward({&prefill, 1}, cache, out).ok());
+    const auto short_ids = random_ids(3, v, 9);
+    std::vector<TokenChunk> step = {{seq, n - 1, std::span(ids).subspan(n - 1, 1), false}};
+    if (with_neighbour) step.push_back({other, 0, std::span(short_ids), false});
+    ASSERT_TRUE(model.forward(step, cache, out).ok());
+    for (int64_t i = 0; i < v; ++i) {
+      const float r = ref[(n - 1) * v + i];
+      ASSERT_NEAR(out.logits[i], r, 1e-5f * (1.0f + std::fabs(r)))
+          << "vocab " << i << (with_neighbour ? " (batched)" : " (alone)");
+    }
+  }
+}
+
 TEST(Forward, Bf16ModeStaysWithinToleranceOfF32TeacherForced) {
   // Stated tolerance of the fast mode: per row, max |l_bf16 - l_f32| <= 3e-2 * max |l_f32|,
   // and the same argmax wherever the f32 top-2 margin exceeds twice that bound. Both apply to

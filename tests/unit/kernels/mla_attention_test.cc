@@ -1,4 +1,5 @@
-// The expanded MLA prefill kernel against a plain double-precision causal attention.
+// The MLA kernels (expanded prefill, absorbed decode in whole or in parts) against plain
+// double-precision attention.
 #include "kernels/cpu/mla_attention.h"
 
 #include <gtest/gtest.h>
@@ -103,6 +104,80 @@ TEST(MlaAbsorbed, MatchesReferenceOverPagedBlocks) {
               << " h=" << h;
         }
       }
+    }
+  }
+}
+
+// Attention of every head over [0, ctx) in double precision: [heads, lat].
+std::vector<double> reference_absorbed(const std::vector<float>& q_abs, const std::vector<float>& q_pe,
+                                       int64_t heads, const LatentKvView& kv, int64_t ctx,
+                                       double scale) {
+  const int64_t lat = kv.latent_dim, dr = kv.rope_dim;
+  std::vector<double> out(static_cast<size_t>(heads * lat), 0.0);
+  for (int64_t h = 0; h < heads; ++h) {
+    std::vector<double> s(static_cast<size_t>(ctx));
+    for (int64_t j = 0; j < ctx; ++j) {
+      double acc = 0.0;
+      for (int64_t c = 0; c < lat; ++c) acc += double(q_abs[h * lat + c]) * kv.latent_at(j)[c];
+      for (int64_t c = 0; c < dr; ++c) acc += double(q_pe[h * dr + c]) * kv.rope_at(j)[c];
+      s[j] = acc * scale;
+    }
+    const double mx = *std::max_element(s.begin(), s.end());
+    double z = 0.0;
+    for (double& x : s) z += (x = std::exp(x - mx));
+    for (int64_t j = 0; j < ctx; ++j)
+      for (int64_t c = 0; c < lat; ++c) out[h * lat + c] += s[j] / z * kv.latent_at(j)[c];
+  }
+  return out;
+}
+
+// Parts of the context computed separately, then merged, equal the attention of the whole
+// context; the parts may cut through blocks and slices anywhere.
+TEST(MlaAbsorbed, PartsMergeIntoTheWholeContext) {
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> d(-1.0f, 1.0f);
+  const int64_t lat = 32, dr = 8, bs = 16, blocks = 20, heads = 16, ctx = 300;
+  std::vector<int32_t> table(static_cast<size_t>(blocks));
+  for (int32_t b = 0; b < blocks; ++b) table[b] = (b * 11 + 5) % blocks;
+  std::vector<float> latent(static_cast<size_t>(blocks * bs * lat)), rope(static_cast<size_t>(blocks * bs * dr));
+  std::vector<float> q_abs(static_cast<size_t>(heads * lat)), q_pe(static_cast<size_t>(heads * dr));
+  for (auto* v : {&latent, &rope, &q_abs, &q_pe})
+    for (float& x : *v) x = d(rng);
+  const LatentKvView kv{latent.data(), rope.data(), table.data(), bs, lat, dr};
+  const float scale = 1.5f;
+  const std::vector<double> ref = reference_absorbed(q_abs, q_pe, heads, kv, ctx, scale);
+  const std::vector<std::vector<int64_t>> cuts = {{0, 300}, {0, 100, 257, 300}, {0, 1, 299, 300},
+                                                  {0, 128, 256, 300}};
+  for (const auto& cut : cuts) {
+    const int64_t parts = static_cast<int64_t>(cut.size()) - 1;
+    std::vector<float> part_out(static_cast<size_t>(parts * heads * lat)), ml(static_cast<size_t>(parts * 2 * heads));
+    std::vector<float> scores(static_cast<size_t>(heads * ctx)), out(static_cast<size_t>(heads * lat), -7.0f);
+    std::vector<AbsorbedPart> ps;
+    const AbsorbedQuery q{q_abs.data(), lat, q_pe.data(), dr, nullptr, lat};
+    for (int64_t p = 0; p < parts; ++p) {
+      ps.push_back({part_out.data() + p * heads * lat, lat, ml.data() + p * 2 * heads,
+                    ml.data() + p * 2 * heads + heads});
+      mla_absorbed_attention_part(q, 0, heads, kv, cut[p], cut[p + 1], scale, scores.data(), ps.back());
+    }
+    mla_absorbed_merge(ps, heads, lat, out.data(), lat);
+    for (int64_t i = 0; i < heads * lat; ++i)
+      ASSERT_NEAR(out[i], ref[i], 2e-5) << "parts=" << parts << " i=" << i;
+  }
+}
+
+// The split is a function of the context length that covers it exactly.
+TEST(MlaAbsorbed, ContextSplitCoversTheContext) {
+  for (const int64_t ctx : {1, 127, 128, 255, 256, 257, 513, 1000, 4096, 100000}) {
+    const AbsorbedSplit sp = absorbed_context_split(ctx);
+    EXPECT_GE(sp.count, 1);
+    EXPECT_LE(sp.count, kAbsorbedMaxParts) << ctx;
+    if (sp.count > 1) {
+      EXPECT_GE(sp.rows, kAbsorbedPartMinRows) << ctx;
+    }
+    EXPECT_GE(sp.count * sp.rows, ctx) << ctx;           // covers the context
+    EXPECT_LT((sp.count - 1) * sp.rows, ctx) << ctx;     // no empty part
+    if (ctx < kAbsorbedPartMinRows) {
+      EXPECT_EQ(sp.count, 1) << ctx;
     }
   }
 }
