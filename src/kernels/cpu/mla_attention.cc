@@ -12,6 +12,7 @@
 #include "base/check.h"
 #include "kernels/cpu/linear.h"
 #include "kernels/cpu/ops.h"
+#include "kernels/cpu/vec_math.h"
 
 namespace xds::kernels {
 
@@ -193,11 +194,9 @@ void attend_group(const AbsorbedQuery& q, int64_t h0, int64_t nh, const LatentKv
     }
     for (int64_t j = 0; j < nh; ++j) {
       float* row = sc + j * len;
-      float mx = -std::numeric_limits<float>::infinity();
-      for (int64_t i = 0; i < len; ++i) mx = std::max(mx, row[i] *= scale);
+      const float mx = scale_and_max(row, len, scale);
       const float m_new = first ? mx : std::max(m[j], mx);
-      float sum = 0.0f;
-      for (int64_t i = 0; i < len; ++i) sum += row[i] = std::exp(row[i] - m_new);
+      const float sum = exp_shifted_sum(row, len, m_new);
       if (first) {
         l[j] = sum;
       } else {

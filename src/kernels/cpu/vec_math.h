@@ -1,0 +1,43 @@
+// Vectorised exp for AVX2 (8 floats at a time), for softmax and SiLU.
+//
+// exp(x) = 2^n · e^r with n = round(x / ln 2) and r = x - n·ln 2 (ln 2 split in a high part
+// exact in float and a low part, so r is exact to ~1 ulp), |r| <= ln 2 / 2; e^r by its
+// Taylor polynomial to degree 7 (truncation error < 2e-8 relative on that interval) in
+// Horner form with FMA; 2^n put straight into the exponent bits. x is clamped to
+// [-87, 88.3]: below, the result stays the normal 1.6e-38 instead of underflowing (every
+// use adds it to something >= 1 or multiplies it by a bounded value); above, 2^n would overflow (n = 128 from x = 88.38 on).
+// Accuracy: within 2 ulp of std::exp on [-87, 88.3] (tests/unit/kernels/vec_math_test.cc).
+#pragma once
+
+#include <immintrin.h>
+
+#include <cstdint>
+
+namespace xds::kernels {
+
+inline __m256 exp_avx2(__m256 x) {
+  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.3f));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);  // ln 2 high (9 bits)
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);     // ln 2 low
+  __m256 p = _mm256_set1_ps(1.0f / 5040);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+  const __m256i bits = _mm256_slli_epi32(
+      _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
+}
+
+// x[i] = exp(x[i] - shift) for i < n; returns Σ x[i] (8 partial sums, then lanes in order).
+float exp_shifted_sum(float* x, int64_t n, float shift);
+
+// Largest of x[i] * scale after storing x[i] *= scale, i < n (n >= 1).
+float scale_and_max(float* x, int64_t n, float scale);
+
+}  // namespace xds::kernels
