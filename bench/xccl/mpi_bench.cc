@@ -7,7 +7,7 @@
 //     with XCCL's row kernel], Alltoallv of one vector per (token, device) back, per-token sum
 //     with the same kernel.
 // Not timed, on both sides: the "experts" (output = input row), and with presum "experts"
-// the pre-sum in their epilogue. Run by run.sh:
+// the pre-sum in their epilogue. Both sides pass a barrier before dispatch and before combine. Run by run.sh:
 //   mpirun --allow-run-as-root -np 2 --bind-to core --map-by core --mca btl self,vader
 //          xccl_mpi_bench OUT.jsonl [--quick] [lat ROUND]
 #include <mpi.h>
@@ -210,6 +210,7 @@ void moe(int rank, int world, const char* out, bool quick) {
         if (!in_combine)  // the experts' epilogue pre-sums (not timed, as on the XCCL side)
           presum_rows(recvbuf.data(), row, H, n_recv, expert_out.data(), pair_row.data(),
                       back_send.data());
+        MPI_Barrier(MPI_COMM_WORLD);  // both ranks enter combine together (as XCCL's bench)
         const double t1b = now_s();
         // combine: pre-sum each received token over its local experts' outputs (the same
         // row kernel as XCCL's) unless the experts did, send back, sum per token.

@@ -107,7 +107,9 @@ Dispatch + combine, 2 devices (cores 0/1), top-8 of 256 experts, same routing an
             combine = [pre-sum of remote-source tokens] + signal + pull one vector per
             (token, remote device) + per-token sum (own experts' share summed in place).
   Not timed on either side: writing the inputs (xccl: into its staging; MPI packs in dispatch)
-  and the experts themselves (output = input).""")
+  and the experts themselves (output = input). Both sides pass a barrier before dispatch and
+  another before combine, outside the timed regions (the other device's untimed expert work
+  is not timed as a wait).""")
 for presum in ("combine", "experts"):
   for hidden in sorted({k[1] for k in moe}):
     if not any(k[4] == presum and k[1] == hidden for k in moe):

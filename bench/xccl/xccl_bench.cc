@@ -219,6 +219,10 @@ Status moe_device(Fabric& f, const char* out, bool quick) {
                                   ex->presum_vector(uint32_t(u)));
               }
             }
+            // Both devices enter combine together (as in dispatch, and as the Open MPI side
+            // does): the other device's untimed expert work is not timed as a wait here.
+            XDS_RETURN_IF_ERROR(barrier(mb, peers, key ^ (uint64_t(1) << 62),
+                                        WaitCtx{OpKind::kBarrier, deadline_after_ms(600'000)}));
             const double t1b = now_s();
             XDS_RETURN_IF_ERROR(in_combine ? ex->combine(y.data(), key)
                                            : ex->combine_presummed(y.data(), key));
