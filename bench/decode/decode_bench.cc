@@ -41,7 +41,9 @@ int64_t mlp_params(const MlpWeights& m) {
 
 struct StaticCost {
   int64_t dense_bytes = 0;   // weights read once per step whatever the batch
-  int64_t dense_params = 0;  // multiply-adds per token through them
+  int64_t dense_params = 0;  // multiply-adds per token through them (kv_b_proj and lm_head
+                             // not included: their use depends on the step, see below)
+  int64_t lm_head_params = 0;  // per token that gets logits
   int64_t expert_bytes = 0;  // one routed expert
   int64_t expert_params = 0;
 };
@@ -58,8 +60,8 @@ StaticCost static_cost(const DeepseekV3Model& model) {
     for (const auto* m : {&a.q_a_proj, &a.q_b_proj, &a.q_proj})
       if (*m) add(**m);
     add(a.kv_a_proj);
-    add(a.kv_b_proj);
     add(a.o_proj);
+    s.dense_bytes += a.kv_b_proj.bytes();  // read every step; its FLOPs are attention's
     if (l.dense) {
       add(l.dense->gate_proj), add(l.dense->up_proj), add(l.dense->down_proj);
     } else {
@@ -70,15 +72,23 @@ StaticCost static_cost(const DeepseekV3Model& model) {
       s.expert_params = mlp_params(l.moe->experts[0]);
     }
   }
-  add(w.lm_head);
+  s.dense_bytes += w.lm_head.bytes();
+  s.lm_head_params = w.lm_head.rows * w.lm_head.cols;
   return s;
 }
 
-// Attention FLOPs of one token attending `ctx` positions, absorbed form, per layer.
-double attention_flops(const DeepseekV3Config& c, int64_t ctx) {
+// Attention FLOPs per layer of a chunk of m tokens after p0 cached ones, in the form the
+// engine runs (the cheaper one, as model/mla.cc chooses), kv_b_proj included:
+//   absorbed: W_UK and W_UV per token, then scores and p·latent over the latent (C + Dr, C);
+//   expanded: kv_b_proj over the whole context, then scores and p·v per head (Dn + Dr, Dv).
+double attention_flops(const DeepseekV3Config& c, int64_t p0, int64_t m) {
   const double h = c.num_attention_heads, lat = c.kv_lora_rank, dr = c.qk_rope_head_dim;
-  return h * 2.0 * lat * (c.qk_nope_head_dim + c.v_head_dim) +
-         ctx * h * (2.0 * (lat + dr) + 2.0 * lat);
+  const double dn = c.qk_nope_head_dim, dv = c.v_head_dim;
+  const double pairs = double(m) * double(p0) + double(m) * double(m + 1) / 2.0;
+  const double absorbed = m * h * 2.0 * lat * (dn + dv) + pairs * h * (2.0 * (lat + dr) + 2.0 * lat);
+  const double expanded =
+      double(p0 + m) * 2.0 * lat * h * (dn + dv) + pairs * h * (2.0 * (dn + dr) + 2.0 * dv);
+  return std::min(absorbed, expanded);
 }
 
 // Fills positions [0, ctx) of `seq` with random latent/rope values in every main layer: the
@@ -190,11 +200,11 @@ int main(int argc, char** argv) {
         const Status s = model.forward({&ch, 1}, cache, out);
         times.push_back(seconds_since(t0));
         if (!s.ok()) return std::fprintf(stderr, "error: %s\n", s.to_string().c_str()), 1;
-        double attn = 0;
-        for (int64_t t = 0; t < prompt; ++t) attn += attention_flops(c, t + 1);
+        // Logits for the last position only (generate's prefill); one chunk from 0.
         flops = 2.0 * (prompt * static_cast<double>(sc.dense_params) +
+                       static_cast<double>(sc.lm_head_params) +
                        routed_token_experts * static_cast<double>(sc.expert_params)) +
-                attn * c.num_hidden_layers;
+                attention_flops(c, 0, prompt) * c.num_hidden_layers;
         bytes = static_cast<double>(sc.dense_bytes + touched_count() * sc.expert_bytes);
       }
       const double t = median(times);
@@ -245,9 +255,9 @@ int main(int argc, char** argv) {
                                 (c.kv_lora_rank + c.qk_rope_head_dim) * 4.0 * c.num_hidden_layers;
         const double bytes =
             static_cast<double>(sc.dense_bytes + touched_count() * sc.expert_bytes) + kv_bytes;
-        const double flops = 2.0 * (batch * static_cast<double>(sc.dense_params) +
+        const double flops = 2.0 * (batch * static_cast<double>(sc.dense_params + sc.lm_head_params) +
                                     routed_token_experts * static_cast<double>(sc.expert_params)) +
-                             batch * attention_flops(c, ctx) * c.num_hidden_layers;
+                             batch * attention_flops(c, ctx - 1, 1) * c.num_hidden_layers;
         times.push_back(t);
         bytes_v.push_back(bytes);
         flops_v.push_back(flops);

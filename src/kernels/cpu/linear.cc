@@ -250,32 +250,17 @@ void linear_impl(const XT* x, int64_t n, int64_t ldx, const MatrixRef& w, float*
 }
 
 // kPanels16 weights: the pool splits the panels; each thread runs the outer-product kernel
-// over its own, or (from sgemm_min_tokens on) widens groups of 16 panels to fp32 k-major
-// and calls single-threaded sgemm on them (y = x · B, B [cols, 256]).
+// over its own.
 void linear_panels_pool(const float* x, int64_t n, int64_t ldx, const MatrixRef& w, float* y,
-                        int64_t ldy, ThreadPool& pool, bool sgemm) {
+                        int64_t ldy, ThreadPool& pool) {
   const int64_t panels = w.panels();
   // Below ~64K multiply-adds a wake-up of the pool costs more than the work.
-  const bool small = !sgemm && n * w.rows * w.cols < (int64_t{1} << 16);
+  const bool small = n * w.rows * w.cols < (int64_t{1} << 16);
   const int threads = pool.num_threads();
   const int64_t step = small ? panels : (panels + threads - 1) / threads;
   const int64_t tasks = (panels + step - 1) / step;
   pool.parallel_for(tasks, [&](int64_t b, int64_t e, int) {
-    const int64_t p_begin = b * step, p_end = std::min(panels, e * step);
-    if (!sgemm) return panels_linear(x, n, ldx, w, p_begin, p_end, y, ldy);
-    constexpr int64_t kGroup = kSgemmPanelRows / kPanelRows;
-    thread_local std::vector<float> wide;
-    for (int64_t p = p_begin; p < p_end; p += kGroup) {
-      const int64_t q = std::min(p_end, p + kGroup);
-      const int64_t width = (q - p) * kPanelRows;
-      wide.resize(static_cast<size_t>(width * w.cols));
-      widen_panels(w, p, q, wide.data());
-      const int64_t real = std::min(w.rows, q * kPanelRows) - p * kPanelRows;
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(n),
-                  static_cast<int>(real), static_cast<int>(w.cols), 1.0f, x, static_cast<int>(ldx),
-                  wide.data(), static_cast<int>(width), 0.0f, y + p * kPanelRows,
-                  static_cast<int>(ldy));
-    }
+    panels_linear(x, n, ldx, w, b * step, std::min(panels, e * step), y, ldy);
   });
 }
 
@@ -290,8 +275,7 @@ void linear_f32(const float* x, int64_t n, int64_t ldx, const MatrixRef& w, floa
                 ThreadPool& pool, int64_t sgemm_min_tokens) {
   if (n == 0 || w.rows == 0) return;
   if (w.layout == MatrixLayout::kPanels16) {
-    if (n >= sgemm_min_tokens) use_single_threaded_blas();
-    return linear_panels_pool(x, n, ldx, w, y, ldy, pool, n >= sgemm_min_tokens);
+    return linear_panels_pool(x, n, ldx, w, y, ldy, pool);
   }
   if (n >= sgemm_min_tokens) return linear_sgemm(x, n, ldx, w, y, ldy, pool);
   if (w.dtype == DType::kBF16) return linear_impl<float, uint16_t>(x, n, ldx, w, y, ldy, pool);

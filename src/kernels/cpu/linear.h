@@ -18,12 +18,16 @@
 
 namespace xds::kernels {
 
-// From this many tokens on, W is widened to fp32 in panels and multiplied by OpenBLAS sgemm
-// (bench/linear); below, the register-blocked tile kernel reads bf16 W directly.
+// Row-major weights (F32 from FP8/F16 checkpoints, or XDS_WEIGHT_LAYOUT=rows): from this
+// many tokens on, W is widened to fp32 and multiplied by OpenBLAS sgemm (bench/linear);
+// below, the register-blocked tile kernel reads W directly. BF16 panels (the default) always
+// run the panel kernel: it matched or beat widen + sgemm at every n measured (n = 16-512,
+// docs/design/cpu_kernels.md), and needs neither the widened copy nor sgemm's packing.
 inline constexpr int64_t kSgemmMinTokens = 64;
 
 // fp32 activations (the reference mode): W is converted to fp32 on the fly. Results of a
-// token do not depend on the other tokens of the call as long as n < sgemm_min_tokens.
+// token do not depend on the other tokens of the call for panel weights at any n, and for
+// row-major weights as long as n < sgemm_min_tokens.
 void linear_f32(const float* x, int64_t n, int64_t ldx, const MatrixRef& w, float* y, int64_t ldy,
                 ThreadPool& pool, int64_t sgemm_min_tokens = kSgemmMinTokens);
 

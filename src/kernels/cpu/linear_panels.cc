@@ -174,18 +174,4 @@ void panels_linear(const float* x, int64_t n, int64_t ldx, const MatrixRef& w, i
   }
 }
 
-void widen_panels(const MatrixRef& w, int64_t p_begin, int64_t p_end, float* out) {
-  const int64_t width = (p_end - p_begin) * kPanelRows;
-  const __m256i high = _mm256_set1_epi32(static_cast<int>(0xffff0000u));
-  for (int64_t p = p_begin; p < p_end; ++p) {
-    const uint16_t* wp = panel_ptr(w, p);
-    float* dst = out + (p - p_begin) * kPanelRows;
-    for (int64_t c = 0; c < w.cols; ++c) {
-      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp + c * kPanelRows));
-      _mm256_storeu_ps(dst + c * width, _mm256_castsi256_ps(_mm256_slli_epi32(v, 16)));
-      _mm256_storeu_ps(dst + c * width + 8, _mm256_castsi256_ps(_mm256_and_si256(v, high)));
-    }
-  }
-}
-
 }  // namespace xds::kernels

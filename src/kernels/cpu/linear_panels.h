@@ -32,9 +32,4 @@ void pack_panels16(const uint16_t* w, int64_t rows, int64_t cols, int64_t panel_
 void panels_linear(const float* x, int64_t n, int64_t ldx, const MatrixRef& w, int64_t p_begin,
                    int64_t p_end, float* y, int64_t ldy);
 
-// Widens panels [p_begin, p_end) to fp32, k-major: out[c][16 q + j] = W[16 (p_begin + q) + j][c]
-// for q < p_end - p_begin, row stride 16 (p_end - p_begin): the B operand of
-// y = x · B (sgemm NoTrans/NoTrans). Padding rows widen to 0.
-void widen_panels(const MatrixRef& w, int64_t p_begin, int64_t p_end, float* out);
-
 }  // namespace xds::kernels
