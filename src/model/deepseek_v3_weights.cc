@@ -62,6 +62,11 @@ class Binder {
     XDS_ASSIGN_OR_RETURN(l.attn.kv_b_proj,
                          matrix(a + ".kv_b_proj.weight", h * (c_.qk_nope_head_dim + c_.v_head_dim),
                                 c_.kv_lora_rank));
+    XDS_ASSIGN_OR_RETURN(AbsorbedHeads heads,
+                         bind_absorbed_heads(ckpt_, a + ".kv_b_proj.weight", l.attn.kv_b_proj, h,
+                                             c_.qk_nope_head_dim, c_.v_head_dim, store_));
+    l.attn.uk_t = std::move(heads.uk_t);
+    l.attn.uv = std::move(heads.uv);
     XDS_ASSIGN_OR_RETURN(l.attn.o_proj, linear(a + ".o_proj.weight", d, h * c_.v_head_dim));
     if (!c_.is_moe_layer(i)) {
       XDS_ASSIGN_OR_RETURN(l.dense, mlp(p + ".mlp", c_.intermediate_size));

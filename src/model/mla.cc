@@ -126,6 +126,11 @@ void DeepseekV3Model::run_attention(const MlaWeights& w, int64_t cache_layer, co
                   sizeof(float) * static_cast<size_t>((r1 - r0) * heads * lat));
       pool.parallel_for(heads, [&](int64_t h0, int64_t h1, int) {
         for (int64_t h = h0; h < h1; ++h) {
+          if (!w.uk_t.empty()) {  // W_UK[h]ᵀ as panels: the panel kernel, no widening
+            kernels::linear_f32(q + (r0 * heads + h) * dq, r1 - r0, heads * dq, w.uk_t[h],
+                                q_abs + (r0 * heads + h) * lat, heads * lat, inline_pool_);
+            continue;
+          }
           const MatrixRef w_uk = w.kv_b_proj.row_slice(h * (dn + dv), dn);
           kernels::matmul_nn_accumulate(q + (r0 * heads + h) * dq, r1 - r0, heads * dq, w_uk,
                                         q_abs + (r0 * heads + h) * lat, heads * lat);
@@ -206,7 +211,8 @@ void DeepseekV3Model::run_attention(const MlaWeights& w, int64_t cache_layer, co
     for (auto [r0, r1] : runs) {
       pool.parallel_for(heads, [&](int64_t h0, int64_t h1, int) {
         for (int64_t h = h0; h < h1; ++h) {
-          const MatrixRef w_uv = w.kv_b_proj.row_slice(h * (dn + dv) + dn, dv);
+          const MatrixRef w_uv =
+              w.uv.empty() ? w.kv_b_proj.row_slice(h * (dn + dv) + dn, dv) : w.uv[h];
           kernels::linear_f32(lat_out + (r0 * heads + h) * lat, r1 - r0, heads * lat, w_uv,
                               attn + (r0 * heads + h) * dv, heads * dv, inline_pool_,
                               kernels::kNnSgemmMinTokens);

@@ -387,6 +387,50 @@ Result<MatrixRef> bind_linear(const Checkpoint& ckpt, const std::string& name, i
   return packed;
 }
 
+Result<AbsorbedHeads> bind_absorbed_heads(const Checkpoint& ckpt, const std::string& name,
+                                          const MatrixRef& kv_b, int64_t heads, int64_t dn,
+                                          int64_t dv, RepackCache& cache) {
+  AbsorbedHeads out;
+  if (kv_b.dtype != DType::kBF16 || kv_b.layout != MatrixLayout::kRows || !bf16_panels_from_env())
+    return out;
+  const int64_t lat = kv_b.cols;
+  XDS_CHECK(kv_b.rows == heads * (dn + dv), "bind_absorbed_heads: kv_b_proj has {} rows", kv_b.rows);
+  // Per head: uk_t [lat, dn] then uv [dv, lat], each its own padded panel matrix.
+  const MatrixRef uk_shape{DType::kBF16, nullptr, lat, dn, MatrixLayout::kPanels16};
+  const MatrixRef uv_shape{DType::kBF16, nullptr, dv, lat, MatrixLayout::kPanels16};
+  const int64_t per_head = uk_shape.bytes() + uv_shape.bytes();
+  const auto* src = static_cast<const uint16_t*>(kv_b.data);
+  const TensorView* t = ckpt.find(name);
+  XDS_CHECK(t != nullptr, "bind_absorbed_heads: '{}' was bound but is not in the checkpoint", name);
+  XDS_ASSIGN_OR_RETURN(
+      const std::byte* p,
+      cache.get_or_create(
+          repack_key(*t, nullptr, "BF16-absorbed-heads-panels16", 0, 0),
+          static_cast<size_t>(heads * per_head), [&](std::byte* dst) -> Status {
+            for_range(cache.pool(), heads, [&](int64_t h0, int64_t h1) {
+              std::vector<uint16_t> uk_t(static_cast<size_t>(lat * dn));
+              for (int64_t h = h0; h < h1; ++h) {
+                const uint16_t* uk = src + h * (dn + dv) * lat;  // [dn, lat]
+                for (int64_t i = 0; i < dn; ++i)
+                  for (int64_t c = 0; c < lat; ++c) uk_t[c * dn + i] = uk[i * lat + c];
+                auto* head = reinterpret_cast<uint16_t*>(dst + h * per_head);
+                kernels::pack_panels16(uk_t.data(), lat, dn, 0, uk_shape.panels(), head);
+                kernels::pack_panels16(uk + dn * lat, dv, lat, 0, uv_shape.panels(),
+                                       head + uk_shape.bytes() / 2);
+              }
+            });
+            return {};
+          }));
+  for (int64_t h = 0; h < heads; ++h) {
+    MatrixRef uk = uk_shape, uv = uv_shape;
+    uk.data = p + h * per_head;
+    uv.data = p + h * per_head + uk_shape.bytes();
+    out.uk_t.push_back(uk);
+    out.uv.push_back(uv);
+  }
+  return out;
+}
+
 Result<std::span<const float>> bind_vector_f32(const Checkpoint& ckpt, const std::string& name,
                                                int64_t n, RepackCache& cache) {
   const TensorView* t = ckpt.find(name);

@@ -115,6 +115,19 @@ Result<MatrixRef> bind_linear(const Checkpoint& ckpt, const std::string& name, i
                               int64_t cols, RepackCache& cache, int64_t block_rows = 128,
                               int64_t block_cols = 128);
 
+// kv_b_proj ([H*(Dn+Dv), C], per head Dn rows of W_UK then Dv rows of W_UV) re-laid for the
+// weight-absorbed attention as 2H panel matrices (one repack file, shared like every other):
+//   uk_t[h]: [C, Dn] = W_UK[h]ᵀ   (q_abs[h] = uk_t[h] · q_nope[h])
+//   uv[h]:   [Dv, C] = W_UV[h]    (out[h]   = uv[h] · latent_out[h])
+// Only for a BF16 kv_b_proj with panels enabled; otherwise both are empty and attention
+// slices the row-major kv_b_proj.
+struct AbsorbedHeads {
+  std::vector<MatrixRef> uk_t, uv;
+};
+Result<AbsorbedHeads> bind_absorbed_heads(const Checkpoint& ckpt, const std::string& name,
+                                          const MatrixRef& kv_b, int64_t heads, int64_t dn,
+                                          int64_t dv, RepackCache& cache);
+
 // Binds the 1-D tensor `name` of shape [n] as f32 (norm weights, biases): F32 in place,
 // BF16/F16 converted into memory owned by `cache`.
 Result<std::span<const float>> bind_vector_f32(const Checkpoint& ckpt, const std::string& name,

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 
 #include "test_files.h"
@@ -223,6 +224,65 @@ TEST_F(Weights, Bf16LinearIsPackedIntoPanelsOnceAndShared) {
   EXPECT_EQ(w->layout, MatrixLayout::kRows);
   EXPECT_EQ(w->data, ck.find("w")->data);
   EXPECT_EQ(cache.stats().files_written + cache.stats().files_reused, 0);
+}
+
+TEST_F(Weights, KvBIsSplitIntoPerHeadAbsorbedPanels) {
+  // kv_b_proj for 2 heads, Dn = 3, Dv = 2, C = 5: rows h*5 + i (i < 3: W_UK[h] row i; then
+  // W_UV[h]), value 1 + row*5 + c (small integers: exact in BF16).
+  const int64_t heads = 2, dn = 3, dv = 2, lat = 5, rows = heads * (dn + dv);
+  std::vector<uint16_t> bits;
+  auto value = [&](int64_t r, int64_t c) { return static_cast<float>(1 + r * lat + c); };
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < lat; ++c) {
+      const float v = value(r, c);
+      uint32_t u;
+      std::memcpy(&u, &v, 4);
+      bits.push_back(static_cast<uint16_t>(u >> 16));
+    }
+  }
+  write("model.safetensors",
+        safetensors_bytes(R"({"kv_b":{"dtype":"BF16","shape":[10,5],"data_offsets":[0,100]}})",
+                          le_bytes<uint16_t>(bits)));
+  Checkpoint ck = open();
+  RepackCache cache(opts());
+  auto kv_b = bind_matrix(ck, "kv_b", rows, lat, cache);
+  ASSERT_TRUE(kv_b.ok()) << kv_b.status().to_string();
+  auto ah = bind_absorbed_heads(ck, "kv_b", *kv_b, heads, dn, dv, cache);
+  ASSERT_TRUE(ah.ok()) << ah.status().to_string();
+  ASSERT_EQ(ah->uk_t.size(), 2u);
+  ASSERT_EQ(ah->uv.size(), 2u);
+  // Element (r, c) of a panel matrix: panel r / 16, column c, slot 2j (j < 8) or 2(j-8)+1.
+  auto at = [](const MatrixRef& m, int64_t r, int64_t c) {
+    const int64_t j = r % 16, slot = j < 8 ? 2 * j : 2 * (j - 8) + 1;
+    const auto* p = static_cast<const uint16_t*>(m.data);
+    const uint32_t u = uint32_t{p[(r / 16) * m.cols * 16 + c * 16 + slot]} << 16;
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+  };
+  for (int64_t h = 0; h < heads; ++h) {
+    const MatrixRef& uk = ah->uk_t[h];
+    const MatrixRef& uv = ah->uv[h];
+    EXPECT_EQ(uk.layout, MatrixLayout::kPanels16);
+    EXPECT_EQ(uk.rows, lat);
+    EXPECT_EQ(uk.cols, dn);
+    EXPECT_EQ(uv.rows, dv);
+    EXPECT_EQ(uv.cols, lat);
+    for (int64_t c = 0; c < lat; ++c)
+      for (int64_t i = 0; i < dn; ++i)
+        EXPECT_EQ(at(uk, c, i), value(h * (dn + dv) + i, c)) << "uk_t h=" << h;  // W_UKᵀ
+    for (int64_t r = 0; r < dv; ++r)
+      for (int64_t c = 0; c < lat; ++c)
+        EXPECT_EQ(at(uv, r, c), value(h * (dn + dv) + dn + r, c)) << "uv h=" << h;
+    for (int64_t r = dv; r < 16; ++r) EXPECT_EQ(at(uv, r, 0), 0.0f);  // padding rows
+  }
+  // With XDS_WEIGHT_LAYOUT=rows nothing is re-laid: attention slices kv_b_proj.
+  ::setenv("XDS_WEIGHT_LAYOUT", "rows", 1);
+  auto none = bind_absorbed_heads(ck, "kv_b", *kv_b, heads, dn, dv, cache);
+  ::unsetenv("XDS_WEIGHT_LAYOUT");
+  ASSERT_TRUE(none.ok());
+  EXPECT_TRUE(none->uk_t.empty());
+  EXPECT_TRUE(none->uv.empty());
 }
 
 TEST_F(Weights, F16DequantizedToF32) {
