@@ -1,5 +1,6 @@
 // Physical limits of this machine, measured in the same run as the benchmark they frame:
-// memory read bandwidth (all threads streaming a buffer far larger than the caches) and the
+// memory read bandwidth (all threads streaming a buffer far larger than the caches, with and
+// without software prefetch; the faster counts) and the
 // fp32 FMA compute peak (independent accumulator chains, no memory traffic).
 #pragma once
 
@@ -11,7 +12,9 @@
 namespace xds::bench {
 
 struct MachineLimits {
-  double read_gbps = 0;   // median of `repeats`, GB/s (1e9 bytes)
+  double read_gbps = 0;  // the faster of the two read loops below (their medians), GB/s (1e9 B)
+  double read_plain_gbps = 0;     // median of `repeats`: AVX2 sum, hardware prefetch only
+  double read_prefetch_gbps = 0;  // median of `repeats`: the same with software prefetch
   double f32_gflops = 0;  // median of `repeats`
 };
 

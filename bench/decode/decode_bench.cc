@@ -153,8 +153,11 @@ int main(int argc, char** argv) {
   DeepseekV3Model& model = **loaded;
   const DeepseekV3Config& c = model.config();
   const MachineLimits lim = measure_machine_limits(model.pool());
-  std::fprintf(stderr, "machine: read %.1f GB/s, fp32 peak %.1f GFLOP/s (%d threads)\n",
-               lim.read_gbps, lim.f32_gflops, model.pool().num_threads());
+  std::fprintf(stderr,
+               "machine: read %.1f GB/s (plain loop %.1f, with software prefetch %.1f), fp32 "
+               "peak %.1f GFLOP/s (%d threads)\n",
+               lim.read_gbps, lim.read_plain_gbps, lim.read_prefetch_gbps, lim.f32_gflops,
+               model.pool().num_threads());
   const StaticCost sc = static_cost(model);
   const int64_t moe_layers = [&] {
     int64_t n = 0;
@@ -286,6 +289,8 @@ int main(int argc, char** argv) {
               "row GF/s");
   nlohmann::json j;
   j["machine"] = {{"read_gbps", lim.read_gbps},
+                  {"read_plain_gbps", lim.read_plain_gbps},
+                  {"read_prefetch_gbps", lim.read_prefetch_gbps},
                   {"f32_gflops", lim.f32_gflops},
                   {"threads", model.pool().num_threads()}};
   j["model"] = model_dir;
@@ -307,6 +312,8 @@ int main(int argc, char** argv) {
                          {"bound", r.bound},
                          {"round", r.round},
                          {"row_read_gbps", r.limits.read_gbps},
+                         {"row_read_plain_gbps", r.limits.read_plain_gbps},
+                         {"row_read_prefetch_gbps", r.limits.read_prefetch_gbps},
                          {"row_f32_gflops", r.limits.f32_gflops},
                          {"achieved_gflops", r.gflop / (r.step_ms / 1e3)}});
   }
