@@ -7,6 +7,7 @@
 #include <cmath>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <random>
 
 #include "model/deepseek_v3.h"
@@ -35,6 +36,15 @@ std::vector<int32_t> random_ids(int64_t n, int64_t vocab, uint32_t seed) {
   return v;
 }
 
+// The tiny model of `make_tiny(name, seed)`, loaded with 2 threads.
+std::unique_ptr<DeepseekV3Model> load_tiny(const std::string& name, uint64_t seed) {
+  ModelOptions mo;
+  mo.threads = 2;
+  auto m = DeepseekV3Model::load(make_tiny(name, seed), mo);
+  EXPECT_TRUE(m.ok()) << m.status().to_string();
+  return m.ok() ? std::move(*m) : nullptr;
+}
+
 // Logits of every position of `ids`, run alone (prefill in one chunk).
 std::vector<float> alone(DeepseekV3Model& m, const std::vector<int32_t>& ids) {
   KvCache cache = m.make_cache(static_cast<int64_t>(ids.size()) + 16);
@@ -46,12 +56,9 @@ std::vector<float> alone(DeepseekV3Model& m, const std::vector<int32_t>& ids) {
 }
 
 TEST(Forward, LogitsDoNotDependOnBatchComposition) {
-  const std::string dir = make_tiny("batch", 11);
-  ModelOptions mo;
-  mo.threads = 2;
-  auto m = DeepseekV3Model::load(dir, mo);
-  ASSERT_TRUE(m.ok()) << m.status().to_string();
-  DeepseekV3Model& model = **m;
+  const auto m = load_tiny("batch", 11);
+  ASSERT_NE(m, nullptr);
+  DeepseekV3Model& model = *m;
   const int64_t v = model.config().vocab_size;
   // Three sequences: A and B are prefilled, then a mixed step carries A's decode token, a
   // prefill chunk of B, and a new sequence C whole.
@@ -87,12 +94,9 @@ TEST(Forward, LogitsDoNotDependOnBatchComposition) {
 // kernels::absorbed_context_split) against the same positions prefilled in one chunk (the
 // expanded form), and against the same decode step carried in a batch with a short sequence.
 TEST(Forward, DecodeOverALongContextMatchesPrefill) {
-  const std::string dir = make_tiny("long", 13);
-  ModelOptions mo;
-  mo.threads = 2;
-  auto m = DeepseekV3Model::load(dir, mo);
-  ASSERT_TRUE(m.ok()) << m.status().to_string();
-  DeepseekV3Model& model = **m;
+  const auto m = load_tiny("long", 13);
+  ASSERT_NE(m, nullptr);
+  DeepseekV3Model& model = *m;
   const int64_t v = model.config().vocab_size, n = 300;
   const auto ids = random_ids(n, v, 4);
   const auto ref = alone(model, ids);  // every position, one prefill chunk
