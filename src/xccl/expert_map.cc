@@ -71,9 +71,7 @@ Status plan_routes_into(const ExpertMap& map, std::span<const int32_t> topk_ids,
       if (e >= n_logical)
         return invalid_argument("plan_routes: token {} expert {} outside the map's {} experts", t,
                                 e, n_logical);
-      // map.physical() without its 64-bit modulo for the common single-replica expert.
-      const auto& reps = map.replicas[size_t(e)];
-      const int32_t p = reps.size() == 1 ? reps[0] : map.physical(e, uint32_t(t));
+      const int32_t p = map.physical(e, uint32_t(t));
       const int32_t dev = p / spd, slot = p - dev * spd;
       const size_t d = size_t(dev);
       if (last_token[d] != t) {

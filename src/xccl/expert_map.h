@@ -29,9 +29,11 @@ struct ExpertMap {
   int n_logical() const { return static_cast<int>(replicas.size()); }
   Status validate() const;
   // Which slot serves (token, logical e): replicas are used round-robin by token index.
+  // A single replica (the common case, on the dispatch path per token and expert) skips the
+  // 64-bit modulo.
   int32_t physical(int logical, uint32_t token) const {
     const auto& r = replicas[static_cast<size_t>(logical)];
-    return r[token % r.size()];
+    return r.size() == 1 ? r[0] : r[token % r.size()];
   }
 };
 

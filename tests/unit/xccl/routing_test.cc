@@ -31,17 +31,17 @@ TEST(XcclExpertMap, IdentityWithSpareSlots) {
   EXPECT_NE(m.validate().message().find("slot 8 outside [0, 8)"), std::string::npos);
 }
 
-TEST(XcclRouting, PlanSendsATokenOncePerDeviceWithItsLocalExperts) {
-  const ExpertMap m = ExpertMap::identity(8, 2, 4);  // experts 0-3 on device 0, 4-7 on 1
-  // token 0: experts 1, 5, 2  -> device 0 {1, 2}, device 1 {1}
-  // token 1: experts 6, 7, -1 -> device 1 {2, 3}
-  // token 2: experts 0, 3, 2  -> device 0 {0, 3, 2}
-  const std::vector<int32_t> ids = {1, 5, 2, 6, 7, -1, 0, 3, 2};
-  const std::vector<float> w = {.1f, .2f, .3f, .4f, .5f, .6f, .7f, .8f, .9f};
-  auto plan = plan_routes(m, ids, w, 3, 3);
-  ASSERT_TRUE(plan.ok()) << plan.status().to_string();
-  const auto& d0 = plan->per_device[0];
-  const auto& d1 = plan->per_device[1];
+// The 3-token case, hand-derived on an identity map of 8 experts on 2 devices (0-3 on device
+// 0, 4-7 on device 1):
+//   token 0: experts 1, 5, 2  -> device 0 {1, 2}, device 1 {1}
+//   token 1: experts 6, 7, -1 -> device 1 {2, 3}
+//   token 2: experts 0, 3, 2  -> device 0 {0, 3, 2}
+const std::vector<int32_t> kThreeTokenIds = {1, 5, 2, 6, 7, -1, 0, 3, 2};
+const std::vector<float> kThreeTokenWeights = {.1f, .2f, .3f, .4f, .5f, .6f, .7f, .8f, .9f};
+
+void expect_three_token_plan(const RoutePlan& plan) {
+  const auto& d0 = plan.per_device[0];
+  const auto& d1 = plan.per_device[1];
   ASSERT_EQ(d0.size(), 2u);
   ASSERT_EQ(d1.size(), 2u);
   EXPECT_EQ(d0[0].token, 0u);
@@ -57,6 +57,15 @@ TEST(XcclRouting, PlanSendsATokenOncePerDeviceWithItsLocalExperts) {
   EXPECT_EQ(d1[1].token, 1u);
   EXPECT_EQ(d1[1].local_expert[1], 3);
   EXPECT_FLOAT_EQ(d1[1].weight[1], .5f);
+}
+
+TEST(XcclRouting, PlanSendsATokenOncePerDeviceWithItsLocalExperts) {
+  const ExpertMap m = ExpertMap::identity(8, 2, 4);
+  const auto& ids = kThreeTokenIds;
+  const auto& w = kThreeTokenWeights;
+  auto plan = plan_routes(m, ids, w, 3, 3);
+  ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+  expect_three_token_plan(*plan);
   // Out-of-range expert ids are an error naming the token.
   const std::vector<int32_t> bad = {1, 9, 2};
   EXPECT_NE(plan_routes(m, bad, w, 1, 3).status().message().find("token 0 expert 9"),
@@ -74,31 +83,17 @@ TEST(XcclRouting, PlanIntoAReusedPlanEqualsTheHandDerivedOne) {
   ASSERT_EQ(plan.per_device[1].size(), 3u);  // tokens 0, 1, 2
   // Then the 3-token plan of the test above (hand-derived there): same entries, and the slots
   // past n_local are blank (zero), as on a fresh plan.
-  const std::vector<int32_t> ids = {1, 5, 2, 6, 7, -1, 0, 3, 2};
-  const std::vector<float> w = {.1f, .2f, .3f, .4f, .5f, .6f, .7f, .8f, .9f};
+  const auto& ids = kThreeTokenIds;
+  const auto& w = kThreeTokenWeights;
   ASSERT_TRUE(plan_routes_into(m, ids, w, 3, 3, plan).ok());
+  expect_three_token_plan(plan);
   const auto& d0 = plan.per_device[0];
   const auto& d1 = plan.per_device[1];
-  ASSERT_EQ(d0.size(), 2u);
-  ASSERT_EQ(d1.size(), 2u);
-  EXPECT_EQ(d0[0].token, 0u);
-  EXPECT_EQ(d0[0].n_local, 2);
-  EXPECT_EQ(d0[0].local_expert[0], 1);
-  EXPECT_EQ(d0[0].local_expert[1], 2);
   EXPECT_EQ(d0[0].local_expert[2], 0);
-  EXPECT_FLOAT_EQ(d0[0].weight[1], .3f);
   EXPECT_EQ(d0[0].weight[2], 0.f);
-  EXPECT_EQ(d0[1].token, 2u);
-  EXPECT_EQ(d0[1].n_local, 3);
   EXPECT_EQ(d0[1].local_expert[3], 0);
-  EXPECT_EQ(d1[0].token, 0u);
-  EXPECT_EQ(d1[0].n_local, 1);
-  EXPECT_EQ(d1[0].local_expert[0], 1);
   EXPECT_EQ(d1[0].local_expert[1], 0);
-  EXPECT_EQ(d1[1].token, 1u);
   EXPECT_EQ(d1[1].n_local, 2);
-  EXPECT_EQ(d1[1].local_expert[1], 3);
-  EXPECT_FLOAT_EQ(d1[1].weight[1], .5f);
   // Zero tokens: empty lists; negative: an error.
   ASSERT_TRUE(plan_routes_into(m, ids, w, 0, 3, plan).ok());
   EXPECT_TRUE(plan.per_device[0].empty() && plan.per_device[1].empty());
