@@ -131,11 +131,15 @@ class DeepseekV3Model {
   std::vector<float> s_gather_, s_kvfull_, s_rope_, s_gate_, s_up_, s_scores_, s_routed_, s_router_;
   std::vector<int32_t> s_ids_, s_token_chunk_;
   std::vector<int64_t> s_absorbed_;
-  std::vector<std::pair<int64_t, int64_t>> s_runs_, s_merges_;
+  std::vector<std::pair<int64_t, int64_t>> s_runs_;
   struct AbsorbedItem {  // absorbed attention: one token × one part of its context
     int64_t token, begin, end, slot;  // slot: index of its partial sums, -1 if whole
   };
+  struct AbsorbedMerge {  // a token of several parts: slots [first_slot, first_slot + count)
+    int64_t token, first_slot, count;
+  };
   std::vector<AbsorbedItem> s_items_;
+  std::vector<AbsorbedMerge> s_merges_;
   std::vector<float> s_part_out_, s_part_ml_;
   std::vector<float> s_weights_, s_gating_;
 };

@@ -122,8 +122,10 @@ void DeepseekV3Model::run_attention(const MlaWeights& w, int64_t cache_layer, co
     float* lat_out = grow(s_lat_, n * heads * lat);
     phase.emplace(phases_, "attn.w_uk");
     for (auto [r0, r1] : runs) {
-      std::memset(q_abs + r0 * heads * lat, 0,
-                  sizeof(float) * static_cast<size_t>((r1 - r0) * heads * lat));
+      if (w.uk_t.empty()) {  // matmul_nn_accumulate adds into q_abs; the panels overwrite it
+        std::memset(q_abs + r0 * heads * lat, 0,
+                    sizeof(float) * static_cast<size_t>((r1 - r0) * heads * lat));
+      }
       pool.parallel_for(heads, [&](int64_t h0, int64_t h1, int) {
         for (int64_t h = h0; h < h1; ++h) {
           if (!w.uk_t.empty()) {  // W_UK[h]ᵀ as panels: the panel kernel, no widening
@@ -144,11 +146,15 @@ void DeepseekV3Model::run_attention(const MlaWeights& w, int64_t cache_layer, co
     // several parts is merged afterwards from its parts' unnormalised sums.
     using Item = AbsorbedItem;
     std::vector<Item>& items = s_items_;
+    std::vector<AbsorbedMerge>& merges = s_merges_;  // tokens of several parts
     items.clear();
+    merges.clear();
     int64_t slots = 0;
     for (const int64_t t : absorbed_tokens) {
       const int64_t ctx = b.pos[t] + 1;
       const kernels::AbsorbedSplit split = kernels::absorbed_context_split(ctx);
+      // A token's parts take consecutive slots, in context order.
+      if (split.count > 1) merges.push_back({t, slots, split.count});
       for (int64_t p = 0; p < split.count; ++p) {
         items.push_back({t, p * split.rows, std::min(ctx, (p + 1) * split.rows),
                          split.count > 1 ? slots++ : -1});
@@ -183,20 +189,10 @@ void DeepseekV3Model::run_attention(const MlaWeights& w, int64_t cache_layer, co
         }
       }
     });
-    if (slots > 0) {
-      // Slots were numbered token by token, parts in context order: token t's parts are
-      // consecutive slots. Merge each multi-part token (parts in context order).
-      std::vector<std::pair<int64_t, int64_t>>& merges = s_merges_;  // (token, first slot)
-      merges.clear();
-      int64_t slot = 0;
-      for (const int64_t t : absorbed_tokens) {
-        const int64_t count = kernels::absorbed_context_split(b.pos[t] + 1).count;
-        if (count > 1) merges.emplace_back(t, slot), slot += count;
-      }
+    if (!merges.empty()) {
       pool.parallel_for(static_cast<int64_t>(merges.size()), [&](int64_t i0, int64_t i1, int) {
         for (int64_t i = i0; i < i1; ++i) {
-          const auto [t, first] = merges[i];
-          const int64_t count = kernels::absorbed_context_split(b.pos[t] + 1).count;
+          const auto [t, first, count] = merges[i];
           kernels::AbsorbedPart parts[kernels::kAbsorbedMaxParts];
           for (int64_t p = 0; p < count; ++p) {
             float* ml = part_ml + (first + p) * 2 * heads;

@@ -216,17 +216,16 @@ void attend_group(const AbsorbedQuery& q, int64_t h0, int64_t nh, const LatentKv
 void mla_absorbed_attention(const AbsorbedQuery& q, int64_t head_begin, int64_t head_end,
                             const LatentKvView& kv, int64_t ctx, float scale, float* scores) {
   if (ctx <= 0) return;
-  thread_local std::vector<float> qt;
-  qt.resize(static_cast<size_t>((kv.latent_dim + kv.rope_dim) * 16));
-  for (int64_t g = head_begin; g < head_end; g += 16) {
-    const int64_t nh = std::min<int64_t>(16, head_end - g);
-    float m[16], l[16];
-    float* out = q.out + g * q.out_ld;
-    attend_group(q, g, nh, kv, 0, ctx, scale, scores, qt.data(), out, q.out_ld, m, l);
-    for (int64_t j = 0; j < nh; ++j) {
-      const float inv = 1.0f / l[j];
-      for (int64_t c = 0; c < kv.latent_dim; ++c) out[j * q.out_ld + c] *= inv;
-    }
+  // The whole context as one part, written straight to q.out, then normalised.
+  const int64_t nh = head_end - head_begin;
+  thread_local std::vector<float> ml;  // [2, nh]: m, l
+  ml.resize(static_cast<size_t>(2 * nh));
+  float* out = q.out + head_begin * q.out_ld;
+  mla_absorbed_attention_part(q, head_begin, head_end, kv, 0, ctx, scale, scores,
+                              {out, q.out_ld, ml.data(), ml.data() + nh});
+  for (int64_t j = 0; j < nh; ++j) {
+    const float inv = 1.0f / ml[static_cast<size_t>(nh + j)];
+    for (int64_t c = 0; c < kv.latent_dim; ++c) out[j * q.out_ld + c] *= inv;
   }
 }
 
