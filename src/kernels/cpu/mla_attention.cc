@@ -12,7 +12,6 @@
 #include "base/check.h"
 #include "kernels/cpu/linear.h"
 #include "kernels/cpu/ops.h"
-#include "kernels/cpu/vec_math.h"
 
 namespace xds::kernels {
 

@@ -35,14 +35,8 @@ void silu_mul(const float* gate, const float* up, int64_t n, float* out) {
 
 void softmax_inplace(float* x, int64_t n) {
   if (n == 0) return;
-  float mx = -std::numeric_limits<float>::infinity();
-  for (int64_t i = 0; i < n; ++i) mx = std::max(mx, x[i]);
-  float sum = 0.0f;
-  for (int64_t i = 0; i < n; ++i) {
-    x[i] = std::exp(x[i] - mx);
-    sum += x[i];
-  }
-  const float inv = 1.0f / sum;
+  const float mx = scale_and_max(x, n, 1.0f);  // x * 1 is exact: the max only
+  const float inv = 1.0f / exp_shifted_sum(x, n, mx);
   for (int64_t i = 0; i < n; ++i) x[i] *= inv;
 }
 

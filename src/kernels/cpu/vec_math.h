@@ -34,10 +34,4 @@ inline __m256 exp_avx2(__m256 x) {
   return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
 }
 
-// x[i] = exp(x[i] - shift) for i < n; returns Σ x[i] (8 partial sums, then lanes in order).
-float exp_shifted_sum(float* x, int64_t n, float shift);
-
-// Largest of x[i] * scale after storing x[i] *= scale, i < n (n >= 1).
-float scale_and_max(float* x, int64_t n, float scale);
-
 }  // namespace xds::kernels
