@@ -2,9 +2,10 @@
 
 namespace xds {
 
-KvCache::KvCache(const KvCacheShape& shape) : shape_(shape) {
+KvCache::KvCache(const KvCacheShape& shape)
+    : shape_(shape), latent_ld_(kernels::padded_latent_stride(shape.latent_dim)) {
   const size_t per_layer = static_cast<size_t>(shape.num_blocks * shape.block_size);
-  latent_.assign(per_layer * shape.layers * shape.latent_dim, 0.0f);
+  latent_.assign(per_layer * shape.layers * latent_ld_, 0.0f);
   rope_.assign(per_layer * shape.layers * shape.rope_dim, 0.0f);
   for (int64_t b = shape.num_blocks - 1; b >= 0; --b) free_list_.push_back(static_cast<int32_t>(b));
 }
@@ -56,7 +57,7 @@ int64_t KvCache::slot_index(int64_t seq, int64_t pos) const {
 
 float* KvCache::latent_slot(int64_t layer, int64_t seq, int64_t pos) {
   const int64_t layer_base = layer * shape_.num_blocks * shape_.block_size;
-  return latent_.data() + (layer_base + slot_index(seq, pos)) * shape_.latent_dim;
+  return latent_.data() + (layer_base + slot_index(seq, pos)) * latent_ld_;
 }
 
 float* KvCache::rope_slot(int64_t layer, int64_t seq, int64_t pos) {
@@ -67,12 +68,13 @@ float* KvCache::rope_slot(int64_t layer, int64_t seq, int64_t pos) {
 kernels::LatentKvView KvCache::view(int64_t layer, int64_t seq) const {
   const int64_t layer_base = layer * shape_.num_blocks * shape_.block_size;
   kernels::LatentKvView v;
-  v.latent = latent_.data() + layer_base * shape_.latent_dim;
+  v.latent = latent_.data() + layer_base * latent_ld_;
   v.rope = rope_.data() + layer_base * shape_.rope_dim;
   v.block_table = tables_[seq].data();
   v.block_size = shape_.block_size;
   v.latent_dim = shape_.latent_dim;
   v.rope_dim = shape_.rope_dim;
+  v.latent_ld = latent_ld_;
   return v;
 }
 

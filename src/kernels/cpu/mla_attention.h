@@ -5,7 +5,9 @@
 //   latent: [num_blocks, block_size, C]   c = kv_a_layernorm(kv_a[:C])   (C = kv_lora_rank)
 //   rope:   [num_blocks, block_size, Dr]  k_pe after rotation            (Dr = qk_rope_head_dim)
 // Context position s of a sequence lives in block block_table[s / block_size], slot
-// s % block_size.
+// s % block_size. Latent rows may be padded (latent_ld > latent_dim, see
+// padded_latent_stride): at C = 512 a dense row is 32 cache lines, so the rows of a block
+// all fall in the same two L1 sets and a column strip of them cannot stay in L1.
 //
 // For one query token and heads [h0, h1):
 //   score[h, s] = (q_abs[h]·latent(s) + q_pe[h]·rope(s)) * scale,  s < ctx
@@ -19,15 +21,17 @@
 namespace xds::kernels {
 
 struct LatentKvView {
-  const float* latent = nullptr;  // [num_blocks, block_size, latent_dim]
+  const float* latent = nullptr;  // [num_blocks, block_size, latent_ld], first latent_dim used
   const float* rope = nullptr;    // [num_blocks, block_size, rope_dim]
   const int32_t* block_table = nullptr;
   int64_t block_size = 0;
   int64_t latent_dim = 0;
   int64_t rope_dim = 0;
+  int64_t latent_ld = 0;  // floats from one cached row to the next; 0: latent_dim
 
+  int64_t latent_stride() const { return latent_ld > 0 ? latent_ld : latent_dim; }
   const float* latent_at(int64_t s) const {
-    return latent + (block_table[s / block_size] * block_size + s % block_size) * latent_dim;
+    return latent + (block_table[s / block_size] * block_size + s % block_size) * latent_stride();
   }
   const float* rope_at(int64_t s) const {
     return rope + (block_table[s / block_size] * block_size + s % block_size) * rope_dim;
@@ -36,6 +40,13 @@ struct LatentKvView {
 
 // q_abs: [heads, latent_dim] (row stride q_abs_ld), q_pe: [heads, rope_dim] (stride q_pe_ld),
 // out: [heads, latent_dim] (stride out_ld). scores: scratch of at least ctx floats.
+// A row stride of an odd number of 64-byte lines, at least latent_dim floats: consecutive
+// cached rows then fall in different L1 sets.
+inline int64_t padded_latent_stride(int64_t latent_dim) {
+  const int64_t lines = (latent_dim + 15) / 16;
+  return 16 * (lines % 2 == 1 ? lines : lines + 1);
+}
+
 struct AbsorbedQuery {
   const float* q_abs;
   int64_t q_abs_ld;

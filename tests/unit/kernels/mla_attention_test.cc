@@ -66,13 +66,19 @@ TEST(MlaAbsorbed, MatchesReferenceOverPagedBlocks) {
   // 3 and 8 heads (8 lanes), 11 and 16 (16 lanes, padded), 20 (16 + 4); ctx crosses blocks,
   // and from 129 on the 128-row slices (the online softmax rescales earlier slices' sums;
   // scale 2 makes the distribution peaked so that the running max moves between slices).
+  // Latent rows dense (ld = lat) or padded to an odd number of lines (ld = 48); the padding
+  // holds NaN, so a kernel that reads it fails.
   for (const int64_t lat : {24, 32})
+  for (const bool padded : {false, true})
   for (const float scale : {0.29f, 2.0f})
   for (const int64_t heads : {3, 8, 11, 16, 20}) {
-    std::vector<float> latent(static_cast<size_t>(blocks * bs * lat)), rope(static_cast<size_t>(blocks * bs * dr));
+    const int64_t ld = padded ? padded_latent_stride(lat) : lat;
+    std::vector<float> latent(static_cast<size_t>(blocks * bs * ld)), rope(static_cast<size_t>(blocks * bs * dr));
     for (auto* v : {&latent, &rope})
       for (float& x : *v) x = d(rng);
-    const LatentKvView kv{latent.data(), rope.data(), table.data(), bs, lat, dr};
+    for (int64_t row = 0; row < blocks * bs; ++row)
+      for (int64_t c = lat; c < ld; ++c) latent[row * ld + c] = std::nanf("");
+    const LatentKvView kv{latent.data(), rope.data(), table.data(), bs, lat, dr, ld};
     for (const int64_t ctx : {1, 5, 37, 64, 129, 300}) {
       std::vector<float> q_abs(static_cast<size_t>(heads * lat)), q_pe(static_cast<size_t>(heads * dr));
       for (auto* v : {&q_abs, &q_pe})
@@ -100,7 +106,7 @@ TEST(MlaAbsorbed, MatchesReferenceOverPagedBlocks) {
           double ref = 0.0;
           for (int64_t j = 0; j < ctx; ++j) ref += s[j] / z * kv.latent_at(j)[c];
           ASSERT_NEAR(out[h * lat + c], ref, 2e-5)
-              << "lat=" << lat << " scale=" << scale << " heads=" << heads << " ctx=" << ctx
+              << "lat=" << lat << " ld=" << ld << " scale=" << scale << " heads=" << heads << " ctx=" << ctx
               << " h=" << h;
         }
       }
@@ -163,6 +169,16 @@ TEST(MlaAbsorbed, PartsMergeIntoTheWholeContext) {
     for (int64_t i = 0; i < heads * lat; ++i)
       ASSERT_NEAR(out[i], ref[i], 2e-5) << "parts=" << parts << " i=" << i;
   }
+}
+
+// Hand-derived: the stride is the smallest odd number of 16-float lines holding the row.
+TEST(MlaAbsorbed, PaddedLatentStrideIsAnOddNumberOfLines) {
+  EXPECT_EQ(padded_latent_stride(512), 528);  // 32 lines -> 33
+  EXPECT_EQ(padded_latent_stride(500), 528);  // 32 lines (rounded up) -> 33
+  EXPECT_EQ(padded_latent_stride(24), 48);    // 2 -> 3
+  EXPECT_EQ(padded_latent_stride(16), 16);    // 1, already odd
+  EXPECT_EQ(padded_latent_stride(33), 48);    // 3 lines (rounded up), odd
+  EXPECT_EQ(padded_latent_stride(1), 16);
 }
 
 // The split is a function of the context length that covers it exactly.
