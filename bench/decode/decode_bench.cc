@@ -128,6 +128,7 @@ int main(int argc, char** argv) {
   int64_t prompt = 512, context = 512, steps = 5;
   int rounds = 1;
   bool phases = false;
+  bool no_overlap_shared = false;
   app.add_option("--model", model_dir)->required();
   app.add_option("--prompt", prompt);
   app.add_option("--context", context);
@@ -141,10 +142,13 @@ int main(int argc, char** argv) {
   app.add_flag("--phases", phases,
                "time the decode step's phases (attention parts, router, experts, ...) and print "
                "ms per step beside the table");
+  app.add_flag("--no-overlap-shared", no_overlap_shared,
+               "run the shared experts after the routed ones, never between them (A/B runs)");
   CLI11_PARSE(app, argc, argv);
 
   ModelOptions mo;
   mo.compute = dtype == "bf16" ? ComputeDType::kBF16 : ComputeDType::kF32;
+  mo.overlap_shared = !no_overlap_shared;
   auto loaded = DeepseekV3Model::load(model_dir, mo);
   if (!loaded.ok()) {
     std::fprintf(stderr, "error: %s\n", loaded.status().to_string().c_str());

@@ -69,6 +69,9 @@ struct ModelOptions {
   ComputeDType compute = ComputeDType::kF32;
   AttentionMode attention = AttentionMode::kAuto;
   int threads = 0;  // 0: all cores
+  // Shared experts in slices between the routed ones (SharedMlpOverlap) when that pays:
+  // see DeepseekV3Model::overlaps_shared. Off: always after them. Both give the same bits.
+  bool overlap_shared = true;
 };
 
 class DeepseekV3Model {
@@ -108,6 +111,8 @@ class DeepseekV3Model {
                      const float* xn, float* out);
   Status run_moe(const MoeWeights& w, int64_t layer, const Batch& b, const float* xn, float* out);
   void run_mlp(const MlpWeights& w, const float* xn, int64_t n, float* out);
+  // Whether a step of n tokens runs `shared` between the routed experts.
+  bool overlaps_shared(const MlpWeights& shared, int64_t n) const;
   void linear(const float* x, int64_t n, int64_t ldx, const MatrixRef& w, float* y, int64_t ldy);
   void embed_rows(const MatrixRef& table, std::span<const int32_t> ids, float* out);
   void logits_for(const float* hidden_normed, int64_t rows, const MatrixRef& head, StepOutput& out);

@@ -8,8 +8,28 @@
 #include <cstdint>
 
 #include "base/status.h"
+#include "kernels/cpu/linear_panels.h"
 
 namespace xds {
+
+// Work of the caller's that the exchange runs on its own threads while its experts are in
+// flight: the shared experts, which need only the layer's input (the paper overlaps them
+// with dispatch and combine). The work comes in slices, claimed by any thread.
+// Thread-safety: run_slice is called concurrently from the exchange's threads.
+class OverlapWork {
+ public:
+  enum class Slice {
+    kRan,       // ran one slice
+    kNotReady,  // slices remain but wait for others in progress (call again)
+    kDone,      // every slice has been claimed
+  };
+  // Claims and runs one slice on the calling thread, prefetching `side` (may be null)
+  // while it computes.
+  virtual Slice run_slice(kernels::SidePrefetch* side) = 0;
+
+ protected:
+  ~OverlapWork() = default;
+};
 
 struct MoeExchangeInput {
   int64_t layer = 0;         // decoder layer index (MTP layers included)
@@ -19,6 +39,8 @@ struct MoeExchangeInput {
   const float* weights = nullptr;  // [n, top_k] gating weights (already scaled)
   int64_t top_k = 0;
   float* out = nullptr;  // [n, hidden] overwritten with the routed experts' sum
+  // Optional: when run() returns, every slice of it has run (to completion).
+  OverlapWork* overlap = nullptr;
 };
 
 class MoeExchange {

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -88,6 +89,26 @@ TEST(Forward, LogitsDoNotDependOnBatchComposition) {
   expect_row(0, ref_a, 8);
   for (int64_t i = 0; i < 9; ++i) expect_row(1 + i, ref_b, 5 + i);
   for (int64_t i = 0; i < 6; ++i) expect_row(10 + i, ref_c, i);
+}
+
+// The shared experts run between the routed ones (SharedMlpOverlap) or after them: the
+// same bits. The tiny model (16 experts, top-4) overlaps from 8 to 16 tokens a step; 5 and
+// 20 tokens run after the routed experts either way.
+TEST(Forward, SharedExpertsBetweenTheRoutedOnesGiveTheSameBits) {
+  const std::string dir = make_tiny("overlap", 17);
+  ModelOptions on, off;
+  on.threads = off.threads = 2;
+  off.overlap_shared = false;
+  auto m_on = DeepseekV3Model::load(dir, on);
+  auto m_off = DeepseekV3Model::load(dir, off);
+  ASSERT_TRUE(m_on.ok() && m_off.ok());
+  const int64_t v = (*m_on)->config().vocab_size;
+  for (const int64_t n : {5, 8, 12, 16, 20}) {
+    const auto ids = random_ids(n, v, static_cast<uint32_t>(n));
+    const std::vector<float> a = alone(**m_on, ids), b = alone(**m_off, ids);
+    ASSERT_EQ(a.size(), b.size());
+    ASSERT_EQ(std::memcmp(a.data(), b.data(), sizeof(float) * a.size()), 0) << "n=" << n;
+  }
 }
 
 // Decode at a context long enough to be split into parts (absorbed attention, parts merged:

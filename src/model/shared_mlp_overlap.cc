@@ -1,0 +1,68 @@
+#include "model/shared_mlp_overlap.h"
+
+#include <algorithm>
+
+#include "kernels/cpu/ops.h"
+
+namespace xds {
+namespace {
+
+bool is_panels(const MatrixRef& m) {
+  return m.layout == MatrixLayout::kPanels16 && m.dtype == DType::kBF16;
+}
+
+}  // namespace
+
+bool SharedMlpOverlap::supported(const MlpWeights& mlp) {
+  return is_panels(mlp.gate_proj) && is_panels(mlp.up_proj) && is_panels(mlp.down_proj);
+}
+
+int64_t SharedMlpOverlap::panels_per_slice(int64_t n, int64_t cols, double slice_flops) {
+  const double per_panel = 2.0 * static_cast<double>(kPanelRows * cols * n);
+  return std::max<int64_t>(1, static_cast<int64_t>(slice_flops / per_panel));
+}
+
+SharedMlpOverlap::SharedMlpOverlap(const MlpWeights& mlp, const float* x, int64_t n, float* gate,
+                                   float* up, float* out, double slice_flops)
+    : mlp_(mlp),
+      x_(x),
+      n_(n),
+      d_(mlp.gate_proj.cols),
+      width_(mlp.gate_proj.rows),
+      gate_(gate),
+      up_(up),
+      out_(out),
+      gu_step_(panels_per_slice(n, d_, slice_flops)),
+      down_step_(panels_per_slice(n, width_, slice_flops)) {
+  auto slices = [](int64_t panels, int64_t step) { return (panels + step - 1) / step; };
+  gate_slices_ = slices(mlp.gate_proj.panels(), gu_step_);
+  gu_slices_ = gate_slices_ + slices(mlp.up_proj.panels(), gu_step_);
+  down_slices_ = slices(mlp.down_proj.panels(), down_step_);
+}
+
+OverlapWork::Slice SharedMlpOverlap::run_slice(kernels::SidePrefetch* side) {
+  const int64_t i = next_gu_.fetch_add(1, std::memory_order_relaxed);
+  if (i < gu_slices_) {
+    const bool is_gate = i < gate_slices_;
+    const MatrixRef& w = is_gate ? mlp_.gate_proj : mlp_.up_proj;
+    const int64_t p0 = (is_gate ? i : i - gate_slices_) * gu_step_;
+    kernels::panels_linear(x_, n_, d_, w, p0, std::min(w.panels(), p0 + gu_step_),
+                           is_gate ? gate_ : up_, width_, side);
+    // The thread that completes the last gate/up slice forms h for the down slices; the
+    // acq_rel count makes every other slice's writes visible to it.
+    if (done_gu_.fetch_add(1, std::memory_order_acq_rel) + 1 == gu_slices_) {
+      kernels::silu_mul(gate_, up_, n_ * width_, gate_);
+      h_ready_.store(true, std::memory_order_release);
+    }
+    return Slice::kRan;
+  }
+  if (!h_ready_.load(std::memory_order_acquire)) return Slice::kNotReady;
+  const int64_t j = next_down_.fetch_add(1, std::memory_order_relaxed);
+  if (j >= down_slices_) return Slice::kDone;
+  const int64_t p0 = j * down_step_;
+  kernels::panels_linear(gate_, n_, width_, mlp_.down_proj, p0,
+                         std::min(mlp_.down_proj.panels(), p0 + down_step_), out_, d_, side);
+  return Slice::kRan;
+}
+
+}  // namespace xds

@@ -1,0 +1,58 @@
+// SharedMlpOverlap: a MoE layer's shared experts as OverlapWork (moe_exchange.h), so that
+// the experts' exchange runs them between routed experts.
+//
+// At decode the routed experts are memory-bound (each reads its weights for a token or
+// two) and the shared MLP is compute-bound (its weights serve the whole batch). Run one
+// after the other, the memory bus idles during the shared MLP; in slices between routed
+// experts, each slice prefetching the next expert (kernels::SidePrefetch), it does not.
+//
+//   gate = x · W_gateᵀ, up = x · W_upᵀ       [n, I]   slices of panels, any order
+//   h = silu(gate) ⊙ up                       [n, I]   by whoever finishes the last of those
+//   out = h · W_downᵀ                         [n, D]   slices of panels, once h is ready
+//
+// Every output is computed by panels_linear over whole panels, as the plain MLP computes
+// it, so the result is bit-identical to running the MLP after the routed experts.
+// BF16 panel weights only (supported()).
+// Thread-safety: run_slice may be called from many threads at once.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+
+#include "model/deepseek_v3_weights.h"
+#include "model/moe_exchange.h"
+
+namespace xds {
+
+class SharedMlpOverlap final : public OverlapWork {
+ public:
+  // Whether `mlp` can run in slices (all three matrices BF16 panels).
+  static bool supported(const MlpWeights& mlp);
+
+  // Work per slice by default: ~30 µs of one thread at ~100 GFLOP/s, the time the side
+  // prefetch of the next routed expert takes at one thread's share of the read rate.
+  static constexpr double kSliceFlops = 3e6;
+
+  // x: [n, D] (row stride D); gate, up: scratch [n, I] each; out: [n, D] (overwritten).
+  // A slice is about slice_flops of work, at least one panel.
+  SharedMlpOverlap(const MlpWeights& mlp, const float* x, int64_t n, float* gate, float* up,
+                   float* out, double slice_flops = kSliceFlops);
+
+  int64_t slices() const { return gu_slices_ + down_slices_; }
+
+  Slice run_slice(kernels::SidePrefetch* side) override;
+
+ private:
+  static int64_t panels_per_slice(int64_t n, int64_t cols, double slice_flops);
+
+  const MlpWeights& mlp_;
+  const float* x_;
+  int64_t n_, d_, width_;
+  float *gate_, *up_, *out_;
+  int64_t gu_step_, down_step_;     // panels per slice
+  int64_t gate_slices_, gu_slices_, down_slices_;
+  std::atomic<int64_t> next_gu_{0}, done_gu_{0}, next_down_{0};
+  std::atomic<bool> h_ready_{false};
+};
+
+}  // namespace xds
