@@ -11,14 +11,6 @@
 #include "model/deepseek_v3.h"
 
 namespace xds {
-namespace {
-
-// Bytes of the next expert prefetched during one overlap slice (~30 µs): with the slice's
-// own weights (~6 GB/s at 16 tokens) about one thread's read rate, and well below L2.
-// 192 and 384 KB measured alike at batch 16 (docs/notes/issue-2.md).
-constexpr int64_t kSidePrefetchBytes = 192 << 10;
-
-}  // namespace
 
 const MoeWeights& LocalMoeExchange::layer_weights(int64_t layer) const {
   if (layer < config_.num_hidden_layers) return *weights_.layers[layer].moe;
@@ -69,18 +61,13 @@ Status LocalMoeExchange::run(const MoeExchangeInput& in) {
          a < static_cast<int64_t>(active_.size());
          a = next.fetch_add(1, std::memory_order_relaxed)) {
       const int32_t e = active_[a];
-      // One slice of the caller's work before each expert, while the expert's first weights
-      // stream into L2: the slice is compute-bound, the expert memory-bound at decode.
-      if (!overlap_claimed) {
-        const MatrixRef& g = w.experts[e].gate_proj;
-        const char* first = static_cast<const char*>(g.data);
-        kernels::SidePrefetch side{first, first + std::min<int64_t>(g.bytes(), kSidePrefetchBytes)};
-        overlap_claimed = in.overlap->run_slice(&side) == OverlapWork::Slice::kDone;
-      }
+      // One slice of the caller's work before each expert: the slice is compute-bound, the
+      // expert memory-bound at decode, so the two threads' mix keeps the bus busier.
+      if (!overlap_claimed) overlap_claimed = in.overlap->run_slice() == OverlapWork::Slice::kDone;
       run_expert(w.experts[e], in, offsets_[e], tokens_of(e), scratch_[thread]);
     }
     while (!overlap_claimed) {
-      const OverlapWork::Slice r = in.overlap->run_slice(nullptr);
+      const OverlapWork::Slice r = in.overlap->run_slice();
       if (r == OverlapWork::Slice::kNotReady) _mm_pause();
       overlap_claimed = r == OverlapWork::Slice::kDone;
     }

@@ -8,7 +8,6 @@
 #include <cstdint>
 
 #include "base/status.h"
-#include "kernels/cpu/linear_panels.h"
 
 namespace xds {
 
@@ -23,9 +22,8 @@ class OverlapWork {
     kNotReady,  // slices remain but wait for others in progress (call again)
     kDone,      // every slice has been claimed
   };
-  // Claims and runs one slice on the calling thread, prefetching `side` (may be null)
-  // while it computes.
-  virtual Slice run_slice(kernels::SidePrefetch* side) = 0;
+  // Claims and runs one slice on the calling thread.
+  virtual Slice run_slice() = 0;
 
  protected:
   ~OverlapWork() = default;

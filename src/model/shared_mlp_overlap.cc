@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "kernels/cpu/linear_panels.h"
 #include "kernels/cpu/ops.h"
 
 namespace xds {
@@ -40,14 +41,14 @@ SharedMlpOverlap::SharedMlpOverlap(const MlpWeights& mlp, const float* x, int64_
   down_slices_ = slices(mlp.down_proj.panels(), down_step_);
 }
 
-OverlapWork::Slice SharedMlpOverlap::run_slice(kernels::SidePrefetch* side) {
+OverlapWork::Slice SharedMlpOverlap::run_slice() {
   const int64_t i = next_gu_.fetch_add(1, std::memory_order_relaxed);
   if (i < gu_slices_) {
     const bool is_gate = i < gate_slices_;
     const MatrixRef& w = is_gate ? mlp_.gate_proj : mlp_.up_proj;
     const int64_t p0 = (is_gate ? i : i - gate_slices_) * gu_step_;
     kernels::panels_linear(x_, n_, d_, w, p0, std::min(w.panels(), p0 + gu_step_),
-                           is_gate ? gate_ : up_, width_, side);
+                           is_gate ? gate_ : up_, width_);
     // The thread that completes the last gate/up slice forms h for the down slices; the
     // acq_rel count makes every other slice's writes visible to it.
     if (done_gu_.fetch_add(1, std::memory_order_acq_rel) + 1 == gu_slices_) {
@@ -61,7 +62,7 @@ OverlapWork::Slice SharedMlpOverlap::run_slice(kernels::SidePrefetch* side) {
   if (j >= down_slices_) return Slice::kDone;
   const int64_t p0 = j * down_step_;
   kernels::panels_linear(gate_, n_, width_, mlp_.down_proj, p0,
-                         std::min(mlp_.down_proj.panels(), p0 + down_step_), out_, d_, side);
+                         std::min(mlp_.down_proj.panels(), p0 + down_step_), out_, d_);
   return Slice::kRan;
 }
 

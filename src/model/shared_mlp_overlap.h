@@ -4,7 +4,7 @@
 // At decode the routed experts are memory-bound (each reads its weights for a token or
 // two) and the shared MLP is compute-bound (its weights serve the whole batch). Run one
 // after the other, the memory bus idles during the shared MLP; in slices between routed
-// experts, each slice prefetching the next expert (kernels::SidePrefetch), it does not.
+// experts, one thread's slice runs while the other streams an expert.
 //
 //   gate = x · W_gateᵀ, up = x · W_upᵀ       [n, I]   slices of panels, any order
 //   h = silu(gate) ⊙ up                       [n, I]   by whoever finishes the last of those
@@ -29,8 +29,8 @@ class SharedMlpOverlap final : public OverlapWork {
   // Whether `mlp` can run in slices (all three matrices BF16 panels).
   static bool supported(const MlpWeights& mlp);
 
-  // Work per slice by default: ~30 µs of one thread at ~100 GFLOP/s, the time the side
-  // prefetch of the next routed expert takes at one thread's share of the read rate.
+  // Work per slice by default: ~30 µs of one thread at ~100 GFLOP/s, short beside a
+  // routed expert (~0.5 ms), so the slices spread over the experts' phase.
   static constexpr double kSliceFlops = 3e6;
 
   // x: [n, D] (row stride D); gate, up: scratch [n, I] each; out: [n, D] (overwritten).
@@ -40,7 +40,7 @@ class SharedMlpOverlap final : public OverlapWork {
 
   int64_t slices() const { return gu_slices_ + down_slices_; }
 
-  Slice run_slice(kernels::SidePrefetch* side) override;
+  Slice run_slice() override;
 
  private:
   static int64_t panels_per_slice(int64_t n, int64_t cols, double slice_flops);

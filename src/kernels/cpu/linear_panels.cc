@@ -30,9 +30,9 @@ inline const uint16_t* panel_ptr(const MatrixRef& w, int64_t p) {
 
 // acc[t] (+)= Σ_{c in [kb, ke)} x[t][c] · panel[c] for T tokens and P adjacent panels, the
 // accumulators being y[t][0 .. 16P) (loaded unless `first`, which starts from 0).
-template <int T, int P, bool kSide>
+template <int T, int P>
 void panel_tile(const float* x, int64_t ldx, const uint16_t* w, int64_t cols, int64_t kb,
-                int64_t ke, bool first, float* y, int64_t ldy, SidePrefetch* side) {
+                int64_t ke, bool first, float* y, int64_t ldy) {
   static_assert(P == 1 || P == 2);
   __m256 a0[T], a1[T], a2[T], a3[T];
   const uint16_t* w2 = w + cols * kPanelRows;
@@ -54,12 +54,6 @@ void panel_tile(const float* x, int64_t ldx, const uint16_t* w, int64_t cols, in
       if constexpr (P == 2)
         _mm_prefetch(reinterpret_cast<const char*>(w2 + (c + kPrefetchCols) * kPanelRows),
                      _MM_HINT_T0);
-      if constexpr (kSide) {
-        if (side->next < side->end) {
-          _mm_prefetch(side->next, _MM_HINT_T1);
-          side->next += 64;
-        }
-      }
     }
     const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + c * kPanelRows));
     const __m256 lo = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
@@ -93,12 +87,10 @@ void panel_tile(const float* x, int64_t ldx, const uint16_t* w, int64_t cols, in
   }
 }
 
-template <int P, bool kSide>
+template <int P>
 void tile(int tb, const float* x, int64_t ldx, const uint16_t* w, int64_t cols, int64_t kb,
-          int64_t ke, bool first, float* y, int64_t ldy, SidePrefetch* side) {
-  auto run = [&]<int T>() {
-    panel_tile<T, P, kSide>(x, ldx, w, cols, kb, ke, first, y, ldy, side);
-  };
+          int64_t ke, bool first, float* y, int64_t ldy) {
+  auto run = [&]<int T>() { panel_tile<T, P>(x, ldx, w, cols, kb, ke, first, y, ldy); };
   switch (tb) {
     case 1:
       return run.template operator()<1>();
@@ -121,9 +113,9 @@ void tile(int tb, const float* x, int64_t ldx, const uint16_t* w, int64_t cols, 
 }
 
 // All n tokens against panels [p, p + P), accumulating into acc [n][16P] (row stride ldacc).
-template <int P, bool kSide>
+template <int P>
 void panel_group(const float* x, int64_t n, int64_t ldx, const MatrixRef& w, int64_t p, float* acc,
-                 int64_t ldacc, SidePrefetch* side) {
+                 int64_t ldacc) {
   const int64_t cols = w.cols;
   const uint16_t* wp = panel_ptr(w, p);
   // One token block reads the panel once, straight through; several blocks walk it in k
@@ -133,8 +125,7 @@ void panel_group(const float* x, int64_t n, int64_t ldx, const MatrixRef& w, int
     const int64_t ke = std::min(cols, kb + kblock);
     for (int64_t t = 0; t < n; t += kMaxTokens) {
       const int tb = static_cast<int>(std::min<int64_t>(kMaxTokens, n - t));
-      tile<P, kSide>(tb, x + t * ldx, ldx, wp, cols, kb, ke, kb == 0, acc + t * ldacc, ldacc,
-                     side);
+      tile<P>(tb, x + t * ldx, ldx, wp, cols, kb, ke, kb == 0, acc + t * ldacc, ldacc);
     }
   }
 }
@@ -158,44 +149,28 @@ void pack_panels16(const uint16_t* w, int64_t rows, int64_t cols, int64_t panel_
   }
 }
 
-namespace {
-
-template <bool kSide>
-void panels_linear_impl(const float* x, int64_t n, int64_t ldx, const MatrixRef& w,
-                        int64_t p_begin, int64_t p_end, float* y, int64_t ldy,
-                        SidePrefetch* side) {
+void panels_linear(const float* x, int64_t n, int64_t ldx, const MatrixRef& w, int64_t p_begin,
+                   int64_t p_end, float* y, int64_t ldy) {
+  XDS_CHECK(w.layout == MatrixLayout::kPanels16 && w.dtype == DType::kBF16,
+            "panels_linear: weights are not BF16 panels");
+  if (n <= 0 || p_begin >= p_end) return;
   const int64_t full_end = std::min(p_end, w.rows / kPanelRows);  // panels with 16 real rows
   int64_t p = p_begin;
   // Up to three tokens: two panels per tile (two streams; 12 accumulators at 3 tokens).
   // Three tokens on two panels against one: 56.7/57.2/57.7 % vs 53.7/50.6/54.5 % of the
   // batch-16 roofline in three interleaved pairs (19:03 UTC).
   if (n <= 3) {
-    for (; p + 2 <= full_end; p += 2)
-      panel_group<2, kSide>(x, n, ldx, w, p, y + p * kPanelRows, ldy, side);
+    for (; p + 2 <= full_end; p += 2) panel_group<2>(x, n, ldx, w, p, y + p * kPanelRows, ldy);
   }
-  for (; p < full_end; ++p) panel_group<1, kSide>(x, n, ldx, w, p, y + p * kPanelRows, ldy, side);
+  for (; p < full_end; ++p) panel_group<1>(x, n, ldx, w, p, y + p * kPanelRows, ldy);
   if (p < p_end) {  // the zero-padded last panel: accumulate aside, copy the real rows
     thread_local std::vector<float> tail;
     tail.resize(static_cast<size_t>(n * kPanelRows));
-    panel_group<1, kSide>(x, n, ldx, w, p, tail.data(), kPanelRows, side);
+    panel_group<1>(x, n, ldx, w, p, tail.data(), kPanelRows);
     const int64_t real = w.rows - p * kPanelRows;
     for (int64_t t = 0; t < n; ++t)
       std::memcpy(y + t * ldy + p * kPanelRows, tail.data() + t * kPanelRows,
                   sizeof(float) * static_cast<size_t>(real));
-  }
-}
-
-}  // namespace
-
-void panels_linear(const float* x, int64_t n, int64_t ldx, const MatrixRef& w, int64_t p_begin,
-                   int64_t p_end, float* y, int64_t ldy, SidePrefetch* side) {
-  XDS_CHECK(w.layout == MatrixLayout::kPanels16 && w.dtype == DType::kBF16,
-            "panels_linear: weights are not BF16 panels");
-  if (n <= 0 || p_begin >= p_end) return;
-  if (side != nullptr && side->next < side->end) {
-    panels_linear_impl<true>(x, n, ldx, w, p_begin, p_end, y, ldy, side);
-  } else {
-    panels_linear_impl<false>(x, n, ldx, w, p_begin, p_end, y, ldy, nullptr);
   }
 }
 

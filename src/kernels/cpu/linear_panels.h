@@ -28,18 +28,8 @@ namespace xds::kernels {
 void pack_panels16(const uint16_t* w, int64_t rows, int64_t cols, int64_t panel_begin,
                    int64_t panel_end, uint16_t* out);
 
-// Bytes [next, end) that another computation will read next, prefetched into L2 by a
-// compute-bound call while it runs (one 64-byte line per two of its columns), so that the
-// memory bus works during compute: see LocalMoeExchange, where the shared experts' slices
-// fetch the routed expert that comes after them. `next` advances as lines are requested.
-struct SidePrefetch {
-  const char* next = nullptr;
-  const char* end = nullptr;
-};
-
-// y[:, 16 p_begin .. min(rows, 16 p_end)) for all n tokens, on the calling thread; with
-// `side`, also prefetches that stream (results are the same either way).
+// y[:, 16 p_begin .. min(rows, 16 p_end)) for all n tokens, on the calling thread.
 void panels_linear(const float* x, int64_t n, int64_t ldx, const MatrixRef& w, int64_t p_begin,
-                   int64_t p_end, float* y, int64_t ldy, SidePrefetch* side = nullptr);
+                   int64_t p_end, float* y, int64_t ldy);
 
 }  // namespace xds::kernels

@@ -86,11 +86,10 @@ std::vector<float> whole(const Mlp& m, const std::vector<float>& x, int64_t n) {
 }
 
 // Claims slices until every one is claimed, as LocalMoeExchange's threads do after their
-// experts (with a side stream to prefetch, which must not change anything).
-void drain(SharedMlpOverlap& work, const std::vector<char>& side_bytes) {
-  kernels::SidePrefetch side{side_bytes.data(), side_bytes.data() + side_bytes.size()};
+// experts.
+void drain(SharedMlpOverlap& work) {
   for (;;) {
-    const OverlapWork::Slice r = work.run_slice(&side);
+    const OverlapWork::Slice r = work.run_slice();
     if (r == OverlapWork::Slice::kDone) return;
     if (r == OverlapWork::Slice::kNotReady) std::this_thread::yield();
   }
@@ -101,7 +100,6 @@ TEST(SharedMlpOverlap, SlicesOnManyThreadsEqualTheWholeMlpBitForBit) {
   ASSERT_TRUE(SharedMlpOverlap::supported(m.refs()));
   std::mt19937 rng(4);
   std::uniform_real_distribution<float> d(-1.0f, 1.0f);
-  const std::vector<char> side_bytes(1 << 16, 1);
   for (const int64_t n : {1, 7, 16}) {
     std::vector<float> x(static_cast<size_t>(n * Mlp::kD));
     for (float& v : x) v = d(rng);
@@ -119,8 +117,8 @@ TEST(SharedMlpOverlap, SlicesOnManyThreadsEqualTheWholeMlpBitForBit) {
           EXPECT_EQ(work.slices(), 3);  // one slice per matrix
         }
         std::vector<std::thread> pool;
-        for (int t = 1; t < threads; ++t) pool.emplace_back([&] { drain(work, side_bytes); });
-        drain(work, side_bytes);
+        for (int t = 1; t < threads; ++t) pool.emplace_back([&] { drain(work); });
+        drain(work);
         for (auto& th : pool) th.join();
         for (int64_t i = 0; i < n * Mlp::kD; ++i) {
           ASSERT_EQ(std::memcmp(&out[i], &plain[i], sizeof(float)), 0)
@@ -142,9 +140,9 @@ TEST(SharedMlpOverlap, OneThreadRunsGateUpThenDownThenIsDone) {
   const MlpWeights w = m.refs();
   SharedMlpOverlap work(w, x.data(), n, gate.data(), up.data(), out.data(), 1.0);
   for (int64_t i = 0; i < work.slices(); ++i)
-    ASSERT_EQ(work.run_slice(nullptr), OverlapWork::Slice::kRan) << i;
-  EXPECT_EQ(work.run_slice(nullptr), OverlapWork::Slice::kDone);
-  EXPECT_EQ(work.run_slice(nullptr), OverlapWork::Slice::kDone);
+    ASSERT_EQ(work.run_slice(), OverlapWork::Slice::kRan) << i;
+  EXPECT_EQ(work.run_slice(), OverlapWork::Slice::kDone);
+  EXPECT_EQ(work.run_slice(), OverlapWork::Slice::kDone);
 }
 
 // Row-major or F32 weights cannot run in panel slices.
