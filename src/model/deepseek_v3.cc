@@ -106,8 +106,9 @@ void DeepseekV3Model::run_mlp(const MlpWeights& w, const float* xn, int64_t n, f
 bool DeepseekV3Model::overlaps_shared(const MlpWeights& shared, int64_t n) const {
   // Overlap pays while the shared MLP is compute-bound (8+ tokens) and the routed experts
   // memory-bound (on average at most 4 tokens per expert). At bench-2.6b's batch 16 the MoE
-  // phase took 148 instead of 172 ms (median of 5 interleaved pairs); at batch 64 (6 tokens
-  // per expert) it was 2-5 % slower, so it runs after the routed experts there.
+  // phase took 5-14 % less (medians of three sets of interleaved pairs); at batch 64 (6
+  // tokens per expert) 2-5 % more, so it runs after the routed experts there
+  // (docs/design/cpu_kernels.md, "Experts").
   constexpr int64_t kMinTokens = 8, kMaxTokensPerExpert = 4;
   return options_.overlap_shared && options_.compute == ComputeDType::kF32 && n >= kMinTokens &&
          n * config_.num_experts_per_tok <= kMaxTokensPerExpert * config_.n_routed_experts &&

@@ -12,8 +12,9 @@
 namespace xds {
 
 // Work of the caller's that the exchange runs on its own threads while its experts are in
-// flight: the shared experts, which need only the layer's input (the paper overlaps them
-// with dispatch and combine). The work comes in slices, claimed by any thread.
+// flight: the shared experts, which need only the layer's input (an expert-parallel
+// exchange would run them while dispatch and combine are on the wire). The work comes in
+// slices, claimed by any thread.
 // Thread-safety: run_slice is called concurrently from the exchange's threads.
 class OverlapWork {
  public:
