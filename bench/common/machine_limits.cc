@@ -92,4 +92,13 @@ MachineLimits measure_machine_limits(ThreadPool& pool, int repeats) {
   return m;
 }
 
+MachineLimits faster_of(const MachineLimits& a, const MachineLimits& b) {
+  MachineLimits m;
+  m.read_plain_gbps = std::max(a.read_plain_gbps, b.read_plain_gbps);
+  m.read_prefetch_gbps = std::max(a.read_prefetch_gbps, b.read_prefetch_gbps);
+  m.read_gbps = std::max(m.read_plain_gbps, m.read_prefetch_gbps);
+  m.f32_gflops = std::max(a.f32_gflops, b.f32_gflops);
+  return m;
+}
+
 }  // namespace xds::bench

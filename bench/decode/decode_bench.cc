@@ -5,8 +5,9 @@
 //                [--steps 5] [--compute-dtype f32|bf16] [--json FILE] [--rounds R]
 //
 // Roofline of a step = max(bytes the step must read / read bandwidth, FLOPs / fp32 peak),
-// with bandwidth and peak measured again right before each row (the run-start figures are
-// printed too; this VM drifts by ±20 % over minutes).
+// with bandwidth and peak measured again right before and right after each row, the
+// faster of the two used (the run-start figures are printed too; this VM drifts by ±20 %
+// over minutes, and a slow moment during one measurement must not lower a row's limit).
 // Bytes: every non-expert weight once, plus the routed experts the step actually touched
 // (counted from the routing), plus the latent KV cache of every sequence. FLOPs: 2 per
 // multiply-add of the linear layers actually run (routed experts per token), plus attention.
@@ -112,7 +113,7 @@ struct Row {
   int64_t batch;
   double tokens_per_s, step_ms, roofline_ms, bytes_gb, gflop;
   std::string bound;
-  MachineLimits limits;  // measured right before this row's steps
+  MachineLimits limits;  // the faster of those measured right before and after the row
   int round = 0;
   std::map<std::string, double> phase_ms{};  // --phases: mean ms per step of each phase
 };
@@ -192,7 +193,7 @@ int main(int argc, char** argv) {
 
   for (int round = 0; round < rounds; ++round) {
     {  // Prefill: one sequence, `prompt` tokens in one chunk.
-      const MachineLimits lim = measure_machine_limits(model.pool());
+      const MachineLimits before = measure_machine_limits(model.pool());
       std::vector<double> times;
       double flops = 0, bytes = 0;
       for (int r = 0; r < 3; ++r) {
@@ -215,6 +216,7 @@ int main(int argc, char** argv) {
         bytes = static_cast<double>(sc.dense_bytes + touched_count() * sc.expert_bytes);
       }
       const double t = median(times);
+      const MachineLimits lim = faster_of(before, measure_machine_limits(model.pool()));
       const double roof = std::max(bytes / (lim.read_gbps * 1e9), flops / (lim.f32_gflops * 1e9));
       rows.push_back(
           {"prefill", 1, prompt / t, t * 1e3, roof * 1e3, bytes / 1e9, flops / 1e9,
@@ -228,8 +230,8 @@ int main(int argc, char** argv) {
     while (std::getline(ss, item, ',')) {
       const int64_t batch = std::stoll(item);
       // The machine's limits drift by ±20 % over minutes on a shared VM: each row's roofline
-      // uses limits measured right before its steps.
-      const MachineLimits lim = measure_machine_limits(model.pool());
+      // uses the faster of limits measured right before and right after its steps.
+      const MachineLimits before = measure_machine_limits(model.pool());
       KvCache cache = model.make_cache(batch * (context + 64 + steps + 8));
       std::vector<int64_t> seqs;
       for (int64_t b = 0; b < batch; ++b) {
@@ -268,9 +270,13 @@ int main(int argc, char** argv) {
         times.push_back(t);
         bytes_v.push_back(bytes);
         flops_v.push_back(flops);
-        rooflines.push_back(std::max(bytes / (lim.read_gbps * 1e9), flops / (lim.f32_gflops * 1e9)));
       }
       model.set_phase_times(nullptr);
+      const MachineLimits lim = faster_of(before, measure_machine_limits(model.pool()));
+      for (size_t i = 0; i < times.size(); ++i) {
+        rooflines.push_back(std::max(bytes_v[i] / (lim.read_gbps * 1e9),
+                                     flops_v[i] / (lim.f32_gflops * 1e9)));
+      }
       for (const auto& [name, sec] : step_phases.seconds) phase_sum[name] = sec * 1e3 / steps;
       const double t = median(times), roof = median(rooflines), bytes = median(bytes_v),
                    flops = median(flops_v);
