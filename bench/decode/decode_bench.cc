@@ -274,8 +274,8 @@ int main(int argc, char** argv) {
       model.set_phase_times(nullptr);
       const MachineLimits lim = faster_of(before, measure_machine_limits(model.pool()));
       for (size_t i = 0; i < times.size(); ++i) {
-        rooflines.push_back(std::max(bytes_v[i] / (lim.read_gbps * 1e9),
-                                     flops_v[i] / (lim.f32_gflops * 1e9)));
+        rooflines.push_back(
+            std::max(bytes_v[i] / (lim.read_gbps * 1e9), flops_v[i] / (lim.f32_gflops * 1e9)));
       }
       for (const auto& [name, sec] : step_phases.seconds) phase_sum[name] = sec * 1e3 / steps;
       const double t = median(times), roof = median(rooflines), bytes = median(bytes_v),

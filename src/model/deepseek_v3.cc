@@ -11,8 +11,8 @@
 #include "model/linear_runner.h"
 #include "model/local_moe.h"
 #include "model/moe_routing.h"
-#include "model/shared_mlp_overlap.h"
 #include "model/safetensors.h"
+#include "model/shared_mlp_overlap.h"
 #include "model/weights.h"
 
 namespace xds {

@@ -4,8 +4,8 @@
 // Per layer (the MTP layers included) two planes, fp32:
 //   latent: [num_blocks, block_size, latent_ld]         c = kv_a_layernorm(kv_a[:C]) in the
 //           first kv_lora_rank floats of a row; latent_ld = padded_latent_stride(C), an odd
-//           number of cache lines (528 at C = 512: +3 % memory, +8 % absorbed attention
-//           in a cold single-thread microbenchmark)
+//           number of cache lines (528 at C = 512: +3 % memory, +6-9 % absorbed
+//           attention in a cold single-thread microbenchmark)
 //   rope:   [num_blocks, block_size, qk_rope_head_dim]  rotated k_pe
 // Keeping the planes apart leaves room for an INT8 latent plane later (P090).
 //

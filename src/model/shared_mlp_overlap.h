@@ -49,7 +49,7 @@ class SharedMlpOverlap final : public OverlapWork {
   const float* x_;
   int64_t n_, d_, width_;
   float *gate_, *up_, *out_;
-  int64_t gu_step_, down_step_;     // panels per slice
+  int64_t gu_step_, down_step_;  // panels per slice
   int64_t gate_slices_, gu_slices_, down_slices_;
   std::atomic<int64_t> next_gu_{0}, done_gu_{0}, next_down_{0};
   std::atomic<bool> h_ready_{false};

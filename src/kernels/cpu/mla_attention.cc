@@ -22,8 +22,9 @@ namespace {
 // qt: [C + Dr][NV * 8] (the heads' absorbed queries transposed, zero-padded), so every
 // product is one broadcast and NV fused multiply-adds; no horizontal sums.
 // Stores sc[h * ld + r] for h < nh. While it runs, the rows of the next tile (s0 + R ..
-// s0 + 2R, clamped to `last`; latent and rope) are prefetched one line per 16 columns: the cached rows come
-// from DRAM, and hardware prefetch alone left the kernel at ~60 % of its in-cache speed.
+// s0 + 2R, clamped to `last`; latent and rope) are prefetched one line per 16 columns: the
+// cached rows come from DRAM, and hardware prefetch alone left the kernel at ~60 % of its
+// in-cache speed.
 template <int NV, int R>
 void scores_rows(const float* qt, const LatentKvView& kv, int64_t s0, int64_t last, int64_t nh,
                  float* sc, int64_t ld) {

@@ -38,8 +38,6 @@ struct LatentKvView {
   }
 };
 
-// q_abs: [heads, latent_dim] (row stride q_abs_ld), q_pe: [heads, rope_dim] (stride q_pe_ld),
-// out: [heads, latent_dim] (stride out_ld). scores: scratch of at least ctx floats.
 // A row stride of an odd number of 64-byte lines, at least latent_dim floats: consecutive
 // cached rows then fall in different L1 sets.
 inline int64_t padded_latent_stride(int64_t latent_dim) {
@@ -47,6 +45,8 @@ inline int64_t padded_latent_stride(int64_t latent_dim) {
   return 16 * (lines % 2 == 1 ? lines : lines + 1);
 }
 
+// q_abs: [heads, latent_dim] (row stride q_abs_ld), q_pe: [heads, rope_dim] (stride q_pe_ld),
+// out: [heads, latent_dim] (stride out_ld). scores: scratch of at least ctx floats.
 struct AbsorbedQuery {
   const float* q_abs;
   int64_t q_abs_ld;

@@ -24,7 +24,8 @@ TEST(KvCache, BlocksAreReservedFreedAndExhaustedWithAClearError) {
   const auto padded = cache.view(1, b);
   EXPECT_EQ(padded.latent_ld, 16);  // 3 floats: one line
   for (int64_t pos = 0; pos < 8; ++pos)
-    for (int64_t c = 0; c < 3; ++c) cache.latent_slot(1, b, pos)[c] = static_cast<float>(pos * 3 + c);
+    for (int64_t c = 0; c < 3; ++c)
+      cache.latent_slot(1, b, pos)[c] = static_cast<float>(pos * 3 + c);
   for (int64_t pos = 0; pos < 8; ++pos)
     for (int64_t c = 0; c < 3; ++c) EXPECT_EQ(padded.latent_at(pos)[c], pos * 3 + c);
   cache.free_sequence(b);

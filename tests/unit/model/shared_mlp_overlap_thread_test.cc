@@ -77,7 +77,8 @@ std::vector<double> reference(const Mlp& m, const std::vector<float>& x, int64_t
 // The same MLP run whole, one matrix at a time.
 std::vector<float> whole(const Mlp& m, const std::vector<float>& x, int64_t n) {
   ThreadPool pool(1);
-  std::vector<float> g(static_cast<size_t>(n * Mlp::kI)), u(g.size()), out(static_cast<size_t>(n * Mlp::kD));
+  std::vector<float> g(static_cast<size_t>(n * Mlp::kI)), u(g.size()),
+      out(static_cast<size_t>(n * Mlp::kD));
   kernels::linear_f32(x.data(), n, Mlp::kD, m.gate.ref, g.data(), Mlp::kI, pool);
   kernels::linear_f32(x.data(), n, Mlp::kD, m.up.ref, u.data(), Mlp::kI, pool);
   kernels::silu_mul(g.data(), u.data(), n * Mlp::kI, g.data());
@@ -122,7 +123,8 @@ TEST(SharedMlpOverlap, SlicesOnManyThreadsEqualTheWholeMlpBitForBit) {
         for (auto& th : pool) th.join();
         for (int64_t i = 0; i < n * Mlp::kD; ++i) {
           ASSERT_EQ(std::memcmp(&out[i], &plain[i], sizeof(float)), 0)
-              << "n=" << n << " threads=" << threads << " slice_flops=" << slice_flops << " i=" << i;
+              << "n=" << n << " threads=" << threads << " slice_flops=" << slice_flops
+              << " i=" << i;
           ASSERT_NEAR(out[i], ref[i], 1e-4 * (1.0 + std::fabs(ref[i]))) << "n=" << n << " i=" << i;
         }
       }
@@ -135,8 +137,9 @@ TEST(SharedMlpOverlap, SlicesOnManyThreadsEqualTheWholeMlpBitForBit) {
 TEST(SharedMlpOverlap, OneThreadRunsGateUpThenDownThenIsDone) {
   const Mlp m = make_mlp(5);
   const int64_t n = 4;
-  std::vector<float> x(static_cast<size_t>(n * Mlp::kD), 0.25f), gate(static_cast<size_t>(n * Mlp::kI)),
-      up(gate.size()), out(static_cast<size_t>(n * Mlp::kD));
+  std::vector<float> x(static_cast<size_t>(n * Mlp::kD), 0.25f),
+      gate(static_cast<size_t>(n * Mlp::kI)), up(gate.size()),
+      out(static_cast<size_t>(n * Mlp::kD));
   const MlpWeights w = m.refs();
   SharedMlpOverlap work(w, x.data(), n, gate.data(), up.data(), out.data(), 1.0);
   for (int64_t i = 0; i < work.slices(); ++i)
