@@ -1,7 +1,8 @@
 // Physical limits of this machine, measured in the same run as the benchmark they frame:
 // memory read bandwidth (all threads streaming a buffer far larger than the caches, with and
 // without software prefetch; the faster counts) and the
-// fp32 FMA compute peak (independent accumulator chains, no memory traffic).
+// fp32 FMA compute peak (independent accumulator chains of the widest vectors the build
+// targets, no memory traffic).
 #pragma once
 
 #include <cstdint>
@@ -16,6 +17,7 @@ struct MachineLimits {
   double read_plain_gbps = 0;     // median of `repeats`: AVX2 sum, hardware prefetch only
   double read_prefetch_gbps = 0;  // median of `repeats`: the same with software prefetch
   double f32_gflops = 0;  // median of `repeats`
+  const char* f32_isa = "";  // the vectors of the FMA loop: "avx512" or "avx2"
 };
 
 MachineLimits measure_machine_limits(ThreadPool& pool, int repeats = 5);

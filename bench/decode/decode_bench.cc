@@ -26,6 +26,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/clock.h"
+#include "kernels/cpu/linear_panels.h"
 #include "machine_limits.h"
 #include "model/deepseek_v3.h"
 
@@ -41,11 +42,11 @@ int64_t mlp_params(const MlpWeights& m) {
 }
 
 struct StaticCost {
-  int64_t dense_bytes = 0;   // weights read once per step whatever the batch
-  int64_t dense_params = 0;  // multiply-adds per token through them (kv_b_proj and lm_head
-                             // not included: their use depends on the step, see below)
+  int64_t dense_bytes = 0;     // weights read once per step whatever the batch
+  int64_t dense_params = 0;    // multiply-adds per token through them (kv_b_proj and lm_head
+                               // not included: their use depends on the step, see below)
   int64_t lm_head_params = 0;  // per token that gets logits
-  int64_t expert_bytes = 0;  // one routed expert
+  int64_t expert_bytes = 0;    // one routed expert
   int64_t expert_params = 0;
 };
 
@@ -86,7 +87,8 @@ double attention_flops(const DeepseekV3Config& c, int64_t p0, int64_t m) {
   const double h = c.num_attention_heads, lat = c.kv_lora_rank, dr = c.qk_rope_head_dim;
   const double dn = c.qk_nope_head_dim, dv = c.v_head_dim;
   const double pairs = double(m) * double(p0) + double(m) * double(m + 1) / 2.0;
-  const double absorbed = m * h * 2.0 * lat * (dn + dv) + pairs * h * (2.0 * (lat + dr) + 2.0 * lat);
+  const double absorbed =
+      m * h * 2.0 * lat * (dn + dv) + pairs * h * (2.0 * (lat + dr) + 2.0 * lat);
   const double expanded =
       double(p0 + m) * 2.0 * lat * h * (dn + dv) + pairs * h * (2.0 * (dn + dr) + 2.0 * dv);
   return std::min(absorbed, expanded);
@@ -130,6 +132,7 @@ int main(int argc, char** argv) {
   int rounds = 1;
   bool phases = false;
   bool no_overlap_shared = false;
+  std::string panel_isa = kernels::panel_isa_name(kernels::panel_isa());
   app.add_option("--model", model_dir)->required();
   app.add_option("--prompt", prompt);
   app.add_option("--context", context);
@@ -145,7 +148,18 @@ int main(int argc, char** argv) {
                "ms per step beside the table");
   app.add_flag("--no-overlap-shared", no_overlap_shared,
                "run the shared experts after the routed ones, never between them (A/B runs)");
+  app.add_option("--panel-isa", panel_isa,
+                 "instruction set of the BF16 panel kernel (A/B runs; default: the widest built)")
+      ->check(CLI::IsMember({"avx2", "avx512"}));
   CLI11_PARSE(app, argc, argv);
+  const kernels::PanelIsa isa =
+      panel_isa == "avx512" ? kernels::PanelIsa::kAvx512 : kernels::PanelIsa::kAvx2;
+  if (!kernels::panel_isa_available(isa)) {
+    std::fprintf(stderr, "error: --panel-isa %s: this build has no such kernel\n",
+                 panel_isa.c_str());
+    return 1;
+  }
+  kernels::set_panel_isa(isa);
 
   ModelOptions mo;
   mo.compute = dtype == "bf16" ? ComputeDType::kBF16 : ComputeDType::kF32;
@@ -160,9 +174,9 @@ int main(int argc, char** argv) {
   const MachineLimits lim = measure_machine_limits(model.pool());
   std::fprintf(stderr,
                "machine: read %.1f GB/s (plain loop %.1f, with software prefetch %.1f), fp32 "
-               "peak %.1f GFLOP/s (%d threads)\n",
+               "peak %.1f GFLOP/s (%s FMA loop, %d threads)\n",
                lim.read_gbps, lim.read_plain_gbps, lim.read_prefetch_gbps, lim.f32_gflops,
-               model.pool().num_threads());
+               lim.f32_isa, model.pool().num_threads());
   const StaticCost sc = static_cost(model);
   const int64_t moe_layers = [&] {
     int64_t n = 0;
@@ -264,9 +278,10 @@ int main(int argc, char** argv) {
                                 (c.kv_lora_rank + c.qk_rope_head_dim) * 4.0 * c.num_hidden_layers;
         const double bytes =
             static_cast<double>(sc.dense_bytes + touched_count() * sc.expert_bytes) + kv_bytes;
-        const double flops = 2.0 * (batch * static_cast<double>(sc.dense_params + sc.lm_head_params) +
-                                    routed_token_experts * static_cast<double>(sc.expert_params)) +
-                             batch * attention_flops(c, ctx - 1, 1) * c.num_hidden_layers;
+        const double flops =
+            2.0 * (batch * static_cast<double>(sc.dense_params + sc.lm_head_params) +
+                   routed_token_experts * static_cast<double>(sc.expert_params)) +
+            batch * attention_flops(c, ctx - 1, 1) * c.num_hidden_layers;
         times.push_back(t);
         bytes_v.push_back(bytes);
         flops_v.push_back(flops);
@@ -291,9 +306,10 @@ int main(int argc, char** argv) {
   (void)moe_layers;
 
   std::printf(
-      "\nmodel %s, compute %s, context %lld; machine: read %.1f GB/s, fp32 peak %.1f GFLOP/s\n",
-      model_dir.c_str(), dtype.c_str(), static_cast<long long>(context), lim.read_gbps,
-      lim.f32_gflops);
+      "\nmodel %s, compute %s, panel kernel %s, context %lld; machine: read %.1f GB/s, fp32 "
+      "peak %.1f GFLOP/s (%s)\n",
+      model_dir.c_str(), dtype.c_str(), panel_isa.c_str(), static_cast<long long>(context),
+      lim.read_gbps, lim.f32_gflops, lim.f32_isa);
   std::printf("%-8s %6s %12s %10s %12s %9s %9s %9s %8s %8s %8s\n", "phase", "batch", "tokens/s",
               "step ms", "roofline ms", "% roof", "GB read", "GFLOP", "bound", "row GB/s",
               "row GF/s");
@@ -302,9 +318,11 @@ int main(int argc, char** argv) {
                   {"read_plain_gbps", lim.read_plain_gbps},
                   {"read_prefetch_gbps", lim.read_prefetch_gbps},
                   {"f32_gflops", lim.f32_gflops},
+                  {"f32_isa", lim.f32_isa},
                   {"threads", model.pool().num_threads()}};
   j["model"] = model_dir;
   j["compute_dtype"] = dtype;
+  j["panel_isa"] = panel_isa;
   j["context"] = context;
   for (const Row& r : rows) {
     std::printf("%-8s %6lld %12.1f %10.2f %12.2f %8.1f%% %9.3f %9.2f %8s %8.1f %8.1f\n",

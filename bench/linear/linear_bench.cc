@@ -30,8 +30,10 @@ int main(int argc, char** argv) {
   std::mt19937 rng(1);
   std::uniform_real_distribution<float> d(-1, 1);
   nlohmann::json j;
-  j["machine"] = {{"read_gbps", lim.read_gbps}, {"f32_gflops", lim.f32_gflops}};
-  std::printf("machine: read %.1f GB/s, fp32 peak %.1f GFLOP/s\n", lim.read_gbps, lim.f32_gflops);
+  j["machine"] = {
+      {"read_gbps", lim.read_gbps}, {"f32_gflops", lim.f32_gflops}, {"f32_isa", lim.f32_isa}};
+  std::printf("machine: read %.1f GB/s, fp32 peak %.1f GFLOP/s (%s)\n", lim.read_gbps,
+              lim.f32_gflops, lim.f32_isa);
   std::printf("%5s %6s %6s | %10s %8s %8s | %10s %10s\n", "n", "rows", "cols", "ours ms", "GFLOP/s",
               "GB/s", "sgemm ms", "widen ms");
   for (const Shape& s : shapes) {

@@ -6,10 +6,10 @@
 //   y: [n, rows] fp32, row stride ldy
 //
 // The micro-kernel is an outer product: per column c it loads the panel's 16 weights once
-// (one 32-byte load, widened by a shift and a mask), broadcasts x[t][c] of up to 6 tokens
-// and adds 16 × T products into T × 2 accumulator registers. A panel is one sequential
-// stream, so a thread reads one or two streams at a time (the read loop's speed), and the
-// widening costs two instructions per 16 weights instead of four per 8.
+// (one 32-byte load, widened), broadcasts x[t][c] of up to 6 tokens (AVX2; 8 with AVX-512)
+// and adds 16 × T products into T accumulators (two 8-lane halves each with AVX2). A panel is one
+// sequential stream, so a thread reads one or two streams at a time (the read loop's speed), and
+// the widening costs two instructions per 16 weights instead of four per 8.
 //
 // Summation order: every y[t][r] is Σ_c in ascending c, one fused multiply-add per c, in
 // fp32, whatever n, the token blocking, the k blocking or the thread split: a token's
@@ -27,6 +27,15 @@ namespace xds::kernels {
 // the last panel are zero.
 void pack_panels16(const uint16_t* w, int64_t rows, int64_t cols, int64_t panel_begin,
                    int64_t panel_end, uint16_t* out);
+
+// The instruction set of the micro-kernel (panel_tiles.h): AVX-512 where the build targets
+// it (-march=native on a CPU that has it), else AVX2. Both give the same bits; the choice
+// can be forced for tests and A/B benchmarks (process-wide; set it before any call runs).
+enum class PanelIsa { kAvx2, kAvx512 };
+bool panel_isa_available(PanelIsa isa);
+PanelIsa panel_isa();
+void set_panel_isa(PanelIsa isa);  // fails on an instruction set this build lacks
+const char* panel_isa_name(PanelIsa isa);
 
 // y[:, 16 p_begin .. min(rows, 16 p_end)) for all n tokens, on the calling thread.
 void panels_linear(const float* x, int64_t n, int64_t ldx, const MatrixRef& w, int64_t p_begin,

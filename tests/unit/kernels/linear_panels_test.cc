@@ -39,6 +39,20 @@ Packed make_packed(int64_t rows, int64_t cols, std::mt19937& rng) {
   return p;
 }
 
+// The micro-kernel instruction sets this build has (AVX2 always, AVX-512 where the build
+// targets it); each test runs on every one of them and restores the default afterwards.
+std::vector<PanelIsa> available_isas() {
+  std::vector<PanelIsa> isas;
+  for (const PanelIsa isa : {PanelIsa::kAvx2, PanelIsa::kAvx512})
+    if (panel_isa_available(isa)) isas.push_back(isa);
+  return isas;
+}
+
+struct IsaGuard {
+  PanelIsa saved = panel_isa();
+  ~IsaGuard() { set_panel_isa(saved); }
+};
+
 TEST(LinearPanels, PackingPlacesEveryWeightAndZeroPadsTheLastPanel) {
   const int64_t rows = 21, cols = 5;  // two panels, the second with 5 real rows
   std::vector<uint16_t> w(static_cast<size_t>(rows * cols));
@@ -63,34 +77,39 @@ TEST(LinearPanels, MatchesDoubleReferenceForTokenAndPanelCounts) {
   struct Case {
     int64_t n, rows, cols;
   };
-  // Token counts 1..13 cover every tile width (1-6) and several token blocks with k
-  // blocking (cols > 512); rows cover 1-2-panel tiles and a padded last panel; n = 64 and
-  // 70 take the sgemm path over widened panels.
-  for (const Case c :
-       {Case{1, 16, 8}, Case{1, 37, 70}, Case{2, 48, 33}, Case{3, 16, 1}, Case{3, 40, 70},
-        Case{4, 50, 64}, Case{5, 32, 129}, Case{6, 17, 40}, Case{7, 64, 1030}, Case{13, 33, 600},
-        Case{1, 96, 2048}, Case{2, 80, 1100}, Case{64, 40, 300}, Case{70, 300, 65}}) {
-    const Packed w = make_packed(c.rows, c.cols, rng);
-    const auto x = random_vec(static_cast<size_t>(c.n * c.cols), rng);
-    std::vector<uint16_t> xb(x.size());
-    for (size_t i = 0; i < x.size(); ++i) xb[i] = f32_to_bf16(x[i]);
-    for (int variant = 0; variant < 3; ++variant) {
-      std::vector<float> y(static_cast<size_t>(c.n * c.rows), -7.0f);
-      if (variant == 0) linear_f32(x.data(), c.n, c.cols, w.ref, y.data(), c.rows, pool);
-      if (variant == 1) linear_bf16(xb.data(), c.n, c.cols, w.ref, y.data(), c.rows, pool);
-      if (variant == 2) linear_f32_serial(x.data(), c.n, c.cols, w.ref, y.data(), c.rows);
-      for (int64_t t = 0; t < c.n; ++t) {
-        for (int64_t r = 0; r < c.rows; ++r) {
-          double ref = 0.0, mag = 0.0;
-          for (int64_t k = 0; k < c.cols; ++k) {
-            const double xv = variant == 1 ? bf16_to_f32(xb[t * c.cols + k]) : x[t * c.cols + k];
-            const double prod = xv * bf16_to_f32(w.rows_major[r * c.cols + k]);
-            ref += prod;
-            mag += std::fabs(prod);
+  // Token counts 1..13 cover every tile width (1-6 with AVX2, 1-8 with AVX-512) and several
+  // token blocks with k blocking (cols > 512); rows cover 1-2-panel tiles and a padded last
+  // panel.
+  const IsaGuard guard;
+  for (const PanelIsa isa : available_isas()) {
+    set_panel_isa(isa);
+    for (const Case c :
+         {Case{1, 16, 8}, Case{1, 37, 70}, Case{2, 48, 33}, Case{3, 16, 1}, Case{3, 40, 70},
+          Case{4, 50, 64}, Case{5, 32, 129}, Case{6, 17, 40}, Case{7, 64, 1030}, Case{8, 35, 520},
+          Case{9, 33, 700}, Case{13, 33, 600}, Case{1, 96, 2048}, Case{2, 80, 1100},
+          Case{64, 40, 300}, Case{70, 300, 65}}) {
+      const Packed w = make_packed(c.rows, c.cols, rng);
+      const auto x = random_vec(static_cast<size_t>(c.n * c.cols), rng);
+      std::vector<uint16_t> xb(x.size());
+      for (size_t i = 0; i < x.size(); ++i) xb[i] = f32_to_bf16(x[i]);
+      for (int variant = 0; variant < 3; ++variant) {
+        std::vector<float> y(static_cast<size_t>(c.n * c.rows), -7.0f);
+        if (variant == 0) linear_f32(x.data(), c.n, c.cols, w.ref, y.data(), c.rows, pool);
+        if (variant == 1) linear_bf16(xb.data(), c.n, c.cols, w.ref, y.data(), c.rows, pool);
+        if (variant == 2) linear_f32_serial(x.data(), c.n, c.cols, w.ref, y.data(), c.rows);
+        for (int64_t t = 0; t < c.n; ++t) {
+          for (int64_t r = 0; r < c.rows; ++r) {
+            double ref = 0.0, mag = 0.0;
+            for (int64_t k = 0; k < c.cols; ++k) {
+              const double xv = variant == 1 ? bf16_to_f32(xb[t * c.cols + k]) : x[t * c.cols + k];
+              const double prod = xv * bf16_to_f32(w.rows_major[r * c.cols + k]);
+              ref += prod;
+              mag += std::fabs(prod);
+            }
+            ASSERT_NEAR(y[t * c.rows + r], ref, 1e-6 * mag + 1e-6)
+                << panel_isa_name(isa) << " n=" << c.n << " rows=" << c.rows << " cols=" << c.cols
+                << " variant=" << variant << " t=" << t << " r=" << r;
           }
-          ASSERT_NEAR(y[t * c.rows + r], ref, 1e-6 * mag + 1e-6)
-              << "n=" << c.n << " rows=" << c.rows << " cols=" << c.cols << " variant=" << variant
-              << " t=" << t << " r=" << r;
         }
       }
     }
@@ -106,16 +125,21 @@ TEST(LinearPanels, SumsInAscendingColumnOrderWhateverTheBatch) {
   // Up to 70 tokens: past 64, where panels once went to sgemm; now every n is the same sums.
   const int64_t n_max = 70;
   const auto x = random_vec(static_cast<size_t>(n_max * cols), rng);
-  for (const int64_t n : {int64_t{1}, int64_t{2}, int64_t{3}, int64_t{5}, int64_t{6}, int64_t{11},
-                          int64_t{17}, int64_t{64}, n_max}) {
-    std::vector<float> y(static_cast<size_t>(n * rows));
-    linear_f32(x.data(), n, cols, w.ref, y.data(), rows, pool);
-    for (int64_t t = 0; t < n; ++t) {
-      for (int64_t r = 0; r < rows; ++r) {
-        float s = 0.0f;
-        for (int64_t k = 0; k < cols; ++k)
-          s = std::fma(x[t * cols + k], bf16_to_f32(w.rows_major[r * cols + k]), s);
-        ASSERT_EQ(y[t * rows + r], s) << "n=" << n << " t=" << t << " r=" << r;
+  const IsaGuard guard;
+  for (const PanelIsa isa : available_isas()) {
+    set_panel_isa(isa);
+    for (const int64_t n : {int64_t{1}, int64_t{2}, int64_t{3}, int64_t{5}, int64_t{6}, int64_t{7},
+                            int64_t{8}, int64_t{9}, int64_t{11}, int64_t{17}, int64_t{64}, n_max}) {
+      std::vector<float> y(static_cast<size_t>(n * rows));
+      linear_f32(x.data(), n, cols, w.ref, y.data(), rows, pool);
+      for (int64_t t = 0; t < n; ++t) {
+        for (int64_t r = 0; r < rows; ++r) {
+          float s = 0.0f;
+          for (int64_t k = 0; k < cols; ++k)
+            s = std::fma(x[t * cols + k], bf16_to_f32(w.rows_major[r * cols + k]), s);
+          ASSERT_EQ(y[t * rows + r], s)
+              << panel_isa_name(isa) << " n=" << n << " t=" << t << " r=" << r;
+        }
       }
     }
   }

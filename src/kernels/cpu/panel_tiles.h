@@ -1,0 +1,209 @@
+// The micro-kernels of linear_panels.cc (internal to it): T tokens × P adjacent BF16 panels
+// over columns [kb, ke), one tile per instruction set.
+//
+//   x: [T][ldx] fp32; w: panel p at w, panel p + 1 at w + cols · 16 (kPanels16, each column
+//   16 bf16 with rows j and 8 + j paired in one 32-bit word); y: [T][ldy], rows 16P.
+//
+// acc[t][r] (+)= Σ_{c in [kb, ke)} x[t][c] · w[c][r], the accumulators being y[t][0 .. 16P)
+// (loaded unless `first`, which starts from 0), one fused multiply-add per column in
+// ascending c: both instruction sets give the same bits. Every G columns the tile prefetches
+// the line at `pf` and steps it on by a line (for P = 2 the same line of the second panel).
+//
+// AVX2 (16 ymm registers): a column is one 32-byte load widened by a shift (rows 0-7) and a
+// mask (rows 8-15); T tokens × P panels × 2 halves accumulators + the widened halves + one
+// broadcast: T ≤ 6 for P = 1 (12 + 3), T ≤ 3 for P = 2 (12 + 4 + 1 > 16: GCC keeps two
+// accumulators on the stack, which costs less than the second stream gains).
+//
+// AVX-512 (32 zmm registers): a column is zero-extended to 16 lanes and shifted, one
+// register in the pair order (lane 2j = row j, lane 2j + 1 = row 8 + j), permuted back to
+// row order only when y is loaded or stored; T × P accumulators: T ≤ 8 for P = 1, T ≤ 6
+// for P = 2. Per column a token costs one FMA instead of two.
+#pragma once
+
+#include <immintrin.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "base/check.h"
+#include "tensor/matrix.h"
+
+namespace xds::kernels::panel_detail {
+
+inline constexpr int64_t kLineBytes = 64;
+inline constexpr int64_t kColumnBytes = kPanelRows * 2;  // one panel column: 16 bf16
+
+struct Avx2 {
+  static constexpr int kMaxTokens = 6;           // P = 1
+  static constexpr int kMaxTokensTwoPanels = 3;  // P = 2
+};
+
+template <int T, int P, int G>
+void panel_tile_avx2(const float* x, int64_t ldx, const uint16_t* w, int64_t cols, int64_t kb,
+                     int64_t ke, bool first, float* y, int64_t ldy, const char* pf) {
+  static_assert(P == 1 || P == 2);
+  __m256 a0[T], a1[T], a2[T], a3[T];
+  const uint16_t* w2 = w + cols * kPanelRows;
+#pragma GCC unroll 8
+  for (int t = 0; t < T; ++t) {
+    const float* yt = y + t * ldy;
+    a0[t] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(yt);
+    a1[t] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(yt + 8);
+    if constexpr (P == 2) {
+      a2[t] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(yt + 16);
+      a3[t] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(yt + 24);
+    }
+  }
+  const __m256i high = _mm256_set1_epi32(static_cast<int>(0xffff0000u));
+  auto column = [&](int64_t c) __attribute__((always_inline)) {
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + c * kPanelRows));
+    const __m256 lo = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+    const __m256 hi = _mm256_castsi256_ps(_mm256_and_si256(v, high));
+    __m256 lo2, hi2;
+    if constexpr (P == 2) {
+      const __m256i v2 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w2 + c * kPanelRows));
+      lo2 = _mm256_castsi256_ps(_mm256_slli_epi32(v2, 16));
+      hi2 = _mm256_castsi256_ps(_mm256_and_si256(v2, high));
+    }
+#pragma GCC unroll 8
+    for (int t = 0; t < T; ++t) {
+      const __m256 xb = _mm256_broadcast_ss(x + t * ldx + c);
+      a0[t] = _mm256_fmadd_ps(xb, lo, a0[t]);
+      a1[t] = _mm256_fmadd_ps(xb, hi, a1[t]);
+      if constexpr (P == 2) {
+        a2[t] = _mm256_fmadd_ps(xb, lo2, a2[t]);
+        a3[t] = _mm256_fmadd_ps(xb, hi2, a3[t]);
+      }
+    }
+  };
+  const int64_t second_panel = cols * kColumnBytes;
+  int64_t c = kb;
+  for (; c + G <= ke; c += G) {
+    _mm_prefetch(pf, _MM_HINT_T0);
+    if constexpr (P == 2) _mm_prefetch(pf + second_panel, _MM_HINT_T0);
+    pf += kLineBytes;
+#pragma GCC unroll 8
+    for (int g = 0; g < G; ++g) column(c + g);
+  }
+  for (; c < ke; ++c) column(c);
+#pragma GCC unroll 8
+  for (int t = 0; t < T; ++t) {
+    float* yt = y + t * ldy;
+    _mm256_storeu_ps(yt, a0[t]);
+    _mm256_storeu_ps(yt + 8, a1[t]);
+    if constexpr (P == 2) {
+      _mm256_storeu_ps(yt + 16, a2[t]);
+      _mm256_storeu_ps(yt + 24, a3[t]);
+    }
+  }
+}
+
+#if defined(__AVX512F__)
+inline constexpr bool kHaveAvx512 = true;
+
+// 8 tokens, not 12: 12 = 6 + 6 in two passes ran 150-160 GFLOP/s against 120-135 in one
+// pass of 12, and 8 + 8 matched 12 + 4 at 16 (two threads, 6144 × 2048 and 32000 × 2048
+// cold, 2026-12-03); the k block stays 512 columns (256 was no better).
+struct Avx512 {
+  static constexpr int kMaxTokens = 8;
+  static constexpr int kMaxTokensTwoPanels = 6;
+};
+
+template <int T, int P, int G>
+void panel_tile_avx512(const float* x, int64_t ldx, const uint16_t* w, int64_t cols, int64_t kb,
+                       int64_t ke, bool first, float* y, int64_t ldy, const char* pf) {
+  static_assert(P == 1 || P == 2);
+  constexpr __mmask16 kAll = 0xffff;
+  // lane = row: to_lanes[l] is the row held by lane l; to_rows[r] the lane holding row r.
+  const __m512i to_lanes = _mm512_setr_epi32(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15);
+  const __m512i to_rows = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+  __m512 a0[T], a1[T];
+  const uint16_t* w2 = w + cols * kPanelRows;
+#pragma GCC unroll 8
+  for (int t = 0; t < T; ++t) {
+    const float* yt = y + t * ldy;
+    a0[t] = first ? _mm512_setzero_ps()
+                  : _mm512_maskz_permutexvar_ps(kAll, to_lanes, _mm512_loadu_ps(yt));
+    if constexpr (P == 2)
+      a1[t] = first ? _mm512_setzero_ps()
+                    : _mm512_maskz_permutexvar_ps(kAll, to_lanes, _mm512_loadu_ps(yt + 16));
+  }
+  auto widen = [](const uint16_t* col) __attribute__((always_inline)) {
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(col));
+    // The zero-masking forms with a full mask are the plain instructions; GCC 12's plain
+    // intrinsics start from an "undefined" register that -Wmaybe-uninitialized flags.
+    return _mm512_castsi512_ps(
+        _mm512_maskz_slli_epi32(kAll, _mm512_maskz_cvtepu16_epi32(kAll, v), 16));
+  };
+  auto column = [&](int64_t c) __attribute__((always_inline)) {
+    const __m512 v = widen(w + c * kPanelRows);
+    __m512 v2;
+    if constexpr (P == 2) v2 = widen(w2 + c * kPanelRows);
+#pragma GCC unroll 8
+    for (int t = 0; t < T; ++t) {
+      const __m512 xb = _mm512_set1_ps(x[t * ldx + c]);
+      a0[t] = _mm512_fmadd_ps(xb, v, a0[t]);
+      if constexpr (P == 2) a1[t] = _mm512_fmadd_ps(xb, v2, a1[t]);
+    }
+  };
+  const int64_t second_panel = cols * kColumnBytes;
+  int64_t c = kb;
+  for (; c + G <= ke; c += G) {
+    _mm_prefetch(pf, _MM_HINT_T0);
+    if constexpr (P == 2) _mm_prefetch(pf + second_panel, _MM_HINT_T0);
+    pf += kLineBytes;
+#pragma GCC unroll 8
+    for (int g = 0; g < G; ++g) column(c + g);
+  }
+  for (; c < ke; ++c) column(c);
+#pragma GCC unroll 8
+  for (int t = 0; t < T; ++t) {
+    float* yt = y + t * ldy;
+    _mm512_storeu_ps(yt, _mm512_maskz_permutexvar_ps(kAll, to_rows, a0[t]));
+    if constexpr (P == 2)
+      _mm512_storeu_ps(yt + 16, _mm512_maskz_permutexvar_ps(kAll, to_rows, a1[t]));
+  }
+}
+#else
+inline constexpr bool kHaveAvx512 = false;
+#endif
+
+// One tile of tb tokens (1 ≤ tb ≤ Isa's limit for P) on the instruction set Isa.
+template <class Isa, int P, int G>
+void tile(int tb, const float* x, int64_t ldx, const uint16_t* w, int64_t cols, int64_t kb,
+          int64_t ke, bool first, float* y, int64_t ldy, const char* pf) {
+  constexpr int kMax = P == 1 ? Isa::kMaxTokens : Isa::kMaxTokensTwoPanels;
+  XDS_CHECK(tb >= 1 && tb <= kMax, "panel tile: {} tokens for {} panels", tb, P);
+  auto run = [&]<int T>() {
+    if constexpr (T <= kMax) {
+#if defined(__AVX512F__)
+      if constexpr (std::is_same_v<Isa, Avx512>) {
+        return panel_tile_avx512<T, P, G>(x, ldx, w, cols, kb, ke, first, y, ldy, pf);
+      }
+#endif
+      if constexpr (std::is_same_v<Isa, Avx2>) {
+        return panel_tile_avx2<T, P, G>(x, ldx, w, cols, kb, ke, first, y, ldy, pf);
+      }
+    }
+  };
+  switch (tb) {
+    case 1:
+      return run.template operator()<1>();
+    case 2:
+      return run.template operator()<2>();
+    case 3:
+      return run.template operator()<3>();
+    case 4:
+      return run.template operator()<4>();
+    case 5:
+      return run.template operator()<5>();
+    case 6:
+      return run.template operator()<6>();
+    case 7:
+      return run.template operator()<7>();
+    default:
+      return run.template operator()<8>();
+  }
+}
+
+}  // namespace xds::kernels::panel_detail
