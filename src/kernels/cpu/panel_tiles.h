@@ -33,6 +33,22 @@ namespace xds::kernels::panel_detail {
 inline constexpr int64_t kLineBytes = 64;
 inline constexpr int64_t kColumnBytes = kPanelRows * 2;  // one panel column: 16 bf16
 
+// column(c) for c in [kb, ke), with a prefetch of the line at pf (and at pf +
+// second_panel for P = 2) every G columns, pf stepping on a line each time.
+template <int P, int G, class Column>
+__attribute__((always_inline)) inline void walk_columns(int64_t kb, int64_t ke, const char* pf,
+                                                        int64_t second_panel, Column& column) {
+  int64_t c = kb;
+  for (; c + G <= ke; c += G) {
+    _mm_prefetch(pf, _MM_HINT_T0);
+    if constexpr (P == 2) _mm_prefetch(pf + second_panel, _MM_HINT_T0);
+    pf += kLineBytes;
+#pragma GCC unroll 8
+    for (int g = 0; g < G; ++g) column(c + g);
+  }
+  for (; c < ke; ++c) column(c);
+}
+
 struct Avx2 {
   static constexpr int kMaxTokens = 6;           // P = 1
   static constexpr int kMaxTokensTwoPanels = 3;  // P = 2
@@ -76,16 +92,7 @@ void panel_tile_avx2(const float* x, int64_t ldx, const uint16_t* w, int64_t col
       }
     }
   };
-  const int64_t second_panel = cols * kColumnBytes;
-  int64_t c = kb;
-  for (; c + G <= ke; c += G) {
-    _mm_prefetch(pf, _MM_HINT_T0);
-    if constexpr (P == 2) _mm_prefetch(pf + second_panel, _MM_HINT_T0);
-    pf += kLineBytes;
-#pragma GCC unroll 8
-    for (int g = 0; g < G; ++g) column(c + g);
-  }
-  for (; c < ke; ++c) column(c);
+  walk_columns<P, G>(kb, ke, pf, cols * kColumnBytes, column);
 #pragma GCC unroll 8
   for (int t = 0; t < T; ++t) {
     float* yt = y + t * ldy;
@@ -146,16 +153,7 @@ void panel_tile_avx512(const float* x, int64_t ldx, const uint16_t* w, int64_t c
       if constexpr (P == 2) a1[t] = _mm512_fmadd_ps(xb, v2, a1[t]);
     }
   };
-  const int64_t second_panel = cols * kColumnBytes;
-  int64_t c = kb;
-  for (; c + G <= ke; c += G) {
-    _mm_prefetch(pf, _MM_HINT_T0);
-    if constexpr (P == 2) _mm_prefetch(pf + second_panel, _MM_HINT_T0);
-    pf += kLineBytes;
-#pragma GCC unroll 8
-    for (int g = 0; g < G; ++g) column(c + g);
-  }
-  for (; c < ke; ++c) column(c);
+  walk_columns<P, G>(kb, ke, pf, cols * kColumnBytes, column);
 #pragma GCC unroll 8
   for (int t = 0; t < T; ++t) {
     float* yt = y + t * ldy;
