@@ -10,6 +10,7 @@
 
 #include "base/check.h"
 #include "kernels/cpu/linear_panels.h"
+#include "kernels/cpu/static_dispatch.h"
 
 // AVX2 + FMA kernels (8 floats per register, 16 registers). The machines this project runs
 // on report AVX2/FMA; an AVX512-BF16 variant belongs behind a runtime CPU check.
@@ -17,10 +18,10 @@
 namespace xds::kernels {
 namespace {
 
-constexpr int kRowBlock = 6;             // rows of W per tile (split into 3s for multi-token tiles)
-constexpr int kLongRowBlock = 8;         // rows per single-token tile when rows are page-long
+constexpr int kRowBlock = 6;      // rows of W per tile (split into 3s for multi-token tiles)
+constexpr int kLongRowBlock = 8;  // rows per single-token tile when rows are page-long
 constexpr int64_t kPageBytes = 4096;
-constexpr int kTokenBlock = 4;           // tokens per tile
+constexpr int kTokenBlock = 4;            // tokens per tile
 constexpr int64_t kSgemmPanelRows = 256;  // rows of W widened to fp32 per sgemm call
 constexpr int64_t kTokenChunk = 16;       // tokens whose x slices share one pass over a row block
 constexpr int64_t kKBlock = 256;          // k per block: 16 tokens x 1 KB of x stay in L1
@@ -56,8 +57,8 @@ inline float hsum(__m256 v) {
 // between k blocks, which is exact); `first` starts from zero, `last` finishes into y.
 // kb, ke are multiples of 8 except that the last block ends at k.
 template <typename XT, typename WT, int TB, int RB>
-void dot_tile(const XT* x, int64_t ldx, const WT* w, int64_t ldw, int64_t k, int64_t kb,
-              int64_t ke, __m256* part, bool first, bool last, float* y, int64_t ldy) {
+void dot_tile(const XT* x, int64_t ldx, const WT* w, int64_t ldw, int64_t k, int64_t kb, int64_t ke,
+              __m256* part, bool first, bool last, float* y, int64_t ldy) {
   __m256 acc[TB][RB];
   for (int t = 0; t < TB; ++t)
     for (int r = 0; r < RB; ++r) acc[t][r] = first ? _mm256_setzero_ps() : part[t * RB + r];
@@ -107,32 +108,12 @@ constexpr int kPartStride = kTokenBlock * 3;  // vectors per row group of a mult
 template <typename XT, typename WT, int TB>
 void dot_rows(int rb, const XT* x, int64_t ldx, const WT* w, int64_t ldw, int64_t k,
               const KBlock& kr, float* y, int64_t ldy) {
-  auto run = [&]<int RB>() {
-    dot_tile<XT, WT, TB, RB>(x, ldx, w, ldw, k, kr.kb, kr.ke, kr.part, kr.first, kr.last, y, ldy);
-  };
-  switch (rb) {
-    case 1:
-      return run.template operator()<1>();
-    case 2:
-      return run.template operator()<2>();
-    case 3:
-      return run.template operator()<3>();
-  }
-  if constexpr (TB == 1) {
-    switch (rb) {
-      case 4:
-        return run.template operator()<4>();
-      case 5:
-        return run.template operator()<5>();
-      case 6:
-        return run.template operator()<6>();
-      case 7:
-        return run.template operator()<7>();
-      case 8:
-        return run.template operator()<8>();
-    }
-  }
-  XDS_CHECK(false, "bad row block {} for {} tokens", rb, TB);
+  const bool ran =
+      dispatch_1_to < TB == 1 ? 8 : 3 > (rb, [&]<int RB>() {
+                                      dot_tile<XT, WT, TB, RB>(x, ldx, w, ldw, k, kr.kb, kr.ke,
+                                                               kr.part, kr.first, kr.last, y, ldy);
+                                    });
+  XDS_CHECK(ran, "bad row block {} for {} tokens", rb, TB);
 }
 
 // One tile of tb tokens × rb rows (rb <= 8): a single token uses up to 8 independent rows;
@@ -164,8 +145,7 @@ void tile(int tb, int rb, const XT* x, int64_t ldx, const WT* w, int64_t k, cons
 }
 
 template <typename XT, typename WT>
-void tile(int tb, int rb, const XT* x, int64_t ldx, const WT* w, int64_t k, float* y,
-          int64_t ldy) {
+void tile(int tb, int rb, const XT* x, int64_t ldx, const WT* w, int64_t k, float* y, int64_t ldy) {
   tile<XT, WT>(tb, rb, x, ldx, w, k, KBlock{0, k}, y, ldy);
 }
 
@@ -242,7 +222,8 @@ void linear_impl(const XT* x, int64_t n, int64_t ldx, const MatrixRef& w, float*
     const int64_t r_begin = b * step, r_end = std::min(w.rows, e * step);
     if (n > 1) return rows_multi_token<XT, WT>(x, n, ldx, wd, k, r_begin, r_end, y, ldy);
     // One token: 8 streams per tile for page-long rows (measured best), 6 for short ones.
-    const int64_t block = k * static_cast<int64_t>(sizeof(WT)) >= kPageBytes ? kLongRowBlock : kRowBlock;
+    const int64_t block =
+        k * static_cast<int64_t>(sizeof(WT)) >= kPageBytes ? kLongRowBlock : kRowBlock;
     for (int64_t r = r_begin; r < r_end; r += block) {
       const int rb = static_cast<int>(std::min<int64_t>(block, r_end - r));
       tile<XT, WT>(1, rb, x, ldx, wd + r * k, k, y + r, ldy);
@@ -296,15 +277,17 @@ void linear_f32(const float* x, int64_t n, int64_t ldx, const MatrixRef& w, floa
 void linear_f32_serial(const float* x, int64_t n, int64_t ldx, const MatrixRef& w, float* y,
                        int64_t ldy) {
   if (n == 0 || w.rows == 0) return;
-  if (w.layout == MatrixLayout::kPanels16) return panels_linear(x, n, ldx, w, 0, w.panels(), y, ldy);
+  if (w.layout == MatrixLayout::kPanels16)
+    return panels_linear(x, n, ldx, w, 0, w.panels(), y, ldy);
   const int64_t k = w.cols;
   for (int64_t t = 0; t < n; t += kTokenBlock) {
     const int tb = static_cast<int>(std::min<int64_t>(kTokenBlock, n - t));
     for (int64_t r = 0; r < w.rows; r += kRowBlock) {
       const int rb = static_cast<int>(std::min<int64_t>(kRowBlock, w.rows - r));
       if (w.dtype == DType::kBF16) {
-        tile<float, uint16_t>(tb, rb, x + t * ldx, ldx, static_cast<const uint16_t*>(w.data) + r * k, k,
-                              y + t * ldy + r, ldy);
+        tile<float, uint16_t>(tb, rb, x + t * ldx, ldx,
+                              static_cast<const uint16_t*>(w.data) + r * k, k, y + t * ldy + r,
+                              ldy);
       } else {
         tile<float, float>(tb, rb, x + t * ldx, ldx, static_cast<const float*>(w.data) + r * k, k,
                            y + t * ldy + r, ldy);
@@ -322,7 +305,8 @@ void linear_bf16(const uint16_t* x, int64_t n, int64_t ldx, const MatrixRef& w, 
     wide.resize(static_cast<size_t>(n * w.cols));
     for (int64_t t = 0; t < n; ++t)
       for (int64_t i = 0; i < w.cols; ++i) wide[t * w.cols + i] = bf16_to_f32(x[t * ldx + i]);
-    if (w.layout == MatrixLayout::kPanels16) return linear_f32(wide.data(), n, w.cols, w, y, ldy, pool);
+    if (w.layout == MatrixLayout::kPanels16)
+      return linear_f32(wide.data(), n, w.cols, w, y, ldy, pool);
     return linear_sgemm(wide.data(), n, w.cols, w, y, ldy, pool);
   }
   if (w.dtype == DType::kBF16) return linear_impl<uint16_t, uint16_t>(x, n, ldx, w, y, ldy, pool);
@@ -387,7 +371,8 @@ void matmul_nn_few_tokens(const float* x, int64_t n, int64_t ldx, const WT* w, i
       const __m256 a = load8(w + r * cols + c);
       for (int64_t t = 0; t < n; ++t) {
         float* yt = y + t * ldy + c;
-        _mm256_storeu_ps(yt, _mm256_fmadd_ps(_mm256_set1_ps(x[t * ldx + r]), a, _mm256_loadu_ps(yt)));
+        _mm256_storeu_ps(yt,
+                         _mm256_fmadd_ps(_mm256_set1_ps(x[t * ldx + r]), a, _mm256_loadu_ps(yt)));
       }
     }
   }

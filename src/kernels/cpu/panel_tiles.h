@@ -26,6 +26,7 @@
 #include <type_traits>
 
 #include "base/check.h"
+#include "kernels/cpu/static_dispatch.h"
 #include "tensor/matrix.h"
 
 namespace xds::kernels::panel_detail {
@@ -171,37 +172,15 @@ template <class Isa, int P, int G>
 void tile(int tb, const float* x, int64_t ldx, const uint16_t* w, int64_t cols, int64_t kb,
           int64_t ke, bool first, float* y, int64_t ldy, const char* pf) {
   constexpr int kMax = P == 1 ? Isa::kMaxTokens : Isa::kMaxTokensTwoPanels;
-  XDS_CHECK(tb >= 1 && tb <= kMax, "panel tile: {} tokens for {} panels", tb, P);
-  auto run = [&]<int T>() {
-    if constexpr (T <= kMax) {
+  const bool ran = dispatch_1_to<kMax>(tb, [&]<int T>() {
 #if defined(__AVX512F__)
-      if constexpr (std::is_same_v<Isa, Avx512>) {
-        return panel_tile_avx512<T, P, G>(x, ldx, w, cols, kb, ke, first, y, ldy, pf);
-      }
+    if constexpr (std::is_same_v<Isa, Avx512>)
+      panel_tile_avx512<T, P, G>(x, ldx, w, cols, kb, ke, first, y, ldy, pf);
 #endif
-      if constexpr (std::is_same_v<Isa, Avx2>) {
-        return panel_tile_avx2<T, P, G>(x, ldx, w, cols, kb, ke, first, y, ldy, pf);
-      }
-    }
-  };
-  switch (tb) {
-    case 1:
-      return run.template operator()<1>();
-    case 2:
-      return run.template operator()<2>();
-    case 3:
-      return run.template operator()<3>();
-    case 4:
-      return run.template operator()<4>();
-    case 5:
-      return run.template operator()<5>();
-    case 6:
-      return run.template operator()<6>();
-    case 7:
-      return run.template operator()<7>();
-    default:
-      return run.template operator()<8>();
-  }
+    if constexpr (std::is_same_v<Isa, Avx2>)
+      panel_tile_avx2<T, P, G>(x, ldx, w, cols, kb, ke, first, y, ldy, pf);
+  });
+  XDS_CHECK(ran, "panel tile: {} tokens for {} panels", tb, P);
 }
 
 }  // namespace xds::kernels::panel_detail
