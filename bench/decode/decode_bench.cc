@@ -26,6 +26,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/clock.h"
+#include "kernels/cpu/blas_core.h"
 #include "kernels/cpu/linear_panels.h"
 #include "machine_limits.h"
 #include "model/deepseek_v3.h"
@@ -124,6 +125,7 @@ struct Row {
 }  // namespace xds::bench
 
 int main(int argc, char** argv) {
+  xds::kernels::select_blas_core(argv);  // first: it may re-execute the program
   using namespace xds;
   using namespace xds::bench;
   CLI::App app{"bench_decode: prefill and decode throughput against the roofline"};
@@ -144,8 +146,8 @@ int main(int argc, char** argv) {
                  "repeat all rows this many times; the table gives medians and ranges")
       ->check(CLI::Range(1, 20));
   app.add_flag("--phases", phases,
-               "time the decode step's phases (attention parts, router, experts, ...) and print "
-               "ms per step beside the table");
+               "time the phases of prefill and decode steps (attention parts, router, experts, "
+               "...) and print ms per step beside the table");
   app.add_flag("--no-overlap-shared", no_overlap_shared,
                "run the shared experts after the routed ones, never between them (A/B runs)");
   app.add_option("--panel-isa", panel_isa,
@@ -210,6 +212,8 @@ int main(int argc, char** argv) {
       const MachineLimits before = measure_machine_limits(model.pool());
       std::vector<double> times;
       double flops = 0, bytes = 0;
+      PhaseTimes prefill_phases;
+      if (phases) model.set_phase_times(&prefill_phases);
       for (int r = 0; r < 3; ++r) {
         KvCache cache = model.make_cache(prompt + 16);
         const int64_t seq = cache.add_sequence();
@@ -221,6 +225,7 @@ int main(int argc, char** argv) {
         const auto t0 = Clock::now();
         const Status s = model.forward({&ch, 1}, cache, out);
         times.push_back(seconds_since(t0));
+        if (r == 0) prefill_phases.clear();  // the first prefill also faults in the buffers
         if (!s.ok()) return std::fprintf(stderr, "error: %s\n", s.to_string().c_str()), 1;
         // Logits for the last position only (generate's prefill); one chunk from 0.
         flops = 2.0 * (prompt * static_cast<double>(sc.dense_params) +
@@ -229,6 +234,7 @@ int main(int argc, char** argv) {
                 attention_flops(c, 0, prompt) * c.num_hidden_layers;
         bytes = static_cast<double>(sc.dense_bytes + touched_count() * sc.expert_bytes);
       }
+      model.set_phase_times(nullptr);
       const double t = median(times);
       const MachineLimits lim = faster_of(before, measure_machine_limits(model.pool()));
       const double roof = std::max(bytes / (lim.read_gbps * 1e9), flops / (lim.f32_gflops * 1e9));
@@ -237,6 +243,8 @@ int main(int argc, char** argv) {
            bytes / (lim.read_gbps * 1e9) > flops / (lim.f32_gflops * 1e9) ? "memory" : "compute",
            lim});
       rows.back().round = round;
+      for (const auto& [name, sec] : prefill_phases.seconds)
+        rows.back().phase_ms[name] = sec * 1e3 / 2;  // mean over the last two prefills
     }
 
     std::stringstream ss(batches_arg);
@@ -306,10 +314,10 @@ int main(int argc, char** argv) {
   (void)moe_layers;
 
   std::printf(
-      "\nmodel %s, compute %s, panel kernel %s, context %lld; machine: read %.1f GB/s, fp32 "
-      "peak %.1f GFLOP/s (%s)\n",
-      model_dir.c_str(), dtype.c_str(), panel_isa.c_str(), static_cast<long long>(context),
-      lim.read_gbps, lim.f32_gflops, lim.f32_isa);
+      "\nmodel %s, compute %s, panel kernel %s, OpenBLAS %s, context %lld; machine: read %.1f "
+      "GB/s, fp32 peak %.1f GFLOP/s (%s)\n",
+      model_dir.c_str(), dtype.c_str(), panel_isa.c_str(), kernels::blas_core_name().c_str(),
+      static_cast<long long>(context), lim.read_gbps, lim.f32_gflops, lim.f32_isa);
   std::printf("%-8s %6s %12s %10s %12s %9s %9s %9s %8s %8s %8s\n", "phase", "batch", "tokens/s",
               "step ms", "roofline ms", "% roof", "GB read", "GFLOP", "bound", "row GB/s",
               "row GF/s");
@@ -323,6 +331,7 @@ int main(int argc, char** argv) {
   j["model"] = model_dir;
   j["compute_dtype"] = dtype;
   j["panel_isa"] = panel_isa;
+  j["blas_core"] = kernels::blas_core_name();
   j["context"] = context;
   for (const Row& r : rows) {
     std::printf("%-8s %6lld %12.1f %10.2f %12.2f %8.1f%% %9.3f %9.2f %8s %8.1f %8.1f\n",
@@ -346,8 +355,8 @@ int main(int argc, char** argv) {
                          {"achieved_gflops", r.gflop / (r.step_ms / 1e3)}});
   }
   if (phases) {
-    // One column per decode row: mean ms per step in each phase, then their sum beside the
-    // measured step (the rest is embedding, the final norm and unlabelled glue).
+    // One column per row: mean ms per step (per prefill) in each phase, then their sum beside
+    // the measured step (the rest is embedding, the final norm and unlabelled glue).
     std::vector<const Row*> cols;
     std::map<std::string, int> names;
     for (const Row& r : rows) {
@@ -355,8 +364,11 @@ int main(int argc, char** argv) {
       cols.push_back(&r);
       for (const auto& kv : r.phase_ms) names.emplace(kv.first, 0);
     }
-    std::printf("\nphases, ms per decode step (mean over the timed steps)\n%-20s", "phase");
-    for (const Row* r : cols) std::printf(" %8s", fmt::format("b{}", r->batch).c_str());
+    std::printf("\nphases, ms per step (mean over the timed steps)\n%-20s", "phase");
+    for (const Row* r : cols) {
+      const std::string label = r->what == "prefill" ? "prefill" : fmt::format("b{}", r->batch);
+      std::printf(" %8s", label.c_str());
+    }
     std::printf("\n");
     for (const auto& [name, unused] : names) {
       std::printf("%-20s", name.c_str());
@@ -379,7 +391,8 @@ int main(int argc, char** argv) {
       if (r.phase_ms.empty()) continue;
       nlohmann::json ph;
       for (const auto& [name, ms] : r.phase_ms) ph[name] = ms;
-      j["phases_ms_per_step"].push_back({{"batch", r.batch}, {"round", r.round}, {"phases", ph}});
+      j["phases_ms_per_step"].push_back(
+          {{"phase", r.what}, {"batch", r.batch}, {"round", r.round}, {"phases", ph}});
     }
   }
   if (rounds > 1) {

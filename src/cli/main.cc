@@ -1,7 +1,9 @@
 // xdeepserve: the one binary. Subcommands are registered in this table.
 #include "cli/commands.h"
+#include "kernels/cpu/blas_core.h"
 
 int main(int argc, char** argv) {
+  xds::kernels::select_blas_core(argv);  // first: it may re-execute the program
   CLI::App app{"xdeepserve: serving large Mixture-of-Experts language models"};
   app.require_subcommand(1);
   int exit_code = 0;

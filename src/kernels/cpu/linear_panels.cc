@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "base/check.h"
@@ -122,11 +123,111 @@ const char* panel_isa_name(PanelIsa isa) {
 
 namespace {
 
+// The wide path's token tiles: ceil(n / 12) of balanced sizes (26 = 9 + 9 + 8); tile i
+// holds tokens [first(i), first(i + 1)) and is packed at xp + first(i) * cols.
+struct TokenTiles {
+  int64_t n;
+  int64_t count() const {
+    return (n + panel_detail::kWideTileTokens - 1) / panel_detail::kWideTileTokens;
+  }
+  int64_t first(int64_t i) const { return i * n / count(); }
+  int size(int64_t i) const { return static_cast<int>(first(i + 1) - first(i)); }
+};
+
+#if defined(__AVX512F__)
+// Tokens from which the AVX-512 kernel widens each weight block once for all the token
+// tiles (panel_tiles.h, wide path) instead of once per tile.
+constexpr int64_t kWideMinTokens = 16;
+constexpr int64_t kWideKBlock = 256;  // columns per widened block: 2 panels = 32 KB fp32 (L1)
+// Tokens per block of the wide path: their packed rows (~768 KB) stay in L2 while the block
+// runs over all the call's panels, so each x element is read from L2 once per panel pair.
+constexpr int64_t kWideXBytes = 768 * 1024;
+
+// Panels [p, p + P) for the tiles [i0, i1) (xp, acc: the whole call's).
+template <int P>
+void wide_panels(const float* xp, const TokenTiles& tiles, int64_t i0, int64_t i1,
+                 const MatrixRef& w, int64_t p, float* acc, int64_t ldacc, float* ws) {
+  using namespace panel_detail;
+  const int64_t cols = w.cols;
+  const uint16_t* wp = panel_ptr(w, p);
+  const int64_t second_panel = cols * kColumnBytes;
+  for (int64_t kb = 0; kb < cols; kb += kWideKBlock) {
+    const int64_t ke = std::min(cols, kb + kWideKBlock);
+    widen_block_avx512<P>(wp, cols, kb, ke, ws);
+    // While the tiles run, the next block's lines (of each panel; after the last block the
+    // next P panels' first) are prefetched in equal shares, as panel_group does.
+    const char* next = ke < cols ? reinterpret_cast<const char*>(wp + ke * kPanelRows)
+                                 : reinterpret_cast<const char*>(panel_ptr(w, p + P));
+    const int64_t next_cols = ke < cols ? std::min(kWideKBlock, cols - ke) : kWideKBlock;
+    const int64_t lines = (next_cols * kColumnBytes + kLineBytes - 1) / kLineBytes;
+    const int64_t passes = i1 - i0;
+    const int64_t share = (lines + passes - 1) / passes;
+    const int64_t room = (ke - kb) / share;
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t t = tiles.first(i);
+      const float* x = xp + t * cols;
+      float* a = acc + t * ldacc;
+      const char* pf = next + (i - i0) * share * kLineBytes;
+      if (room >= 8) {
+        wide_tile<P, 8>(tiles.size(i), x, ws, kb, ke, kb == 0, a, ldacc, pf, second_panel);
+      } else if (room >= 4) {
+        wide_tile<P, 4>(tiles.size(i), x, ws, kb, ke, kb == 0, a, ldacc, pf, second_panel);
+      } else {
+        wide_tile<P, 2>(tiles.size(i), x, ws, kb, ke, kb == 0, a, ldacc, pf, second_panel);
+      }
+    }
+  }
+}
+
+// Panels [p_begin, p_end) for all packed tokens, in blocks of tiles; a zero-padded last
+// panel accumulates aside and only its real rows are copied to y.
+void wide_linear(const float* xp, int64_t n, const MatrixRef& w, int64_t p_begin, int64_t p_end,
+                 float* y, int64_t ldy) {
+  alignas(64) thread_local float ws[kWideKBlock * 2 * kPanelRows];
+  thread_local std::vector<float> tail;
+  const int64_t full_end = std::min(p_end, w.rows / kPanelRows);
+  const TokenTiles tiles{n};
+  const int64_t tile_bytes =
+      panel_detail::kWideTileTokens * w.cols * static_cast<int64_t>(sizeof(float));
+  const int64_t per_block = std::max<int64_t>(1, kWideXBytes / tile_bytes);
+  for (int64_t i0 = 0; i0 < tiles.count(); i0 += per_block) {
+    const int64_t i1 = std::min(tiles.count(), i0 + per_block);
+    int64_t p = p_begin;
+    for (; p + 2 <= full_end; p += 2)
+      wide_panels<2>(xp, tiles, i0, i1, w, p, y + p * kPanelRows, ldy, ws);
+    if (p < full_end) {
+      wide_panels<1>(xp, tiles, i0, i1, w, p, y + p * kPanelRows, ldy, ws);
+      ++p;
+    }
+    if (p < p_end) {
+      tail.resize(static_cast<size_t>(n * kPanelRows));
+      wide_panels<1>(xp, tiles, i0, i1, w, p, tail.data(), kPanelRows, ws);
+    }
+  }
+  if (full_end < p_end) {
+    const int64_t real = w.rows - full_end * kPanelRows;
+    for (int64_t t = 0; t < n; ++t)
+      std::memcpy(y + t * ldy + full_end * kPanelRows, tail.data() + t * kPanelRows,
+                  sizeof(float) * static_cast<size_t>(real));
+  }
+}
+#endif
+
 template <class Isa>
 void panels_linear_on(const float* x, int64_t n, int64_t ldx, const MatrixRef& w, int64_t p_begin,
                       int64_t p_end, float* y, int64_t ldy) {
   const int64_t full_end = std::min(p_end, w.rows / kPanelRows);  // panels with 16 real rows
   int64_t p = p_begin;
+#if defined(__AVX512F__)
+  if constexpr (std::is_same_v<Isa, panel_detail::Avx512>) {
+    if (n >= wide_min_tokens()) {
+      thread_local std::vector<float> xp;
+      xp.resize(static_cast<size_t>(n * w.cols));
+      pack_token_tiles(x, n, ldx, w.cols, 0, token_tile_count(n), xp.data());
+      return wide_linear(xp.data(), n, w, p, p_end, y, ldy);
+    }
+  }
+#endif
   // Few tokens: two panels per tile (two streams). AVX2, three tokens on two panels against
   // one: 56.7/57.2/57.7 % vs 53.7/50.6/54.5 % of the batch-16 roofline in three
   // interleaved pairs (19:03 UTC, 2026-12-02).
@@ -146,6 +247,40 @@ void panels_linear_on(const float* x, int64_t n, int64_t ldx, const MatrixRef& w
 }
 
 }  // namespace
+
+int64_t wide_min_tokens() {
+  return panel_detail::kHaveAvx512 && panel_isa() == PanelIsa::kAvx512 ? kWideMinTokens : 0;
+}
+
+int64_t token_tile_count(int64_t n) {
+  return TokenTiles{n}.count();
+}
+
+void pack_token_tiles(const float* x, int64_t n, int64_t ldx, int64_t cols, int64_t tile_begin,
+                      int64_t tile_end, float* xp) {
+  const TokenTiles tiles{n};
+  for (int64_t i = tile_begin; i < tile_end; ++i) {
+    const int64_t t = tiles.first(i);
+    const int tb = tiles.size(i);
+    float* dst = xp + t * cols;
+    for (int64_t c = 0; c < cols; ++c)
+      for (int j = 0; j < tb; ++j) dst[c * tb + j] = x[(t + j) * ldx + c];
+  }
+}
+
+void panels_linear_packed(const float* xp, int64_t n, const MatrixRef& w, int64_t p_begin,
+                          int64_t p_end, float* y, int64_t ldy) {
+  XDS_CHECK(w.layout == MatrixLayout::kPanels16 && w.dtype == DType::kBF16,
+            "panels_linear_packed: weights are not BF16 panels");
+  XDS_CHECK(n >= wide_min_tokens() && wide_min_tokens() > 0,
+            "panels_linear_packed: {} tokens, the wide path starts at {}", n, wide_min_tokens());
+  if (p_begin >= p_end) return;
+#if defined(__AVX512F__)
+  wide_linear(xp, n, w, p_begin, p_end, y, ldy);
+#else
+  (void)xp, (void)y, (void)ldy;
+#endif
+}
 
 void panels_linear(const float* x, int64_t n, int64_t ldx, const MatrixRef& w, int64_t p_begin,
                    int64_t p_end, float* y, int64_t ldy) {
