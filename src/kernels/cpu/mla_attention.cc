@@ -11,7 +11,9 @@
 
 #include "base/check.h"
 #include "kernels/cpu/linear.h"
+#include "kernels/cpu/linear_panels.h"
 #include "kernels/cpu/ops.h"
+#include "kernels/cpu/static_dispatch.h"
 
 namespace xds::kernels {
 
@@ -91,6 +93,58 @@ void scores_rows(const float* qt, const LatentKvView& kv, int64_t s0, int64_t la
   }
 }
 
+#if defined(__AVX512F__)
+// scores_rows for 16 heads with AVX-512: all 16 heads of a row in one register, so per
+// column one load of qt and R broadcast FMAs (R accumulators), and the same sums in the same
+// order as the AVX2 form (one FMA per column, latent then rope, ascending).
+template <int R>
+void scores_rows_avx512(const float* qt, const LatentKvView& kv, int64_t s0, int64_t last,
+                        int64_t nh, float* sc, int64_t ld) {
+  constexpr int kW = 16;
+  const int64_t lat = kv.latent_dim, dr = kv.rope_dim;
+  __m512 a[R];
+  const float* lrow[R];
+  const float* rrow[R];
+  const float* lnext[R];
+  const float* rnext[R];
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) {
+    a[r] = _mm512_setzero_ps();
+    lrow[r] = kv.latent_at(s0 + r);
+    rrow[r] = kv.rope_at(s0 + r);
+    lnext[r] = kv.latent_at(std::min(last, s0 + R + r));
+    rnext[r] = kv.rope_at(std::min(last, s0 + R + r));
+  }
+  auto accumulate = [&](const float* q, const float* const* rows, int64_t c)
+      __attribute__((always_inline)) {
+    const __m512 qv = _mm512_loadu_ps(q);
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) a[r] = _mm512_fmadd_ps(_mm512_set1_ps(rows[r][c]), qv, a[r]);
+  };
+  const int64_t rope_lines_end = 16 * ((dr + 15) / 16);
+  const int64_t lat16 = lat / 16 * 16;
+  for (int64_t c0 = 0; c0 < lat16; c0 += 16) {
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r)
+      _mm_prefetch(reinterpret_cast<const char*>(lnext[r] + c0), _MM_HINT_T0);
+    if (c0 < rope_lines_end) {
+#pragma GCC unroll 16
+      for (int r = 0; r < R; ++r)
+        _mm_prefetch(reinterpret_cast<const char*>(rnext[r] + c0), _MM_HINT_T0);
+    }
+    for (int64_t c = c0; c < c0 + 16; ++c) accumulate(qt + c * kW, lrow, c);
+  }
+  for (int64_t c = lat16; c < lat; ++c) accumulate(qt + c * kW, lrow, c);
+  for (int64_t c = 0; c < dr; ++c) accumulate(qt + (lat + c) * kW, rrow, c);
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) {
+    alignas(64) float lanes[kW];
+    _mm512_store_ps(lanes, a[r]);
+    for (int64_t h = 0; h < nh; ++h) sc[h * ld + r] = lanes[h];
+  }
+}
+#endif
+
 // qt[c][j] = the absorbed query of head h0 + j at column c (latent, then rope), zero for
 // j >= nh: [C + Dr, kW].
 void transpose_queries(const AbsorbedQuery& q, int64_t h0, int64_t nh, int64_t lat, int64_t dr,
@@ -112,6 +166,22 @@ void slice_scores(const float* qt, int64_t nh, const LatentKvView& kv, int64_t s
   for (; s + R <= s1; s += R) scores_rows<NV, R>(qt, kv, s, last, nh, sc + (s - s0), ld);
   for (; s < s1; ++s) scores_rows<NV, 1>(qt, kv, s, last, nh, sc + (s - s0), ld);
 }
+
+#if defined(__AVX512F__)
+// The same for 9-16 heads with AVX-512: tiles of 12 rows, the rest (< 12) in one tile.
+void slice_scores_avx512(const float* qt, int64_t nh, const LatentKvView& kv, int64_t s0,
+                         int64_t s1, int64_t last, float* sc, int64_t ld) {
+  constexpr int kRows = 12;
+  int64_t s = s0;
+  for (; s + kRows <= s1; s += kRows)
+    scores_rows_avx512<kRows>(qt, kv, s, last, nh, sc + (s - s0), ld);
+  if (s < s1) {
+    dispatch_1_to<kRows - 1>(static_cast<int>(s1 - s), [&]<int R>() {
+      scores_rows_avx512<R>(qt, kv, s, last, nh, sc + (s - s0), ld);
+    });
+  }
+}
+#endif
 
 // out[h][c0 .. c0+16) (+)= Σ_{s in [s0, s1)} p[h][s] · latent(s)[c0 .. c0+16) for H heads:
 // 2H accumulators, per s two loads of the latent row and H broadcasts of p. Sums run in
@@ -155,6 +225,37 @@ void pv_tile_heads(int h, const float* p, int64_t ldp, const float* const* rows,
   }
 }
 
+#if defined(__AVX512F__)
+// pv_tile over 32 columns [c0, c0 + 32) with AVX-512: per s two loads of the latent row and
+// H broadcasts, 2H FMAs; the same sums in the same order as pv_tile.
+template <int H>
+void pv_tile_avx512(const float* p, int64_t ldp, const float* const* rows, int64_t s0, int64_t s1,
+                    int64_t c0, bool first, float* out, int64_t ldo) {
+  __m512 a0[H], a1[H];
+#pragma GCC unroll 8
+  for (int h = 0; h < H; ++h) {
+    a0[h] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(out + h * ldo + c0);
+    a1[h] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(out + h * ldo + c0 + 16);
+  }
+  for (int64_t s = s0; s < s1; ++s) {
+    const float* row = rows[s - s0] + c0;
+    const __m512 l0 = _mm512_loadu_ps(row);
+    const __m512 l1 = _mm512_loadu_ps(row + 16);
+#pragma GCC unroll 8
+    for (int h = 0; h < H; ++h) {
+      const __m512 w = _mm512_set1_ps(p[h * ldp + s]);
+      a0[h] = _mm512_fmadd_ps(w, l0, a0[h]);
+      a1[h] = _mm512_fmadd_ps(w, l1, a1[h]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int h = 0; h < H; ++h) {
+    _mm512_storeu_ps(out + h * ldo + c0, a0[h]);
+    _mm512_storeu_ps(out + h * ldo + c0 + 16, a1[h]);
+  }
+}
+#endif
+
 // out[h] (+)= Σ_{s in [s0, s1)} p[h][s - s0] · latent(s) for nh heads: [nh, len]·[len, C]
 // (`first`: out starts from zero). 16-column tiles of up to 6 heads; every output is summed
 // in ascending s with one FMA per position, whatever the tiling.
@@ -172,7 +273,25 @@ void pv_slice(const float* p, int64_t nh, int64_t ldp, const LatentKvView& kv, i
       out[h * ldo + c] = acc;
     }
   }
-  for (int64_t c0 = 0; c0 < lat16; c0 += 16) {
+  int64_t c_begin = 0;
+#if defined(__AVX512F__)
+  if (panel_isa() == PanelIsa::kAvx512) {
+    // 32 columns × up to 8 heads per tile (16 + 2 registers of the 32): 16 heads as 8 + 8.
+    const int64_t lat32 = lat / 32 * 32;
+    for (int64_t c0 = 0; c0 < lat32; c0 += 32) {
+      for (int64_t h0 = 0; h0 < nh;) {
+        const int64_t left = nh - h0, tiles = (left + 7) / 8;
+        const int h = static_cast<int>((left + tiles - 1) / tiles);
+        dispatch_1_to<8>(h, [&]<int H>() {
+          pv_tile_avx512<H>(p + h0 * ldp - s0, ldp, rows, s0, s1, c0, first, out + h0 * ldo, ldo);
+        });
+        h0 += h;
+      }
+    }
+    c_begin = lat32;
+  }
+#endif
+  for (int64_t c0 = c_begin; c0 < lat16; c0 += 16) {
     for (int64_t h0 = 0; h0 < nh;) {
       // 16 heads as 6 + 6 + 4, 8 as 4 + 4: tiles of 4 to 6 heads where possible.
       const int64_t left = nh - h0;
@@ -204,7 +323,15 @@ void attend_group(const AbsorbedQuery& q, int64_t h0, int64_t nh, const LatentKv
     const bool first = s0 == s_begin;
     // 12 accumulators: with 8 (R = 4) the FMA chains left the kernel at ~55 % of peak.
     if (kw == 16) {
+#if defined(__AVX512F__)
+      if (panel_isa() == PanelIsa::kAvx512) {
+        slice_scores_avx512(qt, nh, kv, s0, s1, s_end - 1, sc, len);
+      } else {
+        slice_scores<2, 6>(qt, nh, kv, s0, s1, s_end - 1, sc, len);
+      }
+#else
       slice_scores<2, 6>(qt, nh, kv, s0, s1, s_end - 1, sc, len);
+#endif
     } else {
       slice_scores<1, 12>(qt, nh, kv, s0, s1, s_end - 1, sc, len);
     }

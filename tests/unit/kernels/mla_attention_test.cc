@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include "kernels/cpu/linear_panels.h"
+
 #include <algorithm>
 #include <cmath>
 #include <random>
@@ -11,6 +13,20 @@
 
 namespace xds::kernels {
 namespace {
+
+// The instruction sets of the absorbed kernel's tiles in this build (panel_isa() selects
+// them too): each absorbed test runs on every one and restores the default afterwards.
+std::vector<PanelIsa> available_isas() {
+  std::vector<PanelIsa> isas;
+  for (const PanelIsa isa : {PanelIsa::kAvx2, PanelIsa::kAvx512})
+    if (panel_isa_available(isa)) isas.push_back(isa);
+  return isas;
+}
+
+struct IsaGuard {
+  PanelIsa saved = panel_isa();
+  ~IsaGuard() { set_panel_isa(saved); }
+};
 
 TEST(MlaExpanded, MatchesCausalAttentionReference) {
   std::mt19937 rng(11);
@@ -62,56 +78,63 @@ TEST(MlaAbsorbed, MatchesReferenceOverPagedBlocks) {
   // Context position s lives in block table[s / bs]: a permutation, so blocks are not in order.
   std::vector<int32_t> table(static_cast<size_t>(blocks));
   for (int32_t b = 0; b < blocks; ++b) table[b] = (b * 7 + 3) % blocks;
-  // lat 24: one 16-column tile and 8 columns one by one; lat 32: two tiles.
+  // lat 24: one 16-column tile and 8 columns one by one; lat 32: two tiles (AVX-512: one
+  // 32-column tile); lat 48: a 32-column tile and a 16-column one.
   // 3 and 8 heads (8 lanes), 11 and 16 (16 lanes, padded), 20 (16 + 4); ctx crosses blocks,
   // and from 129 on the 128-row slices (the online softmax rescales earlier slices' sums;
   // scale 2 makes the distribution peaked so that the running max moves between slices).
   // Latent rows dense (ld = lat) or padded to an odd number of lines (ld = 48); the padding
   // holds NaN, so a kernel that reads it fails.
-  for (const int64_t lat : {24, 32})
-  for (const bool padded : {false, true})
-  for (const float scale : {0.29f, 2.0f})
-  for (const int64_t heads : {3, 8, 11, 16, 20}) {
-    const int64_t ld = padded ? padded_latent_stride(lat) : lat;
-    std::vector<float> latent(static_cast<size_t>(blocks * bs * ld)), rope(static_cast<size_t>(blocks * bs * dr));
-    for (auto* v : {&latent, &rope})
-      for (float& x : *v) x = d(rng);
-    for (int64_t row = 0; row < blocks * bs; ++row)
-      for (int64_t c = lat; c < ld; ++c) latent[row * ld + c] = std::nanf("");
-    const LatentKvView kv{latent.data(), rope.data(), table.data(), bs, lat, dr, ld};
-    for (const int64_t ctx : {1, 5, 37, 64, 129, 300}) {
-      std::vector<float> q_abs(static_cast<size_t>(heads * lat)), q_pe(static_cast<size_t>(heads * dr));
-      for (auto* v : {&q_abs, &q_pe})
-        for (float& x : *v) x = d(rng);
-      std::vector<float> out(static_cast<size_t>(heads * lat), -3.0f),
-          scores(static_cast<size_t>(heads * ctx));
-      const AbsorbedQuery q{q_abs.data(), lat, q_pe.data(), dr, out.data(), lat};
-      // Heads [1, heads) only, as a thread with a group of heads does; head 0 stays untouched.
-      mla_absorbed_attention(q, 1, heads, kv, ctx, scale, scores.data());
-      for (int64_t i = 0; i < lat; ++i) ASSERT_EQ(out[i], -3.0f);
-      for (int64_t h = 1; h < heads; ++h) {
-        std::vector<double> s(static_cast<size_t>(ctx));
-        for (int64_t j = 0; j < ctx; ++j) {
-          const float* l = kv.latent_at(j);
-          const float* r = kv.rope_at(j);
-          double acc = 0.0;
-          for (int64_t c = 0; c < lat; ++c) acc += double(q_abs[h * lat + c]) * l[c];
-          for (int64_t c = 0; c < dr; ++c) acc += double(q_pe[h * dr + c]) * r[c];
-          s[j] = acc * scale;
-        }
-        const double mx = *std::max_element(s.begin(), s.end());
-        double z = 0.0;
-        for (double& x : s) z += (x = std::exp(x - mx));
-        for (int64_t c = 0; c < lat; ++c) {
-          double ref = 0.0;
-          for (int64_t j = 0; j < ctx; ++j) ref += s[j] / z * kv.latent_at(j)[c];
-          ASSERT_NEAR(out[h * lat + c], ref, 2e-5)
-              << "lat=" << lat << " ld=" << ld << " scale=" << scale << " heads=" << heads << " ctx=" << ctx
-              << " h=" << h;
-        }
-      }
-    }
-  }
+  const IsaGuard guard;
+  for (const PanelIsa isa : available_isas())
+    for (const int64_t lat : {24, 32, 48})
+      for (const bool padded : {false, true})
+        for (const float scale : {0.29f, 2.0f})
+          for (const int64_t heads : {3, 8, 11, 16, 20}) {
+            const int64_t ld = padded ? padded_latent_stride(lat) : lat;
+            std::vector<float> latent(static_cast<size_t>(blocks * bs * ld)),
+                rope(static_cast<size_t>(blocks * bs * dr));
+            for (auto* v : {&latent, &rope})
+              for (float& x : *v) x = d(rng);
+            for (int64_t row = 0; row < blocks * bs; ++row)
+              for (int64_t c = lat; c < ld; ++c) latent[row * ld + c] = std::nanf("");
+            const LatentKvView kv{latent.data(), rope.data(), table.data(), bs, lat, dr, ld};
+            set_panel_isa(isa);
+            for (const int64_t ctx : {1, 5, 37, 64, 129, 300}) {
+              std::vector<float> q_abs(static_cast<size_t>(heads * lat)),
+                  q_pe(static_cast<size_t>(heads * dr));
+              for (auto* v : {&q_abs, &q_pe})
+                for (float& x : *v) x = d(rng);
+              std::vector<float> out(static_cast<size_t>(heads * lat), -3.0f),
+                  scores(static_cast<size_t>(heads * ctx));
+              const AbsorbedQuery q{q_abs.data(), lat, q_pe.data(), dr, out.data(), lat};
+              // Heads [1, heads) only, as a thread with a group of heads does; head 0 stays
+              // untouched.
+              mla_absorbed_attention(q, 1, heads, kv, ctx, scale, scores.data());
+              for (int64_t i = 0; i < lat; ++i) ASSERT_EQ(out[i], -3.0f);
+              for (int64_t h = 1; h < heads; ++h) {
+                std::vector<double> s(static_cast<size_t>(ctx));
+                for (int64_t j = 0; j < ctx; ++j) {
+                  const float* l = kv.latent_at(j);
+                  const float* r = kv.rope_at(j);
+                  double acc = 0.0;
+                  for (int64_t c = 0; c < lat; ++c) acc += double(q_abs[h * lat + c]) * l[c];
+                  for (int64_t c = 0; c < dr; ++c) acc += double(q_pe[h * dr + c]) * r[c];
+                  s[j] = acc * scale;
+                }
+                const double mx = *std::max_element(s.begin(), s.end());
+                double z = 0.0;
+                for (double& x : s) z += (x = std::exp(x - mx));
+                for (int64_t c = 0; c < lat; ++c) {
+                  double ref = 0.0;
+                  for (int64_t j = 0; j < ctx; ++j) ref += s[j] / z * kv.latent_at(j)[c];
+                  ASSERT_NEAR(out[h * lat + c], ref, 2e-5)
+                      << panel_isa_name(isa) << " lat=" << lat << " ld=" << ld << " scale=" << scale
+                      << " heads=" << heads << " ctx=" << ctx << " h=" << h;
+                }
+              }
+            }
+          }
 }
 
 // Attention of every head over [0, ctx) in double precision: [heads, lat].
@@ -154,20 +177,61 @@ TEST(MlaAbsorbed, PartsMergeIntoTheWholeContext) {
   const std::vector<double> ref = reference_absorbed(q_abs, q_pe, heads, kv, ctx, scale);
   const std::vector<std::vector<int64_t>> cuts = {{0, 300}, {0, 100, 257, 300}, {0, 1, 299, 300},
                                                   {0, 128, 256, 300}};
-  for (const auto& cut : cuts) {
-    const int64_t parts = static_cast<int64_t>(cut.size()) - 1;
-    std::vector<float> part_out(static_cast<size_t>(parts * heads * lat)), ml(static_cast<size_t>(parts * 2 * heads));
-    std::vector<float> scores(static_cast<size_t>(heads * ctx)), out(static_cast<size_t>(heads * lat), -7.0f);
-    std::vector<AbsorbedPart> ps;
-    const AbsorbedQuery q{q_abs.data(), lat, q_pe.data(), dr, nullptr, lat};
-    for (int64_t p = 0; p < parts; ++p) {
-      ps.push_back({part_out.data() + p * heads * lat, lat, ml.data() + p * 2 * heads,
-                    ml.data() + p * 2 * heads + heads});
-      mla_absorbed_attention_part(q, 0, heads, kv, cut[p], cut[p + 1], scale, scores.data(), ps.back());
+  const IsaGuard guard;
+  for (const PanelIsa isa : available_isas())
+    for (const auto& cut : cuts) {
+      set_panel_isa(isa);
+      const int64_t parts = static_cast<int64_t>(cut.size()) - 1;
+      std::vector<float> part_out(static_cast<size_t>(parts * heads * lat)),
+          ml(static_cast<size_t>(parts * 2 * heads));
+      std::vector<float> scores(static_cast<size_t>(heads * ctx)),
+          out(static_cast<size_t>(heads * lat), -7.0f);
+      std::vector<AbsorbedPart> ps;
+      const AbsorbedQuery q{q_abs.data(), lat, q_pe.data(), dr, nullptr, lat};
+      for (int64_t p = 0; p < parts; ++p) {
+        ps.push_back({part_out.data() + p * heads * lat, lat, ml.data() + p * 2 * heads,
+                      ml.data() + p * 2 * heads + heads});
+        mla_absorbed_attention_part(q, 0, heads, kv, cut[p], cut[p + 1], scale, scores.data(),
+                                    ps.back());
+      }
+      mla_absorbed_merge(ps, heads, lat, out.data(), lat);
+      for (int64_t i = 0; i < heads * lat; ++i)
+        ASSERT_NEAR(out[i], ref[i], 2e-5)
+            << panel_isa_name(isa) << " parts=" << parts << " i=" << i;
     }
-    mla_absorbed_merge(ps, heads, lat, out.data(), lat);
-    for (int64_t i = 0; i < heads * lat; ++i)
-      ASSERT_NEAR(out[i], ref[i], 2e-5) << "parts=" << parts << " i=" << i;
+}
+
+// Both instruction sets sum every score and every output in the same order: the same bits.
+TEST(MlaAbsorbed, InstructionSetsGiveTheSameBits) {
+  if (available_isas().size() < 2) GTEST_SKIP() << "this build has only AVX2";
+  std::mt19937 rng(9);
+  std::uniform_real_distribution<float> d(-1.0f, 1.0f);
+  const int64_t lat = 80, dr = 16, bs = 16, blocks = 24, ctx = 370;  // 80 = 32 + 32 + 16
+  const int64_t ld = padded_latent_stride(lat);
+  std::vector<int32_t> table(static_cast<size_t>(blocks));
+  for (int32_t b = 0; b < blocks; ++b) table[b] = (b * 5 + 2) % blocks;
+  std::vector<float> latent(static_cast<size_t>(blocks * bs * ld)),
+      rope(static_cast<size_t>(blocks * bs * dr));
+  for (auto* v : {&latent, &rope})
+    for (float& x : *v) x = d(rng);
+  const LatentKvView kv{latent.data(), rope.data(), table.data(), bs, lat, dr, ld};
+  const IsaGuard guard;
+  for (const int64_t heads : {9, 13, 16}) {
+    std::vector<float> q_abs(static_cast<size_t>(heads * lat)),
+        q_pe(static_cast<size_t>(heads * dr));
+    for (auto* v : {&q_abs, &q_pe})
+      for (float& x : *v) x = d(rng);
+    std::vector<std::vector<float>> outs;
+    for (const PanelIsa isa : available_isas()) {
+      set_panel_isa(isa);
+      std::vector<float> out(static_cast<size_t>(heads * lat)),
+          scores(static_cast<size_t>(16 * 128));
+      const AbsorbedQuery q{q_abs.data(), lat, q_pe.data(), dr, out.data(), lat};
+      mla_absorbed_attention(q, 0, heads, kv, ctx, 0.7f, scores.data());
+      outs.push_back(out);
+    }
+    for (size_t i = 0; i < outs[0].size(); ++i)
+      ASSERT_EQ(outs[0][i], outs[1][i]) << "heads=" << heads << " i=" << i;
   }
 }
 
