@@ -140,8 +140,13 @@ struct TokenTiles {
 constexpr int64_t kWideMinTokens = 16;
 constexpr int64_t kWideKBlock = 256;  // columns per widened block: 2 panels = 32 KB fp32 (L1)
 // Tokens per block of the wide path: their packed rows (~768 KB) stay in L2 while the block
-// runs over all the call's panels, so each x element is read from L2 once per panel pair.
+// runs over all the call's panels, so each x element is read from L2 once per panel pair;
+// but at least 8 tiles, so that a widened block serves 96 tokens (at 6144 columns 768 KB
+// were 2 tiles, and the widening cost a fifth of the tiles' time; with 8 the packed rows
+// spill to L3, which streams them fast enough: one-thread 256 x 6144, 96 tokens, 109 ->
+// 125 GFLOP/s).
 constexpr int64_t kWideXBytes = 768 * 1024;
+constexpr int64_t kWideMinTilesPerBlock = 8;
 
 // Panels [p, p + P) for the tiles [i0, i1) (xp, acc: the whole call's).
 template <int P>
@@ -189,7 +194,7 @@ void wide_linear(const float* xp, int64_t n, const MatrixRef& w, int64_t p_begin
   const TokenTiles tiles{n};
   const int64_t tile_bytes =
       panel_detail::kWideTileTokens * w.cols * static_cast<int64_t>(sizeof(float));
-  const int64_t per_block = std::max<int64_t>(1, kWideXBytes / tile_bytes);
+  const int64_t per_block = std::max(kWideMinTilesPerBlock, kWideXBytes / tile_bytes);
   for (int64_t i0 = 0; i0 < tiles.count(); i0 += per_block) {
     const int64_t i1 = std::min(tiles.count(), i0 + per_block);
     int64_t p = p_begin;
