@@ -155,30 +155,31 @@ void wide_panels(const float* xp, const TokenTiles& tiles, int64_t i0, int64_t i
   using namespace panel_detail;
   const int64_t cols = w.cols;
   const uint16_t* wp = panel_ptr(w, p);
-  const int64_t second_panel = cols * kColumnBytes;
   for (int64_t kb = 0; kb < cols; kb += kWideKBlock) {
     const int64_t ke = std::min(cols, kb + kWideKBlock);
-    widen_block_avx512<P>(wp, cols, kb, ke, ws);
     // While the tiles run, the next block's lines (of each panel; after the last block the
-    // next P panels' first) are prefetched in equal shares, as panel_group does.
+    // next P panels' first) are prefetched in equal shares, as panel_group does; every G
+    // columns one line, G = 8 where that covers the share, else 4 (a block of 2-3 tiles; a
+    // lone tile then leaves half the block to the hardware prefetcher).
     const char* next = ke < cols ? reinterpret_cast<const char*>(wp + ke * kPanelRows)
                                  : reinterpret_cast<const char*>(panel_ptr(w, p + P));
     const int64_t next_cols = ke < cols ? std::min(kWideKBlock, cols - ke) : kWideKBlock;
     const int64_t lines = (next_cols * kColumnBytes + kLineBytes - 1) / kLineBytes;
-    const int64_t passes = i1 - i0;
-    const int64_t share = (lines + passes - 1) / passes;
-    const int64_t room = (ke - kb) / share;
+    const int64_t share = (lines + (i1 - i0) - 1) / (i1 - i0);
+    const bool sparse = (ke - kb) / share >= 8;
     for (int64_t i = i0; i < i1; ++i) {
       const int64_t t = tiles.first(i);
+      const int tb = tiles.size(i);
       const float* x = xp + t * cols;
       float* a = acc + t * ldacc;
       const char* pf = next + (i - i0) * share * kLineBytes;
-      if (room >= 8) {
-        wide_tile<P, 8>(tiles.size(i), x, ws, kb, ke, kb == 0, a, ldacc, pf, second_panel);
-      } else if (room >= 4) {
-        wide_tile<P, 4>(tiles.size(i), x, ws, kb, ke, kb == 0, a, ldacc, pf, second_panel);
+      const bool first = kb == 0;
+      if (i == i0) {  // widens the block into ws as it goes
+        wide_tile<P, 4, true>(tb, x, wp, cols, ws, kb, ke, first, a, ldacc, pf);
+      } else if (sparse) {
+        wide_tile<P, 8, false>(tb, x, wp, cols, ws, kb, ke, first, a, ldacc, pf);
       } else {
-        wide_tile<P, 2>(tiles.size(i), x, ws, kb, ke, kb == 0, a, ldacc, pf, second_panel);
+        wide_tile<P, 4, false>(tb, x, wp, cols, ws, kb, ke, first, a, ldacc, pf);
       }
     }
   }

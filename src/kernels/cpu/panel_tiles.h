@@ -171,34 +171,27 @@ void panel_tile_avx512(const float* x, int64_t ldx, const uint16_t* w, int64_t c
 // tile, two port-0/5 instructions beside its T fused multiply-adds; here a column costs P
 // loads, T broadcasts (folded into the FMAs) and T × P FMAs: 12 tokens × 2 panels are 24
 // accumulators + 2 weights + a broadcast of the 32 registers.
+//
+// The block's first tile (Widen) reads the bf16 columns itself, widens them in registers,
+// stores them to ws and uses them: the loads of the weights (from DRAM, or L2 when
+// prefetched) then overlap that tile's FMAs. A separate widening pass before the tiles had
+// nothing to overlap with and stalled on those loads (a third of the tiles' time in `perf`
+// of the prefill).
 struct Avx512Wide {
   static constexpr int kMaxTokens = kWideTileTokens;
 };
 
-template <int P>
-void widen_block_avx512(const uint16_t* w, int64_t cols, int64_t kb, int64_t ke, float* ws) {
-  constexpr __mmask16 kAll = 0xffff;
-  for (int64_t c = kb; c < ke; ++c) {
-#pragma GCC unroll 2
-    for (int p = 0; p < P; ++p) {
-      const __m256i v = _mm256_loadu_si256(
-          reinterpret_cast<const __m256i*>(w + p * cols * kPanelRows + c * kPanelRows));
-      _mm512_store_ps(ws + ((c - kb) * P + p) * kPanelRows,
-                      _mm512_castsi512_ps(
-                          _mm512_maskz_slli_epi32(kAll, _mm512_maskz_cvtepu16_epi32(kAll, v), 16)));
-    }
-  }
-}
-
-// acc[t][16p + r] (+)= Σ_{c in [kb, ke)} xp[c][t] · ws[c - kb][16p + lane(r)]: the sums of
-// panel_tile_avx512, in the same order (one FMA per column, ascending c). xp: the tile's
-// tokens packed column by column, [cols][T] (pack_tokens): the T rows of x lie 4 × ldx
-// bytes apart, so with ldx a multiple of 1024 floats all of them map to the same L1 set and
-// evict the widened weights. Every G columns a line of the weights' next block is
-// prefetched, at pf (and pf + second_panel for P = 2), as the narrow tile does.
-template <int T, int P, int G>
-void wide_tile_avx512(const float* xp, const float* ws, int64_t kb, int64_t ke, bool first,
-                      float* y, int64_t ldy, const char* pf, int64_t second_panel) {
+// acc[t][16p + r] (+)= Σ_{c in [kb, ke)} xp[c][t] · W[c][16p + lane(r)]: the sums of
+// panel_tile_avx512, in the same order (one FMA per column, ascending c). W: the widened
+// block ws [ke - kb][16P]; with Widen, first widened from the panels at w (panel p + 1 at
+// w + cols · 16) into ws. xp: the tile's tokens packed column by column, [cols][T]: the T
+// rows of x lie 4 × ldx bytes apart, so with ldx a multiple of 1024 floats all of them map
+// to the same L1 set and evict the widened weights. Every G columns a line of the weights'
+// next block is prefetched, at pf (and pf + second_panel for P = 2), as the narrow tile
+// does.
+template <int T, int P, int G, bool Widen>
+void wide_tile_avx512(const float* xp, const uint16_t* w, int64_t cols, float* ws, int64_t kb,
+                      int64_t ke, bool first, float* y, int64_t ldy, const char* pf) {
   static_assert(P == 1 || P == 2);
   constexpr __mmask16 kAll = 0xffff;
   const __m512i to_lanes = _mm512_setr_epi32(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15);
@@ -213,20 +206,35 @@ void wide_tile_avx512(const float* xp, const float* ws, int64_t kb, int64_t ke, 
       a1[t] = first ? _mm512_setzero_ps()
                     : _mm512_maskz_permutexvar_ps(kAll, to_lanes, _mm512_loadu_ps(yt + 16));
   }
-  const float* wc = ws - kb * P * kPanelRows;
-  const float* xc = xp;
+  float* wc = ws - kb * P * kPanelRows;
+  const uint16_t* w2 = w + cols * kPanelRows;
+  auto widen = [](const uint16_t* col) __attribute__((always_inline)) {
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(col));
+    return _mm512_castsi512_ps(
+        _mm512_maskz_slli_epi32(kAll, _mm512_maskz_cvtepu16_epi32(kAll, v), 16));
+  };
   auto column = [&](int64_t c) __attribute__((always_inline)) {
-    const __m512 v = _mm512_load_ps(wc + c * P * kPanelRows);
-    __m512 v2;
-    if constexpr (P == 2) v2 = _mm512_load_ps(wc + c * P * kPanelRows + kPanelRows);
+    float* wcol = wc + c * P * kPanelRows;
+    __m512 v, v2;
+    if constexpr (Widen) {
+      v = widen(w + c * kPanelRows);
+      _mm512_store_ps(wcol, v);
+      if constexpr (P == 2) {
+        v2 = widen(w2 + c * kPanelRows);
+        _mm512_store_ps(wcol + kPanelRows, v2);
+      }
+    } else {
+      v = _mm512_load_ps(wcol);
+      if constexpr (P == 2) v2 = _mm512_load_ps(wcol + kPanelRows);
+    }
 #pragma GCC unroll 12
     for (int t = 0; t < T; ++t) {
-      const __m512 xb = _mm512_set1_ps(xc[c * T + t]);
+      const __m512 xb = _mm512_set1_ps(xp[c * T + t]);
       a0[t] = _mm512_fmadd_ps(xb, v, a0[t]);
       if constexpr (P == 2) a1[t] = _mm512_fmadd_ps(xb, v2, a1[t]);
     }
   };
-  walk_columns<P, G>(kb, ke, pf, second_panel, column);
+  walk_columns<P, G>(kb, ke, pf, cols * kColumnBytes, column);
 #pragma GCC unroll 12
   for (int t = 0; t < T; ++t) {
     float* yt = y + t * ldy;
@@ -234,12 +242,6 @@ void wide_tile_avx512(const float* xp, const float* ws, int64_t kb, int64_t ke, 
     if constexpr (P == 2)
       _mm512_storeu_ps(yt + 16, _mm512_maskz_permutexvar_ps(kAll, to_rows, a1[t]));
   }
-}
-
-// xp[c][t] = x[t][c] for tb tokens, c < cols.
-inline void pack_tokens(const float* x, int64_t ldx, int tb, int64_t cols, float* xp) {
-  for (int64_t c = 0; c < cols; ++c)
-    for (int t = 0; t < tb; ++t) xp[c * tb + t] = x[t * ldx + c];
 }
 #else
 inline constexpr bool kHaveAvx512 = false;
@@ -263,11 +265,11 @@ void tile(int tb, const float* x, int64_t ldx, const uint16_t* w, int64_t cols, 
 
 #if defined(__AVX512F__)
 // One wide tile of tb tokens (1 ≤ tb ≤ Avx512Wide::kMaxTokens).
-template <int P, int G>
-void wide_tile(int tb, const float* xp, const float* ws, int64_t kb, int64_t ke, bool first,
-               float* y, int64_t ldy, const char* pf, int64_t second_panel) {
+template <int P, int G, bool Widen>
+void wide_tile(int tb, const float* xp, const uint16_t* w, int64_t cols, float* ws, int64_t kb,
+               int64_t ke, bool first, float* y, int64_t ldy, const char* pf) {
   const bool ran = dispatch_1_to<Avx512Wide::kMaxTokens>(tb, [&]<int T>() {
-    wide_tile_avx512<T, P, G>(xp, ws, kb, ke, first, y, ldy, pf, second_panel);
+    wide_tile_avx512<T, P, G, Widen>(xp, w, cols, ws, kb, ke, first, y, ldy, pf);
   });
   XDS_CHECK(ran, "wide panel tile: {} tokens", tb);
 }
