@@ -18,6 +18,10 @@
 namespace xds {
 namespace {
 
+// Rows from which the elementwise passes of a step (residual adds, routing) go to the pool:
+// below, waking it costs more than the work.
+constexpr int64_t kPoolMinRows = 32;
+
 template <typename T>
 T* grow(std::vector<T>& v, int64_t count) {
   if (v.size() < static_cast<size_t>(count)) v.resize(static_cast<size_t>(count));
@@ -127,13 +131,25 @@ Status DeepseekV3Model::run_moe(const MoeWeights& w, int64_t layer, const Batch&
   float* weights = grow(s_weights_, n * k);
   const GatingParams gp = GatingParams::from_config(config_);
   const float* bias = w.score_bias.empty() ? nullptr : w.score_bias.data();
-  float* scratch = grow(s_gating_, 2 * e);
-  for (int64_t t = 0; t < n; ++t) {
-    route_token(gp, logits + t * e, bias, ids + t * k, weights + t * k, scratch);
-    if (routing_observer_) {
+  if (routing_observer_) {  // tokens in order, on this thread, as the observer sees them
+    float* scratch = grow(s_gating_, 2 * e);
+    for (int64_t t = 0; t < n; ++t) {
+      route_token(gp, logits + t * e, bias, ids + t * k, weights + t * k, scratch);
       std::vector<int32_t> sorted(ids + t * k, ids + (t + 1) * k);
       std::sort(sorted.begin(), sorted.end());
       routing_observer_(layer, t, sorted);
+    }
+  } else {  // a token's routing reads only its own logits: any thread, same result
+    float* scratch_all = grow(s_gating_, 2 * e * pool_->num_threads());
+    auto route = [&](int64_t t0, int64_t t1, int thread) {
+      float* scratch = scratch_all + 2 * e * thread;
+      for (int64_t t = t0; t < t1; ++t)
+        route_token(gp, logits + t * e, bias, ids + t * k, weights + t * k, scratch);
+    };
+    if (n < kPoolMinRows) {
+      route(0, n, 0);
+    } else {
+      pool_->parallel_for(n, route);
     }
   }
   float* routed = grow(s_routed_, n * d);
@@ -151,11 +167,20 @@ Status DeepseekV3Model::run_moe(const MoeWeights& w, int64_t layer, const Batch&
   phase.emplace(phases_, "moe.shared");
   if (w.shared) {
     if (!shared) run_mlp(*w.shared, xn, n, out);
-    for (int64_t i = 0; i < n * d; ++i) out[i] += routed[i];
+    add_rows(routed, n, out);
   } else {
     std::memcpy(out, routed, sizeof(float) * static_cast<size_t>(n * d));
   }
   return {};
+}
+
+void DeepseekV3Model::add_rows(const float* src, int64_t n, float* dst) {
+  const int64_t d = config_.hidden_size;
+  auto add = [&](int64_t t0, int64_t t1, int) {
+    for (int64_t i = t0 * d; i < t1 * d; ++i) dst[i] += src[i];
+  };
+  if (n < kPoolMinRows) return add(0, n, 0);
+  pool_->parallel_for(n, add);
 }
 
 Status DeepseekV3Model::run_layer(const LayerWeights& w, int64_t cache_layer, const Batch& b,
@@ -177,7 +202,7 @@ Status DeepseekV3Model::run_layer(const LayerWeights& w, int64_t cache_layer, co
   run_attention(w.attn, cache_layer, b, cache, xn, tmp);
   {
     ScopedPhase phase(phases_, "norm+residual");
-    for (int64_t i = 0; i < n * d; ++i) x[i] += tmp[i];
+    add_rows(tmp, n, x);
     norm_rows(w.post_attn_norm);
   }
   if (w.dense) {
@@ -187,7 +212,7 @@ Status DeepseekV3Model::run_layer(const LayerWeights& w, int64_t cache_layer, co
     XDS_RETURN_IF_ERROR(run_moe(*w.moe, cache_layer, b, xn, tmp));
   }
   ScopedPhase phase(phases_, "norm+residual");
-  for (int64_t i = 0; i < n * d; ++i) x[i] += tmp[i];
+  add_rows(tmp, n, x);
   return {};
 }
 

@@ -111,6 +111,8 @@ class DeepseekV3Model {
                      const float* xn, float* out);
   Status run_moe(const MoeWeights& w, int64_t layer, const Batch& b, const float* xn, float* out);
   void run_mlp(const MlpWeights& w, const float* xn, int64_t n, float* out);
+  // dst[t] += src[t] for n rows of hidden_size, split over the pool.
+  void add_rows(const float* src, int64_t n, float* dst);
   // Whether a step of n tokens runs `shared` between the routed experts.
   bool overlaps_shared(const MlpWeights& shared, int64_t n) const;
   void linear(const float* x, int64_t n, int64_t ldx, const MatrixRef& w, float* y, int64_t ldy);

@@ -247,7 +247,7 @@ void linear_panels_pool(const float* x, int64_t n, int64_t ldx, const MatrixRef&
   }
   const int64_t chunk = std::max<int64_t>(1, panels / (4 * threads));
   std::atomic<int64_t> next{0};
-  if (n >= wide_min_tokens() && wide_min_tokens() > 0) {
+  if (wide_path_for(n, w)) {
     // The wide path: the threads first pack x's token tiles together (each tile once, not
     // once per chunk of panels), wait until all are packed, then take chunks of panels.
     thread_local std::vector<float> xp_buffer;

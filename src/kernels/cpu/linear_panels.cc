@@ -134,10 +134,12 @@ struct TokenTiles {
   int size(int64_t i) const { return static_cast<int>(first(i + 1) - first(i)); }
 };
 
-#if defined(__AVX512F__)
-// Tokens from which the AVX-512 kernel widens each weight block once for all the token
-// tiles (panel_tiles.h, wide path) instead of once per tile.
+// Tokens and rows from which the AVX-512 kernel widens each weight block once for all the
+// token tiles (panel_tiles.h, wide path) instead of once per tile.
 constexpr int64_t kWideMinTokens = 16;
+constexpr int64_t kWideMinRows = 256;
+
+#if defined(__AVX512F__)
 constexpr int64_t kWideKBlock = 256;  // columns per widened block: 2 panels = 32 KB fp32 (L1)
 // Tokens per block of the wide path: their packed rows (~768 KB) stay in L2 while the block
 // runs over all the call's panels, so each x element is read from L2 once per panel pair;
@@ -226,7 +228,7 @@ void panels_linear_on(const float* x, int64_t n, int64_t ldx, const MatrixRef& w
   int64_t p = p_begin;
 #if defined(__AVX512F__)
   if constexpr (std::is_same_v<Isa, panel_detail::Avx512>) {
-    if (n >= wide_min_tokens()) {
+    if (wide_path_for(n, w)) {
       thread_local std::vector<float> xp;
       xp.resize(static_cast<size_t>(n * w.cols));
       pack_token_tiles(x, n, ldx, w.cols, 0, token_tile_count(n), xp.data());
@@ -254,8 +256,9 @@ void panels_linear_on(const float* x, int64_t n, int64_t ldx, const MatrixRef& w
 
 }  // namespace
 
-int64_t wide_min_tokens() {
-  return panel_detail::kHaveAvx512 && panel_isa() == PanelIsa::kAvx512 ? kWideMinTokens : 0;
+bool wide_path_for(int64_t n, const MatrixRef& w) {
+  return panel_detail::kHaveAvx512 && panel_isa() == PanelIsa::kAvx512 && n >= kWideMinTokens &&
+         w.rows >= kWideMinRows;
 }
 
 int64_t token_tile_count(int64_t n) {
@@ -278,8 +281,8 @@ void panels_linear_packed(const float* xp, int64_t n, const MatrixRef& w, int64_
                           int64_t p_end, float* y, int64_t ldy) {
   XDS_CHECK(w.layout == MatrixLayout::kPanels16 && w.dtype == DType::kBF16,
             "panels_linear_packed: weights are not BF16 panels");
-  XDS_CHECK(n >= wide_min_tokens() && wide_min_tokens() > 0,
-            "panels_linear_packed: {} tokens, the wide path starts at {}", n, wide_min_tokens());
+  XDS_CHECK(wide_path_for(n, w), "panels_linear_packed: no wide path for {} tokens x {} rows", n,
+            w.rows);
   if (p_begin >= p_end) return;
 #if defined(__AVX512F__)
   wide_linear(xp, n, w, p_begin, p_end, y, ldy);

@@ -41,13 +41,16 @@ const char* panel_isa_name(PanelIsa isa);
 void panels_linear(const float* x, int64_t n, int64_t ldx, const MatrixRef& w, int64_t p_begin,
                    int64_t p_end, float* y, int64_t ldy);
 
-// The wide path (AVX-512, n >= wide_min_tokens()): each block of 256 columns of two panels
+// The wide path (AVX-512, wide_path_for(n, w)): each block of 256 columns of two panels
 // is widened to fp32 once and read by every tile of up to 12 tokens, the tokens packed
 // column by column per tile (xp, n × cols floats: tile i's tb tokens as [cols][tb] at
 // xp + first token × cols). panels_linear packs on its own; a caller that splits one
 // product over threads packs once (pack_token_tiles, tiles split among the threads) and
 // runs panels_linear_packed on each share of the panels. Same sums, same order, same bits.
-int64_t wide_min_tokens();  // 0: no wide path (AVX2 tile, or a build without AVX-512)
+// From 16 tokens and 256 rows, on AVX-512: packing x costs about one product of x with
+// 16 rows, so a router of 64 rows ran slower on the wide path (its packing of 512 prompt
+// tokens took as long as its FMAs).
+bool wide_path_for(int64_t n, const MatrixRef& w);
 int64_t token_tile_count(int64_t n);
 void pack_token_tiles(const float* x, int64_t n, int64_t ldx, int64_t cols, int64_t tile_begin,
                       int64_t tile_end, float* xp);

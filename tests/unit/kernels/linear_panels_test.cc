@@ -79,8 +79,9 @@ TEST(LinearPanels, MatchesDoubleReferenceForTokenAndPanelCounts) {
   };
   // Token counts 1..13 cover every tile width (1-6 with AVX2, 1-8 with AVX-512) and several
   // token blocks with k blocking (cols > 512); rows cover 1-2-panel tiles and a padded last
-  // panel. From 16 tokens AVX-512 takes the wide path: 100 tokens × 2100 columns are nine
-  // tiles in two token blocks (8 + 1), over a pair of panels, a single one and a padded one.
+  // panel. From 16 tokens and 256 rows AVX-512 takes the wide path: 100 tokens × 1400
+  // columns are nine tiles in two token blocks (8 + 1), over 280 rows: 8 pairs of panels, a
+  // single one and a padded one.
   const IsaGuard guard;
   for (const PanelIsa isa : available_isas()) {
     set_panel_isa(isa);
@@ -88,7 +89,7 @@ TEST(LinearPanels, MatchesDoubleReferenceForTokenAndPanelCounts) {
          {Case{1, 16, 8}, Case{1, 37, 70}, Case{2, 48, 33}, Case{3, 16, 1}, Case{3, 40, 70},
           Case{4, 50, 64}, Case{5, 32, 129}, Case{6, 17, 40}, Case{7, 64, 1030}, Case{8, 35, 520},
           Case{9, 33, 700}, Case{13, 33, 600}, Case{1, 96, 2048}, Case{2, 80, 1100},
-          Case{64, 40, 300}, Case{70, 300, 65}, Case{100, 56, 2100}}) {
+          Case{64, 40, 300}, Case{70, 300, 65}, Case{100, 280, 1400}}) {
       const Packed w = make_packed(c.rows, c.cols, rng);
       const auto x = random_vec(static_cast<size_t>(c.n * c.cols), rng);
       std::vector<uint16_t> xb(x.size());
@@ -121,7 +122,8 @@ TEST(LinearPanels, SumsInAscendingColumnOrderWhateverTheBatch) {
   // The promised order, written as a plain loop: y = fma(x[c], w[c], y) for c = 0, 1, ...
   std::mt19937 rng(5);
   ThreadPool pool(2);
-  const int64_t rows = 77, cols = 1300;  // 4 full panels (the 1-token 4-panel tile) + a padded one
+  // 17 full panels (pairs and a single) + a padded one: from 16 tokens, the wide path.
+  const int64_t rows = 280, cols = 1300;
   const Packed w = make_packed(rows, cols, rng);
   // Up to 70 tokens: past 64, where panels once went to sgemm; now every n is the same sums.
   const int64_t n_max = 70;
