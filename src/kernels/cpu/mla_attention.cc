@@ -13,60 +13,66 @@
 #include "kernels/cpu/linear.h"
 #include "kernels/cpu/linear_panels.h"
 #include "kernels/cpu/ops.h"
+#include "kernels/cpu/simd_ops.h"
 #include "kernels/cpu/static_dispatch.h"
 
 namespace xds::kernels {
 
 namespace {
 
-// scores for R cached rows × NV·8 heads at once, vectorised over heads:
-//   acc[r][v] = Σ_c qt[c][8v .. 8v+8) · latent(s0+r)[c]  +  Σ_c qt[C + c][..] · rope(s0+r)[c]
-// qt: [C + Dr][NV * 8] (the heads' absorbed queries transposed, zero-padded), so every
-// product is one broadcast and NV fused multiply-adds; no horizontal sums.
+// scores for R cached rows × NV·L heads at once (L = Ops::kLanes: 8 with AVX2, 16 with
+// AVX-512), vectorised over heads:
+//   acc[r][v] = Σ_c qt[c][Lv .. Lv+L) · latent(s0+r)[c]  +  Σ_c qt[C + c][..] · rope(s0+r)[c]
+// qt: [C + Dr][NV * L] (the heads' absorbed queries transposed, zero-padded), so every
+// product is one broadcast and NV fused multiply-adds; no horizontal sums. Every score is
+// one FMA per column in the same order (latent, then rope, ascending) whatever Ops, NV or
+// R: the same bits.
 // Stores sc[h * ld + r] for h < nh. While it runs, the rows of the next tile (s0 + R ..
 // s0 + 2R, clamped to `last`; latent and rope) are prefetched one line per 16 columns: the
 // cached rows come from DRAM, and hardware prefetch alone left the kernel at ~60 % of its
 // in-cache speed.
-template <int NV, int R>
+template <class Ops, int NV, int R>
 void scores_rows(const float* qt, const LatentKvView& kv, int64_t s0, int64_t last, int64_t nh,
                  float* sc, int64_t ld) {
   static_assert(NV == 1 || NV == 2);
-  constexpr int kW = NV * 8;
+  using V = typename Ops::V;
+  constexpr int kW = NV * Ops::kLanes;
   const int64_t lat = kv.latent_dim, dr = kv.rope_dim;
-  // One-dimensional accumulator arrays (heads 0-7 in a0, 8-15 in a1), every loop over r
-  // unrolled: GCC then keeps them in registers. With acc[R][NV] it also stored all of them
-  // to the stack on every c (one store per FMA pair; the kernel ran at ~30 % of peak).
-  __m256 a0[R], a1[R];
+  // One-dimensional accumulator arrays (heads 0-7 in a0, 8-15 in a1 with AVX2), every loop
+  // over r unrolled: GCC then keeps them in registers. With acc[R][NV] it also stored all of
+  // them to the stack on every c (one store per FMA pair; the kernel ran at ~30 % of peak).
+  V a0[R], a1[R];
   const float* lrow[R];
   const float* rrow[R];
   const float* lnext[R];
   const float* rnext[R];
 #pragma GCC unroll 12
   for (int r = 0; r < R; ++r) {
-    a0[r] = _mm256_setzero_ps();
-    a1[r] = _mm256_setzero_ps();
+    a0[r] = Ops::zero();
+    a1[r] = Ops::zero();
     lrow[r] = kv.latent_at(s0 + r);
     rrow[r] = kv.rope_at(s0 + r);
     lnext[r] = kv.latent_at(std::min(last, s0 + R + r));
     rnext[r] = kv.rope_at(std::min(last, s0 + R + r));
   }
-  auto accumulate = [&](const float* q, const float* const* rows, int64_t c) {
-    const __m256 q0 = _mm256_loadu_ps(q);
-    __m256 q1 = q0;
-    if constexpr (NV == 2) q1 = _mm256_loadu_ps(q + 8);
+  auto accumulate = [&](const float* q, const float* const* rows, int64_t c)
+      __attribute__((always_inline)) {
+    const V q0 = Ops::load(q);
+    V q1 = q0;
+    if constexpr (NV == 2) q1 = Ops::load(q + Ops::kLanes);
 #pragma GCC unroll 12
     for (int r = 0; r < R; ++r) {
-      const __m256 b = _mm256_broadcast_ss(rows[r] + c);
-      a0[r] = _mm256_fmadd_ps(b, q0, a0[r]);
-      if constexpr (NV == 2) a1[r] = _mm256_fmadd_ps(b, q1, a1[r]);
+      const V b = Ops::set1(rows[r][c]);
+      a0[r] = Ops::fma(b, q0, a0[r]);
+      if constexpr (NV == 2) a1[r] = Ops::fma(b, q1, a1[r]);
     }
   };
   // The rope rows (another plane) are prefetched too, one line of each per 16 columns
   // between the latent ones: left to demand misses they cost 4 % of the scores' time.
   const int64_t rope_lines_end = 16 * ((dr + 15) / 16);
   // 16 columns (one line of each row) per outer step: the prefetches go there, and the
-  // inner loop needs only the six row pointers, which GCC then keeps in registers (with
-  // the prefetch test inside it reloaded them from the stack for every broadcast).
+  // inner loop needs only the row pointers, which GCC then keeps in registers (with the
+  // prefetch test inside it reloaded them from the stack for every broadcast).
   const int64_t lat16 = lat / 16 * 16;
   for (int64_t c0 = 0; c0 < lat16; c0 += 16) {
 #pragma GCC unroll 12
@@ -86,64 +92,12 @@ void scores_rows(const float* qt, const LatentKvView& kv, int64_t s0, int64_t la
   for (int64_t c = 0; c < dr; ++c) accumulate(qt + (lat + c) * kW, rrow, c);
 #pragma GCC unroll 12
   for (int r = 0; r < R; ++r) {
-    alignas(32) float lanes[kW];
-    _mm256_store_ps(lanes, a0[r]);
-    if constexpr (NV == 2) _mm256_store_ps(lanes + 8, a1[r]);
+    alignas(64) float lanes[kW];
+    Ops::store(lanes, a0[r]);
+    if constexpr (NV == 2) Ops::store(lanes + Ops::kLanes, a1[r]);
     for (int64_t h = 0; h < std::min<int64_t>(nh, kW); ++h) sc[h * ld + r] = lanes[h];
   }
 }
-
-#if defined(__AVX512F__)
-// scores_rows for 16 heads with AVX-512: all 16 heads of a row in one register, so per
-// column one load of qt and R broadcast FMAs (R accumulators), and the same sums in the same
-// order as the AVX2 form (one FMA per column, latent then rope, ascending).
-template <int R>
-void scores_rows_avx512(const float* qt, const LatentKvView& kv, int64_t s0, int64_t last,
-                        int64_t nh, float* sc, int64_t ld) {
-  constexpr int kW = 16;
-  const int64_t lat = kv.latent_dim, dr = kv.rope_dim;
-  __m512 a[R];
-  const float* lrow[R];
-  const float* rrow[R];
-  const float* lnext[R];
-  const float* rnext[R];
-#pragma GCC unroll 16
-  for (int r = 0; r < R; ++r) {
-    a[r] = _mm512_setzero_ps();
-    lrow[r] = kv.latent_at(s0 + r);
-    rrow[r] = kv.rope_at(s0 + r);
-    lnext[r] = kv.latent_at(std::min(last, s0 + R + r));
-    rnext[r] = kv.rope_at(std::min(last, s0 + R + r));
-  }
-  auto accumulate = [&](const float* q, const float* const* rows, int64_t c)
-      __attribute__((always_inline)) {
-    const __m512 qv = _mm512_loadu_ps(q);
-#pragma GCC unroll 16
-    for (int r = 0; r < R; ++r) a[r] = _mm512_fmadd_ps(_mm512_set1_ps(rows[r][c]), qv, a[r]);
-  };
-  const int64_t rope_lines_end = 16 * ((dr + 15) / 16);
-  const int64_t lat16 = lat / 16 * 16;
-  for (int64_t c0 = 0; c0 < lat16; c0 += 16) {
-#pragma GCC unroll 16
-    for (int r = 0; r < R; ++r)
-      _mm_prefetch(reinterpret_cast<const char*>(lnext[r] + c0), _MM_HINT_T0);
-    if (c0 < rope_lines_end) {
-#pragma GCC unroll 16
-      for (int r = 0; r < R; ++r)
-        _mm_prefetch(reinterpret_cast<const char*>(rnext[r] + c0), _MM_HINT_T0);
-    }
-    for (int64_t c = c0; c < c0 + 16; ++c) accumulate(qt + c * kW, lrow, c);
-  }
-  for (int64_t c = lat16; c < lat; ++c) accumulate(qt + c * kW, lrow, c);
-  for (int64_t c = 0; c < dr; ++c) accumulate(qt + (lat + c) * kW, rrow, c);
-#pragma GCC unroll 16
-  for (int r = 0; r < R; ++r) {
-    alignas(64) float lanes[kW];
-    _mm512_store_ps(lanes, a[r]);
-    for (int64_t h = 0; h < nh; ++h) sc[h * ld + r] = lanes[h];
-  }
-}
-#endif
 
 // qt[c][j] = the absorbed query of head h0 + j at column c (latent, then rope), zero for
 // j >= nh: [C + Dr, kW].
@@ -158,103 +112,82 @@ void transpose_queries(const AbsorbedQuery& q, int64_t h0, int64_t nh, int64_t l
   }
 }
 
-// Scores of nh <= NV * 8 heads over rows [s0, s1) into sc[h * ld + (s - s0)].
-template <int NV, int R>
+// Scores of nh <= NV * Ops::kLanes heads over rows [s0, s1) into sc[h * ld + (s - s0)]:
+// tiles of R rows, the rest (< R) in one tile.
+template <class Ops, int NV, int R>
 void slice_scores(const float* qt, int64_t nh, const LatentKvView& kv, int64_t s0, int64_t s1,
                   int64_t last, float* sc, int64_t ld) {
   int64_t s = s0;
-  for (; s + R <= s1; s += R) scores_rows<NV, R>(qt, kv, s, last, nh, sc + (s - s0), ld);
-  for (; s < s1; ++s) scores_rows<NV, 1>(qt, kv, s, last, nh, sc + (s - s0), ld);
-}
-
-#if defined(__AVX512F__)
-// The same for 9-16 heads with AVX-512: tiles of 12 rows, the rest (< 12) in one tile.
-void slice_scores_avx512(const float* qt, int64_t nh, const LatentKvView& kv, int64_t s0,
-                         int64_t s1, int64_t last, float* sc, int64_t ld) {
-  constexpr int kRows = 12;
-  int64_t s = s0;
-  for (; s + kRows <= s1; s += kRows)
-    scores_rows_avx512<kRows>(qt, kv, s, last, nh, sc + (s - s0), ld);
+  for (; s + R <= s1; s += R) scores_rows<Ops, NV, R>(qt, kv, s, last, nh, sc + (s - s0), ld);
   if (s < s1) {
-    dispatch_1_to<kRows - 1>(static_cast<int>(s1 - s), [&]<int R>() {
-      scores_rows_avx512<R>(qt, kv, s, last, nh, sc + (s - s0), ld);
+    dispatch_1_to<R - 1>(static_cast<int>(s1 - s), [&]<int Rest>() {
+      scores_rows<Ops, NV, Rest>(qt, kv, s, last, nh, sc + (s - s0), ld);
     });
   }
 }
-#endif
 
-// out[h][c0 .. c0+16) (+)= Σ_{s in [s0, s1)} p[h][s] · latent(s)[c0 .. c0+16) for H heads:
-// 2H accumulators, per s two loads of the latent row and H broadcasts of p. Sums run in
-// ascending s with one FMA each, starting from out (or from zero when `first`).
-template <int H>
+// The scores of a group of nh heads whose transposed queries are kw (8 or 16) wide. 12
+// accumulators per tile: with 8 (AVX2, R = 4) the FMA chains left the kernel at ~55 % of
+// peak. AVX-512 holds 16 heads in one register.
+void group_scores(const float* qt, int64_t kw, int64_t nh, const LatentKvView& kv, int64_t s0,
+                  int64_t s1, int64_t last, float* sc, int64_t ld) {
+#if defined(__AVX512F__)
+  if (kw == 16 && panel_isa() == PanelIsa::kAvx512)
+    return slice_scores<Avx512Ops, 1, 12>(qt, nh, kv, s0, s1, last, sc, ld);
+#endif
+  if (kw == 16) return slice_scores<Avx2Ops, 2, 6>(qt, nh, kv, s0, s1, last, sc, ld);
+  slice_scores<Avx2Ops, 1, 12>(qt, nh, kv, s0, s1, last, sc, ld);
+}
+
+// out[h][c0 .. c0+2L) (+)= Σ_{s in [s0, s1)} p[h][s] · latent(s)[c0 .. c0+2L) for H heads
+// (L = Ops::kLanes): 2H accumulators, per s two loads of the latent row and H broadcasts of
+// p. Sums run in ascending s with one FMA each, starting from out (or from zero when
+// `first`), whatever Ops: the same bits.
+template <class Ops, int H>
 void pv_tile(const float* p, int64_t ldp, const float* const* rows, int64_t s0, int64_t s1,
              int64_t c0, bool first, float* out, int64_t ldo) {
-  __m256 a0[H], a1[H];
+  using V = typename Ops::V;
+  constexpr int kL = Ops::kLanes;
+  V a0[H], a1[H];
 #pragma GCC unroll 8
   for (int h = 0; h < H; ++h) {
-    a0[h] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(out + h * ldo + c0);
-    a1[h] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(out + h * ldo + c0 + 8);
+    a0[h] = first ? Ops::zero() : Ops::load(out + h * ldo + c0);
+    a1[h] = first ? Ops::zero() : Ops::load(out + h * ldo + c0 + kL);
   }
   for (int64_t s = s0; s < s1; ++s) {
     const float* row = rows[s - s0] + c0;
-    const __m256 l0 = _mm256_loadu_ps(row);
-    const __m256 l1 = _mm256_loadu_ps(row + 8);
+    const V l0 = Ops::load(row);
+    const V l1 = Ops::load(row + kL);
 #pragma GCC unroll 8
     for (int h = 0; h < H; ++h) {
-      const __m256 w = _mm256_broadcast_ss(p + h * ldp + s);
-      a0[h] = _mm256_fmadd_ps(w, l0, a0[h]);
-      a1[h] = _mm256_fmadd_ps(w, l1, a1[h]);
+      const V w = Ops::set1(p[h * ldp + s]);
+      a0[h] = Ops::fma(w, l0, a0[h]);
+      a1[h] = Ops::fma(w, l1, a1[h]);
     }
   }
 #pragma GCC unroll 8
   for (int h = 0; h < H; ++h) {
-    _mm256_storeu_ps(out + h * ldo + c0, a0[h]);
-    _mm256_storeu_ps(out + h * ldo + c0 + 8, a1[h]);
+    Ops::store(out + h * ldo + c0, a0[h]);
+    Ops::store(out + h * ldo + c0 + kL, a1[h]);
   }
 }
 
-void pv_tile_heads(int h, const float* p, int64_t ldp, const float* const* rows, int64_t s0,
-                   int64_t s1, int64_t c0, bool first, float* out, int64_t ldo) {
-  switch (h) {
-    case 1: return pv_tile<1>(p, ldp, rows, s0, s1, c0, first, out, ldo);
-    case 2: return pv_tile<2>(p, ldp, rows, s0, s1, c0, first, out, ldo);
-    case 3: return pv_tile<3>(p, ldp, rows, s0, s1, c0, first, out, ldo);
-    case 4: return pv_tile<4>(p, ldp, rows, s0, s1, c0, first, out, ldo);
-    case 5: return pv_tile<5>(p, ldp, rows, s0, s1, c0, first, out, ldo);
-    default: return pv_tile<6>(p, ldp, rows, s0, s1, c0, first, out, ldo);
-  }
-}
-
-#if defined(__AVX512F__)
-// pv_tile over 32 columns [c0, c0 + 32) with AVX-512: per s two loads of the latent row and
-// H broadcasts, 2H FMAs; the same sums in the same order as pv_tile.
-template <int H>
-void pv_tile_avx512(const float* p, int64_t ldp, const float* const* rows, int64_t s0, int64_t s1,
-                    int64_t c0, bool first, float* out, int64_t ldo) {
-  __m512 a0[H], a1[H];
-#pragma GCC unroll 8
-  for (int h = 0; h < H; ++h) {
-    a0[h] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(out + h * ldo + c0);
-    a1[h] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(out + h * ldo + c0 + 16);
-  }
-  for (int64_t s = s0; s < s1; ++s) {
-    const float* row = rows[s - s0] + c0;
-    const __m512 l0 = _mm512_loadu_ps(row);
-    const __m512 l1 = _mm512_loadu_ps(row + 16);
-#pragma GCC unroll 8
-    for (int h = 0; h < H; ++h) {
-      const __m512 w = _mm512_set1_ps(p[h * ldp + s]);
-      a0[h] = _mm512_fmadd_ps(w, l0, a0[h]);
-      a1[h] = _mm512_fmadd_ps(w, l1, a1[h]);
+// Columns [c_begin, c_end) (a multiple of 2L) of p·latent in pv_tile<Ops> tiles: nh heads
+// in tiles of at most MaxH, as even as possible (16 heads as 6 + 5 + 5 or 8 + 8).
+template <class Ops, int MaxH>
+void pv_columns(const float* p, int64_t nh, int64_t ldp, const float* const* rows, int64_t s0,
+                int64_t s1, int64_t c_begin, int64_t c_end, bool first, float* out, int64_t ldo) {
+  for (int64_t c0 = c_begin; c0 < c_end; c0 += 2 * Ops::kLanes) {
+    for (int64_t h0 = 0; h0 < nh;) {
+      const int64_t left = nh - h0, tiles = (left + MaxH - 1) / MaxH;
+      const int h = static_cast<int>((left + tiles - 1) / tiles);
+      dispatch_1_to<MaxH>(h, [&]<int H>() {
+        pv_tile<Ops, H>(p + h0 * ldp - s0, ldp, rows, s0, s1, c0, first, out + h0 * ldo, ldo);
+      });
+      h0 += h;
     }
   }
-#pragma GCC unroll 8
-  for (int h = 0; h < H; ++h) {
-    _mm512_storeu_ps(out + h * ldo + c0, a0[h]);
-    _mm512_storeu_ps(out + h * ldo + c0 + 16, a1[h]);
-  }
 }
-#endif
 
 // out[h] (+)= Σ_{s in [s0, s1)} p[h][s - s0] · latent(s) for nh heads: [nh, len]·[len, C]
 // (`first`: out starts from zero). 16-column tiles of up to 6 heads; every output is summed
@@ -275,31 +208,13 @@ void pv_slice(const float* p, int64_t nh, int64_t ldp, const LatentKvView& kv, i
   }
   int64_t c_begin = 0;
 #if defined(__AVX512F__)
-  if (panel_isa() == PanelIsa::kAvx512) {
-    // 32 columns × up to 8 heads per tile (16 + 2 registers of the 32): 16 heads as 8 + 8.
-    const int64_t lat32 = lat / 32 * 32;
-    for (int64_t c0 = 0; c0 < lat32; c0 += 32) {
-      for (int64_t h0 = 0; h0 < nh;) {
-        const int64_t left = nh - h0, tiles = (left + 7) / 8;
-        const int h = static_cast<int>((left + tiles - 1) / tiles);
-        dispatch_1_to<8>(h, [&]<int H>() {
-          pv_tile_avx512<H>(p + h0 * ldp - s0, ldp, rows, s0, s1, c0, first, out + h0 * ldo, ldo);
-        });
-        h0 += h;
-      }
-    }
-    c_begin = lat32;
+  if (panel_isa() == PanelIsa::kAvx512) {  // 32 columns × up to 8 heads (18 of 32 registers)
+    c_begin = lat / 32 * 32;
+    pv_columns<Avx512Ops, 8>(p, nh, ldp, rows, s0, s1, 0, c_begin, first, out, ldo);
   }
 #endif
-  for (int64_t c0 = c_begin; c0 < lat16; c0 += 16) {
-    for (int64_t h0 = 0; h0 < nh;) {
-      // 16 heads as 6 + 6 + 4, 8 as 4 + 4: tiles of 4 to 6 heads where possible.
-      const int64_t left = nh - h0;
-      const int h = static_cast<int>(left > 6 && left != 8 ? 6 : std::min<int64_t>(left, 4));
-      pv_tile_heads(h, p + h0 * ldp - s0, ldp, rows, s0, s1, c0, first, out + h0 * ldo, ldo);
-      h0 += h;
-    }
-  }
+  // 16 columns × up to 6 heads (14 of 16 registers)
+  pv_columns<Avx2Ops, 6>(p, nh, ldp, rows, s0, s1, c_begin, lat16, first, out, ldo);
 }
 
 // One group of nh <= 16 heads over context rows [s_begin, s_end), in slices of
@@ -321,20 +236,7 @@ void attend_group(const AbsorbedQuery& q, int64_t h0, int64_t nh, const LatentKv
   for (int64_t s0 = s_begin; s0 < s_end; s0 += slice_rows) {
     const int64_t s1 = std::min(s_end, s0 + slice_rows), len = s1 - s0;
     const bool first = s0 == s_begin;
-    // 12 accumulators: with 8 (R = 4) the FMA chains left the kernel at ~55 % of peak.
-    if (kw == 16) {
-#if defined(__AVX512F__)
-      if (panel_isa() == PanelIsa::kAvx512) {
-        slice_scores_avx512(qt, nh, kv, s0, s1, s_end - 1, sc, len);
-      } else {
-        slice_scores<2, 6>(qt, nh, kv, s0, s1, s_end - 1, sc, len);
-      }
-#else
-      slice_scores<2, 6>(qt, nh, kv, s0, s1, s_end - 1, sc, len);
-#endif
-    } else {
-      slice_scores<1, 12>(qt, nh, kv, s0, s1, s_end - 1, sc, len);
-    }
+    group_scores(qt, kw, nh, kv, s0, s1, s_end - 1, sc, len);
     for (int64_t j = 0; j < nh; ++j) {
       float* row = sc + j * len;
       const float mx = scale_and_max(row, len, scale);

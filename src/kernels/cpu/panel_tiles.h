@@ -118,36 +118,62 @@ struct Avx512 {
   static constexpr int kMaxTokensTwoPanels = 6;
 };
 
+constexpr __mmask16 kAllLanes = 0xffff;
+
+// One panel column (16 bf16 in pair order) as 16 fp32 lanes. The zero-masking forms with a
+// full mask are the plain instructions; GCC 12's plain intrinsics start from an "undefined"
+// register that -Wmaybe-uninitialized flags.
+__attribute__((always_inline)) inline __m512 widen_column(const uint16_t* col) {
+  const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(col));
+  return _mm512_castsi512_ps(
+      _mm512_maskz_slli_epi32(kAllLanes, _mm512_maskz_cvtepu16_epi32(kAllLanes, v), 16));
+}
+
+// The accumulators of T tokens × P panels from y (rows → pair-order lanes), or zero.
+template <int T, int P>
+__attribute__((always_inline)) inline void load_accumulators(__m512 (&a0)[T], __m512 (&a1)[T],
+                                                             const float* y, int64_t ldy,
+                                                             bool first) {
+  // lane = row: to_lanes[l] is the row held by lane l.
+  const __m512i to_lanes = _mm512_setr_epi32(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15);
+#pragma GCC unroll 12
+  for (int t = 0; t < T; ++t) {
+    const float* yt = y + t * ldy;
+    a0[t] = first ? _mm512_setzero_ps()
+                  : _mm512_maskz_permutexvar_ps(kAllLanes, to_lanes, _mm512_loadu_ps(yt));
+    if constexpr (P == 2)
+      a1[t] = first ? _mm512_setzero_ps()
+                    : _mm512_maskz_permutexvar_ps(kAllLanes, to_lanes, _mm512_loadu_ps(yt + 16));
+  }
+}
+
+// The accumulators back to y (pair-order lanes → rows).
+template <int T, int P>
+__attribute__((always_inline)) inline void store_accumulators(const __m512 (&a0)[T],
+                                                              const __m512 (&a1)[T], float* y,
+                                                              int64_t ldy) {
+  // to_rows[r]: the lane holding row r.
+  const __m512i to_rows = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+#pragma GCC unroll 12
+  for (int t = 0; t < T; ++t) {
+    float* yt = y + t * ldy;
+    _mm512_storeu_ps(yt, _mm512_maskz_permutexvar_ps(kAllLanes, to_rows, a0[t]));
+    if constexpr (P == 2)
+      _mm512_storeu_ps(yt + 16, _mm512_maskz_permutexvar_ps(kAllLanes, to_rows, a1[t]));
+  }
+}
+
 template <int T, int P, int G>
 void panel_tile_avx512(const float* x, int64_t ldx, const uint16_t* w, int64_t cols, int64_t kb,
                        int64_t ke, bool first, float* y, int64_t ldy, const char* pf) {
   static_assert(P == 1 || P == 2);
-  constexpr __mmask16 kAll = 0xffff;
-  // lane = row: to_lanes[l] is the row held by lane l; to_rows[r] the lane holding row r.
-  const __m512i to_lanes = _mm512_setr_epi32(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15);
-  const __m512i to_rows = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
   __m512 a0[T], a1[T];
+  load_accumulators<T, P>(a0, a1, y, ldy, first);
   const uint16_t* w2 = w + cols * kPanelRows;
-#pragma GCC unroll 8
-  for (int t = 0; t < T; ++t) {
-    const float* yt = y + t * ldy;
-    a0[t] = first ? _mm512_setzero_ps()
-                  : _mm512_maskz_permutexvar_ps(kAll, to_lanes, _mm512_loadu_ps(yt));
-    if constexpr (P == 2)
-      a1[t] = first ? _mm512_setzero_ps()
-                    : _mm512_maskz_permutexvar_ps(kAll, to_lanes, _mm512_loadu_ps(yt + 16));
-  }
-  auto widen = [](const uint16_t* col) __attribute__((always_inline)) {
-    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(col));
-    // The zero-masking forms with a full mask are the plain instructions; GCC 12's plain
-    // intrinsics start from an "undefined" register that -Wmaybe-uninitialized flags.
-    return _mm512_castsi512_ps(
-        _mm512_maskz_slli_epi32(kAll, _mm512_maskz_cvtepu16_epi32(kAll, v), 16));
-  };
   auto column = [&](int64_t c) __attribute__((always_inline)) {
-    const __m512 v = widen(w + c * kPanelRows);
+    const __m512 v = widen_column(w + c * kPanelRows);
     __m512 v2;
-    if constexpr (P == 2) v2 = widen(w2 + c * kPanelRows);
+    if constexpr (P == 2) v2 = widen_column(w2 + c * kPanelRows);
 #pragma GCC unroll 8
     for (int t = 0; t < T; ++t) {
       const __m512 xb = _mm512_set1_ps(x[t * ldx + c]);
@@ -156,13 +182,7 @@ void panel_tile_avx512(const float* x, int64_t ldx, const uint16_t* w, int64_t c
     }
   };
   walk_columns<P, G>(kb, ke, pf, cols * kColumnBytes, column);
-#pragma GCC unroll 8
-  for (int t = 0; t < T; ++t) {
-    float* yt = y + t * ldy;
-    _mm512_storeu_ps(yt, _mm512_maskz_permutexvar_ps(kAll, to_rows, a0[t]));
-    if constexpr (P == 2)
-      _mm512_storeu_ps(yt + 16, _mm512_maskz_permutexvar_ps(kAll, to_rows, a1[t]));
-  }
+  store_accumulators<T, P>(a0, a1, y, ldy);
 }
 
 // The wide path, for many tokens: the columns [kb, ke) of panels [p, p + P) are widened once
@@ -193,34 +213,18 @@ template <int T, int P, int G, bool Widen>
 void wide_tile_avx512(const float* xp, const uint16_t* w, int64_t cols, float* ws, int64_t kb,
                       int64_t ke, bool first, float* y, int64_t ldy, const char* pf) {
   static_assert(P == 1 || P == 2);
-  constexpr __mmask16 kAll = 0xffff;
-  const __m512i to_lanes = _mm512_setr_epi32(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15);
-  const __m512i to_rows = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
   __m512 a0[T], a1[T];
-#pragma GCC unroll 12
-  for (int t = 0; t < T; ++t) {
-    const float* yt = y + t * ldy;
-    a0[t] = first ? _mm512_setzero_ps()
-                  : _mm512_maskz_permutexvar_ps(kAll, to_lanes, _mm512_loadu_ps(yt));
-    if constexpr (P == 2)
-      a1[t] = first ? _mm512_setzero_ps()
-                    : _mm512_maskz_permutexvar_ps(kAll, to_lanes, _mm512_loadu_ps(yt + 16));
-  }
+  load_accumulators<T, P>(a0, a1, y, ldy, first);
   float* wc = ws - kb * P * kPanelRows;
   const uint16_t* w2 = w + cols * kPanelRows;
-  auto widen = [](const uint16_t* col) __attribute__((always_inline)) {
-    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(col));
-    return _mm512_castsi512_ps(
-        _mm512_maskz_slli_epi32(kAll, _mm512_maskz_cvtepu16_epi32(kAll, v), 16));
-  };
   auto column = [&](int64_t c) __attribute__((always_inline)) {
     float* wcol = wc + c * P * kPanelRows;
     __m512 v, v2;
     if constexpr (Widen) {
-      v = widen(w + c * kPanelRows);
+      v = widen_column(w + c * kPanelRows);
       _mm512_store_ps(wcol, v);
       if constexpr (P == 2) {
-        v2 = widen(w2 + c * kPanelRows);
+        v2 = widen_column(w2 + c * kPanelRows);
         _mm512_store_ps(wcol + kPanelRows, v2);
       }
     } else {
@@ -235,13 +239,7 @@ void wide_tile_avx512(const float* xp, const uint16_t* w, int64_t cols, float* w
     }
   };
   walk_columns<P, G>(kb, ke, pf, cols * kColumnBytes, column);
-#pragma GCC unroll 12
-  for (int t = 0; t < T; ++t) {
-    float* yt = y + t * ldy;
-    _mm512_storeu_ps(yt, _mm512_maskz_permutexvar_ps(kAll, to_rows, a0[t]));
-    if constexpr (P == 2)
-      _mm512_storeu_ps(yt + 16, _mm512_maskz_permutexvar_ps(kAll, to_rows, a1[t]));
-  }
+  store_accumulators<T, P>(a0, a1, y, ldy);
 }
 #else
 inline constexpr bool kHaveAvx512 = false;

@@ -9,6 +9,7 @@
 #include <random>
 #include <vector>
 
+#include "isa_for_tests.h"
 #include "kernels/cpu/linear.h"
 
 namespace xds::kernels {
@@ -38,20 +39,6 @@ Packed make_packed(int64_t rows, int64_t cols, std::mt19937& rng) {
   p.ref.data = p.panels.data();
   return p;
 }
-
-// The micro-kernel instruction sets this build has (AVX2 always, AVX-512 where the build
-// targets it); each test runs on every one of them and restores the default afterwards.
-std::vector<PanelIsa> available_isas() {
-  std::vector<PanelIsa> isas;
-  for (const PanelIsa isa : {PanelIsa::kAvx2, PanelIsa::kAvx512})
-    if (panel_isa_available(isa)) isas.push_back(isa);
-  return isas;
-}
-
-struct IsaGuard {
-  PanelIsa saved = panel_isa();
-  ~IsaGuard() { set_panel_isa(saved); }
-};
 
 TEST(LinearPanels, PackingPlacesEveryWeightAndZeroPadsTheLastPanel) {
   const int64_t rows = 21, cols = 5;  // two panels, the second with 5 real rows

@@ -4,29 +4,16 @@
 
 #include <gtest/gtest.h>
 
-#include "kernels/cpu/linear_panels.h"
-
 #include <algorithm>
 #include <cmath>
 #include <random>
 #include <vector>
 
+#include "isa_for_tests.h"
+#include "kernels/cpu/linear_panels.h"
+
 namespace xds::kernels {
 namespace {
-
-// The instruction sets of the absorbed kernel's tiles in this build (panel_isa() selects
-// them too): each absorbed test runs on every one and restores the default afterwards.
-std::vector<PanelIsa> available_isas() {
-  std::vector<PanelIsa> isas;
-  for (const PanelIsa isa : {PanelIsa::kAvx2, PanelIsa::kAvx512})
-    if (panel_isa_available(isa)) isas.push_back(isa);
-  return isas;
-}
-
-struct IsaGuard {
-  PanelIsa saved = panel_isa();
-  ~IsaGuard() { set_panel_isa(saved); }
-};
 
 TEST(MlaExpanded, MatchesCausalAttentionReference) {
   std::mt19937 rng(11);
