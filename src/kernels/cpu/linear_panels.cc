@@ -160,15 +160,17 @@ void wide_panels(const float* xp, const TokenTiles& tiles, int64_t i0, int64_t i
   for (int64_t kb = 0; kb < cols; kb += kWideKBlock) {
     const int64_t ke = std::min(cols, kb + kWideKBlock);
     // While the tiles run, the next block's lines (of each panel; after the last block the
-    // next P panels' first) are prefetched in equal shares, as panel_group does; every G
-    // columns one line, G = 8 where that covers the share, else 4 (a block of 2-3 tiles; a
-    // lone tile then leaves half the block to the hardware prefetcher).
+    // next P panels' first) are prefetched in equal shares, as panel_group does: a line
+    // every 4 columns, 64 lines per panel and tile, enough for a share from 2 tiles on (a
+    // lone tile leaves half the block to the hardware prefetcher; with 8 tiles, up to 3 in 4
+    // prefetches find their line already on its way, which costs an instruction each). One
+    // spacing, not 8 or 4 by the share: each spacing is 24 more tile instantiations, and
+    // this file took 150 s to compile under ASan.
     const char* next = ke < cols ? reinterpret_cast<const char*>(wp + ke * kPanelRows)
                                  : reinterpret_cast<const char*>(panel_ptr(w, p + P));
     const int64_t next_cols = ke < cols ? std::min(kWideKBlock, cols - ke) : kWideKBlock;
     const int64_t lines = (next_cols * kColumnBytes + kLineBytes - 1) / kLineBytes;
     const int64_t share = (lines + (i1 - i0) - 1) / (i1 - i0);
-    const bool sparse = (ke - kb) / share >= 8;
     for (int64_t i = i0; i < i1; ++i) {
       const int64_t t = tiles.first(i);
       const int tb = tiles.size(i);
@@ -178,8 +180,6 @@ void wide_panels(const float* xp, const TokenTiles& tiles, int64_t i0, int64_t i
       const bool first = kb == 0;
       if (i == i0) {  // widens the block into ws as it goes
         wide_tile<P, 4, true>(tb, x, wp, cols, ws, kb, ke, first, a, ldacc, pf);
-      } else if (sparse) {
-        wide_tile<P, 8, false>(tb, x, wp, cols, ws, kb, ke, first, a, ldacc, pf);
       } else {
         wide_tile<P, 4, false>(tb, x, wp, cols, ws, kb, ke, first, a, ldacc, pf);
       }
