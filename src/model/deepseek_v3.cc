@@ -131,25 +131,18 @@ Status DeepseekV3Model::run_moe(const MoeWeights& w, int64_t layer, const Batch&
   float* weights = grow(s_weights_, n * k);
   const GatingParams gp = GatingParams::from_config(config_);
   const float* bias = w.score_bias.empty() ? nullptr : w.score_bias.data();
-  if (routing_observer_) {  // tokens in order, on this thread, as the observer sees them
-    float* scratch = grow(s_gating_, 2 * e);
-    for (int64_t t = 0; t < n; ++t) {
+  // A token's routing reads only its own logits: any thread, same result.
+  float* scratch_all = grow(s_gating_, 2 * e * pool_->num_threads());
+  for_rows(n, [&](int64_t t0, int64_t t1, int thread) {
+    float* scratch = scratch_all + 2 * e * thread;
+    for (int64_t t = t0; t < t1; ++t)
       route_token(gp, logits + t * e, bias, ids + t * k, weights + t * k, scratch);
+  });
+  if (routing_observer_) {  // tokens in order, on this thread
+    for (int64_t t = 0; t < n; ++t) {
       std::vector<int32_t> sorted(ids + t * k, ids + (t + 1) * k);
       std::sort(sorted.begin(), sorted.end());
       routing_observer_(layer, t, sorted);
-    }
-  } else {  // a token's routing reads only its own logits: any thread, same result
-    float* scratch_all = grow(s_gating_, 2 * e * pool_->num_threads());
-    auto route = [&](int64_t t0, int64_t t1, int thread) {
-      float* scratch = scratch_all + 2 * e * thread;
-      for (int64_t t = t0; t < t1; ++t)
-        route_token(gp, logits + t * e, bias, ids + t * k, weights + t * k, scratch);
-    };
-    if (n < kPoolMinRows) {
-      route(0, n, 0);
-    } else {
-      pool_->parallel_for(n, route);
     }
   }
   float* routed = grow(s_routed_, n * d);
@@ -174,13 +167,16 @@ Status DeepseekV3Model::run_moe(const MoeWeights& w, int64_t layer, const Batch&
   return {};
 }
 
+void DeepseekV3Model::for_rows(int64_t n, const std::function<void(int64_t, int64_t, int)>& fn) {
+  if (n < kPoolMinRows) return fn(0, n, 0);
+  pool_->parallel_for(n, fn);
+}
+
 void DeepseekV3Model::add_rows(const float* src, int64_t n, float* dst) {
   const int64_t d = config_.hidden_size;
-  auto add = [&](int64_t t0, int64_t t1, int) {
+  for_rows(n, [&](int64_t t0, int64_t t1, int) {
     for (int64_t i = t0 * d; i < t1 * d; ++i) dst[i] += src[i];
-  };
-  if (n < kPoolMinRows) return add(0, n, 0);
-  pool_->parallel_for(n, add);
+  });
 }
 
 Status DeepseekV3Model::run_layer(const LayerWeights& w, int64_t cache_layer, const Batch& b,

@@ -111,6 +111,8 @@ class DeepseekV3Model {
                      const float* xn, float* out);
   Status run_moe(const MoeWeights& w, int64_t layer, const Batch& b, const float* xn, float* out);
   void run_mlp(const MlpWeights& w, const float* xn, int64_t n, float* out);
+  // fn over rows [0, n): on the pool from kPoolMinRows rows (deepseek_v3.cc), else inline.
+  void for_rows(int64_t n, const std::function<void(int64_t, int64_t, int)>& fn);
   // dst[t] += src[t] for n rows of hidden_size, split over the pool.
   void add_rows(const float* src, int64_t n, float* dst);
   // Whether a step of n tokens runs `shared` between the routed experts.

@@ -247,32 +247,29 @@ void linear_panels_pool(const float* x, int64_t n, int64_t ldx, const MatrixRef&
   }
   const int64_t chunk = std::max<int64_t>(1, panels / (4 * threads));
   std::atomic<int64_t> next{0};
-  if (wide_path_for(n, w)) {
-    // The wide path: the threads first pack x's token tiles together (each tile once, not
-    // once per chunk of panels), wait until all are packed, then take chunks of panels.
-    thread_local std::vector<float> xp_buffer;
-    xp_buffer.resize(static_cast<size_t>(n * w.cols));
-    float* const xp = xp_buffer.data();  // the caller's buffer (a lambda would see its own)
-    const int64_t tiles = token_tile_count(n);
-    std::atomic<int64_t> next_tile{0}, packed{0};
-    pool.run_on_all([&](int) {
-      for (int64_t i = next_tile.fetch_add(1, std::memory_order_relaxed); i < tiles;
-           i = next_tile.fetch_add(1, std::memory_order_relaxed)) {
-        pack_token_tiles(x, n, ldx, w.cols, i, i + 1, xp);
-        packed.fetch_add(1, std::memory_order_release);
-      }
-      while (packed.load(std::memory_order_acquire) < tiles) _mm_pause();
-      for (int64_t p = next.fetch_add(chunk, std::memory_order_relaxed); p < panels;
-           p = next.fetch_add(chunk, std::memory_order_relaxed)) {
-        panels_linear_packed(xp, n, w, p, std::min(panels, p + chunk), y, ldy);
-      }
-    });
-    return;
-  }
+  // The wide path: the threads first pack x's token tiles together (each tile once, not once
+  // per chunk of panels) and wait until all are packed; then, either way, take chunks.
+  const bool wide = wide_path_for(n, w);
+  thread_local std::vector<float> xp_buffer;
+  if (wide) xp_buffer.resize(static_cast<size_t>(n * w.cols));
+  float* const xp = xp_buffer.data();  // the caller's buffer (a lambda would see its own)
+  const int64_t tiles = wide ? token_tile_count(n) : 0;
+  std::atomic<int64_t> next_tile{0}, packed{0};
   pool.run_on_all([&](int) {
+    for (int64_t i = next_tile.fetch_add(1, std::memory_order_relaxed); i < tiles;
+         i = next_tile.fetch_add(1, std::memory_order_relaxed)) {
+      pack_token_tiles(x, n, ldx, w.cols, i, i + 1, xp);
+      packed.fetch_add(1, std::memory_order_release);
+    }
+    while (packed.load(std::memory_order_acquire) < tiles) _mm_pause();
     for (int64_t p = next.fetch_add(chunk, std::memory_order_relaxed); p < panels;
          p = next.fetch_add(chunk, std::memory_order_relaxed)) {
-      panels_linear(x, n, ldx, w, p, std::min(panels, p + chunk), y, ldy);
+      const int64_t end = std::min(panels, p + chunk);
+      if (wide) {
+        panels_linear_packed(xp, n, w, p, end, y, ldy);
+      } else {
+        panels_linear(x, n, ldx, w, p, end, y, ldy);
+      }
     }
   });
 }

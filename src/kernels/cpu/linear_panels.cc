@@ -123,6 +123,15 @@ const char* panel_isa_name(PanelIsa isa) {
 
 namespace {
 
+// The real rows of the zero-padded last panel p, accumulated aside in tail [n][16], to y.
+void copy_padded_panel(const float* tail, int64_t n, const MatrixRef& w, int64_t p, float* y,
+                       int64_t ldy) {
+  const int64_t real = w.rows - p * kPanelRows;
+  for (int64_t t = 0; t < n; ++t)
+    std::memcpy(y + t * ldy + p * kPanelRows, tail + t * kPanelRows,
+                sizeof(float) * static_cast<size_t>(real));
+}
+
 // The wide path's token tiles: ceil(n / 12) of balanced sizes (26 = 9 + 9 + 8); tile i
 // holds tokens [first(i), first(i + 1)) and is packed at xp + first(i) * cols.
 struct TokenTiles {
@@ -212,12 +221,7 @@ void wide_linear(const float* xp, int64_t n, const MatrixRef& w, int64_t p_begin
       wide_panels<1>(xp, tiles, i0, i1, w, p, tail.data(), kPanelRows, ws);
     }
   }
-  if (full_end < p_end) {
-    const int64_t real = w.rows - full_end * kPanelRows;
-    for (int64_t t = 0; t < n; ++t)
-      std::memcpy(y + t * ldy + full_end * kPanelRows, tail.data() + t * kPanelRows,
-                  sizeof(float) * static_cast<size_t>(real));
-  }
+  if (full_end < p_end) copy_padded_panel(tail.data(), n, w, full_end, y, ldy);
 }
 #endif
 
@@ -247,10 +251,7 @@ void panels_linear_on(const float* x, int64_t n, int64_t ldx, const MatrixRef& w
     thread_local std::vector<float> tail;
     tail.resize(static_cast<size_t>(n * kPanelRows));
     panel_group<Isa, 1>(x, n, ldx, w, p, tail.data(), kPanelRows);
-    const int64_t real = w.rows - p * kPanelRows;
-    for (int64_t t = 0; t < n; ++t)
-      std::memcpy(y + t * ldy + p * kPanelRows, tail.data() + t * kPanelRows,
-                  sizeof(float) * static_cast<size_t>(real));
+    copy_padded_panel(tail.data(), n, w, p, y, ldy);
   }
 }
 
