@@ -165,12 +165,8 @@ void DeepseekV3Model::run_attention(const MlaWeights& w, int64_t cache_layer, co
     });
     float* part_out = grow(s_part_out_, slots * heads * lat);  // [slots, H, C]
     float* part_ml = grow(s_part_ml_, slots * 2 * heads);      // [slots, 2, H]: m, l
-    const int64_t per_thread =
-        std::min<int64_t>(16, heads) * std::min(max_ctx, kernels::kAbsorbedSliceRows);
-    float* all_scores = grow(s_scores_, threads * per_thread);
     std::atomic<int64_t> next{0};
-    pool.run_on_all([&](int thread) {
-      float* scores = all_scores + thread * per_thread;
+    pool.run_on_all([&](int) {
       for (int64_t i = next.fetch_add(1, std::memory_order_relaxed);
            i < static_cast<int64_t>(items.size()); i = next.fetch_add(1, std::memory_order_relaxed)) {
         const Item& it = items[i];
@@ -180,12 +176,11 @@ void DeepseekV3Model::run_attention(const MlaWeights& w, int64_t cache_layer, co
                                         lat_out + it.token * heads * lat, lat};
         const kernels::LatentKvView kv = cache.view(cache_layer, ch.seq);
         if (it.slot < 0) {
-          kernels::mla_absorbed_attention(aq, 0, heads, kv, it.end, scale, scores);
+          kernels::mla_absorbed_attention(aq, 0, heads, kv, it.end, scale);
         } else {
           float* ml = part_ml + it.slot * 2 * heads;
           const kernels::AbsorbedPart part{part_out + it.slot * heads * lat, lat, ml, ml + heads};
-          kernels::mla_absorbed_attention_part(aq, 0, heads, kv, it.begin, it.end, scale, scores,
-                                               part);
+          kernels::mla_absorbed_attention_part(aq, 0, heads, kv, it.begin, it.end, scale, part);
         }
       }
     });

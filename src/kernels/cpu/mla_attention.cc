@@ -15,87 +15,67 @@
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/simd_ops.h"
 #include "kernels/cpu/static_dispatch.h"
+#include "kernels/cpu/vec_math.h"
 
 namespace xds::kernels {
 
 namespace {
 
-// scores for R cached rows × NV·L heads at once (L = Ops::kLanes: 8 with AVX2, 16 with
-// AVX-512), vectorised over heads:
-//   acc[r][v] = Σ_c qt[c][Lv .. Lv+L) · latent(s0+r)[c]  +  Σ_c qt[C + c][..] · rope(s0+r)[c]
-// qt: [C + Dr][NV * L] (the heads' absorbed queries transposed, zero-padded), so every
-// product is one broadcast and NV fused multiply-adds; no horizontal sums. Every score is
-// one FMA per column in the same order (latent, then rope, ascending) whatever Ops, NV or
-// R: the same bits.
-// Stores sc[h * ld + r] for h < nh. While it runs, the rows of the next tile (s0 + R ..
-// s0 + 2R, clamped to `last`; latent and rope) are prefetched one line per 16 columns: the
-// cached rows come from DRAM, and hardware prefetch alone left the kernel at ~60 % of its
-// in-cache speed.
+// Scores of R cached rows × NV·L heads (L = Ops::kLanes: 8 with AVX2, 16 with AVX-512)
+// over the `cols` columns of one plane (latent or rope), vectorised over heads:
+//   part[r][v] (+)= Σ_{c < cols} qt[c][v] · rows[r][c]
+// qt: the plane's transposed queries [cols][NV · L]; part: [R][NV · L], loaded unless
+// `first`. One broadcast and NV fused multiply-adds per row and column, in ascending c:
+// whatever Ops or R, every score is one FMA per column in the same order (the latent
+// plane, then the rope plane), so the same bits.
+// Every 16 columns it prefetches one line of each of the R rows at `next` (the tile that
+// runs after this one): the cached rows come from DRAM, and hardware prefetch alone left
+// the kernel at ~60 % of its speed.
 template <class Ops, int NV, int R>
-void scores_rows(const float* qt, const LatentKvView& kv, int64_t s0, int64_t last, int64_t nh,
-                 float* sc, int64_t ld) {
+void scores_tile(const float* qt, const float* const* rows, const float* const* next,
+                 int64_t cols, bool first, float* part) {
   static_assert(NV == 1 || NV == 2);
   using V = typename Ops::V;
   constexpr int kW = NV * Ops::kLanes;
-  const int64_t lat = kv.latent_dim, dr = kv.rope_dim;
   // One-dimensional accumulator arrays (heads 0-7 in a0, 8-15 in a1 with AVX2), every loop
   // over r unrolled: GCC then keeps them in registers. With acc[R][NV] it also stored all of
   // them to the stack on every c (one store per FMA pair; the kernel ran at ~30 % of peak).
   V a0[R], a1[R];
-  const float* lrow[R];
-  const float* rrow[R];
-  const float* lnext[R];
-  const float* rnext[R];
+  const float* l[R];
 #pragma GCC unroll 12
   for (int r = 0; r < R; ++r) {
-    a0[r] = Ops::zero();
-    a1[r] = Ops::zero();
-    lrow[r] = kv.latent_at(s0 + r);
-    rrow[r] = kv.rope_at(s0 + r);
-    lnext[r] = kv.latent_at(std::min(last, s0 + R + r));
-    rnext[r] = kv.rope_at(std::min(last, s0 + R + r));
+    a0[r] = first ? Ops::zero() : Ops::load(part + r * kW);
+    a1[r] = a0[r];
+    if constexpr (NV == 2) a1[r] = first ? Ops::zero() : Ops::load(part + r * kW + Ops::kLanes);
+    l[r] = rows[r];
   }
-  auto accumulate = [&](const float* q, const float* const* rows, int64_t c)
-      __attribute__((always_inline)) {
-    const V q0 = Ops::load(q);
+  auto accumulate = [&](int64_t c) __attribute__((always_inline)) {
+    const V q0 = Ops::load(qt + c * kW);
     V q1 = q0;
-    if constexpr (NV == 2) q1 = Ops::load(q + Ops::kLanes);
+    if constexpr (NV == 2) q1 = Ops::load(qt + c * kW + Ops::kLanes);
 #pragma GCC unroll 12
     for (int r = 0; r < R; ++r) {
-      const V b = Ops::set1(rows[r][c]);
+      const V b = Ops::set1(l[r][c]);
       a0[r] = Ops::fma(b, q0, a0[r]);
       if constexpr (NV == 2) a1[r] = Ops::fma(b, q1, a1[r]);
     }
   };
-  // The rope rows (another plane) are prefetched too, one line of each per 16 columns
-  // between the latent ones: left to demand misses they cost 4 % of the scores' time.
-  const int64_t rope_lines_end = 16 * ((dr + 15) / 16);
   // 16 columns (one line of each row) per outer step: the prefetches go there, and the
   // inner loop needs only the row pointers, which GCC then keeps in registers (with the
   // prefetch test inside it reloaded them from the stack for every broadcast).
-  const int64_t lat16 = lat / 16 * 16;
-  for (int64_t c0 = 0; c0 < lat16; c0 += 16) {
+  int64_t c0 = 0;
+  for (; c0 + 16 <= cols; c0 += 16) {
 #pragma GCC unroll 12
     for (int r = 0; r < R; ++r)
-      _mm_prefetch(reinterpret_cast<const char*>(lnext[r] + c0), _MM_HINT_T0);
-    if (c0 < rope_lines_end) {
-#pragma GCC unroll 12
-      for (int r = 0; r < R; ++r)
-        _mm_prefetch(reinterpret_cast<const char*>(rnext[r] + c0), _MM_HINT_T0);
-    }
-    const float* l[R];
-#pragma GCC unroll 12
-    for (int r = 0; r < R; ++r) l[r] = lrow[r];
-    for (int64_t c = c0; c < c0 + 16; ++c) accumulate(qt + c * kW, l, c);
+      _mm_prefetch(reinterpret_cast<const char*>(next[r] + c0), _MM_HINT_T0);
+#pragma GCC unroll 16
+    for (int64_t c = c0; c < c0 + 16; ++c) accumulate(c);
   }
-  for (int64_t c = lat16; c < lat; ++c) accumulate(qt + c * kW, lrow, c);
-  for (int64_t c = 0; c < dr; ++c) accumulate(qt + (lat + c) * kW, rrow, c);
+  for (int64_t c = c0; c < cols; ++c) accumulate(c);
 #pragma GCC unroll 12
   for (int r = 0; r < R; ++r) {
-    alignas(64) float lanes[kW];
-    Ops::store(lanes, a0[r]);
-    if constexpr (NV == 2) Ops::store(lanes + Ops::kLanes, a1[r]);
-    for (int64_t h = 0; h < std::min<int64_t>(nh, kW); ++h) sc[h * ld + r] = lanes[h];
+    Ops::store(part + r * kW, a0[r]);
+    if constexpr (NV == 2) Ops::store(part + r * kW + Ops::kLanes, a1[r]);
   }
 }
 
@@ -112,109 +92,189 @@ void transpose_queries(const AbsorbedQuery& q, int64_t h0, int64_t nh, int64_t l
   }
 }
 
-// Scores of nh <= NV * Ops::kLanes heads over rows [s0, s1) into sc[h * ld + (s - s0)]:
-// tiles of R rows, the rest (< R) in one tile.
+// Scores of the rows [s0, s1) (at most kAbsorbedSliceRows) into part [s1 - s0][NV · L]:
+// the latent plane, then the rope plane, each in tiles of R rows (the rest, < R, in one
+// tile). A tile prefetches the next one's rows; the last latent tile the first rope rows,
+// the last rope tile the rows from s1 on (up to `last`: the next slice's first).
+// Whole latent rows per tile: column blocks of 64 (the queries' block staying in L1) ran
+// ~16 % faster from L2 but ~10 % slower from DRAM, where batch 64 reads them.
 template <class Ops, int NV, int R>
-void slice_scores(const float* qt, int64_t nh, const LatentKvView& kv, int64_t s0, int64_t s1,
-                  int64_t last, float* sc, int64_t ld) {
-  int64_t s = s0;
-  for (; s + R <= s1; s += R) scores_rows<Ops, NV, R>(qt, kv, s, last, nh, sc + (s - s0), ld);
-  if (s < s1) {
-    dispatch_1_to<R - 1>(static_cast<int>(s1 - s), [&]<int Rest>() {
-      scores_rows<Ops, NV, Rest>(qt, kv, s, last, nh, sc + (s - s0), ld);
-    });
+void slice_scores(const float* qt, const LatentKvView& kv, int64_t s0, int64_t s1,
+                  int64_t last, float* part) {
+  constexpr int kW = NV * Ops::kLanes;
+  const int64_t lat = kv.latent_dim, dr = kv.rope_dim, len = s1 - s0;
+  XDS_CHECK(len <= kAbsorbedSliceRows, "slice_scores: {} rows", len);
+  // Row pointers, each plane followed by R more for the prefetches after its last tile.
+  const float* lrow[kAbsorbedSliceRows + R];
+  const float* rrow[kAbsorbedSliceRows + R];
+  for (int64_t s = 0; s < len; ++s) {
+    lrow[s] = kv.latent_at(s0 + s);
+    if (dr > 0) rrow[s] = kv.rope_at(s0 + s);
   }
+  for (int r = 0; r < R; ++r) {
+    const float* next_slice = kv.latent_at(std::min(last, s1 + r));
+    lrow[len + r] = dr > 0 ? rrow[std::min<int64_t>(r, len - 1)] : next_slice;
+    rrow[len + r] = next_slice;
+  }
+  auto plane = [&](const float* const* rows, const float* q, int64_t cols, bool first) {
+    for (int64_t s = 0; s < len; s += R) {
+      // The next tile's rows: rows[s + R ..], clamped to the R after the plane's last.
+      const float* next[R];
+      for (int r = 0; r < R; ++r) next[r] = rows[std::min(len, s + R) + r];
+      if (s + R <= len) {
+        scores_tile<Ops, NV, R>(q, rows + s, next, cols, first, part + s * kW);
+      } else {
+        dispatch_1_to<R - 1>(static_cast<int>(len - s), [&]<int Rest>() {
+          scores_tile<Ops, NV, Rest>(q, rows + s, next, cols, first, part + s * kW);
+        });
+      }
+    }
+  };
+  plane(lrow, qt, lat, true);
+  if (dr > 0) plane(rrow, qt + lat * kW, dr, false);
 }
 
 // The scores of a group of nh heads whose transposed queries are kw (8 or 16) wide. 12
 // accumulators per tile: with 8 (AVX2, R = 4) the FMA chains left the kernel at ~55 % of
 // peak. AVX-512 holds 16 heads in one register.
-void group_scores(const float* qt, int64_t kw, int64_t nh, const LatentKvView& kv, int64_t s0,
-                  int64_t s1, int64_t last, float* sc, int64_t ld) {
+void group_scores(const float* qt, int64_t kw, const LatentKvView& kv, int64_t s0, int64_t s1,
+                  int64_t last, float* sc) {
 #if defined(__AVX512F__)
   if (kw == 16 && panel_isa() == PanelIsa::kAvx512)
-    return slice_scores<Avx512Ops, 1, 12>(qt, nh, kv, s0, s1, last, sc, ld);
+    return slice_scores<Avx512Ops, 1, 12>(qt, kv, s0, s1, last, sc);
 #endif
-  if (kw == 16) return slice_scores<Avx2Ops, 2, 6>(qt, nh, kv, s0, s1, last, sc, ld);
-  slice_scores<Avx2Ops, 1, 12>(qt, nh, kv, s0, s1, last, sc, ld);
+  if (kw == 16) return slice_scores<Avx2Ops, 2, 6>(qt, kv, s0, s1, last, sc);
+  slice_scores<Avx2Ops, 1, 12>(qt, kv, s0, s1, last, sc);
 }
 
-// out[h][c0 .. c0+2L) (+)= Σ_{s in [s0, s1)} p[h][s] · latent(s)[c0 .. c0+2L) for H heads
-// (L = Ops::kLanes): 2H accumulators, per s two loads of the latent row and H broadcasts of
-// p. Sums run in ascending s with one FMA each, starting from out (or from zero when
-// `first`), whatever Ops: the same bits.
-template <class Ops, int H>
-void pv_tile(const float* p, int64_t ldp, const float* const* rows, int64_t s0, int64_t s1,
-             int64_t c0, bool first, float* out, int64_t ldo) {
+// out[h][c0 .. c0 + NC·L) (+)= Σ_{s in [s0, s1)} p[s][h] · latent(s)[c0 ..] for H heads
+// (L = Ops::kLanes; p: the slice's probabilities [len][kw], head-interleaved as the scores
+// left them): NC·H accumulators, per s NC loads of the latent row and H broadcasts of p
+// (with AVX-512 folded into the FMAs: the H values share one line). Sums run in ascending s
+// with one FMA each, starting from out (or from zero when `first`), whatever Ops, H or NC:
+// the same bits.
+template <class Ops, int H, int NC>
+void pv_tile(const float* p, int64_t kw, const float* const* rows, int64_t len, int64_t c0,
+             bool first, float* out, int64_t ldo) {
+  static_assert(NC == 1 || NC == 2);
   using V = typename Ops::V;
   constexpr int kL = Ops::kLanes;
   V a0[H], a1[H];
-#pragma GCC unroll 8
+#pragma GCC unroll 16
   for (int h = 0; h < H; ++h) {
     a0[h] = first ? Ops::zero() : Ops::load(out + h * ldo + c0);
-    a1[h] = first ? Ops::zero() : Ops::load(out + h * ldo + c0 + kL);
+    a1[h] = a0[h];
+    if constexpr (NC == 2) a1[h] = first ? Ops::zero() : Ops::load(out + h * ldo + c0 + kL);
   }
-  for (int64_t s = s0; s < s1; ++s) {
-    const float* row = rows[s - s0] + c0;
+  for (int64_t s = 0; s < len; ++s) {
+    const float* row = rows[s] + c0;
+    const float* ps = p + s * kw;
     const V l0 = Ops::load(row);
-    const V l1 = Ops::load(row + kL);
-#pragma GCC unroll 8
+    V l1 = l0;
+    if constexpr (NC == 2) l1 = Ops::load(row + kL);
+#pragma GCC unroll 16
     for (int h = 0; h < H; ++h) {
-      const V w = Ops::set1(p[h * ldp + s]);
+      const V w = Ops::set1(ps[h]);
       a0[h] = Ops::fma(w, l0, a0[h]);
-      a1[h] = Ops::fma(w, l1, a1[h]);
+      if constexpr (NC == 2) a1[h] = Ops::fma(w, l1, a1[h]);
     }
   }
-#pragma GCC unroll 8
+#pragma GCC unroll 16
   for (int h = 0; h < H; ++h) {
     Ops::store(out + h * ldo + c0, a0[h]);
-    Ops::store(out + h * ldo + c0 + kL, a1[h]);
+    if constexpr (NC == 2) Ops::store(out + h * ldo + c0 + kL, a1[h]);
   }
 }
 
-// Columns [c_begin, c_end) (a multiple of 2L) of p·latent in pv_tile<Ops> tiles: nh heads
-// in tiles of at most MaxH, as even as possible (16 heads as 6 + 5 + 5 or 8 + 8).
-template <class Ops, int MaxH>
-void pv_columns(const float* p, int64_t nh, int64_t ldp, const float* const* rows, int64_t s0,
-                int64_t s1, int64_t c_begin, int64_t c_end, bool first, float* out, int64_t ldo) {
-  for (int64_t c0 = c_begin; c0 < c_end; c0 += 2 * Ops::kLanes) {
+// Columns [c_begin, c_end) (a multiple of NC·L) of p·latent in pv_tile tiles: nh heads in
+// tiles of at most MaxH, as even as possible (16 heads as 6 + 5 + 5).
+template <class Ops, int MaxH, int NC>
+void pv_columns(const float* p, int64_t kw, int64_t nh, const float* const* rows, int64_t len,
+                int64_t c_begin, int64_t c_end, bool first, float* out, int64_t ldo) {
+  for (int64_t c0 = c_begin; c0 < c_end; c0 += NC * Ops::kLanes) {
     for (int64_t h0 = 0; h0 < nh;) {
       const int64_t left = nh - h0, tiles = (left + MaxH - 1) / MaxH;
       const int h = static_cast<int>((left + tiles - 1) / tiles);
       dispatch_1_to<MaxH>(h, [&]<int H>() {
-        pv_tile<Ops, H>(p + h0 * ldp - s0, ldp, rows, s0, s1, c0, first, out + h0 * ldo, ldo);
+        pv_tile<Ops, H, NC>(p + h0, kw, rows, len, c0, first, out + h0 * ldo, ldo);
       });
       h0 += h;
     }
   }
 }
 
-// out[h] (+)= Σ_{s in [s0, s1)} p[h][s - s0] · latent(s) for nh heads: [nh, len]·[len, C]
-// (`first`: out starts from zero). 16-column tiles of up to 6 heads; every output is summed
-// in ascending s with one FMA per position, whatever the tiling.
-void pv_slice(const float* p, int64_t nh, int64_t ldp, const LatentKvView& kv, int64_t s0,
+// out[h] (+)= Σ_{s in [s0, s1)} p[s - s0][h] · latent(s) for nh heads: [nh, len]·[len, C]
+// (`first`: out starts from zero). Every output is summed in ascending s with one FMA per
+// position, whatever the tiling.
+void pv_slice(const float* p, int64_t kw, int64_t nh, const LatentKvView& kv, int64_t s0,
               int64_t s1, bool first, float* out, int64_t ldo) {
-  const int64_t lat = kv.latent_dim, lat16 = lat / 16 * 16;
-  XDS_CHECK(s1 - s0 <= kAbsorbedSliceRows, "pv_slice: {} rows", s1 - s0);
+  const int64_t lat = kv.latent_dim, lat16 = lat / 16 * 16, len = s1 - s0;
+  XDS_CHECK(len <= kAbsorbedSliceRows, "pv_slice: {} rows", len);
   const float* rows[kAbsorbedSliceRows];
-  for (int64_t s = s0; s < s1; ++s) rows[s - s0] = kv.latent_at(s);
+  for (int64_t s = 0; s < len; ++s) rows[s] = kv.latent_at(s0 + s);
   // Columns past the last multiple of 16 (none at C = 512; small test models), one by one.
   for (int64_t h = 0; h < nh; ++h) {
     for (int64_t c = lat16; c < lat; ++c) {
       float acc = first ? 0.0f : out[h * ldo + c];
-      for (int64_t s = s0; s < s1; ++s) acc = std::fma(p[h * ldp + s - s0], rows[s - s0][c], acc);
+      for (int64_t s = 0; s < len; ++s) acc = std::fma(p[s * kw + h], rows[s][c], acc);
       out[h * ldo + c] = acc;
     }
   }
-  int64_t c_begin = 0;
 #if defined(__AVX512F__)
-  if (panel_isa() == PanelIsa::kAvx512) {  // 32 columns × up to 8 heads (18 of 32 registers)
-    c_begin = lat / 32 * 32;
-    pv_columns<Avx512Ops, 8>(p, nh, ldp, rows, s0, s1, 0, c_begin, first, out, ldo);
-  }
+  // 16 columns × up to 16 heads (16 + 1 of 32 registers): each latent line is read from
+  // L2 once for all the heads.
+  if (panel_isa() == PanelIsa::kAvx512)
+    return pv_columns<Avx512Ops, 16, 1>(p, kw, nh, rows, len, 0, lat16, first, out, ldo);
 #endif
   // 16 columns × up to 6 heads (14 of 16 registers)
-  pv_columns<Avx2Ops, 6>(p, nh, ldp, rows, s0, s1, c_begin, lat16, first, out, ldo);
+  pv_columns<Avx2Ops, 6, 2>(p, kw, nh, rows, len, 0, lat16, first, out, ldo);
+}
+
+// The slice's softmax step on the scores sc [len][kw] (head j in lane j): sc = e^(scale ·
+// sc - m_new[j]) with m_new the running max per head, l[j] = l[j] · e^(m[j] - m_new[j]) +
+// Σ_s sc[s][j] (ascending s), out rows rescaled by e^(m[j] - m_new[j]) when the max grew
+// (`first`: m, l start from this slice). Eight heads at a time with exp_avx2 whatever the
+// instruction set: the same bits.
+void slice_softmax(float* sc, int64_t len, int64_t kw, int64_t nh, float scale, bool first,
+                   float* m, float* l, float* out, int64_t out_ld, int64_t lat) {
+  for (int64_t j0 = 0; j0 < nh; j0 += 8) {
+    const __m256 vs = _mm256_set1_ps(scale);
+    __m256 mx = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+    for (int64_t s = 0; s < len; ++s) {
+      float* v = sc + s * kw + j0;
+      const __m256 x = _mm256_mul_ps(_mm256_loadu_ps(v), vs);
+      _mm256_storeu_ps(v, x);
+      mx = _mm256_max_ps(mx, x);
+    }
+    alignas(32) float m_new[8];
+    _mm256_store_ps(m_new, mx);
+    const int64_t heads = std::min<int64_t>(8, nh - j0);
+    if (!first) {
+      for (int64_t j = 0; j < heads; ++j) m_new[j] = std::max(m[j0 + j], m_new[j]);
+    }
+    const __m256 shift = _mm256_load_ps(m_new);
+    __m256 sum = _mm256_setzero_ps();
+    for (int64_t s = 0; s < len; ++s) {
+      float* v = sc + s * kw + j0;
+      const __m256 e = exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(v), shift));
+      _mm256_storeu_ps(v, e);
+      sum = _mm256_add_ps(sum, e);
+    }
+    alignas(32) float sums[8];
+    _mm256_store_ps(sums, sum);
+    for (int64_t j = 0; j < heads; ++j) {
+      const int64_t h = j0 + j;
+      if (first) {
+        l[h] = sums[j];
+      } else {
+        const float alpha = std::exp(m[h] - m_new[j]);
+        l[h] = l[h] * alpha + sums[j];
+        float* o = out + h * out_ld;
+        for (int64_t c = 0; c < lat; ++c) o[c] *= alpha;
+      }
+      m[h] = m_new[j];
+    }
+  }
 }
 
 // One group of nh <= 16 heads over context rows [s_begin, s_end), in slices of
@@ -224,11 +284,12 @@ void pv_slice(const float* p, int64_t nh, int64_t ldp, const LatentKvView& kv, i
 // read from memory once. Leaves out unnormalised: out[h] = Σ_s e^(score - m[h]) latent(s),
 // l[h] = Σ_s e^(score - m[h]).
 void attend_group(const AbsorbedQuery& q, int64_t h0, int64_t nh, const LatentKvView& kv,
-                  int64_t s_begin, int64_t s_end, float scale, float* sc, float* qt, float* out,
+                  int64_t s_begin, int64_t s_end, float scale, float* qt, float* out,
                   int64_t out_ld, float* m, float* l) {
   const int64_t lat = kv.latent_dim, dr = kv.rope_dim;
   const int64_t kw = nh > 8 ? 16 : 8;
   transpose_queries(q, h0, nh, lat, dr, kw, qt);
+  alignas(64) float sc[kAbsorbedSliceRows * 16];  // the slice's scores, then p: [len][kw]
   // Slices of equal length (at most kAbsorbedSliceRows): 257 rows go as 86 + 86 + 85, not
   // 128 + 128 + 1.
   const int64_t slices = (s_end - s_begin + kAbsorbedSliceRows - 1) / kAbsorbedSliceRows;
@@ -236,37 +297,23 @@ void attend_group(const AbsorbedQuery& q, int64_t h0, int64_t nh, const LatentKv
   for (int64_t s0 = s_begin; s0 < s_end; s0 += slice_rows) {
     const int64_t s1 = std::min(s_end, s0 + slice_rows), len = s1 - s0;
     const bool first = s0 == s_begin;
-    group_scores(qt, kw, nh, kv, s0, s1, s_end - 1, sc, len);
-    for (int64_t j = 0; j < nh; ++j) {
-      float* row = sc + j * len;
-      const float mx = scale_and_max(row, len, scale);
-      const float m_new = first ? mx : std::max(m[j], mx);
-      const float sum = exp_shifted_sum(row, len, m_new);
-      if (first) {
-        l[j] = sum;
-      } else {
-        const float alpha = std::exp(m[j] - m_new);
-        l[j] = l[j] * alpha + sum;
-        float* o = out + j * out_ld;
-        for (int64_t c = 0; c < lat; ++c) o[c] *= alpha;
-      }
-      m[j] = m_new;
-    }
-    pv_slice(sc, nh, len, kv, s0, s1, first, out, out_ld);
+    group_scores(qt, kw, kv, s0, s1, s_end - 1, sc);
+    slice_softmax(sc, len, kw, nh, scale, first, m, l, out, out_ld, lat);
+    pv_slice(sc, kw, nh, kv, s0, s1, first, out, out_ld);
   }
 }
 
 }  // namespace
 
 void mla_absorbed_attention(const AbsorbedQuery& q, int64_t head_begin, int64_t head_end,
-                            const LatentKvView& kv, int64_t ctx, float scale, float* scores) {
+                            const LatentKvView& kv, int64_t ctx, float scale) {
   if (ctx <= 0) return;
   // The whole context as one part, written straight to q.out, then normalised.
   const int64_t nh = head_end - head_begin;
   thread_local std::vector<float> ml;  // [2, nh]: m, l
   ml.resize(static_cast<size_t>(2 * nh));
   float* out = q.out + head_begin * q.out_ld;
-  mla_absorbed_attention_part(q, head_begin, head_end, kv, 0, ctx, scale, scores,
+  mla_absorbed_attention_part(q, head_begin, head_end, kv, 0, ctx, scale,
                               {out, q.out_ld, ml.data(), ml.data() + nh});
   for (int64_t j = 0; j < nh; ++j) {
     const float inv = 1.0f / ml[static_cast<size_t>(nh + j)];
@@ -276,14 +323,13 @@ void mla_absorbed_attention(const AbsorbedQuery& q, int64_t head_begin, int64_t 
 
 void mla_absorbed_attention_part(const AbsorbedQuery& q, int64_t head_begin, int64_t head_end,
                                  const LatentKvView& kv, int64_t s_begin, int64_t s_end,
-                                 float scale, float* scores, const AbsorbedPart& part) {
+                                 float scale, const AbsorbedPart& part) {
   XDS_CHECK(s_begin < s_end, "mla_absorbed_attention_part: empty rows [{}, {})", s_begin, s_end);
   thread_local std::vector<float> qt;
   qt.resize(static_cast<size_t>((kv.latent_dim + kv.rope_dim) * 16));
   for (int64_t g = head_begin; g < head_end; g += 16) {
     const int64_t j = g - head_begin;
-    attend_group(q, g, std::min<int64_t>(16, head_end - g), kv, s_begin, s_end, scale, scores,
-                 qt.data(), part.out + j * part.out_ld, part.out_ld, part.m + j, part.l + j);
+    attend_group(q, g, std::min<int64_t>(16, head_end - g), kv, s_begin, s_end, scale, qt.data(), part.out + j * part.out_ld, part.out_ld, part.m + j, part.l + j);
   }
 }
 

@@ -46,7 +46,7 @@ inline int64_t padded_latent_stride(int64_t latent_dim) {
 }
 
 // q_abs: [heads, latent_dim] (row stride q_abs_ld), q_pe: [heads, rope_dim] (stride q_pe_ld),
-// out: [heads, latent_dim] (stride out_ld). scores: scratch of at least ctx floats.
+// out: [heads, latent_dim] (stride out_ld).
 struct AbsorbedQuery {
   const float* q_abs;
   int64_t q_abs_ld;
@@ -63,10 +63,8 @@ inline constexpr int64_t kAbsorbedSliceRows = 128;
 // thread. Each cached position is read from memory once for all those heads (the latent
 // is shared by every head, MQA-like): slice by slice, scores, an online softmax, then
 // p·latent while the slice is in cache.
-// scores: scratch of at least min(16, head_end - head_begin) * min(ctx, kAbsorbedSliceRows)
-// floats.
 void mla_absorbed_attention(const AbsorbedQuery& q, int64_t head_begin, int64_t head_end,
-                            const LatentKvView& kv, int64_t ctx, float scale, float* scores);
+                            const LatentKvView& kv, int64_t ctx, float scale);
 
 // A part of one token's context, for several threads on one token (flash-decoding style):
 // out[h] = Σ_{s in part} e^(score[h, s] - m[h]) latent(s), unnormalised, at out + h*out_ld;
@@ -79,10 +77,10 @@ struct AbsorbedPart {
 };
 
 // Heads [head_begin, head_end) over context rows [s_begin, s_end) into `part` (head j of
-// the range at row j of part.out, m[j], l[j]). scores: scratch as for mla_absorbed_attention.
+// the range at row j of part.out, m[j], l[j]).
 void mla_absorbed_attention_part(const AbsorbedQuery& q, int64_t head_begin, int64_t head_end,
                                  const LatentKvView& kv, int64_t s_begin, int64_t s_end,
-                                 float scale, float* scores, const AbsorbedPart& part);
+                                 float scale, const AbsorbedPart& part);
 
 // out[h] = Σ_i e^(m_i[h] - M) out_i[h] / Σ_i e^(m_i[h] - M) l_i[h], M = max_i m_i[h], parts
 // taken in the order given: the attention of the whole context from its parts.

@@ -92,12 +92,11 @@ TEST(MlaAbsorbed, MatchesReferenceOverPagedBlocks) {
                   q_pe(static_cast<size_t>(heads * dr));
               for (auto* v : {&q_abs, &q_pe})
                 for (float& x : *v) x = d(rng);
-              std::vector<float> out(static_cast<size_t>(heads * lat), -3.0f),
-                  scores(static_cast<size_t>(heads * ctx));
+              std::vector<float> out(static_cast<size_t>(heads * lat), -3.0f);
               const AbsorbedQuery q{q_abs.data(), lat, q_pe.data(), dr, out.data(), lat};
               // Heads [1, heads) only, as a thread with a group of heads does; head 0 stays
               // untouched.
-              mla_absorbed_attention(q, 1, heads, kv, ctx, scale, scores.data());
+              mla_absorbed_attention(q, 1, heads, kv, ctx, scale);
               for (int64_t i = 0; i < lat; ++i) ASSERT_EQ(out[i], -3.0f);
               for (int64_t h = 1; h < heads; ++h) {
                 std::vector<double> s(static_cast<size_t>(ctx));
@@ -171,15 +170,13 @@ TEST(MlaAbsorbed, PartsMergeIntoTheWholeContext) {
       const int64_t parts = static_cast<int64_t>(cut.size()) - 1;
       std::vector<float> part_out(static_cast<size_t>(parts * heads * lat)),
           ml(static_cast<size_t>(parts * 2 * heads));
-      std::vector<float> scores(static_cast<size_t>(heads * ctx)),
-          out(static_cast<size_t>(heads * lat), -7.0f);
+      std::vector<float> out(static_cast<size_t>(heads * lat), -7.0f);
       std::vector<AbsorbedPart> ps;
       const AbsorbedQuery q{q_abs.data(), lat, q_pe.data(), dr, nullptr, lat};
       for (int64_t p = 0; p < parts; ++p) {
         ps.push_back({part_out.data() + p * heads * lat, lat, ml.data() + p * 2 * heads,
                       ml.data() + p * 2 * heads + heads});
-        mla_absorbed_attention_part(q, 0, heads, kv, cut[p], cut[p + 1], scale, scores.data(),
-                                    ps.back());
+        mla_absorbed_attention_part(q, 0, heads, kv, cut[p], cut[p + 1], scale, ps.back());
       }
       mla_absorbed_merge(ps, heads, lat, out.data(), lat);
       for (int64_t i = 0; i < heads * lat; ++i)
@@ -211,10 +208,9 @@ TEST(MlaAbsorbed, InstructionSetsGiveTheSameBits) {
     std::vector<std::vector<float>> outs;
     for (const PanelIsa isa : available_isas()) {
       set_panel_isa(isa);
-      std::vector<float> out(static_cast<size_t>(heads * lat)),
-          scores(static_cast<size_t>(16 * 128));
+      std::vector<float> out(static_cast<size_t>(heads * lat));
       const AbsorbedQuery q{q_abs.data(), lat, q_pe.data(), dr, out.data(), lat};
-      mla_absorbed_attention(q, 0, heads, kv, ctx, 0.7f, scores.data());
+      mla_absorbed_attention(q, 0, heads, kv, ctx, 0.7f);
       outs.push_back(out);
     }
     for (size_t i = 0; i < outs[0].size(); ++i)
