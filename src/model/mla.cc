@@ -231,7 +231,7 @@ void DeepseekV3Model::run_attention(const MlaWeights& w, int64_t cache_layer, co
                                     heads * (dn + dv),         rope,       attn + ch.begin * heads * dv,
                                     heads * dv,                ch.count,   ch.start_pos,
                                     dn,                        dr,         dv};
-    const int64_t per_thread = kernels::kExpandedRowBlock * ctx_end;
+    const int64_t per_thread = kernels::expanded_scratch_floats(dn, dr, dv, ch.count, ctx_end);
     float* scores_all = grow(s_scores_, threads * per_thread);
     pool.parallel_for(heads, [&](int64_t h0, int64_t h1, int thread) {
       for (int64_t h = h0; h < h1; ++h)

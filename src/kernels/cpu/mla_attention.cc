@@ -1,6 +1,5 @@
 #include "kernels/cpu/mla_attention.h"
 
-#include <cblas.h>
 #include <immintrin.h>
 
 #include <algorithm>
@@ -357,35 +356,6 @@ void mla_absorbed_merge(std::span<const AbsorbedPart> parts, int64_t nh, int64_t
 AbsorbedSplit absorbed_context_split(int64_t ctx) {
   const int64_t count = std::clamp<int64_t>(ctx / kAbsorbedPartMinRows, 1, kAbsorbedMaxParts);
   return {count, (ctx + count - 1) / count};
-}
-
-void mla_expanded_attention(const ExpandedChunk& c, int64_t h, float scale, float* scores) {
-  use_single_threaded_blas();
-  const int64_t dq = c.dn + c.dr, dkv = c.dn + c.dv;
-  const float* k_nope = c.kv + h * dkv;
-  const float* v = k_nope + c.dn;
-  for (int64_t t0 = 0; t0 < c.m; t0 += kExpandedRowBlock) {
-    const int64_t rows = std::min(kExpandedRowBlock, c.m - t0);
-    const int64_t ctx = c.p0 + t0 + rows;  // the block's last query sees [0, ctx)
-    const float* q = c.q + t0 * c.q_ld + h * dq;
-    const int ir = static_cast<int>(rows), ic = static_cast<int>(ctx);
-    // scores[rows, ctx] = q_nope · k_nopeᵀ + q_pe · k_peᵀ
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, ir, ic, static_cast<int>(c.dn), 1.0f, q,
-                static_cast<int>(c.q_ld), k_nope, static_cast<int>(c.kv_ld), 0.0f, scores, ic);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, ir, ic, static_cast<int>(c.dr), 1.0f,
-                q + c.dn, static_cast<int>(c.q_ld), c.rope, static_cast<int>(c.dr), 1.0f, scores, ic);
-    for (int64_t i = 0; i < rows; ++i) {
-      float* row = scores + i * ctx;
-      const int64_t visible = c.p0 + t0 + i + 1;
-      for (int64_t s = 0; s < visible; ++s) row[s] *= scale;
-      softmax_inplace(row, visible);
-      std::fill(row + visible, row + ctx, 0.0f);
-    }
-    // out[rows, Dv] = p · v
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, ir, static_cast<int>(c.dv), ic, 1.0f,
-                scores, ic, v, static_cast<int>(c.kv_ld), 0.0f, c.out + t0 * c.out_ld + h * c.dv,
-                static_cast<int>(c.out_ld));
-  }
 }
 
 }  // namespace xds::kernels

@@ -117,12 +117,18 @@ struct ExpandedChunk {
   int64_t dn, dr, dv;
 };
 
-// Rows of queries per block of the expanded kernel; scratch must hold this many × (p0+m).
+// Rows of queries per block of the sgemm form (AVX2).
 inline constexpr int64_t kExpandedRowBlock = 64;
 
-// Head h of the chunk, on the calling thread, as three single-threaded sgemm products per
-// block of kExpandedRowBlock queries (scores = q_nope·k_nopeᵀ + q_pe·k_peᵀ, scaled, causal
-// softmax, out = p·v). scores: scratch of kExpandedRowBlock * (p0 + m) floats.
-void mla_expanded_attention(const ExpandedChunk& c, int64_t h, float scale, float* scores);
+// Floats of scratch mla_expanded_attention needs for a chunk of m queries whose context
+// ends at ctx.
+int64_t expanded_scratch_floats(int64_t dn, int64_t dr, int64_t dv, int64_t m, int64_t ctx);
+
+// Head h of the chunk, on the calling thread (mla_expanded.cc). AVX-512: tiles of 16
+// queries × 16 keys for the scores and 16 queries × 16 value columns for p·v, every sum in
+// ascending order whatever the chunking; AVX2: three single-threaded sgemm products per block
+// of kExpandedRowBlock queries. scratch: expanded_scratch_floats(dn, dr, dv, m, p0 + m)
+// floats.
+void mla_expanded_attention(const ExpandedChunk& c, int64_t h, float scale, float* scratch);
 
 }  // namespace xds::kernels
