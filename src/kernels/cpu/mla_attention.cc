@@ -4,8 +4,8 @@
 
 #include <algorithm>
 #include <cmath>
-#include <limits>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "base/check.h"
@@ -31,8 +31,8 @@ namespace {
 // runs after this one): the cached rows come from DRAM, and hardware prefetch alone left
 // the kernel at ~60 % of its speed.
 template <class Ops, int NV, int R>
-void scores_tile(const float* qt, const float* const* rows, const float* const* next,
-                 int64_t cols, bool first, float* part) {
+void scores_tile(const float* qt, const float* const* rows, const float* const* next, int64_t cols,
+                 bool first, float* part) {
   static_assert(NV == 1 || NV == 2);
   using V = typename Ops::V;
   constexpr int kW = NV * Ops::kLanes;
@@ -84,7 +84,7 @@ void transpose_queries(const AbsorbedQuery& q, int64_t h0, int64_t nh, int64_t l
                        int64_t kw, float* qt) {
   for (int64_t c = 0; c < lat + dr; ++c) {
     for (int64_t j = 0; j < kw; ++j) {
-      qt[c * kw + j] = j >= nh    ? 0.0f
+      qt[c * kw + j] = j >= nh   ? 0.0f
                        : c < lat ? q.q_abs[(h0 + j) * q.q_abs_ld + c]
                                  : q.q_pe[(h0 + j) * q.q_pe_ld + (c - lat)];
     }
@@ -98,8 +98,8 @@ void transpose_queries(const AbsorbedQuery& q, int64_t h0, int64_t nh, int64_t l
 // Whole latent rows per tile: column blocks of 64 (the queries' block staying in L1) ran
 // ~16 % faster from L2 but ~10 % slower from DRAM, where batch 64 reads them.
 template <class Ops, int NV, int R>
-void slice_scores(const float* qt, const LatentKvView& kv, int64_t s0, int64_t s1,
-                  int64_t last, float* part) {
+void slice_scores(const float* qt, const LatentKvView& kv, int64_t s0, int64_t s1, int64_t last,
+                  float* part) {
   constexpr int kW = NV * Ops::kLanes;
   const int64_t lat = kv.latent_dim, dr = kv.rope_dim, len = s1 - s0;
   XDS_CHECK(len <= kAbsorbedSliceRows, "slice_scores: {} rows", len);
@@ -328,7 +328,8 @@ void mla_absorbed_attention_part(const AbsorbedQuery& q, int64_t head_begin, int
   qt.resize(static_cast<size_t>((kv.latent_dim + kv.rope_dim) * 16));
   for (int64_t g = head_begin; g < head_end; g += 16) {
     const int64_t j = g - head_begin;
-    attend_group(q, g, std::min<int64_t>(16, head_end - g), kv, s_begin, s_end, scale, qt.data(), part.out + j * part.out_ld, part.out_ld, part.m + j, part.l + j);
+    attend_group(q, g, std::min<int64_t>(16, head_end - g), kv, s_begin, s_end, scale, qt.data(),
+                 part.out + j * part.out_ld, part.out_ld, part.m + j, part.l + j);
   }
 }
 

@@ -20,8 +20,8 @@ namespace xds::kernels {
 namespace exp_detail {
 inline constexpr float kLow = -87.0f, kHigh = 88.3f;
 inline constexpr float kLog2e = 1.44269504088896341f;
-inline constexpr float kLn2High = 0.693359375f;      // 9 significant bits: n · kLn2High exact
-inline constexpr float kLn2Low = -2.12194440e-4f;    // ln 2 - kLn2High
+inline constexpr float kLn2High = 0.693359375f;    // 9 significant bits: n · kLn2High exact
+inline constexpr float kLn2Low = -2.12194440e-4f;  // ln 2 - kLn2High
 // e^r = Σ r^k / k!, k = 7 .. 0, in Horner order.
 inline constexpr float kTaylor[8] = {1.0f / 5040, 1.0f / 720, 1.0f / 120, 1.0f / 24,
                                      1.0f / 6,    0.5f,       1.0f,       1.0f};
@@ -37,8 +37,8 @@ inline __m256 exp_avx2(__m256 x) {
   __m256 p = _mm256_set1_ps(kTaylor[0]);
 #pragma GCC unroll 8
   for (int k = 1; k < 8; ++k) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kTaylor[k]));
-  const __m256i bits = _mm256_slli_epi32(
-      _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  const __m256i bits =
+      _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
   return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
 }
 

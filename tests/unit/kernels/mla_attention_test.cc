@@ -169,9 +169,9 @@ TEST(MlaAbsorbed, MatchesReferenceOverPagedBlocks) {
 }
 
 // Attention of every head over [0, ctx) in double precision: [heads, lat].
-std::vector<double> reference_absorbed(const std::vector<float>& q_abs, const std::vector<float>& q_pe,
-                                       int64_t heads, const LatentKvView& kv, int64_t ctx,
-                                       double scale) {
+std::vector<double> reference_absorbed(const std::vector<float>& q_abs,
+                                       const std::vector<float>& q_pe, int64_t heads,
+                                       const LatentKvView& kv, int64_t ctx, double scale) {
   const int64_t lat = kv.latent_dim, dr = kv.rope_dim;
   std::vector<double> out(static_cast<size_t>(heads * lat), 0.0);
   for (int64_t h = 0; h < heads; ++h) {
@@ -199,15 +199,16 @@ TEST(MlaAbsorbed, PartsMergeIntoTheWholeContext) {
   const int64_t lat = 32, dr = 8, bs = 16, blocks = 20, heads = 16, ctx = 300;
   std::vector<int32_t> table(static_cast<size_t>(blocks));
   for (int32_t b = 0; b < blocks; ++b) table[b] = (b * 11 + 5) % blocks;
-  std::vector<float> latent(static_cast<size_t>(blocks * bs * lat)), rope(static_cast<size_t>(blocks * bs * dr));
+  std::vector<float> latent(static_cast<size_t>(blocks * bs * lat)),
+      rope(static_cast<size_t>(blocks * bs * dr));
   std::vector<float> q_abs(static_cast<size_t>(heads * lat)), q_pe(static_cast<size_t>(heads * dr));
   for (auto* v : {&latent, &rope, &q_abs, &q_pe})
     for (float& x : *v) x = d(rng);
   const LatentKvView kv{latent.data(), rope.data(), table.data(), bs, lat, dr};
   const float scale = 1.5f;
   const std::vector<double> ref = reference_absorbed(q_abs, q_pe, heads, kv, ctx, scale);
-  const std::vector<std::vector<int64_t>> cuts = {{0, 300}, {0, 100, 257, 300}, {0, 1, 299, 300},
-                                                  {0, 128, 256, 300}};
+  const std::vector<std::vector<int64_t>> cuts = {
+      {0, 300}, {0, 100, 257, 300}, {0, 1, 299, 300}, {0, 128, 256, 300}};
   const IsaGuard guard;
   for (const PanelIsa isa : available_isas())
     for (const auto& cut : cuts) {
@@ -282,8 +283,8 @@ TEST(MlaAbsorbed, ContextSplitCoversTheContext) {
     if (sp.count > 1) {
       EXPECT_GE(sp.rows, kAbsorbedPartMinRows) << ctx;
     }
-    EXPECT_GE(sp.count * sp.rows, ctx) << ctx;           // covers the context
-    EXPECT_LT((sp.count - 1) * sp.rows, ctx) << ctx;     // no empty part
+    EXPECT_GE(sp.count * sp.rows, ctx) << ctx;        // covers the context
+    EXPECT_LT((sp.count - 1) * sp.rows, ctx) << ctx;  // no empty part
     if (ctx < kAbsorbedPartMinRows) {
       EXPECT_EQ(sp.count, 1) << ctx;
     }
