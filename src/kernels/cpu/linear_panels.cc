@@ -49,8 +49,19 @@ void panel_group(const float* x, int64_t n, int64_t ldx, const MatrixRef& w, int
   using panel_detail::tile;
   if (n <= (P == 1 ? Isa::kMaxTokens : Isa::kMaxTokensTwoPanels)) {
     static_assert(kLineBytes / kColumnBytes == 2);  // one line per two columns
-    tile<Isa, P, 2>(static_cast<int>(n), x, ldx, wp, cols, 0, cols, true, acc, ldacc,
-                    reinterpret_cast<const char*>(wp + kPrefetchCols * kPanelRows));
+    const int tb = static_cast<int>(n);
+    const char* ahead = reinterpret_cast<const char*>(wp + kPrefetchCols * kPanelRows);
+    if (P == 1 || cols <= kPrefetchCols) {  // one panel's prefetch runs on into the next one
+      tile<Isa, P, 2>(tb, x, ldx, wp, cols, 0, cols, true, acc, ldacc, ahead);
+      return;
+    }
+    // Two panels: while their last kPrefetchCols columns run, the prefetches go to the starts
+    // of the next two panels (panel p's would run on into p + 1, which the second stream
+    // has read by then, and p + 3's start would come unprefetched).
+    const int64_t tail = cols - kPrefetchCols;
+    tile<Isa, P, 2>(tb, x, ldx, wp, cols, 0, tail, true, acc, ldacc, ahead);
+    tile<Isa, P, 2>(tb, x, ldx, wp, cols, tail, cols, false, acc, ldacc,
+                    reinterpret_cast<const char*>(panel_ptr(w, p + 2)));
     return;
   }
   if constexpr (P == 1) {
