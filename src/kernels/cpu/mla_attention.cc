@@ -4,16 +4,14 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <limits>
 #include <vector>
 
 #include "base/check.h"
-#include "kernels/cpu/linear.h"
 #include "kernels/cpu/linear_panels.h"
-#include "kernels/cpu/ops.h"
 #include "kernels/cpu/simd_ops.h"
 #include "kernels/cpu/static_dispatch.h"
+#include "kernels/cpu/transpose16.h"
 #include "kernels/cpu/vec_math.h"
 
 namespace xds::kernels {
@@ -82,6 +80,13 @@ void scores_tile(const float* qt, const float* const* rows, const float* const* 
 // j >= nh: [C + Dr, kW].
 void transpose_queries(const AbsorbedQuery& q, int64_t h0, int64_t nh, int64_t lat, int64_t dr,
                        int64_t kw, float* qt) {
+#if defined(__AVX512F__)
+  if (kw == 16 && panel_isa() == PanelIsa::kAvx512) {  // 16 × 16 blocks in registers
+    transpose_row_tiles(q.q_abs + h0 * q.q_abs_ld, q.q_abs_ld, nh, lat, 0, qt, 0);
+    transpose_row_tiles(q.q_pe + h0 * q.q_pe_ld, q.q_pe_ld, nh, dr, lat, qt, 0);
+    return;
+  }
+#endif
   for (int64_t c = 0; c < lat + dr; ++c) {
     for (int64_t j = 0; j < kw; ++j) {
       qt[c * kw + j] = j >= nh   ? 0.0f

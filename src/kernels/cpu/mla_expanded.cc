@@ -7,7 +7,6 @@
 #include <cstring>
 #include <limits>
 
-#include "base/check.h"
 #include "kernels/cpu/linear.h"
 #include "kernels/cpu/linear_panels.h"
 #include "kernels/cpu/mla_attention.h"
@@ -73,27 +72,6 @@ constexpr int kTile = 16;  // queries per tile, keys per tile, columns per trans
 
 int64_t tiles_of(int64_t n) {
   return (n + kTile - 1) / kTile;
-}
-
-// dst[t][col0 + c][j] = row_j[c] for the rows [16t, 16t + 16) of a [rows][cols] matrix
-// (row j at src + j·ld; rows past `rows` zero) and columns c < cols, dst tile t at
-// dst + t·tile_floats.
-void transpose_rows(const float* src, int64_t ld, int64_t rows, int64_t cols, int64_t col0,
-                    float* dst, int64_t tile_floats) {
-  for (int64_t t = 0; t < tiles_of(rows); ++t) {
-    for (int64_t c0 = 0; c0 < cols; c0 += kTile) {
-      const int64_t w = std::min<int64_t>(kTile, cols - c0);
-      const __mmask16 lanes = static_cast<__mmask16>(w == kTile ? 0xffff : (1u << w) - 1);
-      __m512 r[kTile], out[kTile];
-      for (int j = 0; j < kTile; ++j) {
-        const int64_t row = t * kTile + j;
-        r[j] = row < rows ? _mm512_maskz_loadu_ps(lanes, src + row * ld + c0) : _mm512_setzero_ps();
-      }
-      transpose_16x16(r, out);
-      float* d = dst + t * tile_floats + (col0 + c0) * kTile;
-      for (int64_t c = 0; c < w; ++c) _mm512_storeu_ps(d + c * kTile, out[c]);
-    }
-  }
 }
 
 // st[16j + k][q] = Σ_c qt[c][q] · kt_j[c][k] for the key tiles [0, tiles).
@@ -190,9 +168,9 @@ void expanded_avx512(const ExpandedChunk& c, int64_t h, float scale, float* scra
   const int64_t dq = c.dn + c.dr, ctx = c.p0 + c.m;
   const ExpandedScratch sc = carve_scratch(scratch, dq, c.dv, c.m, ctx);
   const float* k_nope = c.kv + h * (c.dn + c.dv);
-  transpose_rows(c.q + h * dq, c.q_ld, c.m, dq, 0, sc.qt, dq * kTile);
-  transpose_rows(k_nope, c.kv_ld, ctx, c.dn, 0, sc.kt, dq * kTile);
-  transpose_rows(c.rope, c.dr, ctx, c.dr, c.dn, sc.kt, dq * kTile);
+  transpose_row_tiles(c.q + h * dq, c.q_ld, c.m, dq, 0, sc.qt, dq * kTile);
+  transpose_row_tiles(k_nope, c.kv_ld, ctx, c.dn, 0, sc.kt, dq * kTile);
+  transpose_row_tiles(c.rope, c.dr, ctx, c.dr, c.dn, sc.kt, dq * kTile);
   for (int64_t s = 0; s < ctx; ++s)
     std::memcpy(sc.vp + s * c.dv, k_nope + s * c.kv_ld + c.dn, sizeof(float) * c.dv);
   for (int64_t t0 = 0; t0 < c.m; t0 += kTile) {

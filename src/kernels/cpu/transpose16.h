@@ -1,6 +1,7 @@
 // A 16 × 16 block of floats transposed in AVX-512 registers (internal to the kernels).
 //
 //   transpose_16x16(r, out): out[c][j] = r[j][c] for j, c < 16
+//   transpose_row_tiles: a [rows][cols] matrix as tiles of 16 rows, each [cols][16]
 //
 // Three stages of shuffles, 64 in all for 256 elements (an element at a time costs a load
 // and a store each): pairs of rows interleaved by 32 bits, then by 64 bits (each 128-bit
@@ -8,6 +9,9 @@
 #pragma once
 
 #include <immintrin.h>
+
+#include <algorithm>
+#include <cstdint>
 
 #if defined(__AVX512F__)
 namespace xds::kernels {
@@ -39,6 +43,26 @@ inline void transpose_16x16(const __m512 (&r)[16], __m512 (&out)[16]) {
     out[4 + j] = _mm512_maskz_shuffle_f32x4(kAll, x0, y0, 0xdd);   // lanes 1
     out[8 + j] = _mm512_maskz_shuffle_f32x4(kAll, x1, y1, 0x88);   // lanes 2
     out[12 + j] = _mm512_maskz_shuffle_f32x4(kAll, x1, y1, 0xdd);  // lanes 3
+  }
+}
+
+// dst[t][col0 + c][j] = src[16t + j][c] for every tile t of 16 rows (row i at src + i·ld;
+// rows past `rows` zero) and columns c < cols; tile t at dst + t·tile_floats.
+inline void transpose_row_tiles(const float* src, int64_t ld, int64_t rows, int64_t cols,
+                                int64_t col0, float* dst, int64_t tile_floats) {
+  for (int64_t t = 0; t * 16 < rows; ++t) {
+    for (int64_t c0 = 0; c0 < cols; c0 += 16) {
+      const int64_t w = std::min<int64_t>(16, cols - c0);
+      const __mmask16 lanes = static_cast<__mmask16>(w == 16 ? 0xffff : (1u << w) - 1);
+      __m512 r[16], out[16];
+      for (int j = 0; j < 16; ++j) {
+        const int64_t row = t * 16 + j;
+        r[j] = row < rows ? _mm512_maskz_loadu_ps(lanes, src + row * ld + c0) : _mm512_setzero_ps();
+      }
+      transpose_16x16(r, out);
+      float* d = dst + t * tile_floats + (col0 + c0) * 16;
+      for (int64_t c = 0; c < w; ++c) _mm512_storeu_ps(d + c * 16, out[c]);
+    }
   }
 }
 
