@@ -89,8 +89,6 @@ void DeepseekV3Model::run_attention(const MlaWeights& w, int64_t cache_layer, co
   // attn: [n, H, Dv]
   float* attn = grow(s_attn_, n * heads * dv);
   const int threads = pool.num_threads();
-  int64_t max_ctx = 0;
-  for (const Batch::Chunk& ch : b.chunks) max_ctx = std::max(max_ctx, ch.start_pos + ch.count);
 
   // Absorbed chunks, merged into runs of consecutive tokens so that W_UK and W_UV are read
   // once per run (decode tokens of many sequences form one run).

@@ -147,40 +147,35 @@ void tile_pv(const float* st, int64_t keys, const float* vp, int64_t dv, __m512 
   }
 }
 
-struct ExpandedScratch {
-  float *qt, *kt, *vp, *st;
+// Offsets (in floats) of the kernel's buffers in the caller's scratch, and their total.
+struct ScratchLayout {
+  int64_t qt, kt, vp, st, total;
+  ScratchLayout(int64_t dq, int64_t dv, int64_t m, int64_t ctx) {
+    qt = 0;                                // [tiles(m)][dq][16]
+    kt = qt + tiles_of(m) * kTile * dq;    // [tiles(ctx)][dq][16]
+    vp = kt + tiles_of(ctx) * kTile * dq;  // [ctx][dv]
+    st = vp + ctx * dv;                    // [tiles(ctx) · 16][16]
+    total = st + tiles_of(ctx) * kTile * kTile;
+  }
 };
-
-ExpandedScratch carve_scratch(float* scratch, int64_t dq, int64_t dv, int64_t m, int64_t ctx) {
-  ExpandedScratch s;
-  s.qt = scratch;                            // [tiles(m)][dq][16]
-  s.kt = s.qt + tiles_of(m) * kTile * dq;    // [tiles(ctx)][dq][16]
-  s.vp = s.kt + tiles_of(ctx) * kTile * dq;  // [ctx][dv]
-  s.st = s.vp + ctx * dv;                    // [tiles(ctx) · 16][16]
-  return s;
-}
-
-int64_t avx512_scratch_floats(int64_t dq, int64_t dv, int64_t m, int64_t ctx) {
-  return tiles_of(m) * kTile * dq + tiles_of(ctx) * kTile * (dq + kTile) + ctx * dv;
-}
 
 void expanded_avx512(const ExpandedChunk& c, int64_t h, float scale, float* scratch) {
   const int64_t dq = c.dn + c.dr, ctx = c.p0 + c.m;
-  const ExpandedScratch sc = carve_scratch(scratch, dq, c.dv, c.m, ctx);
+  const ScratchLayout at(dq, c.dv, c.m, ctx);
+  float *qt = scratch + at.qt, *kt = scratch + at.kt, *vp = scratch + at.vp, *st = scratch + at.st;
   const float* k_nope = c.kv + h * (c.dn + c.dv);
-  transpose_row_tiles(c.q + h * dq, c.q_ld, c.m, dq, 0, sc.qt, dq * kTile);
-  transpose_row_tiles(k_nope, c.kv_ld, ctx, c.dn, 0, sc.kt, dq * kTile);
-  transpose_row_tiles(c.rope, c.dr, ctx, c.dr, c.dn, sc.kt, dq * kTile);
+  transpose_row_tiles(c.q + h * dq, c.q_ld, c.m, dq, 0, qt, dq * kTile);
+  transpose_row_tiles(k_nope, c.kv_ld, ctx, c.dn, 0, kt, dq * kTile);
+  transpose_row_tiles(c.rope, c.dr, ctx, c.dr, c.dn, kt, dq * kTile);
   for (int64_t s = 0; s < ctx; ++s)
-    std::memcpy(sc.vp + s * c.dv, k_nope + s * c.kv_ld + c.dn, sizeof(float) * c.dv);
+    std::memcpy(vp + s * c.dv, k_nope + s * c.kv_ld + c.dn, sizeof(float) * c.dv);
   for (int64_t t0 = 0; t0 < c.m; t0 += kTile) {
     const int qn = static_cast<int>(std::min<int64_t>(kTile, c.m - t0));
     const int64_t keys = c.p0 + t0 + qn;  // the tile's last query sees [0, keys)
-    tile_scores(sc.qt + t0 * dq, sc.kt, dq, tiles_of(keys), sc.st);
-    const __m512 inv = tile_softmax(sc.st, keys, c.p0 + t0, scale);
+    tile_scores(qt + t0 * dq, kt, dq, tiles_of(keys), st);
+    const __m512 inv = tile_softmax(st, keys, c.p0 + t0, scale);
     float* out = c.out + t0 * c.out_ld + h * c.dv;
-    dispatch_1_to<kTile>(
-        qn, [&]<int Q>() { tile_pv<Q>(sc.st, keys, sc.vp, c.dv, inv, out, c.out_ld); });
+    dispatch_1_to<kTile>(qn, [&]<int Q>() { tile_pv<Q>(st, keys, vp, c.dv, inv, out, c.out_ld); });
   }
 }
 #endif
@@ -190,7 +185,7 @@ void expanded_avx512(const ExpandedChunk& c, int64_t h, float scale, float* scra
 int64_t expanded_scratch_floats(int64_t dn, int64_t dr, int64_t dv, int64_t m, int64_t ctx) {
   int64_t floats = kExpandedRowBlock * ctx;  // the sgemm form's scores
 #if defined(__AVX512F__)
-  floats = std::max(floats, avx512_scratch_floats(dn + dr, dv, m, ctx));
+  floats = std::max(floats, ScratchLayout(dn + dr, dv, m, ctx).total);
 #endif
   return floats;
 }
