@@ -4,7 +4,9 @@
 //   bench_decode --model DIR [--prompt 512] [--context 512] [--batches 1,4,16,64]
 //                [--steps 5] [--compute-dtype f32|bf16] [--json FILE] [--rounds R]
 //
-// Roofline of a step = max(bytes the step must read / read bandwidth, FLOPs / fp32 peak),
+// Roofline of a step = max(bytes the step must read / read bandwidth, FLOPs / compute peak),
+// the peak being the fp32 FMA loop's, or with --compute-dtype bf16 the faster of that and the
+// vdpbf16ps loop's (compute_peak_gflops),
 // with bandwidth and peak measured again right before and right after each row, the
 // faster of the two used (the run-start figures are printed too; this VM drifts by ±20 %
 // over minutes, and a slow moment during one measurement must not lower a row's limit).
@@ -117,6 +119,7 @@ struct Row {
   double tokens_per_s, step_ms, roofline_ms, bytes_gb, gflop;
   std::string bound;
   MachineLimits limits;  // the faster of those measured right before and after the row
+  double peak_gflops;    // the roofline's compute peak: compute_peak_gflops(limits, dtype)
   int round = 0;
   std::map<std::string, double> phase_ms{};  // --phases: mean ms per step of each phase
 };
@@ -176,9 +179,10 @@ int main(int argc, char** argv) {
   const MachineLimits lim = measure_machine_limits(model.pool());
   std::fprintf(stderr,
                "machine: read %.1f GB/s (plain loop %.1f, with software prefetch %.1f), fp32 "
-               "peak %.1f GFLOP/s (%s FMA loop, %d threads)\n",
+               "peak %.1f GFLOP/s (%s FMA loop, %d threads), bf16 dot-product peak %.1f "
+               "GFLOP/s (vdpbf16ps loop; 0: not built)\n",
                lim.read_gbps, lim.read_plain_gbps, lim.read_prefetch_gbps, lim.f32_gflops,
-               lim.f32_isa, model.pool().num_threads());
+               lim.f32_isa, model.pool().num_threads(), lim.bf16_gflops);
   const StaticCost sc = static_cost(model);
   const int64_t moe_layers = [&] {
     int64_t n = 0;
@@ -237,11 +241,11 @@ int main(int argc, char** argv) {
       model.set_phase_times(nullptr);
       const double t = median(times);
       const MachineLimits lim = faster_of(before, measure_machine_limits(model.pool()));
-      const double roof = std::max(bytes / (lim.read_gbps * 1e9), flops / (lim.f32_gflops * 1e9));
-      rows.push_back(
-          {"prefill", 1, prompt / t, t * 1e3, roof * 1e3, bytes / 1e9, flops / 1e9,
-           bytes / (lim.read_gbps * 1e9) > flops / (lim.f32_gflops * 1e9) ? "memory" : "compute",
-           lim});
+      const double peak = compute_peak_gflops(lim, dtype);
+      const double roof = std::max(bytes / (lim.read_gbps * 1e9), flops / (peak * 1e9));
+      rows.push_back({"prefill", 1, prompt / t, t * 1e3, roof * 1e3, bytes / 1e9, flops / 1e9,
+                      bytes / (lim.read_gbps * 1e9) > flops / (peak * 1e9) ? "memory" : "compute",
+                      lim, peak});
       rows.back().round = round;
       for (const auto& [name, sec] : prefill_phases.seconds)
         rows.back().phase_ms[name] = sec * 1e3 / 2;  // mean over the last two prefills
@@ -296,17 +300,17 @@ int main(int argc, char** argv) {
       }
       model.set_phase_times(nullptr);
       const MachineLimits lim = faster_of(before, measure_machine_limits(model.pool()));
+      const double peak = compute_peak_gflops(lim, dtype);
       for (size_t i = 0; i < times.size(); ++i) {
         rooflines.push_back(
-            std::max(bytes_v[i] / (lim.read_gbps * 1e9), flops_v[i] / (lim.f32_gflops * 1e9)));
+            std::max(bytes_v[i] / (lim.read_gbps * 1e9), flops_v[i] / (peak * 1e9)));
       }
       for (const auto& [name, sec] : step_phases.seconds) phase_sum[name] = sec * 1e3 / steps;
       const double t = median(times), roof = median(rooflines), bytes = median(bytes_v),
                    flops = median(flops_v);
-      rows.push_back(
-          {"decode", batch, batch / t, t * 1e3, roof * 1e3, bytes / 1e9, flops / 1e9,
-           bytes / (lim.read_gbps * 1e9) > flops / (lim.f32_gflops * 1e9) ? "memory" : "compute",
-           lim});
+      rows.push_back({"decode", batch, batch / t, t * 1e3, roof * 1e3, bytes / 1e9, flops / 1e9,
+                      bytes / (lim.read_gbps * 1e9) > flops / (peak * 1e9) ? "memory" : "compute",
+                      lim, peak});
       rows.back().round = round;
       rows.back().phase_ms = phase_sum;
     }
@@ -315,9 +319,11 @@ int main(int argc, char** argv) {
 
   std::printf(
       "\nmodel %s, compute %s, panel kernel %s, OpenBLAS %s, context %lld; machine: read %.1f "
-      "GB/s, fp32 peak %.1f GFLOP/s (%s)\n",
+      "GB/s, fp32 peak %.1f GFLOP/s (%s), bf16 dot-product peak %.1f GFLOP/s; roofline peak: "
+      "%s\n",
       model_dir.c_str(), dtype.c_str(), panel_isa.c_str(), kernels::blas_core_name().c_str(),
-      static_cast<long long>(context), lim.read_gbps, lim.f32_gflops, lim.f32_isa);
+      static_cast<long long>(context), lim.read_gbps, lim.f32_gflops, lim.f32_isa, lim.bf16_gflops,
+      dtype == "bf16" ? "the faster of the two" : "fp32");
   std::printf("%-8s %6s %12s %10s %12s %9s %9s %9s %8s %8s %8s\n", "phase", "batch", "tokens/s",
               "step ms", "roofline ms", "% roof", "GB read", "GFLOP", "bound", "row GB/s",
               "row GF/s");
@@ -327,6 +333,7 @@ int main(int argc, char** argv) {
                   {"read_prefetch_gbps", lim.read_prefetch_gbps},
                   {"f32_gflops", lim.f32_gflops},
                   {"f32_isa", lim.f32_isa},
+                  {"bf16_gflops", lim.bf16_gflops},
                   {"threads", model.pool().num_threads()}};
   j["model"] = model_dir;
   j["compute_dtype"] = dtype;
@@ -337,7 +344,7 @@ int main(int argc, char** argv) {
     std::printf("%-8s %6lld %12.1f %10.2f %12.2f %8.1f%% %9.3f %9.2f %8s %8.1f %8.1f\n",
                 r.what.c_str(), static_cast<long long>(r.batch), r.tokens_per_s, r.step_ms,
                 r.roofline_ms, 100.0 * r.roofline_ms / r.step_ms, r.bytes_gb, r.gflop,
-                r.bound.c_str(), r.limits.read_gbps, r.limits.f32_gflops);
+                r.bound.c_str(), r.limits.read_gbps, r.peak_gflops);
     j["rows"].push_back({{"phase", r.what},
                          {"batch", r.batch},
                          {"tokens_per_s", r.tokens_per_s},
@@ -352,6 +359,8 @@ int main(int argc, char** argv) {
                          {"row_read_plain_gbps", r.limits.read_plain_gbps},
                          {"row_read_prefetch_gbps", r.limits.read_prefetch_gbps},
                          {"row_f32_gflops", r.limits.f32_gflops},
+                         {"row_bf16_gflops", r.limits.bf16_gflops},
+                         {"row_peak_gflops", r.peak_gflops},
                          {"achieved_gflops", r.gflop / (r.step_ms / 1e3)}});
   }
   if (phases) {

@@ -9,7 +9,7 @@ namespace xds {
 namespace {
 
 bool is_panels(const MatrixRef& m) {
-  return m.layout == MatrixLayout::kPanels16 && m.dtype == DType::kBF16;
+  return kernels::is_panel_matrix(m);
 }
 
 }  // namespace

@@ -8,12 +8,15 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <bit>
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
-#include <string_view>
 #include <cstring>
 #include <filesystem>
+#include <optional>
+#include <string_view>
 
 namespace xds {
 namespace {
@@ -263,6 +266,92 @@ std::string repack_key(const TensorView& t, const TensorView* scale, std::string
   return key;
 }
 
+// The F32 block scales `<name>_scale_inv` of the F8_E4M3 tensor t [rows, cols].
+Result<const TensorView*> find_fp8_scales(const Checkpoint& ckpt, const TensorView& t, int64_t rows,
+                                          int64_t cols, int64_t block_rows, int64_t block_cols) {
+  const std::string sname = t.name + "_scale_inv";
+  const TensorView* s = ckpt.find(sname);
+  const int64_t sr = ceil_div(rows, block_rows), sc = ceil_div(cols, block_cols);
+  if (s == nullptr) {
+    return not_found(
+        "{}: tensor '{}' is F8_E4M3 but its block scales '{}' (F32 [{}, {}]) "
+        "are missing",
+        t.file, t.name, sname, sr, sc);
+  }
+  if (s->dtype != DType::kF32 || s->shape.size() != 2 || s->shape[0] != sr || s->shape[1] != sc) {
+    return invalid_argument(
+        "{}: tensor '{}': wrong scales for {}x{} blocks of [{}, {}]: "
+        "expected F32 [{}, {}], found {} {}",
+        s->file, sname, block_rows, block_cols, rows, cols, sr, sc, dtype_name(s->dtype),
+        s->shape_string());
+  }
+  return s;
+}
+
+// Scales may sit at any 4-byte-unaligned offset in the file: copied (small).
+std::vector<float> copy_scales(const TensorView& s) {
+  std::vector<float> scales(static_cast<size_t>(s.nbytes / 4));
+  std::memcpy(scales.data(), s.data, scales.size() * 4);
+  return scales;
+}
+
+bool is_power_of_two(int64_t v) {
+  return v > 0 && (v & (v - 1)) == 0;
+}
+
+// An F8_E4M3 linear weight as FP8 panels (MatrixLayout::kPanels16, tensor/matrix.h): one
+// repack file holding the panels, then the per-panel scales from a 64-byte boundary. Empty
+// when its blocks or scales do not suit the panel kernel (block_rows not a multiple of 16,
+// block_cols not a power of two, a scale not in [0, 2^7)): bind_matrix's F32 then.
+// An element 0x7f or 0xff (NaN in E4M3, which has no infinities) is refused, naming where.
+Result<std::optional<MatrixRef>> bind_fp8_panels(const Checkpoint& ckpt, const TensorView& t,
+                                                 int64_t rows, int64_t cols, RepackCache& cache,
+                                                 int64_t block_rows, int64_t block_cols) {
+  XDS_RETURN_IF_ERROR(check_shape_2d(t, rows, cols));
+  XDS_ASSIGN_OR_RETURN(const TensorView* s,
+                       find_fp8_scales(ckpt, t, rows, cols, block_rows, block_cols));
+  const std::vector<float> scale_inv = copy_scales(*s);
+  if (block_rows % kPanelRows != 0 || !is_power_of_two(block_cols) ||
+      !kernels::fp8_panel_scales_fit(scale_inv.data(), static_cast<int64_t>(scale_inv.size()))) {
+    return std::optional<MatrixRef>();
+  }
+  MatrixRef m{DType::kF8E4M3, nullptr, rows, cols, MatrixLayout::kPanels16};
+  m.scale_shift = std::countr_zero(static_cast<uint64_t>(block_cols));
+  const int64_t panel_bytes = (m.bytes() + 63) / 64 * 64;
+  const int64_t scale_count = m.panels() * m.scale_blocks();
+  const auto* q = reinterpret_cast<const uint8_t*>(t.data);
+  XDS_ASSIGN_OR_RETURN(
+      const std::byte* p,
+      cache.get_or_create(
+          repack_key(t, s, "F8-panels16", block_rows, block_cols),
+          static_cast<size_t>(panel_bytes + scale_count * 4), [&](std::byte* out) -> Status {
+            std::atomic<int64_t> nan_at{-1};
+            for_range(cache.pool(), m.panels(), [&](int64_t b, int64_t e) {
+              const int64_t end = std::min(rows * cols, e * kPanelRows * cols);
+              for (int64_t i = b * kPanelRows * cols; i < end; ++i) {
+                if ((q[i] & 0x7f) == 0x7f) {
+                  int64_t none = -1;
+                  nan_at.compare_exchange_strong(none, i);
+                  return;
+                }
+              }
+              kernels::pack_panels16_fp8(q, rows, cols, b, e, reinterpret_cast<uint8_t*>(out));
+            });
+            if (const int64_t i = nan_at.load(); i >= 0) {
+              return invalid_argument(
+                  "{}: tensor '{}': element [{}, {}] is 0x{:02x}, a NaN in F8_E4M3", t.file, t.name,
+                  i / cols, i % cols, q[i]);
+            }
+            kernels::pack_fp8_panel_scales(scale_inv.data(), rows, cols, block_rows, block_cols,
+                                           reinterpret_cast<float*>(out + panel_bytes));
+            return {};
+          }));
+  m.data = p;
+  m.scales = reinterpret_cast<const float*>(p + panel_bytes);
+  cache.note_bound(ckpt, t.nbytes + s->nbytes);
+  return std::optional<MatrixRef>(m);
+}
+
 }  // namespace
 
 Result<MatrixRef> bind_matrix(const Checkpoint& ckpt, const std::string& name, int64_t rows,
@@ -317,26 +406,9 @@ Result<MatrixRef> bind_matrix(const Checkpoint& ckpt, const std::string& name, i
       return m;
     }
     case DType::kF8E4M3: {
-      const std::string sname = name + "_scale_inv";
-      const TensorView* s = ckpt.find(sname);
-      const int64_t sr = ceil_div(rows, block_rows), sc = ceil_div(cols, block_cols);
-      if (s == nullptr) {
-        return not_found(
-            "{}: tensor '{}' is F8_E4M3 but its block scales '{}' (F32 [{}, {}]) "
-            "are missing",
-            t->file, name, sname, sr, sc);
-      }
-      if (s->dtype != DType::kF32 || s->shape.size() != 2 || s->shape[0] != sr ||
-          s->shape[1] != sc) {
-        return invalid_argument(
-            "{}: tensor '{}': wrong scales for {}x{} blocks of [{}, {}]: "
-            "expected F32 [{}, {}], found {} {}",
-            s->file, sname, block_rows, block_cols, rows, cols, sr, sc, dtype_name(s->dtype),
-            s->shape_string());
-      }
-      // Scales may sit at any 4-byte-unaligned offset in the file: copy them (small).
-      std::vector<float> scales(static_cast<size_t>(sr * sc));
-      std::memcpy(scales.data(), s->data, scales.size() * 4);
+      XDS_ASSIGN_OR_RETURN(const TensorView* s,
+                           find_fp8_scales(ckpt, *t, rows, cols, block_rows, block_cols));
+      const std::vector<float> scales = copy_scales(*s);
       const auto* q = reinterpret_cast<const uint8_t*>(t->data);
       XDS_ASSIGN_OR_RETURN(
           const std::byte* p,
@@ -365,6 +437,12 @@ Result<MatrixRef> bind_matrix(const Checkpoint& ckpt, const std::string& name, i
 Result<MatrixRef> bind_linear(const Checkpoint& ckpt, const std::string& name, int64_t rows,
                               int64_t cols, RepackCache& cache, int64_t block_rows,
                               int64_t block_cols) {
+  if (const TensorView* t = ckpt.find(name);
+      t != nullptr && t->dtype == DType::kF8E4M3 && bf16_panels_from_env()) {
+    XDS_ASSIGN_OR_RETURN(std::optional<MatrixRef> fp8,
+                         bind_fp8_panels(ckpt, *t, rows, cols, cache, block_rows, block_cols));
+    if (fp8) return *fp8;
+  }
   XDS_ASSIGN_OR_RETURN(MatrixRef m,
                        bind_matrix(ckpt, name, rows, cols, cache, block_rows, block_cols));
   if (m.dtype != DType::kBF16 || !bf16_panels_from_env()) return m;

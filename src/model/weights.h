@@ -103,14 +103,16 @@ Result<MatrixRef> bind_matrix(const Checkpoint& ckpt, const std::string& name, i
                               int64_t block_cols = 128);
 
 // Environment setting XDS_WEIGHT_LAYOUT: "rows" keeps BF16 linear weights in place in the
-// checkpoint's row-major layout (no repack file: zero extra disk, slower decode kernels);
-// anything else or unset: panels.
+// checkpoint's row-major layout (no repack file: zero extra disk, slower decode kernels)
+// and FP8 ones dequantized to F32 rows; anything else or unset: panels.
 bool bf16_panels_from_env();
 
 // bind_matrix for the weights of linear layers (y = x · Wᵀ only, never sliced by rows):
 // BF16 is repacked once into the kernels' panel layout (MatrixLayout::kPanels16) in the
-// repack cache, shared by every process like the FP8 dequantization (unless
-// XDS_WEIGHT_LAYOUT=rows); other dtypes are bound as bind_matrix does.
+// repack cache, shared by every process (unless XDS_WEIGHT_LAYOUT=rows); F8_E4M3 likewise,
+// as FP8 panels with their block scales (a byte per weight; F32 rows as bind_matrix binds
+// them when the blocks or scales do not suit: see tensor/matrix.h), refusing NaN elements;
+// other dtypes are bound as bind_matrix does.
 Result<MatrixRef> bind_linear(const Checkpoint& ckpt, const std::string& name, int64_t rows,
                               int64_t cols, RepackCache& cache, int64_t block_rows = 128,
                               int64_t block_cols = 128);

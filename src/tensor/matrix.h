@@ -4,17 +4,28 @@
 // the weights of output r. `data` points into a read-only mmap of the checkpoint (BF16/F32
 // used in place) or into a shared repack file (F16/FP8 checkpoints dequantized once to F32).
 //
-// kPanels16 (BF16 only): the linear kernels' layout, written once into the shared repack
-// cache. Rows are grouped in panels of 16 (the last one zero-padded); a panel stores its
-// 16 rows column by column, k-major, 32 bytes per column:
+// kPanels16 (BF16, or F8_E4M3 with block scales): the linear kernels' layout, written once
+// into the shared repack cache. Rows are grouped in panels of 16 (the last one zero-padded);
+// a panel stores its 16 rows column by column, k-major, 16 elements per column:
 //
-//   panel p, column c: uint16 [16] at data + (p * cols + c) * 16, where
+//   panel p, column c: element [16] at data + (p * cols + c) * 16, where
 //     element 2j   = W[16p + j][c]        (j = 0..7: the low half of 32-bit lane j)
 //     element 2j+1 = W[16p + 8 + j][c]    (the high half of lane j)
 //
-// so one 32-byte load yields rows 16p..16p+7 as fp32 by `lane << 16` and rows
+// so one 32-byte BF16 load yields rows 16p..16p+7 as fp32 by `lane << 16` and rows
 // 16p+8..16p+15 by `lane & 0xffff0000`, and a panel is one sequential stream
 // (kernels/cpu/linear_panels.h).
+//
+// F8_E4M3 panels (the published DeepSeek-V3 checkpoints' weights, 1 byte each) carry their
+// block scales per panel: W[r][c] = e4m3(element) · scale_inv[r / block_rows][c / block_cols],
+// with block_rows a multiple of 16 and block_cols a power of two, stored as
+//
+//   scales [panels()][scale_blocks()] fp32: scales[p * scale_blocks() + (c >> scale_shift)]
+//     = scale_inv of panel p's rows at column c, times 2^120
+//
+// (the kernel reads an element's sign, exponent and mantissa into an fp32's bits, which is
+// its value times 2^-120; the product with the stored scale is the dequantized weight,
+// rounded once, as a dequantization to F32 computes it).
 //
 // Not owning; the Checkpoint / repack mapping outlives it.
 #pragma once
@@ -30,11 +41,15 @@ enum class MatrixLayout { kRows, kPanels16 };
 inline constexpr int64_t kPanelRows = 16;
 
 struct MatrixRef {
-  DType dtype = DType::kF32;  // kBF16 or kF32 (kPanels16: kBF16 only)
+  DType dtype = DType::kF32;  // kBF16 or kF32 (kPanels16: kBF16 or kF8E4M3)
   const void* data = nullptr;
   int64_t rows = 0;  // out_features
   int64_t cols = 0;  // in_features
   MatrixLayout layout = MatrixLayout::kRows;
+  const float* scales = nullptr;  // F8_E4M3 panels only: see above
+  int scale_shift = 0;            // log2(block_cols) of those scales
+
+  int64_t scale_blocks() const { return (cols + (int64_t{1} << scale_shift) - 1) >> scale_shift; }
 
   int64_t row_bytes() const { return cols * dtype_size(dtype); }
   int64_t panels() const { return (rows + kPanelRows - 1) / kPanelRows; }
@@ -44,7 +59,9 @@ struct MatrixRef {
   }
   // A view of rows [begin, begin + count); kRows only.
   MatrixRef row_slice(int64_t begin, int64_t count) const {
-    return {dtype, static_cast<const char*>(data) + begin * row_bytes(), count, cols, layout};
+    return {
+        dtype, static_cast<const char*>(data) + begin * row_bytes(), count, cols, layout, nullptr,
+        0};
   }
 };
 

@@ -1,9 +1,15 @@
-// Linear layers over BF16 weights in the kPanels16 layout (tensor/matrix.h):
-// y[t][r] = Σ_c x[t][c] · W[r][c], fp32 accumulation.
+// Linear layers over BF16 or FP8 (F8_E4M3, block scales) weights in the kPanels16 layout
+// (tensor/matrix.h): y[t][r] = Σ_c x[t][c] · W[r][c], fp32 accumulation.
 //
 //   x: [n, cols] fp32, row stride ldx
-//   W: MatrixRef, kPanels16: ceil(rows/16) panels, each [cols][16] bf16 (pairs interleaved)
+//   W: MatrixRef, kPanels16: ceil(rows/16) panels, each [cols][16] bf16 or e4m3 (pairs
+//      interleaved), FP8 with per-panel scales
 //   y: [n, rows] fp32, row stride ldy
+//
+// An FP8 column is widened to fp32 and multiplied by its block's scale (one rounding: the
+// weight a dequantization to F32 gives), then used as a BF16 column is; the sums are the
+// same as over the F32 dequantized matrix, bit for bit. FP8 panels stream a byte per weight
+// where that F32 matrix streams four.
 //
 // The micro-kernel is an outer product: per column c it loads the panel's 16 weights once
 // (one 32-byte load, widened), broadcasts x[t][c] of up to 6 tokens (AVX2; 8 with AVX-512)
@@ -27,6 +33,19 @@ namespace xds::kernels {
 // the last panel are zero.
 void pack_panels16(const uint16_t* w, int64_t rows, int64_t cols, int64_t panel_begin,
                    int64_t panel_end, uint16_t* out);
+// The same for F8_E4M3 bytes (the elements only; the scales: pack_fp8_panel_scales).
+void pack_panels16_fp8(const uint8_t* w, int64_t rows, int64_t cols, int64_t panel_begin,
+                       int64_t panel_end, uint8_t* out);
+// Whether block scales can be stored as FP8 panels' scales (times 2^120 in fp32): each
+// finite and below 2^7 in magnitude.
+bool fp8_panel_scales_fit(const float* scale_inv, int64_t count);
+// FP8 panels' scales (MatrixRef::scales) from scale_inv [ceil(rows / block_rows)]
+// [ceil(cols / block_cols)]: out [panels][ceil(cols / block_cols)]. block_rows a multiple
+// of 16, block_cols a power of two.
+void pack_fp8_panel_scales(const float* scale_inv, int64_t rows, int64_t cols, int64_t block_rows,
+                           int64_t block_cols, float* out);
+// kPanels16 with BF16 elements, or F8_E4M3 ones with scales: what panels_linear takes.
+bool is_panel_matrix(const MatrixRef& w);
 
 // The instruction set of the micro-kernel (panel_tiles.h): AVX-512 where the build targets
 // it (-march=native on a CPU that has it), else AVX2. Both give the same bits; the choice

@@ -1,8 +1,9 @@
-// The micro-kernels of linear_panels.cc (internal to it): T tokens × P adjacent BF16 panels
-// over columns [kb, ke), one tile per instruction set.
+// The micro-kernels of linear_panels.cc (internal to it): T tokens × P adjacent panels
+// over columns [kb, ke), one tile per instruction set and weight format (Bf16Format,
+// Fp8Format below).
 //
 //   x: [T][ldx] fp32; w: panel p at w, panel p + 1 at w + cols · 16 (kPanels16, each column
-//   16 bf16 with rows j and 8 + j paired in one 32-bit word); y: [T][ldy], rows 16P.
+//   16 elements with rows j and 8 + j paired: tensor/matrix.h); y: [T][ldy], rows 16P.
 //
 // acc[t][r] (+)= Σ_{c in [kb, ke)} x[t][c] · w[c][r], the accumulators being y[t][0 .. 16P)
 // (loaded unless `first`, which starts from 0), one fused multiply-add per column in
@@ -32,8 +33,33 @@
 namespace xds::kernels::panel_detail {
 
 inline constexpr int64_t kLineBytes = 64;
-inline constexpr int kWideTileTokens = 12;               // tokens per tile of the wide path (below)
-inline constexpr int64_t kColumnBytes = kPanelRows * 2;  // one panel column: 16 bf16
+inline constexpr int kWideTileTokens = 12;  // tokens per tile of the wide path (below)
+
+// How a panel column of 16 elements becomes 16 fp32 values (widen_column, per ISA below).
+// BF16: exact, `lane << 16` / `lane & 0xffff0000`.
+struct Bf16Format {
+  using Elem = uint16_t;
+  static constexpr int64_t kColumnBytes = kPanelRows * 2;
+  static Bf16Format of(const MatrixRef&, int64_t) { return {}; }
+};
+
+// F8_E4M3 with block scales (tensor/matrix.h): an element's sign and its 7 exponent and
+// mantissa bits placed in an fp32's sign and bits 20-26 are its value times 2^-120 (the
+// exponent biases are 7 and 127; a subnormal lands on an fp32 subnormal), and the stored
+// scale carries the 2^120 back: one rounding, the dequantized weight's. 0x7f/0xff (NaN) are
+// refused when the panels are written.
+struct Fp8Format {
+  using Elem = uint8_t;
+  static constexpr int64_t kColumnBytes = kPanelRows;
+  const float* scales;  // panel p's [blocks], then panel p + 1's
+  int64_t blocks;
+  int shift;
+  static Fp8Format of(const MatrixRef& w, int64_t p) {
+    return {w.scales + p * w.scale_blocks(), w.scale_blocks(), w.scale_shift};
+  }
+  float scale(int64_t c, int panel) const { return scales[panel * blocks + (c >> shift)]; }
+};
+inline constexpr uint32_t kFp8Bits = 0x87F00000u;  // sign, then bits 20-26 (<< 20)
 
 // column(c) for c in [kb, ke), with a prefetch of the line at pf (and at pf +
 // second_panel for P = 2) every G columns, pf stepping on a line each time.
@@ -56,12 +82,35 @@ struct Avx2 {
   static constexpr int kMaxTokensTwoPanels = 3;  // P = 2
 };
 
-template <int T, int P, int G>
-void panel_tile_avx2(const float* x, int64_t ldx, const uint16_t* w, int64_t cols, int64_t kb,
-                     int64_t ke, bool first, float* y, int64_t ldy, const char* pf) {
+// Rows j (lo) and 8 + j (hi) of one panel column as two 8-lane halves.
+__attribute__((always_inline)) inline void widen_column_avx2(const Bf16Format&, const uint16_t* col,
+                                                             int64_t, int, __m256& lo, __m256& hi) {
+  const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(col));
+  lo = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+  hi = _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32(static_cast<int>(0xffff0000u))));
+}
+
+// Lane j holds bytes 2j (row j) and 2j + 1 (row 8 + j); each is moved to bits 24-31 and
+// shifted down 4 with its sign (bits 27-31), then the sign and bits 20-26 are kept.
+__attribute__((always_inline)) inline void widen_column_avx2(const Fp8Format& f, const uint8_t* col,
+                                                             int64_t c, int panel, __m256& lo,
+                                                             __m256& hi) {
+  const __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(col)));
+  const __m256i bits = _mm256_set1_epi32(static_cast<int>(kFp8Bits));
+  const __m256 s = _mm256_set1_ps(f.scale(c, panel));
+  lo = _mm256_mul_ps(s, _mm256_castsi256_ps(_mm256_and_si256(
+                            _mm256_srai_epi32(_mm256_slli_epi32(v, 24), 4), bits)));
+  hi = _mm256_mul_ps(s, _mm256_castsi256_ps(_mm256_and_si256(
+                            _mm256_srai_epi32(_mm256_slli_epi32(v, 16), 4), bits)));
+}
+
+template <int T, int P, int G, class Fmt>
+void panel_tile_avx2(const Fmt& f, const float* x, int64_t ldx, const typename Fmt::Elem* w,
+                     int64_t cols, int64_t kb, int64_t ke, bool first, float* y, int64_t ldy,
+                     const char* pf) {
   static_assert(P == 1 || P == 2);
   __m256 a0[T], a1[T], a2[T], a3[T];
-  const uint16_t* w2 = w + cols * kPanelRows;
+  const typename Fmt::Elem* w2 = w + cols * kPanelRows;
 #pragma GCC unroll 8
   for (int t = 0; t < T; ++t) {
     const float* yt = y + t * ldy;
@@ -72,17 +121,10 @@ void panel_tile_avx2(const float* x, int64_t ldx, const uint16_t* w, int64_t col
       a3[t] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(yt + 24);
     }
   }
-  const __m256i high = _mm256_set1_epi32(static_cast<int>(0xffff0000u));
   auto column = [&](int64_t c) __attribute__((always_inline)) {
-    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + c * kPanelRows));
-    const __m256 lo = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
-    const __m256 hi = _mm256_castsi256_ps(_mm256_and_si256(v, high));
-    __m256 lo2, hi2;
-    if constexpr (P == 2) {
-      const __m256i v2 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w2 + c * kPanelRows));
-      lo2 = _mm256_castsi256_ps(_mm256_slli_epi32(v2, 16));
-      hi2 = _mm256_castsi256_ps(_mm256_and_si256(v2, high));
-    }
+    __m256 lo, hi, lo2, hi2;
+    widen_column_avx2(f, w + c * kPanelRows, c, 0, lo, hi);
+    if constexpr (P == 2) widen_column_avx2(f, w2 + c * kPanelRows, c, 1, lo2, hi2);
 #pragma GCC unroll 8
     for (int t = 0; t < T; ++t) {
       const __m256 xb = _mm256_broadcast_ss(x + t * ldx + c);
@@ -94,7 +136,7 @@ void panel_tile_avx2(const float* x, int64_t ldx, const uint16_t* w, int64_t col
       }
     }
   };
-  walk_columns<P, G>(kb, ke, pf, cols * kColumnBytes, column);
+  walk_columns<P, G>(kb, ke, pf, cols * Fmt::kColumnBytes, column);
 #pragma GCC unroll 8
   for (int t = 0; t < T; ++t) {
     float* yt = y + t * ldy;
@@ -126,10 +168,22 @@ constexpr __mmask16 kAllLanes = 0xffff;
 // One panel column (16 bf16 in pair order) as 16 fp32 lanes. The zero-masking forms with a
 // full mask are the plain instructions; GCC 12's plain intrinsics start from an "undefined"
 // register that -Wmaybe-uninitialized flags.
-__attribute__((always_inline)) inline __m512 widen_column(const uint16_t* col) {
+__attribute__((always_inline)) inline __m512 widen_column(const Bf16Format&, const uint16_t* col,
+                                                          int64_t, int) {
   const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(col));
   return _mm512_castsi512_ps(
       _mm512_maskz_slli_epi32(kAllLanes, _mm512_maskz_cvtepu16_epi32(kAllLanes, v), 16));
+}
+
+// 16 FP8 elements (pair order) sign-extended to 16 lanes, moved up 20 (the sign fills bits
+// 27-31), masked to the sign and bits 20-26, times the column block's scale.
+__attribute__((always_inline)) inline __m512 widen_column(const Fp8Format& f, const uint8_t* col,
+                                                          int64_t c, int panel) {
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(col));
+  const __m512i up =
+      _mm512_maskz_slli_epi32(kAllLanes, _mm512_maskz_cvtepi8_epi32(kAllLanes, v), 20);
+  const __m512i bits = _mm512_and_si512(up, _mm512_set1_epi32(static_cast<int>(kFp8Bits)));
+  return _mm512_mul_ps(_mm512_castsi512_ps(bits), _mm512_set1_ps(f.scale(c, panel)));
 }
 
 // The accumulators of T tokens × P panels from y (rows → pair-order lanes), or zero.
@@ -166,17 +220,18 @@ __attribute__((always_inline)) inline void store_accumulators(const __m512 (&a0)
   }
 }
 
-template <int T, int P, int G>
-void panel_tile_avx512(const float* x, int64_t ldx, const uint16_t* w, int64_t cols, int64_t kb,
-                       int64_t ke, bool first, float* y, int64_t ldy, const char* pf) {
+template <int T, int P, int G, class Fmt>
+void panel_tile_avx512(const Fmt& f, const float* x, int64_t ldx, const typename Fmt::Elem* w,
+                       int64_t cols, int64_t kb, int64_t ke, bool first, float* y, int64_t ldy,
+                       const char* pf) {
   static_assert(P == 1 || P == 2);
   __m512 a0[T], a1[T];
   load_accumulators<T, P>(a0, a1, y, ldy, first);
-  const uint16_t* w2 = w + cols * kPanelRows;
+  const typename Fmt::Elem* w2 = w + cols * kPanelRows;
   auto column = [&](int64_t c) __attribute__((always_inline)) {
-    const __m512 v = widen_column(w + c * kPanelRows);
+    const __m512 v = widen_column(f, w + c * kPanelRows, c, 0);
     __m512 v2;
-    if constexpr (P == 2) v2 = widen_column(w2 + c * kPanelRows);
+    if constexpr (P == 2) v2 = widen_column(f, w2 + c * kPanelRows, c, 1);
 #pragma GCC unroll 8
     for (int t = 0; t < T; ++t) {
       const __m512 xb = _mm512_set1_ps(x[t * ldx + c]);
@@ -184,7 +239,7 @@ void panel_tile_avx512(const float* x, int64_t ldx, const uint16_t* w, int64_t c
       if constexpr (P == 2) a1[t] = _mm512_fmadd_ps(xb, v2, a1[t]);
     }
   };
-  walk_columns<P, G>(kb, ke, pf, cols * kColumnBytes, column);
+  walk_columns<P, G>(kb, ke, pf, cols * Fmt::kColumnBytes, column);
   store_accumulators<T, P>(a0, a1, y, ldy);
 }
 
@@ -212,22 +267,23 @@ struct Avx512Wide {
 // to the same L1 set and evict the widened weights. Every G columns a line of the weights'
 // next block is prefetched, at pf (and pf + second_panel for P = 2), as the narrow tile
 // does.
-template <int T, int P, int G, bool Widen>
-void wide_tile_avx512(const float* xp, const uint16_t* w, int64_t cols, float* ws, int64_t kb,
-                      int64_t ke, bool first, float* y, int64_t ldy, const char* pf) {
+template <int T, int P, int G, bool Widen, class Fmt>
+void wide_tile_avx512(const Fmt& f, const float* xp, const typename Fmt::Elem* w, int64_t cols,
+                      float* ws, int64_t kb, int64_t ke, bool first, float* y, int64_t ldy,
+                      const char* pf) {
   static_assert(P == 1 || P == 2);
   __m512 a0[T], a1[T];
   load_accumulators<T, P>(a0, a1, y, ldy, first);
   float* wc = ws - kb * P * kPanelRows;
-  const uint16_t* w2 = w + cols * kPanelRows;
+  const typename Fmt::Elem* w2 = w + cols * kPanelRows;
   auto column = [&](int64_t c) __attribute__((always_inline)) {
     float* wcol = wc + c * P * kPanelRows;
     __m512 v, v2;
     if constexpr (Widen) {
-      v = widen_column(w + c * kPanelRows);
+      v = widen_column(f, w + c * kPanelRows, c, 0);
       _mm512_store_ps(wcol, v);
       if constexpr (P == 2) {
-        v2 = widen_column(w2 + c * kPanelRows);
+        v2 = widen_column(f, w2 + c * kPanelRows, c, 1);
         _mm512_store_ps(wcol + kPanelRows, v2);
       }
     } else {
@@ -241,7 +297,7 @@ void wide_tile_avx512(const float* xp, const uint16_t* w, int64_t cols, float* w
       if constexpr (P == 2) a1[t] = _mm512_fmadd_ps(xb, v2, a1[t]);
     }
   };
-  walk_columns<P, G>(kb, ke, pf, cols * kColumnBytes, column);
+  walk_columns<P, G>(kb, ke, pf, cols * Fmt::kColumnBytes, column);
   store_accumulators<T, P>(a0, a1, y, ldy);
 }
 #else
@@ -249,28 +305,29 @@ inline constexpr bool kHaveAvx512 = false;
 #endif
 
 // One tile of tb tokens (1 ≤ tb ≤ Isa's limit for P) on the instruction set Isa.
-template <class Isa, int P, int G>
-void tile(int tb, const float* x, int64_t ldx, const uint16_t* w, int64_t cols, int64_t kb,
-          int64_t ke, bool first, float* y, int64_t ldy, const char* pf) {
+template <class Isa, int P, int G, class Fmt>
+void tile(const Fmt& f, int tb, const float* x, int64_t ldx, const typename Fmt::Elem* w,
+          int64_t cols, int64_t kb, int64_t ke, bool first, float* y, int64_t ldy, const char* pf) {
   constexpr int kMax = P == 1 ? Isa::kMaxTokens : Isa::kMaxTokensTwoPanels;
   const bool ran = dispatch_1_to<kMax>(tb, [&]<int T>() {
 #if defined(__AVX512F__)
     if constexpr (std::is_same_v<Isa, Avx512>)
-      panel_tile_avx512<T, P, G>(x, ldx, w, cols, kb, ke, first, y, ldy, pf);
+      panel_tile_avx512<T, P, G>(f, x, ldx, w, cols, kb, ke, first, y, ldy, pf);
 #endif
     if constexpr (std::is_same_v<Isa, Avx2>)
-      panel_tile_avx2<T, P, G>(x, ldx, w, cols, kb, ke, first, y, ldy, pf);
+      panel_tile_avx2<T, P, G>(f, x, ldx, w, cols, kb, ke, first, y, ldy, pf);
   });
   XDS_CHECK(ran, "panel tile: {} tokens for {} panels", tb, P);
 }
 
 #if defined(__AVX512F__)
 // One wide tile of tb tokens (1 ≤ tb ≤ Avx512Wide::kMaxTokens).
-template <int P, int G, bool Widen>
-void wide_tile(int tb, const float* xp, const uint16_t* w, int64_t cols, float* ws, int64_t kb,
-               int64_t ke, bool first, float* y, int64_t ldy, const char* pf) {
+template <int P, int G, bool Widen, class Fmt>
+void wide_tile(const Fmt& f, int tb, const float* xp, const typename Fmt::Elem* w, int64_t cols,
+               float* ws, int64_t kb, int64_t ke, bool first, float* y, int64_t ldy,
+               const char* pf) {
   const bool ran = dispatch_1_to<Avx512Wide::kMaxTokens>(tb, [&]<int T>() {
-    wide_tile_avx512<T, P, G, Widen>(xp, w, cols, ws, kb, ke, first, y, ldy, pf);
+    wide_tile_avx512<T, P, G, Widen>(f, xp, w, cols, ws, kb, ke, first, y, ldy, pf);
   });
   XDS_CHECK(ran, "wide panel tile: {} tokens", tb);
 }

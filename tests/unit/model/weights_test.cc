@@ -11,6 +11,7 @@
 #include <cstring>
 #include <fstream>
 
+#include "kernels/cpu/linear.h"
 #include "test_files.h"
 
 namespace xds {
@@ -180,6 +181,101 @@ TEST_F(Weights, Bf16AndF32InPlace) {
   auto missing = bind_matrix(ck, "c", 1, 2, cache);
   ASSERT_FALSE(missing.ok());
   EXPECT_CONTAINS(missing.status().message(), "missing tensor 'c' (expected shape [1, 2])");
+}
+
+// An FP8 linear weight (published 128x128 blocks, partial edge blocks) binds as FP8 panels
+// (a byte per weight) whose products are, bit for bit, the plain ascending-column FMA sums
+// over the F32 dequantization that bind_matrix gives (itself checked against the definition
+// above); the second loader reuses the file; XDS_WEIGHT_LAYOUT=rows keeps F32 rows.
+TEST_F(Weights, Fp8LinearBindsAsFp8PanelsWithTheDequantizedSums) {
+  const int64_t rows = 130, cols = 131, n = 3;
+  std::vector<uint8_t> q(rows * cols);
+  for (int64_t i = 0; i < rows * cols; ++i)
+    q[i] = static_cast<uint8_t>((i * 37) % 126 | (i % 3 ? 0 : 0x80));
+  const std::vector<float> s = {0.0123f, 2.5f, 1e-3f, 0.75f};
+  const std::string header =
+      "{\"w\":{\"dtype\":\"F8_E4M3\",\"shape\":[130,131],\"data_offsets\":[0," +
+      std::to_string(rows * cols) +
+      "]},\"w_scale_inv\":{\"dtype\":\"F32\",\"shape\":[2,2],\"data_offsets\":[" +
+      std::to_string(rows * cols) + "," + std::to_string(rows * cols + 16) + "]}}";
+  write("model.safetensors", safetensors_bytes(header, le_bytes(q) + le_bytes(s)));
+  ThreadPool pool(2);
+  std::vector<float> x(n * cols);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = std::sin(0.37f * static_cast<float>(i));
+  for (int loader = 0; loader < 2; ++loader) {
+    Checkpoint ck = open();
+    RepackCache cache(opts());
+    auto w = bind_linear(ck, "w", rows, cols, cache);
+    ASSERT_TRUE(w.ok()) << w.status().to_string();
+    EXPECT_EQ(w->layout, MatrixLayout::kPanels16);
+    EXPECT_EQ(w->dtype, DType::kF8E4M3);
+    EXPECT_EQ(w->bytes(), 9 * 16 * cols);  // a byte per weight, 9 panels
+    EXPECT_EQ(cache.stats().files_written, loader == 0 ? 1 : 0);
+    auto f32 = bind_matrix(ck, "w", rows, cols, cache);
+    ASSERT_TRUE(f32.ok()) << f32.status().to_string();
+    const float* wf = static_cast<const float*>(f32->data);
+    std::vector<float> y(n * rows, NAN);
+    kernels::linear_f32(x.data(), n, cols, *w, y.data(), rows, pool);
+    for (int64_t t = 0; t < n; ++t) {
+      for (int64_t r = 0; r < rows; ++r) {
+        float want = 0.0f;
+        for (int64_t c = 0; c < cols; ++c) want = std::fma(x[t * cols + c], wf[r * cols + c], want);
+        ASSERT_EQ(y[t * rows + r], want) << "t=" << t << " r=" << r;
+      }
+    }
+  }
+  ::setenv("XDS_WEIGHT_LAYOUT", "rows", 1);
+  Checkpoint ck = open();
+  RepackCache cache(opts());
+  auto w = bind_linear(ck, "w", rows, cols, cache);
+  ::unsetenv("XDS_WEIGHT_LAYOUT");
+  ASSERT_TRUE(w.ok()) << w.status().to_string();
+  EXPECT_EQ(w->layout, MatrixLayout::kRows);
+  EXPECT_EQ(w->dtype, DType::kF32);
+}
+
+// E4M3 has no infinities; 0x7f and 0xff are NaN. A linear weight holding one is refused
+// with the tensor and the element named, and no repack file is left behind.
+TEST_F(Weights, Fp8NanElementIsRefusedNamingIt) {
+  std::vector<uint8_t> q(20 * 5, 0x38);
+  q[7 * 5 + 3] = 0xff;
+  write(
+      "model.safetensors",
+      safetensors_bytes(R"({"w":{"dtype":"F8_E4M3","shape":[20,5],"data_offsets":[0,100]},)"
+                        R"("w_scale_inv":{"dtype":"F32","shape":[1,1],"data_offsets":[100,104]}})",
+                        le_bytes(q) + le_bytes<float>({0.5f})));
+  Checkpoint ck = open();
+  RepackCache cache(opts());
+  auto w = bind_linear(ck, "w", 20, 5, cache);
+  ASSERT_FALSE(w.ok());
+  EXPECT_EQ(w.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_CONTAINS(w.status().message(), "'w'");
+  EXPECT_CONTAINS(w.status().message(), "[7, 3]");
+  EXPECT_CONTAINS(w.status().message(), "NaN");
+  EXPECT_TRUE(cache_files().empty());
+}
+
+// Blocks the panel kernel cannot use (rows not a multiple of 16) or a scale of 2^7 or more
+// keep the F32 dequantization.
+TEST_F(Weights, Fp8LinearWithUnsuitedBlocksOrScalesStaysF32Rows) {
+  std::vector<uint8_t> q(20 * 5, 0x38);
+  write("model.safetensors",
+        safetensors_bytes(
+            R"({"w":{"dtype":"F8_E4M3","shape":[20,5],"data_offsets":[0,100]},)"
+            R"("w_scale_inv":{"dtype":"F32","shape":[1,1],"data_offsets":[100,104]},)"
+            R"("v":{"dtype":"F8_E4M3","shape":[20,5],"data_offsets":[104,204]},)"
+            R"("v_scale_inv":{"dtype":"F32","shape":[2,1],"data_offsets":[204,212]}})",
+            le_bytes(q) + le_bytes<float>({300.0f}) + le_bytes(q) + le_bytes<float>({1.0f, 2.0f})));
+  Checkpoint ck = open();
+  RepackCache cache(opts());
+  auto w = bind_linear(ck, "w", 20, 5, cache);  // scale 300 >= 2^7
+  ASSERT_TRUE(w.ok()) << w.status().to_string();
+  EXPECT_EQ(w->layout, MatrixLayout::kRows);
+  EXPECT_EQ(static_cast<const float*>(w->data)[0], 300.0f);
+  auto v = bind_linear(ck, "v", 20, 5, cache, 10, 8);  // 10-row blocks
+  ASSERT_TRUE(v.ok()) << v.status().to_string();
+  EXPECT_EQ(v->layout, MatrixLayout::kRows);
+  EXPECT_EQ(static_cast<const float*>(v->data)[19 * 5], 2.0f);
 }
 
 TEST_F(Weights, Bf16LinearIsPackedIntoPanelsOnceAndShared) {

@@ -1,0 +1,239 @@
+// The drivers of the panel linear layers (internal to linear_panels*.cc): token blocking,
+// k blocks, prefetch shares and the wide path over the micro-kernels of panel_tiles.h, as
+// templates on the weights' format. linear_panels.cc instantiates them for BF16 panels,
+// linear_panels_fp8.cc for FP8 ones (apart: each set is dozens of tile instantiations).
+#pragma once
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstring>
+#include <type_traits>
+#include <vector>
+
+#include "base/check.h"
+#include "kernels/cpu/linear_panels.h"
+#include "kernels/cpu/panel_tiles.h"
+
+namespace xds::kernels::panel_detail {
+
+constexpr int64_t kKBlock = 512;  // columns per pass when several token blocks share a panel:
+                                  // 16 KB of panel + 6 × 2 KB of x stay in L1 (AVX2)
+// Software prefetch distance along a panel for a single pass (4 KB ahead, a line per 64
+// bytes of columns; it runs on into the next panel, which is what is read next). A cold
+// two-thread A/B of 64-256 BF16 columns against none gave +10-25 % at 1, 3 and 6 tokens
+// (docs/design/cpu_kernels.md).
+template <class Fmt>
+inline constexpr int64_t kPrefetchCols = 4096 / Fmt::kColumnBytes;
+
+template <class Fmt>
+inline const typename Fmt::Elem* panel_ptr(const MatrixRef& w, int64_t p) {
+  return static_cast<const typename Fmt::Elem*>(w.data) + p * w.cols * kPanelRows;
+}
+
+// All n tokens against panels [p, p + P), accumulating into acc [n][16P] (row stride ldacc).
+//
+// Up to Isa::kMaxTokens tokens: one pass straight through the panel, prefetching kPrefetchCols
+// columns ahead. More: the panel is walked in k blocks of kKBlock columns, each read by
+// ceil(n / Isa::kMaxTokens) passes of balanced token blocks (7 tokens as 4 + 3, not 6 + 1).
+// Only the first pass of a block reads it from memory, the others find it in L1, so the
+// next block's lines are prefetched in equal shares by all the block's passes: the memory
+// stream keeps flowing while the later passes compute. (Prefetching from the first pass
+// only left memory idle during the others: at batch 64 the experts' time was close to
+// their compute time plus their memory time.)
+template <class Isa, int P, class Fmt>
+void panel_group(const float* x, int64_t n, int64_t ldx, const MatrixRef& w, int64_t p, float* acc,
+                 int64_t ldacc) {
+  const int64_t cols = w.cols;
+  const auto* wp = panel_ptr<Fmt>(w, p);
+  const Fmt f = Fmt::of(w, p);
+  constexpr int64_t kColumnBytes = Fmt::kColumnBytes, kAhead = kPrefetchCols<Fmt>;
+  if (n <= (P == 1 ? Isa::kMaxTokens : Isa::kMaxTokensTwoPanels)) {
+    constexpr int kG = kLineBytes / kColumnBytes;  // columns per line
+    const int tb = static_cast<int>(n);
+    const char* ahead = reinterpret_cast<const char*>(wp + kAhead * kPanelRows);
+    if (P == 1 || cols <= kAhead) {  // one panel's prefetch runs on into the next one
+      tile<Isa, P, kG>(f, tb, x, ldx, wp, cols, 0, cols, true, acc, ldacc, ahead);
+      return;
+    }
+    // Two panels: while their last kPrefetchCols columns run, the prefetches go to the starts
+    // of the next two panels (panel p's would run on into p + 1, which the second stream
+    // has read by then, and p + 3's start would come unprefetched).
+    const int64_t tail = cols - kAhead;
+    tile<Isa, P, kG>(f, tb, x, ldx, wp, cols, 0, tail, true, acc, ldacc, ahead);
+    tile<Isa, P, kG>(f, tb, x, ldx, wp, cols, tail, cols, false, acc, ldacc,
+                     reinterpret_cast<const char*>(panel_ptr<Fmt>(w, p + 2)));
+    return;
+  }
+  if constexpr (P == 1) {
+    const int64_t passes = (n + Isa::kMaxTokens - 1) / Isa::kMaxTokens;
+    for (int64_t kb = 0; kb < cols; kb += kKBlock) {
+      const int64_t ke = std::min(cols, kb + kKBlock);
+      // The next block starts right after this one (in the next panel after the last block).
+      const char* next_block = reinterpret_cast<const char*>(wp + ke * kPanelRows);
+      const int64_t lines = ((ke - kb) * kColumnBytes + kLineBytes - 1) / kLineBytes;
+      const int64_t share = (lines + passes - 1) / passes;  // lines per pass
+      // The widest spacing that still covers the share (at worst a line a pass too many,
+      // which the next pass prefetches again).
+      const int64_t room = (ke - kb) / share;
+      int64_t t = 0;
+      for (int64_t i = 0; i < passes; ++i) {
+        const int tb = static_cast<int>((n - t + passes - i - 1) / (passes - i));
+        const char* pf = next_block + i * share * kLineBytes;
+        float* a = acc + t * ldacc;
+        const float* xt = x + t * ldx;
+        if (room >= 8) {
+          tile<Isa, P, 8>(f, tb, xt, ldx, wp, cols, kb, ke, kb == 0, a, ldacc, pf);
+        } else if (room >= 4) {
+          tile<Isa, P, 4>(f, tb, xt, ldx, wp, cols, kb, ke, kb == 0, a, ldacc, pf);
+        } else {
+          tile<Isa, P, 2>(f, tb, xt, ldx, wp, cols, kb, ke, kb == 0, a, ldacc, pf);
+        }
+        t += tb;
+      }
+    }
+  } else {
+    XDS_CHECK(false, "panel group: {} tokens on {} panels", n, P);
+  }
+}
+
+// The real rows of the zero-padded last panel p, accumulated aside in tail [n][16], to y.
+inline void copy_padded_panel(const float* tail, int64_t n, const MatrixRef& w, int64_t p, float* y,
+                              int64_t ldy) {
+  const int64_t real = w.rows - p * kPanelRows;
+  for (int64_t t = 0; t < n; ++t)
+    std::memcpy(y + t * ldy + p * kPanelRows, tail + t * kPanelRows,
+                sizeof(float) * static_cast<size_t>(real));
+}
+
+// The wide path's token tiles: ceil(n / 12) of balanced sizes (26 = 9 + 9 + 8); tile i
+// holds tokens [first(i), first(i + 1)) and is packed at xp + first(i) * cols.
+struct TokenTiles {
+  int64_t n;
+  int64_t count() const { return (n + kWideTileTokens - 1) / kWideTileTokens; }
+  int64_t first(int64_t i) const { return i * n / count(); }
+  int size(int64_t i) const { return static_cast<int>(first(i + 1) - first(i)); }
+};
+
+// Tokens and rows from which the AVX-512 kernel widens each weight block once for all the
+// token tiles (panel_tiles.h, wide path) instead of once per tile.
+constexpr int64_t kWideMinTokens = 16;
+constexpr int64_t kWideMinRows = 256;
+
+#if defined(__AVX512F__)
+constexpr int64_t kWideKBlock = 256;  // columns per widened block: 2 panels = 32 KB fp32 (L1)
+// Tokens per block of the wide path: their packed rows (~768 KB) stay in L2 while the block
+// runs over all the call's panels, so each x element is read from L2 once per panel pair;
+// but at least 8 tiles, so that a widened block serves 96 tokens (at 6144 columns 768 KB
+// were 2 tiles, and the widening cost a fifth of the tiles' time; with 8 the packed rows
+// spill to L3, which streams them fast enough: one-thread 256 x 6144, 96 tokens, 109 ->
+// 125 GFLOP/s).
+constexpr int64_t kWideXBytes = 768 * 1024;
+constexpr int64_t kWideMinTilesPerBlock = 8;
+
+// Panels [p, p + P) for the tiles [i0, i1) (xp, acc: the whole call's).
+template <int P, class Fmt>
+void wide_panels(const float* xp, const TokenTiles& tiles, int64_t i0, int64_t i1,
+                 const MatrixRef& w, int64_t p, float* acc, int64_t ldacc, float* ws) {
+  const int64_t cols = w.cols;
+  const auto* wp = panel_ptr<Fmt>(w, p);
+  const Fmt f = Fmt::of(w, p);
+  constexpr int64_t kColumnBytes = Fmt::kColumnBytes;
+  for (int64_t kb = 0; kb < cols; kb += kWideKBlock) {
+    const int64_t ke = std::min(cols, kb + kWideKBlock);
+    // While the tiles run, the next block's lines (of each panel; after the last block the
+    // next P panels' first) are prefetched in equal shares, as panel_group does: a line
+    // every 4 columns, 64 lines per panel and tile, enough for a share from 2 tiles on (a
+    // lone tile leaves half the block to the hardware prefetcher; with 8 tiles, up to 3 in 4
+    // prefetches find their line already on its way, which costs an instruction each). One
+    // spacing, not 8 or 4 by the share: each spacing is 24 more tile instantiations, and
+    // this file took 150 s to compile under ASan.
+    const char* next = ke < cols ? reinterpret_cast<const char*>(wp + ke * kPanelRows)
+                                 : reinterpret_cast<const char*>(panel_ptr<Fmt>(w, p + P));
+    const int64_t next_cols = ke < cols ? std::min(kWideKBlock, cols - ke) : kWideKBlock;
+    const int64_t lines = (next_cols * kColumnBytes + kLineBytes - 1) / kLineBytes;
+    const int64_t share = (lines + (i1 - i0) - 1) / (i1 - i0);
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t t = tiles.first(i);
+      const int tb = tiles.size(i);
+      const float* x = xp + t * cols;
+      float* a = acc + t * ldacc;
+      const char* pf = next + (i - i0) * share * kLineBytes;
+      const bool first = kb == 0;
+      if (i == i0) {  // widens the block into ws as it goes
+        wide_tile<P, 4, true>(f, tb, x, wp, cols, ws, kb, ke, first, a, ldacc, pf);
+      } else {
+        wide_tile<P, 4, false>(f, tb, x, wp, cols, ws, kb, ke, first, a, ldacc, pf);
+      }
+    }
+  }
+}
+
+// Panels [p_begin, p_end) for all packed tokens, in blocks of tiles; a zero-padded last
+// panel accumulates aside and only its real rows are copied to y.
+template <class Fmt>
+void wide_linear(const float* xp, int64_t n, const MatrixRef& w, int64_t p_begin, int64_t p_end,
+                 float* y, int64_t ldy) {
+  alignas(64) thread_local float ws[kWideKBlock * 2 * kPanelRows];
+  thread_local std::vector<float> tail;
+  const int64_t full_end = std::min(p_end, w.rows / kPanelRows);
+  const TokenTiles tiles{n};
+  const int64_t tile_bytes = kWideTileTokens * w.cols * static_cast<int64_t>(sizeof(float));
+  const int64_t per_block = std::max(kWideMinTilesPerBlock, kWideXBytes / tile_bytes);
+  for (int64_t i0 = 0; i0 < tiles.count(); i0 += per_block) {
+    const int64_t i1 = std::min(tiles.count(), i0 + per_block);
+    int64_t p = p_begin;
+    for (; p + 2 <= full_end; p += 2)
+      wide_panels<2, Fmt>(xp, tiles, i0, i1, w, p, y + p * kPanelRows, ldy, ws);
+    if (p < full_end) {
+      wide_panels<1, Fmt>(xp, tiles, i0, i1, w, p, y + p * kPanelRows, ldy, ws);
+      ++p;
+    }
+    if (p < p_end) {
+      tail.resize(static_cast<size_t>(n * kPanelRows));
+      wide_panels<1, Fmt>(xp, tiles, i0, i1, w, p, tail.data(), kPanelRows, ws);
+    }
+  }
+  if (full_end < p_end) copy_padded_panel(tail.data(), n, w, full_end, y, ldy);
+}
+#endif
+
+template <class Isa, class Fmt>
+void panels_linear_on(const float* x, int64_t n, int64_t ldx, const MatrixRef& w, int64_t p_begin,
+                      int64_t p_end, float* y, int64_t ldy) {
+  const int64_t full_end = std::min(p_end, w.rows / kPanelRows);  // panels with 16 real rows
+  int64_t p = p_begin;
+#if defined(__AVX512F__)
+  if constexpr (std::is_same_v<Isa, Avx512>) {
+    if (wide_path_for(n, w)) {
+      thread_local std::vector<float> xp;
+      xp.resize(static_cast<size_t>(n * w.cols));
+      pack_token_tiles(x, n, ldx, w.cols, 0, token_tile_count(n), xp.data());
+      return wide_linear<Fmt>(xp.data(), n, w, p, p_end, y, ldy);
+    }
+  }
+#endif
+  // Few tokens: two panels per tile (two streams). AVX2, three tokens on two panels against
+  // one: 56.7/57.2/57.7 % vs 53.7/50.6/54.5 % of the batch-16 roofline in three
+  // interleaved pairs (19:03 UTC, 2026-12-02).
+  if (n <= Isa::kMaxTokensTwoPanels) {
+    for (; p + 2 <= full_end; p += 2)
+      panel_group<Isa, 2, Fmt>(x, n, ldx, w, p, y + p * kPanelRows, ldy);
+  }
+  for (; p < full_end; ++p) panel_group<Isa, 1, Fmt>(x, n, ldx, w, p, y + p * kPanelRows, ldy);
+  if (p < p_end) {  // the zero-padded last panel: accumulate aside, copy the real rows
+    thread_local std::vector<float> tail;
+    tail.resize(static_cast<size_t>(n * kPanelRows));
+    panel_group<Isa, 1, Fmt>(x, n, ldx, w, p, tail.data(), kPanelRows);
+    copy_padded_panel(tail.data(), n, w, p, y, ldy);
+  }
+}
+
+// The FP8 instantiations (linear_panels_fp8.cc): panels_linear and the wide path's product
+// for kPanels16 F8_E4M3 weights.
+void panels_linear_fp8(const float* x, int64_t n, int64_t ldx, const MatrixRef& w, int64_t p_begin,
+                       int64_t p_end, float* y, int64_t ldy);
+void wide_linear_fp8(const float* xp, int64_t n, const MatrixRef& w, int64_t p_begin, int64_t p_end,
+                     float* y, int64_t ldy);
+
+}  // namespace xds::kernels::panel_detail
