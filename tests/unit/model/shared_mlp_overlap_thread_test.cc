@@ -149,7 +149,7 @@ TEST(SharedMlpOverlap, OneThreadRunsGateUpThenDownThenIsDone) {
 }
 
 // Row-major or F32 weights cannot run in panel slices.
-TEST(SharedMlpOverlap, OnlyBf16PanelWeightsAreSupported) {
+TEST(SharedMlpOverlap, OnlyPanelWeightsAreSupported) {
   Mlp m = make_mlp(6);
   MlpWeights w = m.refs();
   EXPECT_TRUE(SharedMlpOverlap::supported(w));
