@@ -302,7 +302,8 @@ bool is_power_of_two(int64_t v) {
 // An F8_E4M3 linear weight as FP8 panels (MatrixLayout::kPanels16, tensor/matrix.h): one
 // repack file holding the panels, then the per-panel scales from a 64-byte boundary. Empty
 // when its blocks or scales do not suit the panel kernel (block_rows not a multiple of 16,
-// block_cols not a power of two, a scale not in [0, 2^7)): bind_matrix's F32 then.
+// block_cols not a power of two, a scale not finite or of 2^120 or more): bind_matrix's F32
+// then.
 // An element 0x7f or 0xff (NaN in E4M3, which has no infinities) is refused, naming where.
 Result<std::optional<MatrixRef>> bind_fp8_panels(const Checkpoint& ckpt, const TensorView& t,
                                                  int64_t rows, int64_t cols, RepackCache& cache,

@@ -21,10 +21,10 @@
 // with block_rows a multiple of 16 and block_cols a power of two, stored as
 //
 //   scales [panels()][scale_blocks()] fp32: scales[p * scale_blocks() + (c >> scale_shift)]
-//     = scale_inv of panel p's rows at column c, times 2^120
+//     = scale_inv of panel p's rows at column c, times 2^8
 //
-// (the kernel reads an element's sign, exponent and mantissa into an fp32's bits, which is
-// its value times 2^-120; the product with the stored scale is the dequantized weight,
+// (the kernel reads an element's sign, exponent and mantissa into an fp16's bits, which is
+// its value times 2^-8; the product with the stored scale is the dequantized weight,
 // rounded once, as a dequantization to F32 computes it).
 //
 // Not owning; the Checkpoint / repack mapping outlives it.

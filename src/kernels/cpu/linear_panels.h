@@ -36,8 +36,8 @@ void pack_panels16(const uint16_t* w, int64_t rows, int64_t cols, int64_t panel_
 // The same for F8_E4M3 bytes (the elements only; the scales: pack_fp8_panel_scales).
 void pack_panels16_fp8(const uint8_t* w, int64_t rows, int64_t cols, int64_t panel_begin,
                        int64_t panel_end, uint8_t* out);
-// Whether block scales can be stored as FP8 panels' scales (times 2^120 in fp32): each
-// finite and below 2^7 in magnitude.
+// Whether block scales can be stored as FP8 panels' scales (times 2^8 in fp32): each finite
+// and below 2^120 in magnitude.
 bool fp8_panel_scales_fit(const float* scale_inv, int64_t count);
 // FP8 panels' scales (MatrixRef::scales) from scale_inv [ceil(rows / block_rows)]
 // [ceil(cols / block_cols)]: out [panels][ceil(cols / block_cols)]. block_rows a multiple

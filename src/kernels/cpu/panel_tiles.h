@@ -23,6 +23,7 @@
 
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <type_traits>
 
@@ -41,13 +42,18 @@ struct Bf16Format {
   using Elem = uint16_t;
   static constexpr int64_t kColumnBytes = kPanelRows * 2;
   static Bf16Format of(const MatrixRef&, int64_t) { return {}; }
+  int64_t segment_end(int64_t, int64_t ke) const { return ke; }  // one segment: no scales
+  float scale(int64_t, int) const { return 1.0f; }
 };
 
 // F8_E4M3 with block scales (tensor/matrix.h): an element's sign and its 7 exponent and
-// mantissa bits placed in an fp32's sign and bits 20-26 are its value times 2^-120 (the
-// exponent biases are 7 and 127; a subnormal lands on an fp32 subnormal), and the stored
-// scale carries the 2^120 back: one rounding, the dequantized weight's. 0x7f/0xff (NaN) are
-// refused when the panels are written.
+// mantissa bits placed in an fp16's sign and bits 7-13 are its value times 2^-8 (exponent
+// biases 7 and 15; a subnormal lands on an fp16 subnormal), converted exactly to fp32
+// (vcvtph2ps, a normal fp32 whatever the element), and the stored scale carries the 2^8
+// back: one rounding, the dequantized weight's. (Placing the bits straight into an fp32 made
+// subnormal elements fp32 subnormals, and a multiply with one took a microcode assist:
+// with 1 % of such bytes a column cost 7x.) 0x7f/0xff (NaN) are refused when the panels are
+// written.
 struct Fp8Format {
   using Elem = uint8_t;
   static constexpr int64_t kColumnBytes = kPanelRows;
@@ -58,14 +64,21 @@ struct Fp8Format {
     return {w.scales + p * w.scale_blocks(), w.scale_blocks(), w.scale_shift};
   }
   float scale(int64_t c, int panel) const { return scales[panel * blocks + (c >> shift)]; }
+  // The end of column c's scale block (at most ke): the tiles walk block by block, with
+  // the block's scales in registers.
+  int64_t segment_end(int64_t c, int64_t ke) const {
+    return std::min(ke, ((c >> shift) + 1) << shift);
+  }
 };
-inline constexpr uint32_t kFp8Bits = 0x87F00000u;  // sign, then bits 20-26 (<< 20)
+inline constexpr uint16_t kFp8AsF16Bits = 0xBF80;  // sign, then bits 7-13 (<< 7)
 
 // column(c) for c in [kb, ke), with a prefetch of the line at pf (and at pf +
 // second_panel for P = 2) every G columns, pf stepping on a line each time.
+// Returns pf stepped on.
 template <int P, int G, class Column>
-__attribute__((always_inline)) inline void walk_columns(int64_t kb, int64_t ke, const char* pf,
-                                                        int64_t second_panel, Column& column) {
+__attribute__((always_inline)) inline const char* walk_columns(int64_t kb, int64_t ke,
+                                                               const char* pf, int64_t second_panel,
+                                                               Column& column) {
   int64_t c = kb;
   for (; c + G <= ke; c += G) {
     _mm_prefetch(pf, _MM_HINT_T0);
@@ -75,6 +88,21 @@ __attribute__((always_inline)) inline void walk_columns(int64_t kb, int64_t ke, 
     for (int g = 0; g < G; ++g) column(c + g);
   }
   for (; c < ke; ++c) column(c);
+  return pf;
+}
+
+// walk_columns over the format's segments (FP8: scale blocks; BF16: all of [kb, ke)), with
+// begin(first column) before each: the tile loads the segment's scales there.
+template <int P, int G, class Fmt, class Column, class Begin>
+__attribute__((always_inline)) inline void walk_segments(const Fmt& f, int64_t kb, int64_t ke,
+                                                         const char* pf, int64_t second_panel,
+                                                         Column& column, Begin&& begin) {
+  for (int64_t s = kb; s < ke;) {
+    const int64_t e = f.segment_end(s, ke);
+    begin(s);
+    pf = walk_columns<P, G>(s, e, pf, second_panel, column);
+    s = e;
+  }
 }
 
 struct Avx2 {
@@ -84,24 +112,24 @@ struct Avx2 {
 
 // Rows j (lo) and 8 + j (hi) of one panel column as two 8-lane halves.
 __attribute__((always_inline)) inline void widen_column_avx2(const Bf16Format&, const uint16_t* col,
-                                                             int64_t, int, __m256& lo, __m256& hi) {
+                                                             __m256, __m256& lo, __m256& hi) {
   const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(col));
   lo = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
   hi = _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32(static_cast<int>(0xffff0000u))));
 }
 
-// Lane j holds bytes 2j (row j) and 2j + 1 (row 8 + j); each is moved to bits 24-31 and
-// shifted down 4 with its sign (bits 27-31), then the sign and bits 20-26 are kept.
-__attribute__((always_inline)) inline void widen_column_avx2(const Fp8Format& f, const uint8_t* col,
-                                                             int64_t c, int panel, __m256& lo,
-                                                             __m256& hi) {
-  const __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(col)));
-  const __m256i bits = _mm256_set1_epi32(static_cast<int>(kFp8Bits));
-  const __m256 s = _mm256_set1_ps(f.scale(c, panel));
-  lo = _mm256_mul_ps(s, _mm256_castsi256_ps(_mm256_and_si256(
-                            _mm256_srai_epi32(_mm256_slli_epi32(v, 24), 4), bits)));
-  hi = _mm256_mul_ps(s, _mm256_castsi256_ps(_mm256_and_si256(
-                            _mm256_srai_epi32(_mm256_slli_epi32(v, 16), 4), bits)));
+// The column's bytes in row order (the even ones, rows 0-7, then the odd ones), sign-extended
+// to 16 bits, moved up 7 (the sign fills bits 7-15) and masked to the sign and bits 7-13:
+// rows 0-7 and 8-15 as fp16, each half converted and scaled.
+__attribute__((always_inline)) inline void widen_column_avx2(const Fp8Format&, const uint8_t* col,
+                                                             __m256 s, __m256& lo, __m256& hi) {
+  const __m128i rows =
+      _mm_shuffle_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(col)),
+                       _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15));
+  const __m256i h = _mm256_and_si256(_mm256_slli_epi16(_mm256_cvtepi8_epi16(rows), 7),
+                                     _mm256_set1_epi16(static_cast<int16_t>(kFp8AsF16Bits)));
+  lo = _mm256_mul_ps(s, _mm256_cvtph_ps(_mm256_castsi256_si128(h)));
+  hi = _mm256_mul_ps(s, _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1)));
 }
 
 template <int T, int P, int G, class Fmt>
@@ -121,10 +149,11 @@ void panel_tile_avx2(const Fmt& f, const float* x, int64_t ldx, const typename F
       a3[t] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(yt + 24);
     }
   }
+  __m256 s0 = _mm256_setzero_ps(), s1 = s0;  // the segment's scales (FP8)
   auto column = [&](int64_t c) __attribute__((always_inline)) {
     __m256 lo, hi, lo2, hi2;
-    widen_column_avx2(f, w + c * kPanelRows, c, 0, lo, hi);
-    if constexpr (P == 2) widen_column_avx2(f, w2 + c * kPanelRows, c, 1, lo2, hi2);
+    widen_column_avx2(f, w + c * kPanelRows, s0, lo, hi);
+    if constexpr (P == 2) widen_column_avx2(f, w2 + c * kPanelRows, s1, lo2, hi2);
 #pragma GCC unroll 8
     for (int t = 0; t < T; ++t) {
       const __m256 xb = _mm256_broadcast_ss(x + t * ldx + c);
@@ -136,7 +165,10 @@ void panel_tile_avx2(const Fmt& f, const float* x, int64_t ldx, const typename F
       }
     }
   };
-  walk_columns<P, G>(kb, ke, pf, cols * Fmt::kColumnBytes, column);
+  walk_segments<P, G>(f, kb, ke, pf, cols * Fmt::kColumnBytes, column, [&](int64_t c) {
+    s0 = _mm256_set1_ps(f.scale(c, 0));
+    if constexpr (P == 2) s1 = _mm256_set1_ps(f.scale(c, 1));
+  });
 #pragma GCC unroll 8
   for (int t = 0; t < T; ++t) {
     float* yt = y + t * ldy;
@@ -169,21 +201,21 @@ constexpr __mmask16 kAllLanes = 0xffff;
 // full mask are the plain instructions; GCC 12's plain intrinsics start from an "undefined"
 // register that -Wmaybe-uninitialized flags.
 __attribute__((always_inline)) inline __m512 widen_column(const Bf16Format&, const uint16_t* col,
-                                                          int64_t, int) {
+                                                          __m512) {
   const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(col));
   return _mm512_castsi512_ps(
       _mm512_maskz_slli_epi32(kAllLanes, _mm512_maskz_cvtepu16_epi32(kAllLanes, v), 16));
 }
 
-// 16 FP8 elements (pair order) sign-extended to 16 lanes, moved up 20 (the sign fills bits
-// 27-31), masked to the sign and bits 20-26, times the column block's scale.
-__attribute__((always_inline)) inline __m512 widen_column(const Fp8Format& f, const uint8_t* col,
-                                                          int64_t c, int panel) {
+// 16 FP8 elements (pair order) sign-extended to 16 bits, moved up 7 (the sign fills bits
+// 7-15), masked to the sign and bits 7-13: 16 fp16 in the same order, converted to fp32 and
+// times the column block's scale.
+__attribute__((always_inline)) inline __m512 widen_column(const Fp8Format&, const uint8_t* col,
+                                                          __m512 scale) {
   const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(col));
-  const __m512i up =
-      _mm512_maskz_slli_epi32(kAllLanes, _mm512_maskz_cvtepi8_epi32(kAllLanes, v), 20);
-  const __m512i bits = _mm512_and_si512(up, _mm512_set1_epi32(static_cast<int>(kFp8Bits)));
-  return _mm512_mul_ps(_mm512_castsi512_ps(bits), _mm512_set1_ps(f.scale(c, panel)));
+  const __m256i h = _mm256_and_si256(_mm256_slli_epi16(_mm256_cvtepi8_epi16(v), 7),
+                                     _mm256_set1_epi16(static_cast<int16_t>(kFp8AsF16Bits)));
+  return _mm512_mul_ps(_mm512_maskz_cvtph_ps(kAllLanes, h), scale);
 }
 
 // The accumulators of T tokens × P panels from y (rows → pair-order lanes), or zero.
@@ -228,10 +260,11 @@ void panel_tile_avx512(const Fmt& f, const float* x, int64_t ldx, const typename
   __m512 a0[T], a1[T];
   load_accumulators<T, P>(a0, a1, y, ldy, first);
   const typename Fmt::Elem* w2 = w + cols * kPanelRows;
+  __m512 s0 = _mm512_setzero_ps(), s1 = s0;  // the segment's scales (FP8)
   auto column = [&](int64_t c) __attribute__((always_inline)) {
-    const __m512 v = widen_column(f, w + c * kPanelRows, c, 0);
+    const __m512 v = widen_column(f, w + c * kPanelRows, s0);
     __m512 v2;
-    if constexpr (P == 2) v2 = widen_column(f, w2 + c * kPanelRows, c, 1);
+    if constexpr (P == 2) v2 = widen_column(f, w2 + c * kPanelRows, s1);
 #pragma GCC unroll 8
     for (int t = 0; t < T; ++t) {
       const __m512 xb = _mm512_set1_ps(x[t * ldx + c]);
@@ -239,7 +272,10 @@ void panel_tile_avx512(const Fmt& f, const float* x, int64_t ldx, const typename
       if constexpr (P == 2) a1[t] = _mm512_fmadd_ps(xb, v2, a1[t]);
     }
   };
-  walk_columns<P, G>(kb, ke, pf, cols * Fmt::kColumnBytes, column);
+  walk_segments<P, G>(f, kb, ke, pf, cols * Fmt::kColumnBytes, column, [&](int64_t c) {
+    s0 = _mm512_set1_ps(f.scale(c, 0));
+    if constexpr (P == 2) s1 = _mm512_set1_ps(f.scale(c, 1));
+  });
   store_accumulators<T, P>(a0, a1, y, ldy);
 }
 
@@ -276,14 +312,15 @@ void wide_tile_avx512(const Fmt& f, const float* xp, const typename Fmt::Elem* w
   load_accumulators<T, P>(a0, a1, y, ldy, first);
   float* wc = ws - kb * P * kPanelRows;
   const typename Fmt::Elem* w2 = w + cols * kPanelRows;
+  __m512 s0 = _mm512_setzero_ps(), s1 = s0;  // the segment's scales (FP8, when widening)
   auto column = [&](int64_t c) __attribute__((always_inline)) {
     float* wcol = wc + c * P * kPanelRows;
     __m512 v, v2;
     if constexpr (Widen) {
-      v = widen_column(f, w + c * kPanelRows, c, 0);
+      v = widen_column(f, w + c * kPanelRows, s0);
       _mm512_store_ps(wcol, v);
       if constexpr (P == 2) {
-        v2 = widen_column(f, w2 + c * kPanelRows, c, 1);
+        v2 = widen_column(f, w2 + c * kPanelRows, s1);
         _mm512_store_ps(wcol + kPanelRows, v2);
       }
     } else {
@@ -297,7 +334,12 @@ void wide_tile_avx512(const Fmt& f, const float* xp, const typename Fmt::Elem* w
       if constexpr (P == 2) a1[t] = _mm512_fmadd_ps(xb, v2, a1[t]);
     }
   };
-  walk_columns<P, G>(kb, ke, pf, cols * Fmt::kColumnBytes, column);
+  walk_segments<P, G>(f, kb, ke, pf, cols * Fmt::kColumnBytes, column, [&](int64_t c) {
+    if constexpr (Widen) {
+      s0 = _mm512_set1_ps(f.scale(c, 0));
+      if constexpr (P == 2) s1 = _mm512_set1_ps(f.scale(c, 1));
+    }
+  });
   store_accumulators<T, P>(a0, a1, y, ldy);
 }
 #else

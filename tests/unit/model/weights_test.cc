@@ -255,23 +255,24 @@ TEST_F(Weights, Fp8NanElementIsRefusedNamingIt) {
   EXPECT_TRUE(cache_files().empty());
 }
 
-// Blocks the panel kernel cannot use (rows not a multiple of 16) or a scale of 2^7 or more
+// Blocks the panel kernel cannot use (rows not a multiple of 16) or a scale of 2^120 or more
 // keep the F32 dequantization.
 TEST_F(Weights, Fp8LinearWithUnsuitedBlocksOrScalesStaysF32Rows) {
   std::vector<uint8_t> q(20 * 5, 0x38);
-  write("model.safetensors",
-        safetensors_bytes(
-            R"({"w":{"dtype":"F8_E4M3","shape":[20,5],"data_offsets":[0,100]},)"
-            R"("w_scale_inv":{"dtype":"F32","shape":[1,1],"data_offsets":[100,104]},)"
-            R"("v":{"dtype":"F8_E4M3","shape":[20,5],"data_offsets":[104,204]},)"
-            R"("v_scale_inv":{"dtype":"F32","shape":[2,1],"data_offsets":[204,212]}})",
-            le_bytes(q) + le_bytes<float>({300.0f}) + le_bytes(q) + le_bytes<float>({1.0f, 2.0f})));
+  write(
+      "model.safetensors",
+      safetensors_bytes(
+          R"({"w":{"dtype":"F8_E4M3","shape":[20,5],"data_offsets":[0,100]},)"
+          R"("w_scale_inv":{"dtype":"F32","shape":[1,1],"data_offsets":[100,104]},)"
+          R"("v":{"dtype":"F8_E4M3","shape":[20,5],"data_offsets":[104,204]},)"
+          R"("v_scale_inv":{"dtype":"F32","shape":[2,1],"data_offsets":[204,212]}})",
+          le_bytes(q) + le_bytes<float>({0x1p121f}) + le_bytes(q) + le_bytes<float>({1.0f, 2.0f})));
   Checkpoint ck = open();
   RepackCache cache(opts());
-  auto w = bind_linear(ck, "w", 20, 5, cache);  // scale 300 >= 2^7
+  auto w = bind_linear(ck, "w", 20, 5, cache);  // scale 2^121 >= 2^120
   ASSERT_TRUE(w.ok()) << w.status().to_string();
   EXPECT_EQ(w->layout, MatrixLayout::kRows);
-  EXPECT_EQ(static_cast<const float*>(w->data)[0], 300.0f);
+  EXPECT_EQ(static_cast<const float*>(w->data)[0], 0x1p121f);
   auto v = bind_linear(ck, "v", 20, 5, cache, 10, 8);  // 10-row blocks
   ASSERT_TRUE(v.ok()) << v.status().to_string();
   EXPECT_EQ(v->layout, MatrixLayout::kRows);
