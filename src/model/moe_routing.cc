@@ -23,16 +23,19 @@ GatingParams GatingParams::from_config(const DeepseekV3Config& c) {
 namespace {
 
 constexpr float kExcluded = -std::numeric_limits<float>::infinity();
+constexpr int64_t kMaxExperts = 1024;
 
-// Index of the largest value not yet taken (ties: lowest index).
-int64_t take_max(float* v, int64_t n) {
+// Index of the largest value not yet taken (ties and NaN: the lowest index), marked taken.
+// `taken` rather than a sentinel value: scores that are all -inf or NaN (a hidden state gone
+// non-finite) still give k distinct experts, not an empty set.
+int64_t take_max(const float* v, bool* taken, int64_t n) {
   int64_t best = -1;
   for (int64_t i = 0; i < n; ++i) {
-    if (v[i] == kExcluded) continue;
+    if (taken[i]) continue;
     if (best < 0 || v[i] > v[best]) best = i;
   }
-  XDS_CHECK(best >= 0, "take_max over an empty set");
-  v[best] = kExcluded;
+  XDS_CHECK(best >= 0, "take_max: all {} taken", n);
+  taken[best] = true;
   return best;
 }
 
@@ -42,7 +45,9 @@ void route_token(const GatingParams& p, const float* logits, const float* bias, 
                  float* weights, float* scratch) {
   const int64_t e = p.num_experts;
   float* scores = scratch;      // [e] unbiased
-  float* choice = scratch + e;  // [e] selection scores, excluded = -inf
+  float* choice = scratch + e;  // [e] selection scores
+  XDS_CHECK(e <= kMaxExperts, "route_token: {} experts > {}", e, kMaxExperts);
+  bool taken[kMaxExperts] = {};  // chosen, or in a group that was not kept
   if (p.score == GatingScore::kSigmoid) {
     for (int64_t i = 0; i < e; ++i) scores[i] = 1.0f / (1.0f + std::exp(-logits[i]));
   } else {
@@ -80,16 +85,16 @@ void route_token(const GatingParams& p, const float* logits, const float* bias, 
       }
     }
     bool keep[256] = {};
-    for (int64_t j = 0; j < p.topk_group; ++j) keep[take_max(group_score, p.n_group)] = true;
+    for (int64_t j = 0; j < p.topk_group; ++j) take_max(group_score, keep, p.n_group);
     for (int64_t g = 0; g < p.n_group; ++g) {
       if (keep[g]) continue;
-      for (int64_t i = 0; i < per_group; ++i) choice[g * per_group + i] = kExcluded;
+      for (int64_t i = 0; i < per_group; ++i) taken[g * per_group + i] = true;
     }
   }
 
   float sum = 0.0f;
   for (int64_t j = 0; j < p.top_k; ++j) {
-    const int64_t id = take_max(choice, e);
+    const int64_t id = take_max(choice, taken, e);
     ids[j] = static_cast<int32_t>(id);
     weights[j] = scores[id];
     sum += weights[j];

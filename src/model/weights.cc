@@ -324,7 +324,7 @@ Result<std::optional<MatrixRef>> bind_fp8_panels(const Checkpoint& ckpt, const T
   XDS_ASSIGN_OR_RETURN(
       const std::byte* p,
       cache.get_or_create(
-          repack_key(t, s, "F8-panels16", block_rows, block_cols),
+          repack_key(t, s, "F8-panels16-scales-x2^8", block_rows, block_cols),
           static_cast<size_t>(panel_bytes + scale_count * 4), [&](std::byte* out) -> Status {
             std::atomic<int64_t> nan_at{-1};
             for_range(cache.pool(), m.panels(), [&](int64_t b, int64_t e) {

@@ -74,5 +74,31 @@ TEST(Routing, SoftmaxGreedy) {
   EXPECT_NEAR(w[1], 0.3, 1e-6);
 }
 
+// A hidden state gone non-finite (NaN logits, or NaN through the bias) must still route to
+// k distinct experts of the kept groups, not abort the process: every group score is then
+// -inf (NaN never wins a comparison), and the lowest indices are kept and chosen.
+TEST(Routing, NonFiniteLogitsStillGiveDistinctExperts) {
+  GatingParams p;
+  p.num_experts = 8;
+  p.top_k = 3;
+  p.n_group = 4;
+  p.topk_group = 2;
+  float logits[8], bias[8] = {};
+  for (float& l : logits) l = NAN;
+  int32_t ids[3];
+  float w[3];
+  float scratch[16];
+  route_token(p, logits, bias, ids, w, scratch);
+  // Groups 0 and 1 kept (lowest indices), experts 0, 1, 2 taken in order.
+  EXPECT_EQ(ids[0], 0);
+  EXPECT_EQ(ids[1], 1);
+  EXPECT_EQ(ids[2], 2);
+  for (float& l : logits) l = -INFINITY;  // sigmoid 0 everywhere: ties, lowest index first
+  route_token(p, logits, bias, ids, w, scratch);
+  EXPECT_EQ(ids[0], 0);
+  EXPECT_EQ(ids[1], 1);
+  EXPECT_EQ(ids[2], 2);
+}
+
 }  // namespace
 }  // namespace xds
