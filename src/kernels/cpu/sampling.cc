@@ -16,17 +16,20 @@ double sampling_uniform(uint64_t seed, int64_t position) {
 
 int32_t sample_token(const float* logits, int64_t valid_vocab, const SamplingParams& p, double u,
                      std::vector<std::pair<float, int32_t>>& scratch) {
+  // NaN ranks below every number (as -inf): the orderings below stay strict weak orderings
+  // (std::sort with NaN compared as is has undefined behaviour), whatever the logits hold.
+  auto rank = [](float v) { return std::isnan(v) ? -INFINITY : v; };
   if (p.temperature <= 0.0f) {
     int64_t best = 0;
     for (int64_t i = 1; i < valid_vocab; ++i) {
-      if (logits[i] > logits[best]) best = i;
+      if (rank(logits[i]) > rank(logits[best])) best = i;
     }
     return static_cast<int32_t>(best);
   }
   // Candidates ordered by logit descending, ties by lower id.
   scratch.clear();
   for (int64_t i = 0; i < valid_vocab; ++i)
-    scratch.emplace_back(logits[i], static_cast<int32_t>(i));
+    scratch.emplace_back(rank(logits[i]), static_cast<int32_t>(i));
   auto better = [](const auto& a, const auto& b) {
     return a.first > b.first || (a.first == b.first && a.second < b.second);
   };

@@ -87,6 +87,21 @@ class CliErrors(unittest.TestCase):
             json.dump(cfg, f)
         self.expect_error(["generate", "--model", broken, "--prompt-ids", "1"], 1, "hidden_size")
 
+    def test_nan_weights_give_an_error_not_tokens(self):
+        # The final norm's weights set to NaN (all-ones bytes are NaN in F32, BF16 and F16):
+        # every logit is NaN, which must be reported, not sampled.
+        broken = os.path.join(self.tmp, "nanweights")
+        shutil.copytree(self.model, broken)
+        path = os.path.join(broken, "model.safetensors")
+        with open(path, "r+b") as f:
+            header_len = int.from_bytes(f.read(8), "little")
+            header = json.loads(f.read(header_len))
+            begin, end = header["model.norm.weight"]["data_offsets"]
+            f.seek(8 + header_len + begin)
+            f.write(b"\xff" * (end - begin))
+        self.expect_error(["generate", "--model", broken, "--prompt-ids", "1,2", "--max-tokens", "2"], 1,
+                          "not finite", "position 1")
+
     def test_generation_succeeds_and_reports_throughput(self):
         rc, out, err = run("generate", "--model", self.model, "--prompt-ids", "1,2,3", "--max-tokens", "4",
                            "--ignore-eos")

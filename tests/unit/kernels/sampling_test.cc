@@ -56,5 +56,26 @@ TEST(Sampling, UniformIsDeterministicAndInRange) {
   }
 }
 
+// NaN logits rank below every number: never chosen while a number is left, and never
+// undefined behaviour in the sort (std::sort's comparator must be a strict weak ordering).
+TEST(Sampling, NanLogitsAreNeverChosenNorBreakTheSort) {
+  const float nan = NAN;
+  const std::vector<float> logits = {nan, 1.0f, 3.0f, nan, 2.0f, nan, 0.5f, nan};
+  std::vector<std::pair<float, int32_t>> scratch;
+  EXPECT_EQ(sample_token(logits.data(), 8, SamplingParams{0.0f, 1.0f, 0, 0}, 0.5, scratch), 2);
+  for (int i = 0; i < 200; ++i) {
+    const double u = (i + 0.5) / 200;
+    for (const SamplingParams sp :
+         {SamplingParams{1.0f, 1.0f, 0, 0}, SamplingParams{2.0f, 0.9f, 3, 0}}) {
+      const int32_t t = sample_token(logits.data(), 8, sp, u, scratch);
+      EXPECT_TRUE(t == 1 || t == 2 || t == 4 || t == 6) << t << " at u=" << u;
+    }
+  }
+  const std::vector<float> all_nan(16, nan);  // nothing to prefer: a valid id, no crash
+  const int32_t t =
+      sample_token(all_nan.data(), 16, SamplingParams{1.0f, 0.5f, 0, 0}, 0.3, scratch);
+  EXPECT_TRUE(t >= 0 && t < 16);
+}
+
 }  // namespace
 }  // namespace xds::kernels
