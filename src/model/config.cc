@@ -329,6 +329,13 @@ Status validate_cross_fields(std::string_view source, const json& j, const Confi
     return cross_error(source, "qk_rope_head_dim", "an even number (rope rotates pairs)",
                        c.qk_rope_head_dim);
   }
+  if (c.n_routed_experts > kMaxRoutedExperts) {
+    return cross_error(source, "n_routed_experts", fmt::format("<= {}", kMaxRoutedExperts),
+                       c.n_routed_experts);
+  }
+  if (c.n_group > kMaxExpertGroups) {
+    return cross_error(source, "n_group", fmt::format("<= {}", kMaxExpertGroups), c.n_group);
+  }
   if (c.n_routed_experts % c.n_group != 0) {
     return cross_error(source, "n_routed_experts",
                        fmt::format("a multiple of n_group ({})", c.n_group), c.n_routed_experts);

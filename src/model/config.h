@@ -29,6 +29,11 @@ struct Fp8Quantization {  // quantization_config with quant_method "fp8"
   int64_t block_cols = 128;  // weight_block_size[1]
 };
 
+// Limits of the router's fixed-size stack arrays (model/moe_routing.cc); checked when a
+// config is read. DeepSeek-V3 has 256 experts in 8 groups, Kimi K2 384 in 1.
+inline constexpr int64_t kMaxRoutedExperts = 1024;
+inline constexpr int64_t kMaxExpertGroups = 256;
+
 struct DeepseekV3Config {
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;

@@ -23,16 +23,17 @@ GatingParams GatingParams::from_config(const DeepseekV3Config& c) {
 namespace {
 
 constexpr float kExcluded = -std::numeric_limits<float>::infinity();
-constexpr int64_t kMaxExperts = 1024;
 
-// Index of the largest value not yet taken (ties and NaN: the lowest index), marked taken.
-// `taken` rather than a sentinel value: scores that are all -inf or NaN (a hidden state gone
-// non-finite) still give k distinct experts, not an empty set.
+// Index of the largest value not yet taken, marked taken; NaN ranks below every number
+// (as the sampler ranks it), ties go to the lowest index. `taken` rather than a sentinel
+// value: scores that are all -inf or NaN (a hidden state gone non-finite) still give k
+// distinct experts, not an empty set.
 int64_t take_max(const float* v, bool* taken, int64_t n) {
+  auto above = [](float a, float b) { return !std::isnan(a) && (std::isnan(b) || a > b); };
   int64_t best = -1;
   for (int64_t i = 0; i < n; ++i) {
     if (taken[i]) continue;
-    if (best < 0 || v[i] > v[best]) best = i;
+    if (best < 0 || above(v[i], v[best])) best = i;
   }
   XDS_CHECK(best >= 0, "take_max: all {} taken", n);
   taken[best] = true;
@@ -46,8 +47,8 @@ void route_token(const GatingParams& p, const float* logits, const float* bias, 
   const int64_t e = p.num_experts;
   float* scores = scratch;      // [e] unbiased
   float* choice = scratch + e;  // [e] selection scores
-  XDS_CHECK(e <= kMaxExperts, "route_token: {} experts > {}", e, kMaxExperts);
-  bool taken[kMaxExperts] = {};  // chosen, or in a group that was not kept
+  XDS_CHECK(e <= kMaxRoutedExperts, "route_token: {} experts > {}", e, kMaxRoutedExperts);
+  bool taken[kMaxRoutedExperts] = {};  // chosen, or in a group that was not kept
   if (p.score == GatingScore::kSigmoid) {
     for (int64_t i = 0; i < e; ++i) scores[i] = 1.0f / (1.0f + std::exp(-logits[i]));
   } else {
@@ -63,8 +64,8 @@ void route_token(const GatingParams& p, const float* logits, const float* bias, 
 
   if (p.method != TopkMethod::kGreedy && p.n_group > 1) {
     const int64_t per_group = e / p.n_group;
-    float group_score[256];
-    XDS_CHECK(p.n_group <= 256, "n_group {} > 256", p.n_group);
+    float group_score[kMaxExpertGroups];
+    XDS_CHECK(p.n_group <= kMaxExpertGroups, "n_group {} > {}", p.n_group, kMaxExpertGroups);
     for (int64_t g = 0; g < p.n_group; ++g) {
       const float* v = choice + g * per_group;
       if (p.method == TopkMethod::kNoauxTc) {  // sum of the two best
@@ -84,7 +85,7 @@ void route_token(const GatingParams& p, const float* logits, const float* bias, 
         group_score[g] = a;
       }
     }
-    bool keep[256] = {};
+    bool keep[kMaxExpertGroups] = {};
     for (int64_t j = 0; j < p.topk_group; ++j) take_max(group_score, keep, p.n_group);
     for (int64_t g = 0; g < p.n_group; ++g) {
       if (keep[g]) continue;

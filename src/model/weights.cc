@@ -330,9 +330,10 @@ Result<std::optional<MatrixRef>> bind_fp8_panels(const Checkpoint& ckpt, const T
             for_range(cache.pool(), m.panels(), [&](int64_t b, int64_t e) {
               const int64_t end = std::min(rows * cols, e * kPanelRows * cols);
               for (int64_t i = b * kPanelRows * cols; i < end; ++i) {
-                if ((q[i] & 0x7f) == 0x7f) {
-                  int64_t none = -1;
-                  nan_at.compare_exchange_strong(none, i);
+                if ((q[i] & 0x7f) == 0x7f) {  // keep the lowest index any thread found
+                  int64_t seen = nan_at.load();
+                  while ((seen < 0 || i < seen) && !nan_at.compare_exchange_weak(seen, i)) {
+                  }
                   return;
                 }
               }

@@ -33,7 +33,9 @@ namespace xds::kernels {
 // the last panel are zero.
 void pack_panels16(const uint16_t* w, int64_t rows, int64_t cols, int64_t panel_begin,
                    int64_t panel_end, uint16_t* out);
-// The same for F8_E4M3 bytes (the elements only; the scales: pack_fp8_panel_scales).
+// The same for F8_E4M3 bytes (the elements only; the scales: pack_fp8_panel_scales). The
+// bytes must not be NaN (0x7f, 0xff): the kernel would read them as ±480 · scale, so the
+// loader refuses such a tensor (bind_linear).
 void pack_panels16_fp8(const uint8_t* w, int64_t rows, int64_t cols, int64_t panel_begin,
                        int64_t panel_end, uint8_t* out);
 // Whether block scales can be stored as FP8 panels' scales (times 2^8 in fp32): each finite

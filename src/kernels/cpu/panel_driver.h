@@ -17,8 +17,8 @@
 
 namespace xds::kernels::panel_detail {
 
-constexpr int64_t kKBlock = 512;  // columns per pass when several token blocks share a panel:
-                                  // 16 KB of panel + 6 × 2 KB of x stay in L1 (AVX2)
+inline constexpr int64_t kKBlock = 512;  // columns per pass when several token blocks share a
+                                         // panel: 16 KB of panel + 6 × 2 KB of x stay in L1 (AVX2)
 // Software prefetch distance along a panel for a single pass (4 KB ahead, a line per 64
 // bytes of columns; it runs on into the next panel, which is what is read next). A cold
 // two-thread A/B of 64-256 BF16 columns against none gave +10-25 % at 1, 3 and 6 tokens
@@ -117,19 +117,20 @@ struct TokenTiles {
 
 // Tokens and rows from which the AVX-512 kernel widens each weight block once for all the
 // token tiles (panel_tiles.h, wide path) instead of once per tile.
-constexpr int64_t kWideMinTokens = 16;
-constexpr int64_t kWideMinRows = 256;
+inline constexpr int64_t kWideMinTokens = 16;
+inline constexpr int64_t kWideMinRows = 256;
 
 #if defined(__AVX512F__)
-constexpr int64_t kWideKBlock = 256;  // columns per widened block: 2 panels = 32 KB fp32 (L1)
+inline constexpr int64_t kWideKBlock =
+    256;  // columns per widened block: 2 panels = 32 KB fp32 (L1)
 // Tokens per block of the wide path: their packed rows (~768 KB) stay in L2 while the block
 // runs over all the call's panels, so each x element is read from L2 once per panel pair;
 // but at least 8 tiles, so that a widened block serves 96 tokens (at 6144 columns 768 KB
 // were 2 tiles, and the widening cost a fifth of the tiles' time; with 8 the packed rows
 // spill to L3, which streams them fast enough: one-thread 256 x 6144, 96 tokens, 109 ->
 // 125 GFLOP/s).
-constexpr int64_t kWideXBytes = 768 * 1024;
-constexpr int64_t kWideMinTilesPerBlock = 8;
+inline constexpr int64_t kWideXBytes = 768 * 1024;
+inline constexpr int64_t kWideMinTilesPerBlock = 8;
 
 // Panels [p, p + P) for the tiles [i0, i1) (xp, acc: the whole call's).
 template <int P, class Fmt>
@@ -160,10 +161,12 @@ void wide_panels(const float* xp, const TokenTiles& tiles, int64_t i0, int64_t i
       float* a = acc + t * ldacc;
       const char* pf = next + (i - i0) * share * kLineBytes;
       const bool first = kb == 0;
+      // A line every 4 BF16 columns (128 bytes of them), 8 FP8 ones: the same lines per tile.
+      constexpr int kG = 128 / kColumnBytes;
       if (i == i0) {  // widens the block into ws as it goes
-        wide_tile<P, 4, true>(f, tb, x, wp, cols, ws, kb, ke, first, a, ldacc, pf);
+        wide_tile<P, kG, true>(f, tb, x, wp, cols, ws, kb, ke, first, a, ldacc, pf);
       } else {
-        wide_tile<P, 4, false>(f, tb, x, wp, cols, ws, kb, ke, first, a, ldacc, pf);
+        wide_tile<P, kG, false>(f, tb, x, wp, cols, ws, kb, ke, first, a, ldacc, pf);
       }
     }
   }

@@ -1,4 +1,5 @@
-// The micro-kernels of linear_panels.cc (internal to it): T tokens × P adjacent panels
+// The micro-kernels of the panel linears (internal to panel_driver.h and linear_panels*.cc):
+// T tokens × P adjacent panels
 // over columns [kb, ke), one tile per instruction set and weight format (Bf16Format,
 // Fp8Format below).
 //
@@ -10,10 +11,11 @@
 // ascending c: both instruction sets give the same bits. Every G columns the tile prefetches
 // the line at `pf` and steps it on by a line (for P = 2 the same line of the second panel).
 //
-// AVX2 (16 ymm registers): a column is one 32-byte load widened by a shift (rows 0-7) and a
-// mask (rows 8-15); T tokens × P panels × 2 halves accumulators + the widened halves + one
-// broadcast: T ≤ 6 for P = 1 (12 + 3), T ≤ 3 for P = 2 (12 + 4 + 1 > 16: GCC keeps two
-// accumulators on the stack, which costs less than the second stream gains).
+// AVX2 (16 ymm registers): a BF16 column is one 32-byte load widened by a shift (rows 0-7)
+// and a mask (rows 8-15); T tokens × P panels × 2 halves accumulators + the widened halves +
+// one broadcast: T ≤ 6 for P = 1 (12 + 3), T ≤ 3 for P = 2 (12 + 4 + 1 > 16: GCC keeps two
+// accumulators on the stack, which costs less than the second stream gains). FP8 adds the
+// segment's scales and the widening's constants, so it keeps more on the stack.
 //
 // AVX-512 (32 zmm registers): a column is zero-extended to 16 lanes and shifted, one
 // register in the pair order (lane 2j = row j, lane 2j + 1 = row 8 + j), permuted back to
@@ -286,7 +288,7 @@ void panel_tile_avx512(const Fmt& f, const float* x, int64_t ldx, const typename
 // loads, T broadcasts (folded into the FMAs) and T × P FMAs: 12 tokens × 2 panels are 24
 // accumulators + 2 weights + a broadcast of the 32 registers.
 //
-// The block's first tile (Widen) reads the bf16 columns itself, widens them in registers,
+// The block's first tile (Widen) reads the panel columns itself, widens them in registers,
 // stores them to ws and uses them: the loads of the weights (from DRAM, or L2 when
 // prefetched) then overlap that tile's FMAs. A separate widening pass before the tiles had
 // nothing to overlap with and stalled on those loads (a third of the tiles' time in `perf`

@@ -16,8 +16,10 @@ double sampling_uniform(uint64_t seed, int64_t position) {
 
 int32_t sample_token(const float* logits, int64_t valid_vocab, const SamplingParams& p, double u,
                      std::vector<std::pair<float, int32_t>>& scratch) {
-  // NaN ranks below every number (as -inf): the orderings below stay strict weak orderings
-  // (std::sort with NaN compared as is has undefined behaviour), whatever the logits hold.
+  // NaN ranks below every number (as -inf), so the orderings below stay strict weak
+  // orderings (std::sort with NaN compared as is has undefined behaviour). Logits with no
+  // finite maximum (+inf, or all NaN) still return a valid id, not a meaningful one:
+  // callers check the logits first (generate does).
   auto rank = [](float v) { return std::isnan(v) ? -INFINITY : v; };
   if (p.temperature <= 0.0f) {
     int64_t best = 0;

@@ -93,7 +93,21 @@ TEST(Routing, NonFiniteLogitsStillGiveDistinctExperts) {
   EXPECT_EQ(ids[0], 0);
   EXPECT_EQ(ids[1], 1);
   EXPECT_EQ(ids[2], 2);
-  for (float& l : logits) l = -INFINITY;  // sigmoid 0 everywhere: ties, lowest index first
+  // A NaN never beats a number: experts 5 and 6 carry the only numbers.
+  for (float& l : logits) l = NAN;
+  logits[5] = 0.0f;
+  logits[6] = 1.0f;
+  p.n_group = 1;
+  p.topk_group = 1;
+  route_token(p, logits, bias, ids, w, scratch);
+  EXPECT_EQ(ids[0], 6);
+  EXPECT_EQ(ids[1], 5);
+  EXPECT_EQ(ids[2], 0);
+  p.n_group = 4;
+  p.topk_group = 2;
+  // Every selection score -inf (the old exclusion marker): finite logits, bias -inf.
+  for (int i = 0; i < 8; ++i) logits[i] = 0.1f * static_cast<float>(i);
+  for (float& b : bias) b = -INFINITY;
   route_token(p, logits, bias, ids, w, scratch);
   EXPECT_EQ(ids[0], 0);
   EXPECT_EQ(ids[1], 1);

@@ -161,6 +161,15 @@ TEST(Config, CrossFieldRules) {
   expect_error(j, {"field 'num_experts_per_tok'", "topk_group", "found 9"});
 
   j = valid_config();
+  j["n_routed_experts"] = 1028;  // beyond the router's 1024 (a multiple of n_group 4)
+  expect_error(j, {"field 'n_routed_experts'", "<= 1024", "found 1028"});
+
+  j = valid_config();
+  j["n_group"] = 512;
+  j["n_routed_experts"] = 1024;
+  expect_error(j, {"field 'n_group'", "<= 256", "found 512"});
+
+  j = valid_config();
   j["qk_rope_head_dim"] = 15;
   expect_error(j, {"field 'qk_rope_head_dim'", "even", "found 15"});
 
