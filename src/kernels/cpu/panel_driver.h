@@ -82,12 +82,13 @@ void panel_group(const float* x, int64_t n, int64_t ldx, const MatrixRef& w, int
         const char* pf = next_block + i * share * kLineBytes;
         float* a = acc + t * ldacc;
         const float* xt = x + t * ldx;
-        if (room >= 8) {
+        // With two passes or more a whole block leaves room for a line every 4 BF16 columns
+        // (8 FP8 ones); only a short last block would take a denser spacing, not worth its
+        // tile instantiations (each spacing is 8 per ISA: compile time under ASan).
+        if (Fmt::kColumnBytes < 32 || room >= 8) {
           tile<Isa, P, 8>(f, tb, xt, ldx, wp, cols, kb, ke, kb == 0, a, ldacc, pf);
-        } else if (room >= 4) {
-          tile<Isa, P, 4>(f, tb, xt, ldx, wp, cols, kb, ke, kb == 0, a, ldacc, pf);
         } else {
-          tile<Isa, P, 2>(f, tb, xt, ldx, wp, cols, kb, ke, kb == 0, a, ldacc, pf);
+          tile<Isa, P, 4>(f, tb, xt, ldx, wp, cols, kb, ke, kb == 0, a, ldacc, pf);
         }
         t += tb;
       }
@@ -161,8 +162,10 @@ void wide_panels(const float* xp, const TokenTiles& tiles, int64_t i0, int64_t i
       float* a = acc + t * ldacc;
       const char* pf = next + (i - i0) * share * kLineBytes;
       const bool first = kb == 0;
-      // A line every 4 BF16 columns (128 bytes of them), 8 FP8 ones: the same lines per tile.
-      constexpr int kG = 128 / kColumnBytes;
+      // A line every 4 columns. For FP8 that is twice the lines a block has (the later
+      // tiles' prefetches find theirs in flight, an instruction each); a spacing of 8 for
+      // FP8 took this file's ASan compile from ~100 to ~170 s.
+      constexpr int kG = 4;
       if (i == i0) {  // widens the block into ws as it goes
         wide_tile<P, kG, true>(f, tb, x, wp, cols, ws, kb, ke, first, a, ldacc, pf);
       } else {
