@@ -22,7 +22,7 @@ GatingParams GatingParams::from_config(const DeepseekV3Config& c) {
 
 namespace {
 
-constexpr float kExcluded = -std::numeric_limits<float>::infinity();
+constexpr float kMinusInf = -std::numeric_limits<float>::infinity();
 
 // Index of the largest value not yet taken, marked taken; NaN ranks below every number
 // (as the sampler ranks it), ties go to the lowest index. `taken` rather than a sentinel
@@ -69,7 +69,7 @@ void route_token(const GatingParams& p, const float* logits, const float* bias, 
     for (int64_t g = 0; g < p.n_group; ++g) {
       const float* v = choice + g * per_group;
       if (p.method == TopkMethod::kNoauxTc) {  // sum of the two best
-        float a = kExcluded, b = kExcluded;
+        float a = kMinusInf, b = kMinusInf;
         for (int64_t i = 0; i < per_group; ++i) {
           if (v[i] > a) {
             b = a;
@@ -80,7 +80,7 @@ void route_token(const GatingParams& p, const float* logits, const float* bias, 
         }
         group_score[g] = per_group >= 2 ? a + b : a;
       } else {  // group_limited_greedy: the best
-        float a = kExcluded;
+        float a = kMinusInf;
         for (int64_t i = 0; i < per_group; ++i) a = std::max(a, v[i]);
         group_score[g] = a;
       }

@@ -77,7 +77,7 @@ void for_range(ThreadPool* pool, int64_t n, const std::function<void(int64_t, in
 
 }  // namespace
 
-bool bf16_panels_from_env() {
+bool panels_from_env() {
   const char* v = std::getenv("XDS_WEIGHT_LAYOUT");
   return v == nullptr || std::string_view(v) != "rows";
 }
@@ -295,10 +295,6 @@ std::vector<float> copy_scales(const TensorView& s) {
   return scales;
 }
 
-bool is_power_of_two(int64_t v) {
-  return v > 0 && (v & (v - 1)) == 0;
-}
-
 // An F8_E4M3 linear weight as FP8 panels (MatrixLayout::kPanels16, tensor/matrix.h): one
 // repack file holding the panels, then the per-panel scales from a 64-byte boundary. Empty
 // when its blocks or scales do not suit the panel kernel (block_rows not a multiple of 16,
@@ -312,7 +308,7 @@ Result<std::optional<MatrixRef>> bind_fp8_panels(const Checkpoint& ckpt, const T
   XDS_ASSIGN_OR_RETURN(const TensorView* s,
                        find_fp8_scales(ckpt, t, rows, cols, block_rows, block_cols));
   const std::vector<float> scale_inv = copy_scales(*s);
-  if (block_rows % kPanelRows != 0 || !is_power_of_two(block_cols) ||
+  if (block_rows % kPanelRows != 0 || !std::has_single_bit(static_cast<uint64_t>(block_cols)) ||
       !kernels::fp8_panel_scales_fit(scale_inv.data(), static_cast<int64_t>(scale_inv.size()))) {
     return std::optional<MatrixRef>();
   }
@@ -328,16 +324,19 @@ Result<std::optional<MatrixRef>> bind_fp8_panels(const Checkpoint& ckpt, const T
           static_cast<size_t>(panel_bytes + scale_count * 4), [&](std::byte* out) -> Status {
             std::atomic<int64_t> nan_at{-1};
             for_range(cache.pool(), m.panels(), [&](int64_t b, int64_t e) {
-              const int64_t end = std::min(rows * cols, e * kPanelRows * cols);
-              for (int64_t i = b * kPanelRows * cols; i < end; ++i) {
-                if ((q[i] & 0x7f) == 0x7f) {  // keep the lowest index any thread found
-                  int64_t seen = nan_at.load();
-                  while ((seen < 0 || i < seen) && !nan_at.compare_exchange_weak(seen, i)) {
+              for (int64_t p = b; p < e; ++p) {  // each panel's rows checked, then packed
+                const int64_t end = std::min(rows * cols, (p + 1) * kPanelRows * cols);
+                for (int64_t i = p * kPanelRows * cols; i < end; ++i) {
+                  if ((q[i] & 0x7f) == 0x7f) {  // keep the lowest index any thread found
+                    int64_t seen = nan_at.load();
+                    while ((seen < 0 || i < seen) && !nan_at.compare_exchange_weak(seen, i)) {
+                    }
+                    return;
                   }
-                  return;
                 }
+                kernels::pack_panels16_fp8(q, rows, cols, p, p + 1,
+                                           reinterpret_cast<uint8_t*>(out));
               }
-              kernels::pack_panels16_fp8(q, rows, cols, b, e, reinterpret_cast<uint8_t*>(out));
             });
             if (const int64_t i = nan_at.load(); i >= 0) {
               return invalid_argument(
@@ -440,14 +439,14 @@ Result<MatrixRef> bind_linear(const Checkpoint& ckpt, const std::string& name, i
                               int64_t cols, RepackCache& cache, int64_t block_rows,
                               int64_t block_cols) {
   if (const TensorView* t = ckpt.find(name);
-      t != nullptr && t->dtype == DType::kF8E4M3 && bf16_panels_from_env()) {
+      t != nullptr && t->dtype == DType::kF8E4M3 && panels_from_env()) {
     XDS_ASSIGN_OR_RETURN(std::optional<MatrixRef> fp8,
                          bind_fp8_panels(ckpt, *t, rows, cols, cache, block_rows, block_cols));
     if (fp8) return *fp8;
   }
   XDS_ASSIGN_OR_RETURN(MatrixRef m,
                        bind_matrix(ckpt, name, rows, cols, cache, block_rows, block_cols));
-  if (m.dtype != DType::kBF16 || !bf16_panels_from_env()) return m;
+  if (m.dtype != DType::kBF16 || !panels_from_env()) return m;
   const TensorView* t = ckpt.find(name);
   MatrixRef packed = m;
   packed.layout = MatrixLayout::kPanels16;
@@ -471,7 +470,7 @@ Result<AbsorbedHeads> bind_absorbed_heads(const Checkpoint& ckpt, const std::str
                                           const MatrixRef& kv_b, int64_t heads, int64_t dn,
                                           int64_t dv, RepackCache& cache) {
   AbsorbedHeads out;
-  if (kv_b.dtype != DType::kBF16 || kv_b.layout != MatrixLayout::kRows || !bf16_panels_from_env())
+  if (kv_b.dtype != DType::kBF16 || kv_b.layout != MatrixLayout::kRows || !panels_from_env())
     return out;
   const int64_t lat = kv_b.cols;
   XDS_CHECK(kv_b.rows == heads * (dn + dv), "bind_absorbed_heads: kv_b_proj has {} rows", kv_b.rows);

@@ -105,7 +105,7 @@ Result<MatrixRef> bind_matrix(const Checkpoint& ckpt, const std::string& name, i
 // Environment setting XDS_WEIGHT_LAYOUT: "rows" keeps BF16 linear weights in place in the
 // checkpoint's row-major layout (no repack file: zero extra disk, slower decode kernels)
 // and FP8 ones dequantized to F32 rows; anything else or unset: panels.
-bool bf16_panels_from_env();
+bool panels_from_env();
 
 // bind_matrix for the weights of linear layers (y = x · Wᵀ only, never sliced by rows):
 // BF16 is repacked once into the kernels' panel layout (MatrixLayout::kPanels16) in the

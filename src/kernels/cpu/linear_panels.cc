@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <type_traits>
@@ -59,7 +60,8 @@ bool fp8_panel_scales_fit(const float* scale_inv, int64_t count) {
 
 void pack_fp8_panel_scales(const float* scale_inv, int64_t rows, int64_t cols, int64_t block_rows,
                            int64_t block_cols, float* out) {
-  XDS_CHECK(block_rows % kPanelRows == 0 && block_cols > 0 && (block_cols & (block_cols - 1)) == 0,
+  XDS_CHECK(block_rows % kPanelRows == 0 && block_cols > 0 &&
+                std::has_single_bit(static_cast<uint64_t>(block_cols)),
             "pack_fp8_panel_scales: {}x{} blocks", block_rows, block_cols);
   const int64_t panels = (rows + kPanelRows - 1) / kPanelRows;
   const int64_t blocks = (cols + block_cols - 1) / block_cols;
