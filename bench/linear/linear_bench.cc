@@ -1,86 +1,213 @@
-// bench_linear: the linear kernel (bf16 weights, fp32 activations) at decode and prefill
-// shapes, beside OpenBLAS sgemm on the same problem (weights widened to fp32 first, the
-// widening timed separately), and the machine's limits measured in the same run.
-// Prints a table and writes bench_linear.json.
+// bench_linear: the linear kernels at bench-2.6b's shapes and decode/prefill token counts,
+// beside OpenBLAS sgemm on the same product, with the machine's limits measured in the same
+// run. This is the measurement behind "own panel kernel, not sgemm" (linear.h).
+//
+// Per shape [rows, cols] and token count n, three ways to compute y[n, rows] = x · Wᵀ, all
+// on two threads:
+//   panels  the loaded model's layout: BF16 panels (kPanels16), kernels::linear_f32
+//   rows    BF16 row-major as published (XDS_WEIGHT_LAYOUT=rows): the row kernel, sgemm
+//           from kSgemmMinTokens on (W widened inside the call, timed)
+//   sgemm   OpenBLAS sgemm on fp32 weights widened beforehand (not timed; it reads 4 bytes
+//           per weight where the others read 2)
+// Each timed call reads its own copy of W (cycling through enough copies to outgrow the
+// caches), as a model's layers do. Printed after all rows: median ms of `--reps` calls,
+// GFLOP/s, the panels' % of their roofline (max(BF16 bytes ÷ read bandwidth, FLOPs ÷ fp32
+// peak), the limits measured before and after the rows, the faster of each), and
+// the largest |panels - sgemm| relative to the largest |sgemm| (a check that both computed
+// the same product). Writes JSON (--json).
 #include <cblas.h>
 
+#include <algorithm>
+#include <charconv>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <iterator>
 #include <random>
-#include <span>
+#include <sstream>
+#include <string>
 #include <vector>
 
+#include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 #include "base/clock.h"
+#include "kernels/cpu/blas_core.h"
 #include "kernels/cpu/linear.h"
+#include "kernels/cpu/linear_panels.h"
 #include "machine_limits.h"
+#include "tensor/dtype.h"
+
+namespace {
 
 using namespace xds;
 
+struct Shape {
+  const char* name;
+  int64_t rows, cols;
+};
+
+// bench-2.6b (mkmodel --preset bench-2.6b): hidden 2048, 64 experts of width 512, 2 shared
+// (width 1024), dense layer 6144, vocabulary 32000.
+constexpr Shape kShapes[] = {{"expert gate/up", 512, 2048},  {"expert down", 2048, 512},
+                             {"shared gate/up", 1024, 2048}, {"o_proj", 2048, 2048},
+                             {"dense up", 6144, 2048},       {"lm_head", 32000, 2048}};
+
+// Copies of W so that a call never finds the previous call's W in cache: at least 512 MB
+// of BF16 in all (the L3 of a big Xeon is up to ~300 MB), at least 2.
+int copies_for(const Shape& s) {
+  const double bytes = 2.0 * static_cast<double>(s.rows * s.cols);
+  return std::max(2, static_cast<int>(std::ceil(512e6 / bytes)));
+}
+
+std::vector<int64_t> parse_counts(const std::string& csv) {
+  std::vector<int64_t> out;
+  std::stringstream ss(csv);
+  for (std::string item; std::getline(ss, item, ',');) {
+    int64_t v = 0;
+    const auto [end, ec] = std::from_chars(item.data(), item.data() + item.size(), v);
+    if (ec != std::errc() || end != item.data() + item.size() || v < 1)
+      throw std::invalid_argument("'" + item + "' is not a token count (an integer >= 1)");
+    out.push_back(v);
+  }
+  if (out.empty()) throw std::invalid_argument("no token counts");
+  return out;
+}
+
+struct Timing {
+  double panels_s, rows_s, sgemm_s, max_rel_diff;
+};
+
+Timing measure(const Shape& s, int64_t n, int reps, ThreadPool& pool, std::mt19937& rng) {
+  std::uniform_real_distribution<float> d(-1, 1);
+  const int copies = copies_for(s);
+  const int64_t size = s.rows * s.cols, panels = (s.rows + kPanelRows - 1) / kPanelRows;
+  std::vector<uint16_t> rows_bf16(static_cast<size_t>(size) * copies);
+  for (auto& v : rows_bf16) v = f32_to_bf16(d(rng) * 0.05f);
+  std::vector<uint16_t> panel_bf16(static_cast<size_t>(panels * kPanelRows * s.cols) * copies);
+  std::vector<float> rows_f32(static_cast<size_t>(size) * copies);
+  for (int i = 0; i < copies; ++i) {
+    kernels::pack_panels16(rows_bf16.data() + size * i, s.rows, s.cols, 0, panels,
+                           panel_bf16.data() + panels * kPanelRows * s.cols * i);
+  }
+  for (size_t i = 0; i < rows_f32.size(); ++i) rows_f32[i] = bf16_to_f32(rows_bf16[i]);
+  std::vector<float> x(static_cast<size_t>(n * s.cols));
+  for (auto& v : x) v = d(rng);
+  std::vector<float> y_panels(static_cast<size_t>(n * s.rows)), y_rows(y_panels.size()),
+      y_sgemm(y_panels.size());
+
+  std::vector<double> tp, tr, tb;
+  for (int r = 0; r <= reps; ++r) {  // call 0 warms up, untimed
+    const int c = r % copies;
+    MatrixRef panel{DType::kBF16, panel_bf16.data() + panels * kPanelRows * s.cols * c, s.rows,
+                    s.cols};
+    panel.layout = MatrixLayout::kPanels16;
+    const MatrixRef row{DType::kBF16, rows_bf16.data() + size * c, s.rows, s.cols};
+    auto t0 = Clock::now();
+    kernels::linear_f32(x.data(), n, s.cols, panel, y_panels.data(), s.rows, pool);
+    const double a = seconds_since(t0);
+    t0 = Clock::now();
+    kernels::linear_f32(x.data(), n, s.cols, row, y_rows.data(), s.rows, pool);
+    const double b = seconds_since(t0);
+    t0 = Clock::now();
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(n),
+                static_cast<int>(s.rows), static_cast<int>(s.cols), 1.0f, x.data(),
+                static_cast<int>(s.cols), rows_f32.data() + size * c, static_cast<int>(s.cols),
+                0.0f, y_sgemm.data(), static_cast<int>(s.rows));
+    const double g = seconds_since(t0);
+    if (r > 0) tp.push_back(a), tr.push_back(b), tb.push_back(g);
+  }
+  // The last call of each used the same copy (c = reps % copies): same product.
+  float max_ref = 0, max_diff = 0;
+  for (size_t i = 0; i < y_sgemm.size(); ++i) {
+    max_ref = std::max(max_ref, std::fabs(y_sgemm[i]));
+    max_diff = std::max(max_diff, std::fabs(y_panels[i] - y_sgemm[i]));
+  }
+  return {bench::median(tp), bench::median(tr), bench::median(tb),
+          max_ref > 0 ? max_diff / max_ref : max_diff};
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
+  kernels::select_blas_core(argv);  // first: it may re-execute the program
+  CLI::App app{"bench_linear: the linear kernels against OpenBLAS sgemm at bench-2.6b shapes"};
+  std::string json_path = "bench_linear.json", counts_arg = "1,4,16,64,512";
+  int reps = 7;
+  app.add_option("--json", json_path, "where to write the results");
+  app.add_option("--tokens", counts_arg, "token counts n, comma-separated");
+  app.add_option("--reps", reps, "timed calls per row (median)")->check(CLI::Range(1, 100));
+  CLI11_PARSE(app, argc, argv);
+  std::vector<int64_t> counts;
+  try {
+    counts = parse_counts(counts_arg);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: --tokens %s: %s\n", counts_arg.c_str(), e.what());
+    return 1;
+  }
+
   ThreadPool pool(2);
   openblas_set_num_threads(2);
-  const bench::MachineLimits lim = bench::measure_machine_limits(pool);
-  struct Shape {
-    int64_t n, rows, cols;
+  struct Row {
+    const Shape* shape;
+    int64_t n;
+    Timing t;
   };
-  const Shape shapes[] = {
-      {1, 6144, 2048}, {4, 6144, 2048}, {16, 6144, 2048}, {64, 6144, 2048}, {512, 6144, 2048}};
+  std::vector<Row> rows;
+  // The limits before and after the rows, the faster of each (bench::faster_of): a roofline
+  // built on them cannot be lowered by a minute when the VM was slow.
+  const bench::MachineLimits before = bench::measure_machine_limits(pool);
   std::mt19937 rng(1);
-  std::uniform_real_distribution<float> d(-1, 1);
-  nlohmann::json j;
-  j["machine"] = {
-      {"read_gbps", lim.read_gbps}, {"f32_gflops", lim.f32_gflops}, {"f32_isa", lim.f32_isa}};
-  std::printf("machine: read %.1f GB/s, fp32 peak %.1f GFLOP/s (%s)\n", lim.read_gbps,
-              lim.f32_gflops, lim.f32_isa);
-  std::printf("%5s %6s %6s | %10s %8s %8s | %10s %10s\n", "n", "rows", "cols", "ours ms", "GFLOP/s",
-              "GB/s", "sgemm ms", "widen ms");
-  for (const Shape& s : shapes) {
-    // kCopies copies of W (400 MB at 6144 x 2048), one per timed call, so that every call
-    // streams W from DRAM as the model's layers do, not from the last call's cache.
-    constexpr int kCopies = 16;
-    const size_t wsize = static_cast<size_t>(s.rows * s.cols);
-    std::vector<uint16_t> wall(wsize * kCopies);
-    for (auto& v : wall) v = f32_to_bf16(d(rng) * 0.05f);
-    const std::span<const uint16_t> w(wall.data(), wsize);
-    std::vector<float> x(static_cast<size_t>(s.n * s.cols)), y(static_cast<size_t>(s.n * s.rows));
-    for (auto& v : x) v = d(rng);
-
-    std::vector<double> ours, blas, widen;
-    std::vector<float> wf(w.size());
-    for (int r = 0; r < 16; ++r) {
-      const MatrixRef m{DType::kBF16, wall.data() + wsize * (r % kCopies), s.rows, s.cols};
-      auto t0 = Clock::now();
-      kernels::linear_f32(x.data(), s.n, s.cols, m, y.data(), s.rows, pool);
-      const double a = seconds_since(t0);
-      t0 = Clock::now();
-      pool.parallel_for(static_cast<int64_t>(w.size()), [&](int64_t b, int64_t e, int) {
-        for (int64_t i = b; i < e; ++i) wf[i] = bf16_to_f32(w[i]);
-      });
-      const double c = seconds_since(t0);
-      t0 = Clock::now();
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(s.n),
-                  static_cast<int>(s.rows), static_cast<int>(s.cols), 1.0f, x.data(),
-                  static_cast<int>(s.cols), wf.data(), static_cast<int>(s.cols), 0.0f, y.data(),
-                  static_cast<int>(s.rows));
-      const double b = seconds_since(t0);
-      if (r > 0) ours.push_back(a), blas.push_back(b), widen.push_back(c);
+  for (const Shape& s : kShapes) {
+    for (const int64_t n : counts) {
+      rows.push_back({&s, n, measure(s, n, reps, pool, rng)});
+      std::fprintf(stderr, "\r%zu/%zu rows", rows.size(), std::size(kShapes) * counts.size());
     }
-    const double t = bench::median(ours), tb = bench::median(blas), tw = bench::median(widen);
-    const double flops = 2.0 * s.n * s.rows * s.cols, bytes = 2.0 * s.rows * s.cols;
-    std::printf("%5lld %6lld %6lld | %10.3f %8.1f %8.1f | %10.3f %10.3f\n", (long long)s.n,
-                (long long)s.rows, (long long)s.cols, t * 1e3, flops / t / 1e9, bytes / t / 1e9,
-                tb * 1e3, tw * 1e3);
-    j["rows"].push_back({{"n", s.n},
+  }
+  std::fprintf(stderr, "\n");
+  const bench::MachineLimits lim = bench::faster_of(before, bench::measure_machine_limits(pool));
+  std::printf(
+      "machine: read %.1f GB/s, fp32 peak %.1f GFLOP/s (%s, 2 threads; the faster of before "
+      "and after the rows); OpenBLAS %s, panel kernel %s\n",
+      lim.read_gbps, lim.f32_gflops, lim.f32_isa, kernels::blas_core_name().c_str(),
+      kernels::panel_isa_name(kernels::panel_isa()));
+  std::printf("%-15s %5s | %9s %7s %6s | %9s %7s | %9s %7s | %8s\n", "shape", "n", "panels ms",
+              "GFLOP/s", "% roof", "rows ms", "GFLOP/s", "sgemm ms", "GFLOP/s", "rel diff");
+  nlohmann::json j;
+  j["machine"] = {{"read_gbps", lim.read_gbps},
+                  {"f32_gflops", lim.f32_gflops},
+                  {"f32_isa", lim.f32_isa},
+                  {"blas_core", kernels::blas_core_name()},
+                  {"panel_isa", kernels::panel_isa_name(kernels::panel_isa())}};
+  j["rows"] = nlohmann::json::array();
+  for (const auto& [shape, n, t] : rows) {
+    const Shape& s = *shape;
+    const double flops = 2.0 * n * s.rows * s.cols, bytes = 2.0 * s.rows * s.cols;
+    const double roof = std::max(bytes / (lim.read_gbps * 1e9), flops / (lim.f32_gflops * 1e9));
+    std::printf("%-15s %5lld | %9.3f %7.1f %5.1f%% | %9.3f %7.1f | %9.3f %7.1f | %8.1e\n", s.name,
+                static_cast<long long>(n), t.panels_s * 1e3, flops / t.panels_s / 1e9,
+                100.0 * roof / t.panels_s, t.rows_s * 1e3, flops / t.rows_s / 1e9, t.sgemm_s * 1e3,
+                flops / t.sgemm_s / 1e9, t.max_rel_diff);
+    j["rows"].push_back({{"shape", s.name},
                          {"rows", s.rows},
                          {"cols", s.cols},
-                         {"ours_ms", t * 1e3},
-                         {"ours_gflops", flops / t / 1e9},
-                         {"ours_weight_gbps", bytes / t / 1e9},
-                         {"sgemm_ms", tb * 1e3},
-                         {"widen_ms", tw * 1e3}});
+                         {"n", n},
+                         {"panels_ms", t.panels_s * 1e3},
+                         {"rows_ms", t.rows_s * 1e3},
+                         {"sgemm_ms", t.sgemm_s * 1e3},
+                         {"panels_gflops", flops / t.panels_s / 1e9},
+                         {"rows_gflops", flops / t.rows_s / 1e9},
+                         {"sgemm_gflops", flops / t.sgemm_s / 1e9},
+                         {"roofline_ms", roof * 1e3},
+                         {"panels_pct_roofline", 100.0 * roof / t.panels_s},
+                         {"max_rel_diff_panels_vs_sgemm", t.max_rel_diff}});
   }
-  std::ofstream(argc > 1 ? argv[1] : "bench_linear.json") << j.dump(2) << "\n";
+  std::ofstream out(json_path);
+  out << j.dump(2) << "\n";
+  if (!out) {
+    std::fprintf(stderr, "error: could not write %s\n", json_path.c_str());
+    return 1;
+  }
+  std::printf("wrote %s\n", json_path.c_str());
   return 0;
 }
