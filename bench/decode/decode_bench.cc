@@ -37,7 +37,7 @@ namespace xds::bench {
 namespace {
 
 int64_t mlp_bytes(const MlpWeights& m) {
-  return m.gate_proj.bytes() + m.up_proj.bytes() + m.down_proj.bytes();
+  return m.gate_proj.read_bytes() + m.up_proj.read_bytes() + m.down_proj.read_bytes();
 }
 int64_t mlp_params(const MlpWeights& m) {
   return m.gate_proj.rows * m.gate_proj.cols + m.up_proj.rows * m.up_proj.cols +
@@ -57,7 +57,7 @@ StaticCost static_cost(const DeepseekV3Model& model) {
   StaticCost s;
   const auto& w = model.weights();
   auto add = [&](const MatrixRef& m) {
-    s.dense_bytes += m.bytes();
+    s.dense_bytes += m.read_bytes();
     s.dense_params += m.rows * m.cols;
   };
   for (const LayerWeights& l : w.layers) {
@@ -66,7 +66,7 @@ StaticCost static_cost(const DeepseekV3Model& model) {
       if (*m) add(**m);
     add(a.kv_a_proj);
     add(a.o_proj);
-    s.dense_bytes += a.kv_b_proj.bytes();  // read every step; its FLOPs are attention's
+    s.dense_bytes += a.kv_b_proj.read_bytes();  // read every step; its FLOPs are attention's
     if (l.dense) {
       add(l.dense->gate_proj), add(l.dense->up_proj), add(l.dense->down_proj);
     } else {
@@ -77,7 +77,7 @@ StaticCost static_cost(const DeepseekV3Model& model) {
       s.expert_params = mlp_params(l.moe->experts[0]);
     }
   }
-  s.dense_bytes += w.lm_head.bytes();
+  s.dense_bytes += w.lm_head.read_bytes();
   s.lm_head_params = w.lm_head.rows * w.lm_head.cols;
   return s;
 }

@@ -57,6 +57,11 @@ struct MatrixRef {
   int64_t bytes() const {
     return layout == MatrixLayout::kRows ? rows * row_bytes() : panels() * kPanelRows * row_bytes();
   }
+  // Bytes a product over the whole matrix reads: the payload and, for FP8 panels, their
+  // scales (fp32, panels() × scale_blocks()).
+  int64_t read_bytes() const {
+    return bytes() + (scales != nullptr ? panels() * scale_blocks() * int64_t{4} : 0);
+  }
   // A view of rows [begin, begin + count); kRows only.
   MatrixRef row_slice(int64_t begin, int64_t count) const {
     return {

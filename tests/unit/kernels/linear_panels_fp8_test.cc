@@ -135,6 +135,17 @@ TEST(LinearPanelsFp8, SumsAsTheDequantizedMatrixBitForBit) {
   }
 }
 
+TEST(LinearPanelsFp8, ReadBytesCountTheScales) {
+  // 40 rows × 300 columns in blocks of 16 × 128: 3 panels (the last one padded) of 16
+  // rows × 300 one-byte elements, and 3 panels × ceil(300 / 128) = 9 fp32 scales.
+  std::mt19937 rng(5);
+  const Fp8Matrix m = make_fp8(40, 300, 16, 128, rng);
+  EXPECT_EQ(m.ref.bytes(), 3 * 16 * 300);
+  EXPECT_EQ(m.ref.read_bytes(), 3 * 16 * 300 + 9 * 4);
+  MatrixRef bf16{DType::kBF16, nullptr, 40, 300, MatrixLayout::kPanels16};
+  EXPECT_EQ(bf16.read_bytes(), 3 * 16 * 300 * 2);  // no scales
+}
+
 TEST(LinearPanelsFp8, ScalesThatTheWideningCannotCarryAreRefused) {
   const float ok[] = {0.0f, -0.0f, 1e-30f, 128.0f, -1e35f, 0x1p-149f, 0x1.fffffep119f};
   EXPECT_TRUE(fp8_panel_scales_fit(ok, 7));
