@@ -2,6 +2,11 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cctype>
+#include <random>
+#include <vector>
+
 #include "test_files.h"
 
 namespace xds {
@@ -250,6 +255,182 @@ TEST_F(ShardedCheckpoint, BadShardNamesTheShard) {
   ASSERT_FALSE(r.ok());
   EXPECT_CONTAINS(r.status().message(), path("model-00002-of-00002.safetensors"));
   EXPECT_CONTAINS(r.status().message(), "header length 64");
+}
+
+// Seeded mutations of a valid file, a few thousand of them: byte changes (mostly in the
+// header), truncations, digit runs replaced by out-of-range numbers, dtypes swapped, the
+// header length changed, JSON punctuation dropped or inserted. Every case must end cleanly:
+// an error naming the file, or a file whose tensors the test finds consistent on its own
+// terms (bytes = product of the shape × the dtype's size, recomputed here with overflow
+// checks; tensors disjoint and inside the file's data area). A crash, a hang or a read past
+// the mapping fails the test (under ASan and UBSan in the test build).
+class SafetensorsMutations : public Safetensors {
+ protected:
+  static std::string base_header() {
+    return R"({"__metadata__":{"format":"pt"},)"
+           R"("w":{"dtype":"F32","shape":[3,5],"data_offsets":[0,60]},)"
+           R"("b":{"dtype":"BF16","shape":[7],"data_offsets":[60,74]},)"
+           R"("h":{"dtype":"F16","shape":[2,2],"data_offsets":[74,82]},)"
+           R"("q":{"dtype":"F8_E4M3","shape":[4,4],"data_offsets":[82,98]},)"
+           R"("s":{"dtype":"F32","shape":[1],"data_offsets":[98,102]}})";
+  }
+  static std::string base_data() {
+    std::string d(102, '\0');
+    for (size_t i = 0; i < d.size(); ++i) d[i] = static_cast<char>(i * 7 + 1);
+    return d;
+  }
+
+  // One mutation of `header` (kinds 2-5) or of the whole file (`bytes`, kinds 0, 1, 4).
+  static void mutate(std::mt19937& rng, std::string& header, std::string& bytes, bool& raw) {
+    auto pick = [&](size_t n) { return std::uniform_int_distribution<size_t>(0, n - 1)(rng); };
+    static const char* kNumbers[] = {"0",
+                                     "-1",
+                                     "1.5",
+                                     "1e308",
+                                     "18446744073709551615",
+                                     "18446744073709551616",
+                                     "9223372036854775807",
+                                     "4611686018427387904",
+                                     "99999999999999999999999",
+                                     "-0"};
+    static const char* kDtypes[] = {"F64", "I8", "BOOL", "", "bf16", "F8_E5M2", "U8", "F32 "};
+    static const char* kTokens[] = {"{", "}", "[", "]", ",", ":", "\"", "null", "-", "\\"};
+    switch (pick(6)) {
+      case 0: {  // a byte of the file (most of them in the header)
+        raw = true;
+        const size_t at = pick(4) == 0 ? pick(bytes.size()) : pick(8 + header.size());
+        bytes[at] = static_cast<char>(pick(256));
+        break;
+      }
+      case 1:  // truncated anywhere
+        raw = true;
+        bytes.resize(pick(bytes.size()));
+        break;
+      case 2: {  // a digit run becomes an awkward number
+        std::vector<std::pair<size_t, size_t>> runs;
+        for (size_t i = 0; i < header.size();) {
+          if (!std::isdigit(static_cast<unsigned char>(header[i]))) {
+            ++i;
+            continue;
+          }
+          size_t j = i;
+          while (j < header.size() && std::isdigit(static_cast<unsigned char>(header[j]))) ++j;
+          runs.emplace_back(i, j - i);
+          i = j;
+        }
+        if (runs.empty()) break;
+        const auto [at, len] = runs[pick(runs.size())];
+        header.replace(at, len, kNumbers[pick(std::size(kNumbers))]);
+        break;
+      }
+      case 3: {  // a dtype becomes another string
+        const size_t at = header.find("\"dtype\":\"", pick(header.size()));
+        if (at == std::string::npos) break;
+        const size_t begin = at + 9, end = header.find('"', begin);
+        if (end == std::string::npos) break;
+        header.replace(begin, end - begin, kDtypes[pick(std::size(kDtypes))]);
+        break;
+      }
+      case 4: {  // the header length field
+        raw = true;
+        const uint64_t n = header.size() + (8 - header.size() % 8) % 8;
+        const uint64_t values[] = {0,
+                                   1,
+                                   n - 1,
+                                   n + 8,
+                                   bytes.size() - 8,
+                                   bytes.size() - 7,
+                                   uint64_t{1} << 63,
+                                   ~uint64_t{0},
+                                   100000000};
+        const uint64_t v = values[pick(std::size(values))];
+        for (int i = 0; i < 8 && i < static_cast<int>(bytes.size()); ++i)
+          bytes[i] = static_cast<char>((v >> (8 * i)) & 0xff);
+        break;
+      }
+      default: {  // JSON punctuation dropped, or a token inserted
+        const size_t at = pick(header.size());
+        if (pick(2) == 0) {
+          header.erase(at, 1);
+        } else {
+          header.insert(at, kTokens[pick(std::size(kTokens))]);
+        }
+        break;
+      }
+    }
+  }
+
+  // The tensors of an accepted file, checked against the file's bytes without the parser's
+  // help: the data area is what follows the header length field's header; the tensors,
+  // ordered by address, must tile it exactly from its start (the format's rule), each
+  // holding shape product × dtype size bytes and the file's bytes at its place.
+  static void expect_consistent(const SafetensorsFile& f, const std::string& bytes) {
+    ASSERT_GE(bytes.size(), 8u);
+    uint64_t n = 0;
+    for (int i = 0; i < 8; ++i) n |= uint64_t{static_cast<uint8_t>(bytes[i])} << (8 * i);
+    ASSERT_LE(n, bytes.size() - 8);
+    const std::string_view data = std::string_view(bytes).substr(8 + n);
+    std::vector<const TensorView*> by_address;
+    for (const TensorView& t : f.tensors()) {
+      uint64_t numel = 1;
+      bool overflow = false;
+      for (const int64_t d : t.shape) {
+        ASSERT_GE(d, 0) << t.name;
+        overflow |= __builtin_mul_overflow(numel, static_cast<uint64_t>(d), &numel);
+      }
+      uint64_t size = 0;
+      overflow |= __builtin_mul_overflow(numel, static_cast<uint64_t>(dtype_size(t.dtype)), &size);
+      ASSERT_FALSE(overflow) << t.name << " " << t.shape_string();
+      ASSERT_EQ(size, t.nbytes) << t.name << " " << t.shape_string();
+      if (t.nbytes > 0) by_address.push_back(&t);
+    }
+    std::sort(by_address.begin(), by_address.end(),
+              [](const TensorView* a, const TensorView* b) { return a->data < b->data; });
+    uint64_t offset = 0;  // where the next tensor must start
+    for (const TensorView* t : by_address) {
+      ASSERT_EQ(static_cast<uint64_t>(t->data - by_address.front()->data), offset) << t->name;
+      ASSERT_LE(offset + t->nbytes, data.size()) << t->name << " runs past the file";
+      ASSERT_EQ(std::string_view(reinterpret_cast<const char*>(t->data), t->nbytes),
+                data.substr(offset, t->nbytes))
+          << t->name;
+      offset += t->nbytes;
+    }
+    ASSERT_EQ(offset, data.size()) << "the tensors leave bytes of the data area uncovered";
+  }
+};
+
+TEST_F(SafetensorsMutations, EveryCaseIsAnErrorNamingTheFileOrConsistent) {
+  ASSERT_TRUE(SafetensorsFile::open([&] {
+                write("model.safetensors", safetensors_bytes(base_header(), base_data()));
+                return path("model.safetensors");
+              }())
+                  .ok());
+  int accepted = 0, refused = 0;
+  for (uint32_t seed = 0; seed < 3000; ++seed) {
+    SCOPED_TRACE(seed);
+    std::mt19937 rng(seed);
+    std::string header = base_header(), bytes;
+    bool raw = false;
+    const int count = 1 + static_cast<int>(rng() % 3);
+    for (int m = 0; m < count; ++m) {
+      if (!raw) bytes = safetensors_bytes(header, base_data());
+      mutate(rng, header, bytes, raw);
+    }
+    if (!raw) bytes = safetensors_bytes(header, base_data());
+    write("model.safetensors", bytes);
+    auto r = SafetensorsFile::open(path("model.safetensors"));
+    if (r.ok()) {
+      ++accepted;
+      expect_consistent(*r, bytes);
+    } else {
+      ++refused;
+      EXPECT_CONTAINS(r.status().message(), path("model.safetensors"));
+    }
+    if (::testing::Test::HasFatalFailure()) return;
+  }
+  // Both outcomes occur (a mutation of a space or of metadata leaves a valid file).
+  EXPECT_GT(accepted, 10);
+  EXPECT_GT(refused, 2000);
 }
 
 }  // namespace
