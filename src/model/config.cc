@@ -32,17 +32,19 @@ Status field_error(std::string_view source, std::string_view key, std::string_vi
 }
 
 Result<int64_t> get_int(std::string_view source, std::string_view key, const json& v,
-                        int64_t min_value) {
-  const std::string what = fmt::format("an integer >= {}", min_value);
+                        int64_t min_value, int64_t max_value = INT64_MAX) {
+  const std::string what = max_value == INT64_MAX
+                               ? fmt::format("an integer >= {}", min_value)
+                               : fmt::format("an integer in [{}, {}]", min_value, max_value);
   if (v.is_number_unsigned()) {
     const uint64_t u = v.get<uint64_t>();
-    if (u > static_cast<uint64_t>(INT64_MAX)) return field_error(source, key, what, v);
+    if (u > static_cast<uint64_t>(max_value)) return field_error(source, key, what, v);
     if (static_cast<int64_t>(u) < min_value) return field_error(source, key, what, v);
     return static_cast<int64_t>(u);
   }
   if (v.is_number_integer()) {
     const int64_t i = v.get<int64_t>();
-    if (i < min_value) return field_error(source, key, what, v);
+    if (i < min_value || i > max_value) return field_error(source, key, what, v);
     return i;
   }
   return field_error(source, key, what, v);
@@ -71,9 +73,9 @@ Result<std::string> get_string(std::string_view source, std::string_view key, co
 using FieldParser = Status (*)(std::string_view source, std::string_view key, const json& v,
                                Config& c);
 
-template <int64_t Config::*M, int64_t kMin>
+template <int64_t Config::*M, int64_t kMin, int64_t kMax = INT64_MAX>
 Status parse_int(std::string_view source, std::string_view key, const json& v, Config& c) {
-  XDS_ASSIGN_OR_RETURN(c.*M, get_int(source, key, v, kMin));
+  XDS_ASSIGN_OR_RETURN(c.*M, get_int(source, key, v, kMin, kMax));
   return {};
 }
 
@@ -94,8 +96,11 @@ Status parse_q_lora_rank(std::string_view source, std::string_view key, const js
     c.q_lora_rank.reset();
     return {};
   }
-  if (!v.is_number_integer() || v.get<int64_t>() < 1) {
-    return field_error(source, key, "an integer >= 1 or null", v);
+  const std::string what = fmt::format("an integer in [1, {}] or null", kMaxWidth);
+  if (!v.is_number_integer() ||
+      (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(kMaxWidth)) ||
+      v.get<int64_t>() < 1 || v.get<int64_t>() > kMaxWidth) {
+    return field_error(source, key, what, v);
   }
   c.q_lora_rank = v.get<int64_t>();
   return {};
@@ -278,14 +283,15 @@ struct FieldSpec {
 constexpr FieldSpec kFields[] = {
     {"architectures", false, parse_architectures},
     {"model_type", false, parse_model_type},
-    {"vocab_size", true, parse_int<&Config::vocab_size, 1>},
-    {"hidden_size", true, parse_int<&Config::hidden_size, 1>},
-    {"intermediate_size", true, parse_int<&Config::intermediate_size, 1>},
-    {"moe_intermediate_size", true, parse_int<&Config::moe_intermediate_size, 1>},
-    {"num_hidden_layers", true, parse_int<&Config::num_hidden_layers, 1>},
-    {"num_nextn_predict_layers", false, parse_int<&Config::num_nextn_predict_layers, 0>},
-    {"num_attention_heads", true, parse_int<&Config::num_attention_heads, 1>},
-    {"n_shared_experts", false, parse_int<&Config::n_shared_experts, 0>},
+    {"vocab_size", true, parse_int<&Config::vocab_size, 1, kMaxWidth>},
+    {"hidden_size", true, parse_int<&Config::hidden_size, 1, kMaxWidth>},
+    {"intermediate_size", true, parse_int<&Config::intermediate_size, 1, kMaxWidth>},
+    {"moe_intermediate_size", true, parse_int<&Config::moe_intermediate_size, 1, kMaxWidth>},
+    {"num_hidden_layers", true, parse_int<&Config::num_hidden_layers, 1, kMaxLayers>},
+    {"num_nextn_predict_layers", false,
+     parse_int<&Config::num_nextn_predict_layers, 0, kMaxLayers>},
+    {"num_attention_heads", true, parse_int<&Config::num_attention_heads, 1, kMaxHeadsOrHeadDim>},
+    {"n_shared_experts", false, parse_int<&Config::n_shared_experts, 0, kMaxSharedExperts>},
     {"n_routed_experts", true, parse_int<&Config::n_routed_experts, 1>},
     {"num_experts_per_tok", true, parse_int<&Config::num_experts_per_tok, 1>},
     {"n_group", false, parse_int<&Config::n_group, 1>},
@@ -297,10 +303,10 @@ constexpr FieldSpec kFields[] = {
     {"scoring_func", false, parse_scoring_func},
     {"topk_method", false, parse_topk_method},
     {"q_lora_rank", true, parse_q_lora_rank},
-    {"kv_lora_rank", true, parse_int<&Config::kv_lora_rank, 1>},
-    {"qk_nope_head_dim", true, parse_int<&Config::qk_nope_head_dim, 1>},
-    {"qk_rope_head_dim", true, parse_int<&Config::qk_rope_head_dim, 2>},
-    {"v_head_dim", true, parse_int<&Config::v_head_dim, 1>},
+    {"kv_lora_rank", true, parse_int<&Config::kv_lora_rank, 1, kMaxWidth>},
+    {"qk_nope_head_dim", true, parse_int<&Config::qk_nope_head_dim, 1, kMaxHeadsOrHeadDim>},
+    {"qk_rope_head_dim", true, parse_int<&Config::qk_rope_head_dim, 2, kMaxHeadsOrHeadDim>},
+    {"v_head_dim", true, parse_int<&Config::v_head_dim, 1, kMaxHeadsOrHeadDim>},
     {"rms_norm_eps", false, parse_double<&Config::rms_norm_eps, true>},
     {"rope_theta", false, parse_double<&Config::rope_theta, true>},
     {"rope_scaling", false, parse_rope_scaling},

@@ -34,6 +34,16 @@ struct Fp8Quantization {  // quantization_config with quant_method "fp8"
 inline constexpr int64_t kMaxRoutedExperts = 1024;
 inline constexpr int64_t kMaxExpertGroups = 256;
 
+// Bounds on the sizes a config may give, so that no product the loader forms from them (a
+// tensor's expected shape, heads × head dims × widths, its bytes) can overflow int64: an
+// overflow wrapped to a checkpoint's real shape once, and a qk_nope_head_dim of 2^62 + 32
+// with 4 heads loaded and crashed. Published models stay far below (DeepSeek-V3: hidden
+// 7168, vocab 129280, 128 heads of 128 + 64, 61 layers).
+inline constexpr int64_t kMaxWidth = int64_t{1} << 20;  // vocab, hidden, MLP widths, lora ranks
+inline constexpr int64_t kMaxHeadsOrHeadDim = int64_t{1} << 16;  // heads, per-head dims
+inline constexpr int64_t kMaxLayers = int64_t{1} << 16;          // decoder and MTP layers
+inline constexpr int64_t kMaxSharedExperts = int64_t{1} << 10;
+
 struct DeepseekV3Config {
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;

@@ -134,6 +134,50 @@ TEST(Config, TypeAndRangeErrorsNameTheField) {
   }
 }
 
+TEST(Config, SizesBeyondTheirBoundsAreRefused) {
+  // Each bound accepted, one past it refused naming the field. The bounds keep every product
+  // the loader forms from sizes inside int64 (config.h).
+  struct Case {
+    const char* key;
+    int64_t bound;
+  };
+  const Case cases[] = {{"vocab_size", kMaxWidth},
+                        {"hidden_size", kMaxWidth},
+                        {"intermediate_size", kMaxWidth},
+                        {"moe_intermediate_size", kMaxWidth},
+                        {"q_lora_rank", kMaxWidth},
+                        {"kv_lora_rank", kMaxWidth},
+                        {"num_attention_heads", kMaxHeadsOrHeadDim},
+                        {"qk_nope_head_dim", kMaxHeadsOrHeadDim},
+                        {"qk_rope_head_dim", kMaxHeadsOrHeadDim},
+                        {"v_head_dim", kMaxHeadsOrHeadDim},
+                        {"num_hidden_layers", kMaxLayers},
+                        {"num_nextn_predict_layers", kMaxLayers},
+                        {"n_shared_experts", kMaxSharedExperts}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.key);
+    json j = valid_config();
+    j[c.key] = c.bound;
+    auto r = parse(j);
+    EXPECT_TRUE(r.ok()) << r.status().to_string();
+    j[c.key] = c.bound + 1;
+    expect_error(j, {"c.json", std::string("field '") + c.key + "'", "an integer in [",
+                     std::to_string(c.bound + 1)});
+  }
+}
+
+TEST(Config, SizesWhoseProductsWouldWrapAreRefused) {
+  // 4 heads × (qk_nope 2^62 + 32 + rope 16) wraps to 192 = 4 × 48 in int64 arithmetic, and
+  // 4 × (2^62 + 32 + v 32) to 256: the shapes of a checkpoint with qk_nope_head_dim 32.
+  // Such a config once loaded against that checkpoint and crashed in attention.
+  json j = valid_config();
+  j["qk_nope_head_dim"] = (int64_t{1} << 62) + 32;
+  expect_error(j, {"c.json", "field 'qk_nope_head_dim'", "4611686018427387936"});
+  j = valid_config();
+  j["q_lora_rank"] = json(uint64_t{1} << 63);
+  expect_error(j, {"c.json", "field 'q_lora_rank'", "9223372036854775808"});
+}
+
 TEST(Config, MissingRequiredField) {
   for (const char* key : {"vocab_size", "hidden_size", "num_hidden_layers", "kv_lora_rank",
                           "q_lora_rank", "qk_rope_head_dim", "n_routed_experts"}) {
