@@ -5,12 +5,21 @@
 namespace xds {
 
 ThreadPool::ThreadPool(int num_threads, int spin_pauses) : spin_pauses_(std::max(0, spin_pauses)) {
-  for (int i = 1; i < std::max(1, num_threads); ++i) {
-    workers_.emplace_back([this, i] { worker_loop(i); });
+  try {
+    for (int i = 1; i < std::max(1, num_threads); ++i) {
+      workers_.emplace_back([this, i] { worker_loop(i); });
+    }
+  } catch (...) {  // the OS refused a thread: stop the ones started, then report
+    stop_and_join();
+    throw;
   }
 }
 
 ThreadPool::~ThreadPool() {
+  stop_and_join();
+}
+
+void ThreadPool::stop_and_join() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;

@@ -25,7 +25,8 @@ class ThreadPool {
   static constexpr int kDefaultSpin = 2000;
   static constexpr int kNoSpin = 0;
 
-  // num_threads counts the caller: 1 means "run everything on the calling thread".
+  // num_threads counts the caller: 1 means "run everything on the calling thread". Throws
+  // std::system_error when the OS refuses a thread (those already started are stopped first).
   explicit ThreadPool(int num_threads, int spin_pauses = kDefaultSpin);
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
@@ -41,6 +42,7 @@ class ThreadPool {
 
  private:
   void worker_loop(int index);
+  void stop_and_join();
 
   std::vector<std::thread> workers_;
   std::mutex mu_;

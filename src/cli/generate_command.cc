@@ -194,8 +194,8 @@ void add_generate_command(CLI::App& app, int* exit_code) {
   cmd->add_option("--max-tokens", args->max_tokens, "Tokens to generate")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   cmd->add_option("--temperature", args->temperature, "0 is greedy")
-      ->check(CLI::Range(0.0f, 100.0f));
-  cmd->add_option("--top-p", args->top_p)->check(CLI::Range(0.0f, 1.0f));
+      ->check(finite_range(0.0, 100.0));
+  cmd->add_option("--top-p", args->top_p)->check(finite_range(0.0, 1.0));
   cmd->add_option("--top-k", args->top_k)->check(CLI::NonNegativeNumber);
   cmd->add_option("--seed", args->seed);
   cmd->add_flag("--ignore-eos", args->ignore_eos, "Do not stop at the end-of-sequence token");
@@ -208,7 +208,7 @@ void add_generate_command(CLI::App& app, int* exit_code) {
                   "Prefill in chunks of N tokens (0: one chunk)")
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--threads", args->threads, "Worker threads (0: all cores)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(CLI::Range(0, kMaxThreads));
   cmd->callback([args, exit_code, text, ids] {
     if (text->count() == 0 && ids->count() == 0) {
       std::fprintf(stderr, "error: generate needs --prompt or --prompt-ids\n");

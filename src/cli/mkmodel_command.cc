@@ -27,7 +27,7 @@ void add_mkmodel_command(CLI::App& app, int* exit_code) {
       "--no-q-lora", [opts](int64_t) { opts->q_lora = false; },
       "q_proj instead of q_a_proj/q_b_proj (q_lora_rank null)");
   cmd->add_option("--threads", opts->threads, "Worker threads (0: all cores)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(CLI::Range(0, kMaxThreads));
   cmd->callback([opts, exit_code] {
     const Status s = write_random_checkpoint(*opts);
     if (!s.ok()) {

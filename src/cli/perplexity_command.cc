@@ -93,7 +93,8 @@ void add_perplexity_command(CLI::App& app, int* exit_code) {
   cmd->add_option("--window", args->window, "Tokens per window")
       ->check(CLI::Range(int64_t{2}, int64_t{1} << 20));
   cmd->add_option("--compute-dtype", args->compute_dtype, "f32 or bf16");
-  cmd->add_option("--threads", args->threads)->check(CLI::NonNegativeNumber);
+  cmd->add_option("--threads", args->threads, "Worker threads (0: all cores)")
+      ->check(CLI::Range(0, kMaxThreads));
   cmd->callback([args, exit_code] {
     const Status s = run_perplexity(*args);
     if (!s.ok()) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <optional>
+#include <system_error>
 #include <thread>
 
 #include "kernels/cpu/linear.h"
@@ -50,7 +51,11 @@ Result<std::unique_ptr<DeepseekV3Model>> DeepseekV3Model::load(const std::string
   const int threads = options.threads > 0
                           ? options.threads
                           : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  m->pool_ = std::make_unique<ThreadPool>(threads);
+  try {
+    m->pool_ = std::make_unique<ThreadPool>(threads);
+  } catch (const std::system_error& e) {
+    return resource_exhausted("{}: could not start {} worker threads: {}", dir, threads, e.what());
+  }
   XDS_ASSIGN_OR_RETURN(Checkpoint ckpt, Checkpoint::open(dir));
   m->checkpoint_ = std::make_unique<Checkpoint>(std::move(ckpt));
   RepackOptions repack;

@@ -60,6 +60,18 @@ class CliErrors(unittest.TestCase):
         self.expect_error(["generate", "--model", self.model, "--prompt-ids", "1", "--compute-dtype", "f16"], 1,
                           "--compute-dtype must be f32 or bf16, got 'f16'")
 
+    def test_sampling_options_that_are_not_numbers(self):
+        # CLI::Range lets NaN through (every comparison with it is false); these must not.
+        for args in (["--temperature", "nan"], ["--temperature", "inf"],
+                     ["--temperature", "1", "--top-p", "nan"], ["--temperature", "1", "--top-p", "1.5"]):
+            self.expect_error(["generate", "--model", self.model, "--prompt-ids", "1", *args], 105,
+                              args[-2], "not a number in")
+
+    def test_thread_count_beyond_bound(self):
+        # 100000 threads used to abort the process (std::system_error from std::thread).
+        self.expect_error(["generate", "--model", self.model, "--prompt-ids", "1", "--threads", "100000"], 105,
+                          "--threads", "not in range 0 to 1024")
+
     def test_context_beyond_max_position_embeddings(self):
         limit = read_json(os.path.join(self.model, "config.json"))["max_position_embeddings"]
         self.expect_error(["generate", "--model", self.model, "--prompt-ids", "1,2", "--max-tokens", str(limit)], 1,
