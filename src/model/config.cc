@@ -439,7 +439,8 @@ Result<DeepseekV3Config> load_deepseek_v3_config(const std::string& dir) {
   XDS_ASSIGN_OR_RETURN(std::string text, read_text_file(path));
   XDS_ASSIGN_OR_RETURN(Config c, parse_deepseek_v3_config(text, path));
 
-  // generation_config.json, if present, overrides the eos ids of config.json.
+  // generation_config.json, if present, overrides the eos and bos ids of config.json (as
+  // Hugging Face's generate() takes them from there).
   const std::string gen_path = dir + "/generation_config.json";
   std::ifstream probe(gen_path);
   if (!probe) return c;
@@ -455,8 +456,12 @@ Result<DeepseekV3Config> load_deepseek_v3_config(const std::string& dir) {
       }
     }
   }
-  if (auto it = g.find("bos_token_id"); it != g.end() && !it->is_null() && !c.bos_token_id) {
+  if (auto it = g.find("bos_token_id"); it != g.end() && !it->is_null()) {  // overrides too
     XDS_ASSIGN_OR_RETURN(int64_t bos, get_int(gen_path, "bos_token_id", *it, 0));
+    if (bos >= c.vocab_size) {
+      return cross_error(gen_path, "bos_token_id",
+                         fmt::format("an id < vocab_size ({})", c.vocab_size), bos);
+    }
     c.bos_token_id = bos;
   }
   return c;

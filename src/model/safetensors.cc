@@ -299,7 +299,8 @@ Result<std::map<std::string, std::string>> read_weight_map(const std::string& in
   std::map<std::string, std::string> wm;
   for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
     const std::string& shard = it->is_string() ? it->get_ref<const std::string&>() : "";
-    if (shard.empty() || shard.find('/') != std::string::npos || shard == "." || shard == "..") {
+    if (shard.empty() || shard.find('/') != std::string::npos ||
+        shard.find('\0') != std::string::npos || shard == "." || shard == "..") {
       return invalid_argument(
           "{}: weight_map['{}']: expected a file name in the directory, "
           "found {}",

@@ -4,6 +4,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <optional>
 
 #include <nlohmann/json.hpp>
 
@@ -326,6 +327,23 @@ TEST_F(ConfigDir, EosFromGenerationConfigListOrInt) {
   EXPECT_NE(r.status().message().find("generation_config.json: field 'eos_token_id'"),
             std::string::npos)
       << r.status().message();
+}
+
+TEST_F(ConfigDir, BosFromGenerationConfigOverridesAndIsChecked) {
+  write("config.json", valid_config().dump());  // bos_token_id 0, vocab_size 512
+  write("generation_config.json", R"({"bos_token_id": 5, "eos_token_id": 1})");
+  auto r = load_deepseek_v3_config(dir_.string());
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r->bos_token_id, std::optional<int64_t>(5));
+  for (const char* bad : {"-1", "512", "\"1\"", "1.5"}) {
+    SCOPED_TRACE(bad);
+    write("generation_config.json", std::string(R"({"bos_token_id": )") + bad + "}");
+    r = load_deepseek_v3_config(dir_.string());
+    ASSERT_FALSE(r.ok());
+    EXPECT_NE(r.status().message().find("generation_config.json: field 'bos_token_id'"),
+              std::string::npos)
+        << r.status().message();
+  }
 }
 
 TEST_F(ConfigDir, MissingConfigNamesTheFile) {

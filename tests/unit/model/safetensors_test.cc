@@ -243,6 +243,12 @@ TEST_F(ShardedCheckpoint, BadIndex) {
   r = Checkpoint::open(dir());
   ASSERT_FALSE(r.ok());
   EXPECT_CONTAINS(r.status().message(), "weight_map['x']");
+  // A NUL ends the name for the OS: "shard\0x" would open "shard".
+  write("model.safetensors.index.json",
+        R"({"weight_map":{"x.weight":"model-00001-of-00002.safetensors\u0000x"}})");
+  r = Checkpoint::open(dir());
+  ASSERT_FALSE(r.ok());
+  EXPECT_CONTAINS(r.status().message(), "weight_map['x.weight']");
 }
 
 TEST_F(ShardedCheckpoint, BadShardNamesTheShard) {
