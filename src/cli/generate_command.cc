@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include "base/atomic_file.h"
 #include "base/clock.h"
 #include "cli/commands.h"
 #include "cli/prompt.h"
@@ -96,28 +97,32 @@ Status run_generate(const GenerateArgs& a) {
   KvCache cache = model->make_cache(total + 16);
   const int64_t seq = cache.add_sequence();
 
-  std::ofstream logits_file, routing_file;
+  // The dumps appear whole or not at all: a run that fails midway (non-finite logits, a
+  // full disk) leaves no truncated file that a comparison script could read as complete.
+  std::optional<AtomicFile> logits_file, routing_file;
   if (!a.dump_logits.empty()) {
-    logits_file.open(a.dump_logits, std::ios::binary | std::ios::trunc);
-    if (!logits_file) return invalid_argument("--dump-logits: cannot write '{}'", a.dump_logits);
+    auto f = AtomicFile::create(a.dump_logits);
+    if (!f.ok()) return invalid_argument("--dump-logits: {}", f.status().message());
+    logits_file.emplace(std::move(*f));
   }
   if (!a.dump_routing.empty()) {
-    routing_file.open(a.dump_routing, std::ios::trunc);
-    if (!routing_file) return invalid_argument("--dump-routing: cannot write '{}'", a.dump_routing);
+    auto f = AtomicFile::create(a.dump_routing);
+    if (!f.ok()) return invalid_argument("--dump-routing: {}", f.status().message());
+    routing_file.emplace(std::move(*f));
   }
   int64_t step_start = 0;
-  if (routing_file.is_open()) {
-    model->set_routing_observer(
-        [&](int64_t layer, int64_t token, std::span<const int32_t> experts) {
-          routing_file << fmt::format("{{\"layer\":{},\"row\":{},\"experts\":[{}]}}\n", layer,
-                                      step_start + token, fmt::join(experts, ","));
-        });
+  if (routing_file) {
+    model->set_routing_observer([&](int64_t layer, int64_t token,
+                                    std::span<const int32_t> experts) {
+      // A failed write is kept by the file and returned by commit().
+      (void)routing_file->write(fmt::format("{{\"layer\":{},\"row\":{},\"experts\":[{}]}}\n", layer,
+                                            step_start + token, fmt::join(experts, ",")));
+    });
   }
-  const bool dump = logits_file.is_open();
-  auto write_rows = [&](const StepOutput& out) {
-    if (dump)
-      logits_file.write(reinterpret_cast<const char*>(out.logits.data()),
-                        static_cast<std::streamsize>(out.logits.size() * sizeof(float)));
+  const bool dump = logits_file.has_value();
+  auto write_rows = [&](const StepOutput& out) -> Status {
+    if (!dump) return {};
+    return logits_file->write(out.logits.data(), out.logits.size() * sizeof(float));
   };
 
   // Prefill, in chunks of --prefill-chunk tokens over the cached blocks (0: one chunk).
@@ -130,7 +135,7 @@ Status run_generate(const GenerateArgs& a) {
     step_start = p;
     TokenChunk tc{seq, p, std::span<const int32_t>(prompt).subspan(p, count), dump};
     XDS_RETURN_IF_ERROR(model->forward({&tc, 1}, cache, out));
-    write_rows(out);
+    XDS_RETURN_IF_ERROR(write_rows(out));
   }
   const double prefill_s = seconds_since(t0);
 
@@ -162,12 +167,17 @@ Status run_generate(const GenerateArgs& a) {
     step_start = pos;
     TokenChunk tc{seq, pos, std::span<const int32_t>(&next, 1), false};
     XDS_RETURN_IF_ERROR(model->forward({&tc, 1}, cache, out));
-    write_rows(out);
+    XDS_RETURN_IF_ERROR(write_rows(out));
     row.assign(out.logits.begin(), out.logits.begin() + cfg.vocab_size);
     ++pos;
   }
   const double decode_s = seconds_since(t1);
   codec.finish();
+  if (logits_file) XDS_RETURN_IF_ERROR(logits_file->commit());
+  if (routing_file) {
+    model->set_routing_observer(nullptr);
+    XDS_RETURN_IF_ERROR(routing_file->commit());
+  }
   const int64_t decode_steps = generated - 1;
   std::fprintf(stderr,
                "prefill: %lld tokens in %.3f s (%.1f tokens/s); decode: %lld tokens in %.3f s "

@@ -113,6 +113,33 @@ class CliErrors(unittest.TestCase):
             f.write(b"\xff" * (end - begin))
         self.expect_error(["generate", "--model", broken, "--prompt-ids", "1,2", "--max-tokens", "2"], 1,
                           "not finite", "position 1")
+        # The dumps of a failed run: nothing half-written, the previous files untouched.
+        out_dir = os.path.join(self.tmp, "nan_dumps")
+        os.makedirs(out_dir)
+        logits, routing = os.path.join(out_dir, "logits.bin"), os.path.join(out_dir, "routing.jsonl")
+        for p in (logits, routing):
+            with open(p, "w") as f:
+                f.write("previous run")
+        self.expect_error(["generate", "--model", broken, "--prompt-ids", "1,2", "--max-tokens", "2",
+                           "--dump-logits", logits, "--dump-routing", routing], 1, "not finite")
+        self.assertEqual(sorted(os.listdir(out_dir)), ["logits.bin", "routing.jsonl"])
+        for p in (logits, routing):
+            with open(p) as f:
+                self.assertEqual(f.read(), "previous run")
+
+    def test_dumps_of_a_whole_run(self):
+        vocab = read_json(os.path.join(self.model, "config.json"))["vocab_size"]
+        layers = read_json(os.path.join(self.model, "config.json"))["num_hidden_layers"]
+        logits, routing = os.path.join(self.tmp, "whole_logits.bin"), os.path.join(self.tmp, "whole_routing.jsonl")
+        rc, _, err = run("generate", "--model", self.model, "--prompt-ids", "1,2,3", "--max-tokens", "4",
+                         "--ignore-eos", "--dump-logits", logits, "--dump-routing", routing)
+        self.assertEqual(rc, 0, err)
+        # 3 prompt rows + 3 generated tokens fed back (the 4th is not), float32 each.
+        self.assertEqual(os.path.getsize(logits), 6 * vocab * 4)
+        with open(routing) as f:
+            rows = [json.loads(line) for line in f]
+        first_k = read_json(os.path.join(self.model, "config.json"))["first_k_dense_replace"]
+        self.assertEqual(len(rows), 6 * (layers - first_k))
 
     def test_generation_succeeds_and_reports_throughput(self):
         rc, out, err = run("generate", "--model", self.model, "--prompt-ids", "1,2,3", "--max-tokens", "4",

@@ -1,0 +1,112 @@
+#include "base/atomic_file.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace xds {
+namespace {
+
+namespace fs = std::filesystem;
+
+class AtomicFileTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("xds_atomic_file_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  std::string read(const fs::path& p) {
+    std::ifstream in(p, std::ios::binary);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  }
+  // Names in the directory (the temporaries included).
+  std::vector<std::string> entries() {
+    std::vector<std::string> out;
+    for (const auto& e : fs::directory_iterator(dir_)) out.push_back(e.path().filename());
+    std::sort(out.begin(), out.end());
+    return out;
+  }
+
+  fs::path dir_;
+};
+
+TEST_F(AtomicFileTest, CommitPutsTheWholeFileInPlace) {
+  const std::string path = (dir_ / "out.bin").string();
+  auto f = AtomicFile::create(path);
+  ASSERT_TRUE(f.ok()) << f.status().to_string();
+  // More than one flush's worth, in pieces of odd sizes, bytes 0-255 repeating.
+  std::string expect;
+  for (size_t i = 0; i < AtomicFile::kFlushBytes * 2 + 12345; ++i)
+    expect.push_back(static_cast<char>(i % 251));
+  for (size_t at = 0; at < expect.size(); at += 70001) {
+    const size_t n = std::min<size_t>(70001, expect.size() - at);
+    ASSERT_TRUE(f->write(expect.data() + at, n).ok());
+    EXPECT_FALSE(fs::exists(path)) << "visible before commit";
+  }
+  ASSERT_TRUE(f->commit().ok());
+  EXPECT_EQ(read(path), expect);
+  EXPECT_EQ(entries(), std::vector<std::string>{"out.bin"});  // no temporary left
+  EXPECT_FALSE(f->write("x").ok());                           // spent
+}
+
+TEST_F(AtomicFileTest, WithoutCommitNothingChangesAtThePath) {
+  const fs::path path = dir_ / "logits.bin";
+  std::ofstream(path) << "the previous run's whole file";
+  {
+    auto f = AtomicFile::create(path.string());
+    ASSERT_TRUE(f.ok());
+    ASSERT_TRUE(f->write(std::string(3 * AtomicFile::kFlushBytes, 'n')).ok());  // flushed
+  }  // an error return path: destroyed uncommitted
+  EXPECT_EQ(read(path), "the previous run's whole file");
+  EXPECT_EQ(entries(), std::vector<std::string>{"logits.bin"});
+  {
+    auto f = AtomicFile::create((dir_ / "new.bin").string());
+    ASSERT_TRUE(f.ok());
+    ASSERT_TRUE(f->write("partial").ok());
+  }
+  EXPECT_FALSE(fs::exists(dir_ / "new.bin"));
+  EXPECT_EQ(entries(), std::vector<std::string>{"logits.bin"});
+}
+
+TEST_F(AtomicFileTest, MovedFromLeavesOneOwner) {
+  const std::string path = (dir_ / "m.txt").string();
+  auto f = AtomicFile::create(path);
+  ASSERT_TRUE(f.ok());
+  AtomicFile g = std::move(*f);
+  ASSERT_TRUE(g.write("moved").ok());
+  ASSERT_TRUE(g.commit().ok());
+  EXPECT_EQ(read(path), "moved");
+  EXPECT_EQ(entries(), std::vector<std::string>{"m.txt"});
+}
+
+TEST_F(AtomicFileTest, ErrorsNameThePath) {
+  const std::string in_missing_dir = (dir_ / "no" / "such" / "out.bin").string();
+  auto f = AtomicFile::create(in_missing_dir);
+  ASSERT_FALSE(f.ok());
+  EXPECT_NE(f.status().message().find(in_missing_dir), std::string::npos) << f.status().message();
+  // A directory at the destination: the rename fails at commit, and the temporary goes.
+  fs::create_directories(dir_ / "taken");
+  auto g = AtomicFile::create((dir_ / "taken").string());
+  ASSERT_TRUE(g.ok());
+  ASSERT_TRUE(g->write("x").ok());
+  const Status s = g->commit();
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find((dir_ / "taken").string()), std::string::npos) << s.message();
+  EXPECT_EQ(entries(), std::vector<std::string>{"taken"});
+}
+
+}  // namespace
+}  // namespace xds
