@@ -11,12 +11,12 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "base/atomic_file.h"
 #include "base/thread_pool.h"
 #include "tensor/dtype.h"
 
@@ -242,11 +242,9 @@ ojson config_json(const DeepseekV3Config& c) {
 }
 
 Status write_text(const std::string& path, const std::string& text) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << text;
-  out.close();
-  if (!out) return internal_error("{}: cannot write the file", path);
-  return {};
+  XDS_ASSIGN_OR_RETURN(AtomicFile f, AtomicFile::create(path));
+  XDS_RETURN_IF_ERROR(f.write(text));
+  return f.commit();
 }
 
 // ---- writing tensors ----
@@ -391,8 +389,9 @@ Status write_safetensors(const std::string& path, const std::vector<const Spec*>
 
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return internal_error("{}: cannot create: {}", path, std::strerror(errno));
-  auto fail = [&](Status st) {
+  auto fail = [&](Status st) {  // no partial shard left behind
     ::close(fd);
+    ::unlink(path.c_str());
     return st;
   };
   if (int err = ::posix_fallocate(fd, 0, static_cast<off_t>(total)); err != 0) {
