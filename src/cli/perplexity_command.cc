@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "base/clock.h"
+#include "base/read_file.h"
 #include "cli/commands.h"
 #include "model/deepseek_v3.h"
 #include "tokenizer/tokenizer.h"
@@ -28,17 +29,14 @@ struct PerplexityArgs {
 };
 
 Status run_perplexity(const PerplexityArgs& a) {
-  std::ifstream in(a.file, std::ios::binary);
-  if (!in) return not_found("--file: cannot read '{}'", a.file);
-  std::stringstream ss;
-  ss << in.rdbuf();
+  auto text = read_whole_file(a.file);
+  if (!text.ok()) return Status(text.status().code(), "--file: " + text.status().message());
   if (!Tokenizer::has_tokenizer_files(a.model)) {
     return failed_precondition("{}: no tokenizer files (tokenizer.json): perplexity needs text",
                                a.model);
   }
   XDS_ASSIGN_OR_RETURN(Tokenizer tok, Tokenizer::load(a.model));
-  XDS_ASSIGN_OR_RETURN(std::vector<int32_t> ids,
-                       tok.encode(ss.str(), /*add_special_tokens=*/false));
+  XDS_ASSIGN_OR_RETURN(std::vector<int32_t> ids, tok.encode(*text, /*add_special_tokens=*/false));
   ModelOptions mo;
   if (a.compute_dtype == "bf16") {
     mo.compute = ComputeDType::kBF16;

@@ -11,6 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "base/read_file.h"
 #include "cli/commands.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
@@ -22,14 +23,6 @@ struct TokenizeArgs {
   std::string model, text, file, messages, decode, chat_template;
   bool chat = false, no_special = false, skip_special = false, render = false;
 };
-
-Result<std::string> read_all(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) return not_found("{}: cannot open file", path);
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
 
 Result<std::vector<int32_t>> parse_ids(const std::string& s) {
   std::vector<int32_t> ids;
@@ -69,7 +62,7 @@ Status run_tokenize(const TokenizeArgs& a) {
     XDS_ASSIGN_OR_RETURN(ChatTemplate tmpl, ChatTemplate::load(a.model, a.chat_template));
     nlohmann::ordered_json messages, tools;
     if (!a.messages.empty()) {
-      XDS_ASSIGN_OR_RETURN(std::string m, read_all(a.messages));
+      XDS_ASSIGN_OR_RETURN(std::string m, read_whole_file(a.messages));
       try {
         auto j = nlohmann::ordered_json::parse(m);
         if (j.is_object()) {
@@ -84,7 +77,7 @@ Status run_tokenize(const TokenizeArgs& a) {
     } else {
       std::string text = a.text;
       if (!a.file.empty()) {
-        XDS_ASSIGN_OR_RETURN(text, read_all(a.file));
+        XDS_ASSIGN_OR_RETURN(text, read_whole_file(a.file));
       }
       messages = nlohmann::ordered_json::array({{{"role", "user"}, {"content", text}}});
     }
@@ -98,7 +91,7 @@ Status run_tokenize(const TokenizeArgs& a) {
   } else {
     std::string text = a.text;
     if (!a.file.empty()) {
-      XDS_ASSIGN_OR_RETURN(text, read_all(a.file));
+      XDS_ASSIGN_OR_RETURN(text, read_whole_file(a.file));
       auto r = tok.encode(text, !a.no_special);
       if (!r.ok()) return r.status().with_context(a.file);
       ids = std::move(r).value();

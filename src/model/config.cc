@@ -6,6 +6,8 @@
 //   "<file>: field '<key>': expected <what>, found <json value>".
 #include "model/config.h"
 
+#include "base/read_file.h"
+
 #include <cmath>
 #include <fstream>
 #include <sstream>
@@ -395,15 +397,6 @@ Status validate_cross_fields(std::string_view source, const json& j, const Confi
   return {};
 }
 
-Result<std::string> read_text_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return not_found("{}: cannot open the file", path);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) return data_loss("{}: read error", path);
-  return ss.str();
-}
-
 Result<json> parse_json_object(const std::string& text, const std::string& source) {
   json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return invalid_argument("{}: not valid JSON", source);
@@ -436,7 +429,7 @@ Result<DeepseekV3Config> parse_deepseek_v3_config(const std::string& json_text,
 
 Result<DeepseekV3Config> load_deepseek_v3_config(const std::string& dir) {
   const std::string path = dir + "/config.json";
-  XDS_ASSIGN_OR_RETURN(std::string text, read_text_file(path));
+  XDS_ASSIGN_OR_RETURN(std::string text, read_whole_file(path));
   XDS_ASSIGN_OR_RETURN(Config c, parse_deepseek_v3_config(text, path));
 
   // generation_config.json, if present, overrides the eos and bos ids of config.json (as
@@ -445,7 +438,7 @@ Result<DeepseekV3Config> load_deepseek_v3_config(const std::string& dir) {
   std::ifstream probe(gen_path);
   if (!probe) return c;
   probe.close();
-  XDS_ASSIGN_OR_RETURN(std::string gen_text, read_text_file(gen_path));
+  XDS_ASSIGN_OR_RETURN(std::string gen_text, read_whole_file(gen_path));
   XDS_ASSIGN_OR_RETURN(json g, parse_json_object(gen_text, gen_path));
   if (auto it = g.find("eos_token_id"); it != g.end() && !it->is_null()) {
     XDS_ASSIGN_OR_RETURN(c.eos_token_ids, get_eos_ids(gen_path, "eos_token_id", *it));

@@ -1,5 +1,7 @@
 #include "model/safetensors.h"
 
+#include "base/read_file.h"
+
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -282,11 +284,8 @@ const TensorView* SafetensorsFile::find(std::string_view name) const {
 namespace {
 
 Result<std::map<std::string, std::string>> read_weight_map(const std::string& index_path) {
-  std::ifstream in(index_path, std::ios::binary);
-  if (!in) return not_found("{}: cannot open the file", index_path);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  json j = json::parse(ss.str(), nullptr, /*allow_exceptions=*/false);
+  XDS_ASSIGN_OR_RETURN(const std::string text, read_whole_file(index_path));
+  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return invalid_argument("{}: not valid JSON", index_path);
   if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object()) {
     return invalid_argument(

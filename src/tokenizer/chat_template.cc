@@ -4,22 +4,15 @@
 #include <fstream>
 #include <sstream>
 
+#include "base/read_file.h"
 #include "tokenizer/jinja_ast.h"
 #include "tokenizer/jinja_eval.h"
 
 namespace xds {
 namespace {
 
-Result<std::string> read_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) return not_found("{}: cannot open file", path);
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
 Result<nlohmann::ordered_json> read_config(const std::string& path) {
-  XDS_ASSIGN_OR_RETURN(std::string text, read_file(path));
+  XDS_ASSIGN_OR_RETURN(std::string text, read_whole_file(path));
   try {
     auto j = nlohmann::ordered_json::parse(text);
     if (!j.is_object()) return invalid_argument("{}: expected a JSON object", path);
@@ -44,7 +37,7 @@ Result<ChatTemplate> ChatTemplate::from_string(const std::string& source, const 
 }
 
 Result<ChatTemplate> ChatTemplate::from_file(const std::string& path) {
-  XDS_ASSIGN_OR_RETURN(std::string src, read_file(path));
+  XDS_ASSIGN_OR_RETURN(std::string src, read_whole_file(path));
   return from_string(src, path);
 }
 

@@ -7,6 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "base/read_file.h"
 #include "tokenizer/added_vocab.h"
 #include "tokenizer/bpe_model.h"
 #include "tokenizer/byte_level.h"
@@ -37,14 +38,6 @@ struct Tokenizer::Impl {
 };
 
 namespace {
-
-Result<std::string> read_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) return not_found("{}: cannot open file", path);
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
 
 Result<nlohmann::json> parse_json(std::string_view text, const std::string& name) {
   try {
@@ -320,10 +313,10 @@ Result<Tokenizer> Tokenizer::from_json_text(std::string_view tokenizer_json,
 Result<Tokenizer> Tokenizer::load(const std::string& model_dir) {
   const std::string tj_path = (std::filesystem::path(model_dir) / "tokenizer.json").string();
   const std::string cfg_path = (std::filesystem::path(model_dir) / "tokenizer_config.json").string();
-  XDS_ASSIGN_OR_RETURN(std::string tj, read_file(tj_path));
+  XDS_ASSIGN_OR_RETURN(std::string tj, read_whole_file(tj_path));
   std::string cfg;
   if (std::filesystem::exists(cfg_path)) {
-    XDS_ASSIGN_OR_RETURN(cfg, read_file(cfg_path));
+    XDS_ASSIGN_OR_RETURN(cfg, read_whole_file(cfg_path));
   }
   auto r = from_json_text(tj, cfg, tj_path);
   if (!r.ok()) return r.status();

@@ -67,6 +67,11 @@ class CliErrors(unittest.TestCase):
             self.expect_error(["generate", "--model", self.model, "--prompt-ids", "1", *args], 105,
                               args[-2], "not a number in")
 
+    def test_directory_given_as_a_file(self):
+        # A directory opens as a stream and reads as empty: it was "fewer than 2 tokens".
+        self.expect_error(["perplexity", "--model", self.model, "--file", self.tmp], 1,
+                          self.tmp + ": is a directory")
+
     def test_thread_count_beyond_bound(self):
         # 100000 threads used to abort the process (std::system_error from std::thread).
         self.expect_error(["generate", "--model", self.model, "--prompt-ids", "1", "--threads", "100000"], 105,

@@ -1,4 +1,5 @@
 #include "base/atomic_file.h"
+#include "base/read_file.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -106,6 +107,31 @@ TEST_F(AtomicFileTest, ErrorsNameThePath) {
   ASSERT_FALSE(s.ok());
   EXPECT_NE(s.message().find((dir_ / "taken").string()), std::string::npos) << s.message();
   EXPECT_EQ(entries(), std::vector<std::string>{"taken"});
+}
+
+TEST_F(AtomicFileTest, ReadWholeFileReturnsTheBytesOrNamesThePath) {
+  const std::string bytes("a\0b\xff\n", 5);  // NUL and a non-UTF-8 byte survive
+  {
+    auto f = AtomicFile::create((dir_ / "in.bin").string());
+    ASSERT_TRUE(f.ok());
+    ASSERT_TRUE(f->write(bytes).ok());
+    ASSERT_TRUE(f->commit().ok());
+  }
+  auto r = read_whole_file((dir_ / "in.bin").string());
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(*r, bytes);
+
+  r = read_whole_file(dir_.string());  // a directory opens as a stream and reads as empty
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find(dir_.string() + ": is a directory"), std::string::npos)
+      << r.status().message();
+
+  const std::string missing = (dir_ / "missing.json").string();
+  r = read_whole_file(missing);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(r.status().message().find(missing), std::string::npos) << r.status().message();
 }
 
 }  // namespace
