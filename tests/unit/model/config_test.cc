@@ -2,9 +2,14 @@
 
 #include <gtest/gtest.h>
 
+#include <cctype>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <optional>
+#include <random>
+#include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -177,6 +182,108 @@ TEST(Config, SizesWhoseProductsWouldWrapAreRefused) {
   j = valid_config();
   j["q_lora_rank"] = json(uint64_t{1} << 63);
   expect_error(j, {"c.json", "field 'q_lora_rank'", "9223372036854775808"});
+}
+
+// Seeded mutations of a valid config.json's text (characters dropped or inserted, digit runs
+// replaced by awkward numbers, values swapped for other JSON types): each parse is an error
+// naming the file, or a config that keeps the rules the test states here on its own: sizes
+// within their bounds, groups dividing the experts, top-k within them, ids in the vocabulary,
+// positive finite scales. Under ASan/UBSan a crash or an overflow fails it too.
+TEST(Config, TextMutationsGiveAnErrorOrAConsistentConfig) {
+  const std::string base = valid_config().dump();
+  static const char* kNumbers[] = {"0",
+                                   "-1",
+                                   "1.5",
+                                   "1e308",
+                                   "-1e308",
+                                   "18446744073709551615",
+                                   "18446744073709551616",
+                                   "9223372036854775807",
+                                   "65537",
+                                   "1048577",
+                                   "NaN",
+                                   "1e-320"};
+  static const char* kValues[] = {"null", "true", "[]", "{}", "\"\"", "[1,2]", "\"x\""};
+  int accepted = 0;
+  for (uint32_t seed = 0; seed < 3000; ++seed) {
+    SCOPED_TRACE(seed);
+    std::mt19937 rng(seed);
+    auto pick = [&](size_t n) { return std::uniform_int_distribution<size_t>(0, n - 1)(rng); };
+    std::string text = base;
+    for (int m = 1 + static_cast<int>(pick(3)); m > 0; --m) {
+      switch (pick(3)) {
+        case 0: {  // a digit run becomes an awkward number
+          std::vector<std::pair<size_t, size_t>> runs;
+          for (size_t i = 0; i < text.size();) {
+            if (!std::isdigit(static_cast<unsigned char>(text[i]))) {
+              ++i;
+              continue;
+            }
+            size_t j = i;
+            while (j < text.size() && std::isdigit(static_cast<unsigned char>(text[j]))) ++j;
+            runs.emplace_back(i, j - i);
+            i = j;
+          }
+          if (runs.empty()) break;
+          const auto [at, len] = runs[pick(runs.size())];
+          text.replace(at, len, kNumbers[pick(std::size(kNumbers))]);
+          break;
+        }
+        case 1: {  // a value after a colon becomes another JSON type
+          const size_t colon = text.find(':', pick(text.size()));
+          if (colon == std::string::npos) break;
+          size_t end = colon + 1;
+          while (end < text.size() && text[end] != ',' && text[end] != '}') ++end;
+          text.replace(colon + 1, end - colon - 1, kValues[pick(std::size(kValues))]);
+          break;
+        }
+        default: {  // a character dropped, or one of the JSON punctuation inserted
+          const size_t at = pick(text.size());
+          if (pick(2) == 0) {
+            text.erase(at, 1);
+          } else {
+            text.insert(at, 1, "{}[],:\"-"[pick(8)]);
+          }
+          break;
+        }
+      }
+    }
+    auto r = parse_deepseek_v3_config(text, "c.json");
+    if (!r.ok()) {
+      EXPECT_NE(r.status().message().find("c.json"), std::string::npos) << r.status().message();
+      continue;
+    }
+    ++accepted;
+    const DeepseekV3Config& c = *r;
+    for (const int64_t v : {c.vocab_size, c.hidden_size, c.intermediate_size,
+                            c.moe_intermediate_size, c.kv_lora_rank}) {
+      EXPECT_GE(v, 1);
+      EXPECT_LE(v, int64_t{1} << 20);
+    }
+    for (const int64_t v : {c.num_attention_heads, c.qk_nope_head_dim, c.qk_rope_head_dim,
+                            c.v_head_dim, c.num_hidden_layers}) {
+      EXPECT_GE(v, 1);
+      EXPECT_LE(v, int64_t{1} << 16);
+    }
+    if (c.q_lora_rank) {
+      EXPECT_LE(*c.q_lora_rank, int64_t{1} << 20);
+    }
+    EXPECT_EQ(c.qk_rope_head_dim % 2, 0);
+    EXPECT_GE(c.n_group, 1);
+    EXPECT_EQ(c.n_routed_experts % c.n_group, 0);
+    EXPECT_LE(c.topk_group, c.n_group);
+    EXPECT_LE(c.num_experts_per_tok, c.n_routed_experts);
+    EXPECT_LE(c.first_k_dense_replace, c.num_hidden_layers);
+    for (const double v : {c.routed_scaling_factor, c.rms_norm_eps, c.rope_theta}) {
+      EXPECT_TRUE(std::isfinite(v) && v > 0) << v;
+    }
+    for (const int64_t id : c.eos_token_ids) {
+      EXPECT_GE(id, 0);
+      EXPECT_LT(id, c.vocab_size);
+    }
+    if (::testing::Test::HasFailure()) return;
+  }
+  EXPECT_GT(accepted, 50);  // both outcomes occur (e.g. a digit of max_position_embeddings)
 }
 
 TEST(Config, MissingRequiredField) {
