@@ -7,11 +7,16 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <utility>
 
 namespace xds {
 
 Result<AtomicFile> AtomicFile::create(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) {  // the rename at commit would fail
+    return invalid_argument("{}: is a directory, not a file", path);
+  }
   AtomicFile f;
   f.path_ = path;
   f.tmp_ = fmt::format("{}.tmp.{}.XXXXXX", path, ::getpid());

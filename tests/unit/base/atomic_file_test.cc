@@ -98,15 +98,22 @@ TEST_F(AtomicFileTest, ErrorsNameThePath) {
   auto f = AtomicFile::create(in_missing_dir);
   ASSERT_FALSE(f.ok());
   EXPECT_NE(f.status().message().find(in_missing_dir), std::string::npos) << f.status().message();
-  // A directory at the destination: the rename fails at commit, and the temporary goes.
+  // A directory at the destination is refused at once; one that appears there before the
+  // commit makes the rename fail, and the temporary goes.
   fs::create_directories(dir_ / "taken");
-  auto g = AtomicFile::create((dir_ / "taken").string());
+  auto d = AtomicFile::create((dir_ / "taken").string());
+  ASSERT_FALSE(d.ok());
+  EXPECT_NE(d.status().message().find((dir_ / "taken").string() + ": is a directory"),
+            std::string::npos)
+      << d.status().message();
+  auto g = AtomicFile::create((dir_ / "later").string());
   ASSERT_TRUE(g.ok());
   ASSERT_TRUE(g->write("x").ok());
+  fs::create_directories(dir_ / "later");
   const Status s = g->commit();
   ASSERT_FALSE(s.ok());
-  EXPECT_NE(s.message().find((dir_ / "taken").string()), std::string::npos) << s.message();
-  EXPECT_EQ(entries(), std::vector<std::string>{"taken"});
+  EXPECT_NE(s.message().find((dir_ / "later").string()), std::string::npos) << s.message();
+  EXPECT_EQ(entries(), (std::vector<std::string>{"later", "taken"}));
 }
 
 TEST_F(AtomicFileTest, ReadWholeFileReturnsTheBytesOrNamesThePath) {
