@@ -6,14 +6,14 @@
 //   "<file>: field '<key>': expected <what>, found <json value>".
 #include "model/config.h"
 
-#include "base/read_file.h"
-
 #include <cmath>
 #include <fstream>
 #include <sstream>
 #include <string_view>
 
 #include <nlohmann/json.hpp>
+
+#include "base/read_file.h"
 
 namespace xds {
 namespace {
@@ -98,13 +98,11 @@ Status parse_q_lora_rank(std::string_view source, std::string_view key, const js
     c.q_lora_rank.reset();
     return {};
   }
-  const std::string what = fmt::format("an integer in [1, {}] or null", kMaxWidth);
-  if (!v.is_number_integer() ||
-      (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(kMaxWidth)) ||
-      v.get<int64_t>() < 1 || v.get<int64_t>() > kMaxWidth) {
-    return field_error(source, key, what, v);
+  auto rank = get_int(source, key, v, 1, kMaxWidth);
+  if (!rank.ok()) {
+    return field_error(source, key, fmt::format("an integer in [1, {}] or null", kMaxWidth), v);
   }
-  c.q_lora_rank = v.get<int64_t>();
+  c.q_lora_rank = *rank;
   return {};
 }
 

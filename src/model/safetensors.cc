@@ -1,7 +1,5 @@
 #include "model/safetensors.h"
 
-#include "base/read_file.h"
-
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -15,6 +13,8 @@
 #include <sstream>
 
 #include <nlohmann/json.hpp>
+
+#include "base/read_file.h"
 
 namespace xds {
 namespace {
