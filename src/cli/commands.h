@@ -5,7 +5,10 @@
 #include <CLI/CLI.hpp>
 
 #include <cmath>
+#include <cstdint>
 #include <string>
+
+#include "base/status.h"
 
 namespace xds::cli {
 
@@ -21,6 +24,22 @@ inline CLI::Validator finite_range(double lo, double hi) {
         return {};
       },
       "FLOAT in [" + CLI::detail::to_string(lo) + " - " + CLI::detail::to_string(hi) + "]");
+}
+
+// Non-finite logits mean the weights or the activations went NaN or Inf: a wrong
+// checkpoint, to report (DataLoss naming the model, the position and the first such logit),
+// never a token to emit or a perplexity to print.
+inline xds::Status check_finite_logits(const std::string& model, int64_t position, const float* row,
+                                       int64_t count) {
+  for (int64_t i = 0; i < count; ++i) {
+    if (!std::isfinite(row[i])) {
+      return xds::data_loss(
+          "{}: the logits at position {} are not finite (token {}: {}); the checkpoint's "
+          "weights hold NaN or Inf, or its activations overflow",
+          model, position, i, row[i]);
+    }
+  }
+  return {};
 }
 
 // Worker threads a command may ask for (0: one per core). More than this is a typo, and

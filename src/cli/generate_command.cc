@@ -147,16 +147,7 @@ Status run_generate(const GenerateArgs& a) {
   int64_t generated = 0;
   const auto t1 = Clock::now();
   while (generated < a.max_tokens) {
-    // NaN or Inf logits mean the weights or the activations went non-finite: a wrong
-    // checkpoint, not a token to emit.
-    for (int64_t i = 0; i < valid_vocab; ++i) {
-      if (!std::isfinite(row[i])) {
-        return data_loss(
-            "{}: the logits at position {} are not finite (token {}: {}); the "
-            "checkpoint's weights hold NaN or Inf, or its activations overflow",
-            a.model, pos - 1, i, row[i]);
-      }
-    }
+    XDS_RETURN_IF_ERROR(check_finite_logits(a.model, pos - 1, row.data(), valid_vocab));
     const int32_t next = kernels::sample_token(row.data(), valid_vocab, sp,
                                                kernels::sampling_uniform(a.seed, pos), scratch);
     ++generated;

@@ -48,6 +48,12 @@ Status run_perplexity(const PerplexityArgs& a) {
   const int64_t vocab = model->config().vocab_size;
   const int64_t n = static_cast<int64_t>(ids.size());
   const int64_t windows = (n + a.window - 1) / a.window;
+  if (const int64_t longest = std::min(a.window, n);
+      longest > model->config().max_position_embeddings) {
+    return invalid_argument(
+        "--window {}: windows of {} tokens exceed the model's max_position_embeddings {}", a.window,
+        longest, model->config().max_position_embeddings);
+  }
   double nll = 0.0;
   int64_t count = 0;
   StepOutput out;
@@ -61,6 +67,7 @@ Status run_perplexity(const PerplexityArgs& a) {
     XDS_RETURN_IF_ERROR(model->forward({&ch, 1}, cache, out));
     for (int64_t i = 0; i + 1 < len; ++i) {
       const float* row = out.logits.data() + i * vocab;
+      XDS_RETURN_IF_ERROR(check_finite_logits(a.model, begin + i, row, vocab));
       double mx = row[0];
       for (int64_t v = 1; v < vocab; ++v) mx = std::max(mx, static_cast<double>(row[v]));
       double sum = 0.0;

@@ -132,6 +132,26 @@ class CliErrors(unittest.TestCase):
             with open(p) as f:
                 self.assertEqual(f.read(), "previous run")
 
+    def test_perplexity_of_nan_weights_is_an_error(self):
+        # The trained default model (it has a tokenizer) with its final norm set to NaN: the
+        # perplexity printed "-nan" and exited 0.
+        kjv = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "models",
+                           "kjv-moe-tiny")
+        broken = os.path.join(self.tmp, "kjv_nan")
+        shutil.copytree(kjv, broken)
+        with open(os.path.join(broken, "model.safetensors"), "r+b") as f:
+            header_len = int.from_bytes(f.read(8), "little")
+            begin, end = json.loads(f.read(header_len))["model.norm.weight"]["data_offsets"]
+            f.seek(8 + header_len + begin)
+            f.write(b"\xff" * (end - begin))
+        text = os.path.join(self.tmp, "verse.txt")
+        with open(text, "w") as f:
+            f.write("In the beginning God created the heaven and the earth. " * 60)  # ~660 tokens
+        self.expect_error(["perplexity", "--model", broken, "--file", text], 1, "not finite", "position 0")
+        limit = read_json(os.path.join(kjv, "config.json"))["max_position_embeddings"]
+        self.expect_error(["perplexity", "--model", kjv, "--file", text, "--window", str(limit + 1)], 1,
+                          f"exceed the model's max_position_embeddings {limit}")
+
     def test_dumps_of_a_whole_run(self):
         vocab = read_json(os.path.join(self.model, "config.json"))["vocab_size"]
         layers = read_json(os.path.join(self.model, "config.json"))["num_hidden_layers"]
