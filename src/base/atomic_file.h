@@ -39,8 +39,6 @@ class AtomicFile {
   // Flush, close, rename onto the destination. After it (either way) the object is spent.
   Status commit();
 
-  const std::string& path() const { return path_; }
-
  private:
   AtomicFile() = default;
   Status flush();

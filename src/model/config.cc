@@ -7,8 +7,7 @@
 #include "model/config.h"
 
 #include <cmath>
-#include <fstream>
-#include <sstream>
+#include <filesystem>
 #include <string_view>
 
 #include <nlohmann/json.hpp>
@@ -324,6 +323,21 @@ Status cross_error(std::string_view source, std::string_view key, std::string_vi
   return invalid_argument("{}: field '{}': expected {}, found {}", source, key, expected, value);
 }
 
+// The eos and bos ids inside the vocabulary; `source` names the file that set them.
+Status check_token_ids(std::string_view source, const Config& c) {
+  for (int64_t id : c.eos_token_ids) {
+    if (id >= c.vocab_size) {
+      return cross_error(source, "eos_token_id", fmt::format("ids < vocab_size ({})", c.vocab_size),
+                         id);
+    }
+  }
+  if (c.bos_token_id && *c.bos_token_id >= c.vocab_size) {
+    return cross_error(source, "bos_token_id", fmt::format("an id < vocab_size ({})", c.vocab_size),
+                       *c.bos_token_id);
+  }
+  return {};
+}
+
 Status validate_cross_fields(std::string_view source, const json& j, const Config& c) {
   if (!j.contains("architectures") && !j.contains("model_type")) {
     return invalid_argument(
@@ -382,17 +396,7 @@ Status validate_cross_fields(std::string_view source, const json& j, const Confi
                        fmt::format("<= num_hidden_layers ({})", c.num_hidden_layers),
                        c.first_k_dense_replace);
   }
-  for (int64_t id : c.eos_token_ids) {
-    if (id >= c.vocab_size) {
-      return cross_error(source, "eos_token_id", fmt::format("ids < vocab_size ({})", c.vocab_size),
-                         id);
-    }
-  }
-  if (c.bos_token_id && *c.bos_token_id >= c.vocab_size) {
-    return cross_error(source, "bos_token_id", fmt::format("an id < vocab_size ({})", c.vocab_size),
-                       *c.bos_token_id);
-  }
-  return {};
+  return check_token_ids(source, c);
 }
 
 Result<json> parse_json_object(const std::string& text, const std::string& source) {
@@ -433,28 +437,16 @@ Result<DeepseekV3Config> load_deepseek_v3_config(const std::string& dir) {
   // generation_config.json, if present, overrides the eos and bos ids of config.json (as
   // Hugging Face's generate() takes them from there).
   const std::string gen_path = dir + "/generation_config.json";
-  std::ifstream probe(gen_path);
-  if (!probe) return c;
-  probe.close();
+  if (!std::filesystem::exists(gen_path)) return c;
   XDS_ASSIGN_OR_RETURN(std::string gen_text, read_whole_file(gen_path));
   XDS_ASSIGN_OR_RETURN(json g, parse_json_object(gen_text, gen_path));
   if (auto it = g.find("eos_token_id"); it != g.end() && !it->is_null()) {
     XDS_ASSIGN_OR_RETURN(c.eos_token_ids, get_eos_ids(gen_path, "eos_token_id", *it));
-    for (int64_t id : c.eos_token_ids) {
-      if (id >= c.vocab_size) {
-        return cross_error(gen_path, "eos_token_id",
-                           fmt::format("ids < vocab_size ({})", c.vocab_size), id);
-      }
-    }
   }
-  if (auto it = g.find("bos_token_id"); it != g.end() && !it->is_null()) {  // overrides too
-    XDS_ASSIGN_OR_RETURN(int64_t bos, get_int(gen_path, "bos_token_id", *it, 0));
-    if (bos >= c.vocab_size) {
-      return cross_error(gen_path, "bos_token_id",
-                         fmt::format("an id < vocab_size ({})", c.vocab_size), bos);
-    }
-    c.bos_token_id = bos;
+  if (auto it = g.find("bos_token_id"); it != g.end() && !it->is_null()) {
+    XDS_ASSIGN_OR_RETURN(c.bos_token_id, get_int(gen_path, "bos_token_id", *it, 0));
   }
+  XDS_RETURN_IF_ERROR(check_token_ids(gen_path, c));
   return c;
 }
 

@@ -13,6 +13,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "test_files.h"
+
 namespace xds {
 namespace {
 
@@ -212,23 +214,9 @@ TEST(Config, TextMutationsGiveAnErrorOrAConsistentConfig) {
     std::string text = base;
     for (int m = 1 + static_cast<int>(pick(3)); m > 0; --m) {
       switch (pick(3)) {
-        case 0: {  // a digit run becomes an awkward number
-          std::vector<std::pair<size_t, size_t>> runs;
-          for (size_t i = 0; i < text.size();) {
-            if (!std::isdigit(static_cast<unsigned char>(text[i]))) {
-              ++i;
-              continue;
-            }
-            size_t j = i;
-            while (j < text.size() && std::isdigit(static_cast<unsigned char>(text[j]))) ++j;
-            runs.emplace_back(i, j - i);
-            i = j;
-          }
-          if (runs.empty()) break;
-          const auto [at, len] = runs[pick(runs.size())];
-          text.replace(at, len, kNumbers[pick(std::size(kNumbers))]);
+        case 0:  // a digit run becomes an awkward number
+          xds::testing::replace_a_digit_run(text, rng, kNumbers);
           break;
-        }
         case 1: {  // a value after a colon becomes another JSON type
           const size_t colon = text.find(':', pick(text.size()));
           if (colon == std::string::npos) break;

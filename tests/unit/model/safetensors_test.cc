@@ -312,23 +312,9 @@ class SafetensorsMutations : public Safetensors {
         raw = true;
         bytes.resize(pick(bytes.size()));
         break;
-      case 2: {  // a digit run becomes an awkward number
-        std::vector<std::pair<size_t, size_t>> runs;
-        for (size_t i = 0; i < header.size();) {
-          if (!std::isdigit(static_cast<unsigned char>(header[i]))) {
-            ++i;
-            continue;
-          }
-          size_t j = i;
-          while (j < header.size() && std::isdigit(static_cast<unsigned char>(header[j]))) ++j;
-          runs.emplace_back(i, j - i);
-          i = j;
-        }
-        if (runs.empty()) break;
-        const auto [at, len] = runs[pick(runs.size())];
-        header.replace(at, len, kNumbers[pick(std::size(kNumbers))]);
+      case 2:  // a digit run becomes an awkward number
+        xds::testing::replace_a_digit_run(header, rng, kNumbers);
         break;
-      }
       case 3: {  // a dtype becomes another string
         const size_t at = header.find("\"dtype\":\"", pick(header.size()));
         if (at == std::string::npos) break;

@@ -5,11 +5,15 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <random>
+#include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace xds::testing {
@@ -29,6 +33,28 @@ std::string le_bytes(const std::vector<T>& v) {
   std::string s(v.size() * sizeof(T), '\0');
   std::memcpy(s.data(), v.data(), s.size());  // the test machines are little endian
   return s;
+}
+
+// For mutation tests: one run of decimal digits in `text`, chosen by rng, replaced by one of
+// `numbers` (chosen by rng too); no change when text has no digit. Draws are
+// uniform_int_distribution<size_t>(0, n - 1), run first, then number.
+inline void replace_a_digit_run(std::string& text, std::mt19937& rng,
+                                std::span<const char* const> numbers) {
+  std::vector<std::pair<size_t, size_t>> runs;  // (start, length)
+  for (size_t i = 0; i < text.size();) {
+    if (!std::isdigit(static_cast<unsigned char>(text[i]))) {
+      ++i;
+      continue;
+    }
+    size_t j = i;
+    while (j < text.size() && std::isdigit(static_cast<unsigned char>(text[j]))) ++j;
+    runs.emplace_back(i, j - i);
+    i = j;
+  }
+  if (runs.empty()) return;
+  auto pick = [&](size_t n) { return std::uniform_int_distribution<size_t>(0, n - 1)(rng); };
+  const auto [at, len] = runs[pick(runs.size())];
+  text.replace(at, len, numbers[pick(numbers.size())]);
 }
 
 class TempDirTest : public ::testing::Test {
