@@ -9,12 +9,16 @@
 //           from kSgemmMinTokens on (W widened inside the call, timed)
 //   sgemm   OpenBLAS sgemm on fp32 weights widened beforehand (not timed; it reads 4 bytes
 //           per weight where the others read 2)
+//   dot     the fast mode's product: x rounded to bf16 (not timed), the same BF16 panels,
+//           kernels::linear_bf16 (vdpbf16ps where the build has AVX512_BF16, else the
+//           panels on x widened back to fp32); its roofline takes the faster of the fp32
+//           and bf16 dot-product peaks
 // Each timed call reads its own copy of W (cycling through enough copies to outgrow the
 // caches), as a model's layers do. Printed after all rows: median ms of `--reps` calls,
 // GFLOP/s, the panels' % of their roofline (max(BF16 bytes ÷ read bandwidth, FLOPs ÷ fp32
 // peak), the limits measured before and after the rows, the faster of each), and
 // the largest |panels - sgemm| relative to the largest |sgemm| (a check that both computed
-// the same product). Writes JSON (--json).
+// the same product; for dot, bf16 rounding of x puts it near 1e-3). Writes JSON (--json).
 #include <cblas.h>
 
 #include <algorithm>
@@ -75,7 +79,7 @@ std::vector<int64_t> parse_counts(const std::string& csv) {
 }
 
 struct Timing {
-  double panels_s, rows_s, sgemm_s, max_rel_diff;
+  double panels_s, rows_s, sgemm_s, dot_s, max_rel_diff, dot_rel_diff;
 };
 
 Timing measure(const Shape& s, int64_t n, int reps, ThreadPool& pool, std::mt19937& rng) {
@@ -93,10 +97,12 @@ Timing measure(const Shape& s, int64_t n, int reps, ThreadPool& pool, std::mt199
   for (size_t i = 0; i < rows_f32.size(); ++i) rows_f32[i] = bf16_to_f32(rows_bf16[i]);
   std::vector<float> x(static_cast<size_t>(n * s.cols));
   for (auto& v : x) v = d(rng);
+  std::vector<uint16_t> x_bf16(x.size());
+  kernels::round_to_bf16(x.data(), static_cast<int64_t>(x.size()), x_bf16.data());
   std::vector<float> y_panels(static_cast<size_t>(n * s.rows)), y_rows(y_panels.size()),
-      y_sgemm(y_panels.size());
+      y_sgemm(y_panels.size()), y_dot(y_panels.size());
 
-  std::vector<double> tp, tr, tb;
+  std::vector<double> tp, tr, tb, td;
   for (int r = 0; r <= reps; ++r) {  // call 0 warms up, untimed
     const int c = r % copies;
     MatrixRef panel{DType::kBF16, panel_bf16.data() + panels * kPanelRows * s.cols * c, s.rows,
@@ -115,16 +121,26 @@ Timing measure(const Shape& s, int64_t n, int reps, ThreadPool& pool, std::mt199
                 static_cast<int>(s.cols), rows_f32.data() + size * c, static_cast<int>(s.cols),
                 0.0f, y_sgemm.data(), static_cast<int>(s.rows));
     const double g = seconds_since(t0);
-    if (r > 0) tp.push_back(a), tr.push_back(b), tb.push_back(g);
+    // Half the copies away from this call's: neither the panels' call just made nor the
+    // next one finds W in cache (copy c + 1 would warm the next panels' call).
+    MatrixRef other = panel;
+    other.data = panel_bf16.data() + panels * kPanelRows * s.cols * ((c + copies / 2) % copies);
+    t0 = Clock::now();
+    kernels::linear_bf16(x_bf16.data(), n, s.cols, r == reps ? panel : other, y_dot.data(), s.rows,
+                         pool);
+    const double e = seconds_since(t0);
+    if (r > 0) tp.push_back(a), tr.push_back(b), tb.push_back(g), td.push_back(e);
   }
   // The last call of each used the same copy (c = reps % copies): same product.
-  float max_ref = 0, max_diff = 0;
+  float max_ref = 0, max_diff = 0, max_dot_diff = 0;
   for (size_t i = 0; i < y_sgemm.size(); ++i) {
     max_ref = std::max(max_ref, std::fabs(y_sgemm[i]));
     max_diff = std::max(max_diff, std::fabs(y_panels[i] - y_sgemm[i]));
+    max_dot_diff = std::max(max_dot_diff, std::fabs(y_dot[i] - y_sgemm[i]));
   }
-  return {bench::median(tp), bench::median(tr), bench::median(tb),
-          max_ref > 0 ? max_diff / max_ref : max_diff};
+  const auto relative = [&](float diff) { return max_ref > 0 ? diff / max_ref : diff; };
+  return {bench::median(tp), bench::median(tr),  bench::median(tb),
+          bench::median(td), relative(max_diff), relative(max_dot_diff)};
 }
 
 }  // namespace
@@ -171,12 +187,19 @@ int main(int argc, char** argv) {
       "and after the rows); OpenBLAS %s, panel kernel %s\n",
       lim.read_gbps, lim.f32_gflops, lim.f32_isa, kernels::blas_core_name().c_str(),
       kernels::panel_isa_name(kernels::panel_isa()));
-  std::printf("%-15s %5s | %9s %7s %6s | %9s %7s | %9s %7s | %8s\n", "shape", "n", "panels ms",
-              "GFLOP/s", "% roof", "rows ms", "GFLOP/s", "sgemm ms", "GFLOP/s", "rel diff");
+  std::printf("dot: %s, bf16 dot-product peak %.1f GFLOP/s\n",
+              kernels::panels_dot_available() && kernels::panel_isa() == kernels::PanelIsa::kAvx512
+                  ? "vdpbf16ps panels"
+                  : "panels on x widened to fp32",
+              lim.bf16_gflops);
+  std::printf("%-15s %5s | %9s %7s %6s | %9s %7s | %9s %7s | %8s | %8s %7s %6s %8s\n", "shape", "n",
+              "panels ms", "GFLOP/s", "% roof", "rows ms", "GFLOP/s", "sgemm ms", "GFLOP/s",
+              "rel diff", "dot ms", "GFLOP/s", "% roof", "rel diff");
   nlohmann::json j;
   j["machine"] = {{"read_gbps", lim.read_gbps},
                   {"f32_gflops", lim.f32_gflops},
                   {"f32_isa", lim.f32_isa},
+                  {"bf16_gflops", lim.bf16_gflops},
                   {"blas_core", kernels::blas_core_name()},
                   {"panel_isa", kernels::panel_isa_name(kernels::panel_isa())}};
   j["rows"] = nlohmann::json::array();
@@ -184,10 +207,15 @@ int main(int argc, char** argv) {
     const Shape& s = *shape;
     const double flops = 2.0 * n * s.rows * s.cols, bytes = 2.0 * s.rows * s.cols;
     const double roof = std::max(bytes / (lim.read_gbps * 1e9), flops / (lim.f32_gflops * 1e9));
-    std::printf("%-15s %5lld | %9.3f %7.1f %5.1f%% | %9.3f %7.1f | %9.3f %7.1f | %8.1e\n", s.name,
-                static_cast<long long>(n), t.panels_s * 1e3, flops / t.panels_s / 1e9,
-                100.0 * roof / t.panels_s, t.rows_s * 1e3, flops / t.rows_s / 1e9, t.sgemm_s * 1e3,
-                flops / t.sgemm_s / 1e9, t.max_rel_diff);
+    const double dot_peak = std::max(lim.f32_gflops, lim.bf16_gflops);
+    const double dot_roof = std::max(bytes / (lim.read_gbps * 1e9), flops / (dot_peak * 1e9));
+    std::printf(
+        "%-15s %5lld | %9.3f %7.1f %5.1f%% | %9.3f %7.1f | %9.3f %7.1f | %8.1e | %8.3f %7.1f "
+        "%5.1f%% %8.1e\n",
+        s.name, static_cast<long long>(n), t.panels_s * 1e3, flops / t.panels_s / 1e9,
+        100.0 * roof / t.panels_s, t.rows_s * 1e3, flops / t.rows_s / 1e9, t.sgemm_s * 1e3,
+        flops / t.sgemm_s / 1e9, t.max_rel_diff, t.dot_s * 1e3, flops / t.dot_s / 1e9,
+        100.0 * dot_roof / t.dot_s, t.dot_rel_diff);
     j["rows"].push_back({{"shape", s.name},
                          {"rows", s.rows},
                          {"cols", s.cols},
@@ -200,7 +228,12 @@ int main(int argc, char** argv) {
                          {"sgemm_gflops", flops / t.sgemm_s / 1e9},
                          {"roofline_ms", roof * 1e3},
                          {"panels_pct_roofline", 100.0 * roof / t.panels_s},
-                         {"max_rel_diff_panels_vs_sgemm", t.max_rel_diff}});
+                         {"max_rel_diff_panels_vs_sgemm", t.max_rel_diff},
+                         {"dot_ms", t.dot_s * 1e3},
+                         {"dot_gflops", flops / t.dot_s / 1e9},
+                         {"dot_roofline_ms", dot_roof * 1e3},
+                         {"dot_pct_roofline", 100.0 * dot_roof / t.dot_s},
+                         {"max_rel_diff_dot_vs_sgemm", t.dot_rel_diff}});
   }
   std::ofstream out(json_path);
   out << j.dump(2) << "\n";

@@ -236,16 +236,27 @@ void linear_impl(const XT* x, int64_t n, int64_t ldx, const MatrixRef& w, float*
 // per thread: on a shared VM one thread is often slowed for a while, and with fixed halves
 // the other then spun at the end of every linear (~4 % of a batch-16 step in `perf`).
 // Which thread computes a panel changes no result.
+//
+// The chunk size for `panels` panels, or 0 when the product (n · rows · cols multiply-adds)
+// is too small to wake the pool for: below ~64K a wake-up costs more than the work.
+int64_t panel_chunk(int64_t panels, int64_t multiply_adds, int threads) {
+  if (threads == 1 || multiply_adds < (int64_t{1} << 16)) return 0;
+  return std::max<int64_t>(1, panels / (4 * threads));
+}
+
+// run(p, end) for chunks [p, end) of `chunk` panels taken from `next` until none is left.
+template <class Run>
+void take_panel_chunks(std::atomic<int64_t>& next, int64_t chunk, int64_t panels, Run&& run) {
+  for (int64_t p = next.fetch_add(chunk, std::memory_order_relaxed); p < panels;
+       p = next.fetch_add(chunk, std::memory_order_relaxed))
+    run(p, std::min(panels, p + chunk));
+}
+
 void linear_panels_pool(const float* x, int64_t n, int64_t ldx, const MatrixRef& w, float* y,
                         int64_t ldy, ThreadPool& pool) {
   const int64_t panels = w.panels();
-  const int threads = pool.num_threads();
-  // Below ~64K multiply-adds a wake-up of the pool costs more than the work.
-  if (threads == 1 || n * w.rows * w.cols < (int64_t{1} << 16)) {
-    panels_linear(x, n, ldx, w, 0, panels, y, ldy);
-    return;
-  }
-  const int64_t chunk = std::max<int64_t>(1, panels / (4 * threads));
+  const int64_t chunk = panel_chunk(panels, n * w.rows * w.cols, pool.num_threads());
+  if (chunk == 0) return panels_linear(x, n, ldx, w, 0, panels, y, ldy);
   std::atomic<int64_t> next{0};
   // The wide path: the threads first pack x's token tiles together (each tile once, not once
   // per chunk of panels) and wait until all are packed; then, either way, take chunks.
@@ -262,15 +273,27 @@ void linear_panels_pool(const float* x, int64_t n, int64_t ldx, const MatrixRef&
       packed.fetch_add(1, std::memory_order_release);
     }
     while (packed.load(std::memory_order_acquire) < tiles) _mm_pause();
-    for (int64_t p = next.fetch_add(chunk, std::memory_order_relaxed); p < panels;
-         p = next.fetch_add(chunk, std::memory_order_relaxed)) {
-      const int64_t end = std::min(panels, p + chunk);
+    take_panel_chunks(next, chunk, panels, [&](int64_t p, int64_t end) {
       if (wide) {
         panels_linear_packed(xp, n, w, p, end, y, ldy);
       } else {
         panels_linear(x, n, ldx, w, p, end, y, ldy);
       }
-    }
+    });
+  });
+}
+
+// bf16 x against BF16 panels with the dot-product kernel, chunks taken as above.
+void linear_panels_dot_pool(const uint16_t* x, int64_t n, int64_t ldx, const MatrixRef& w, float* y,
+                            int64_t ldy, ThreadPool& pool) {
+  const int64_t panels = w.panels();
+  const int64_t chunk = panel_chunk(panels, n * w.rows * w.cols, pool.num_threads());
+  if (chunk == 0) return panels_linear_bf16(x, n, ldx, w, 0, panels, y, ldy);
+  std::atomic<int64_t> next{0};
+  pool.run_on_all([&](int) {
+    take_panel_chunks(next, chunk, panels, [&](int64_t p, int64_t end) {
+      panels_linear_bf16(x, n, ldx, w, p, end, y, ldy);
+    });
   });
 }
 
@@ -318,6 +341,10 @@ void linear_f32_serial(const float* x, int64_t n, int64_t ldx, const MatrixRef& 
 void linear_bf16(const uint16_t* x, int64_t n, int64_t ldx, const MatrixRef& w, float* y,
                  int64_t ldy, ThreadPool& pool) {
   if (n == 0 || w.rows == 0) return;
+  if (w.layout == MatrixLayout::kPanels16 && w.dtype == DType::kBF16 && panels_dot_available() &&
+      panel_isa() == PanelIsa::kAvx512) {
+    return linear_panels_dot_pool(x, n, ldx, w, y, ldy, pool);
+  }
   if (n >= kSgemmMinTokens || w.layout == MatrixLayout::kPanels16) {
     // bf16 values widen to fp32 exactly, so the fp32 kernels give the same products.
     thread_local std::vector<float> wide;

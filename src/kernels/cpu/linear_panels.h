@@ -62,6 +62,16 @@ const char* panel_isa_name(PanelIsa isa);
 void panels_linear(const float* x, int64_t n, int64_t ldx, const MatrixRef& w, int64_t p_begin,
                    int64_t p_end, float* y, int64_t ldy);
 
+// bf16 activations (x: [n, cols] bf16, row stride ldx) against BF16 panels with the
+// AVX512-BF16 dot product vdpbf16ps, two columns per instruction (linear_panels_dot.cc):
+// y[:, 16 p_begin .. min(rows, 16 p_end)) on the calling thread. Every product is exact in
+// fp32 as in panels_linear on the widened x; the sums differ in rounding (pairs of columns
+// per addition, denormals flushed to zero). Batch-invariant, bit for bit. Only where
+// panels_dot_available() (built with AVX512_BF16).
+bool panels_dot_available();
+void panels_linear_bf16(const uint16_t* x, int64_t n, int64_t ldx, const MatrixRef& w,
+                        int64_t p_begin, int64_t p_end, float* y, int64_t ldy);
+
 // The wide path (AVX-512, wide_path_for(n, w)): each block of 256 columns of two panels
 // is widened to fp32 once and read by every tile of up to 12 tokens, the tokens packed
 // column by column per tile (xp, n × cols floats: tile i's tb tokens as [cols][tb] at
