@@ -59,14 +59,21 @@ class Binder {
     XDS_ASSIGN_OR_RETURN(l.attn.kv_a_proj, linear(a + ".kv_a_proj_with_mqa.weight",
                                                   c_.kv_lora_rank + c_.qk_rope_head_dim, d));
     XDS_ASSIGN_OR_RETURN(l.attn.kv_a_norm, vec(a + ".kv_a_layernorm.weight", c_.kv_lora_rank));
+    const int64_t kv_b_rows = h * (c_.qk_nope_head_dim + c_.v_head_dim);
     XDS_ASSIGN_OR_RETURN(l.attn.kv_b_proj,
-                         matrix(a + ".kv_b_proj.weight", h * (c_.qk_nope_head_dim + c_.v_head_dim),
-                                c_.kv_lora_rank));
+                         matrix(a + ".kv_b_proj.weight", kv_b_rows, c_.kv_lora_rank));
     XDS_ASSIGN_OR_RETURN(AbsorbedHeads heads,
                          bind_absorbed_heads(ckpt_, a + ".kv_b_proj.weight", l.attn.kv_b_proj, h,
                                              c_.qk_nope_head_dim, c_.v_head_dim, store_));
     l.attn.uk_t = std::move(heads.uk_t);
     l.attn.uv = std::move(heads.uv);
+    if (!l.attn.uv.empty()) {
+      // The heads have their own panels; kv_b_proj is then only the prefill's expansion, a
+      // product of every context row: as panels too (widened to fp32 and multiplied by sgemm
+      // it took ~155 ms of bench-2.6b's 512-token prefill, its FLOPs ~45 at the panels' rate).
+      XDS_ASSIGN_OR_RETURN(l.attn.kv_b_proj,
+                           linear(a + ".kv_b_proj.weight", kv_b_rows, c_.kv_lora_rank));
+    }
     XDS_ASSIGN_OR_RETURN(l.attn.o_proj, linear(a + ".o_proj.weight", d, h * c_.v_head_dim));
     if (!c_.is_moe_layer(i)) {
       XDS_ASSIGN_OR_RETURN(l.dense, mlp(p + ".mlp", c_.intermediate_size));

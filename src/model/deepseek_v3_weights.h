@@ -25,6 +25,7 @@ struct MlaWeights {
   MatrixRef kv_a_proj;                // [C+Dr, D]
   std::span<const float> kv_a_norm;   // [C]
   MatrixRef kv_b_proj;                // [H*(Dn+Dv), C]: per head Dn rows of W_UK, Dv of W_UV
+                                      // (panels where uk_t/uv exist, else rows: sliced)
   std::vector<MatrixRef> uk_t, uv;    // per head, panels: W_UK[h]ᵀ [C, Dn], W_UV[h] [Dv, C]
                                       // (weights.h bind_absorbed_heads; empty: slice kv_b)
   MatrixRef o_proj;                   // [D, H*Dv]

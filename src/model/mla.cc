@@ -210,21 +210,23 @@ void DeepseekV3Model::run_attention(const MlaWeights& w, int64_t cache_layer, co
     }
   }
 
-  phase.emplace(phases_, "attn.expanded");
   for (size_t ci = 0; ci < b.chunks.size(); ++ci) {
     const Batch::Chunk& ch = b.chunks[ci];
     if (ch.count > 0 && token_chunk[ch.begin] >= 0) continue;  // done above
-    // Expanded: kv_full[s] = kv_b_proj(latent(s)): [S, H, Dn+Dv] over the whole context.
+    // Expanded: kv_full[s] = kv_b_proj(latent(s)): [S, H, Dn+Dv] over the whole context, a
+    // linear in the compute dtype (bf16: the latent rounded, as every linear's input).
+    phase.emplace(phases_, "attn.kv_b_expand");
     const int64_t ctx_end = ch.start_pos + ch.count;
     const kernels::LatentKvView kv = cache.view(cache_layer, ch.seq);
     float* gathered = grow(s_gather_, ctx_end * lat);
     for (int64_t s = 0; s < ctx_end; ++s)
       std::memcpy(gathered + s * lat, kv.latent_at(s), sizeof(float) * lat);
     float* kv_full = grow(s_kvfull_, ctx_end * heads * (dn + dv));
-    kernels::linear_f32(gathered, ctx_end, lat, w.kv_b_proj, kv_full, heads * (dn + dv), pool);
+    linear(gathered, ctx_end, lat, w.kv_b_proj, kv_full, heads * (dn + dv));
     float* rope = grow(s_rope_, ctx_end * dr);  // the rope plane, contiguous for sgemm
     for (int64_t s = 0; s < ctx_end; ++s)
       std::memcpy(rope + s * dr, kv.rope_at(s), sizeof(float) * dr);
+    phase.emplace(phases_, "attn.expanded");
     const kernels::ExpandedChunk ec{q + ch.begin * heads * dq, heads * dq, kv_full,
                                     heads * (dn + dv),         rope,       attn + ch.begin * heads * dv,
                                     heads * dv,                ch.count,   ch.start_pos,
