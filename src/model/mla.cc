@@ -169,9 +169,9 @@ void DeepseekV3Model::run_attention(const MlaWeights& w, int64_t cache_layer, co
            i < static_cast<int64_t>(items.size()); i = next.fetch_add(1, std::memory_order_relaxed)) {
         const Item& it = items[i];
         const Batch::Chunk& ch = b.chunks[token_chunk[it.token]];
-        const kernels::AbsorbedQuery aq{q_abs + it.token * heads * lat,   lat,
-                                        q + it.token * heads * dq + dn,   dq,
-                                        lat_out + it.token * heads * lat, lat};
+        const kernels::AbsorbedQuery aq{
+            q_abs + it.token * heads * lat,   lat, q + it.token * heads * dq + dn,         dq,
+            lat_out + it.token * heads * lat, lat, options_.compute == ComputeDType::kBF16};
         const kernels::LatentKvView kv = cache.view(cache_layer, ch.seq);
         if (it.slot < 0) {
           kernels::mla_absorbed_attention(aq, 0, heads, kv, it.end, scale);

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -281,6 +282,195 @@ void slice_softmax(float* sc, int64_t len, int64_t kw, int64_t nh, float scale, 
   }
 }
 
+#if defined(__AVX512BF16__)
+// The bf16 products (AbsorbedQuery::bf16) for a group of nh <= 16 heads, one per lane.
+// Per slice the cached rows are converted once into bf16 rows [len (even)][W] (latent, then
+// rope, W = C + Dr rounded up to even, zero padded; an odd slice gets a zero row), then:
+//   scores: part[r][h] = Σ_{c pairs} qp[c/2][h] · (row r's c, c + 1)   (one vdpbf16ps per
+//           pair of columns for all 16 heads; qp[c/2][h] = head h's bf16 (q[c], q[c + 1]))
+//   softmax as the fp32 kernel (slice_softmax), then p rounded to bf16 in pairs of rows,
+//   pp[s/2][h] = (p[s][h], p[s + 1][h]);
+//   p·latent: out[h][c0 .. c0 + 16) += Σ_{s pairs} (row s, row s + 1 at c0 .., interleaved)
+//           · pp[s/2][h]   (one vdpbf16ps per pair of rows, 16 columns of one head).
+// The rows are read from memory once (while converting) and then from L1/L2.
+constexpr int kBf16ScoreRows = 12;
+
+// word 2i <- word i (first source half), word 2i + 1 <- word 16 + i (second half)
+inline __m512i interleave_halves(__m512i v) {
+  const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
+                                       23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  return _mm512_permutexvar_epi16(idx, v);
+}
+
+// 16 bf16 pairs (a[i], b[i]) in lane i, from two rows of 16 floats.
+inline __m512i pair_rows(__m512 a, __m512 b) {
+  return interleave_halves(reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(b, a)));
+}
+
+// bf16 of `count` floats at src into dst (the rest of [count, count_even) zero).
+inline void to_bf16(const float* src, int64_t count, uint16_t* dst) {
+  int64_t c = 0;
+  for (; c + 16 <= count; c += 16)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + c),
+                        reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(_mm512_loadu_ps(src + c))));
+  if (c < count) {
+    const __mmask16 m = static_cast<__mmask16>((1u << (count - c)) - 1);
+    _mm256_mask_storeu_epi16(
+        dst + c, m,
+        reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, src + c))));
+  }
+}
+
+// The latent and rope rows of context rows [s0, s1), walking the block table once (a
+// division per row cost more than converting the row).
+void gather_row_pointers(const LatentKvView& kv, int64_t s0, int64_t s1, const float** latent,
+                         const float** rope) {
+  int64_t block = s0 / kv.block_size, slot = s0 % kv.block_size;
+  for (int64_t i = 0; i < s1 - s0; ++i) {
+    const int64_t at = kv.block_table[block] * kv.block_size + slot;
+    latent[i] = kv.latent + at * kv.latent_stride();
+    rope[i] = kv.rope + at * kv.rope_dim;
+    if (++slot == kv.block_size) slot = 0, ++block;
+  }
+}
+
+// Software prefetch of the next slice's rows, one line per step(), spread over the current
+// slice's scores and p·latent loops (which read bf16 rows from L1/L2): the cached rows'
+// memory latency then overlaps that compute. Converting a slice that nothing had fetched
+// stalled on memory for ~45 % of the kernel's time (64 tokens × 513 rows × 12 layers).
+class NextSlicePrefetch {
+ public:
+  void start(const float* const* latent, const float* const* rope, int64_t rows, int64_t lat,
+             int64_t dr) {
+    latent_ = latent, rope_ = rope, rows_ = rows, row_ = 0, line_ = 0;
+    latent_lines_ = (lat * 4 + 63) / 64, lines_ = latent_lines_ + (dr * 4 + 63) / 64;
+  }
+  __attribute__((always_inline)) void step() {
+    if (row_ >= rows_) return;
+    const float* at = line_ < latent_lines_ ? latent_[row_] + 16 * line_
+                                            : rope_[row_] + 16 * (line_ - latent_lines_);
+    _mm_prefetch(reinterpret_cast<const char*>(at), _MM_HINT_T0);
+    if (++line_ == lines_) line_ = 0, ++row_;
+  }
+
+ private:
+  const float* const* latent_ = nullptr;
+  const float* const* rope_ = nullptr;
+  int64_t rows_ = 0, row_ = 0, line_ = 0, latent_lines_ = 0, lines_ = 0;
+};
+
+// part[r][h] for R rows of rows (bf16 [.][w], w even) against qp [w / 2][16] pairs.
+template <int R>
+void bf16_scores_tile(const uint32_t* qp, const uint16_t* rows, int64_t w, float* part,
+                      NextSlicePrefetch& pf) {
+  __m512 a[R];
+#pragma GCC unroll 12
+  for (int r = 0; r < R; ++r) a[r] = _mm512_setzero_ps();
+  for (int64_t c = 0; c < w; c += 2) {
+    pf.step();
+    const __m512bh q = reinterpret_cast<__m512bh>(_mm512_loadu_si512(qp + c / 2 * 16));
+#pragma GCC unroll 12
+    for (int r = 0; r < R; ++r) {
+      int32_t pair;
+      std::memcpy(&pair, rows + r * w + c, sizeof pair);
+      a[r] = _mm512_dpbf16_ps(a[r], q, reinterpret_cast<__m512bh>(_mm512_set1_epi32(pair)));
+    }
+  }
+#pragma GCC unroll 12
+  for (int r = 0; r < R; ++r) _mm512_storeu_ps(part + r * 16, a[r]);
+}
+
+// out[h][c0 .. c0 + 16) (+)= the slice's p·latent for H heads (columns masked by `cols`).
+template <int H>
+void bf16_pv_tile(const uint32_t* pp, const uint16_t* rows, int64_t w, int64_t pairs, int64_t c0,
+                  __mmask16 cols, bool first, float* out, int64_t ldo, NextSlicePrefetch& pf) {
+  __m512 a[H];
+#pragma GCC unroll 16
+  for (int h = 0; h < H; ++h)
+    a[h] = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(cols, out + h * ldo + c0);
+  // word 2i <- row s's column c0 + i, word 2i + 1 <- row s + 1's (second source: 32 + i)
+  const __m512i pair_words =
+      _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6,
+                       37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+  for (int64_t s2 = 0; s2 < pairs; ++s2) {
+    pf.step();
+    const uint16_t* r0 = rows + 2 * s2 * w + c0;
+    const __m512bh v = reinterpret_cast<__m512bh>(_mm512_permutex2var_epi16(
+        _mm512_maskz_loadu_epi16(cols, r0), pair_words, _mm512_maskz_loadu_epi16(cols, r0 + w)));
+    const uint32_t* ps = pp + s2 * 16;
+#pragma GCC unroll 16
+    for (int h = 0; h < H; ++h)
+      a[h] = _mm512_dpbf16_ps(
+          a[h], v, reinterpret_cast<__m512bh>(_mm512_set1_epi32(static_cast<int>(ps[h]))));
+  }
+#pragma GCC unroll 16
+  for (int h = 0; h < H; ++h) _mm512_mask_storeu_ps(out + h * ldo + c0, cols, a[h]);
+}
+
+void attend_group_bf16(const AbsorbedQuery& q, int64_t h0, int64_t nh, const LatentKvView& kv,
+                       int64_t s_begin, int64_t s_end, float scale, float* qt, float* out,
+                       int64_t out_ld, float* m, float* l) {
+  const int64_t lat = kv.latent_dim, dr = kv.rope_dim, w = (lat + dr + 1) / 2 * 2;
+  transpose_queries(q, h0, nh, lat, dr, 16, qt);  // [lat + dr][16] fp32
+  thread_local std::vector<uint32_t> qp;          // [w / 2][16] pairs
+  thread_local std::vector<uint16_t> rows;        // [slice rows (even)][w]
+  thread_local std::vector<uint32_t> pp;          // [slice rows / 2][16] pairs
+  qp.resize(static_cast<size_t>(w / 2 * 16));
+  rows.resize(static_cast<size_t>((kAbsorbedSliceRows + 1) * w));
+  pp.resize(static_cast<size_t>((kAbsorbedSliceRows + 1) / 2 * 16));
+  for (int64_t c = 0; c < w; c += 2) {
+    const __m512 a = _mm512_loadu_ps(qt + c * 16);
+    const __m512 b = c + 1 < lat + dr ? _mm512_loadu_ps(qt + (c + 1) * 16) : _mm512_setzero_ps();
+    _mm512_storeu_si512(qp.data() + c / 2 * 16, pair_rows(a, b));
+  }
+  alignas(64) float sc[(kAbsorbedSliceRows + 1) * 16];  // scores, then p: [len (even)][16]
+  const int64_t slices = (s_end - s_begin + kAbsorbedSliceRows - 1) / kAbsorbedSliceRows;
+  const int64_t slice_rows = (s_end - s_begin + slices - 1) / slices;
+  // Row pointers of this slice (cur) and the next one (next), swapped per slice.
+  const float* pointers[2][2][kAbsorbedSliceRows];  // [cur/next][latent/rope][row]
+  int cur = 0;
+  gather_row_pointers(kv, s_begin, std::min(s_end, s_begin + slice_rows), pointers[cur][0],
+                      pointers[cur][1]);
+  NextSlicePrefetch pf;
+  for (int64_t s0 = s_begin; s0 < s_end; s0 += slice_rows, cur ^= 1) {
+    const int64_t s1 = std::min(s_end, s0 + slice_rows), len = s1 - s0, even = (len + 1) / 2 * 2;
+    const float* const* lrow = pointers[cur][0];
+    const float* const* rrow = pointers[cur][1];
+    const int64_t next_len = std::min(s_end, s1 + slice_rows) - s1;
+    gather_row_pointers(kv, s1, s1 + next_len, pointers[cur ^ 1][0], pointers[cur ^ 1][1]);
+    pf.start(pointers[cur ^ 1][0], pointers[cur ^ 1][1], next_len, lat, dr);
+    for (int64_t s = 0; s < len; ++s) {
+      uint16_t* row = rows.data() + s * w;
+      to_bf16(lrow[s], lat, row);
+      if (dr > 0) to_bf16(rrow[s], dr, row + lat);
+      if (lat + dr < w) row[w - 1] = 0;
+    }
+    if (even > len) std::fill_n(rows.data() + len * w, w, uint16_t{0});
+    int64_t r = 0;
+    for (; r + kBf16ScoreRows <= len; r += kBf16ScoreRows)
+      bf16_scores_tile<kBf16ScoreRows>(qp.data(), rows.data() + r * w, w, sc + r * 16, pf);
+    if (r < len) {
+      dispatch_1_to<kBf16ScoreRows - 1>(static_cast<int>(len - r), [&]<int Rest>() {
+        bf16_scores_tile<Rest>(qp.data(), rows.data() + r * w, w, sc + r * 16, pf);
+      });
+    }
+    const bool first = s0 == s_begin;
+    slice_softmax(sc, len, 16, nh, scale, first, m, l, out, out_ld, lat);
+    for (int64_t s = 0; s < even; s += 2) {
+      const __m512 b = s + 1 < len ? _mm512_loadu_ps(sc + (s + 1) * 16) : _mm512_setzero_ps();
+      _mm512_storeu_si512(pp.data() + s / 2 * 16, pair_rows(_mm512_loadu_ps(sc + s * 16), b));
+    }
+    for (int64_t c0 = 0; c0 < lat; c0 += 16) {
+      const __mmask16 cols =
+          static_cast<__mmask16>(lat - c0 >= 16 ? 0xffff : (1u << (lat - c0)) - 1);
+      dispatch_1_to<16>(static_cast<int>(nh), [&]<int H>() {
+        bf16_pv_tile<H>(pp.data(), rows.data(), w, even / 2, c0, cols, first, out, out_ld, pf);
+      });
+    }
+  }
+}
+#endif
+
 // One group of nh <= 16 heads over context rows [s_begin, s_end), in slices of
 // kAbsorbedSliceRows rows; per slice the scores (the rows come from DRAM, prefetched), an
 // online softmax (running max m and sum l per head; out rescaled by exp(m_old - m_new) when
@@ -290,6 +480,10 @@ void slice_softmax(float* sc, int64_t len, int64_t kw, int64_t nh, float scale, 
 void attend_group(const AbsorbedQuery& q, int64_t h0, int64_t nh, const LatentKvView& kv,
                   int64_t s_begin, int64_t s_end, float scale, float* qt, float* out,
                   int64_t out_ld, float* m, float* l) {
+#if defined(__AVX512BF16__)
+  if (q.bf16 && absorbed_bf16_available())
+    return attend_group_bf16(q, h0, nh, kv, s_begin, s_end, scale, qt, out, out_ld, m, l);
+#endif
   const int64_t lat = kv.latent_dim, dr = kv.rope_dim;
   const int64_t kw = nh > 8 ? 16 : 8;
   transpose_queries(q, h0, nh, lat, dr, kw, qt);
@@ -308,6 +502,14 @@ void attend_group(const AbsorbedQuery& q, int64_t h0, int64_t nh, const LatentKv
 }
 
 }  // namespace
+
+bool absorbed_bf16_available() {
+#if defined(__AVX512BF16__)
+  return panel_isa() == PanelIsa::kAvx512;
+#else
+  return false;
+#endif
+}
 
 void mla_absorbed_attention(const AbsorbedQuery& q, int64_t head_begin, int64_t head_end,
                             const LatentKvView& kv, int64_t ctx, float scale) {

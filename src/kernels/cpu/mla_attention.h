@@ -47,6 +47,9 @@ inline int64_t padded_latent_stride(int64_t latent_dim) {
 
 // q_abs: [heads, latent_dim] (row stride q_abs_ld), q_pe: [heads, rope_dim] (stride q_pe_ld),
 // out: [heads, latent_dim] (stride out_ld).
+// bf16: the fast mode's products (absorbed_bf16_available()): queries, cached rows and
+// probabilities rounded to bf16, every dot product a vdpbf16ps pair (fp32 accumulation);
+// else fp32 throughout.
 struct AbsorbedQuery {
   const float* q_abs;
   int64_t q_abs_ld;
@@ -54,7 +57,12 @@ struct AbsorbedQuery {
   int64_t q_pe_ld;
   float* out;
   int64_t out_ld;
+  bool bf16 = false;
 };
+
+// Whether AbsorbedQuery::bf16 takes the bf16 products: built with AVX512_BF16 and the
+// AVX-512 panel ISA selected (otherwise the fp32 kernel runs).
+bool absorbed_bf16_available();
 
 // Rows of context per slice of the absorbed kernel (256 KB of fp32 latent at C = 512).
 inline constexpr int64_t kAbsorbedSliceRows = 128;

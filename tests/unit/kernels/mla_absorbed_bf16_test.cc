@@ -1,0 +1,141 @@
+// The bf16 products of the absorbed MLA kernel (AbsorbedQuery::bf16) against plain
+// double-precision attention over the bf16-rounded queries and cached rows.
+//
+// The kernel rounds q_abs, q_pe, the cached rows and the probabilities to bf16. The reference
+// rounds the first three the same way and keeps p exact, so the one difference it allows is
+// p's rounding: each unnormalised p is off by at most 2^-9 of itself (round to nearest), and
+// the normaliser is the sum of the unrounded p, so an output moves by at most
+// 2^-9 · max |latent| (= 2^-9 here, the rows in [-1, 1]), plus fp32 accumulation (1e-4 is
+// ample). Unrounded queries or rows, or a wrong pairing of columns or rows, miss by far more
+// (a score of 576 terms moves by ~0.3 when its query is not rounded).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "isa_for_tests.h"
+#include "kernels/cpu/mla_attention.h"
+#include "tensor/dtype.h"
+
+namespace xds::kernels {
+namespace {
+
+float bf16(float v) {
+  return bf16_to_f32(f32_to_bf16(v));
+}
+
+// out[h][c] for heads [0, heads) over [0, ctx), in double, on bf16-rounded inputs.
+std::vector<double> reference(const std::vector<float>& q_abs, const std::vector<float>& q_pe,
+                              int64_t heads, const LatentKvView& kv, int64_t ctx, double scale) {
+  const int64_t lat = kv.latent_dim, dr = kv.rope_dim;
+  std::vector<double> out(static_cast<size_t>(heads * lat), 0.0);
+  for (int64_t h = 0; h < heads; ++h) {
+    std::vector<double> s(static_cast<size_t>(ctx));
+    for (int64_t j = 0; j < ctx; ++j) {
+      double acc = 0.0;
+      for (int64_t c = 0; c < lat; ++c)
+        acc += double(bf16(q_abs[h * lat + c])) * bf16(kv.latent_at(j)[c]);
+      for (int64_t c = 0; c < dr; ++c)
+        acc += double(bf16(q_pe[h * dr + c])) * bf16(kv.rope_at(j)[c]);
+      s[j] = acc * scale;
+    }
+    const double mx = *std::max_element(s.begin(), s.end());
+    double z = 0.0;
+    for (double& x : s) z += (x = std::exp(x - mx));
+    for (int64_t j = 0; j < ctx; ++j)
+      for (int64_t c = 0; c < lat; ++c) out[h * lat + c] += s[j] / z * bf16(kv.latent_at(j)[c]);
+  }
+  return out;
+}
+
+constexpr double kTolerance = 1.0 / 512 + 1e-4;
+
+TEST(MlaAbsorbedBf16, MatchesReferenceOnRoundedInputs) {
+  const IsaGuard guard;
+  if (!panel_isa_available(PanelIsa::kAvx512)) GTEST_SKIP() << "this build has only AVX2";
+  set_panel_isa(PanelIsa::kAvx512);
+  if (!absorbed_bf16_available()) GTEST_SKIP() << "no AVX512_BF16 in this build";
+  std::mt19937 rng(31);
+  std::uniform_real_distribution<float> d(-1.0f, 1.0f);
+  const int64_t bs = 16, blocks = 20;
+  std::vector<int32_t> table(static_cast<size_t>(blocks));
+  for (int32_t b = 0; b < blocks; ++b) table[b] = (b * 7 + 3) % blocks;
+  struct Dims {
+    int64_t lat, dr;
+  };
+  // lat 24 + dr 7: an odd row (a zero column pairs with the last), lat not a multiple of 16
+  // (masked columns in p·latent); 32 + 8 and 48 + 0 (no rope plane). Heads 3 and 11 leave
+  // lanes unused, 20 is two groups. ctx 1, 37 and 257 (odd slices: a zero row pairs with the
+  // last), 300 (three slices: the online softmax rescales). Padded rows hold NaN.
+  for (const auto [lat, dr] : {Dims{24, 7}, Dims{32, 8}, Dims{48, 0}})
+    for (const bool padded : {false, true})
+      for (const int64_t heads : {3, 11, 16, 20}) {
+        const int64_t ld = padded ? padded_latent_stride(lat) : lat;
+        std::vector<float> latent(static_cast<size_t>(blocks * bs * ld)),
+            rope(static_cast<size_t>(blocks * bs * std::max<int64_t>(dr, 1)));
+        for (auto* v : {&latent, &rope})
+          for (float& x : *v) x = d(rng);
+        for (int64_t row = 0; row < blocks * bs; ++row)
+          for (int64_t c = lat; c < ld; ++c) latent[row * ld + c] = std::nanf("");
+        const LatentKvView kv{latent.data(), rope.data(), table.data(), bs, lat, dr, ld};
+        for (const int64_t ctx : {1, 37, 257, 300}) {
+          for (const float scale : {0.3f, 2.0f}) {
+            std::vector<float> q_abs(static_cast<size_t>(heads * lat)),
+                q_pe(static_cast<size_t>(heads * std::max<int64_t>(dr, 1)));
+            for (auto* v : {&q_abs, &q_pe})
+              for (float& x : *v) x = d(rng);
+            std::vector<float> out(static_cast<size_t>(heads * lat), -3.0f);
+            AbsorbedQuery q{q_abs.data(), lat, q_pe.data(), dr, out.data(), lat};
+            q.bf16 = true;
+            mla_absorbed_attention(q, 0, heads, kv, ctx, scale);
+            const std::vector<double> ref = reference(q_abs, q_pe, heads, kv, ctx, scale);
+            for (int64_t i = 0; i < heads * lat; ++i)
+              ASSERT_NEAR(out[i], ref[i], kTolerance)
+                  << "lat=" << lat << " dr=" << dr << " ld=" << ld << " heads=" << heads
+                  << " ctx=" << ctx << " scale=" << scale << " i=" << i;
+          }
+        }
+      }
+}
+
+TEST(MlaAbsorbedBf16, PartsMergeIntoTheWholeContext) {
+  const IsaGuard guard;
+  if (!panel_isa_available(PanelIsa::kAvx512)) GTEST_SKIP() << "this build has only AVX2";
+  set_panel_isa(PanelIsa::kAvx512);
+  if (!absorbed_bf16_available()) GTEST_SKIP() << "no AVX512_BF16 in this build";
+  std::mt19937 rng(37);
+  std::uniform_real_distribution<float> d(-1.0f, 1.0f);
+  const int64_t lat = 64, dr = 16, bs = 16, blocks = 40, heads = 16, ctx = 513;
+  std::vector<int32_t> table(static_cast<size_t>(blocks));
+  for (int32_t b = 0; b < blocks; ++b) table[b] = (b * 11 + 5) % blocks;
+  std::vector<float> latent(static_cast<size_t>(blocks * bs * lat)),
+      rope(static_cast<size_t>(blocks * bs * dr)), q_abs(static_cast<size_t>(heads * lat)),
+      q_pe(static_cast<size_t>(heads * dr));
+  for (auto* v : {&latent, &rope, &q_abs, &q_pe})
+    for (float& x : *v) x = d(rng);
+  const LatentKvView kv{latent.data(), rope.data(), table.data(), bs, lat, dr};
+  const float scale = 1.0f;
+  const std::vector<double> ref = reference(q_abs, q_pe, heads, kv, ctx, scale);
+  // 513 rows as the model splits them (257 + 256), and an odd cut.
+  for (const std::vector<int64_t>& cut : {std::vector<int64_t>{0, 257, 513}, {0, 1, 300, 513}}) {
+    const int64_t parts = static_cast<int64_t>(cut.size()) - 1;
+    std::vector<float> part_out(static_cast<size_t>(parts * heads * lat)),
+        ml(static_cast<size_t>(parts * 2 * heads)), out(static_cast<size_t>(heads * lat));
+    std::vector<AbsorbedPart> ps;
+    AbsorbedQuery q{q_abs.data(), lat, q_pe.data(), dr, nullptr, lat};
+    q.bf16 = true;
+    for (int64_t p = 0; p < parts; ++p) {
+      ps.push_back({part_out.data() + p * heads * lat, lat, ml.data() + p * 2 * heads,
+                    ml.data() + p * 2 * heads + heads});
+      mla_absorbed_attention_part(q, 0, heads, kv, cut[p], cut[p + 1], scale, ps.back());
+    }
+    mla_absorbed_merge(ps, heads, lat, out.data(), lat);
+    for (int64_t i = 0; i < heads * lat; ++i)
+      ASSERT_NEAR(out[i], ref[i], kTolerance) << "parts=" << parts << " i=" << i;
+  }
+}
+
+}  // namespace
+}  // namespace xds::kernels
