@@ -102,6 +102,8 @@ Timing measure(const Shape& s, int64_t n, int reps, ThreadPool& pool, std::mt199
   std::vector<float> y_panels(static_cast<size_t>(n * s.rows)), y_rows(y_panels.size()),
       y_sgemm(y_panels.size()), y_dot(y_panels.size());
 
+  // Our kernels alternated call by call; OpenBLAS apart, after them: its threads spin for a
+  // while after a call and would take a core from whichever kernel ran next.
   std::vector<double> tp, tr, tb, td;
   for (int r = 0; r <= reps; ++r) {  // call 0 warms up, untimed
     const int c = r % copies;
@@ -115,12 +117,6 @@ Timing measure(const Shape& s, int64_t n, int reps, ThreadPool& pool, std::mt199
     t0 = Clock::now();
     kernels::linear_f32(x.data(), n, s.cols, row, y_rows.data(), s.rows, pool);
     const double b = seconds_since(t0);
-    t0 = Clock::now();
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(n),
-                static_cast<int>(s.rows), static_cast<int>(s.cols), 1.0f, x.data(),
-                static_cast<int>(s.cols), rows_f32.data() + size * c, static_cast<int>(s.cols),
-                0.0f, y_sgemm.data(), static_cast<int>(s.rows));
-    const double g = seconds_since(t0);
     // Half the copies away from this call's: neither the panels' call just made nor the
     // next one finds W in cache (copy c + 1 would warm the next panels' call).
     MatrixRef other = panel;
@@ -129,8 +125,22 @@ Timing measure(const Shape& s, int64_t n, int reps, ThreadPool& pool, std::mt199
     kernels::linear_bf16(x_bf16.data(), n, s.cols, r == reps ? panel : other, y_dot.data(), s.rows,
                          pool);
     const double e = seconds_since(t0);
-    if (r > 0) tp.push_back(a), tr.push_back(b), tb.push_back(g), td.push_back(e);
+    if (r > 0) tp.push_back(a), tr.push_back(b), td.push_back(e);
   }
+  // Two OpenBLAS threads for its own call (the kernels' sgemm runs one per pool thread and
+  // sets one: kernels::use_single_threaded_blas), one again afterwards.
+  openblas_set_num_threads(2);
+  for (int r = 0; r <= reps; ++r) {
+    const int c = r % copies;
+    const auto t0 = Clock::now();
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(n),
+                static_cast<int>(s.rows), static_cast<int>(s.cols), 1.0f, x.data(),
+                static_cast<int>(s.cols), rows_f32.data() + size * c, static_cast<int>(s.cols),
+                0.0f, y_sgemm.data(), static_cast<int>(s.rows));
+    if (r > 0) tb.push_back(seconds_since(t0));
+  }
+  kernels::use_single_threaded_blas();
+  openblas_set_num_threads(1);
   // The last call of each used the same copy (c = reps % copies): same product.
   float max_ref = 0, max_diff = 0, max_dot_diff = 0;
   for (size_t i = 0; i < y_sgemm.size(); ++i) {
@@ -163,7 +173,6 @@ int main(int argc, char** argv) {
   }
 
   ThreadPool pool(2);
-  openblas_set_num_threads(2);
   struct Row {
     const Shape* shape;
     int64_t n;
