@@ -15,7 +15,6 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <fstream>
 #include <random>
 #include <string>
 #include <vector>
@@ -25,6 +24,7 @@
 
 #include "base/clock.h"
 #include "base/thread_pool.h"
+#include "json_out.h"
 #include "kernels/cpu/mla_attention.h"
 #include "machine_limits.h"
 
@@ -186,12 +186,5 @@ int main(int argc, char** argv) {
                          {"bf16_ms", r.bf16_s * 1e3},
                          {"plain_sum_ms", r.plain_s * 1e3}});
   }
-  std::ofstream out(json_path);
-  out << j.dump(2) << "\n";
-  if (!out) {
-    std::fprintf(stderr, "error: could not write %s\n", json_path.c_str());
-    return 1;
-  }
-  std::printf("wrote %s\n", json_path.c_str());
-  return 0;
+  return bench::write_json(json_path, j) ? 0 : 1;
 }

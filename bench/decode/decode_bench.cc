@@ -15,7 +15,6 @@
 // multiply-add of the linear layers actually run (routed experts per token), plus attention.
 #include <algorithm>
 #include <cstdio>
-#include <fstream>
 #include <map>
 #include <random>
 #include <set>
@@ -28,6 +27,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/clock.h"
+#include "json_out.h"
 #include "kernels/cpu/blas_core.h"
 #include "kernels/cpu/linear_panels.h"
 #include "machine_limits.h"
@@ -431,7 +431,5 @@ int main(int argc, char** argv) {
                               {"fraction_max", *hi / 100.0}});
     }
   }
-  std::ofstream(json_path) << j.dump(2) << "\n";
-  std::printf("wrote %s\n", json_path.c_str());
-  return 0;
+  return bench::write_json(json_path, j) ? 0 : 1;
 }

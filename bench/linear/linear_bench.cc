@@ -25,7 +25,6 @@
 #include <charconv>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <iterator>
 #include <random>
 #include <sstream>
@@ -36,6 +35,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/clock.h"
+#include "json_out.h"
 #include "kernels/cpu/blas_core.h"
 #include "kernels/cpu/linear.h"
 #include "kernels/cpu/linear_panels.h"
@@ -244,12 +244,5 @@ int main(int argc, char** argv) {
                          {"dot_pct_roofline", 100.0 * dot_roof / t.dot_s},
                          {"max_rel_diff_dot_vs_sgemm", t.dot_rel_diff}});
   }
-  std::ofstream out(json_path);
-  out << j.dump(2) << "\n";
-  if (!out) {
-    std::fprintf(stderr, "error: could not write %s\n", json_path.c_str());
-    return 1;
-  }
-  std::printf("wrote %s\n", json_path.c_str());
-  return 0;
+  return bench::write_json(json_path, j) ? 0 : 1;
 }

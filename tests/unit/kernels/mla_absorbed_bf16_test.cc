@@ -15,6 +15,7 @@
 #include <random>
 #include <vector>
 
+#include "absorbed_parts.h"
 #include "isa_for_tests.h"
 #include "kernels/cpu/mla_attention.h"
 #include "tensor/dtype.h"
@@ -120,20 +121,11 @@ TEST(MlaAbsorbedBf16, PartsMergeIntoTheWholeContext) {
   const std::vector<double> ref = reference(q_abs, q_pe, heads, kv, ctx, scale);
   // 513 rows as the model splits them (257 + 256), and an odd cut.
   for (const std::vector<int64_t>& cut : {std::vector<int64_t>{0, 257, 513}, {0, 1, 300, 513}}) {
-    const int64_t parts = static_cast<int64_t>(cut.size()) - 1;
-    std::vector<float> part_out(static_cast<size_t>(parts * heads * lat)),
-        ml(static_cast<size_t>(parts * 2 * heads)), out(static_cast<size_t>(heads * lat));
-    std::vector<AbsorbedPart> ps;
     AbsorbedQuery q{q_abs.data(), lat, q_pe.data(), dr, nullptr, lat};
     q.bf16 = true;
-    for (int64_t p = 0; p < parts; ++p) {
-      ps.push_back({part_out.data() + p * heads * lat, lat, ml.data() + p * 2 * heads,
-                    ml.data() + p * 2 * heads + heads});
-      mla_absorbed_attention_part(q, 0, heads, kv, cut[p], cut[p + 1], scale, ps.back());
-    }
-    mla_absorbed_merge(ps, heads, lat, out.data(), lat);
+    const std::vector<float> out = attend_in_parts(q, heads, kv, cut, scale);
     for (int64_t i = 0; i < heads * lat; ++i)
-      ASSERT_NEAR(out[i], ref[i], kTolerance) << "parts=" << parts << " i=" << i;
+      ASSERT_NEAR(out[i], ref[i], kTolerance) << "parts=" << cut.size() - 1 << " i=" << i;
   }
 }
 

@@ -9,6 +9,7 @@
 #include <random>
 #include <vector>
 
+#include "absorbed_parts.h"
 #include "isa_for_tests.h"
 #include "kernels/cpu/linear_panels.h"
 
@@ -222,21 +223,11 @@ TEST(MlaAbsorbed, PartsMergeIntoTheWholeContext) {
   for (const PanelIsa isa : available_isas())
     for (const auto& cut : cuts) {
       set_panel_isa(isa);
-      const int64_t parts = static_cast<int64_t>(cut.size()) - 1;
-      std::vector<float> part_out(static_cast<size_t>(parts * heads * lat)),
-          ml(static_cast<size_t>(parts * 2 * heads));
-      std::vector<float> out(static_cast<size_t>(heads * lat), -7.0f);
-      std::vector<AbsorbedPart> ps;
       const AbsorbedQuery q{q_abs.data(), lat, q_pe.data(), dr, nullptr, lat};
-      for (int64_t p = 0; p < parts; ++p) {
-        ps.push_back({part_out.data() + p * heads * lat, lat, ml.data() + p * 2 * heads,
-                      ml.data() + p * 2 * heads + heads});
-        mla_absorbed_attention_part(q, 0, heads, kv, cut[p], cut[p + 1], scale, ps.back());
-      }
-      mla_absorbed_merge(ps, heads, lat, out.data(), lat);
+      const std::vector<float> out = attend_in_parts(q, heads, kv, cut, scale);
       for (int64_t i = 0; i < heads * lat; ++i)
         ASSERT_NEAR(out[i], ref[i], 2e-5)
-            << panel_isa_name(isa) << " parts=" << parts << " i=" << i;
+            << panel_isa_name(isa) << " parts=" << cut.size() - 1 << " i=" << i;
     }
 }
 
