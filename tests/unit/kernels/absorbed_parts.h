@@ -1,13 +1,45 @@
-// The absorbed attention of a whole context computed in parts (mla_absorbed_attention_part
-// over [cut[p], cut[p + 1])) and merged (mla_absorbed_merge): out [heads, latent_dim].
+// Helpers of the absorbed-attention tests: a plain double-precision reference, and the
+// kernel run over a context cut into parts and merged.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <vector>
 
 #include "kernels/cpu/mla_attention.h"
 
 namespace xds::kernels {
 
+// Attention of every head over [0, ctx) in double precision, every query and cached value
+// passed through round() first (the identity, or a rounding the kernel applies): out
+// [heads, latent_dim].
+inline std::vector<double> reference_absorbed(
+    const std::vector<float>& q_abs, const std::vector<float>& q_pe, int64_t heads,
+    const LatentKvView& kv, int64_t ctx, double scale,
+    float (*round)(float) = [](float v) { return v; }) {
+  const int64_t lat = kv.latent_dim, dr = kv.rope_dim;
+  std::vector<double> out(static_cast<size_t>(heads * lat), 0.0);
+  for (int64_t h = 0; h < heads; ++h) {
+    std::vector<double> s(static_cast<size_t>(ctx));
+    for (int64_t j = 0; j < ctx; ++j) {
+      double acc = 0.0;
+      for (int64_t c = 0; c < lat; ++c)
+        acc += double(round(q_abs[h * lat + c])) * round(kv.latent_at(j)[c]);
+      for (int64_t c = 0; c < dr; ++c)
+        acc += double(round(q_pe[h * dr + c])) * round(kv.rope_at(j)[c]);
+      s[j] = acc * scale;
+    }
+    const double mx = *std::max_element(s.begin(), s.end());
+    double z = 0.0;
+    for (double& x : s) z += (x = std::exp(x - mx));
+    for (int64_t j = 0; j < ctx; ++j)
+      for (int64_t c = 0; c < lat; ++c) out[h * lat + c] += s[j] / z * round(kv.latent_at(j)[c]);
+  }
+  return out;
+}
+
+// The kernel over the context cut at `cut` (mla_absorbed_attention_part over [cut[p],
+// cut[p + 1])), merged (mla_absorbed_merge): out [heads, latent_dim].
 inline std::vector<float> attend_in_parts(const AbsorbedQuery& q, int64_t heads,
                                           const LatentKvView& kv, const std::vector<int64_t>& cut,
                                           float scale) {

@@ -27,30 +27,6 @@ float bf16(float v) {
   return bf16_to_f32(f32_to_bf16(v));
 }
 
-// out[h][c] for heads [0, heads) over [0, ctx), in double, on bf16-rounded inputs.
-std::vector<double> reference(const std::vector<float>& q_abs, const std::vector<float>& q_pe,
-                              int64_t heads, const LatentKvView& kv, int64_t ctx, double scale) {
-  const int64_t lat = kv.latent_dim, dr = kv.rope_dim;
-  std::vector<double> out(static_cast<size_t>(heads * lat), 0.0);
-  for (int64_t h = 0; h < heads; ++h) {
-    std::vector<double> s(static_cast<size_t>(ctx));
-    for (int64_t j = 0; j < ctx; ++j) {
-      double acc = 0.0;
-      for (int64_t c = 0; c < lat; ++c)
-        acc += double(bf16(q_abs[h * lat + c])) * bf16(kv.latent_at(j)[c]);
-      for (int64_t c = 0; c < dr; ++c)
-        acc += double(bf16(q_pe[h * dr + c])) * bf16(kv.rope_at(j)[c]);
-      s[j] = acc * scale;
-    }
-    const double mx = *std::max_element(s.begin(), s.end());
-    double z = 0.0;
-    for (double& x : s) z += (x = std::exp(x - mx));
-    for (int64_t j = 0; j < ctx; ++j)
-      for (int64_t c = 0; c < lat; ++c) out[h * lat + c] += s[j] / z * bf16(kv.latent_at(j)[c]);
-  }
-  return out;
-}
-
 constexpr double kTolerance = 1.0 / 512 + 1e-4;
 
 TEST(MlaAbsorbedBf16, MatchesReferenceOnRoundedInputs) {
@@ -91,7 +67,8 @@ TEST(MlaAbsorbedBf16, MatchesReferenceOnRoundedInputs) {
             AbsorbedQuery q{q_abs.data(), lat, q_pe.data(), dr, out.data(), lat};
             q.bf16 = true;
             mla_absorbed_attention(q, 0, heads, kv, ctx, scale);
-            const std::vector<double> ref = reference(q_abs, q_pe, heads, kv, ctx, scale);
+            const std::vector<double> ref =
+                reference_absorbed(q_abs, q_pe, heads, kv, ctx, scale, bf16);
             for (int64_t i = 0; i < heads * lat; ++i)
               ASSERT_NEAR(out[i], ref[i], kTolerance)
                   << "lat=" << lat << " dr=" << dr << " ld=" << ld << " heads=" << heads
@@ -118,7 +95,7 @@ TEST(MlaAbsorbedBf16, PartsMergeIntoTheWholeContext) {
     for (float& x : *v) x = d(rng);
   const LatentKvView kv{latent.data(), rope.data(), table.data(), bs, lat, dr};
   const float scale = 1.0f;
-  const std::vector<double> ref = reference(q_abs, q_pe, heads, kv, ctx, scale);
+  const std::vector<double> ref = reference_absorbed(q_abs, q_pe, heads, kv, ctx, scale, bf16);
   // 513 rows as the model splits them (257 + 256), and an odd cut.
   for (const std::vector<int64_t>& cut : {std::vector<int64_t>{0, 257, 513}, {0, 1, 300, 513}}) {
     AbsorbedQuery q{q_abs.data(), lat, q_pe.data(), dr, nullptr, lat};

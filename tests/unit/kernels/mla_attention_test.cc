@@ -178,29 +178,6 @@ TEST(MlaAbsorbed, MatchesReferenceOverPagedBlocks) {
           }
 }
 
-// Attention of every head over [0, ctx) in double precision: [heads, lat].
-std::vector<double> reference_absorbed(const std::vector<float>& q_abs,
-                                       const std::vector<float>& q_pe, int64_t heads,
-                                       const LatentKvView& kv, int64_t ctx, double scale) {
-  const int64_t lat = kv.latent_dim, dr = kv.rope_dim;
-  std::vector<double> out(static_cast<size_t>(heads * lat), 0.0);
-  for (int64_t h = 0; h < heads; ++h) {
-    std::vector<double> s(static_cast<size_t>(ctx));
-    for (int64_t j = 0; j < ctx; ++j) {
-      double acc = 0.0;
-      for (int64_t c = 0; c < lat; ++c) acc += double(q_abs[h * lat + c]) * kv.latent_at(j)[c];
-      for (int64_t c = 0; c < dr; ++c) acc += double(q_pe[h * dr + c]) * kv.rope_at(j)[c];
-      s[j] = acc * scale;
-    }
-    const double mx = *std::max_element(s.begin(), s.end());
-    double z = 0.0;
-    for (double& x : s) z += (x = std::exp(x - mx));
-    for (int64_t j = 0; j < ctx; ++j)
-      for (int64_t c = 0; c < lat; ++c) out[h * lat + c] += s[j] / z * kv.latent_at(j)[c];
-  }
-  return out;
-}
-
 // Parts of the context computed separately, then merged, equal the attention of the whole
 // context; the parts may cut through blocks and slices anywhere.
 TEST(MlaAbsorbed, PartsMergeIntoTheWholeContext) {
