@@ -119,9 +119,9 @@ bool DeepseekV3Model::overlaps_shared(const MlpWeights& shared, int64_t n) const
   // tokens per expert) 2-5 % more, so it runs after the routed experts there
   // (docs/design/cpu_kernels.md, "Experts").
   constexpr int64_t kMinTokens = 8, kMaxTokensPerExpert = 4;
-  return options_.overlap_shared && options_.compute == ComputeDType::kF32 && n >= kMinTokens &&
+  return options_.overlap_shared && n >= kMinTokens &&
          n * config_.num_experts_per_tok <= kMaxTokensPerExpert * config_.n_routed_experts &&
-         SharedMlpOverlap::supported(shared);
+         SharedMlpOverlap::supported(shared, options_.compute == ComputeDType::kBF16);
 }
 
 Status DeepseekV3Model::run_moe(const MoeWeights& w, int64_t layer, const Batch& b, const float* xn,
@@ -157,7 +157,8 @@ Status DeepseekV3Model::run_moe(const MoeWeights& w, int64_t layer, const Batch&
   std::optional<SharedMlpOverlap> shared;
   if (w.shared && overlaps_shared(*w.shared, n)) {
     const int64_t width = w.shared->gate_proj.rows;
-    shared.emplace(*w.shared, xn, n, grow(s_gate_, n * width), grow(s_up_, n * width), out);
+    shared.emplace(*w.shared, xn, n, grow(s_gate_, n * width), grow(s_up_, n * width), out,
+                   SharedMlpOverlap::kSliceFlops, options_.compute == ComputeDType::kBF16);
     in.overlap = &*shared;
   }
   phase.emplace(phases_, "moe.experts");  // with the shared experts when overlapped

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "base/check.h"
+#include "kernels/cpu/linear.h"
 #include "kernels/cpu/linear_panels.h"
 #include "kernels/cpu/ops.h"
 
@@ -14,8 +16,13 @@ bool is_panels(const MatrixRef& m) {
 
 }  // namespace
 
-bool SharedMlpOverlap::supported(const MlpWeights& mlp) {
-  return is_panels(mlp.gate_proj) && is_panels(mlp.up_proj) && is_panels(mlp.down_proj);
+bool SharedMlpOverlap::supported(const MlpWeights& mlp, bool bf16) {
+  if (!is_panels(mlp.gate_proj) || !is_panels(mlp.up_proj) || !is_panels(mlp.down_proj))
+    return false;
+  if (!bf16) return true;
+  const auto dot = [](const MatrixRef& m) { return m.dtype == DType::kBF16; };
+  return kernels::panels_dot_available() && kernels::panel_isa() == kernels::PanelIsa::kAvx512 &&
+         dot(mlp.gate_proj) && dot(mlp.up_proj) && dot(mlp.down_proj);
 }
 
 int64_t SharedMlpOverlap::panels_per_slice(int64_t n, int64_t cols, double slice_flops) {
@@ -24,7 +31,7 @@ int64_t SharedMlpOverlap::panels_per_slice(int64_t n, int64_t cols, double slice
 }
 
 SharedMlpOverlap::SharedMlpOverlap(const MlpWeights& mlp, const float* x, int64_t n, float* gate,
-                                   float* up, float* out, double slice_flops)
+                                   float* up, float* out, double slice_flops, bool bf16)
     : mlp_(mlp),
       x_(x),
       n_(n),
@@ -34,7 +41,14 @@ SharedMlpOverlap::SharedMlpOverlap(const MlpWeights& mlp, const float* x, int64_
       up_(up),
       out_(out),
       gu_step_(panels_per_slice(n, d_, slice_flops)),
-      down_step_(panels_per_slice(n, width_, slice_flops)) {
+      down_step_(panels_per_slice(n, width_, slice_flops)),
+      bf16_(bf16) {
+  XDS_CHECK(supported(mlp, bf16), "SharedMlpOverlap: weights its slices cannot run");
+  if (bf16_) {
+    x_bf16_.resize(static_cast<size_t>(n_ * d_));
+    kernels::round_to_bf16(x_, n_ * d_, x_bf16_.data());
+    h_bf16_.resize(static_cast<size_t>(n_ * width_));
+  }
   auto slices = [](int64_t panels, int64_t step) { return (panels + step - 1) / step; };
   gate_slices_ = slices(mlp.gate_proj.panels(), gu_step_);
   gu_slices_ = gate_slices_ + slices(mlp.up_proj.panels(), gu_step_);
@@ -47,12 +61,17 @@ OverlapWork::Slice SharedMlpOverlap::run_slice() {
     const bool is_gate = i < gate_slices_;
     const MatrixRef& w = is_gate ? mlp_.gate_proj : mlp_.up_proj;
     const int64_t p0 = (is_gate ? i : i - gate_slices_) * gu_step_;
-    kernels::panels_linear(x_, n_, d_, w, p0, std::min(w.panels(), p0 + gu_step_),
-                           is_gate ? gate_ : up_, width_);
+    const int64_t p1 = std::min(w.panels(), p0 + gu_step_);
+    if (bf16_) {
+      kernels::panels_linear_bf16(x_bf16_.data(), n_, d_, w, p0, p1, is_gate ? gate_ : up_, width_);
+    } else {
+      kernels::panels_linear(x_, n_, d_, w, p0, p1, is_gate ? gate_ : up_, width_);
+    }
     // The thread that completes the last gate/up slice forms h for the down slices; the
     // acq_rel count makes every other slice's writes visible to it.
     if (done_gu_.fetch_add(1, std::memory_order_acq_rel) + 1 == gu_slices_) {
       kernels::silu_mul(gate_, up_, n_ * width_, gate_);
+      if (bf16_) kernels::round_to_bf16(gate_, n_ * width_, h_bf16_.data());
       h_ready_.store(true, std::memory_order_release);
     }
     return Slice::kRan;
@@ -61,8 +80,12 @@ OverlapWork::Slice SharedMlpOverlap::run_slice() {
   const int64_t j = next_down_.fetch_add(1, std::memory_order_relaxed);
   if (j >= down_slices_) return Slice::kDone;
   const int64_t p0 = j * down_step_;
-  kernels::panels_linear(gate_, n_, width_, mlp_.down_proj, p0,
-                         std::min(mlp_.down_proj.panels(), p0 + down_step_), out_, d_);
+  const int64_t p1 = std::min(mlp_.down_proj.panels(), p0 + down_step_);
+  if (bf16_) {
+    kernels::panels_linear_bf16(h_bf16_.data(), n_, width_, mlp_.down_proj, p0, p1, out_, d_);
+  } else {
+    kernels::panels_linear(gate_, n_, width_, mlp_.down_proj, p0, p1, out_, d_);
+  }
   return Slice::kRan;
 }
 

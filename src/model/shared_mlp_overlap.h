@@ -12,12 +12,15 @@
 //
 // Every output is computed by panels_linear over whole panels, as the plain MLP computes
 // it, so the result is bit-identical to running the MLP after the routed experts.
-// BF16 panel weights only (supported()).
+// BF16 panel weights only (supported()). With `bf16` (the fast mode's products) x and h are
+// rounded to bf16 and the slices run panels_linear_bf16, as linear_bf16 runs the whole
+// matrices there: again bit-identical to the plain MLP of that mode.
 // Thread-safety: run_slice may be called from many threads at once.
 #pragma once
 
 #include <atomic>
 #include <cstdint>
+#include <vector>
 
 #include "model/deepseek_v3_weights.h"
 #include "model/moe_exchange.h"
@@ -26,8 +29,9 @@ namespace xds {
 
 class SharedMlpOverlap final : public OverlapWork {
  public:
-  // Whether `mlp` can run in slices (all three matrices BF16 panels).
-  static bool supported(const MlpWeights& mlp);
+  // Whether `mlp` can run in slices (all three matrices BF16 panels; with `bf16`, also the
+  // dot-product kernel available, as linear_bf16 would use it).
+  static bool supported(const MlpWeights& mlp, bool bf16 = false);
 
   // Work per slice by default: ~30 µs of one thread at ~100 GFLOP/s, short beside a
   // routed expert (~0.5 ms), so the slices spread over the experts' phase.
@@ -36,7 +40,7 @@ class SharedMlpOverlap final : public OverlapWork {
   // x: [n, D] (row stride D); gate, up: scratch [n, I] each; out: [n, D] (overwritten).
   // A slice is about slice_flops of work, at least one panel.
   SharedMlpOverlap(const MlpWeights& mlp, const float* x, int64_t n, float* gate, float* up,
-                   float* out, double slice_flops = kSliceFlops);
+                   float* out, double slice_flops = kSliceFlops, bool bf16 = false);
 
   int64_t slices() const { return gu_slices_ + down_slices_; }
 
@@ -53,6 +57,8 @@ class SharedMlpOverlap final : public OverlapWork {
   int64_t gate_slices_, gu_slices_, down_slices_;
   std::atomic<int64_t> next_gu_{0}, done_gu_{0}, next_down_{0};
   std::atomic<bool> h_ready_{false};
+  bool bf16_;
+  std::vector<uint16_t> x_bf16_, h_bf16_;  // with bf16: x [n, D] and h [n, I] rounded
 };
 
 }  // namespace xds

@@ -96,18 +96,22 @@ TEST(Forward, LogitsDoNotDependOnBatchComposition) {
 // 20 tokens run after the routed experts either way.
 TEST(Forward, SharedExpertsBetweenTheRoutedOnesGiveTheSameBits) {
   const std::string dir = make_tiny("overlap", 17);
-  ModelOptions on, off;
-  on.threads = off.threads = 2;
-  off.overlap_shared = false;
-  auto m_on = DeepseekV3Model::load(dir, on);
-  auto m_off = DeepseekV3Model::load(dir, off);
-  ASSERT_TRUE(m_on.ok() && m_off.ok());
-  const int64_t v = (*m_on)->config().vocab_size;
-  for (const int64_t n : {5, 8, 12, 16, 20}) {
-    const auto ids = random_ids(n, v, static_cast<uint32_t>(n));
-    const std::vector<float> a = alone(**m_on, ids), b = alone(**m_off, ids);
-    ASSERT_EQ(a.size(), b.size());
-    ASSERT_EQ(std::memcmp(a.data(), b.data(), sizeof(float) * a.size()), 0) << "n=" << n;
+  for (const ComputeDType compute : {ComputeDType::kF32, ComputeDType::kBF16}) {
+    ModelOptions on, off;
+    on.threads = off.threads = 2;
+    on.compute = off.compute = compute;
+    off.overlap_shared = false;
+    auto m_on = DeepseekV3Model::load(dir, on);
+    auto m_off = DeepseekV3Model::load(dir, off);
+    ASSERT_TRUE(m_on.ok() && m_off.ok());
+    const int64_t v = (*m_on)->config().vocab_size;
+    for (const int64_t n : {5, 8, 12, 16, 20}) {
+      const auto ids = random_ids(n, v, static_cast<uint32_t>(n));
+      const std::vector<float> a = alone(**m_on, ids), b = alone(**m_off, ids);
+      ASSERT_EQ(a.size(), b.size());
+      ASSERT_EQ(std::memcmp(a.data(), b.data(), sizeof(float) * a.size()), 0)
+          << "n=" << n << " bf16=" << (compute == ComputeDType::kBF16);
+    }
   }
 }
 

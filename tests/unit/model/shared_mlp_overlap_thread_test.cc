@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -127,6 +128,53 @@ TEST(SharedMlpOverlap, SlicesOnManyThreadsEqualTheWholeMlpBitForBit) {
               << " i=" << i;
           ASSERT_NEAR(out[i], ref[i], 1e-4 * (1.0 + std::fabs(ref[i]))) << "n=" << n << " i=" << i;
         }
+      }
+    }
+  }
+}
+
+// The fast mode's MLP run whole: x and h rounded to bf16, every matrix through linear_bf16.
+std::vector<float> whole_bf16(const Mlp& m, const std::vector<float>& x, int64_t n) {
+  ThreadPool pool(1);
+  std::vector<uint16_t> xb(x.size()), hb(static_cast<size_t>(n * Mlp::kI));
+  kernels::round_to_bf16(x.data(), n * Mlp::kD, xb.data());
+  std::vector<float> g(static_cast<size_t>(n * Mlp::kI)), u(g.size()),
+      out(static_cast<size_t>(n * Mlp::kD));
+  kernels::linear_bf16(xb.data(), n, Mlp::kD, m.gate.ref, g.data(), Mlp::kI, pool);
+  kernels::linear_bf16(xb.data(), n, Mlp::kD, m.up.ref, u.data(), Mlp::kI, pool);
+  kernels::silu_mul(g.data(), u.data(), n * Mlp::kI, g.data());
+  kernels::round_to_bf16(g.data(), n * Mlp::kI, hb.data());
+  kernels::linear_bf16(hb.data(), n, Mlp::kI, m.down.ref, out.data(), Mlp::kD, pool);
+  return out;
+}
+
+// With bf16 products the slices equal the fast mode's whole MLP bit for bit, and stay
+// within bf16 rounding of the double reference (x and h rounded: ~2^-8 relative each).
+TEST(SharedMlpOverlap, Bf16SlicesEqualTheFastModesWholeMlpBitForBit) {
+  const Mlp m = make_mlp(7);
+  if (!SharedMlpOverlap::supported(m.refs(), true)) GTEST_SKIP() << "no bf16 dot products here";
+  std::mt19937 rng(8);
+  std::uniform_real_distribution<float> d(-1.0f, 1.0f);
+  for (const int64_t n : {1, 7, 16}) {
+    std::vector<float> x(static_cast<size_t>(n * Mlp::kD));
+    for (float& v : x) v = d(rng);
+    const std::vector<double> ref = reference(m, x, n);
+    const std::vector<float> plain = whole_bf16(m, x, n);
+    for (const int threads : {1, 3}) {
+      std::vector<float> gate(static_cast<size_t>(n * Mlp::kI)), up(gate.size());
+      std::vector<float> out(static_cast<size_t>(n * Mlp::kD), -1.0f);
+      const MlpWeights w = m.refs();
+      SharedMlpOverlap work(w, x.data(), n, gate.data(), up.data(), out.data(), 1.0, true);
+      std::vector<std::thread> pool;
+      for (int t = 1; t < threads; ++t) pool.emplace_back([&] { drain(work); });
+      drain(work);
+      for (auto& th : pool) th.join();
+      double scale = 0;
+      for (const double v : ref) scale = std::max(scale, std::fabs(v));
+      for (int64_t i = 0; i < n * Mlp::kD; ++i) {
+        ASSERT_EQ(std::memcmp(&out[i], &plain[i], sizeof(float)), 0)
+            << "n=" << n << " threads=" << threads << " i=" << i;
+        ASSERT_NEAR(out[i], ref[i], 3e-2 * scale) << "n=" << n << " i=" << i;
       }
     }
   }
