@@ -127,8 +127,8 @@ Timing measure(const Shape& s, int64_t n, int reps, ThreadPool& pool, std::mt199
     const double e = seconds_since(t0);
     if (r > 0) tp.push_back(a), tr.push_back(b), td.push_back(e);
   }
-  // Two OpenBLAS threads for its own call (the kernels' sgemm runs one per pool thread and
-  // sets one: kernels::use_single_threaded_blas), one again afterwards.
+  // Two OpenBLAS threads for its own call, one again afterwards (the kernels' sgemm runs one
+  // per pool thread; kernels::use_single_threaded_blas sets that only once per process).
   openblas_set_num_threads(2);
   for (int r = 0; r <= reps; ++r) {
     const int c = r % copies;
@@ -139,7 +139,6 @@ Timing measure(const Shape& s, int64_t n, int reps, ThreadPool& pool, std::mt199
                 0.0f, y_sgemm.data(), static_cast<int>(s.rows));
     if (r > 0) tb.push_back(seconds_since(t0));
   }
-  kernels::use_single_threaded_blas();
   openblas_set_num_threads(1);
   // The last call of each used the same copy (c = reps % copies): same product.
   float max_ref = 0, max_diff = 0, max_dot_diff = 0;
@@ -197,7 +196,7 @@ int main(int argc, char** argv) {
       lim.read_gbps, lim.f32_gflops, lim.f32_isa, kernels::blas_core_name().c_str(),
       kernels::panel_isa_name(kernels::panel_isa()));
   std::printf("dot: %s, bf16 dot-product peak %.1f GFLOP/s\n",
-              kernels::panels_dot_available() && kernels::panel_isa() == kernels::PanelIsa::kAvx512
+              kernels::panels_dot_for({DType::kBF16, nullptr, 0, 0, MatrixLayout::kPanels16})
                   ? "vdpbf16ps panels"
                   : "panels on x widened to fp32",
               lim.bf16_gflops);

@@ -8,21 +8,13 @@
 #include "kernels/cpu/ops.h"
 
 namespace xds {
-namespace {
-
-bool is_panels(const MatrixRef& m) {
-  return kernels::is_panel_matrix(m);
-}
-
-}  // namespace
 
 bool SharedMlpOverlap::supported(const MlpWeights& mlp, bool bf16) {
-  if (!is_panels(mlp.gate_proj) || !is_panels(mlp.up_proj) || !is_panels(mlp.down_proj))
-    return false;
-  if (!bf16) return true;
-  const auto dot = [](const MatrixRef& m) { return m.dtype == DType::kBF16; };
-  return kernels::panels_dot_available() && kernels::panel_isa() == kernels::PanelIsa::kAvx512 &&
-         dot(mlp.gate_proj) && dot(mlp.up_proj) && dot(mlp.down_proj);
+  // With bf16 products the slices run the kernel linear_bf16 would run on each matrix.
+  const auto ok = [bf16](const MatrixRef& m) {
+    return bf16 ? kernels::panels_dot_for(m) : kernels::is_panel_matrix(m);
+  };
+  return ok(mlp.gate_proj) && ok(mlp.up_proj) && ok(mlp.down_proj);
 }
 
 int64_t SharedMlpOverlap::panels_per_slice(int64_t n, int64_t cols, double slice_flops) {

@@ -341,10 +341,7 @@ void linear_f32_serial(const float* x, int64_t n, int64_t ldx, const MatrixRef& 
 void linear_bf16(const uint16_t* x, int64_t n, int64_t ldx, const MatrixRef& w, float* y,
                  int64_t ldy, ThreadPool& pool) {
   if (n == 0 || w.rows == 0) return;
-  if (w.layout == MatrixLayout::kPanels16 && w.dtype == DType::kBF16 && panels_dot_available() &&
-      panel_isa() == PanelIsa::kAvx512) {
-    return linear_panels_dot_pool(x, n, ldx, w, y, ldy, pool);
-  }
+  if (panels_dot_for(w)) return linear_panels_dot_pool(x, n, ldx, w, y, ldy, pool);
   if (n >= kSgemmMinTokens || w.layout == MatrixLayout::kPanels16) {
     // bf16 values widen to fp32 exactly, so the fp32 kernels give the same products.
     thread_local std::vector<float> wide;

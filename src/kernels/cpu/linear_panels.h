@@ -69,6 +69,9 @@ void panels_linear(const float* x, int64_t n, int64_t ldx, const MatrixRef& w, i
 // per addition, denormals flushed to zero). Batch-invariant, bit for bit. Only where
 // panels_dot_available() (built with AVX512_BF16).
 bool panels_dot_available();
+// Whether linear_bf16 runs w on this kernel: BF16 panels, panels_dot_available(), and the
+// AVX-512 panel ISA selected (forcing AVX2 for an A/B run widens x instead).
+bool panels_dot_for(const MatrixRef& w);
 void panels_linear_bf16(const uint16_t* x, int64_t n, int64_t ldx, const MatrixRef& w,
                         int64_t p_begin, int64_t p_end, float* y, int64_t ldy);
 

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "base/check.h"
+#include "kernels/cpu/bf16_pairs.h"
 #include "kernels/cpu/linear_panels.h"
 #include "kernels/cpu/panel_driver.h"
 #include "kernels/cpu/panel_tiles.h"
@@ -35,12 +36,13 @@ namespace xds::kernels {
 
 namespace {
 
+using panel_detail::Bf16Format;
+using panel_detail::kKBlock;  // columns per block when several tiles share it: 2 × 16 KB
 using panel_detail::kLineBytes;
 
-constexpr int kMaxTokens = 12;    // per tile: 12 × 2 panels = 24 accumulators
-constexpr int64_t kKBlock = 512;  // columns per block when several tiles share it: 2 × 16 KB
-constexpr int64_t kColumnBytes = kPanelRows * 2;
-constexpr int64_t kAheadCols = 4096 / kColumnBytes;  // prefetch distance of a single pass
+constexpr int kMaxTokens = 12;  // per tile: 12 × 2 panels = 24 accumulators
+constexpr int64_t kColumnBytes = Bf16Format::kColumnBytes;
+constexpr int64_t kAheadCols = panel_detail::kPrefetchCols<Bf16Format>;  // a single pass's
 
 // Where and how often a tile prefetches: a line every `every` column pairs, `lines` in all,
 // from `at` (and at + second_panel for two panels).
@@ -71,17 +73,14 @@ void dot_tile(const uint16_t* x, int64_t ldx, const uint16_t* w, int64_t cols, i
   panel_detail::load_accumulators<T, P>(a0, a1, y, ldy, first);
   const uint16_t* w2 = w + cols * kPanelRows;
   const int64_t second_panel = cols * kColumnBytes;
-  // word 2i <- word i (column c), word 2i + 1 <- word 16 + i (column c + 1)
-  const __m512i interleave =
-      _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
-                       21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  // Columns c and c + 1 (64 adjacent bytes) as 16 pairs (w[c][i], w[c + 1][i]).
   auto pair = [&](int64_t c, __mmask32 words, bool both) __attribute__((always_inline)) {
     const __m512bh v = reinterpret_cast<__m512bh>(
-        _mm512_permutexvar_epi16(interleave, _mm512_maskz_loadu_epi16(words, w + c * kPanelRows)));
+        interleave_halves(_mm512_maskz_loadu_epi16(words, w + c * kPanelRows)));
     __m512bh v2;
     if constexpr (P == 2)
-      v2 = reinterpret_cast<__m512bh>(_mm512_permutexvar_epi16(
-          interleave, _mm512_maskz_loadu_epi16(words, w2 + c * kPanelRows)));
+      v2 = reinterpret_cast<__m512bh>(
+          interleave_halves(_mm512_maskz_loadu_epi16(words, w2 + c * kPanelRows)));
 #pragma GCC unroll 12
     for (int t = 0; t < T; ++t) {
       const __m512bh xb =
@@ -113,10 +112,6 @@ void tile(int tb, const uint16_t* x, int64_t ldx, const uint16_t* w, int64_t col
   XDS_CHECK(ran, "bf16 dot tile: {} tokens", tb);
 }
 
-const uint16_t* panel_ptr(const MatrixRef& w, int64_t p) {
-  return static_cast<const uint16_t*>(w.data) + p * w.cols * kPanelRows;
-}
-
 // All n tokens against panels [p, p + P), accumulating into acc [n][16P] (stride ldacc).
 // Up to kMaxTokens tokens: one pass along the panels, prefetching kAheadCols ahead (for
 // two panels, the last stretch prefetches the next two panels' starts). More: blocks of
@@ -127,7 +122,7 @@ template <int P>
 void dot_group(const uint16_t* x, int64_t n, int64_t ldx, const MatrixRef& w, int64_t p, float* acc,
                int64_t ldacc) {
   const int64_t cols = w.cols;
-  const uint16_t* wp = panel_ptr(w, p);
+  const uint16_t* wp = panel_detail::panel_ptr<Bf16Format>(w, p);
   const auto bytes = [](const uint16_t* at) { return reinterpret_cast<const char*>(at); };
   constexpr int64_t kEveryPair = 1;  // a pair of columns is one line per panel
   if (n <= kMaxTokens) {
@@ -140,14 +135,15 @@ void dot_group(const uint16_t* x, int64_t n, int64_t ldx, const MatrixRef& w, in
     const int64_t tail = (cols - kAheadCols) & ~int64_t{1};  // pairs stay aligned to kb
     tile<P>(tb, x, ldx, wp, cols, 0, tail, true, acc, ldacc, ahead);
     tile<P>(tb, x, ldx, wp, cols, tail, cols, false, acc, ldacc,
-            Prefetch{bytes(panel_ptr(w, p + 2)), kEveryPair, INT64_MAX});
+            Prefetch{bytes(panel_detail::panel_ptr<Bf16Format>(w, p + 2)), kEveryPair, INT64_MAX});
     return;
   }
   const int64_t passes = (n + kMaxTokens - 1) / kMaxTokens;
   for (int64_t kb = 0; kb < cols; kb += kKBlock) {
     const int64_t ke = std::min(cols, kb + kKBlock);
     // The next block: this panel's, or after the last block the next P panels' starts.
-    const char* next = ke < cols ? bytes(wp + ke * kPanelRows) : bytes(panel_ptr(w, p + P));
+    const char* next = ke < cols ? bytes(wp + ke * kPanelRows)
+                                 : bytes(panel_detail::panel_ptr<Bf16Format>(w, p + P));
     const int64_t next_cols = ke < cols ? std::min(kKBlock, cols - ke) : kKBlock;
     const int64_t lines = (next_cols * kColumnBytes + kLineBytes - 1) / kLineBytes;
     const int64_t share = (lines + passes - 1) / passes;
@@ -201,5 +197,10 @@ void panels_linear_bf16(const uint16_t*, int64_t, int64_t, const MatrixRef&, int
 }
 
 #endif
+
+bool panels_dot_for(const MatrixRef& w) {
+  return w.layout == MatrixLayout::kPanels16 && w.dtype == DType::kBF16 && panels_dot_available() &&
+         panel_isa() == PanelIsa::kAvx512;
+}
 
 }  // namespace xds::kernels

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "base/check.h"
+#include "kernels/cpu/bf16_pairs.h"
 #include "kernels/cpu/linear_panels.h"
 #include "kernels/cpu/simd_ops.h"
 #include "kernels/cpu/static_dispatch.h"
@@ -294,13 +295,6 @@ void slice_softmax(float* sc, int64_t len, int64_t kw, int64_t nh, float scale, 
 //           · pp[s/2][h]   (one vdpbf16ps per pair of rows, 16 columns of one head).
 // The rows are read from memory once (while converting) and then from L1/L2.
 constexpr int kBf16ScoreRows = 12;
-
-// word 2i <- word i (first source half), word 2i + 1 <- word 16 + i (second half)
-inline __m512i interleave_halves(__m512i v) {
-  const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
-                                       23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
-  return _mm512_permutexvar_epi16(idx, v);
-}
 
 // 16 bf16 pairs (a[i], b[i]) in lane i, from two rows of 16 floats.
 inline __m512i pair_rows(__m512 a, __m512 b) {

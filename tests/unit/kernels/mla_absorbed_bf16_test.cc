@@ -29,11 +29,19 @@ float bf16(float v) {
 
 constexpr double kTolerance = 1.0 / 512 + 1e-4;
 
-TEST(MlaAbsorbedBf16, MatchesReferenceOnRoundedInputs) {
-  const IsaGuard guard;
-  if (!panel_isa_available(PanelIsa::kAvx512)) GTEST_SKIP() << "this build has only AVX2";
-  set_panel_isa(PanelIsa::kAvx512);
-  if (!absorbed_bf16_available()) GTEST_SKIP() << "no AVX512_BF16 in this build";
+// Each test on the bf16 products (the AVX-512 panel ISA selected), or skipped where the
+// build has none; the default ISA comes back afterwards.
+class MlaAbsorbedBf16 : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!panel_isa_available(PanelIsa::kAvx512)) GTEST_SKIP() << "this build has only AVX2";
+    set_panel_isa(PanelIsa::kAvx512);
+    if (!absorbed_bf16_available()) GTEST_SKIP() << "no AVX512_BF16 in this build";
+  }
+  const IsaGuard guard_;
+};
+
+TEST_F(MlaAbsorbedBf16, MatchesReferenceOnRoundedInputs) {
   std::mt19937 rng(31);
   std::uniform_real_distribution<float> d(-1.0f, 1.0f);
   const int64_t bs = 16, blocks = 20;
@@ -78,11 +86,7 @@ TEST(MlaAbsorbedBf16, MatchesReferenceOnRoundedInputs) {
       }
 }
 
-TEST(MlaAbsorbedBf16, PartsMergeIntoTheWholeContext) {
-  const IsaGuard guard;
-  if (!panel_isa_available(PanelIsa::kAvx512)) GTEST_SKIP() << "this build has only AVX2";
-  set_panel_isa(PanelIsa::kAvx512);
-  if (!absorbed_bf16_available()) GTEST_SKIP() << "no AVX512_BF16 in this build";
+TEST_F(MlaAbsorbedBf16, PartsMergeIntoTheWholeContext) {
   std::mt19937 rng(37);
   std::uniform_real_distribution<float> d(-1.0f, 1.0f);
   const int64_t lat = 64, dr = 16, bs = 16, blocks = 40, heads = 16, ctx = 513;
