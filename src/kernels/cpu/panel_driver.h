@@ -33,9 +33,10 @@ inline const typename Fmt::Elem* panel_ptr(const MatrixRef& w, int64_t p) {
 
 // All n tokens against panels [p, p + P), accumulating into acc [n][16P] (row stride ldacc).
 //
-// Up to Isa::kMaxTokens tokens: one pass straight through the panel, prefetching kPrefetchCols
-// columns ahead. More: the panel is walked in k blocks of kKBlock columns, each read by
-// ceil(n / Isa::kMaxTokens) passes of balanced token blocks (7 tokens as 4 + 3, not 6 + 1).
+// Up to the tile's token limit for P (Isa::kMaxTokens, kMaxTokensTwoPanels): one pass
+// straight through the panels, prefetching kPrefetchCols columns ahead. More: the panels are
+// walked in k blocks of kKBlock columns, each read by ceil(n / limit) passes of balanced
+// token blocks (7 tokens as 4 + 3, not 6 + 1).
 // Only the first pass of a block reads it from memory, the others find it in L1, so the
 // next block's lines are prefetched in equal shares by all the block's passes: the memory
 // stream keeps flowing while the later passes compute. (Prefetching from the first pass
@@ -65,36 +66,37 @@ void panel_group(const float* x, int64_t n, int64_t ldx, const MatrixRef& w, int
                      reinterpret_cast<const char*>(panel_ptr<Fmt>(w, p + 2)));
     return;
   }
-  if constexpr (P == 1) {
-    const int64_t passes = (n + Isa::kMaxTokens - 1) / Isa::kMaxTokens;
-    for (int64_t kb = 0; kb < cols; kb += kKBlock) {
-      const int64_t ke = std::min(cols, kb + kKBlock);
-      // The next block starts right after this one (in the next panel after the last block).
-      const char* next_block = reinterpret_cast<const char*>(wp + ke * kPanelRows);
-      const int64_t lines = ((ke - kb) * kColumnBytes + kLineBytes - 1) / kLineBytes;
-      const int64_t share = (lines + passes - 1) / passes;  // lines per pass
-      // The widest spacing that still covers the share (at worst a line a pass too many,
-      // which the next pass prefetches again).
-      const int64_t room = (ke - kb) / share;
-      int64_t t = 0;
-      for (int64_t i = 0; i < passes; ++i) {
-        const int tb = static_cast<int>((n - t + passes - i - 1) / (passes - i));
-        const char* pf = next_block + i * share * kLineBytes;
-        float* a = acc + t * ldacc;
-        const float* xt = x + t * ldx;
-        // With two passes or more a whole block leaves room for a line every 4 BF16 columns
-        // (8 FP8 ones); only a short last block would take a denser spacing, not worth its
-        // tile instantiations (each spacing is 8 per ISA: compile time under ASan).
-        if (Fmt::kColumnBytes < 32 || room >= 8) {
-          tile<Isa, P, 8>(f, tb, xt, ldx, wp, cols, kb, ke, kb == 0, a, ldacc, pf);
-        } else {
-          tile<Isa, P, 4>(f, tb, xt, ldx, wp, cols, kb, ke, kb == 0, a, ldacc, pf);
-        }
-        t += tb;
+  constexpr int kPassTokens = P == 1 ? Isa::kMaxTokens : Isa::kMaxTokensTwoPanels;
+  const int64_t passes = (n + kPassTokens - 1) / kPassTokens;
+  // After the last block: the next group's panels (p + P, and p + P + 1 at the second
+  // panel's offset), which are read next.
+  const char* next_group = reinterpret_cast<const char*>(panel_ptr<Fmt>(w, p + P));
+  for (int64_t kb = 0; kb < cols; kb += kKBlock) {
+    const int64_t ke = std::min(cols, kb + kKBlock);
+    // The next block starts right after this one in each panel.
+    const char* next_block =
+        ke < cols ? reinterpret_cast<const char*>(wp + ke * kPanelRows) : next_group;
+    const int64_t lines = ((ke - kb) * kColumnBytes + kLineBytes - 1) / kLineBytes;
+    const int64_t share = (lines + passes - 1) / passes;  // lines per pass (per panel)
+    // The widest spacing that still covers the share (at worst a line a pass too many,
+    // which the next pass prefetches again).
+    const int64_t room = (ke - kb) / share;
+    int64_t t = 0;
+    for (int64_t i = 0; i < passes; ++i) {
+      const int tb = static_cast<int>((n - t + passes - i - 1) / (passes - i));
+      const char* pf = next_block + i * share * kLineBytes;
+      float* a = acc + t * ldacc;
+      const float* xt = x + t * ldx;
+      // With two passes or more a whole block leaves room for a line every 4 BF16 columns
+      // (8 FP8 ones); only a short last block would take a denser spacing, not worth its
+      // tile instantiations (each spacing is 8 per ISA: compile time under ASan).
+      if (Fmt::kColumnBytes < 32 || room >= 8) {
+        tile<Isa, P, 8>(f, tb, xt, ldx, wp, cols, kb, ke, kb == 0, a, ldacc, pf);
+      } else {
+        tile<Isa, P, 4>(f, tb, xt, ldx, wp, cols, kb, ke, kb == 0, a, ldacc, pf);
       }
+      t += tb;
     }
-  } else {
-    XDS_CHECK(false, "panel group: {} tokens on {} panels", n, P);
   }
 }
 
@@ -219,10 +221,12 @@ void panels_linear_on(const float* x, int64_t n, int64_t ldx, const MatrixRef& w
     }
   }
 #endif
-  // Few tokens: two panels per tile (two streams). AVX2, three tokens on two panels against
-  // one: 56.7/57.2/57.7 % vs 53.7/50.6/54.5 % of the batch-16 roofline in three
-  // interleaved pairs (19:03 UTC, 2026-12-02).
-  if (n <= Isa::kMaxTokensTwoPanels) {
+  // Two panels per tile (two streams) for few tokens, and with AVX-512 for any count that
+  // does not take the wide path (kTwoPanelPasses: with 32 registers a two-panel pass holds
+  // 12 tokens, and loads one widened column per 12 FMAs against one per 8). AVX2, three
+  // tokens on two panels against one: 56.7/57.2/57.7 % vs 53.7/50.6/54.5 % of the batch-16
+  // roofline in three interleaved pairs (19:03 UTC, 2026-12-02).
+  if (n <= Isa::kMaxTokensTwoPanels || Isa::kTwoPanelPasses) {
     for (; p + 2 <= full_end; p += 2)
       panel_group<Isa, 2, Fmt>(x, n, ldx, w, p, y + p * kPanelRows, ldy);
   }

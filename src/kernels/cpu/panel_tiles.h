@@ -19,7 +19,8 @@
 //
 // AVX-512 (32 zmm registers): a column is zero-extended to 16 lanes and shifted, one
 // register in the pair order (lane 2j = row j, lane 2j + 1 = row 8 + j), permuted back to
-// row order only when y is loaded or stored; T × P accumulators: T ≤ 8 for P = 1 and 2.
+// row order only when y is loaded or stored; T × P accumulators: T ≤ 8 for P = 1, T ≤ 12 for
+// P = 2 (the token loop fully unrolled, or the accumulators go to memory).
 // Per column a token costs one FMA instead of two.
 #pragma once
 
@@ -110,6 +111,7 @@ __attribute__((always_inline)) inline void walk_segments(const Fmt& f, int64_t k
 struct Avx2 {
   static constexpr int kMaxTokens = 6;           // P = 1
   static constexpr int kMaxTokensTwoPanels = 3;  // P = 2
+  static constexpr bool kTwoPanelPasses = false;
 };
 
 // Rows j (lo) and 8 + j (hi) of one panel column as two 8-lane halves.
@@ -186,15 +188,20 @@ void panel_tile_avx2(const Fmt& f, const float* x, int64_t ldx, const typename F
 #if defined(__AVX512F__)
 inline constexpr bool kHaveAvx512 = true;
 
-// 8 tokens, not 12: 12 = 6 + 6 in two passes ran 150-160 GFLOP/s against 120-135 in one
-// pass of 12, and 8 + 8 matched 12 + 4 at 16 (two threads, 6144 × 2048 and 32000 × 2048
-// cold, 2026-12-03); the k block stays 512 columns (256 was no better). Two panels up to 8
-// tokens too (16 accumulators): 7 and 8 tokens then stream two panels in one pass, not one
-// (batch-64 experts, 4 alternated pairs of a scratch harness: 176/198/212/210 ms against
-// 208/211/310/188 per 11 layers).
+// One panel: up to 8 tokens (12 = 6 + 6 in two passes ran 150-160 GFLOP/s against 120-135
+// in one pass of 12, 2026-12-03, but then the token loop below was unrolled only 8 times, so
+// from 9 tokens the accumulators lived in memory; one panel is now only the odd and the
+// padded last panel of a matrix). Two panels: up to 12 tokens in one pass (24 accumulators,
+// 2 widened columns, a broadcast), more in passes of up to 12 over k blocks
+// (kTwoPanelPasses, panel_driver.h). One expert's MLP on one thread, cold weights, two
+// threads (scratch harness, 2026-12-04): 9 tokens 24 -> 33 GB/s of weights, 12 tokens 19 ->
+// 29 GB/s (81 % of a core's fp32 peak), 13 tokens 19 -> 23 GB/s, against 8 then 12 tokens on
+// one panel; bench-2.6b's batch-64 routing over 11 layers, 10 alternated pairs: median
+// 113 vs 125 ms.
 struct Avx512 {
   static constexpr int kMaxTokens = 8;
-  static constexpr int kMaxTokensTwoPanels = 8;
+  static constexpr int kMaxTokensTwoPanels = 12;
+  static constexpr bool kTwoPanelPasses = true;
 };
 
 constexpr __mmask16 kAllLanes = 0xffff;
@@ -267,7 +274,7 @@ void panel_tile_avx512(const Fmt& f, const float* x, int64_t ldx, const typename
     const __m512 v = widen_column(f, w + c * kPanelRows, s0);
     __m512 v2;
     if constexpr (P == 2) v2 = widen_column(f, w2 + c * kPanelRows, s1);
-#pragma GCC unroll 8
+#pragma GCC unroll 12
     for (int t = 0; t < T; ++t) {
       const __m512 xb = _mm512_set1_ps(x[t * ldx + c]);
       a0[t] = _mm512_fmadd_ps(xb, v, a0[t]);

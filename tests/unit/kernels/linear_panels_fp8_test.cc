@@ -110,7 +110,7 @@ TEST(LinearPanelsFp8, SumsAsTheDequantizedMatrixBitForBit) {
     for (size_t i = 0; i < x.size(); ++i) xb[i] = f32_to_bf16(x[i]);
     for (const PanelIsa isa : available_isas()) {
       set_panel_isa(isa);
-      for (const int64_t n : {1, 2, 3, 5, 7, 8, 9, 13, 17, 64, 70}) {
+      for (const int64_t n : {1, 2, 3, 5, 7, 8, 9, 12, 13, 15, 17, 40, 64, 70}) {
         for (int variant = 0; variant < 3; ++variant) {
           std::vector<float> y(static_cast<size_t>(n * c.rows), NAN);
           if (variant == 0) linear_f32(x.data(), n, c.cols, w.ref, y.data(), c.rows, pool);

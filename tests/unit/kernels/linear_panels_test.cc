@@ -64,19 +64,22 @@ TEST(LinearPanels, MatchesDoubleReferenceForTokenAndPanelCounts) {
   struct Case {
     int64_t n, rows, cols;
   };
-  // Token counts 1..13 cover every tile width (1-6 with AVX2, 1-8 with AVX-512) and several
-  // token blocks with k blocking (cols > 512); rows cover 1-2-panel tiles and a padded last
-  // panel. From 16 tokens and 256 rows AVX-512 takes the wide path: 100 tokens × 1400
-  // columns are nine tiles in two token blocks (8 + 1), over 280 rows: 8 pairs of panels, a
-  // single one and a padded one.
+  // Token counts 1..13 cover every tile width (1-6 with AVX2; with AVX-512 1-8 on one panel,
+  // 1-12 on two) and several token blocks with k blocking (cols > 512; with AVX-512 two-panel
+  // passes of up to 12 tokens from 13 on, and below 256 rows at any count: 40 tokens are 4
+  // passes of 10); rows cover 1-2-panel tiles and a padded last panel. From 16 tokens and 256 rows
+  // AVX-512 takes the wide path: 100 tokens × 1400 columns are nine tiles in two token blocks (8 +
+  // 1), over 280 rows: 8 pairs of panels, a single one and a padded one.
   const IsaGuard guard;
   for (const PanelIsa isa : available_isas()) {
     set_panel_isa(isa);
     for (const Case c :
-         {Case{1, 16, 8}, Case{1, 37, 70}, Case{2, 48, 33}, Case{3, 16, 1}, Case{3, 40, 70},
-          Case{4, 50, 64}, Case{5, 32, 129}, Case{6, 17, 40}, Case{7, 64, 1030}, Case{8, 35, 520},
-          Case{9, 33, 700}, Case{13, 33, 600}, Case{1, 96, 2048}, Case{2, 80, 1100},
-          Case{64, 40, 300}, Case{70, 300, 65}, Case{100, 280, 1400}}) {
+         {Case{1, 16, 8},      Case{1, 37, 70},   Case{2, 48, 33},    Case{3, 16, 1},
+          Case{3, 40, 70},     Case{4, 50, 64},   Case{5, 32, 129},   Case{6, 17, 40},
+          Case{7, 64, 1030},   Case{8, 35, 520},  Case{9, 33, 700},   Case{10, 64, 530},
+          Case{12, 35, 1030},  Case{13, 33, 600}, Case{15, 64, 1100}, Case{40, 48, 700},
+          Case{1, 96, 2048},   Case{2, 80, 1100}, Case{64, 40, 300},  Case{70, 300, 65},
+          Case{100, 280, 1400}}) {
       const Packed w = make_packed(c.rows, c.cols, rng);
       const auto x = random_vec(static_cast<size_t>(c.n * c.cols), rng);
       std::vector<uint16_t> xb(x.size());
@@ -119,7 +122,8 @@ TEST(LinearPanels, SumsInAscendingColumnOrderWhateverTheBatch) {
   for (const PanelIsa isa : available_isas()) {
     set_panel_isa(isa);
     for (const int64_t n : {int64_t{1}, int64_t{2}, int64_t{3}, int64_t{5}, int64_t{6}, int64_t{7},
-                            int64_t{8}, int64_t{9}, int64_t{11}, int64_t{17}, int64_t{64}, n_max}) {
+                            int64_t{8}, int64_t{9}, int64_t{11}, int64_t{12}, int64_t{13},
+                            int64_t{15}, int64_t{17}, int64_t{64}, n_max}) {
       std::vector<float> y(static_cast<size_t>(n * rows));
       linear_f32(x.data(), n, cols, w.ref, y.data(), rows, pool);
       for (int64_t t = 0; t < n; ++t) {
