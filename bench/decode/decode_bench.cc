@@ -219,7 +219,10 @@ int main(int argc, char** argv) {
       PhaseTimes prefill_phases;
       if (phases) model.set_phase_times(&prefill_phases);
       for (int r = 0; r < 3; ++r) {
-        KvCache cache = model.make_cache(prompt + 16);
+        Result<KvCache> made = model.make_cache(prompt + 16);
+        if (!made.ok())
+          return std::fprintf(stderr, "error: %s\n", made.status().to_string().c_str()), 1;
+        KvCache& cache = *made;
         const int64_t seq = cache.add_sequence();
         std::vector<int32_t> ids(static_cast<size_t>(prompt));
         for (auto& t : ids) t = tok(rng);
@@ -258,7 +261,10 @@ int main(int argc, char** argv) {
       // The machine's limits drift by ±20 % over minutes on a shared VM: each row's roofline
       // uses the faster of limits measured right before and right after its steps.
       const MachineLimits before = measure_machine_limits(model.pool());
-      KvCache cache = model.make_cache(batch * (context + 64 + steps + 8));
+      Result<KvCache> made = model.make_cache(batch * (context + 64 + steps + 8));
+      if (!made.ok())
+        return std::fprintf(stderr, "error: %s\n", made.status().to_string().c_str()), 1;
+      KvCache& cache = *made;
       std::vector<int64_t> seqs;
       for (int64_t b = 0; b < batch; ++b) {
         seqs.push_back(cache.add_sequence());

@@ -94,7 +94,7 @@ Status run_generate(const GenerateArgs& a) {
         "prompt ({} tokens) + --max-tokens {} exceeds the model's max_position_embeddings {}",
         prompt.size(), a.max_tokens, cfg.max_position_embeddings);
   }
-  KvCache cache = model->make_cache(total + 16);
+  XDS_ASSIGN_OR_RETURN(KvCache cache, model->make_cache(total + 16));
   const int64_t seq = cache.add_sequence();
 
   // The dumps appear whole or not at all: a run that fails midway (non-finite logits, a

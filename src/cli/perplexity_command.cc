@@ -61,7 +61,7 @@ Status run_perplexity(const PerplexityArgs& a) {
   for (int64_t w = 0; w < windows; ++w) {
     const int64_t begin = w * a.window, len = std::min(a.window, n - begin);
     if (len < 2) continue;
-    KvCache cache = model->make_cache(len + 16);
+    XDS_ASSIGN_OR_RETURN(KvCache cache, model->make_cache(len + 16));
     const int64_t seq = cache.add_sequence();
     TokenChunk ch{seq, 0, std::span<const int32_t>(ids).subspan(begin, len), true};
     XDS_RETURN_IF_ERROR(model->forward({&ch, 1}, cache, out));

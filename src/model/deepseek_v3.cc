@@ -72,14 +72,14 @@ Result<std::unique_ptr<DeepseekV3Model>> DeepseekV3Model::load(const std::string
   return m;
 }
 
-KvCache DeepseekV3Model::make_cache(int64_t max_tokens, int64_t block_size) const {
+Result<KvCache> DeepseekV3Model::make_cache(int64_t max_tokens, int64_t block_size) const {
   KvCacheShape s;
   s.layers = config_.num_hidden_layers + config_.num_nextn_predict_layers;
   s.block_size = block_size;
   s.num_blocks = (max_tokens + block_size - 1) / block_size;
   s.latent_dim = config_.kv_lora_rank;
   s.rope_dim = config_.qk_rope_head_dim;
-  return KvCache(s);
+  return KvCache::create(s);
 }
 
 void DeepseekV3Model::linear(const float* x, int64_t n, int64_t ldx, const MatrixRef& w, float* y,

@@ -85,8 +85,9 @@ class DeepseekV3Model {
   const DeepseekV3Weights& weights() const { return weights_; }
   ThreadPool& pool() { return *pool_; }
 
-  // A cache with room for `max_tokens` tokens of context in total, every layer (MTP too).
-  KvCache make_cache(int64_t max_tokens, int64_t block_size = 16) const;
+  // A cache with room for `max_tokens` tokens of context in total, every layer (MTP too);
+  // ResourceExhausted when the machine lacks the memory (KvCache::create).
+  Result<KvCache> make_cache(int64_t max_tokens, int64_t block_size = 16) const;
 
   // Runs the main model on `chunks`; reserves cache blocks as needed.
   Status forward(std::span<const TokenChunk> chunks, KvCache& cache, StepOutput& out);

@@ -1,6 +1,52 @@
 #include "model/kv_cache.h"
 
+#include <new>
+
+#include "base/memory_info.h"
+
 namespace xds {
+
+int64_t KvCache::bytes_for(const KvCacheShape& shape) {
+  const int64_t row_floats = kernels::padded_latent_stride(shape.latent_dim) + shape.rope_dim;
+  int64_t bytes = int64_t{sizeof(float)};
+  for (const int64_t f : {shape.layers, shape.num_blocks, shape.block_size, row_floats}) {
+    if (f < 0 || __builtin_mul_overflow(bytes, f, &bytes)) return -1;
+  }
+  return bytes;
+}
+
+Result<KvCache> KvCache::create(const KvCacheShape& shape) {
+  return create(shape, available_memory_bytes());
+}
+
+Result<KvCache> KvCache::create(const KvCacheShape& shape, int64_t available_bytes) {
+  if (shape.layers <= 0 || shape.num_blocks <= 0 || shape.block_size <= 0 ||
+      shape.latent_dim <= 0 || shape.rope_dim < 0) {
+    return invalid_argument(
+        "KV cache: layers {}, blocks {}, block size {}, latent {}, rope {}: each must be > 0 "
+        "(rope >= 0)",
+        shape.layers, shape.num_blocks, shape.block_size, shape.latent_dim, shape.rope_dim);
+  }
+  const int64_t tokens = shape.num_blocks * shape.block_size;
+  const int64_t bytes = bytes_for(shape);
+  constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+  if (bytes < 0) {
+    return resource_exhausted("KV cache for {} tokens x {} layers needs more than 2^63 bytes",
+                              tokens, shape.layers);
+  }
+  if (available_bytes >= 0 && bytes > available_bytes) {
+    return resource_exhausted(
+        "KV cache for {} tokens x {} layers needs {:.2f} GiB, but only {:.2f} GiB of memory is "
+        "available: ask for fewer tokens",
+        tokens, shape.layers, bytes / kGiB, available_bytes / kGiB);
+  }
+  try {
+    return KvCache(shape);
+  } catch (const std::bad_alloc&) {
+    return resource_exhausted("KV cache for {} tokens x {} layers: allocating {:.2f} GiB failed",
+                              tokens, shape.layers, bytes / kGiB);
+  }
+}
 
 KvCache::KvCache(const KvCacheShape& shape)
     : shape_(shape), latent_ld_(kernels::padded_latent_stride(shape.latent_dim)) {

@@ -31,7 +31,16 @@ struct KvCacheShape {
 
 class KvCache {
  public:
-  explicit KvCache(const KvCacheShape& shape);
+  // The pool, zero-filled. ResourceExhausted, naming the tokens, the layers and the bytes,
+  // when the planes need more than `available_bytes` (default: the machine's MemAvailable,
+  // base/memory_info.h; -1: unchecked) or than the allocator gives: the error a user gets
+  // for a too-long --max-tokens, instead of std::bad_alloc or the OOM killer. MemAvailable
+  // counts the page cache, the mapped weights' pages included: a cache that passes can still
+  // push them out; this refuses what cannot fit at all.
+  static Result<KvCache> create(const KvCacheShape& shape, int64_t available_bytes);
+  static Result<KvCache> create(const KvCacheShape& shape);
+  // Bytes of the two planes, or -1 if they overflow int64.
+  static int64_t bytes_for(const KvCacheShape& shape);
 
   const KvCacheShape& shape() const { return shape_; }
 
@@ -49,6 +58,7 @@ class KvCache {
   kernels::LatentKvView view(int64_t layer, int64_t seq) const;
 
  private:
+  explicit KvCache(const KvCacheShape& shape);
   int64_t slot_index(int64_t seq, int64_t pos) const;
 
   KvCacheShape shape_;

@@ -48,7 +48,7 @@ std::unique_ptr<DeepseekV3Model> load_tiny(const std::string& name, uint64_t see
 
 // Logits of every position of `ids`, run alone (prefill in one chunk).
 std::vector<float> alone(DeepseekV3Model& m, const std::vector<int32_t>& ids) {
-  KvCache cache = m.make_cache(static_cast<int64_t>(ids.size()) + 16);
+  KvCache cache = m.make_cache(static_cast<int64_t>(ids.size()) + 16).value();
   const int64_t seq = cache.add_sequence();
   StepOutput out;
   TokenChunk ch{seq, 0, ids, true};
@@ -66,7 +66,7 @@ TEST(Forward, LogitsDoNotDependOnBatchComposition) {
   const auto a = random_ids(9, v, 1), b = random_ids(14, v, 2), c = random_ids(6, v, 3);
   const auto ref_a = alone(model, a), ref_b = alone(model, b), ref_c = alone(model, c);
 
-  KvCache cache = model.make_cache(256);
+  KvCache cache = model.make_cache(256).value();
   const int64_t sa = cache.add_sequence(), sb = cache.add_sequence(), sc = cache.add_sequence();
   StepOutput out;
   {
@@ -126,7 +126,7 @@ TEST(Forward, DecodeOverALongContextMatchesPrefill) {
   const auto ids = random_ids(n, v, 4);
   const auto ref = alone(model, ids);  // every position, one prefill chunk
   for (const bool with_neighbour : {false, true}) {
-    KvCache cache = model.make_cache(2 * n);
+    KvCache cache = model.make_cache(2 * n).value();
     const int64_t seq = cache.add_sequence(), other = cache.add_sequence();
     StepOutput out;
     const TokenChunk prefill{seq, 0, std::span(ids).first(n - 1), false};
@@ -211,7 +211,7 @@ TEST(Forward, MtpHeadRunsOnItsOwnCachedLayer) {
   DeepseekV3Model& model = **m;
   const int64_t v = model.config().vocab_size, d = model.config().hidden_size;
   const auto ids = random_ids(12, v, 4);
-  KvCache cache = model.make_cache(64);
+  KvCache cache = model.make_cache(64).value();
   const int64_t seq = cache.add_sequence();
   StepOutput main_out, mtp_all, mtp_step;
   TokenChunk ch{seq, 0, ids, true};
@@ -220,7 +220,7 @@ TEST(Forward, MtpHeadRunsOnItsOwnCachedLayer) {
   MtpChunk all{seq, 0, std::span(ids).subspan(1, 11), main_out.hidden.data()};
   ASSERT_TRUE(model.forward_mtp(0, {&all, 1}, cache, mtp_all).ok());
   ASSERT_EQ(mtp_all.logits.size(), static_cast<size_t>(11 * v));
-  KvCache cache2 = model.make_cache(64);
+  KvCache cache2 = model.make_cache(64).value();
   const int64_t seq2 = cache2.add_sequence();
   ASSERT_TRUE(model.forward({&ch, 1}, cache2, main_out).ok());
   MtpChunk first{seq2, 0, std::span(ids).subspan(1, 10), main_out.hidden.data()};

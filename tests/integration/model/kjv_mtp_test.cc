@@ -33,7 +33,7 @@ TEST(KjvMoeTiny, MtpLogitsMatchTheRecipesReference) {
   const auto mtp_ref = read_raw<float>(ref + "mtp_logits.f32", rows * (len - 1) * v);
   for (int64_t r = 0; r < rows; ++r) {
     const std::span<const int32_t> ids(tokens.data() + r * len, len);
-    KvCache cache = model.make_cache(len + 16);
+    KvCache cache = model.make_cache(len + 16).value();
     const int64_t seq = cache.add_sequence();
     StepOutput main_out, mtp_out;
     TokenChunk ch{seq, 0, ids, false};
