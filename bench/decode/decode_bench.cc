@@ -36,6 +36,12 @@
 namespace xds::bench {
 namespace {
 
+// Prints "error: <status>" and gives main's exit code for it.
+int fail(const xds::Status& s) {
+  std::fprintf(stderr, "error: %s\n", s.to_string().c_str());
+  return 1;
+}
+
 int64_t mlp_bytes(const MlpWeights& m) {
   return m.gate_proj.read_bytes() + m.up_proj.read_bytes() + m.down_proj.read_bytes();
 }
@@ -170,10 +176,7 @@ int main(int argc, char** argv) {
   mo.compute = dtype == "bf16" ? ComputeDType::kBF16 : ComputeDType::kF32;
   mo.overlap_shared = !no_overlap_shared;
   auto loaded = DeepseekV3Model::load(model_dir, mo);
-  if (!loaded.ok()) {
-    std::fprintf(stderr, "error: %s\n", loaded.status().to_string().c_str());
-    return 1;
-  }
+  if (!loaded.ok()) return fail(loaded.status());
   DeepseekV3Model& model = **loaded;
   const DeepseekV3Config& c = model.config();
   const MachineLimits lim = measure_machine_limits(model.pool());
@@ -220,8 +223,7 @@ int main(int argc, char** argv) {
       if (phases) model.set_phase_times(&prefill_phases);
       for (int r = 0; r < 3; ++r) {
         Result<KvCache> made = model.make_cache(prompt + 16);
-        if (!made.ok())
-          return std::fprintf(stderr, "error: %s\n", made.status().to_string().c_str()), 1;
+        if (!made.ok()) return fail(made.status());
         KvCache& cache = *made;
         const int64_t seq = cache.add_sequence();
         std::vector<int32_t> ids(static_cast<size_t>(prompt));
@@ -233,7 +235,7 @@ int main(int argc, char** argv) {
         const Status s = model.forward({&ch, 1}, cache, out);
         times.push_back(seconds_since(t0));
         if (r == 0) prefill_phases.clear();  // the first prefill also faults in the buffers
-        if (!s.ok()) return std::fprintf(stderr, "error: %s\n", s.to_string().c_str()), 1;
+        if (!s.ok()) return fail(s);
         // Logits for the last position only (generate's prefill); one chunk from 0.
         flops = 2.0 * (prompt * static_cast<double>(sc.dense_params) +
                        static_cast<double>(sc.lm_head_params) +
@@ -262,8 +264,7 @@ int main(int argc, char** argv) {
       // uses the faster of limits measured right before and right after its steps.
       const MachineLimits before = measure_machine_limits(model.pool());
       Result<KvCache> made = model.make_cache(batch * (context + 64 + steps + 8));
-      if (!made.ok())
-        return std::fprintf(stderr, "error: %s\n", made.status().to_string().c_str()), 1;
+      if (!made.ok()) return fail(made.status());
       KvCache& cache = *made;
       std::vector<int64_t> seqs;
       for (int64_t b = 0; b < batch; ++b) {
@@ -286,7 +287,7 @@ int main(int argc, char** argv) {
         const auto t0 = Clock::now();
         const Status st = model.forward(chunks, cache, out);
         const double t = seconds_since(t0);
-        if (!st.ok()) return std::fprintf(stderr, "error: %s\n", st.to_string().c_str()), 1;
+        if (!st.ok()) return fail(st);
         if (s == 0) {  // warm-up
           step_phases.clear();
           continue;

@@ -1,6 +1,8 @@
 #include "base/memory_info.h"
 
+#include <algorithm>
 #include <charconv>
+#include <cstdint>
 #include <string>
 
 #include "base/read_file.h"

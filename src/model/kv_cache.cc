@@ -27,13 +27,14 @@ Result<KvCache> KvCache::create(const KvCacheShape& shape, int64_t available_byt
         "(rope >= 0)",
         shape.layers, shape.num_blocks, shape.block_size, shape.latent_dim, shape.rope_dim);
   }
-  const int64_t tokens = shape.num_blocks * shape.block_size;
   const int64_t bytes = bytes_for(shape);
-  constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
   if (bytes < 0) {
-    return resource_exhausted("KV cache for {} tokens x {} layers needs more than 2^63 bytes",
-                              tokens, shape.layers);
+    return resource_exhausted(
+        "KV cache of {} blocks of {} tokens x {} layers needs more than 2^63 bytes",
+        shape.num_blocks, shape.block_size, shape.layers);
   }
+  const int64_t tokens = shape.num_blocks * shape.block_size;  // no overflow: bytes did not
+  constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
   if (available_bytes >= 0 && bytes > available_bytes) {
     return resource_exhausted(
         "KV cache for {} tokens x {} layers needs {:.2f} GiB, but only {:.2f} GiB of memory is "

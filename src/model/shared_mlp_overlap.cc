@@ -53,12 +53,8 @@ OverlapWork::Slice SharedMlpOverlap::run_slice() {
     const bool is_gate = i < gate_slices_;
     const MatrixRef& w = is_gate ? mlp_.gate_proj : mlp_.up_proj;
     const int64_t p0 = (is_gate ? i : i - gate_slices_) * gu_step_;
-    const int64_t p1 = std::min(w.panels(), p0 + gu_step_);
-    if (bf16_) {
-      kernels::panels_linear_bf16(x_bf16_.data(), n_, d_, w, p0, p1, is_gate ? gate_ : up_, width_);
-    } else {
-      kernels::panels_linear(x_, n_, d_, w, p0, p1, is_gate ? gate_ : up_, width_);
-    }
+    product(x_, x_bf16_.data(), d_, w, p0, std::min(w.panels(), p0 + gu_step_),
+            is_gate ? gate_ : up_, width_);
     // The thread that completes the last gate/up slice forms h for the down slices; the
     // acq_rel count makes every other slice's writes visible to it.
     if (done_gu_.fetch_add(1, std::memory_order_acq_rel) + 1 == gu_slices_) {
@@ -72,13 +68,16 @@ OverlapWork::Slice SharedMlpOverlap::run_slice() {
   const int64_t j = next_down_.fetch_add(1, std::memory_order_relaxed);
   if (j >= down_slices_) return Slice::kDone;
   const int64_t p0 = j * down_step_;
-  const int64_t p1 = std::min(mlp_.down_proj.panels(), p0 + down_step_);
-  if (bf16_) {
-    kernels::panels_linear_bf16(h_bf16_.data(), n_, width_, mlp_.down_proj, p0, p1, out_, d_);
-  } else {
-    kernels::panels_linear(gate_, n_, width_, mlp_.down_proj, p0, p1, out_, d_);
-  }
+  product(gate_, h_bf16_.data(), width_, mlp_.down_proj, p0,
+          std::min(mlp_.down_proj.panels(), p0 + down_step_), out_, d_);
   return Slice::kRan;
+}
+
+void SharedMlpOverlap::product(const float* x, const uint16_t* x_bf16, int64_t k,
+                               const MatrixRef& w, int64_t p0, int64_t p1, float* y,
+                               int64_t ldy) const {
+  if (bf16_) return kernels::panels_linear_bf16(x_bf16, n_, k, w, p0, p1, y, ldy);
+  kernels::panels_linear(x, n_, k, w, p0, p1, y, ldy);
 }
 
 }  // namespace xds

@@ -58,6 +58,10 @@ class SharedMlpOverlap final : public OverlapWork {
   std::atomic<int64_t> next_gu_{0}, done_gu_{0}, next_down_{0};
   std::atomic<bool> h_ready_{false};
   bool bf16_;
+  // The rows of panels [p0, p1) of w for all n_ tokens, written to y: from x [n_, k] (fp32
+  // products), or with bf16_ from its bf16 rounding x_bf16 (bf16 products).
+  void product(const float* x, const uint16_t* x_bf16, int64_t k, const MatrixRef& w, int64_t p0,
+               int64_t p1, float* y, int64_t ldy) const;
   std::vector<uint16_t> x_bf16_, h_bf16_;  // with bf16: x [n, D] and h [n, I] rounded
 };
 

@@ -97,6 +97,14 @@ void drain(SharedMlpOverlap& work) {
   }
 }
 
+// drain on `threads` threads at once (this one and threads - 1 more).
+void drain_on(SharedMlpOverlap& work, int threads) {
+  std::vector<std::thread> pool;
+  for (int t = 1; t < threads; ++t) pool.emplace_back([&] { drain(work); });
+  drain(work);
+  for (auto& th : pool) th.join();
+}
+
 TEST(SharedMlpOverlap, SlicesOnManyThreadsEqualTheWholeMlpBitForBit) {
   const Mlp m = make_mlp(3);
   ASSERT_TRUE(SharedMlpOverlap::supported(m.refs()));
@@ -118,10 +126,7 @@ TEST(SharedMlpOverlap, SlicesOnManyThreadsEqualTheWholeMlpBitForBit) {
         } else {
           EXPECT_EQ(work.slices(), 3);  // one slice per matrix
         }
-        std::vector<std::thread> pool;
-        for (int t = 1; t < threads; ++t) pool.emplace_back([&] { drain(work); });
-        drain(work);
-        for (auto& th : pool) th.join();
+        drain_on(work, threads);
         for (int64_t i = 0; i < n * Mlp::kD; ++i) {
           ASSERT_EQ(std::memcmp(&out[i], &plain[i], sizeof(float)), 0)
               << "n=" << n << " threads=" << threads << " slice_flops=" << slice_flops
@@ -165,10 +170,7 @@ TEST(SharedMlpOverlap, Bf16SlicesEqualTheFastModesWholeMlpBitForBit) {
       std::vector<float> out(static_cast<size_t>(n * Mlp::kD), -1.0f);
       const MlpWeights w = m.refs();
       SharedMlpOverlap work(w, x.data(), n, gate.data(), up.data(), out.data(), 1.0, true);
-      std::vector<std::thread> pool;
-      for (int t = 1; t < threads; ++t) pool.emplace_back([&] { drain(work); });
-      drain(work);
-      for (auto& th : pool) th.join();
+      drain_on(work, threads);
       double scale = 0;
       for (const double v : ref) scale = std::max(scale, std::fabs(v));
       for (int64_t i = 0; i < n * Mlp::kD; ++i) {
