@@ -15,8 +15,8 @@ void add_mkmodel_command(CLI::App& app, int* exit_code) {
   cmd->add_option("--preset", opts->preset, "tiny (a few MB) or bench-2.6b (~5.9 GB in bf16)")
       ->required()
       ->check(CLI::IsMember({"tiny", "bench-2.6b"}));
-  cmd->add_option("--dtype", opts->dtype, "bf16, or fp8 (128x128 block scales as published)")
-      ->check(CLI::IsMember({"bf16", "fp8"}));
+  cmd->add_option("--dtype", opts->dtype, "bf16, f16, or fp8 (128x128 block scales as published)")
+      ->check(CLI::IsMember({"bf16", "f16", "fp8"}));
   cmd->add_option("--seed", opts->seed, "Seed of the weights");
   cmd->add_option("--shards", opts->shards, "Number of safetensors files (1: model.safetensors)")
       ->check(CLI::Range(1, 1000));

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -101,10 +102,12 @@ Gen make_gen(const Spec& s, uint64_t seed) {
 struct Builder {
   const DeepseekV3Config& c;
   bool fp8;
+  DType plain;  // BF16 or F16: every tensor not FP8 or F32
   std::vector<Spec> specs;
 
-  void add(std::string name, std::vector<int64_t> shape, Init init, DType dt = DType::kBF16) {
-    specs.push_back({std::move(name), std::move(shape), dt, init, false});
+  void add(std::string name, std::vector<int64_t> shape, Init init,
+           std::optional<DType> dt = std::nullopt) {
+    specs.push_back({std::move(name), std::move(shape), dt.value_or(plain), init, false});
   }
   // An attention / MLP projection: FP8 + scales in fp8 mode.
   void proj(const std::string& name, int64_t rows, int64_t cols) {
@@ -157,8 +160,8 @@ struct Builder {
   }
 };
 
-std::vector<Spec> tensor_specs(const DeepseekV3Config& c, bool fp8) {
-  Builder b{c, fp8, {}};
+std::vector<Spec> tensor_specs(const DeepseekV3Config& c, bool fp8, DType plain) {
+  Builder b{c, fp8, plain, {}};
   const int64_t d = c.hidden_size, v = c.vocab_size;
   b.add("model.embed_tokens.weight", {v, d}, Init::kEmbed);
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) b.decoder_layer(i);
@@ -331,6 +334,9 @@ struct TensorWriter {
       if (dt == DType::kF32) {
         auto* o = reinterpret_cast<float*>(out);
         for (int64_t i = b; i < e; ++i) o[i] = g.at(base + i);
+      } else if (dt == DType::kF16) {
+        auto* o = reinterpret_cast<uint16_t*>(out);
+        for (int64_t i = b; i < e; ++i) o[i] = f32_to_f16(g.at(base + i));
       } else {
         auto* o = reinterpret_cast<uint16_t*>(out);
         for (int64_t i = b; i < e; ++i) o[i] = f32_to_bf16(g.at(base + i));
@@ -477,8 +483,8 @@ Result<DeepseekV3Config> mkmodel_config(const MkModelOptions& o) {
   }
   if (o.dtype == "fp8") {
     c.fp8 = Fp8Quantization{kBlock, kBlock};
-  } else if (o.dtype != "bf16") {
-    return invalid_argument("mkmodel: unknown dtype \"{}\" (expected \"bf16\" or \"fp8\")",
+  } else if (o.dtype != "bf16" && o.dtype != "f16") {
+    return invalid_argument("mkmodel: unknown dtype \"{}\" (expected \"bf16\", \"f16\" or \"fp8\")",
                             o.dtype);
   }
   if (o.mtp_layers < 0) {
@@ -517,14 +523,18 @@ Status write_random_checkpoint(const MkModelOptions& o) {
   std::filesystem::create_directories(o.out_dir, ec);
   if (ec) return internal_error("{}: cannot create the directory: {}", o.out_dir, ec.message());
 
-  const std::string config_text = config_json(c).dump(2) + "\n";
+  const bool f16 = o.dtype == "f16";
+  ojson config = config_json(c);
+  if (f16) config["torch_dtype"] = "float16";
+  const std::string config_text = config.dump(2) + "\n";
   // The config must read back as the same model (guards the key names above).
   XDS_RETURN_IF_ERROR(parse_deepseek_v3_config(config_text, o.out_dir + "/config.json").status());
   XDS_RETURN_IF_ERROR(write_text(o.out_dir + "/config.json", config_text));
   ojson gen = {{"_from_model_config", true}, {"bos_token_id", 0}, {"eos_token_id", 1}};
   XDS_RETURN_IF_ERROR(write_text(o.out_dir + "/generation_config.json", gen.dump(2) + "\n"));
 
-  const std::vector<Spec> specs = tensor_specs(c, c.fp8.has_value());
+  const std::vector<Spec> specs =
+      tensor_specs(c, c.fp8.has_value(), f16 ? DType::kF16 : DType::kBF16);
   size_t total = 0;
   for (const Spec& s : specs) total += s.nbytes();
 

@@ -8,7 +8,8 @@
 // 2/sqrt(hidden) so that sigmoid scores spread; e_score_correction_bias U(-0.05, 0.05), F32.
 // With dtype fp8, every 2-D *_proj.weight of attention and MLP/experts is F8_E4M3 with
 // F32 `<name>_scale_inv` per 128x128 block (scale = block max |w| / 448); embeddings, norms,
-// router, lm_head and eh_proj stay BF16.
+// router, lm_head and eh_proj stay BF16. With dtype f16, every tensor that is BF16 in bf16
+// is F16 (config.json's torch_dtype "float16"), as fp16 checkpoints publish them.
 // Tensors are generated and written one at a time (a few MB in memory), in parallel.
 #pragma once
 
@@ -23,7 +24,7 @@ namespace xds {
 struct MkModelOptions {
   std::string out_dir;
   std::string preset = "tiny";  // "tiny" (a few MB) | "bench-2.6b" (~5.9 GB in bf16)
-  std::string dtype = "bf16";   // "bf16" | "fp8" (block FP8 as published)
+  std::string dtype = "bf16";   // "bf16" | "f16" | "fp8" (block FP8 as published)
   uint64_t seed = 0;
   int shards = 1;        // 1: model.safetensors; n > 1: n files + index.json
   bool yarn = false;     // rope_scaling yarn, factor 4

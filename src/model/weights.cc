@@ -353,6 +353,32 @@ Result<std::optional<MatrixRef>> bind_fp8_panels(const Checkpoint& ckpt, const T
   return std::optional<MatrixRef>(m);
 }
 
+// Whether t's 16-bit elements (BF16, F16) can be read in place from the mapping.
+bool sixteen_bit_in_place(const TensorView& t) {
+  return (t.dtype == DType::kBF16 || t.dtype == DType::kF16) &&
+         reinterpret_cast<uintptr_t>(t.data) % 2 == 0;
+}
+
+// A BF16 or F16 linear weight [rows, cols] (shape checked) as panels of its own elements in
+// the repack cache (MatrixLayout::kPanels16).
+Result<MatrixRef> bind_panels16(const TensorView& t, int64_t rows, int64_t cols,
+                                RepackCache& cache) {
+  MatrixRef packed{t.dtype, nullptr, rows, cols, MatrixLayout::kPanels16};
+  const auto* src = reinterpret_cast<const uint16_t*>(t.data);
+  XDS_ASSIGN_OR_RETURN(
+      const std::byte* p,
+      cache.get_or_create(
+          repack_key(t, nullptr, fmt::format("{}-panels16", dtype_name(t.dtype)), 0, 0),
+          static_cast<size_t>(packed.bytes()), [&](std::byte* out) -> Status {
+            for_range(cache.pool(), packed.panels(), [&](int64_t b, int64_t e) {
+              kernels::pack_panels16(src, rows, cols, b, e, reinterpret_cast<uint16_t*>(out));
+            });
+            return {};
+          }));
+  packed.data = p;
+  return packed;
+}
+
 }  // namespace
 
 Result<MatrixRef> bind_matrix(const Checkpoint& ckpt, const std::string& name, int64_t rows,
@@ -444,47 +470,40 @@ Result<MatrixRef> bind_linear(const Checkpoint& ckpt, const std::string& name, i
                          bind_fp8_panels(ckpt, *t, rows, cols, cache, block_rows, block_cols));
     if (fp8) return *fp8;
   }
+  if (const TensorView* t = ckpt.find(name);
+      t != nullptr && t->dtype == DType::kF16 && panels_from_env() && sixteen_bit_in_place(*t)) {
+    XDS_RETURN_IF_ERROR(check_shape_2d(*t, rows, cols));
+    cache.note_bound(ckpt, t->nbytes);
+    return bind_panels16(*t, rows, cols, cache);
+  }
   XDS_ASSIGN_OR_RETURN(MatrixRef m,
                        bind_matrix(ckpt, name, rows, cols, cache, block_rows, block_cols));
   if (m.dtype != DType::kBF16 || !panels_from_env()) return m;
-  const TensorView* t = ckpt.find(name);
-  MatrixRef packed = m;
-  packed.layout = MatrixLayout::kPanels16;
-  const auto* src = static_cast<const uint16_t*>(m.data);
-  XDS_ASSIGN_OR_RETURN(
-      const std::byte* p,
-      cache.get_or_create(repack_key(*t, nullptr, "BF16-panels16", 0, 0),
-                          static_cast<size_t>(packed.bytes()), [&](std::byte* out) -> Status {
-                            for_range(cache.pool(), packed.panels(), [&](int64_t b, int64_t e) {
-                              kernels::pack_panels16(src, rows, cols, b, e,
-                                                     reinterpret_cast<uint16_t*>(out));
-                            });
-                            return {};
-                          }));
   --cache.mutable_stats().in_place;  // bound through the repack file, not in place
-  packed.data = p;
-  return packed;
+  return bind_panels16(*ckpt.find(name), rows, cols, cache);
 }
 
 Result<AbsorbedHeads> bind_absorbed_heads(const Checkpoint& ckpt, const std::string& name,
                                           const MatrixRef& kv_b, int64_t heads, int64_t dn,
                                           int64_t dv, RepackCache& cache) {
   AbsorbedHeads out;
-  if (kv_b.dtype != DType::kBF16 || kv_b.layout != MatrixLayout::kRows || !panels_from_env())
+  const TensorView* t = ckpt.find(name);
+  XDS_CHECK(t != nullptr, "bind_absorbed_heads: '{}' was bound but is not in the checkpoint", name);
+  // BF16 or F16 elements straight from the checkpoint (kv_b itself may be their F32 rows).
+  if (kv_b.layout != MatrixLayout::kRows || !sixteen_bit_in_place(*t) || !panels_from_env())
     return out;
   const int64_t lat = kv_b.cols;
   XDS_CHECK(kv_b.rows == heads * (dn + dv), "bind_absorbed_heads: kv_b_proj has {} rows", kv_b.rows);
   // Per head: uk_t [lat, dn] then uv [dv, lat], each its own padded panel matrix.
-  const MatrixRef uk_shape{DType::kBF16, nullptr, lat, dn, MatrixLayout::kPanels16};
-  const MatrixRef uv_shape{DType::kBF16, nullptr, dv, lat, MatrixLayout::kPanels16};
+  const MatrixRef uk_shape{t->dtype, nullptr, lat, dn, MatrixLayout::kPanels16};
+  const MatrixRef uv_shape{t->dtype, nullptr, dv, lat, MatrixLayout::kPanels16};
   const int64_t per_head = uk_shape.bytes() + uv_shape.bytes();
-  const auto* src = static_cast<const uint16_t*>(kv_b.data);
-  const TensorView* t = ckpt.find(name);
-  XDS_CHECK(t != nullptr, "bind_absorbed_heads: '{}' was bound but is not in the checkpoint", name);
+  const auto* src = reinterpret_cast<const uint16_t*>(t->data);
   XDS_ASSIGN_OR_RETURN(
       const std::byte* p,
       cache.get_or_create(
-          repack_key(*t, nullptr, "BF16-absorbed-heads-panels16", 0, 0),
+          repack_key(*t, nullptr, fmt::format("{}-absorbed-heads-panels16", dtype_name(t->dtype)),
+                     0, 0),
           static_cast<size_t>(heads * per_head), [&](std::byte* dst) -> Status {
             for_range(cache.pool(), heads, [&](int64_t h0, int64_t h1) {
               std::vector<uint16_t> uk_t(static_cast<size_t>(lat * dn));

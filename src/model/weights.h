@@ -108,8 +108,9 @@ Result<MatrixRef> bind_matrix(const Checkpoint& ckpt, const std::string& name, i
 bool panels_from_env();
 
 // bind_matrix for the weights of linear layers (y = x · Wᵀ only, never sliced by rows):
-// BF16 is repacked once into the kernels' panel layout (MatrixLayout::kPanels16) in the
-// repack cache, shared by every process (unless XDS_WEIGHT_LAYOUT=rows); F8_E4M3 likewise,
+// BF16 and F16 are repacked once into the kernels' panel layout (MatrixLayout::kPanels16,
+// two bytes a weight) in the repack cache, shared by every process (unless
+// XDS_WEIGHT_LAYOUT=rows, or an element misaligned in the file); F8_E4M3 likewise,
 // as FP8 panels with their block scales (a byte per weight; F32 rows as bind_matrix binds
 // them when the blocks or scales do not suit: see tensor/matrix.h), refusing NaN elements;
 // other dtypes are bound as bind_matrix does.
@@ -121,8 +122,8 @@ Result<MatrixRef> bind_linear(const Checkpoint& ckpt, const std::string& name, i
 // weight-absorbed attention as 2H panel matrices (one repack file, shared like every other):
 //   uk_t[h]: [C, Dn] = W_UK[h]ᵀ   (q_abs[h] = uk_t[h] · q_nope[h])
 //   uv[h]:   [Dv, C] = W_UV[h]    (out[h]   = uv[h] · latent_out[h])
-// Only for a BF16 kv_b_proj with panels enabled; otherwise both are empty and attention
-// slices the row-major kv_b_proj.
+// Only for a BF16 or F16 kv_b_proj (panels of its own elements, read from the checkpoint)
+// with panels enabled; otherwise both are empty and attention slices the row-major kv_b_proj.
 struct AbsorbedHeads {
   std::vector<MatrixRef> uk_t, uv;
 };

@@ -2,9 +2,10 @@
 //
 // kRows: Hugging Face's own [out_features, in_features] row-major layout, so row r holds
 // the weights of output r. `data` points into a read-only mmap of the checkpoint (BF16/F32
-// used in place) or into a shared repack file (F16/FP8 checkpoints dequantized once to F32).
+// used in place) or into a shared repack file (F16/FP8 checkpoints dequantized once to F32
+// where a kernel needs rows: see kPanels16 for the linears).
 //
-// kPanels16 (BF16, or F8_E4M3 with block scales): the linear kernels' layout, written once
+// kPanels16 (BF16 or F16, or F8_E4M3 with block scales): the linear kernels' layout, written once
 // into the shared repack cache. Rows are grouped in panels of 16 (the last one zero-padded);
 // a panel stores its 16 rows column by column, k-major, 16 elements per column:
 //
@@ -14,7 +15,7 @@
 //
 // so one 32-byte BF16 load yields rows 16p..16p+7 as fp32 by `lane << 16` and rows
 // 16p+8..16p+15 by `lane & 0xffff0000`, and a panel is one sequential stream
-// (kernels/cpu/linear_panels.h).
+// (kernels/cpu/linear_panels.h). F16 panels hold fp16 elements in the same places.
 //
 // F8_E4M3 panels (the published DeepSeek-V3 checkpoints' weights, 1 byte each) carry their
 // block scales per panel: W[r][c] = e4m3(element) · scale_inv[r / block_rows][c / block_cols],
@@ -41,7 +42,7 @@ enum class MatrixLayout { kRows, kPanels16 };
 inline constexpr int64_t kPanelRows = 16;
 
 struct MatrixRef {
-  DType dtype = DType::kF32;  // kBF16 or kF32 (kPanels16: kBF16 or kF8E4M3)
+  DType dtype = DType::kF32;  // kBF16 or kF32 (kPanels16: kBF16, kF16 or kF8E4M3)
   const void* data = nullptr;
   int64_t rows = 0;  // out_features
   int64_t cols = 0;  // in_features

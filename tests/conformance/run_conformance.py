@@ -54,6 +54,9 @@ CASES = [
      "variants": ["oneshot", "chunked_absorbed"]},
     {"name": "fp8_2shards", "maker": "engine",
      "args": ["--preset", "tiny", "--dtype", "fp8", "--shards", "2"], "variants": ["oneshot"]},
+    # F16 weights: panels of the checkpoint's fp16 elements (vcvtph2ps in the kernels).
+    {"name": "f16", "maker": "engine", "args": ["--preset", "tiny", "--dtype", "f16"],
+     "variants": ["oneshot", "absorbed", "expanded"]},
     {"name": "yarn", "maker": "engine", "args": ["--preset", "tiny", "--yarn"],
      "variants": ["oneshot", "chunked"]},
     {"name": "no_q_lora", "maker": "engine", "args": ["--preset", "tiny", "--no-q-lora"],
@@ -66,6 +69,8 @@ CASES = [
      "variants": ["oneshot", "chunked"]},
     {"name": "indep_odd_no_q_lora_bf16", "maker": "python",
      "args": ["--shape", "odd", "--no-q-lora"], "variants": ["oneshot"]},
+    {"name": "indep_odd_f16", "maker": "python", "args": ["--shape", "odd", "--dtype", "f16"],
+     "variants": ["oneshot", "chunked"]},
     {"name": "indep_softmax_greedy", "maker": "python", "args": ["--gating", "softmax"],
      "variants": ["oneshot"]},
 ]

@@ -90,7 +90,8 @@ const char* panel_isa_name(PanelIsa isa) {
 
 bool is_panel_matrix(const MatrixRef& w) {
   return w.layout == MatrixLayout::kPanels16 &&
-         (w.dtype == DType::kBF16 || (w.dtype == DType::kF8E4M3 && w.scales != nullptr));
+         (w.dtype == DType::kBF16 || w.dtype == DType::kF16 ||
+          (w.dtype == DType::kF8E4M3 && w.scales != nullptr));
 }
 
 bool wide_path_for(int64_t n, const MatrixRef& w) {
@@ -116,13 +117,15 @@ void pack_token_tiles(const float* x, int64_t n, int64_t ldx, int64_t cols, int6
 
 void panels_linear_packed(const float* xp, int64_t n, const MatrixRef& w, int64_t p_begin,
                           int64_t p_end, float* y, int64_t ldy) {
-  XDS_CHECK(is_panel_matrix(w), "panels_linear_packed: weights are not BF16 or FP8 panels");
+  XDS_CHECK(is_panel_matrix(w), "panels_linear_packed: weights are not BF16, F16 or FP8 panels");
   XDS_CHECK(wide_path_for(n, w), "panels_linear_packed: no wide path for {} tokens x {} rows", n,
             w.rows);
   if (p_begin >= p_end) return;
 #if defined(__AVX512F__)
   if (w.dtype == DType::kF8E4M3)
     return panel_detail::wide_linear_fp8(xp, n, w, p_begin, p_end, y, ldy);
+  if (w.dtype == DType::kF16)
+    return panel_detail::wide_linear_f16(xp, n, w, p_begin, p_end, y, ldy);
   panel_detail::wide_linear<Bf16Format>(xp, n, w, p_begin, p_end, y, ldy);
 #else
   (void)xp, (void)y, (void)ldy;
@@ -131,10 +134,12 @@ void panels_linear_packed(const float* xp, int64_t n, const MatrixRef& w, int64_
 
 void panels_linear(const float* x, int64_t n, int64_t ldx, const MatrixRef& w, int64_t p_begin,
                    int64_t p_end, float* y, int64_t ldy) {
-  XDS_CHECK(is_panel_matrix(w), "panels_linear: weights are not BF16 or FP8 panels");
+  XDS_CHECK(is_panel_matrix(w), "panels_linear: weights are not BF16, F16 or FP8 panels");
   if (n <= 0 || p_begin >= p_end) return;
   if (w.dtype == DType::kF8E4M3)
     return panel_detail::panels_linear_fp8(x, n, ldx, w, p_begin, p_end, y, ldy);
+  if (w.dtype == DType::kF16)
+    return panel_detail::panels_linear_f16(x, n, ldx, w, p_begin, p_end, y, ldy);
 #if defined(__AVX512F__)
   if (panel_isa() == PanelIsa::kAvx512) {
     return panel_detail::panels_linear_on<panel_detail::Avx512, Bf16Format>(x, n, ldx, w, p_begin,

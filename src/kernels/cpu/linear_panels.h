@@ -1,8 +1,8 @@
-// Linear layers over BF16 or FP8 (F8_E4M3, block scales) weights in the kPanels16 layout
+// Linear layers over BF16, F16 or FP8 (F8_E4M3, block scales) weights in the kPanels16 layout
 // (tensor/matrix.h): y[t][r] = Σ_c x[t][c] · W[r][c], fp32 accumulation.
 //
 //   x: [n, cols] fp32, row stride ldx
-//   W: MatrixRef, kPanels16: ceil(rows/16) panels, each [cols][16] bf16 or e4m3 (pairs
+//   W: MatrixRef, kPanels16: ceil(rows/16) panels, each [cols][16] bf16, fp16 or e4m3 (pairs
 //      interleaved), FP8 with per-panel scales
 //   y: [n, rows] fp32, row stride ldy
 //
@@ -28,7 +28,7 @@
 
 namespace xds::kernels {
 
-// Writes panels [panel_begin, panel_end) of the BF16 row-major matrix w [rows, cols] into
+// Writes panels [panel_begin, panel_end) of the BF16 (or F16) row-major matrix w [rows, cols] into
 // `out`, the whole kPanels16 buffer (panels() * 16 * cols elements); rows past the end of
 // the last panel are zero.
 void pack_panels16(const uint16_t* w, int64_t rows, int64_t cols, int64_t panel_begin,
@@ -46,7 +46,9 @@ bool fp8_panel_scales_fit(const float* scale_inv, int64_t count);
 // of 16, block_cols a power of two.
 void pack_fp8_panel_scales(const float* scale_inv, int64_t rows, int64_t cols, int64_t block_rows,
                            int64_t block_cols, float* out);
-// kPanels16 with BF16 elements, or F8_E4M3 ones with scales: what panels_linear takes.
+// kPanels16 with BF16 or F16 elements, or F8_E4M3 ones with scales: what panels_linear
+// takes. An F16 element is widened exactly (vcvtph2ps) and used as a BF16 one is: the sums
+// are those over the F32 matrix an F16 checkpoint converts to, bit for bit.
 bool is_panel_matrix(const MatrixRef& w);
 
 // The instruction set of the micro-kernel (panel_tiles.h): AVX-512 where the build targets

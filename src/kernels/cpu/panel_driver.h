@@ -239,6 +239,12 @@ void panels_linear_on(const float* x, int64_t n, int64_t ldx, const MatrixRef& w
   }
 }
 
+// The F16 instantiations (linear_panels_f16.cc), as the FP8 ones below.
+void panels_linear_f16(const float* x, int64_t n, int64_t ldx, const MatrixRef& w, int64_t p_begin,
+                       int64_t p_end, float* y, int64_t ldy);
+void wide_linear_f16(const float* xp, int64_t n, const MatrixRef& w, int64_t p_begin, int64_t p_end,
+                     float* y, int64_t ldy);
+
 // The FP8 instantiations (linear_panels_fp8.cc): panels_linear and the wide path's product
 // for kPanels16 F8_E4M3 weights.
 void panels_linear_fp8(const float* x, int64_t n, int64_t ldx, const MatrixRef& w, int64_t p_begin,

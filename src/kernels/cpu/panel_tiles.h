@@ -1,7 +1,7 @@
 // The micro-kernels of the panel linears (internal to panel_driver.h and linear_panels*.cc):
 // T tokens × P adjacent panels
 // over columns [kb, ke), one tile per instruction set and weight format (Bf16Format,
-// Fp8Format below).
+// F16Format, Fp8Format below).
 //
 //   x: [T][ldx] fp32; w: panel p at w, panel p + 1 at w + cols · 16 (kPanels16, each column
 //   16 elements with rows j and 8 + j paired: tensor/matrix.h); y: [T][ldy], rows 16P.
@@ -45,6 +45,18 @@ struct Bf16Format {
   using Elem = uint16_t;
   static constexpr int64_t kColumnBytes = kPanelRows * 2;
   static Bf16Format of(const MatrixRef&, int64_t) { return {}; }
+  int64_t segment_end(int64_t, int64_t ke) const { return ke; }  // one segment: no scales
+  float scale(int64_t, int) const { return 1.0f; }
+};
+
+// F16 (IEEE binary16, as F16 checkpoints store their weights): exact, vcvtph2ps (normals,
+// subnormals, infinities and NaN alike). The panels hold the checkpoint's 16-bit elements
+// in BF16's layout, so an F16 model streams two bytes per weight, not the four of the F32
+// rows it was widened to before.
+struct F16Format {
+  using Elem = uint16_t;
+  static constexpr int64_t kColumnBytes = kPanelRows * 2;
+  static F16Format of(const MatrixRef&, int64_t) { return {}; }
   int64_t segment_end(int64_t, int64_t ke) const { return ke; }  // one segment: no scales
   float scale(int64_t, int) const { return 1.0f; }
 };
@@ -120,6 +132,20 @@ __attribute__((always_inline)) inline void widen_column_avx2(const Bf16Format&, 
   const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(col));
   lo = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
   hi = _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32(static_cast<int>(0xffff0000u))));
+}
+
+// The column's 16-bit elements in row order within each 128-bit half (the even ones, rows
+// 0-3 / 4-7, then the odd ones, rows 8-11 / 12-15), the halves' quarters regrouped (rows
+// 0-7, then 8-15), each half converted.
+__attribute__((always_inline)) inline void widen_column_avx2(const F16Format&, const uint16_t* col,
+                                                             __m256, __m256& lo, __m256& hi) {
+  const __m256i v =
+      _mm256_shuffle_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(col)),
+                          _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15,  //
+                                           0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15));
+  const __m256i rows = _mm256_permute4x64_epi64(v, 0xD8);  // quarters 0, 2, 1, 3
+  lo = _mm256_cvtph_ps(_mm256_castsi256_si128(rows));
+  hi = _mm256_cvtph_ps(_mm256_extracti128_si256(rows, 1));
 }
 
 // The column's bytes in row order (the even ones, rows 0-7, then the odd ones), sign-extended
@@ -214,6 +240,13 @@ __attribute__((always_inline)) inline __m512 widen_column(const Bf16Format&, con
   const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(col));
   return _mm512_castsi512_ps(
       _mm512_maskz_slli_epi32(kAllLanes, _mm512_maskz_cvtepu16_epi32(kAllLanes, v), 16));
+}
+
+// One panel column (16 fp16 in pair order) as 16 fp32 lanes in the same order.
+__attribute__((always_inline)) inline __m512 widen_column(const F16Format&, const uint16_t* col,
+                                                          __m512) {
+  return _mm512_maskz_cvtph_ps(kAllLanes,
+                               _mm256_loadu_si256(reinterpret_cast<const __m256i*>(col)));
 }
 
 // 16 FP8 elements (pair order) sign-extended to 16 bits, moved up 7 (the sign fills bits

@@ -2,7 +2,7 @@
 """Writes a tiny random-weight DeepSeek-V3 checkpoint in the published Hugging Face layout,
 independently of `xdeepserve mkmodel` (used to develop and self-check the oracle's reader).
 
-  make_tiny.py --out DIR [--dtype bf16|fp8] [--shards N] [--yarn] [--no-q-lora] [--seed S]
+  make_tiny.py --out DIR [--dtype bf16|f16|fp8] [--shards N] [--yarn] [--no-q-lora] [--seed S]
 """
 import argparse
 import json
@@ -161,24 +161,26 @@ def make(out, dtype="bf16", shards=1, yarn=False, q_lora=True, seed=1, shape="ti
                                       "weight_block_size": [128, 128]}
     rng = np.random.default_rng(seed)
     tensors = {}
-    for name, (shape, kind) in tensor_shapes(cfg).items():
+    for name, (dims, kind) in tensor_shapes(cfg).items():
         if kind == "norm":
-            w = 1.0 + 0.1 * rng.standard_normal(shape)
+            w = 1.0 + 0.1 * rng.standard_normal(dims)
         elif kind == "bias":
             if cfg["topk_method"] != "noaux_tc":
                 continue
-            tensors[name] = ("F32", (0.05 * rng.standard_normal(shape)).astype(np.float32))
+            tensors[name] = ("F32", (0.05 * rng.standard_normal(dims)).astype(np.float32))
             continue
         elif kind == "gate":
-            w = rng.standard_normal(shape) * (2.0 / np.sqrt(shape[1]))
+            w = rng.standard_normal(dims) * (2.0 / np.sqrt(dims[1]))
         elif name.endswith("embed_tokens.weight"):
-            w = rng.standard_normal(shape)
+            w = rng.standard_normal(dims)
         else:
-            w = rng.standard_normal(shape) / np.sqrt(shape[1])
+            w = rng.standard_normal(dims) / np.sqrt(dims[1])
         if kind == "proj" and dtype == "fp8":
             codes, scale = quantize_fp8(w)
             tensors[name] = ("F8_E4M3", codes)
             tensors[name + "_scale_inv"] = ("F32", scale)
+        elif dtype == "f16":  # as fp16 checkpoints publish them: every tensor but the bias
+            tensors[name] = ("F16", w.astype(np.float16))
         elif shape == "odd" and kind == "norm":
             tensors[name] = ("F32", w.astype(np.float32))
         elif shape == "odd" and name.endswith("embed_tokens.weight"):
@@ -205,7 +207,7 @@ def make(out, dtype="bf16", shards=1, yarn=False, q_lora=True, seed=1, shape="ti
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
-    ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp8"])
+    ap.add_argument("--dtype", default="bf16", choices=["bf16", "f16", "fp8"])
     ap.add_argument("--shards", type=int, default=1)
     ap.add_argument("--yarn", action="store_true")
     ap.add_argument("--no-q-lora", action="store_true")

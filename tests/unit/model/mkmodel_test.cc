@@ -3,8 +3,11 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <fstream>
+#include <iterator>
 #include <random>
 
+#include "model/deepseek_v3_weights.h"
 #include "model/safetensors.h"
 #include "model/weights.h"
 #include "test_files.h"
@@ -175,6 +178,57 @@ TEST_F(MkModelDir, DeterministicInTheSeed) {
   EXPECT_GT(ba.size(), 1000000u);
   EXPECT_TRUE(ba == bytes("b"));  // thread count does not matter
   EXPECT_TRUE(ba != bytes("c"));
+}
+
+TEST_F(MkModelDir, TinyF16IsTheBf16DrawsInF16) {
+  MkModelOptions h = tiny("f16"), b = tiny("bf16");
+  h.dtype = "f16";
+  ASSERT_TRUE(write_random_checkpoint(h).ok());
+  ASSERT_TRUE(write_random_checkpoint(b).ok());
+  std::ifstream cfg_file(path("f16/config.json"));
+  const std::string cfg_text((std::istreambuf_iterator<char>(cfg_file)),
+                             std::istreambuf_iterator<char>());
+  EXPECT_NE(cfg_text.find(R"("torch_dtype": "float16")"), std::string::npos) << cfg_text;
+  Checkpoint ck = open("f16"), ref = open("bf16");
+  EXPECT_EQ(ck.find("model.layers.1.mlp.gate.e_score_correction_bias")->dtype, DType::kF32);
+  // Every other tensor is F16, and the same draw as the BF16 one: each of the two roundings
+  // of the same value (2^-9 and 2^-12 relative; F16 subnormals 2^-25 absolute) apart.
+  int compared = 0;
+  for (const auto& file : ref.files()) {
+    for (const TensorView& t : file->tensors()) {
+      if (t.dtype != DType::kBF16) continue;
+      const std::string& name = t.name;
+      const TensorView* f = ck.find(name);
+      ASSERT_NE(f, nullptr) << name;
+      ASSERT_EQ(f->dtype, DType::kF16) << name;
+      ASSERT_EQ(f->shape, t.shape) << name;
+      const int64_t n = static_cast<int64_t>(t.nbytes / 2);
+      for (int64_t i = 0; i < n; ++i) {
+        uint16_t hb, bb;
+        std::memcpy(&hb, f->data + 2 * i, 2);
+        std::memcpy(&bb, t.data + 2 * i, 2);
+        const float hv = f16_to_f32(hb), bv = bf16_to_f32(bb);
+        ASSERT_LE(std::fabs(hv - bv), 0x1p-8f * std::fabs(bv) + 0x1p-24f) << name << " " << i;
+      }
+      ++compared;
+    }
+  }
+  EXPECT_GT(compared, 50);
+
+  // Bound for the forward pass, the linears are panels of the F16 elements (two bytes a
+  // weight), the absorbed attention's heads too; the embedding is looked up as F32 rows.
+  auto config = load_deepseek_v3_config(path("f16"));
+  ASSERT_TRUE(config.ok()) << config.status().to_string();
+  RepackCache cache(RepackOptions{path("cache-f16"), nullptr, false});
+  auto w = bind_deepseek_v3_weights(*config, ck, cache);
+  ASSERT_TRUE(w.ok()) << w.status().to_string();
+  for (const MatrixRef* m :
+       {&w->lm_head, &w->layers[0].attn.o_proj, &w->layers[0].dense->down_proj,
+        &w->layers[1].moe->experts[3].up_proj, &w->layers[1].moe->shared->gate_proj,
+        &w->layers[1].attn.kv_b_proj, &w->layers[1].attn.uk_t[0], &w->layers[1].attn.uv[0]}) {
+    EXPECT_EQ(m->layout, MatrixLayout::kPanels16);
+    EXPECT_EQ(m->dtype, DType::kF16);
+  }
 }
 
 TEST_F(MkModelDir, TinyFp8TwoShardsDequantizesNearBf16) {

@@ -6,10 +6,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+
+#include <fmt/format.h>
 
 #include "kernels/cpu/linear.h"
 #include "test_files.h"
@@ -325,61 +328,81 @@ TEST_F(Weights, Bf16LinearIsPackedIntoPanelsOnceAndShared) {
 
 TEST_F(Weights, KvBIsSplitIntoPerHeadAbsorbedPanels) {
   // kv_b_proj for 2 heads, Dn = 3, Dv = 2, C = 5: rows h*5 + i (i < 3: W_UK[h] row i; then
-  // W_UV[h]), value 1 + row*5 + c (small integers: exact in BF16).
+  // W_UV[h]), value 1 + row*5 + c (small integers: exact in BF16 and F16). The panels hold
+  // the checkpoint's own elements, BF16 or F16.
   const int64_t heads = 2, dn = 3, dv = 2, lat = 5, rows = heads * (dn + dv);
-  std::vector<uint16_t> bits;
   auto value = [&](int64_t r, int64_t c) { return static_cast<float>(1 + r * lat + c); };
-  for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t c = 0; c < lat; ++c) {
-      const float v = value(r, c);
-      uint32_t u;
-      std::memcpy(&u, &v, 4);
-      bits.push_back(static_cast<uint16_t>(u >> 16));
-    }
-  }
-  write("model.safetensors",
-        safetensors_bytes(R"({"kv_b":{"dtype":"BF16","shape":[10,5],"data_offsets":[0,100]}})",
-                          le_bytes<uint16_t>(bits)));
-  Checkpoint ck = open();
-  RepackCache cache(opts());
-  auto kv_b = bind_matrix(ck, "kv_b", rows, lat, cache);
-  ASSERT_TRUE(kv_b.ok()) << kv_b.status().to_string();
-  auto ah = bind_absorbed_heads(ck, "kv_b", *kv_b, heads, dn, dv, cache);
-  ASSERT_TRUE(ah.ok()) << ah.status().to_string();
-  ASSERT_EQ(ah->uk_t.size(), 2u);
-  ASSERT_EQ(ah->uv.size(), 2u);
-  // Element (r, c) of a panel matrix: panel r / 16, column c, slot 2j (j < 8) or 2(j-8)+1.
-  auto at = [](const MatrixRef& m, int64_t r, int64_t c) {
-    const int64_t j = r % 16, slot = j < 8 ? 2 * j : 2 * (j - 8) + 1;
-    const auto* p = static_cast<const uint16_t*>(m.data);
-    const uint32_t u = uint32_t{p[(r / 16) * m.cols * 16 + c * 16 + slot]} << 16;
-    float f;
-    std::memcpy(&f, &u, 4);
-    return f;
+  // An integer 1 <= v < 2048 in F16: 2^e (1 + m / 1024), bits (e + 15) << 10 | m.
+  auto f16_of_integer = [](float v) {
+    const int i = static_cast<int>(v), e = std::bit_width(static_cast<unsigned>(i)) - 1;
+    return static_cast<uint16_t>(((e + 15) << 10) | ((i - (1 << e)) << (10 - e)));
   };
-  for (int64_t h = 0; h < heads; ++h) {
-    const MatrixRef& uk = ah->uk_t[h];
-    const MatrixRef& uv = ah->uv[h];
-    EXPECT_EQ(uk.layout, MatrixLayout::kPanels16);
-    EXPECT_EQ(uk.rows, lat);
-    EXPECT_EQ(uk.cols, dn);
-    EXPECT_EQ(uv.rows, dv);
-    EXPECT_EQ(uv.cols, lat);
-    for (int64_t c = 0; c < lat; ++c)
-      for (int64_t i = 0; i < dn; ++i)
-        EXPECT_EQ(at(uk, c, i), value(h * (dn + dv) + i, c)) << "uk_t h=" << h;  // W_UKᵀ
-    for (int64_t r = 0; r < dv; ++r)
+  auto f16_to_float = [](uint16_t h) {  // normal F16 only (what f16_of_integer writes)
+    return std::ldexp(1.0f + static_cast<float>(h & 1023) / 1024.0f, ((h >> 10) & 31) - 15);
+  };
+  for (const DType dtype : {DType::kBF16, DType::kF16}) {
+    const bool f16 = dtype == DType::kF16;
+    SCOPED_TRACE(f16 ? "F16" : "BF16");
+    std::vector<uint16_t> bits;
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = 0; c < lat; ++c) {
+        const float v = value(r, c);
+        uint32_t u;
+        std::memcpy(&u, &v, 4);
+        bits.push_back(f16 ? f16_of_integer(v) : static_cast<uint16_t>(u >> 16));
+      }
+    }
+    write("model.safetensors",
+          safetensors_bytes(fmt::format(R"({{"kv_b":{{"dtype":"{}","shape":[10,5],)"
+                                        R"("data_offsets":[0,100]}}}})",
+                                        f16 ? "F16" : "BF16"),
+                            le_bytes<uint16_t>(bits)));
+    Checkpoint ck = open();
+    RepackCache cache(opts());
+    auto kv_b = bind_matrix(ck, "kv_b", rows, lat, cache);  // F16: its F32 rows
+    ASSERT_TRUE(kv_b.ok()) << kv_b.status().to_string();
+    auto ah = bind_absorbed_heads(ck, "kv_b", *kv_b, heads, dn, dv, cache);
+    ASSERT_TRUE(ah.ok()) << ah.status().to_string();
+    ASSERT_EQ(ah->uk_t.size(), 2u);
+    ASSERT_EQ(ah->uv.size(), 2u);
+    // Element (r, c) of a panel matrix: panel r / 16, column c, slot 2j (j < 8) or 2(j-8)+1.
+    auto at = [&](const MatrixRef& m, int64_t r, int64_t c) {
+      const int64_t j = r % 16, slot = j < 8 ? 2 * j : 2 * (j - 8) + 1;
+      const auto* p = static_cast<const uint16_t*>(m.data);
+      const uint16_t h = p[(r / 16) * m.cols * 16 + c * 16 + slot];
+      if (h == 0) return 0.0f;
+      if (f16) return f16_to_float(h);
+      const uint32_t u = uint32_t{h} << 16;
+      float f;
+      std::memcpy(&f, &u, 4);
+      return f;
+    };
+    for (int64_t h = 0; h < heads; ++h) {
+      const MatrixRef& uk = ah->uk_t[h];
+      const MatrixRef& uv = ah->uv[h];
+      EXPECT_EQ(uk.layout, MatrixLayout::kPanels16);
+      EXPECT_EQ(uk.dtype, dtype);
+      EXPECT_EQ(uv.dtype, dtype);
+      EXPECT_EQ(uk.rows, lat);
+      EXPECT_EQ(uk.cols, dn);
+      EXPECT_EQ(uv.rows, dv);
+      EXPECT_EQ(uv.cols, lat);
       for (int64_t c = 0; c < lat; ++c)
-        EXPECT_EQ(at(uv, r, c), value(h * (dn + dv) + dn + r, c)) << "uv h=" << h;
-    for (int64_t r = dv; r < 16; ++r) EXPECT_EQ(at(uv, r, 0), 0.0f);  // padding rows
+        for (int64_t i = 0; i < dn; ++i)
+          EXPECT_EQ(at(uk, c, i), value(h * (dn + dv) + i, c)) << "uk_t h=" << h;  // W_UKᵀ
+      for (int64_t r = 0; r < dv; ++r)
+        for (int64_t c = 0; c < lat; ++c)
+          EXPECT_EQ(at(uv, r, c), value(h * (dn + dv) + dn + r, c)) << "uv h=" << h;
+      for (int64_t r = dv; r < 16; ++r) EXPECT_EQ(at(uv, r, 0), 0.0f);  // padding rows
+    }
+    // With XDS_WEIGHT_LAYOUT=rows nothing is re-laid: attention slices kv_b_proj.
+    ::setenv("XDS_WEIGHT_LAYOUT", "rows", 1);
+    auto none = bind_absorbed_heads(ck, "kv_b", *kv_b, heads, dn, dv, cache);
+    ::unsetenv("XDS_WEIGHT_LAYOUT");
+    ASSERT_TRUE(none.ok());
+    EXPECT_TRUE(none->uk_t.empty());
+    EXPECT_TRUE(none->uv.empty());
   }
-  // With XDS_WEIGHT_LAYOUT=rows nothing is re-laid: attention slices kv_b_proj.
-  ::setenv("XDS_WEIGHT_LAYOUT", "rows", 1);
-  auto none = bind_absorbed_heads(ck, "kv_b", *kv_b, heads, dn, dv, cache);
-  ::unsetenv("XDS_WEIGHT_LAYOUT");
-  ASSERT_TRUE(none.ok());
-  EXPECT_TRUE(none->uk_t.empty());
-  EXPECT_TRUE(none->uv.empty());
 }
 
 TEST_F(Weights, F16DequantizedToF32) {
@@ -398,6 +421,57 @@ TEST_F(Weights, F16DequantizedToF32) {
   EXPECT_EQ(w[2], 0.5f);
   EXPECT_EQ(w[3], std::ldexp(1.0f, -24));
   EXPECT_EQ(cache.stats().files_written, 1);
+}
+
+TEST_F(Weights, F16LinearIsPackedIntoF16Panels) {
+  // W = [[1, -2], [0.5, 2^-24], [65504, -0]] in F16: panels of the F16 elements themselves
+  // (two bytes a weight), not the F32 rows bind_matrix converts them to.
+  const std::vector<uint16_t> w_bits = {0x3c00, 0xc000, 0x3800, 0x0001, 0x7bff, 0x8000};
+  write("model.safetensors",
+        safetensors_bytes(R"({"w":{"dtype":"F16","shape":[3,2],"data_offsets":[0,12]}})",
+                          le_bytes<uint16_t>(w_bits)));
+  Checkpoint ck = open();
+  RepackCache cache(opts());
+  auto w = bind_linear(ck, "w", 3, 2, cache);
+  ASSERT_TRUE(w.ok()) << w.status().to_string();
+  EXPECT_EQ(w->layout, MatrixLayout::kPanels16);
+  EXPECT_EQ(w->dtype, DType::kF16);
+  EXPECT_EQ(cache.stats().files_written, 1);
+  const auto* p = static_cast<const uint16_t*>(w->data);
+  for (int c = 0; c < 2; ++c) {
+    for (int slot = 0; slot < 16; ++slot) {
+      const int row = slot % 2 == 0 ? slot / 2 : 8 + slot / 2;
+      EXPECT_EQ(p[c * 16 + slot], row < 3 ? w_bits[row * 2 + c] : 0) << c << " " << slot;
+    }
+  }
+  auto shape = bind_linear(ck, "w", 2, 3, cache);
+  ASSERT_FALSE(shape.ok());
+  EXPECT_CONTAINS(shape.status().message(), "'w'");
+  EXPECT_CONTAINS(shape.status().message(), "[2, 3]");
+
+  // XDS_WEIGHT_LAYOUT=rows: F32 rows, as before panels took F16.
+  ::setenv("XDS_WEIGHT_LAYOUT", "rows", 1);
+  auto rows = bind_linear(ck, "w", 3, 2, cache);
+  ::unsetenv("XDS_WEIGHT_LAYOUT");
+  ASSERT_TRUE(rows.ok()) << rows.status().to_string();
+  EXPECT_EQ(rows->layout, MatrixLayout::kRows);
+  EXPECT_EQ(rows->dtype, DType::kF32);
+  EXPECT_EQ(static_cast<const float*>(rows->data)[4], 65504.0f);
+}
+
+TEST_F(Weights, MisalignedF16LinearIsBoundAsF32Rows) {
+  const std::string header = R"({"pad":{"dtype":"U8","shape":[1,1],"data_offsets":[0,1]},)"
+                             R"("w":{"dtype":"F16","shape":[1,2],"data_offsets":[1,5]}})";
+  write("model.safetensors",
+        safetensors_bytes(header, std::string("\x07", 1) + le_bytes<uint16_t>({0x3c00, 0xc200})));
+  Checkpoint ck = open();
+  ASSERT_EQ(reinterpret_cast<uintptr_t>(ck.find("w")->data) % 2, 1u);
+  RepackCache cache(opts());
+  auto w = bind_linear(ck, "w", 1, 2, cache);
+  ASSERT_TRUE(w.ok()) << w.status().to_string();
+  EXPECT_EQ(w->layout, MatrixLayout::kRows);
+  EXPECT_EQ(w->dtype, DType::kF32);
+  EXPECT_EQ(static_cast<const float*>(w->data)[1], -3.0f);
 }
 
 TEST_F(Weights, MisalignedBf16IsRepacked) {
