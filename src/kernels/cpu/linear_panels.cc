@@ -121,15 +121,11 @@ void panels_linear_packed(const float* xp, int64_t n, const MatrixRef& w, int64_
   XDS_CHECK(wide_path_for(n, w), "panels_linear_packed: no wide path for {} tokens x {} rows", n,
             w.rows);
   if (p_begin >= p_end) return;
-#if defined(__AVX512F__)
   if (w.dtype == DType::kF8E4M3)
     return panel_detail::wide_linear_fp8(xp, n, w, p_begin, p_end, y, ldy);
   if (w.dtype == DType::kF16)
     return panel_detail::wide_linear_f16(xp, n, w, p_begin, p_end, y, ldy);
-  panel_detail::wide_linear<Bf16Format>(xp, n, w, p_begin, p_end, y, ldy);
-#else
-  (void)xp, (void)y, (void)ldy;
-#endif
+  panel_detail::wide_linear_checked<Bf16Format>(xp, n, w, p_begin, p_end, y, ldy);
 }
 
 void panels_linear(const float* x, int64_t n, int64_t ldx, const MatrixRef& w, int64_t p_begin,
@@ -140,14 +136,7 @@ void panels_linear(const float* x, int64_t n, int64_t ldx, const MatrixRef& w, i
     return panel_detail::panels_linear_fp8(x, n, ldx, w, p_begin, p_end, y, ldy);
   if (w.dtype == DType::kF16)
     return panel_detail::panels_linear_f16(x, n, ldx, w, p_begin, p_end, y, ldy);
-#if defined(__AVX512F__)
-  if (panel_isa() == PanelIsa::kAvx512) {
-    return panel_detail::panels_linear_on<panel_detail::Avx512, Bf16Format>(x, n, ldx, w, p_begin,
-                                                                            p_end, y, ldy);
-  }
-#endif
-  panel_detail::panels_linear_on<panel_detail::Avx2, Bf16Format>(x, n, ldx, w, p_begin, p_end, y,
-                                                                 ldy);
+  panel_detail::panels_linear_selected<Bf16Format>(x, n, ldx, w, p_begin, p_end, y, ldy);
 }
 
 }  // namespace xds::kernels

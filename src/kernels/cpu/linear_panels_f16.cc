@@ -6,21 +6,12 @@ namespace xds::kernels::panel_detail {
 
 void panels_linear_f16(const float* x, int64_t n, int64_t ldx, const MatrixRef& w, int64_t p_begin,
                        int64_t p_end, float* y, int64_t ldy) {
-#if defined(__AVX512F__)
-  if (panel_isa() == PanelIsa::kAvx512)
-    return panels_linear_on<Avx512, F16Format>(x, n, ldx, w, p_begin, p_end, y, ldy);
-#endif
-  panels_linear_on<Avx2, F16Format>(x, n, ldx, w, p_begin, p_end, y, ldy);
+  panels_linear_selected<F16Format>(x, n, ldx, w, p_begin, p_end, y, ldy);
 }
 
 void wide_linear_f16(const float* xp, int64_t n, const MatrixRef& w, int64_t p_begin, int64_t p_end,
                      float* y, int64_t ldy) {
-#if defined(__AVX512F__)
-  wide_linear<F16Format>(xp, n, w, p_begin, p_end, y, ldy);
-#else
-  (void)xp, (void)n, (void)w, (void)p_begin, (void)p_end, (void)y, (void)ldy;
-  XDS_CHECK(false, "wide_linear_f16: built without AVX-512");
-#endif
+  wide_linear_checked<F16Format>(xp, n, w, p_begin, p_end, y, ldy);
 }
 
 }  // namespace xds::kernels::panel_detail

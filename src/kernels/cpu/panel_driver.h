@@ -239,14 +239,35 @@ void panels_linear_on(const float* x, int64_t n, int64_t ldx, const MatrixRef& w
   }
 }
 
-// The F16 instantiations (linear_panels_f16.cc), as the FP8 ones below.
+// panels_linear for weight format Fmt on the selected instruction set.
+template <class Fmt>
+void panels_linear_selected(const float* x, int64_t n, int64_t ldx, const MatrixRef& w,
+                            int64_t p_begin, int64_t p_end, float* y, int64_t ldy) {
+#if defined(__AVX512F__)
+  if (panel_isa() == PanelIsa::kAvx512)
+    return panels_linear_on<Avx512, Fmt>(x, n, ldx, w, p_begin, p_end, y, ldy);
+#endif
+  panels_linear_on<Avx2, Fmt>(x, n, ldx, w, p_begin, p_end, y, ldy);
+}
+
+// The wide path's product for weight format Fmt (only where wide_path_for allows it).
+template <class Fmt>
+void wide_linear_checked(const float* xp, int64_t n, const MatrixRef& w, int64_t p_begin,
+                         int64_t p_end, float* y, int64_t ldy) {
+#if defined(__AVX512F__)
+  wide_linear<Fmt>(xp, n, w, p_begin, p_end, y, ldy);
+#else
+  (void)xp, (void)n, (void)w, (void)p_begin, (void)p_end, (void)y, (void)ldy;
+  XDS_CHECK(false, "wide_linear: built without AVX-512");
+#endif
+}
+
+// The F16 and FP8 instantiations of the two above, each compiled in its own file
+// (linear_panels_f16.cc, linear_panels_fp8.cc) apart from the BF16 ones (linear_panels.cc).
 void panels_linear_f16(const float* x, int64_t n, int64_t ldx, const MatrixRef& w, int64_t p_begin,
                        int64_t p_end, float* y, int64_t ldy);
 void wide_linear_f16(const float* xp, int64_t n, const MatrixRef& w, int64_t p_begin, int64_t p_end,
                      float* y, int64_t ldy);
-
-// The FP8 instantiations (linear_panels_fp8.cc): panels_linear and the wide path's product
-// for kPanels16 F8_E4M3 weights.
 void panels_linear_fp8(const float* x, int64_t n, int64_t ldx, const MatrixRef& w, int64_t p_begin,
                        int64_t p_end, float* y, int64_t ldy);
 void wide_linear_fp8(const float* xp, int64_t n, const MatrixRef& w, int64_t p_begin, int64_t p_end,

@@ -41,25 +41,23 @@ inline constexpr int kWideTileTokens = 12;  // tokens per tile of the wide path 
 
 // How a panel column of 16 elements becomes 16 fp32 values (widen_column, per ISA below).
 // BF16: exact, `lane << 16` / `lane & 0xffff0000`.
-struct Bf16Format {
+// 16-bit elements without scales (Bf16Format, F16Format): one segment, scale 1.
+template <class Self>
+struct Unscaled16 {
   using Elem = uint16_t;
   static constexpr int64_t kColumnBytes = kPanelRows * 2;
-  static Bf16Format of(const MatrixRef&, int64_t) { return {}; }
-  int64_t segment_end(int64_t, int64_t ke) const { return ke; }  // one segment: no scales
+  static Self of(const MatrixRef&, int64_t) { return {}; }
+  int64_t segment_end(int64_t, int64_t ke) const { return ke; }
   float scale(int64_t, int) const { return 1.0f; }
 };
+
+struct Bf16Format : Unscaled16<Bf16Format> {};
 
 // F16 (IEEE binary16, as F16 checkpoints store their weights): exact, vcvtph2ps (normals,
 // subnormals, infinities and NaN alike). The panels hold the checkpoint's 16-bit elements
 // in BF16's layout, so an F16 model streams two bytes per weight, not the four of the F32
 // rows it was widened to before.
-struct F16Format {
-  using Elem = uint16_t;
-  static constexpr int64_t kColumnBytes = kPanelRows * 2;
-  static F16Format of(const MatrixRef&, int64_t) { return {}; }
-  int64_t segment_end(int64_t, int64_t ke) const { return ke; }  // one segment: no scales
-  float scale(int64_t, int) const { return 1.0f; }
-};
+struct F16Format : Unscaled16<F16Format> {};
 
 // F8_E4M3 with block scales (tensor/matrix.h): an element's sign and its 7 exponent and
 // mantissa bits placed in an fp16's sign and bits 7-13 are its value times 2^-8 (exponent

@@ -7,9 +7,12 @@
 #include <random>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "isa_for_tests.h"
 #include "kernels/cpu/linear.h"
 #include "kernels/cpu/linear_panels.h"
+#include "linear_reference.h"
 
 namespace xds::kernels {
 namespace {
@@ -44,13 +47,6 @@ F16Matrix random_f16(int64_t rows, int64_t cols, std::mt19937& rng) {
   std::vector<uint16_t> w(static_cast<size_t>(rows * cols));
   for (uint16_t& h : w) h = static_cast<uint16_t>(bits(rng) | (sign(rng) << 15));
   return pack_f16(std::move(w), rows, cols);
-}
-
-std::vector<float> random_vec(size_t n, std::mt19937& rng) {
-  std::uniform_real_distribution<float> d(-1.0f, 1.0f);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(rng);
-  return v;
 }
 
 TEST(LinearPanelsF16, EveryFiniteF16WidensExactly) {
@@ -107,20 +103,14 @@ TEST(LinearPanelsF16, MatchesDoubleReferenceForTokenAndPanelCounts) {
         if (variant == 0) linear_f32(x.data(), c.n, c.cols, w.ref, y.data(), c.rows, pool);
         if (variant == 1) linear_bf16(xb.data(), c.n, c.cols, w.ref, y.data(), c.rows, pool);
         if (variant == 2) linear_f32_serial(x.data(), c.n, c.cols, w.ref, y.data(), c.rows);
-        for (int64_t t = 0; t < c.n; ++t) {
-          for (int64_t r = 0; r < c.rows; ++r) {
-            double ref = 0.0, mag = 0.0;
-            for (int64_t k = 0; k < c.cols; ++k) {
-              const double xv = variant == 1 ? bf16_to_f32(xb[t * c.cols + k]) : x[t * c.cols + k];
-              const double prod = xv * f16_value(w.rows_major[r * c.cols + k]);
-              ref += prod;
-              mag += std::fabs(prod);
-            }
-            ASSERT_NEAR(y[t * c.rows + r], ref, 1e-6 * mag + 1e-6)
-                << panel_isa_name(isa) << " n=" << c.n << " rows=" << c.rows << " cols=" << c.cols
-                << " variant=" << variant << " t=" << t << " r=" << r;
-          }
-        }
+        ASSERT_TRUE(matches_double_reference(
+            y, c.n, c.rows, c.cols,
+            [&](int64_t t, int64_t k) {
+              return variant == 1 ? bf16_to_f32(xb[t * c.cols + k]) : x[t * c.cols + k];
+            },
+            [&](int64_t r, int64_t k) { return f16_value(w.rows_major[r * c.cols + k]); },
+            fmt::format("{} n={} rows={} cols={} variant={}", panel_isa_name(isa), c.n, c.rows,
+                        c.cols, variant)));
       }
     }
   }

@@ -9,18 +9,14 @@
 #include <random>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "isa_for_tests.h"
 #include "kernels/cpu/linear.h"
+#include "linear_reference.h"
 
 namespace xds::kernels {
 namespace {
-
-std::vector<float> random_vec(size_t n, std::mt19937& rng) {
-  std::uniform_real_distribution<float> d(-1.0f, 1.0f);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(rng);
-  return v;
-}
 
 // A BF16 matrix kept both row-major (for the references) and packed.
 struct Packed {
@@ -89,20 +85,14 @@ TEST(LinearPanels, MatchesDoubleReferenceForTokenAndPanelCounts) {
         if (variant == 0) linear_f32(x.data(), c.n, c.cols, w.ref, y.data(), c.rows, pool);
         if (variant == 1) linear_bf16(xb.data(), c.n, c.cols, w.ref, y.data(), c.rows, pool);
         if (variant == 2) linear_f32_serial(x.data(), c.n, c.cols, w.ref, y.data(), c.rows);
-        for (int64_t t = 0; t < c.n; ++t) {
-          for (int64_t r = 0; r < c.rows; ++r) {
-            double ref = 0.0, mag = 0.0;
-            for (int64_t k = 0; k < c.cols; ++k) {
-              const double xv = variant == 1 ? bf16_to_f32(xb[t * c.cols + k]) : x[t * c.cols + k];
-              const double prod = xv * bf16_to_f32(w.rows_major[r * c.cols + k]);
-              ref += prod;
-              mag += std::fabs(prod);
-            }
-            ASSERT_NEAR(y[t * c.rows + r], ref, 1e-6 * mag + 1e-6)
-                << panel_isa_name(isa) << " n=" << c.n << " rows=" << c.rows << " cols=" << c.cols
-                << " variant=" << variant << " t=" << t << " r=" << r;
-          }
-        }
+        ASSERT_TRUE(matches_double_reference(
+            y, c.n, c.rows, c.cols,
+            [&](int64_t t, int64_t k) {
+              return variant == 1 ? bf16_to_f32(xb[t * c.cols + k]) : x[t * c.cols + k];
+            },
+            [&](int64_t r, int64_t k) { return bf16_to_f32(w.rows_major[r * c.cols + k]); },
+            fmt::format("{} n={} rows={} cols={} variant={}", panel_isa_name(isa), c.n, c.rows,
+                        c.cols, variant)));
       }
     }
   }

@@ -7,19 +7,14 @@
 #include <random>
 #include <vector>
 
+#include "linear_reference.h"
+
 namespace xds::kernels {
 namespace {
 
 struct Case {
   int64_t n, rows, cols;
 };
-
-std::vector<float> random_vec(size_t n, std::mt19937& rng) {
-  std::uniform_real_distribution<float> d(-1.0f, 1.0f);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(rng);
-  return v;
-}
 
 TEST(Linear, MatchesDoubleReferenceForAllTileShapes) {
   std::mt19937 rng(7);
