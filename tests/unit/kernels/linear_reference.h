@@ -10,6 +10,9 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/linear.h"
+#include "tensor/dtype.h"
+
 namespace xds::kernels {
 
 // n values uniform in [-1, 1).
@@ -42,6 +45,33 @@ template <class X, class W>
                << " (sum of |products| " << mag << ")";
       }
     }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+// Random x [n, w.cols] through the three entry points that take w (linear_f32, linear_bf16
+// with x rounded to bf16, linear_f32_serial), each against the double reference over the
+// weights weight(r, k).
+template <class W>
+::testing::AssertionResult linears_match_double_reference(const MatrixRef& w, int64_t n, W&& weight,
+                                                          std::mt19937& rng, ThreadPool& pool,
+                                                          const std::string& where) {
+  const int64_t rows = w.rows, cols = w.cols;
+  const auto x = random_vec(static_cast<size_t>(n * cols), rng);
+  std::vector<uint16_t> xb(x.size());
+  for (size_t i = 0; i < x.size(); ++i) xb[i] = f32_to_bf16(x[i]);
+  for (int variant = 0; variant < 3; ++variant) {
+    std::vector<float> y(static_cast<size_t>(n * rows), -7.0f);
+    if (variant == 0) linear_f32(x.data(), n, cols, w, y.data(), rows, pool);
+    if (variant == 1) linear_bf16(xb.data(), n, cols, w, y.data(), rows, pool);
+    if (variant == 2) linear_f32_serial(x.data(), n, cols, w, y.data(), rows);
+    auto ok = matches_double_reference(
+        y, n, rows, cols,
+        [&](int64_t t, int64_t k) {
+          return variant == 1 ? bf16_to_f32(xb[t * cols + k]) : x[t * cols + k];
+        },
+        weight, where + " variant=" + std::to_string(variant));
+    if (!ok) return ok;
   }
   return ::testing::AssertionSuccess();
 }
