@@ -121,7 +121,7 @@ bool DeepseekV3Model::overlaps_shared(const MlpWeights& shared, int64_t n) const
   constexpr int64_t kMinTokens = 8, kMaxTokensPerExpert = 4;
   return options_.overlap_shared && n >= kMinTokens &&
          n * config_.num_experts_per_tok <= kMaxTokensPerExpert * config_.n_routed_experts &&
-         SharedMlpOverlap::supported(shared, options_.compute == ComputeDType::kBF16);
+         SharedMlpOverlap::supported(shared);
 }
 
 Status DeepseekV3Model::run_moe(const MoeWeights& w, int64_t layer, const Batch& b, const float* xn,

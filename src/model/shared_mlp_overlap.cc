@@ -6,15 +6,13 @@
 #include "kernels/cpu/linear.h"
 #include "kernels/cpu/linear_panels.h"
 #include "kernels/cpu/ops.h"
+#include "tensor/dtype.h"
 
 namespace xds {
 
-bool SharedMlpOverlap::supported(const MlpWeights& mlp, bool bf16) {
-  // With bf16 products the slices run the kernel linear_bf16 would run on each matrix.
-  const auto ok = [bf16](const MatrixRef& m) {
-    return bf16 ? kernels::panels_dot_for(m) : kernels::is_panel_matrix(m);
-  };
-  return ok(mlp.gate_proj) && ok(mlp.up_proj) && ok(mlp.down_proj);
+bool SharedMlpOverlap::supported(const MlpWeights& mlp) {
+  return kernels::is_panel_matrix(mlp.gate_proj) && kernels::is_panel_matrix(mlp.up_proj) &&
+         kernels::is_panel_matrix(mlp.down_proj);
 }
 
 int64_t SharedMlpOverlap::panels_per_slice(int64_t n, int64_t cols, double slice_flops) {
@@ -35,11 +33,14 @@ SharedMlpOverlap::SharedMlpOverlap(const MlpWeights& mlp, const float* x, int64_
       gu_step_(panels_per_slice(n, d_, slice_flops)),
       down_step_(panels_per_slice(n, width_, slice_flops)),
       bf16_(bf16) {
-  XDS_CHECK(supported(mlp, bf16), "SharedMlpOverlap: weights its slices cannot run");
+  XDS_CHECK(supported(mlp), "SharedMlpOverlap: weights its slices cannot run");
   if (bf16_) {
     x_bf16_.resize(static_cast<size_t>(n_ * d_));
     kernels::round_to_bf16(x_, n_ * d_, x_bf16_.data());
+    x_rounded_.resize(x_bf16_.size());
+    for (size_t i = 0; i < x_bf16_.size(); ++i) x_rounded_[i] = bf16_to_f32(x_bf16_[i]);
     h_bf16_.resize(static_cast<size_t>(n_ * width_));
+    h_rounded_.resize(h_bf16_.size());
   }
   auto slices = [](int64_t panels, int64_t step) { return (panels + step - 1) / step; };
   gate_slices_ = slices(mlp.gate_proj.panels(), gu_step_);
@@ -53,13 +54,16 @@ OverlapWork::Slice SharedMlpOverlap::run_slice() {
     const bool is_gate = i < gate_slices_;
     const MatrixRef& w = is_gate ? mlp_.gate_proj : mlp_.up_proj;
     const int64_t p0 = (is_gate ? i : i - gate_slices_) * gu_step_;
-    product(x_, x_bf16_.data(), d_, w, p0, std::min(w.panels(), p0 + gu_step_),
+    product(x_, x_bf16_.data(), x_rounded_.data(), d_, w, p0, std::min(w.panels(), p0 + gu_step_),
             is_gate ? gate_ : up_, width_);
     // The thread that completes the last gate/up slice forms h for the down slices; the
     // acq_rel count makes every other slice's writes visible to it.
     if (done_gu_.fetch_add(1, std::memory_order_acq_rel) + 1 == gu_slices_) {
       kernels::silu_mul(gate_, up_, n_ * width_, gate_);
-      if (bf16_) kernels::round_to_bf16(gate_, n_ * width_, h_bf16_.data());
+      if (bf16_) {
+        kernels::round_to_bf16(gate_, n_ * width_, h_bf16_.data());
+        for (size_t e = 0; e < h_bf16_.size(); ++e) h_rounded_[e] = bf16_to_f32(h_bf16_[e]);
+      }
       h_ready_.store(true, std::memory_order_release);
     }
     return Slice::kRan;
@@ -68,16 +72,17 @@ OverlapWork::Slice SharedMlpOverlap::run_slice() {
   const int64_t j = next_down_.fetch_add(1, std::memory_order_relaxed);
   if (j >= down_slices_) return Slice::kDone;
   const int64_t p0 = j * down_step_;
-  product(gate_, h_bf16_.data(), width_, mlp_.down_proj, p0,
+  product(gate_, h_bf16_.data(), h_rounded_.data(), width_, mlp_.down_proj, p0,
           std::min(mlp_.down_proj.panels(), p0 + down_step_), out_, d_);
   return Slice::kRan;
 }
 
-void SharedMlpOverlap::product(const float* x, const uint16_t* x_bf16, int64_t k,
-                               const MatrixRef& w, int64_t p0, int64_t p1, float* y,
+void SharedMlpOverlap::product(const float* x, const uint16_t* x_bf16, const float* x_rounded,
+                               int64_t k, const MatrixRef& w, int64_t p0, int64_t p1, float* y,
                                int64_t ldy) const {
-  if (bf16_) return kernels::panels_linear_bf16(x_bf16, n_, k, w, p0, p1, y, ldy);
-  kernels::panels_linear(x, n_, k, w, p0, p1, y, ldy);
+  if (bf16_ && kernels::panels_dot_for(w))
+    return kernels::panels_linear_bf16(x_bf16, n_, k, w, p0, p1, y, ldy);
+  kernels::panels_linear(bf16_ ? x_rounded : x, n_, k, w, p0, p1, y, ldy);
 }
 
 }  // namespace xds

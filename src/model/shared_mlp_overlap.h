@@ -12,9 +12,10 @@
 //
 // Every output is computed by panels_linear over whole panels, as the plain MLP computes
 // it, so the result is bit-identical to running the MLP after the routed experts.
-// BF16 panel weights only (supported()). With `bf16` (the fast mode's products) x and h are
-// rounded to bf16 and the slices run panels_linear_bf16, as linear_bf16 runs the whole
-// matrices there: again bit-identical to the plain MLP of that mode.
+// Panel weights only (supported()). With `bf16` (the fast mode's products) x and h are
+// rounded to bf16 and each slice runs the kernel linear_bf16 runs on the whole matrix
+// (panels_linear_bf16, or panels_linear on the widened bf16 values): again bit-identical to
+// the plain MLP of that mode.
 // Thread-safety: run_slice may be called from many threads at once.
 #pragma once
 
@@ -29,9 +30,10 @@ namespace xds {
 
 class SharedMlpOverlap final : public OverlapWork {
  public:
-  // Whether `mlp` can run in slices (all three matrices BF16 panels; with `bf16`, also the
-  // dot-product kernel available, as linear_bf16 would use it).
-  static bool supported(const MlpWeights& mlp, bool bf16 = false);
+  // Whether `mlp` can run in slices: all three matrices panels (BF16, F16 or FP8). (With
+  // `bf16` each slice runs the kernel linear_bf16 runs on its matrix: the dot-product kernel
+  // where the matrix takes it (panels_dot_for), else the fp32 one on the widened values.)
+  static bool supported(const MlpWeights& mlp);
 
   // Work per slice by default: ~30 µs of one thread at ~100 GFLOP/s, short beside a
   // routed expert (~0.5 ms), so the slices spread over the experts' phase.
@@ -59,10 +61,12 @@ class SharedMlpOverlap final : public OverlapWork {
   std::atomic<bool> h_ready_{false};
   bool bf16_;
   // The rows of panels [p0, p1) of w for all n_ tokens, written to y: from x [n_, k] (fp32
-  // products), or with bf16_ from its bf16 rounding x_bf16 (bf16 products).
-  void product(const float* x, const uint16_t* x_bf16, int64_t k, const MatrixRef& w, int64_t p0,
-               int64_t p1, float* y, int64_t ldy) const;
-  std::vector<uint16_t> x_bf16_, h_bf16_;  // with bf16: x [n, D] and h [n, I] rounded
+  // products), or with bf16_ from its bf16 rounding: x_bf16 on the dot-product kernel where
+  // w takes it, else the same values widened, x_rounded, on the fp32 kernel.
+  void product(const float* x, const uint16_t* x_bf16, const float* x_rounded, int64_t k,
+               const MatrixRef& w, int64_t p0, int64_t p1, float* y, int64_t ldy) const;
+  std::vector<uint16_t> x_bf16_, h_bf16_;    // with bf16: x [n, D] and h [n, I] rounded
+  std::vector<float> x_rounded_, h_rounded_;  // the same, widened back to fp32
 };
 
 }  // namespace xds

@@ -21,22 +21,25 @@
 namespace xds {
 namespace {
 
-// A BF16 weight [rows, cols] with values in [-0.5, 0.5), row-major and as panels.
+// A BF16 (or F16) weight [rows, cols] with values in [-0.5, 0.5), row-major and as panels.
 struct Weight {
   std::vector<uint16_t> rows_major, panels;
   MatrixRef ref;
-  double at(int64_t r, int64_t c) const { return bf16_to_f32(rows_major[r * ref.cols + c]); }
+  double at(int64_t r, int64_t c) const {
+    const uint16_t v = rows_major[r * ref.cols + c];
+    return ref.dtype == DType::kF16 ? f16_to_f32(v) : bf16_to_f32(v);
+  }
 };
 
-Weight make_weight(int64_t rows, int64_t cols, std::mt19937& rng) {
+Weight make_weight(int64_t rows, int64_t cols, std::mt19937& rng, DType dtype) {
   std::uniform_real_distribution<float> d(-0.5f, 0.5f);
   Weight w;
   w.rows_major.resize(static_cast<size_t>(rows * cols));
-  for (auto& v : w.rows_major) v = f32_to_bf16(d(rng));
+  for (auto& v : w.rows_major) v = dtype == DType::kF16 ? f32_to_f16(d(rng)) : f32_to_bf16(d(rng));
   const int64_t panels = (rows + kPanelRows - 1) / kPanelRows;
   w.panels.resize(static_cast<size_t>(panels * kPanelRows * cols));
   kernels::pack_panels16(w.rows_major.data(), rows, cols, 0, panels, w.panels.data());
-  w.ref = {DType::kBF16, w.panels.data(), rows, cols, MatrixLayout::kPanels16};
+  w.ref = {dtype, w.panels.data(), rows, cols, MatrixLayout::kPanels16};
   return w;
 }
 
@@ -47,12 +50,12 @@ struct Mlp {
   MlpWeights refs() const { return {gate.ref, up.ref, down.ref}; }
 };
 
-Mlp make_mlp(uint32_t seed) {
+Mlp make_mlp(uint32_t seed, DType dtype = DType::kBF16) {
   std::mt19937 rng(seed);
   Mlp m;
-  m.gate = make_weight(Mlp::kI, Mlp::kD, rng);
-  m.up = make_weight(Mlp::kI, Mlp::kD, rng);
-  m.down = make_weight(Mlp::kD, Mlp::kI, rng);
+  m.gate = make_weight(Mlp::kI, Mlp::kD, rng, dtype);
+  m.up = make_weight(Mlp::kI, Mlp::kD, rng, dtype);
+  m.down = make_weight(Mlp::kD, Mlp::kI, rng, dtype);
   return m;
 }
 
@@ -154,10 +157,14 @@ std::vector<float> whole_bf16(const Mlp& m, const std::vector<float>& x, int64_t
 }
 
 // With bf16 products the slices equal the fast mode's whole MLP bit for bit, and stay
-// within bf16 rounding of the double reference (x and h rounded: ~2^-8 relative each).
+// within bf16 rounding of the double reference (x and h rounded: ~2^-8 relative each):
+// BF16 panels (the dot-product kernel where the build has it) and F16 panels (the fp32
+// kernel on the widened bf16 values, as linear_bf16 runs them).
 TEST(SharedMlpOverlap, Bf16SlicesEqualTheFastModesWholeMlpBitForBit) {
-  const Mlp m = make_mlp(7);
-  if (!SharedMlpOverlap::supported(m.refs(), true)) GTEST_SKIP() << "no bf16 dot products here";
+  for (const DType dtype : {DType::kBF16, DType::kF16}) {
+  SCOPED_TRACE(dtype_name(dtype));
+  const Mlp m = make_mlp(7, dtype);
+  ASSERT_TRUE(SharedMlpOverlap::supported(m.refs()));
   std::mt19937 rng(8);
   std::uniform_real_distribution<float> d(-1.0f, 1.0f);
   for (const int64_t n : {1, 7, 16}) {
@@ -179,6 +186,7 @@ TEST(SharedMlpOverlap, Bf16SlicesEqualTheFastModesWholeMlpBitForBit) {
         ASSERT_NEAR(out[i], ref[i], 3e-2 * scale) << "n=" << n << " i=" << i;
       }
     }
+  }
   }
 }
 
