@@ -360,15 +360,24 @@ void bf16_scores_tile(const uint32_t* qp, const uint16_t* rows, int64_t w, float
   __m512 a[R];
 #pragma GCC unroll 12
   for (int r = 0; r < R; ++r) a[r] = _mm512_setzero_ps();
+  // Row r read at at[r / 3] + (r % 3) · w, the three pointers stepping on with c: four
+  // pointers and the stride in registers. (With rows + r · w GCC kept twelve row pointers,
+  // spilled to vector registers and moved back for every broadcast.)
+  constexpr int kGroups = (R + 2) / 3;
+  const uint16_t* at[kGroups];
+#pragma GCC unroll 4
+  for (int g = 0; g < kGroups; ++g) at[g] = rows + 3 * g * w;
   for (int64_t c = 0; c < w; c += 2) {
     pf.step();
     const __m512bh q = reinterpret_cast<__m512bh>(_mm512_loadu_si512(qp + c / 2 * 16));
 #pragma GCC unroll 12
     for (int r = 0; r < R; ++r) {
       int32_t pair;
-      std::memcpy(&pair, rows + r * w + c, sizeof pair);
+      std::memcpy(&pair, at[r / 3] + (r % 3) * w, sizeof pair);
       a[r] = _mm512_dpbf16_ps(a[r], q, reinterpret_cast<__m512bh>(_mm512_set1_epi32(pair)));
     }
+#pragma GCC unroll 4
+    for (int g = 0; g < kGroups; ++g) at[g] += 2;
   }
 #pragma GCC unroll 12
   for (int r = 0; r < R; ++r) _mm512_storeu_ps(part + r * 16, a[r]);
