@@ -10,6 +10,17 @@
 
 namespace xds {
 
+namespace {
+
+// dst = src widened to fp32 (exact): the operand of a slice whose matrix takes the fp32
+// kernel in the bf16 mode.
+void widen_bf16(const std::vector<uint16_t>& src, std::vector<float>& dst) {
+  dst.resize(src.size());
+  for (size_t i = 0; i < src.size(); ++i) dst[i] = bf16_to_f32(src[i]);
+}
+
+}  // namespace
+
 bool SharedMlpOverlap::supported(const MlpWeights& mlp) {
   return kernels::is_panel_matrix(mlp.gate_proj) && kernels::is_panel_matrix(mlp.up_proj) &&
          kernels::is_panel_matrix(mlp.down_proj);
@@ -37,10 +48,9 @@ SharedMlpOverlap::SharedMlpOverlap(const MlpWeights& mlp, const float* x, int64_
   if (bf16_) {
     x_bf16_.resize(static_cast<size_t>(n_ * d_));
     kernels::round_to_bf16(x_, n_ * d_, x_bf16_.data());
-    x_rounded_.resize(x_bf16_.size());
-    for (size_t i = 0; i < x_bf16_.size(); ++i) x_rounded_[i] = bf16_to_f32(x_bf16_[i]);
+    if (!kernels::panels_dot_for(mlp.gate_proj) || !kernels::panels_dot_for(mlp.up_proj))
+      widen_bf16(x_bf16_, x_rounded_);
     h_bf16_.resize(static_cast<size_t>(n_ * width_));
-    h_rounded_.resize(h_bf16_.size());
   }
   auto slices = [](int64_t panels, int64_t step) { return (panels + step - 1) / step; };
   gate_slices_ = slices(mlp.gate_proj.panels(), gu_step_);
@@ -62,7 +72,7 @@ OverlapWork::Slice SharedMlpOverlap::run_slice() {
       kernels::silu_mul(gate_, up_, n_ * width_, gate_);
       if (bf16_) {
         kernels::round_to_bf16(gate_, n_ * width_, h_bf16_.data());
-        for (size_t e = 0; e < h_bf16_.size(); ++e) h_rounded_[e] = bf16_to_f32(h_bf16_[e]);
+        if (!kernels::panels_dot_for(mlp_.down_proj)) widen_bf16(h_bf16_, h_rounded_);
       }
       h_ready_.store(true, std::memory_order_release);
     }

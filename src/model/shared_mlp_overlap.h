@@ -66,7 +66,7 @@ class SharedMlpOverlap final : public OverlapWork {
   void product(const float* x, const uint16_t* x_bf16, const float* x_rounded, int64_t k,
                const MatrixRef& w, int64_t p0, int64_t p1, float* y, int64_t ldy) const;
   std::vector<uint16_t> x_bf16_, h_bf16_;    // with bf16: x [n, D] and h [n, I] rounded
-  std::vector<float> x_rounded_, h_rounded_;  // the same, widened back to fp32
+  std::vector<float> x_rounded_, h_rounded_;  // the same widened, where a matrix takes fp32
 };
 
 }  // namespace xds

@@ -464,23 +464,19 @@ Result<MatrixRef> bind_matrix(const Checkpoint& ckpt, const std::string& name, i
 Result<MatrixRef> bind_linear(const Checkpoint& ckpt, const std::string& name, int64_t rows,
                               int64_t cols, RepackCache& cache, int64_t block_rows,
                               int64_t block_cols) {
-  if (const TensorView* t = ckpt.find(name);
-      t != nullptr && t->dtype == DType::kF8E4M3 && panels_from_env()) {
-    XDS_ASSIGN_OR_RETURN(std::optional<MatrixRef> fp8,
-                         bind_fp8_panels(ckpt, *t, rows, cols, cache, block_rows, block_cols));
-    if (fp8) return *fp8;
+  const TensorView* t = ckpt.find(name);
+  if (t != nullptr && panels_from_env()) {
+    if (t->dtype == DType::kF8E4M3) {
+      XDS_ASSIGN_OR_RETURN(std::optional<MatrixRef> fp8,
+                           bind_fp8_panels(ckpt, *t, rows, cols, cache, block_rows, block_cols));
+      if (fp8) return *fp8;
+    } else if (sixteen_bit_in_place(*t)) {  // BF16 or F16: panels of its own elements
+      XDS_RETURN_IF_ERROR(check_shape_2d(*t, rows, cols));
+      cache.note_bound(ckpt, t->nbytes);
+      return bind_panels16(*t, rows, cols, cache);
+    }
   }
-  if (const TensorView* t = ckpt.find(name);
-      t != nullptr && t->dtype == DType::kF16 && panels_from_env() && sixteen_bit_in_place(*t)) {
-    XDS_RETURN_IF_ERROR(check_shape_2d(*t, rows, cols));
-    cache.note_bound(ckpt, t->nbytes);
-    return bind_panels16(*t, rows, cols, cache);
-  }
-  XDS_ASSIGN_OR_RETURN(MatrixRef m,
-                       bind_matrix(ckpt, name, rows, cols, cache, block_rows, block_cols));
-  if (m.dtype != DType::kBF16 || !panels_from_env()) return m;
-  --cache.mutable_stats().in_place;  // bound through the repack file, not in place
-  return bind_panels16(*ckpt.find(name), rows, cols, cache);
+  return bind_matrix(ckpt, name, rows, cols, cache, block_rows, block_cols);
 }
 
 Result<AbsorbedHeads> bind_absorbed_heads(const Checkpoint& ckpt, const std::string& name,
