@@ -37,6 +37,22 @@ bool absorbed_is_cheaper(const DeepseekV3Config& c, int64_t p0, int64_t m) {
   return absorbed <= expanded;
 }
 
+// y = x · Wᵀ for one head's slice of the absorbed attention (x: [n, w.cols], row stride
+// ldx), on the calling thread, in the compute dtype: with bf16 products x is rounded first,
+// as every linear's input, and BF16 panels take the dot-product kernel.
+void head_linear(const float* x, int64_t n, int64_t ldx, const MatrixRef& w, float* y, int64_t ldy,
+                 bool bf16, ThreadPool& inline_pool) {
+  if (!bf16) {
+    kernels::linear_f32(x, n, ldx, w, y, ldy, inline_pool, kernels::kNnSgemmMinTokens);
+    return;
+  }
+  thread_local std::vector<uint16_t> xb;  // [n, w.cols]
+  xb.resize(static_cast<size_t>(n * w.cols));
+  for (int64_t t = 0; t < n; ++t)
+    kernels::round_to_bf16(x + t * ldx, w.cols, xb.data() + t * w.cols);
+  kernels::linear_bf16(xb.data(), n, w.cols, w, y, ldy, inline_pool);
+}
+
 }  // namespace
 
 void DeepseekV3Model::run_attention(const MlaWeights& w, int64_t cache_layer, const Batch& b,
@@ -115,6 +131,7 @@ void DeepseekV3Model::run_attention(const MlaWeights& w, int64_t cache_layer, co
     }
   }
   if (!runs.empty()) {
+    const bool bf16 = options_.compute == ComputeDType::kBF16;
     // q_abs[t, h] = W_UK[h]ᵀ q_nope[t, h]: [n, H, C]; lat_out: [n, H, C]
     float* q_abs = grow(s_qabs_, n * heads * lat);
     float* lat_out = grow(s_lat_, n * heads * lat);
@@ -126,9 +143,9 @@ void DeepseekV3Model::run_attention(const MlaWeights& w, int64_t cache_layer, co
       }
       pool.parallel_for(heads, [&](int64_t h0, int64_t h1, int) {
         for (int64_t h = h0; h < h1; ++h) {
-          if (!w.uk_t.empty()) {  // W_UK[h]ᵀ as panels: the panel kernel, no widening
-            kernels::linear_f32(q + (r0 * heads + h) * dq, r1 - r0, heads * dq, w.uk_t[h],
-                                q_abs + (r0 * heads + h) * lat, heads * lat, inline_pool_);
+          if (!w.uk_t.empty()) {  // W_UK[h]ᵀ as panels: the panel kernels, no widening
+            head_linear(q + (r0 * heads + h) * dq, r1 - r0, heads * dq, w.uk_t[h],
+                        q_abs + (r0 * heads + h) * lat, heads * lat, bf16, inline_pool_);
             continue;
           }
           const MatrixRef w_uk = w.kv_b_proj.row_slice(h * (dn + dv), dn);
@@ -169,9 +186,13 @@ void DeepseekV3Model::run_attention(const MlaWeights& w, int64_t cache_layer, co
            i < static_cast<int64_t>(items.size()); i = next.fetch_add(1, std::memory_order_relaxed)) {
         const Item& it = items[i];
         const Batch::Chunk& ch = b.chunks[token_chunk[it.token]];
-        const kernels::AbsorbedQuery aq{
-            q_abs + it.token * heads * lat,   lat, q + it.token * heads * dq + dn,         dq,
-            lat_out + it.token * heads * lat, lat, options_.compute == ComputeDType::kBF16};
+        const kernels::AbsorbedQuery aq{q_abs + it.token * heads * lat,
+                                        lat,
+                                        q + it.token * heads * dq + dn,
+                                        dq,
+                                        lat_out + it.token * heads * lat,
+                                        lat,
+                                        bf16};
         const kernels::LatentKvView kv = cache.view(cache_layer, ch.seq);
         if (it.slot < 0) {
           kernels::mla_absorbed_attention(aq, 0, heads, kv, it.end, scale);
@@ -202,9 +223,8 @@ void DeepseekV3Model::run_attention(const MlaWeights& w, int64_t cache_layer, co
         for (int64_t h = h0; h < h1; ++h) {
           const MatrixRef w_uv =
               w.uv.empty() ? w.kv_b_proj.row_slice(h * (dn + dv) + dn, dv) : w.uv[h];
-          kernels::linear_f32(lat_out + (r0 * heads + h) * lat, r1 - r0, heads * lat, w_uv,
-                              attn + (r0 * heads + h) * dv, heads * dv, inline_pool_,
-                              kernels::kNnSgemmMinTokens);
+          head_linear(lat_out + (r0 * heads + h) * lat, r1 - r0, heads * lat, w_uv,
+                      attn + (r0 * heads + h) * dv, heads * dv, bf16, inline_pool_);
         }
       });
     }
