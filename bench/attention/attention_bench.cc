@@ -1,6 +1,7 @@
 // bench_attention: the absorbed MLA decode kernel (mla_absorbed_attention) at bench-2.6b's
-// shape, fp32 products against bf16 ones (AbsorbedQuery::bf16), alternated call by call in
-// one process, with the machine's limits measured before and after.
+// shape, fp32 products against bf16 ones (AbsorbedQuery::bf16) on the fp32 cache and on a
+// bf16 cache of the same rows (the fast mode's default), alternated call by call in one
+// process, with the machine's limits measured before and after.
 //
 // Shape: 16 heads, latent 512 (rows padded as the cache pads them), rope 64, context 513
 // in blocks of 64. Two settings:
@@ -8,12 +9,13 @@
 //         decode step reads them), split over the threads by sequence
 //   hot   one sequence's context (1.2 MB) read again and again by one thread
 // Printed: median ms per run, GFLOP/s (scores and p·latent: 2 · ctx · heads · (2C + Dr)
-// per token), GB/s of cache read, and the limits: the fp32 and bf16 peaks, the read
-// bandwidth of the whole machine, and the rate of a plain loop summing the same caches on
-// one thread (what one core streams from this memory). Writes JSON (--json).
+// per token), GB/s of cache read (the bf16 cache: half the bytes), and the limits: the fp32 and
+// bf16 peaks, the read bandwidth of the whole machine, and the rate of a plain loop summing the
+// same caches on one thread (what one core streams from this memory). Writes JSON (--json).
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <random>
 #include <string>
@@ -36,7 +38,9 @@ constexpr int64_t kLatent = 512, kRope = 64, kHeads = 16, kContext = 513, kBlock
 
 struct Caches {
   int64_t seqs, layers, ld, blocks_per_seq;
-  std::vector<std::vector<float>> latent, rope;  // [layer]
+  std::vector<std::vector<float>> latent, rope;         // [layer]
+  int64_t ld16 = 0;                                     // bf16 row stride
+  std::vector<std::vector<uint16_t>> latent16, rope16;  // [layer], empty without AVX512_BF16
   std::vector<int32_t> table;                    // identity: sequence s owns its blocks
   std::vector<float> q_abs, q_pe, out;
 
@@ -53,6 +57,20 @@ struct Caches {
       for (float& x : latent[l]) x = 0.1f * d(rng);
       for (float& x : rope[l]) x = d(rng);
     }
+    if (kernels::absorbed_bf16_available()) {
+      ld16 = kernels::padded_latent_stride(kLatent, 2);
+      latent16.resize(static_cast<size_t>(layers));
+      rope16.resize(static_cast<size_t>(layers));
+      for (int64_t l = 0; l < layers; ++l) {
+        latent16[l].resize(static_cast<size_t>(rows * ld16));
+        rope16[l].resize(static_cast<size_t>(rows * kRope));
+        for (int64_t r = 0; r < rows; ++r) {
+          kernels::kv_row_to_bf16(latent[l].data() + r * ld, kLatent,
+                                  latent16[l].data() + r * ld16);
+          kernels::kv_row_to_bf16(rope[l].data() + r * kRope, kRope, rope16[l].data() + r * kRope);
+        }
+      }
+    }
     table.resize(static_cast<size_t>(seqs * blocks_per_seq));
     for (size_t i = 0; i < table.size(); ++i) table[i] = static_cast<int32_t>(i);
     q_abs.resize(static_cast<size_t>(seqs * kHeads * kLatent));
@@ -66,18 +84,25 @@ struct Caches {
     for (int64_t l = 0; l < layers; ++l) b += 4.0 * (latent[l].size() + rope[l].size());
     return b;
   }
-  // Every sequence of every layer once, sequences split over the pool's threads.
-  void run(bool bf16, ThreadPool& pool) {
+  // Every sequence of every layer once, sequences split over the pool's threads; kv16: the
+  // bf16 cache (bf16 products).
+  void run(bool bf16, bool kv16, ThreadPool& pool) {
     for (int64_t l = 0; l < layers; ++l) {
       pool.parallel_for(seqs, [&](int64_t s0, int64_t s1, int) {
         for (int64_t s = s0; s < s1; ++s) {
-          const kernels::LatentKvView kv{latent[l].data(),
-                                         rope[l].data(),
-                                         table.data() + s * blocks_per_seq,
-                                         kBlock,
-                                         kLatent,
-                                         kRope,
-                                         ld};
+          kernels::LatentKvView kv{latent[l].data(),
+                                   rope[l].data(),
+                                   table.data() + s * blocks_per_seq,
+                                   kBlock,
+                                   kLatent,
+                                   kRope,
+                                   ld};
+          if (kv16) {
+            kv.latent = kv.rope = nullptr;
+            kv.latent_ld = ld16;
+            kv.latent16 = latent16[l].data();
+            kv.rope16 = rope16[l].data();
+          }
           kernels::AbsorbedQuery q{q_abs.data() + s * kHeads * kLatent, kLatent,
                                    q_pe.data() + s * kHeads * kRope,    kRope,
                                    out.data() + s * kHeads * kLatent,   kLatent};
@@ -108,17 +133,18 @@ struct Caches {
 struct Row {
   std::string setting;
   int threads;
-  double f32_s, bf16_s, plain_s, gflop, gb;
+  double f32_s, bf16_s, kv16_s, plain_s, gflop, gb;  // kv16_s: 0 without the bf16 cache
 };
 
 Row measure(const std::string& setting, Caches& c, ThreadPool& pool, int reps) {
-  std::vector<double> t[2], plain;
+  std::vector<double> t[3], plain;  // fp32, bf16 products, bf16 products on the bf16 cache
   float sink = 0;
+  const int kinds = c.latent16.empty() ? 2 : 3;
   for (int r = 0; r <= reps; ++r) {  // r = 0 warms up, untimed
-    for (const bool bf16 : {false, true}) {
+    for (int k = 0; k < kinds; ++k) {
       const auto t0 = Clock::now();
-      c.run(bf16, pool);
-      if (r > 0) t[bf16].push_back(seconds_since(t0));
+      c.run(k > 0, k == 2, pool);
+      if (r > 0) t[k].push_back(seconds_since(t0));
     }
     const auto t0 = Clock::now();
     sink += c.plain_sum();
@@ -130,6 +156,7 @@ Row measure(const std::string& setting, Caches& c, ThreadPool& pool, int reps) {
           pool.num_threads(),
           bench::median(t[0]),
           bench::median(t[1]),
+          kinds == 3 ? bench::median(t[2]) : 0.0,
           bench::median(plain),
           flops / 1e9,
           c.bytes() / 1e9};
@@ -167,23 +194,27 @@ int main(int argc, char** argv) {
       "machine: read %.1f GB/s (2 threads), fp32 peak %.1f GFLOP/s, bf16 dot-product peak %.1f "
       "GFLOP/s (2 threads; the faster of before and after)\n",
       lim.read_gbps, lim.f32_gflops, lim.bf16_gflops);
-  std::printf("%-6s %3s | %8s %7s %6s | %8s %7s %6s | %14s\n", "cache", "thr", "f32 ms", "GFLOP/s",
-              "GB/s", "bf16 ms", "GFLOP/s", "GB/s", "plain 1-thr GB/s");
+  std::printf("%-6s %3s | %8s %7s %6s | %8s %7s %6s | %11s %7s %6s | %14s\n", "cache", "thr",
+              "f32 ms", "GFLOP/s", "GB/s", "bf16 ms", "GFLOP/s", "GB/s", "bf16 KV ms", "GFLOP/s",
+              "GB/s", "plain 1-thr GB/s");
   nlohmann::json j;
   j["machine"] = {{"read_gbps", lim.read_gbps},
                   {"f32_gflops", lim.f32_gflops},
                   {"bf16_gflops", lim.bf16_gflops}};
   j["rows"] = nlohmann::json::array();
   for (const Row& r : rows) {
-    std::printf("%-6s %3d | %8.2f %7.1f %6.1f | %8.2f %7.1f %6.1f | %14.1f\n", r.setting.c_str(),
-                r.threads, r.f32_s * 1e3, r.gflop / r.f32_s, r.gb / r.f32_s, r.bf16_s * 1e3,
-                r.gflop / r.bf16_s, r.gb / r.bf16_s, r.gb / r.plain_s);
+    const double kv16 = r.kv16_s > 0 ? r.kv16_s : NAN;
+    std::printf("%-6s %3d | %8.2f %7.1f %6.1f | %8.2f %7.1f %6.1f | %11.2f %7.1f %6.1f | %14.1f\n",
+                r.setting.c_str(), r.threads, r.f32_s * 1e3, r.gflop / r.f32_s, r.gb / r.f32_s,
+                r.bf16_s * 1e3, r.gflop / r.bf16_s, r.gb / r.bf16_s, kv16 * 1e3, r.gflop / kv16,
+                r.gb / 2 / kv16, r.gb / r.plain_s);
     j["rows"].push_back({{"cache", r.setting},
                          {"threads", r.threads},
                          {"gflop", r.gflop},
                          {"gb", r.gb},
                          {"f32_ms", r.f32_s * 1e3},
                          {"bf16_ms", r.bf16_s * 1e3},
+                         {"bf16_kv_bf16_ms", r.kv16_s * 1e3},
                          {"plain_sum_ms", r.plain_s * 1e3}});
   }
   return bench::write_json(json_path, j) ? 0 : 1;

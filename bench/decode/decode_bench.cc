@@ -109,12 +109,13 @@ void fill_context(const DeepseekV3Config& c, KvCache& cache, int64_t seq, int64_
                   std::mt19937& rng) {
   std::normal_distribution<float> d(0.0f, 1.0f);
   (void)cache.reserve(seq, ctx + 64);
+  std::vector<float> lat(static_cast<size_t>(c.kv_lora_rank)),
+      rope(static_cast<size_t>(c.qk_rope_head_dim));
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     for (int64_t p = 0; p < ctx; ++p) {
-      float* lat = cache.latent_slot(l, seq, p);
-      for (int64_t i = 0; i < c.kv_lora_rank; ++i) lat[i] = d(rng);
-      float* rope = cache.rope_slot(l, seq, p);
-      for (int64_t i = 0; i < c.qk_rope_head_dim; ++i) rope[i] = d(rng) * 0.1f;
+      for (float& v : lat) v = d(rng);
+      for (float& v : rope) v = d(rng) * 0.1f;
+      cache.write(l, seq, p, lat.data(), rope.data());
     }
   }
 }
@@ -143,6 +144,7 @@ int main(int argc, char** argv) {
   int rounds = 1;
   bool phases = false;
   bool no_overlap_shared = false;
+  std::string kv_dtype = "auto";
   std::string panel_isa = kernels::panel_isa_name(kernels::panel_isa());
   app.add_option("--model", model_dir)->required();
   app.add_option("--prompt", prompt);
@@ -159,6 +161,10 @@ int main(int argc, char** argv) {
                "...) and print ms per step beside the table");
   app.add_flag("--no-overlap-shared", no_overlap_shared,
                "run the shared experts after the routed ones, never between them (A/B runs)");
+  app.add_option("--kv-cache-dtype", kv_dtype,
+                 "KV cache elements: auto (bf16 in the bf16 mode where the CPU has AVX512_BF16), "
+                 "f32 or bf16 (A/B runs)")
+      ->check(CLI::IsMember({"auto", "f32", "bf16"}));
   app.add_option("--panel-isa", panel_isa,
                  "instruction set of the BF16 panel kernel (A/B runs; default: the widest built)")
       ->check(CLI::IsMember({"avx2", "avx512"}));
@@ -175,6 +181,9 @@ int main(int argc, char** argv) {
   ModelOptions mo;
   mo.compute = dtype == "bf16" ? ComputeDType::kBF16 : ComputeDType::kF32;
   mo.overlap_shared = !no_overlap_shared;
+  mo.kv_cache = kv_dtype == "bf16"  ? KvCacheDType::kBF16
+                : kv_dtype == "f32" ? KvCacheDType::kF32
+                                    : KvCacheDType::kAuto;
   auto loaded = DeepseekV3Model::load(model_dir, mo);
   if (!loaded.ok()) return fail(loaded.status());
   DeepseekV3Model& model = **loaded;
@@ -294,7 +303,8 @@ int main(int argc, char** argv) {
         }
         const int64_t ctx = context + s + 1;
         const double kv_bytes = static_cast<double>(batch) * ctx *
-                                (c.kv_lora_rank + c.qk_rope_head_dim) * 4.0 * c.num_hidden_layers;
+                                (c.kv_lora_rank + c.qk_rope_head_dim) *
+                                dtype_size(model.kv_cache_dtype()) * c.num_hidden_layers;
         const double bytes =
             static_cast<double>(sc.dense_bytes + touched_count() * sc.expert_bytes) + kv_bytes;
         const double flops =
@@ -325,11 +335,12 @@ int main(int argc, char** argv) {
   (void)moe_layers;
 
   std::printf(
-      "\nmodel %s, compute %s, panel kernel %s, OpenBLAS %s, context %lld; machine: read %.1f "
-      "GB/s, fp32 peak %.1f GFLOP/s (%s), bf16 dot-product peak %.1f GFLOP/s; roofline peak: "
-      "%s\n",
-      model_dir.c_str(), dtype.c_str(), panel_isa.c_str(), kernels::blas_core_name().c_str(),
-      static_cast<long long>(context), lim.read_gbps, lim.f32_gflops, lim.f32_isa, lim.bf16_gflops,
+      "\nmodel %s, compute %s, KV cache %s, panel kernel %s, OpenBLAS %s, context %lld; machine: "
+      "read %.1f GB/s, fp32 peak %.1f GFLOP/s (%s), bf16 dot-product peak %.1f GFLOP/s; roofline "
+      "peak: %s\n",
+      model_dir.c_str(), dtype.c_str(), std::string(dtype_name(model.kv_cache_dtype())).c_str(),
+      panel_isa.c_str(), kernels::blas_core_name().c_str(), static_cast<long long>(context),
+      lim.read_gbps, lim.f32_gflops, lim.f32_isa, lim.bf16_gflops,
       dtype == "bf16" ? "the faster of the two" : "fp32");
   std::printf("%-8s %6s %12s %10s %12s %9s %9s %9s %8s %8s %8s\n", "phase", "batch", "tokens/s",
               "step ms", "roofline ms", "% roof", "GB read", "GFLOP", "bound", "row GB/s",
@@ -344,6 +355,7 @@ int main(int argc, char** argv) {
                   {"threads", model.pool().num_threads()}};
   j["model"] = model_dir;
   j["compute_dtype"] = dtype;
+  j["kv_cache_dtype"] = std::string(dtype_name(model.kv_cache_dtype()));
   j["panel_isa"] = panel_isa;
   j["blas_core"] = kernels::blas_core_name();
   j["context"] = context;

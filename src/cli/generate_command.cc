@@ -32,6 +32,7 @@ struct GenerateArgs {
   bool ignore_eos = false;
   std::string compute_dtype = "f32";
   std::string attention = "auto";
+  std::string kv_cache_dtype = "auto";
   std::string dump_logits;
   std::string dump_routing;
   int64_t prefill_chunk = 0;
@@ -74,6 +75,16 @@ Status run_generate(const GenerateArgs& a) {
   } else {
     return invalid_argument("--attention must be auto, absorbed or expanded, got '{}'",
                             a.attention);
+  }
+  if (a.kv_cache_dtype == "auto") {
+    mo.kv_cache = KvCacheDType::kAuto;
+  } else if (a.kv_cache_dtype == "f32") {
+    mo.kv_cache = KvCacheDType::kF32;
+  } else if (a.kv_cache_dtype == "bf16") {
+    mo.kv_cache = KvCacheDType::kBF16;
+  } else {
+    return invalid_argument("--kv-cache-dtype must be auto, f32 or bf16, got '{}'",
+                            a.kv_cache_dtype);
   }
   mo.threads = a.threads;
   XDS_ASSIGN_OR_RETURN(auto model, DeepseekV3Model::load(a.model, mo));
@@ -202,6 +213,9 @@ void add_generate_command(CLI::App& app, int* exit_code) {
   cmd->add_flag("--ignore-eos", args->ignore_eos, "Do not stop at the end-of-sequence token");
   cmd->add_option("--compute-dtype", args->compute_dtype, "f32 (reference) or bf16 (fast)");
   cmd->add_option("--attention", args->attention, "Prefill attention: auto, absorbed or expanded");
+  cmd->add_option("--kv-cache-dtype", args->kv_cache_dtype,
+                  "KV cache elements: auto (bf16 with --compute-dtype bf16 where the CPU has "
+                  "AVX512_BF16, else f32), f32 or bf16");
   cmd->add_option("--dump-logits", args->dump_logits,
                   "Write float32 logits [rows, vocab] of every position");
   cmd->add_option("--dump-routing", args->dump_routing, "Write the chosen experts as JSON lines");

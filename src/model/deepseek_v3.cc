@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "kernels/cpu/linear.h"
+#include "kernels/cpu/mla_attention.h"
 #include "kernels/cpu/ops.h"
 #include "model/deepseek_v3_batch.h"
 #include "model/linear_runner.h"
@@ -48,6 +49,14 @@ Result<std::unique_ptr<DeepseekV3Model>> DeepseekV3Model::load(const std::string
   std::unique_ptr<DeepseekV3Model> m(new DeepseekV3Model());
   XDS_ASSIGN_OR_RETURN(m->config_, load_deepseek_v3_config(dir));
   m->options_ = options;
+  if (options.kv_cache == KvCacheDType::kBF16 &&
+      (options.compute != ComputeDType::kBF16 || !kernels::absorbed_bf16_available())) {
+    return invalid_argument(
+        "a bf16 KV cache needs the bf16 compute dtype on a CPU with AVX512_BF16 (its only "
+        "reader is that mode's attention kernel); compute dtype is {}, AVX512_BF16 kernel {}",
+        options.compute == ComputeDType::kBF16 ? "bf16" : "f32",
+        kernels::absorbed_bf16_available() ? "available" : "not available");
+  }
   const int threads = options.threads > 0
                           ? options.threads
                           : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -79,7 +88,21 @@ Result<KvCache> DeepseekV3Model::make_cache(int64_t max_tokens, int64_t block_si
   s.num_blocks = (max_tokens + block_size - 1) / block_size;
   s.latent_dim = config_.kv_lora_rank;
   s.rope_dim = config_.qk_rope_head_dim;
+  s.dtype = kv_cache_dtype();
   return KvCache::create(s);
+}
+
+DType DeepseekV3Model::kv_cache_dtype() const {
+  switch (options_.kv_cache) {
+    case KvCacheDType::kF32:
+      return DType::kF32;
+    case KvCacheDType::kBF16:
+      return DType::kBF16;
+    case KvCacheDType::kAuto:
+      break;
+  }
+  const bool bf16 = options_.compute == ComputeDType::kBF16 && kernels::absorbed_bf16_available();
+  return bf16 ? DType::kBF16 : DType::kF32;
 }
 
 void DeepseekV3Model::linear(const float* x, int64_t n, int64_t ldx, const MatrixRef& w, float* y,

@@ -65,8 +65,16 @@ struct MtpChunk {
   const float* hidden = nullptr;         // [rows, D] final-normed main-model hidden
 };
 
+// Element type of the KV cache's planes (vLLM's --kv-cache-dtype). kAuto: bf16 where the
+// fast mode's absorbed attention reads bf16 planes (compute kBF16 and
+// kernels::absorbed_bf16_available(): it rounds every cached row to bf16 anyway, so half the
+// bytes give the same decode products; the prefill's expanded form then sees the rope part
+// rounded too), fp32 otherwise. kBF16 elsewhere is refused by load().
+enum class KvCacheDType { kAuto, kF32, kBF16 };
+
 struct ModelOptions {
   ComputeDType compute = ComputeDType::kF32;
+  KvCacheDType kv_cache = KvCacheDType::kAuto;
   AttentionMode attention = AttentionMode::kAuto;
   int threads = 0;  // 0: all cores
   // Shared experts in slices between the routed ones (SharedMlpOverlap) when that pays:
@@ -88,6 +96,8 @@ class DeepseekV3Model {
   // A cache with room for `max_tokens` tokens of context in total, every layer (MTP too);
   // ResourceExhausted when the machine lacks the memory (KvCache::create).
   Result<KvCache> make_cache(int64_t max_tokens, int64_t block_size = 16) const;
+  // The planes' element type make_cache uses (ModelOptions::kv_cache resolved): kF32 or kBF16.
+  DType kv_cache_dtype() const;
 
   // Runs the main model on `chunks`; reserves cache blocks as needed.
   Status forward(std::span<const TokenChunk> chunks, KvCache& cache, StepOutput& out);

@@ -1,15 +1,25 @@
 #include "model/kv_cache.h"
 
+#include <cstring>
 #include <new>
 
 #include "base/memory_info.h"
 
 namespace xds {
 
+namespace {
+
+int64_t element_bytes(DType dtype) {
+  return dtype == DType::kBF16 ? 2 : 4;
+}
+
+}  // namespace
+
 int64_t KvCache::bytes_for(const KvCacheShape& shape) {
-  const int64_t row_floats = kernels::padded_latent_stride(shape.latent_dim) + shape.rope_dim;
-  int64_t bytes = int64_t{sizeof(float)};
-  for (const int64_t f : {shape.layers, shape.num_blocks, shape.block_size, row_floats}) {
+  const int64_t size = element_bytes(shape.dtype);
+  const int64_t row = kernels::padded_latent_stride(shape.latent_dim, size) + shape.rope_dim;
+  int64_t bytes = size;
+  for (const int64_t f : {shape.layers, shape.num_blocks, shape.block_size, row}) {
     if (f < 0 || __builtin_mul_overflow(bytes, f, &bytes)) return -1;
   }
   return bytes;
@@ -26,6 +36,14 @@ Result<KvCache> KvCache::create(const KvCacheShape& shape, int64_t available_byt
         "KV cache: layers {}, blocks {}, block size {}, latent {}, rope {}: each must be > 0 "
         "(rope >= 0)",
         shape.layers, shape.num_blocks, shape.block_size, shape.latent_dim, shape.rope_dim);
+  }
+  if (shape.dtype != DType::kF32 && shape.dtype != DType::kBF16) {
+    return invalid_argument("KV cache: dtype {}: must be F32 or BF16", dtype_name(shape.dtype));
+  }
+  if (shape.dtype == DType::kBF16 && !kernels::absorbed_bf16_available()) {
+    return invalid_argument(
+        "KV cache: a BF16 cache is read only by the bf16 attention kernel, which needs "
+        "AVX512_BF16 and the AVX-512 panel ISA: this CPU or build has not, use F32");
   }
   const int64_t bytes = bytes_for(shape);
   if (bytes < 0) {
@@ -50,10 +68,18 @@ Result<KvCache> KvCache::create(const KvCacheShape& shape, int64_t available_byt
 }
 
 KvCache::KvCache(const KvCacheShape& shape)
-    : shape_(shape), latent_ld_(kernels::padded_latent_stride(shape.latent_dim)) {
-  const size_t per_layer = static_cast<size_t>(shape.num_blocks * shape.block_size);
-  latent_.assign(per_layer * shape.layers * latent_ld_, 0.0f);
-  rope_.assign(per_layer * shape.layers * shape.rope_dim, 0.0f);
+    : shape_(shape),
+      latent_ld_(kernels::padded_latent_stride(shape.latent_dim, element_bytes(shape.dtype))) {
+  const size_t rows = static_cast<size_t>(shape.layers * shape.num_blocks * shape.block_size);
+  const size_t latent = rows * static_cast<size_t>(latent_ld_);
+  const size_t rope = rows * static_cast<size_t>(shape.rope_dim);
+  if (shape.dtype == DType::kBF16) {
+    latent16_.assign(latent, 0);
+    rope16_.assign(rope, 0);
+  } else {
+    latent_.assign(latent, 0.0f);
+    rope_.assign(rope, 0.0f);
+  }
   for (int64_t b = shape.num_blocks - 1; b >= 0; --b) free_list_.push_back(static_cast<int32_t>(b));
 }
 
@@ -102,21 +128,29 @@ int64_t KvCache::slot_index(int64_t seq, int64_t pos) const {
   return table[pos / shape_.block_size] * shape_.block_size + pos % shape_.block_size;
 }
 
-float* KvCache::latent_slot(int64_t layer, int64_t seq, int64_t pos) {
-  const int64_t layer_base = layer * shape_.num_blocks * shape_.block_size;
-  return latent_.data() + (layer_base + slot_index(seq, pos)) * latent_ld_;
-}
-
-float* KvCache::rope_slot(int64_t layer, int64_t seq, int64_t pos) {
-  const int64_t layer_base = layer * shape_.num_blocks * shape_.block_size;
-  return rope_.data() + (layer_base + slot_index(seq, pos)) * shape_.rope_dim;
+void KvCache::write(int64_t layer, int64_t seq, int64_t pos, const float* latent,
+                    const float* rope) {
+  const int64_t row = layer * shape_.num_blocks * shape_.block_size + slot_index(seq, pos);
+  const int64_t lat = shape_.latent_dim, dr = shape_.rope_dim;
+  if (shape_.dtype == DType::kBF16) {
+    kernels::kv_row_to_bf16(latent, lat, latent16_.data() + row * latent_ld_);
+    if (dr > 0) kernels::kv_row_to_bf16(rope, dr, rope16_.data() + row * dr);
+    return;
+  }
+  std::memcpy(latent_.data() + row * latent_ld_, latent, sizeof(float) * static_cast<size_t>(lat));
+  if (dr > 0) std::memcpy(rope_.data() + row * dr, rope, sizeof(float) * static_cast<size_t>(dr));
 }
 
 kernels::LatentKvView KvCache::view(int64_t layer, int64_t seq) const {
   const int64_t layer_base = layer * shape_.num_blocks * shape_.block_size;
   kernels::LatentKvView v;
-  v.latent = latent_.data() + layer_base * latent_ld_;
-  v.rope = rope_.data() + layer_base * shape_.rope_dim;
+  if (shape_.dtype == DType::kBF16) {
+    v.latent16 = latent16_.data() + layer_base * latent_ld_;
+    v.rope16 = rope16_.data() + layer_base * shape_.rope_dim;
+  } else {
+    v.latent = latent_.data() + layer_base * latent_ld_;
+    v.rope = rope_.data() + layer_base * shape_.rope_dim;
+  }
   v.block_table = tables_[seq].data();
   v.block_size = shape_.block_size;
   v.latent_dim = shape_.latent_dim;

@@ -1,11 +1,13 @@
 // Paged latent KV cache for MLA.
 //
 // One pool of fixed-size blocks shared by all sequences; each sequence owns a block table.
-// Per layer (the MTP layers included) two planes, fp32:
+// Per layer (the MTP layers included) two planes of KvCacheShape::dtype elements (fp32, or
+// bf16 for the fast mode's absorbed attention, which rounds every cached row to bf16
+// anyway: half the bytes for the same products):
 //   latent: [num_blocks, block_size, latent_ld]         c = kv_a_layernorm(kv_a[:C]) in the
-//           first kv_lora_rank floats of a row; latent_ld = padded_latent_stride(C), an odd
-//           number of cache lines (528 at C = 512: +3 % memory, +6-9 % absorbed
-//           attention in a cold single-thread microbenchmark)
+//           first kv_lora_rank elements of a row; latent_ld = padded_latent_stride(C), an
+//           odd number of cache lines (528 floats or 544 bf16 at C = 512: +3 / +6 %
+//           memory, +6-9 % absorbed attention in a cold single-thread microbenchmark)
 //   rope:   [num_blocks, block_size, qk_rope_head_dim]  rotated k_pe
 // Keeping the planes apart leaves room for an INT8 latent plane later (P090).
 //
@@ -18,6 +20,7 @@
 
 #include "base/status.h"
 #include "kernels/cpu/mla_attention.h"
+#include "tensor/dtype.h"
 
 namespace xds {
 
@@ -27,6 +30,7 @@ struct KvCacheShape {
   int64_t block_size = 16;
   int64_t latent_dim = 0;
   int64_t rope_dim = 0;
+  DType dtype = DType::kF32;  // kF32 or kBF16 (which needs kernels::absorbed_bf16_available())
 };
 
 class KvCache {
@@ -53,8 +57,9 @@ class KvCache {
   int64_t capacity(int64_t seq) const;
   int64_t free_blocks() const { return static_cast<int64_t>(free_list_.size()); }
 
-  float* latent_slot(int64_t layer, int64_t seq, int64_t pos);
-  float* rope_slot(int64_t layer, int64_t seq, int64_t pos);
+  // Stores position `pos` of `seq` in `layer`: latent [latent_dim] and rope [rope_dim],
+  // rounded to bf16 (kernels::kv_row_to_bf16) in a bf16 cache. The block must be reserved.
+  void write(int64_t layer, int64_t seq, int64_t pos, const float* latent, const float* rope);
   kernels::LatentKvView view(int64_t layer, int64_t seq) const;
 
  private:
@@ -62,9 +67,11 @@ class KvCache {
   int64_t slot_index(int64_t seq, int64_t pos) const;
 
   KvCacheShape shape_;
-  int64_t latent_ld_ = 0;      // row stride of the latent plane, floats
-  std::vector<float> latent_;  // [layers, num_blocks, block_size, latent_ld_]
-  std::vector<float> rope_;    // [layers, num_blocks, block_size, rope_dim]
+  int64_t latent_ld_ = 0;  // row stride of the latent plane, elements
+  // The planes, fp32 or bf16 (the other pair stays empty):
+  // latent [layers, num_blocks, block_size, latent_ld_], rope [..., rope_dim].
+  std::vector<float> latent_, rope_;
+  std::vector<uint16_t> latent16_, rope16_;
   std::vector<int32_t> free_list_;
   std::vector<std::vector<int32_t>> tables_;  // per sequence slot
   std::vector<bool> live_;

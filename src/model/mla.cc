@@ -53,6 +53,23 @@ void head_linear(const float* x, int64_t n, int64_t ldx, const MatrixRef& w, flo
   kernels::linear_bf16(xb.data(), n, w.cols, w, y, ldy, inline_pool);
 }
 
+// Context rows [0, ctx) of both planes as contiguous fp32: latent [ctx, C], rope [ctx, Dr]
+// (bf16 planes widened, exactly).
+void gather_planes(const kernels::LatentKvView& kv, int64_t ctx, float* latent, float* rope) {
+  const int64_t lat = kv.latent_dim, dr = kv.rope_dim;
+  for (int64_t s = 0; s < ctx; ++s) {
+    if (!kv.bf16()) {
+      std::memcpy(latent + s * lat, kv.latent_at(s), sizeof(float) * static_cast<size_t>(lat));
+      std::memcpy(rope + s * dr, kv.rope_at(s), sizeof(float) * static_cast<size_t>(dr));
+      continue;
+    }
+    const uint16_t* l16 = kv.latent16_at(s);
+    const uint16_t* r16 = kv.rope16_at(s);
+    for (int64_t c = 0; c < lat; ++c) latent[s * lat + c] = bf16_to_f32(l16[c]);
+    for (int64_t c = 0; c < dr; ++c) rope[s * dr + c] = bf16_to_f32(r16[c]);
+  }
+}
+
 }  // namespace
 
 void DeepseekV3Model::run_attention(const MlaWeights& w, int64_t cache_layer, const Batch& b,
@@ -95,10 +112,7 @@ void DeepseekV3Model::run_attention(const MlaWeights& w, int64_t cache_layer, co
   for (const Batch::Chunk& ch : b.chunks) {
     for (int64_t i = 0; i < ch.count; ++i) {
       const float* row = kva + (ch.begin + i) * (lat + dr);
-      std::memcpy(cache.latent_slot(cache_layer, ch.seq, ch.start_pos + i), row,
-                  sizeof(float) * lat);
-      std::memcpy(cache.rope_slot(cache_layer, ch.seq, ch.start_pos + i), row + lat,
-                  sizeof(float) * dr);
+      cache.write(cache_layer, ch.seq, ch.start_pos + i, row, row + lat);
     }
   }
 
@@ -239,13 +253,10 @@ void DeepseekV3Model::run_attention(const MlaWeights& w, int64_t cache_layer, co
     const int64_t ctx_end = ch.start_pos + ch.count;
     const kernels::LatentKvView kv = cache.view(cache_layer, ch.seq);
     float* gathered = grow(s_gather_, ctx_end * lat);
-    for (int64_t s = 0; s < ctx_end; ++s)
-      std::memcpy(gathered + s * lat, kv.latent_at(s), sizeof(float) * lat);
+    float* rope = grow(s_rope_, ctx_end * dr);  // the rope plane, contiguous for sgemm
+    gather_planes(kv, ctx_end, gathered, rope);
     float* kv_full = grow(s_kvfull_, ctx_end * heads * (dn + dv));
     linear(gathered, ctx_end, lat, w.kv_b_proj, kv_full, heads * (dn + dv));
-    float* rope = grow(s_rope_, ctx_end * dr);  // the rope plane, contiguous for sgemm
-    for (int64_t s = 0; s < ctx_end; ++s)
-      std::memcpy(rope + s * dr, kv.rope_at(s), sizeof(float) * dr);
     phase.emplace(phases_, "attn.expanded");
     const kernels::ExpandedChunk ec{q + ch.begin * heads * dq, heads * dq, kv_full,
                                     heads * (dn + dv),         rope,       attn + ch.begin * heads * dv,

@@ -315,15 +315,24 @@ inline void to_bf16(const float* src, int64_t count, uint16_t* dst) {
   }
 }
 
-// The latent and rope rows of context rows [s0, s1), walking the block table once (a
-// division per row cost more than converting the row).
-void gather_row_pointers(const LatentKvView& kv, int64_t s0, int64_t s1, const float** latent,
-                         const float** rope) {
+// A cached row as bf16 into dst: fp32 rows rounded (to_bf16), bf16 rows copied.
+inline void row_to_bf16(const float* src, int64_t count, uint16_t* dst) {
+  to_bf16(src, count, dst);
+}
+inline void row_to_bf16(const uint16_t* src, int64_t count, uint16_t* dst) {
+  std::memcpy(dst, src, sizeof(uint16_t) * static_cast<size_t>(count));
+}
+
+// The latent and rope rows of context rows [s0, s1) in planes of T (float or bf16), walking
+// the block table once (a division per row cost more than converting the row).
+template <typename T>
+void gather_row_pointers(const LatentKvView& kv, const T* latent_plane, const T* rope_plane,
+                         int64_t s0, int64_t s1, const T** latent, const T** rope) {
   int64_t block = s0 / kv.block_size, slot = s0 % kv.block_size;
   for (int64_t i = 0; i < s1 - s0; ++i) {
     const int64_t at = kv.block_table[block] * kv.block_size + slot;
-    latent[i] = kv.latent + at * kv.latent_stride();
-    rope[i] = kv.rope + at * kv.rope_dim;
+    latent[i] = latent_plane + at * kv.latent_stride();
+    rope[i] = rope_plane + at * kv.rope_dim;
     if (++slot == kv.block_size) slot = 0, ++block;
   }
 }
@@ -332,31 +341,33 @@ void gather_row_pointers(const LatentKvView& kv, int64_t s0, int64_t s1, const f
 // slice's scores and p·latent loops (which read bf16 rows from L1/L2): the cached rows'
 // memory latency then overlaps that compute. Converting a slice that nothing had fetched
 // stalled on memory for ~45 % of the kernel's time (64 tokens × 513 rows × 12 layers).
+template <typename T>
 class NextSlicePrefetch {
  public:
-  void start(const float* const* latent, const float* const* rope, int64_t rows, int64_t lat,
-             int64_t dr) {
+  static constexpr int64_t kPerLine = 64 / sizeof(T);
+  void start(const T* const* latent, const T* const* rope, int64_t rows, int64_t lat, int64_t dr) {
     latent_ = latent, rope_ = rope, rows_ = rows, row_ = 0, line_ = 0;
-    latent_lines_ = (lat * 4 + 63) / 64, lines_ = latent_lines_ + (dr * 4 + 63) / 64;
+    latent_lines_ = (lat + kPerLine - 1) / kPerLine,
+    lines_ = latent_lines_ + (dr + kPerLine - 1) / kPerLine;
   }
   __attribute__((always_inline)) void step() {
     if (row_ >= rows_) return;
-    const float* at = line_ < latent_lines_ ? latent_[row_] + 16 * line_
-                                            : rope_[row_] + 16 * (line_ - latent_lines_);
+    const T* at = line_ < latent_lines_ ? latent_[row_] + kPerLine * line_
+                                        : rope_[row_] + kPerLine * (line_ - latent_lines_);
     _mm_prefetch(reinterpret_cast<const char*>(at), _MM_HINT_T0);
     if (++line_ == lines_) line_ = 0, ++row_;
   }
 
  private:
-  const float* const* latent_ = nullptr;
-  const float* const* rope_ = nullptr;
+  const T* const* latent_ = nullptr;
+  const T* const* rope_ = nullptr;
   int64_t rows_ = 0, row_ = 0, line_ = 0, latent_lines_ = 0, lines_ = 0;
 };
 
 // part[r][h] for R rows of rows (bf16 [.][w], w even) against qp [w / 2][16] pairs.
-template <int R>
+template <int R, class Prefetch>
 void bf16_scores_tile(const uint32_t* qp, const uint16_t* rows, int64_t w, float* part,
-                      NextSlicePrefetch& pf) {
+                      Prefetch& pf) {
   __m512 a[R];
 #pragma GCC unroll 12
   for (int r = 0; r < R; ++r) a[r] = _mm512_setzero_ps();
@@ -384,9 +395,9 @@ void bf16_scores_tile(const uint32_t* qp, const uint16_t* rows, int64_t w, float
 }
 
 // out[h][c0 .. c0 + 16) (+)= the slice's p·latent for H heads (columns masked by `cols`).
-template <int H>
+template <int H, class Prefetch>
 void bf16_pv_tile(const uint32_t* pp, const uint16_t* rows, int64_t w, int64_t pairs, int64_t c0,
-                  __mmask16 cols, bool first, float* out, int64_t ldo, NextSlicePrefetch& pf) {
+                  __mmask16 cols, bool first, float* out, int64_t ldo, Prefetch& pf) {
   __m512 a[H];
 #pragma GCC unroll 16
   for (int h = 0; h < H; ++h)
@@ -410,9 +421,12 @@ void bf16_pv_tile(const uint32_t* pp, const uint16_t* rows, int64_t w, int64_t p
   for (int h = 0; h < H; ++h) _mm512_mask_storeu_ps(out + h * ldo + c0, cols, a[h]);
 }
 
+// T: the planes' element (float, or uint16_t for bf16 planes, then copied instead of
+// rounded: the same bf16 rows).
+template <typename T>
 void attend_group_bf16(const AbsorbedQuery& q, int64_t h0, int64_t nh, const LatentKvView& kv,
-                       int64_t s_begin, int64_t s_end, float scale, float* qt, float* out,
-                       int64_t out_ld, float* m, float* l) {
+                       const T* latent_plane, const T* rope_plane, int64_t s_begin, int64_t s_end,
+                       float scale, float* qt, float* out, int64_t out_ld, float* m, float* l) {
   const int64_t lat = kv.latent_dim, dr = kv.rope_dim, w = (lat + dr + 1) / 2 * 2;
   transpose_queries(q, h0, nh, lat, dr, 16, qt);  // [lat + dr][16] fp32
   thread_local std::vector<uint32_t> qp;          // [w / 2][16] pairs
@@ -430,22 +444,23 @@ void attend_group_bf16(const AbsorbedQuery& q, int64_t h0, int64_t nh, const Lat
   const int64_t slices = (s_end - s_begin + kAbsorbedSliceRows - 1) / kAbsorbedSliceRows;
   const int64_t slice_rows = (s_end - s_begin + slices - 1) / slices;
   // Row pointers of this slice (cur) and the next one (next), swapped per slice.
-  const float* pointers[2][2][kAbsorbedSliceRows];  // [cur/next][latent/rope][row]
+  const T* pointers[2][2][kAbsorbedSliceRows];  // [cur/next][latent/rope][row]
   int cur = 0;
-  gather_row_pointers(kv, s_begin, std::min(s_end, s_begin + slice_rows), pointers[cur][0],
-                      pointers[cur][1]);
-  NextSlicePrefetch pf;
+  gather_row_pointers(kv, latent_plane, rope_plane, s_begin, std::min(s_end, s_begin + slice_rows),
+                      pointers[cur][0], pointers[cur][1]);
+  NextSlicePrefetch<T> pf;
   for (int64_t s0 = s_begin; s0 < s_end; s0 += slice_rows, cur ^= 1) {
     const int64_t s1 = std::min(s_end, s0 + slice_rows), len = s1 - s0, even = (len + 1) / 2 * 2;
-    const float* const* lrow = pointers[cur][0];
-    const float* const* rrow = pointers[cur][1];
+    const T* const* lrow = pointers[cur][0];
+    const T* const* rrow = pointers[cur][1];
     const int64_t next_len = std::min(s_end, s1 + slice_rows) - s1;
-    gather_row_pointers(kv, s1, s1 + next_len, pointers[cur ^ 1][0], pointers[cur ^ 1][1]);
+    gather_row_pointers(kv, latent_plane, rope_plane, s1, s1 + next_len, pointers[cur ^ 1][0],
+                        pointers[cur ^ 1][1]);
     pf.start(pointers[cur ^ 1][0], pointers[cur ^ 1][1], next_len, lat, dr);
     for (int64_t s = 0; s < len; ++s) {
       uint16_t* row = rows.data() + s * w;
-      to_bf16(lrow[s], lat, row);
-      if (dr > 0) to_bf16(rrow[s], dr, row + lat);
+      row_to_bf16(lrow[s], lat, row);
+      if (dr > 0) row_to_bf16(rrow[s], dr, row + lat);
       if (lat + dr < w) row[w - 1] = 0;
     }
     if (even > len) std::fill_n(rows.data() + len * w, w, uint16_t{0});
@@ -484,9 +499,18 @@ void attend_group(const AbsorbedQuery& q, int64_t h0, int64_t nh, const LatentKv
                   int64_t s_begin, int64_t s_end, float scale, float* qt, float* out,
                   int64_t out_ld, float* m, float* l) {
 #if defined(__AVX512BF16__)
-  if (q.bf16 && absorbed_bf16_available())
-    return attend_group_bf16(q, h0, nh, kv, s_begin, s_end, scale, qt, out, out_ld, m, l);
+  if (q.bf16 && absorbed_bf16_available()) {
+    if (kv.bf16()) {
+      return attend_group_bf16(q, h0, nh, kv, kv.latent16, kv.rope16, s_begin, s_end, scale, qt,
+                               out, out_ld, m, l);
+    }
+    return attend_group_bf16(q, h0, nh, kv, kv.latent, kv.rope, s_begin, s_end, scale, qt, out,
+                             out_ld, m, l);
+  }
 #endif
+  XDS_CHECK(!kv.bf16(),
+            "absorbed attention: bf16 KV planes are read only by the bf16 products "
+            "(AVX512_BF16 and the AVX-512 panel ISA)");
   const int64_t lat = kv.latent_dim, dr = kv.rope_dim;
   const int64_t kw = nh > 8 ? 16 : 8;
   transpose_queries(q, h0, nh, lat, dr, kw, qt);
@@ -505,6 +529,15 @@ void attend_group(const AbsorbedQuery& q, int64_t h0, int64_t nh, const LatentKv
 }
 
 }  // namespace
+
+void kv_row_to_bf16(const float* src, int64_t count, uint16_t* dst) {
+#if defined(__AVX512BF16__)
+  to_bf16(src, count, dst);
+#else
+  (void)src, (void)count, (void)dst;
+  XDS_CHECK(false, "kv_row_to_bf16: this build has no AVX512_BF16");
+#endif
+}
 
 bool absorbed_bf16_available() {
 #if defined(__AVX512BF16__)

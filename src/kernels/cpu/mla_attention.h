@@ -20,6 +20,9 @@
 
 namespace xds::kernels {
 
+// The planes hold fp32 rows (latent, rope) or bf16 rows (latent16, rope16: each value the
+// fp32 row's round-to-nearest-even, kv_row_to_bf16); exactly one pair is set. Only the
+// absorbed kernel's bf16 products read bf16 planes (absorbed_bf16_available()).
 struct LatentKvView {
   const float* latent = nullptr;  // [num_blocks, block_size, latent_ld], first latent_dim used
   const float* rope = nullptr;    // [num_blocks, block_size, rope_dim]
@@ -27,23 +30,32 @@ struct LatentKvView {
   int64_t block_size = 0;
   int64_t latent_dim = 0;
   int64_t rope_dim = 0;
-  int64_t latent_ld = 0;  // floats from one cached row to the next; 0: latent_dim
+  int64_t latent_ld = 0;               // elements from one cached row to the next; 0: latent_dim
+  const uint16_t* latent16 = nullptr;  // bf16 planes, same shapes
+  const uint16_t* rope16 = nullptr;
 
+  bool bf16() const { return latent16 != nullptr; }
   int64_t latent_stride() const { return latent_ld > 0 ? latent_ld : latent_dim; }
-  const float* latent_at(int64_t s) const {
-    return latent + (block_table[s / block_size] * block_size + s % block_size) * latent_stride();
-  }
-  const float* rope_at(int64_t s) const {
-    return rope + (block_table[s / block_size] * block_size + s % block_size) * rope_dim;
-  }
+  // Row of context position s in the planes.
+  int64_t row(int64_t s) const { return block_table[s / block_size] * block_size + s % block_size; }
+  const float* latent_at(int64_t s) const { return latent + row(s) * latent_stride(); }
+  const float* rope_at(int64_t s) const { return rope + row(s) * rope_dim; }
+  const uint16_t* latent16_at(int64_t s) const { return latent16 + row(s) * latent_stride(); }
+  const uint16_t* rope16_at(int64_t s) const { return rope16 + row(s) * rope_dim; }
 };
 
-// A row stride of an odd number of 64-byte lines, at least latent_dim floats: consecutive
-// cached rows then fall in different L1 sets.
-inline int64_t padded_latent_stride(int64_t latent_dim) {
-  const int64_t lines = (latent_dim + 15) / 16;
-  return 16 * (lines % 2 == 1 ? lines : lines + 1);
+// A row stride of an odd number of 64-byte lines, at least latent_dim elements of
+// `element_bytes` (4: fp32, 2: bf16): consecutive cached rows then fall in different L1 sets.
+inline int64_t padded_latent_stride(int64_t latent_dim, int64_t element_bytes = 4) {
+  const int64_t per_line = 64 / element_bytes;
+  const int64_t lines = (latent_dim + per_line - 1) / per_line;
+  return per_line * (lines % 2 == 1 ? lines : lines + 1);
 }
+
+// dst[i] = bf16 of src[i], rounded to nearest even as the absorbed kernel's bf16 products
+// round the fp32 rows they read (vcvtneps2bf16: denormals flushed to zero). The bf16 planes'
+// writer. Needs absorbed_bf16_available().
+void kv_row_to_bf16(const float* src, int64_t count, uint16_t* dst);
 
 // q_abs: [heads, latent_dim] (row stride q_abs_ld), q_pe: [heads, rope_dim] (stride q_pe_ld),
 // out: [heads, latent_dim] (stride out_ld).

@@ -11,6 +11,7 @@
 #include <memory>
 #include <random>
 
+#include "kernels/cpu/mla_attention.h"
 #include "model/deepseek_v3.h"
 #include "model/mkmodel.h"
 
@@ -202,6 +203,57 @@ TEST(Forward, Bf16ModeStaysWithinToleranceOfF32TeacherForced) {
   }
   EXPECT_GE(compared_rows, 10);
   EXPECT_GT(compared_top1, 0);
+}
+
+// The fast mode's absorbed attention rounds the cached rows to bf16 before its products, so a
+// bf16 KV cache (the default there) gives the bits of an fp32 one: every position through
+// the absorbed form (a prefill chunk, then decode steps at contexts of two parts,
+// kernels::absorbed_context_split).
+TEST(Forward, Bf16KvCacheGivesTheBitsOfAnF32CacheInTheFastMode) {
+  if (!kernels::absorbed_bf16_available()) GTEST_SKIP() << "no AVX512_BF16 attention kernel";
+  const std::string dir = make_tiny("kv16", 23);
+  ModelOptions o16, o32;
+  o16.compute = o32.compute = ComputeDType::kBF16;
+  o16.attention = o32.attention = AttentionMode::kAbsorbed;
+  o16.threads = o32.threads = 2;
+  o32.kv_cache = KvCacheDType::kF32;
+  auto m16 = DeepseekV3Model::load(dir, o16);
+  auto m32 = DeepseekV3Model::load(dir, o32);
+  ASSERT_TRUE(m16.ok() && m32.ok());
+  EXPECT_EQ((*m16)->kv_cache_dtype(), DType::kBF16);  // kAuto in the fast mode
+  EXPECT_EQ((*m32)->kv_cache_dtype(), DType::kF32);
+  const int64_t v = (*m16)->config().vocab_size;
+  const auto ids = random_ids(520, v, 6);
+  auto run = [&](DeepseekV3Model& m) {
+    KvCache cache = m.make_cache(540).value();
+    const int64_t seq = cache.add_sequence();
+    StepOutput out;
+    std::vector<float> logits;
+    TokenChunk prefill{seq, 0, std::span(ids).first(514), true};
+    EXPECT_TRUE(m.forward({&prefill, 1}, cache, out).ok());
+    logits = out.logits;
+    for (int64_t p = 514; p < 520; ++p) {
+      TokenChunk step{seq, p, std::span(ids).subspan(static_cast<size_t>(p), 1), false};
+      EXPECT_TRUE(m.forward({&step, 1}, cache, out).ok());
+      logits.insert(logits.end(), out.logits.begin(), out.logits.end());
+    }
+    return logits;
+  };
+  const std::vector<float> a = run(**m16), b = run(**m32);
+  ASSERT_EQ(a.size(), static_cast<size_t>(520 * v));
+  ASSERT_EQ(a.size(), b.size());
+  EXPECT_EQ(std::memcmp(a.data(), b.data(), sizeof(float) * a.size()), 0);
+}
+
+TEST(Forward, ABf16KvCacheOutsideTheFastModeIsRefused) {
+  ModelOptions o;
+  o.kv_cache = KvCacheDType::kBF16;  // with the f32 compute dtype
+  const auto m = DeepseekV3Model::load(make_tiny("kv16_f32", 2), o);
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(m.status().message().find("bf16 KV cache needs the bf16 compute dtype"),
+            std::string::npos)
+      << m.status().message();
 }
 
 TEST(Forward, MtpHeadRunsOnItsOwnCachedLayer) {

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include "isa_for_tests.h"
+
 namespace xds {
 namespace {
 
@@ -16,22 +18,78 @@ TEST(KvCache, BlocksAreReservedFreedAndExhaustedWithAClearError) {
   const Status full = cache.reserve(a, 9);
   EXPECT_EQ(full.code(), StatusCode::kResourceExhausted);
   EXPECT_NE(full.message().find("1 more blocks"), std::string::npos) << full.message();
-  // Writes through the block table land where the view reads them.
-  for (int64_t pos = 0; pos < 5; ++pos)
-    cache.latent_slot(1, a, pos)[2] = static_cast<float>(pos + 10);
-  const auto view = cache.view(1, a);
-  for (int64_t pos = 0; pos < 5; ++pos) EXPECT_EQ(view.latent_at(pos)[2], pos + 10);
-  // Rows are padded (latent_ld > latent_dim): writing a whole row leaves its neighbours be.
-  const auto padded = cache.view(1, b);
-  EXPECT_EQ(padded.latent_ld, 16);  // 3 floats: one line
-  for (int64_t pos = 0; pos < 8; ++pos)
-    for (int64_t c = 0; c < 3; ++c)
-      cache.latent_slot(1, b, pos)[c] = static_cast<float>(pos * 3 + c);
-  for (int64_t pos = 0; pos < 8; ++pos)
-    for (int64_t c = 0; c < 3; ++c) EXPECT_EQ(padded.latent_at(pos)[c], pos * 3 + c);
+  // Writes through the block table land where the view reads them; rows are padded
+  // (latent_ld > latent_dim) and writing a whole row leaves its neighbours be.
+  for (int64_t pos = 0; pos < 8; ++pos) {
+    const float lat[3] = {float(pos * 3), float(pos * 3 + 1), float(pos * 3 + 2)};
+    const float rope[2] = {float(-pos), float(pos + 100)};
+    if (pos < 5) cache.write(1, a, pos, lat, rope);
+    cache.write(1, b, pos, rope, lat);  // b: the rope values as latent and the reverse
+  }
+  const auto view = cache.view(1, a), other = cache.view(1, b);
+  EXPECT_FALSE(view.bf16());
+  EXPECT_EQ(view.latent_ld, 16);  // 3 floats: one line
+  for (int64_t pos = 0; pos < 5; ++pos) {
+    for (int64_t c = 0; c < 3; ++c) EXPECT_EQ(view.latent_at(pos)[c], pos * 3 + c);
+    EXPECT_EQ(view.rope_at(pos)[0], -pos);
+    EXPECT_EQ(view.rope_at(pos)[1], pos + 100);
+  }
+  for (int64_t pos = 0; pos < 8; ++pos) {
+    EXPECT_EQ(other.latent_at(pos)[0], -pos);
+    EXPECT_EQ(other.latent_at(pos)[1], pos + 100);
+    EXPECT_EQ(other.rope_at(pos)[1], pos * 3 + 1);
+  }
   cache.free_sequence(b);
   EXPECT_EQ(cache.free_blocks(), 2);
   EXPECT_TRUE(cache.reserve(a, 16).ok());
+}
+
+// A bf16 cache stores each value rounded to nearest even (the absorbed kernel's rounding of
+// the rows it reads), denormals flushed to zero; values derived by hand from the formats.
+TEST(KvCache, Bf16PlanesHoldTheRoundedRows) {
+  if (!kernels::absorbed_bf16_available()) GTEST_SKIP() << "no AVX512_BF16 attention kernel";
+  KvCacheShape shape{/*layers=*/2, /*num_blocks=*/3, /*block_size=*/4, /*latent_dim=*/6,
+                     /*rope_dim=*/2};
+  shape.dtype = DType::kBF16;
+  KvCache cache = KvCache::create(shape).value();
+  const int64_t seq = cache.add_sequence();
+  ASSERT_TRUE(cache.reserve(seq, 6).ok());
+  const float lat[6] = {
+      1.0f,
+      1.00390625f,             // 1 + 2^-8: halfway between 0x3F80 and 0x3F81, to even 0x3F80
+      1.01171875f,             // 1 + 3 * 2^-8: halfway, to even 0x3F82
+      1.00390625f + 0x1p-20f,  // just above halfway: 0x3F81
+      -2.5f,                   // exact: 0xC020
+      1e-40f,                  // denormal: flushed to +0
+  };
+  const float rope[2] = {65536.0f, -0.0f};  // 0x4780, 0x8000
+  for (int64_t pos = 0; pos < 6; ++pos) cache.write(1, seq, pos, lat, rope);
+  const auto view = cache.view(1, seq);
+  ASSERT_TRUE(view.bf16());
+  EXPECT_EQ(view.latent, nullptr);
+  EXPECT_EQ(view.latent_ld, 32);  // 6 bf16: one line of 32
+  const uint16_t want[6] = {0x3F80, 0x3F80, 0x3F82, 0x3F81, 0xC020, 0x0000};
+  for (int64_t pos = 0; pos < 6; ++pos) {
+    for (int c = 0; c < 6; ++c) EXPECT_EQ(view.latent16_at(pos)[c], want[c]) << pos << " " << c;
+    EXPECT_EQ(view.rope16_at(pos)[0], 0x4780);
+    EXPECT_EQ(view.rope16_at(pos)[1], 0x8000);
+  }
+  EXPECT_EQ(view.latent16_at(5) - view.latent16_at(4), 32);  // same block, padded stride
+}
+
+TEST(KvCache, ABf16CacheWithoutItsKernelIsAClearError) {
+  const kernels::IsaGuard guard;
+  kernels::set_panel_isa(kernels::PanelIsa::kAvx2);  // the bf16 attention kernel is AVX-512
+  KvCacheShape shape{2, 3, 4, 6, 2};
+  shape.dtype = DType::kBF16;
+  const Result<KvCache> r = KvCache::create(shape);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("AVX512_BF16"), std::string::npos) << r.status().message();
+  shape.dtype = DType::kF16;
+  const Result<KvCache> f16 = KvCache::create(shape);
+  ASSERT_FALSE(f16.ok());
+  EXPECT_NE(f16.status().message().find("dtype F16"), std::string::npos) << f16.status().message();
 }
 
 TEST(KvCache, BytesAreBothPlanesOfEveryLayer) {
@@ -40,6 +98,10 @@ TEST(KvCache, BytesAreBothPlanesOfEveryLayer) {
   const KvCacheShape shape{3, 5, 16, 512, 64};
   EXPECT_EQ(KvCache::bytes_for(shape), int64_t{240} * 592 * 4);
   EXPECT_EQ(KvCache::bytes_for({61, int64_t{1} << 50, 16, 512, 64}), -1);  // overflows
+  // bf16: rows of 544 (1024 bytes, 16 lines, padded to 17) + 64 elements of 2 bytes.
+  KvCacheShape bf16 = shape;
+  bf16.dtype = DType::kBF16;
+  EXPECT_EQ(KvCache::bytes_for(bf16), int64_t{240} * 608 * 2);
 }
 
 TEST(KvCache, ACacheBeyondTheAvailableMemoryIsAClearError) {

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -84,6 +85,54 @@ TEST_F(MlaAbsorbedBf16, MatchesReferenceOnRoundedInputs) {
           }
         }
       }
+}
+
+// bf16 planes (the bf16 KV cache) hold the rows the kernel rounds fp32 planes to, so the
+// kernel gives the same bits on either, and both match the reference.
+TEST_F(MlaAbsorbedBf16, Bf16PlanesGiveTheBitsOfFp32Planes) {
+  std::mt19937 rng(41);
+  std::uniform_real_distribution<float> d(-1.0f, 1.0f);
+  const int64_t bs = 16, blocks = 24, heads = 16;
+  std::vector<int32_t> table(static_cast<size_t>(blocks));
+  for (int32_t b = 0; b < blocks; ++b) table[b] = (b * 5 + 7) % blocks;
+  struct Dims {
+    int64_t lat, dr;
+  };
+  for (const auto [lat, dr] : {Dims{24, 7}, Dims{64, 16}, Dims{48, 0}}) {
+    const int64_t ld = padded_latent_stride(lat), ld16 = padded_latent_stride(lat, 2);
+    const int64_t rows = blocks * bs, drs = std::max<int64_t>(dr, 1);
+    std::vector<float> latent(static_cast<size_t>(rows * ld)),
+        rope(static_cast<size_t>(rows * drs));
+    for (auto* v : {&latent, &rope})
+      for (float& x : *v) x = d(rng);
+    std::vector<uint16_t> latent16(static_cast<size_t>(rows * ld16), 0x7FC0),  // NaN padding
+        rope16(static_cast<size_t>(rows * drs));
+    for (int64_t r = 0; r < rows; ++r) {
+      kv_row_to_bf16(latent.data() + r * ld, lat, latent16.data() + r * ld16);
+      kv_row_to_bf16(rope.data() + r * dr, dr, rope16.data() + r * dr);
+    }
+    const LatentKvView kv{latent.data(), rope.data(), table.data(), bs, lat, dr, ld};
+    LatentKvView kv16{nullptr, nullptr, table.data(), bs, lat, dr, ld16};
+    kv16.latent16 = latent16.data();
+    kv16.rope16 = rope16.data();
+    for (const int64_t ctx : {1, 37, 300}) {
+      std::vector<float> q_abs(static_cast<size_t>(heads * lat)),
+          q_pe(static_cast<size_t>(heads * drs));
+      for (auto* v : {&q_abs, &q_pe})
+        for (float& x : *v) x = d(rng);
+      std::vector<float> out(static_cast<size_t>(heads * lat)), out16(out.size());
+      AbsorbedQuery q{q_abs.data(), lat, q_pe.data(), dr, out.data(), lat};
+      q.bf16 = true;
+      mla_absorbed_attention(q, 0, heads, kv, ctx, 0.5f);
+      q.out = out16.data();
+      mla_absorbed_attention(q, 0, heads, kv16, ctx, 0.5f);
+      ASSERT_EQ(std::memcmp(out.data(), out16.data(), sizeof(float) * out.size()), 0)
+          << "lat=" << lat << " dr=" << dr << " ctx=" << ctx;
+      const std::vector<double> ref = reference_absorbed(q_abs, q_pe, heads, kv, ctx, 0.5f, bf16);
+      for (int64_t i = 0; i < heads * lat; ++i)
+        ASSERT_NEAR(out16[i], ref[i], kTolerance) << "lat=" << lat << " ctx=" << ctx << " i=" << i;
+    }
+  }
 }
 
 TEST_F(MlaAbsorbedBf16, PartsMergeIntoTheWholeContext) {
