@@ -60,6 +60,13 @@ class CliErrors(unittest.TestCase):
         self.expect_error(["generate", "--model", self.model, "--prompt-ids", "1", "--compute-dtype", "f16"], 1,
                           "--compute-dtype must be f32 or bf16, got 'f16'")
 
+    def test_bad_kv_cache_dtype(self):
+        self.expect_error(["generate", "--model", self.model, "--prompt-ids", "1", "--kv-cache-dtype", "fp8"], 1,
+                          "--kv-cache-dtype must be auto, f32 or bf16, got 'fp8'")
+        # bf16 planes have one reader, the fast mode's attention kernel.
+        self.expect_error(["generate", "--model", self.model, "--prompt-ids", "1", "--kv-cache-dtype", "bf16"], 1,
+                          "a bf16 KV cache needs the bf16 compute dtype")
+
     def test_sampling_options_that_are_not_numbers(self):
         # CLI::Range lets NaN through (every comparison with it is false); these must not.
         for args in (["--temperature", "nan"], ["--temperature", "inf"],
