@@ -11,6 +11,7 @@
 #include "base/atomic_file.h"
 #include "base/clock.h"
 #include "cli/commands.h"
+#include "cli/model_flags.h"
 #include "cli/prompt.h"
 #include "kernels/cpu/sampling.h"
 #include "model/deepseek_v3.h"
@@ -59,13 +60,7 @@ Result<std::vector<int32_t>> parse_ids(const std::string& text) {
 
 Status run_generate(const GenerateArgs& a) {
   ModelOptions mo;
-  if (a.compute_dtype == "f32") {
-    mo.compute = ComputeDType::kF32;
-  } else if (a.compute_dtype == "bf16") {
-    mo.compute = ComputeDType::kBF16;
-  } else {
-    return invalid_argument("--compute-dtype must be f32 or bf16, got '{}'", a.compute_dtype);
-  }
+  XDS_RETURN_IF_ERROR(parse_dtype_flags(a.compute_dtype, a.kv_cache_dtype, mo));
   if (a.attention == "auto") {
     mo.attention = AttentionMode::kAuto;
   } else if (a.attention == "absorbed") {
@@ -75,16 +70,6 @@ Status run_generate(const GenerateArgs& a) {
   } else {
     return invalid_argument("--attention must be auto, absorbed or expanded, got '{}'",
                             a.attention);
-  }
-  if (a.kv_cache_dtype == "auto") {
-    mo.kv_cache = KvCacheDType::kAuto;
-  } else if (a.kv_cache_dtype == "f32") {
-    mo.kv_cache = KvCacheDType::kF32;
-  } else if (a.kv_cache_dtype == "bf16") {
-    mo.kv_cache = KvCacheDType::kBF16;
-  } else {
-    return invalid_argument("--kv-cache-dtype must be auto, f32 or bf16, got '{}'",
-                            a.kv_cache_dtype);
   }
   mo.threads = a.threads;
   XDS_ASSIGN_OR_RETURN(auto model, DeepseekV3Model::load(a.model, mo));
@@ -211,11 +196,9 @@ void add_generate_command(CLI::App& app, int* exit_code) {
   cmd->add_option("--top-k", args->top_k)->check(CLI::NonNegativeNumber);
   cmd->add_option("--seed", args->seed);
   cmd->add_flag("--ignore-eos", args->ignore_eos, "Do not stop at the end-of-sequence token");
-  cmd->add_option("--compute-dtype", args->compute_dtype, "f32 (reference) or bf16 (fast)");
+  cmd->add_option("--compute-dtype", args->compute_dtype, kComputeDTypeHelp);
   cmd->add_option("--attention", args->attention, "Prefill attention: auto, absorbed or expanded");
-  cmd->add_option("--kv-cache-dtype", args->kv_cache_dtype,
-                  "KV cache elements: auto (bf16 with --compute-dtype bf16 where the CPU has "
-                  "AVX512_BF16, else f32), f32 or bf16");
+  cmd->add_option("--kv-cache-dtype", args->kv_cache_dtype, kKvCacheDTypeHelp);
   cmd->add_option("--dump-logits", args->dump_logits,
                   "Write float32 logits [rows, vocab] of every position");
   cmd->add_option("--dump-routing", args->dump_routing, "Write the chosen experts as JSON lines");

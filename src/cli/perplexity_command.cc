@@ -14,6 +14,7 @@
 #include "base/clock.h"
 #include "base/read_file.h"
 #include "cli/commands.h"
+#include "cli/model_flags.h"
 #include "model/deepseek_v3.h"
 #include "tokenizer/tokenizer.h"
 
@@ -25,6 +26,7 @@ struct PerplexityArgs {
   std::string file;
   int64_t window = 512;
   std::string compute_dtype = "f32";
+  std::string kv_cache_dtype = "auto";
   int threads = 0;
 };
 
@@ -38,11 +40,7 @@ Status run_perplexity(const PerplexityArgs& a) {
   XDS_ASSIGN_OR_RETURN(Tokenizer tok, Tokenizer::load(a.model));
   XDS_ASSIGN_OR_RETURN(std::vector<int32_t> ids, tok.encode(*text, /*add_special_tokens=*/false));
   ModelOptions mo;
-  if (a.compute_dtype == "bf16") {
-    mo.compute = ComputeDType::kBF16;
-  } else if (a.compute_dtype != "f32") {
-    return invalid_argument("--compute-dtype must be f32 or bf16, got '{}'", a.compute_dtype);
-  }
+  XDS_RETURN_IF_ERROR(parse_dtype_flags(a.compute_dtype, a.kv_cache_dtype, mo));
   mo.threads = a.threads;
   XDS_ASSIGN_OR_RETURN(auto model, DeepseekV3Model::load(a.model, mo));
   const int64_t vocab = model->config().vocab_size;
@@ -97,7 +95,8 @@ void add_perplexity_command(CLI::App& app, int* exit_code) {
   cmd->add_option("--file", args->file, "UTF-8 text file")->required();
   cmd->add_option("--window", args->window, "Tokens per window")
       ->check(CLI::Range(int64_t{2}, int64_t{1} << 20));
-  cmd->add_option("--compute-dtype", args->compute_dtype, "f32 or bf16");
+  cmd->add_option("--compute-dtype", args->compute_dtype, kComputeDTypeHelp);
+  cmd->add_option("--kv-cache-dtype", args->kv_cache_dtype, kKvCacheDTypeHelp);
   cmd->add_option("--threads", args->threads, "Worker threads (0: all cores)")
       ->check(CLI::Range(0, kMaxThreads));
   cmd->callback([args, exit_code] {
