@@ -172,6 +172,11 @@ void panels_linear_bf16(const uint16_t* x, int64_t n, int64_t ldx, const MatrixR
   if (n <= 0 || p_begin >= p_end) return;
   const int64_t full_end = std::min(p_end, w.rows / kPanelRows);  // panels with 16 real rows
   int64_t p = p_begin;
+  if (n <= panel_detail::kSingleStreamTokens) {  // one panel after the other, no prefetch
+    for (; p < full_end; ++p)
+      tile<1>(static_cast<int>(n), x, ldx, panel_detail::panel_ptr<Bf16Format>(w, p), w.cols, 0,
+              w.cols, true, y + p * kPanelRows, ldy, Prefetch{nullptr, 1, 0});
+  }
   for (; p + 2 <= full_end; p += 2) dot_group<2>(x, n, ldx, w, p, y + p * kPanelRows, ldy);
   if (p < full_end) {
     dot_group<1>(x, n, ldx, w, p, y + p * kPanelRows, ldy);

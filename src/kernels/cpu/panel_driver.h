@@ -26,6 +26,15 @@ inline constexpr int64_t kKBlock = 512;  // columns per pass when several token 
 template <class Fmt>
 inline constexpr int64_t kPrefetchCols = 4096 / Fmt::kColumnBytes;
 
+// Tokens up to which a call reads its panels as one sequential stream: one panel at a time
+// (P = 1), no software prefetch, the hardware prefetcher alone. On Zen 4 one thread at one
+// token streamed 1 GB of BF16 panels at 28-30 GB/s this way (the fp32 kernel; the dot-product
+// kernel 31-34) against 20-26 with two panels and the 4 KB prefetch, a plain sum of the
+// same bytes 31-33 (/tmp scratch runs, docs/design/cpu_kernels.md "One stream at one
+// token"). From two tokens on two panels won as often as they lost. The per-lane sums are
+// the same either way, so a token's bits do not depend on it.
+inline constexpr int64_t kSingleStreamTokens = 1;
+
 template <class Fmt>
 inline const typename Fmt::Elem* panel_ptr(const MatrixRef& w, int64_t p) {
   return static_cast<const typename Fmt::Elem*>(w.data) + p * w.cols * kPanelRows;
@@ -226,6 +235,12 @@ void panels_linear_on(const float* x, int64_t n, int64_t ldx, const MatrixRef& w
   // 12 tokens, and loads one widened column per 12 FMAs against one per 8). AVX2, three
   // tokens on two panels against one: 56.7/57.2/57.7 % vs 53.7/50.6/54.5 % of the batch-16
   // roofline in three interleaved pairs (19:03 UTC, 2026-12-02).
+  if (n <= kSingleStreamTokens) {  // one panel after the other, no software prefetch
+    for (; p < full_end; ++p) {
+      tile<Isa, 1, kNoPrefetch>(Fmt::of(w, p), static_cast<int>(n), x, ldx, panel_ptr<Fmt>(w, p),
+                                w.cols, 0, w.cols, true, y + p * kPanelRows, ldy, nullptr);
+    }
+  }
   if (n <= Isa::kMaxTokensTwoPanels || Isa::kTwoPanelPasses) {
     for (; p + 2 <= full_end; p += 2)
       panel_group<Isa, 2, Fmt>(x, n, ldx, w, p, y + p * kPanelRows, ldy);

@@ -85,14 +85,21 @@ struct Fp8Format {
 };
 inline constexpr uint16_t kFp8AsF16Bits = 0xBF80;  // sign, then bits 7-13 (<< 7)
 
+// G for a walk without software prefetch (pf unused).
+inline constexpr int kNoPrefetch = 0;
+
 // column(c) for c in [kb, ke), with a prefetch of the line at pf (and at pf +
-// second_panel for P = 2) every G columns, pf stepping on a line each time.
-// Returns pf stepped on.
+// second_panel for P = 2) every G columns, pf stepping on a line each time (G = kNoPrefetch:
+// none). Returns pf stepped on.
 template <int P, int G, class Column>
 __attribute__((always_inline)) inline const char* walk_columns(int64_t kb, int64_t ke,
                                                                const char* pf, int64_t second_panel,
                                                                Column& column) {
   int64_t c = kb;
+  if constexpr (G == kNoPrefetch) {
+    for (; c < ke; ++c) column(c);
+    return pf;
+  }
   for (; c + G <= ke; c += G) {
     _mm_prefetch(pf, _MM_HINT_T0);
     if constexpr (P == 2) _mm_prefetch(pf + second_panel, _MM_HINT_T0);
