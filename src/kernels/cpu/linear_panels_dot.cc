@@ -41,6 +41,13 @@ using panel_detail::kKBlock;  // columns per block when several tiles share it: 
 using panel_detail::kLineBytes;
 
 constexpr int kMaxTokens = 12;  // per tile: 12 × 2 panels = 24 accumulators
+// Tokens up to which the panels are read as one sequential stream (one panel at a time, no
+// software prefetch), as panel_driver.h's kSingleStreamTokens for the fp32 kernels but to 4
+// tokens: a dot product per pair of columns leaves more room. One thread on Zen 4, 1 GB of
+// BF16 panels, GB/s with one stream against two panels and the prefetch: 2048 x 512 at 1-4
+// tokens 31-34 vs 19-20, 512 x 2048 31-24 vs 26-24, 3072 x 768 31-27 vs 23-22; at 6 tokens
+// the two panels win (24 vs 20 at 512 x 2048). A plain sum: 30-33.
+constexpr int64_t kSingleStreamTokens = 4;
 constexpr int64_t kColumnBytes = Bf16Format::kColumnBytes;
 constexpr int64_t kAheadCols = panel_detail::kPrefetchCols<Bf16Format>;  // a single pass's
 
@@ -172,7 +179,7 @@ void panels_linear_bf16(const uint16_t* x, int64_t n, int64_t ldx, const MatrixR
   if (n <= 0 || p_begin >= p_end) return;
   const int64_t full_end = std::min(p_end, w.rows / kPanelRows);  // panels with 16 real rows
   int64_t p = p_begin;
-  if (n <= panel_detail::kSingleStreamTokens) {  // one panel after the other, no prefetch
+  if (n <= kSingleStreamTokens) {  // one panel after the other, no prefetch
     for (; p < full_end; ++p)
       tile<1>(static_cast<int>(n), x, ldx, panel_detail::panel_ptr<Bf16Format>(w, p), w.cols, 0,
               w.cols, true, y + p * kPanelRows, ldy, Prefetch{nullptr, 1, 0});
