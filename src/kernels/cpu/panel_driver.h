@@ -31,9 +31,15 @@ inline constexpr int64_t kPrefetchCols = 4096 / Fmt::kColumnBytes;
 // token streamed 1 GB of BF16 panels at 28-30 GB/s this way (the fp32 kernel; the dot-product
 // kernel 31-34) against 20-26 with two panels and the 4 KB prefetch, a plain sum of the
 // same bytes 31-33 (/tmp scratch runs, docs/design/cpu_kernels.md "One stream at one
-// token"). From two tokens on two panels won as often as they lost. The per-lane sums are
-// the same either way, so a token's bits do not depend on it.
+// token"). At two tokens one stream still won on short panels (at most 768 columns: 2048 x
+// 512 25.8 vs 19.6 GB/s, 3072 x 768 25.2 vs 21.5) and lost on long ones (2048 x 2048 22.0
+// vs 25.4); from three tokens on two panels won or tied. The per-lane sums are the same
+// either way, so a token's bits do not depend on it.
 inline constexpr int64_t kSingleStreamTokens = 1;
+inline constexpr int64_t kShortPanelCols = 768, kShortPanelStreamTokens = 2;
+inline bool single_stream(int64_t n, const MatrixRef& w) {
+  return n <= kSingleStreamTokens || (n <= kShortPanelStreamTokens && w.cols <= kShortPanelCols);
+}
 
 template <class Fmt>
 inline const typename Fmt::Elem* panel_ptr(const MatrixRef& w, int64_t p) {
@@ -235,7 +241,7 @@ void panels_linear_on(const float* x, int64_t n, int64_t ldx, const MatrixRef& w
   // 12 tokens, and loads one widened column per 12 FMAs against one per 8). AVX2, three
   // tokens on two panels against one: 56.7/57.2/57.7 % vs 53.7/50.6/54.5 % of the batch-16
   // roofline in three interleaved pairs (19:03 UTC, 2026-12-02).
-  if (n <= kSingleStreamTokens) {  // one panel after the other, no software prefetch
+  if (single_stream(n, w)) {  // one panel after the other, no software prefetch
     for (; p < full_end; ++p) {
       tile<Isa, 1, kNoPrefetch>(Fmt::of(w, p), static_cast<int>(n), x, ldx, panel_ptr<Fmt>(w, p),
                                 w.cols, 0, w.cols, true, y + p * kPanelRows, ldy, nullptr);

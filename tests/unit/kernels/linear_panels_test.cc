@@ -89,26 +89,30 @@ TEST(LinearPanels, SumsInAscendingColumnOrderWhateverTheBatch) {
   std::mt19937 rng(5);
   ThreadPool pool(2);
   // 17 full panels (pairs and a single) + a padded one: from 16 tokens, the wide path.
-  const int64_t rows = 280, cols = 1300;
-  const Packed w = make_packed(rows, cols, rng);
-  // Up to 70 tokens: past 64, where panels once went to sgemm; now every n is the same sums.
-  const int64_t n_max = 70;
-  const auto x = random_vec(static_cast<size_t>(n_max * cols), rng);
-  const IsaGuard guard;
-  for (const PanelIsa isa : available_isas()) {
-    set_panel_isa(isa);
-    for (const int64_t n : {int64_t{1}, int64_t{2}, int64_t{3}, int64_t{5}, int64_t{6}, int64_t{7},
-                            int64_t{8}, int64_t{9}, int64_t{11}, int64_t{12}, int64_t{13},
-                            int64_t{15}, int64_t{17}, int64_t{64}, n_max}) {
-      std::vector<float> y(static_cast<size_t>(n * rows));
-      linear_f32(x.data(), n, cols, w.ref, y.data(), rows, pool);
-      for (int64_t t = 0; t < n; ++t) {
-        for (int64_t r = 0; r < rows; ++r) {
-          float s = 0.0f;
-          for (int64_t k = 0; k < cols; ++k)
-            s = std::fma(x[t * cols + k], bf16_to_f32(w.rows_major[r * cols + k]), s);
-          ASSERT_EQ(y[t * rows + r], s)
-              << panel_isa_name(isa) << " n=" << n << " t=" << t << " r=" << r;
+  // 1300 columns, and 700 (short panels: two tokens also take the single stream,
+  // panel_driver.h).
+  for (const int64_t cols : {int64_t{1300}, int64_t{700}}) {
+    const int64_t rows = 280;
+    const Packed w = make_packed(rows, cols, rng);
+    // Up to 70 tokens: past 64, where panels once went to sgemm; now every n is the same sums.
+    const int64_t n_max = 70;
+    const auto x = random_vec(static_cast<size_t>(n_max * cols), rng);
+    const IsaGuard guard;
+    for (const PanelIsa isa : available_isas()) {
+      set_panel_isa(isa);
+      for (const int64_t n : {int64_t{1}, int64_t{2}, int64_t{3}, int64_t{5}, int64_t{6},
+                              int64_t{7}, int64_t{8}, int64_t{9}, int64_t{11}, int64_t{12},
+                              int64_t{13}, int64_t{15}, int64_t{17}, int64_t{64}, n_max}) {
+        std::vector<float> y(static_cast<size_t>(n * rows));
+        linear_f32(x.data(), n, cols, w.ref, y.data(), rows, pool);
+        for (int64_t t = 0; t < n; ++t) {
+          for (int64_t r = 0; r < rows; ++r) {
+            float s = 0.0f;
+            for (int64_t k = 0; k < cols; ++k)
+              s = std::fma(x[t * cols + k], bf16_to_f32(w.rows_major[r * cols + k]), s);
+            ASSERT_EQ(y[t * rows + r], s) << panel_isa_name(isa) << " cols=" << cols << " n=" << n
+                                          << " t=" << t << " r=" << r;
+          }
         }
       }
     }
