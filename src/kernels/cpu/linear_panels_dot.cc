@@ -111,10 +111,11 @@ void dot_tile(const uint16_t* x, int64_t ldx, const uint16_t* w, int64_t cols, i
   panel_detail::store_accumulators<T, P>(a0, a1, y, ldy);
 }
 
-template <int P>
+// (kMax: the most tokens a caller passes, which bounds the instantiations.)
+template <int P, int kMax = kMaxTokens>
 void tile(int tb, const uint16_t* x, int64_t ldx, const uint16_t* w, int64_t cols, int64_t kb,
           int64_t ke, bool first, float* y, int64_t ldy, Prefetch pf) {
-  const bool ran = dispatch_1_to<kMaxTokens>(
+  const bool ran = dispatch_1_to<kMax>(
       tb, [&]<int T>() { dot_tile<T, P>(x, ldx, w, cols, kb, ke, first, y, ldy, pf); });
   XDS_CHECK(ran, "bf16 dot tile: {} tokens", tb);
 }
@@ -181,8 +182,9 @@ void panels_linear_bf16(const uint16_t* x, int64_t n, int64_t ldx, const MatrixR
   int64_t p = p_begin;
   if (n <= kSingleStreamTokens) {  // one panel after the other, no prefetch
     for (; p < full_end; ++p)
-      tile<1>(static_cast<int>(n), x, ldx, panel_detail::panel_ptr<Bf16Format>(w, p), w.cols, 0,
-              w.cols, true, y + p * kPanelRows, ldy, Prefetch{nullptr, 1, 0});
+      tile<1, kSingleStreamTokens>(static_cast<int>(n), x, ldx,
+                                   panel_detail::panel_ptr<Bf16Format>(w, p), w.cols, 0, w.cols,
+                                   true, y + p * kPanelRows, ldy, Prefetch{nullptr, 1, 0});
   }
   for (; p + 2 <= full_end; p += 2) dot_group<2>(x, n, ldx, w, p, y + p * kPanelRows, ldy);
   if (p < full_end) {

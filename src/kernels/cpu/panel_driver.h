@@ -37,6 +37,7 @@ inline constexpr int64_t kPrefetchCols = 4096 / Fmt::kColumnBytes;
 // either way, so a token's bits do not depend on it.
 inline constexpr int64_t kSingleStreamTokens = 1;
 inline constexpr int64_t kShortPanelCols = 768, kShortPanelStreamTokens = 2;
+static_assert(kSingleStreamTokens <= kShortPanelStreamTokens);
 inline bool single_stream(int64_t n, const MatrixRef& w) {
   return n <= kSingleStreamTokens || (n <= kShortPanelStreamTokens && w.cols <= kShortPanelCols);
 }
@@ -243,8 +244,9 @@ void panels_linear_on(const float* x, int64_t n, int64_t ldx, const MatrixRef& w
   // roofline in three interleaved pairs (19:03 UTC, 2026-12-02).
   if (single_stream(n, w)) {  // one panel after the other, no software prefetch
     for (; p < full_end; ++p) {
-      tile<Isa, 1, kNoPrefetch>(Fmt::of(w, p), static_cast<int>(n), x, ldx, panel_ptr<Fmt>(w, p),
-                                w.cols, 0, w.cols, true, y + p * kPanelRows, ldy, nullptr);
+      tile<Isa, 1, kNoPrefetch, kShortPanelStreamTokens>(Fmt::of(w, p), static_cast<int>(n), x, ldx,
+                                                         panel_ptr<Fmt>(w, p), w.cols, 0, w.cols,
+                                                         true, y + p * kPanelRows, ldy, nullptr);
     }
   }
   if (n <= Isa::kMaxTokensTwoPanels || Isa::kTwoPanelPasses) {

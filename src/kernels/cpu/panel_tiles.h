@@ -394,10 +394,11 @@ inline constexpr bool kHaveAvx512 = false;
 #endif
 
 // One tile of tb tokens (1 ≤ tb ≤ Isa's limit for P) on the instruction set Isa.
-template <class Isa, int P, int G, class Fmt>
+// (kMax: the most tokens a caller passes, which bounds the instantiations.)
+template <class Isa, int P, int G, int kMax = P == 1 ? Isa::kMaxTokens : Isa::kMaxTokensTwoPanels,
+          class Fmt>
 void tile(const Fmt& f, int tb, const float* x, int64_t ldx, const typename Fmt::Elem* w,
           int64_t cols, int64_t kb, int64_t ke, bool first, float* y, int64_t ldy, const char* pf) {
-  constexpr int kMax = P == 1 ? Isa::kMaxTokens : Isa::kMaxTokensTwoPanels;
   const bool ran = dispatch_1_to<kMax>(tb, [&]<int T>() {
 #if defined(__AVX512F__)
     if constexpr (std::is_same_v<Isa, Avx512>)
