@@ -10,6 +10,14 @@
 
 namespace xds::kernels {
 
+// A block table that is the permutation b -> (b * mul + add) % blocks (mul coprime to
+// blocks): context position s lives in block table[s / block_size], out of order.
+inline std::vector<int32_t> permuted_block_table(int64_t blocks, int64_t mul, int64_t add) {
+  std::vector<int32_t> table(static_cast<size_t>(blocks));
+  for (int64_t b = 0; b < blocks; ++b) table[b] = static_cast<int32_t>((b * mul + add) % blocks);
+  return table;
+}
+
 // Attention of every head over [0, ctx) in double precision, every query and cached value
 // passed through round() first (the identity, or a rounding the kernel applies): out
 // [heads, latent_dim].

@@ -46,8 +46,7 @@ TEST_F(MlaAbsorbedBf16, MatchesReferenceOnRoundedInputs) {
   std::mt19937 rng(31);
   std::uniform_real_distribution<float> d(-1.0f, 1.0f);
   const int64_t bs = 16, blocks = 20;
-  std::vector<int32_t> table(static_cast<size_t>(blocks));
-  for (int32_t b = 0; b < blocks; ++b) table[b] = (b * 7 + 3) % blocks;
+  const std::vector<int32_t> table = permuted_block_table(blocks, 7, 3);
   struct Dims {
     int64_t lat, dr;
   };
@@ -93,8 +92,7 @@ TEST_F(MlaAbsorbedBf16, Bf16PlanesGiveTheBitsOfFp32Planes) {
   std::mt19937 rng(41);
   std::uniform_real_distribution<float> d(-1.0f, 1.0f);
   const int64_t bs = 16, blocks = 24, heads = 16;
-  std::vector<int32_t> table(static_cast<size_t>(blocks));
-  for (int32_t b = 0; b < blocks; ++b) table[b] = (b * 5 + 7) % blocks;
+  const std::vector<int32_t> table = permuted_block_table(blocks, 5, 7);
   struct Dims {
     int64_t lat, dr;
   };
@@ -139,8 +137,7 @@ TEST_F(MlaAbsorbedBf16, PartsMergeIntoTheWholeContext) {
   std::mt19937 rng(37);
   std::uniform_real_distribution<float> d(-1.0f, 1.0f);
   const int64_t lat = 64, dr = 16, bs = 16, blocks = 40, heads = 16, ctx = 513;
-  std::vector<int32_t> table(static_cast<size_t>(blocks));
-  for (int32_t b = 0; b < blocks; ++b) table[b] = (b * 11 + 5) % blocks;
+  const std::vector<int32_t> table = permuted_block_table(blocks, 11, 5);
   std::vector<float> latent(static_cast<size_t>(blocks * bs * lat)),
       rope(static_cast<size_t>(blocks * bs * dr)), q_abs(static_cast<size_t>(heads * lat)),
       q_pe(static_cast<size_t>(heads * dr));

@@ -118,8 +118,7 @@ TEST(MlaAbsorbed, MatchesReferenceOverPagedBlocks) {
   std::uniform_real_distribution<float> d(-1.0f, 1.0f);
   const int64_t dr = 8, bs = 16, blocks = 20;
   // Context position s lives in block table[s / bs]: a permutation, so blocks are not in order.
-  std::vector<int32_t> table(static_cast<size_t>(blocks));
-  for (int32_t b = 0; b < blocks; ++b) table[b] = (b * 7 + 3) % blocks;
+  const std::vector<int32_t> table = permuted_block_table(blocks, 7, 3);
   // lat 24: one 16-column tile and 8 columns one by one; lat 32: two tiles (AVX-512: one
   // 32-column tile); lat 48: a 32-column tile and a 16-column one.
   // 3 and 8 heads (8 lanes), 11 and 16 (16 lanes, padded), 20 (16 + 4); ctx crosses blocks,
@@ -184,8 +183,7 @@ TEST(MlaAbsorbed, PartsMergeIntoTheWholeContext) {
   std::mt19937 rng(5);
   std::uniform_real_distribution<float> d(-1.0f, 1.0f);
   const int64_t lat = 32, dr = 8, bs = 16, blocks = 20, heads = 16, ctx = 300;
-  std::vector<int32_t> table(static_cast<size_t>(blocks));
-  for (int32_t b = 0; b < blocks; ++b) table[b] = (b * 11 + 5) % blocks;
+  const std::vector<int32_t> table = permuted_block_table(blocks, 11, 5);
   std::vector<float> latent(static_cast<size_t>(blocks * bs * lat)),
       rope(static_cast<size_t>(blocks * bs * dr));
   std::vector<float> q_abs(static_cast<size_t>(heads * lat)), q_pe(static_cast<size_t>(heads * dr));
@@ -215,8 +213,7 @@ TEST(MlaAbsorbed, InstructionSetsGiveTheSameBits) {
   std::uniform_real_distribution<float> d(-1.0f, 1.0f);
   const int64_t lat = 80, dr = 16, bs = 16, blocks = 24, ctx = 370;  // 80 = 32 + 32 + 16
   const int64_t ld = padded_latent_stride(lat);
-  std::vector<int32_t> table(static_cast<size_t>(blocks));
-  for (int32_t b = 0; b < blocks; ++b) table[b] = (b * 5 + 2) % blocks;
+  const std::vector<int32_t> table = permuted_block_table(blocks, 5, 2);
   std::vector<float> latent(static_cast<size_t>(blocks * bs * ld)),
       rope(static_cast<size_t>(blocks * bs * dr));
   for (auto* v : {&latent, &rope})
