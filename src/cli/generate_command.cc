@@ -168,10 +168,11 @@ Status run_generate(const GenerateArgs& a) {
   const int64_t decode_steps = generated - 1;
   std::fprintf(stderr,
                "prefill: %lld tokens in %.3f s (%.1f tokens/s); decode: %lld tokens in %.3f s "
-               "(%.1f tokens/s)\n",
+               "(%.1f tokens/s); compute %s, KV cache %s\n",
                static_cast<long long>(n_prompt), prefill_s, n_prompt / std::max(prefill_s, 1e-9),
                static_cast<long long>(decode_steps), decode_s,
-               decode_steps > 0 ? decode_steps / std::max(decode_s, 1e-9) : 0.0);
+               decode_steps > 0 ? decode_steps / std::max(decode_s, 1e-9) : 0.0,
+               a.compute_dtype.c_str(), std::string(dtype_name(model->kv_cache_dtype())).c_str());
   return {};
 }
 

@@ -24,7 +24,9 @@ TEST(KvCache, BlocksAreReservedFreedAndExhaustedWithAClearError) {
     const float lat[3] = {float(pos * 3), float(pos * 3 + 1), float(pos * 3 + 2)};
     const float rope[2] = {float(-pos), float(pos + 100)};
     if (pos < 5) cache.write(1, a, pos, lat, rope);
-    cache.write(1, b, pos, rope, lat);  // b: the rope values as latent and the reverse
+    const float other_lat[3] = {float(-pos), float(pos + 100), 7.0f};
+    const float other_rope[2] = {float(pos * 3), float(pos * 3 + 1)};
+    cache.write(1, b, pos, other_lat, other_rope);
   }
   const auto view = cache.view(1, a), other = cache.view(1, b);
   EXPECT_FALSE(view.bf16());
@@ -37,6 +39,8 @@ TEST(KvCache, BlocksAreReservedFreedAndExhaustedWithAClearError) {
   for (int64_t pos = 0; pos < 8; ++pos) {
     EXPECT_EQ(other.latent_at(pos)[0], -pos);
     EXPECT_EQ(other.latent_at(pos)[1], pos + 100);
+    EXPECT_EQ(other.latent_at(pos)[2], 7.0f);
+    EXPECT_EQ(other.rope_at(pos)[0], pos * 3);
     EXPECT_EQ(other.rope_at(pos)[1], pos * 3 + 1);
   }
   cache.free_sequence(b);
