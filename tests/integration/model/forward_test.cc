@@ -245,6 +245,36 @@ TEST(Forward, Bf16KvCacheGivesTheBitsOfAnF32CacheInTheFastMode) {
   EXPECT_EQ(std::memcmp(a.data(), b.data(), sizeof(float) * a.size()), 0);
 }
 
+// Chunked prefill over a bf16 cache: each chunk's expanded attention reads the cached rows
+// (bf16, widened) of the whole context, its own rows included, exactly as one chunk does,
+// and every kernel's sums are the same whatever the chunking: the same bits.
+TEST(Forward, ChunkedPrefillOverABf16CacheEqualsOneChunk) {
+  if (!kernels::absorbed_bf16_available()) GTEST_SKIP() << "no AVX512_BF16 attention kernel";
+  ModelOptions o;
+  o.compute = ComputeDType::kBF16;
+  o.attention = AttentionMode::kExpanded;
+  o.threads = 2;
+  auto m = DeepseekV3Model::load(make_tiny("kv16_chunks", 29), o);
+  ASSERT_TRUE(m.ok());
+  DeepseekV3Model& model = **m;
+  ASSERT_EQ(model.kv_cache_dtype(), DType::kBF16);
+  const int64_t v = model.config().vocab_size, n = 45;
+  const auto ids = random_ids(n, v, 12);
+  const std::vector<float> whole = alone(model, ids);
+  KvCache cache = model.make_cache(n + 16).value();
+  const int64_t seq = cache.add_sequence();
+  std::vector<float> chunked;
+  StepOutput out;
+  for (int64_t p = 0; p < n; p += 7) {
+    const int64_t count = std::min<int64_t>(7, n - p);
+    TokenChunk ch{seq, p, std::span(ids).subspan(static_cast<size_t>(p), count), true};
+    ASSERT_TRUE(model.forward({&ch, 1}, cache, out).ok());
+    chunked.insert(chunked.end(), out.logits.begin(), out.logits.end());
+  }
+  ASSERT_EQ(chunked.size(), whole.size());
+  EXPECT_EQ(std::memcmp(chunked.data(), whole.data(), sizeof(float) * whole.size()), 0);
+}
+
 TEST(Forward, ABf16KvCacheOutsideTheFastModeIsRefused) {
   ModelOptions o;
   o.kv_cache = KvCacheDType::kBF16;  // with the f32 compute dtype
