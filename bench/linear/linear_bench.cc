@@ -3,7 +3,7 @@
 // run. This is the measurement behind "own panel kernel, not sgemm" (linear.h).
 //
 // Per shape [rows, cols] and token count n, three ways to compute y[n, rows] = x · Wᵀ, all
-// on two threads:
+// on --threads threads (default two):
 //   panels  the loaded model's layout: BF16 panels (kPanels16), kernels::linear_f32
 //   rows    BF16 row-major as published (XDS_WEIGHT_LAYOUT=rows): the row kernel, sgemm
 //           from kSgemmMinTokens on (W widened inside the call, timed)
@@ -158,8 +158,12 @@ int main(int argc, char** argv) {
   kernels::select_blas_core(argv);  // first: it may re-execute the program
   CLI::App app{"bench_linear: the linear kernels against OpenBLAS sgemm at bench-2.6b shapes"};
   std::string json_path = "bench_linear.json", counts_arg = "1,4,16,64,512";
-  int reps = 7;
+  int reps = 7, threads = 2;
   app.add_option("--json", json_path, "where to write the results");
+  app.add_option("--threads", threads,
+                 "threads of every product and of the limits (1: one core's streaming rate, "
+                 "the same in both of the VM's read modes)")
+      ->check(CLI::Range(1, 64));
   app.add_option("--tokens", counts_arg, "token counts n, comma-separated");
   app.add_option("--reps", reps, "timed calls per row (median)")->check(CLI::Range(1, 100));
   CLI11_PARSE(app, argc, argv);
@@ -171,7 +175,7 @@ int main(int argc, char** argv) {
     return 1;
   }
 
-  ThreadPool pool(2);
+  ThreadPool pool(threads);
   struct Row {
     const Shape* shape;
     int64_t n;
@@ -191,10 +195,10 @@ int main(int argc, char** argv) {
   std::fprintf(stderr, "\n");
   const bench::MachineLimits lim = bench::faster_of(before, bench::measure_machine_limits(pool));
   std::printf(
-      "machine: read %.1f GB/s, fp32 peak %.1f GFLOP/s (%s, 2 threads; the faster of before "
+      "machine: read %.1f GB/s, fp32 peak %.1f GFLOP/s (%s, %d threads; the faster of before "
       "and after the rows); OpenBLAS %s, panel kernel %s\n",
-      lim.read_gbps, lim.f32_gflops, lim.f32_isa, kernels::blas_core_name().c_str(),
-      kernels::panel_isa_name(kernels::panel_isa()));
+      lim.read_gbps, lim.f32_gflops, lim.f32_isa, pool.num_threads(),
+      kernels::blas_core_name().c_str(), kernels::panel_isa_name(kernels::panel_isa()));
   std::printf("dot: %s, bf16 dot-product peak %.1f GFLOP/s\n",
               kernels::panels_dot_for({DType::kBF16, nullptr, 0, 0, MatrixLayout::kPanels16})
                   ? "vdpbf16ps panels"
@@ -204,6 +208,7 @@ int main(int argc, char** argv) {
               "panels ms", "GFLOP/s", "% roof", "rows ms", "GFLOP/s", "sgemm ms", "GFLOP/s",
               "rel diff", "dot ms", "GFLOP/s", "% roof", "rel diff");
   nlohmann::json j;
+  j["threads"] = pool.num_threads();
   j["machine"] = {{"read_gbps", lim.read_gbps},
                   {"f32_gflops", lim.f32_gflops},
                   {"f32_isa", lim.f32_isa},
