@@ -43,7 +43,7 @@ Result<KvCache> KvCache::create(const KvCacheShape& shape, int64_t available_byt
   if (shape.dtype == DType::kBF16 && !kernels::absorbed_bf16_available()) {
     return invalid_argument(
         "KV cache: a BF16 cache is read only by the bf16 attention kernel, which needs "
-        "AVX512_BF16 and the AVX-512 panel ISA: this CPU or build has not, use F32");
+        "AVX512_BF16 and the AVX-512 panel ISA, which this CPU or build lacks: use F32");
   }
   const int64_t bytes = bytes_for(shape);
   if (bytes < 0) {
