@@ -85,14 +85,15 @@ struct Timing {
 Timing measure(const Shape& s, int64_t n, int reps, ThreadPool& pool, std::mt19937& rng) {
   std::uniform_real_distribution<float> d(-1, 1);
   const int copies = copies_for(s);
-  const int64_t size = s.rows * s.cols, panels = (s.rows + kPanelRows - 1) / kPanelRows;
+  const MatrixRef shape{DType::kBF16, nullptr, s.rows, s.cols, MatrixLayout::kPanels16};
+  const int64_t size = s.rows * s.cols, copy_elements = shape.bytes() / 2;
   std::vector<uint16_t> rows_bf16(static_cast<size_t>(size) * copies);
   for (auto& v : rows_bf16) v = f32_to_bf16(d(rng) * 0.05f);
-  std::vector<uint16_t> panel_bf16(static_cast<size_t>(panels * kPanelRows * s.cols) * copies);
+  std::vector<uint16_t> panel_bf16(static_cast<size_t>(copy_elements) * copies);
   std::vector<float> rows_f32(static_cast<size_t>(size) * copies);
   for (int i = 0; i < copies; ++i) {
-    kernels::pack_panels16(rows_bf16.data() + size * i, s.rows, s.cols, 0, panels,
-                           panel_bf16.data() + panels * kPanelRows * s.cols * i);
+    kernels::pack_panels16(rows_bf16.data() + size * i, s.rows, s.cols, 0, shape.panels(),
+                           panel_bf16.data() + copy_elements * i);
   }
   for (size_t i = 0; i < rows_f32.size(); ++i) rows_f32[i] = bf16_to_f32(rows_bf16[i]);
   std::vector<float> x(static_cast<size_t>(n * s.cols));
@@ -107,8 +108,7 @@ Timing measure(const Shape& s, int64_t n, int reps, ThreadPool& pool, std::mt199
   std::vector<double> tp, tr, tb, td;
   for (int r = 0; r <= reps; ++r) {  // call 0 warms up, untimed
     const int c = r % copies;
-    MatrixRef panel{DType::kBF16, panel_bf16.data() + panels * kPanelRows * s.cols * c, s.rows,
-                    s.cols};
+    MatrixRef panel{DType::kBF16, panel_bf16.data() + copy_elements * c, s.rows, s.cols};
     panel.layout = MatrixLayout::kPanels16;
     const MatrixRef row{DType::kBF16, rows_bf16.data() + size * c, s.rows, s.cols};
     auto t0 = Clock::now();
@@ -120,7 +120,7 @@ Timing measure(const Shape& s, int64_t n, int reps, ThreadPool& pool, std::mt199
     // Half the copies away from this call's: neither the panels' call just made nor the
     // next one finds W in cache (copy c + 1 would warm the next panels' call).
     MatrixRef other = panel;
-    other.data = panel_bf16.data() + panels * kPanelRows * s.cols * ((c + copies / 2) % copies);
+    other.data = panel_bf16.data() + copy_elements * ((c + copies / 2) % copies);
     t0 = Clock::now();
     kernels::linear_bf16(x_bf16.data(), n, s.cols, r == reps ? panel : other, y_dot.data(), s.rows,
                          pool);

@@ -28,7 +28,8 @@ bool SharedMlpOverlap::supported(const MlpWeights& mlp) {
 
 int64_t SharedMlpOverlap::panels_per_slice(int64_t n, int64_t cols, double slice_flops) {
   const double per_panel = 2.0 * static_cast<double>(kPanelRows * cols * n);
-  return std::max<int64_t>(1, static_cast<int64_t>(slice_flops / per_panel));
+  // Whole pairs of panels (the kernels' unit: tensor/matrix.h).
+  return std::max<int64_t>(2, static_cast<int64_t>(slice_flops / per_panel) / 2 * 2);
 }
 
 SharedMlpOverlap::SharedMlpOverlap(const MlpWeights& mlp, const float* x, int64_t n, float* gate,

@@ -315,12 +315,12 @@ Result<std::optional<MatrixRef>> bind_fp8_panels(const Checkpoint& ckpt, const T
   MatrixRef m{DType::kF8E4M3, nullptr, rows, cols, MatrixLayout::kPanels16};
   m.scale_shift = std::countr_zero(static_cast<uint64_t>(block_cols));
   const int64_t panel_bytes = (m.bytes() + 63) / 64 * 64;
-  const int64_t scale_count = m.panels() * m.scale_blocks();
+  const int64_t scale_count = m.stored_panels() * m.scale_blocks();
   const auto* q = reinterpret_cast<const uint8_t*>(t.data);
   XDS_ASSIGN_OR_RETURN(
       const std::byte* p,
       cache.get_or_create(
-          repack_key(t, s, "F8-panels16-scales-x2^8", block_rows, block_cols),
+          repack_key(t, s, "F8-panel-pairs16-scales-x2^8", block_rows, block_cols),
           static_cast<size_t>(panel_bytes + scale_count * 4), [&](std::byte* out) -> Status {
             std::atomic<int64_t> nan_at{-1};
             for_range(cache.pool(), m.panels(), [&](int64_t b, int64_t e) {
@@ -368,7 +368,7 @@ Result<MatrixRef> bind_panels16(const TensorView& t, int64_t rows, int64_t cols,
   XDS_ASSIGN_OR_RETURN(
       const std::byte* p,
       cache.get_or_create(
-          repack_key(t, nullptr, fmt::format("{}-panels16", dtype_name(t.dtype)), 0, 0),
+          repack_key(t, nullptr, fmt::format("{}-panel-pairs16", dtype_name(t.dtype)), 0, 0),
           static_cast<size_t>(packed.bytes()), [&](std::byte* out) -> Status {
             for_range(cache.pool(), packed.panels(), [&](int64_t b, int64_t e) {
               kernels::pack_panels16(src, rows, cols, b, e, reinterpret_cast<uint16_t*>(out));
@@ -498,8 +498,8 @@ Result<AbsorbedHeads> bind_absorbed_heads(const Checkpoint& ckpt, const std::str
   XDS_ASSIGN_OR_RETURN(
       const std::byte* p,
       cache.get_or_create(
-          repack_key(*t, nullptr, fmt::format("{}-absorbed-heads-panels16", dtype_name(t->dtype)),
-                     0, 0),
+          repack_key(*t, nullptr,
+                     fmt::format("{}-absorbed-heads-panel-pairs16", dtype_name(t->dtype)), 0, 0),
           static_cast<size_t>(heads * per_head), [&](std::byte* dst) -> Status {
             for_range(cache.pool(), heads, [&](int64_t h0, int64_t h1) {
               std::vector<uint16_t> uk_t(static_cast<size_t>(lat * dn));

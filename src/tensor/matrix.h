@@ -6,22 +6,25 @@
 // where a kernel needs rows: see kPanels16 for the linears).
 //
 // kPanels16 (BF16 or F16, or F8_E4M3 with block scales): the linear kernels' layout, written once
-// into the shared repack cache. Rows are grouped in panels of 16 (the last one zero-padded);
-// a panel stores its 16 rows column by column, k-major, 16 elements per column:
+// into the shared repack cache. Rows are grouped in panels of 16 (the last one zero-padded),
+// panels in pairs (an odd count gets a zero panel to close its last pair); a pair stores its
+// two panels' columns interleaved, k-major, 16 elements of each per column:
 //
-//   panel p, column c: element [16] at data + (p * cols + c) * 16, where
+//   panel p, column c: element [16] at data + ((p / 2) * cols + c) * 32 + (p % 2) * 16, where
 //     element 2j   = W[16p + j][c]        (j = 0..7: the low half of 32-bit lane j)
 //     element 2j+1 = W[16p + 8 + j][c]    (the high half of lane j)
 //
 // so one 32-byte BF16 load yields rows 16p..16p+7 as fp32 by `lane << 16` and rows
-// 16p+8..16p+15 by `lane & 0xffff0000`, and a panel is one sequential stream
-// (kernels/cpu/linear_panels.h). F16 panels hold fp16 elements in the same places.
+// 16p+8..16p+15 by `lane & 0xffff0000`, and a pair of panels is one sequential stream in
+// which a 64-byte line holds a column of both (kernels/cpu/linear_panels.h): a tile of two
+// panels reads one stream and runs two independent accumulations per token. F16 panels hold
+// fp16 elements in the same places.
 //
 // F8_E4M3 panels (the published DeepSeek-V3 checkpoints' weights, 1 byte each) carry their
 // block scales per panel: W[r][c] = e4m3(element) · scale_inv[r / block_rows][c / block_cols],
 // with block_rows a multiple of 16 and block_cols a power of two, stored as
 //
-//   scales [panels()][scale_blocks()] fp32: scales[p * scale_blocks() + (c >> scale_shift)]
+//   scales [stored_panels()][scale_blocks()] fp32: scales[p * scale_blocks() + (c >> scale_shift)]
 //     = scale_inv of panel p's rows at column c, times 2^8
 //
 // (the kernel reads an element's sign, exponent and mantissa into an fp16's bits, which is
@@ -40,6 +43,7 @@ namespace xds {
 enum class MatrixLayout { kRows, kPanels16 };
 
 inline constexpr int64_t kPanelRows = 16;
+inline constexpr int64_t kPairStride = 2 * kPanelRows;  // elements per column of a panel pair
 
 struct MatrixRef {
   DType dtype = DType::kF32;  // kBF16 or kF32 (kPanels16: kBF16, kF16 or kF8E4M3)
@@ -54,14 +58,21 @@ struct MatrixRef {
 
   int64_t row_bytes() const { return cols * dtype_size(dtype); }
   int64_t panels() const { return (rows + kPanelRows - 1) / kPanelRows; }
-  // Bytes of the payload, padding of the last panel included.
+  // Panels stored (kPanels16): panels() rounded up to whole pairs.
+  int64_t stored_panels() const { return (panels() + 1) / 2 * 2; }
+  // kPanels16: the element offset of panel p's column c (see above).
+  int64_t panel_column(int64_t p, int64_t c) const {
+    return ((p >> 1) * cols + c) * kPairStride + (p & 1) * kPanelRows;
+  }
+  // Bytes of the payload, padding of the last panel and pair included.
   int64_t bytes() const {
-    return layout == MatrixLayout::kRows ? rows * row_bytes() : panels() * kPanelRows * row_bytes();
+    return layout == MatrixLayout::kRows ? rows * row_bytes()
+                                         : stored_panels() * kPanelRows * row_bytes();
   }
   // Bytes a product over the whole matrix reads: the payload and, for FP8 panels, their
-  // scales (fp32, panels() × scale_blocks()).
+  // scales (fp32, stored_panels() × scale_blocks()).
   int64_t read_bytes() const {
-    return bytes() + (scales != nullptr ? panels() * scale_blocks() * int64_t{4} : 0);
+    return bytes() + (scales != nullptr ? stored_panels() * scale_blocks() * int64_t{4} : 0);
   }
   // A view of rows [begin, begin + count); kRows only.
   MatrixRef row_slice(int64_t begin, int64_t count) const {

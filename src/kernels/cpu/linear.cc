@@ -237,11 +237,12 @@ void linear_impl(const XT* x, int64_t n, int64_t ldx, const MatrixRef& w, float*
 // the other then spun at the end of every linear (~4 % of a batch-16 step in `perf`).
 // Which thread computes a panel changes no result.
 //
-// The chunk size for `panels` panels, or 0 when the product (n · rows · cols multiply-adds)
-// is too small to wake the pool for: below ~64K a wake-up costs more than the work.
+// The chunk size for `panels` panels (whole pairs: even), or 0 when the product
+// (n · rows · cols multiply-adds) is too small to wake the pool for: below ~64K a wake-up
+// costs more than the work.
 int64_t panel_chunk(int64_t panels, int64_t multiply_adds, int threads) {
   if (threads == 1 || multiply_adds < (int64_t{1} << 16)) return 0;
-  return std::max<int64_t>(1, panels / (4 * threads));
+  return std::max<int64_t>(2, panels / (4 * threads) / 2 * 2);
 }
 
 // run(p, end) for chunks [p, end) of `chunk` panels taken from `next` until none is left.

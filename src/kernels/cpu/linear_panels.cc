@@ -23,17 +23,20 @@ std::atomic<PanelIsa> g_isa{panel_detail::kHaveAvx512 ? PanelIsa::kAvx512 : Pane
 template <typename T>
 void pack_panels(const T* w, int64_t rows, int64_t cols, int64_t panel_begin, int64_t panel_end,
                  T* out) {
-  for (int64_t p = panel_begin; p < panel_end; ++p) {
-    T* dst = out + p * cols * kPanelRows;
+  const MatrixRef shape{DType::kBF16, nullptr, rows, cols, MatrixLayout::kPanels16};
+  // The last panel of an odd count also writes the zero panel that closes its pair.
+  const int64_t end = panel_end == shape.panels() ? shape.stored_panels() : panel_end;
+  for (int64_t p = panel_begin; p < end; ++p) {
+    T* dst = out + shape.panel_column(p, 0);
     for (int j = 0; j < 16; ++j) {
       const int64_t r = p * kPanelRows + j;
       const int slot = j < 8 ? 2 * j : 2 * (j - 8) + 1;
       if (r >= rows) {
-        for (int64_t c = 0; c < cols; ++c) dst[c * kPanelRows + slot] = 0;
+        for (int64_t c = 0; c < cols; ++c) dst[c * kPairStride + slot] = 0;
         continue;
       }
       const T* src = w + r * cols;
-      for (int64_t c = 0; c < cols; ++c) dst[c * kPanelRows + slot] = src[c];
+      for (int64_t c = 0; c < cols; ++c) dst[c * kPairStride + slot] = src[c];
     }
   }
 }
@@ -63,12 +66,14 @@ void pack_fp8_panel_scales(const float* scale_inv, int64_t rows, int64_t cols, i
   XDS_CHECK(block_rows % kPanelRows == 0 && block_cols > 0 &&
                 std::has_single_bit(static_cast<uint64_t>(block_cols)),
             "pack_fp8_panel_scales: {}x{} blocks", block_rows, block_cols);
-  const int64_t panels = (rows + kPanelRows - 1) / kPanelRows;
+  const MatrixRef shape{DType::kF8E4M3, nullptr, rows, cols, MatrixLayout::kPanels16};
   const int64_t blocks = (cols + block_cols - 1) / block_cols;
-  for (int64_t p = 0; p < panels; ++p) {
+  for (int64_t p = 0; p < shape.panels(); ++p) {
     const float* src = scale_inv + (p * kPanelRows / block_rows) * blocks;
     for (int64_t b = 0; b < blocks; ++b) out[p * blocks + b] = src[b] * 0x1p8f;
   }
+  for (int64_t p = shape.panels(); p < shape.stored_panels(); ++p)  // the zero panel's
+    for (int64_t b = 0; b < blocks; ++b) out[p * blocks + b] = 0.0f;
 }
 
 bool panel_isa_available(PanelIsa isa) {

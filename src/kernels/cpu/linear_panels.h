@@ -2,8 +2,8 @@
 // (tensor/matrix.h): y[t][r] = Σ_c x[t][c] · W[r][c], fp32 accumulation.
 //
 //   x: [n, cols] fp32, row stride ldx
-//   W: MatrixRef, kPanels16: ceil(rows/16) panels, each [cols][16] bf16, fp16 or e4m3 (pairs
-//      interleaved), FP8 with per-panel scales
+//   W: MatrixRef, kPanels16: ceil(rows/16) panels, each [cols][16] bf16, fp16 or e4m3 (rows
+//      j and 8 + j side by side), in pairs whose columns interleave; FP8 with per-panel scales
 //   y: [n, rows] fp32, row stride ldy
 //
 // An FP8 column is widened to fp32 and multiplied by its block's scale (one rounding: the
@@ -13,9 +13,11 @@
 //
 // The micro-kernel is an outer product: per column c it loads the panel's 16 weights once
 // (one 32-byte load, widened), broadcasts x[t][c] of up to 6 tokens (AVX2; 8 with AVX-512)
-// and adds 16 × T products into T accumulators (two 8-lane halves each with AVX2). A panel is one
-// sequential stream, so a thread reads one or two streams at a time (the read loop's speed), and
-// the widening costs two instructions per 16 weights instead of four per 8.
+// and adds 16 × T products into T accumulators (two 8-lane halves each with AVX2). A tile
+// takes both panels of a pair, one sequential stream with two independent sums per token
+// (one panel's alone: each token's sum is one chain of fused multiply-adds, its latency the
+// limit at one token), and the widening costs two instructions per 16 weights instead of
+// four per 8.
 //
 // Summation order: every y[t][r] is Σ_c in ascending c, one fused multiply-add per c, in
 // fp32, whatever n, the token blocking, the k blocking or the thread split: a token's
@@ -29,8 +31,9 @@
 namespace xds::kernels {
 
 // Writes panels [panel_begin, panel_end) of the BF16 (or F16) row-major matrix w [rows, cols] into
-// `out`, the whole kPanels16 buffer (panels() * 16 * cols elements); rows past the end of
-// the last panel are zero.
+// `out`, the whole kPanels16 buffer (stored_panels() * 16 * cols elements); rows past the end
+// of the last panel are zero, and panel_end = panels() also writes the zero panel that closes
+// an odd count's last pair.
 void pack_panels16(const uint16_t* w, int64_t rows, int64_t cols, int64_t panel_begin,
                    int64_t panel_end, uint16_t* out);
 // The same for F8_E4M3 bytes (the elements only; the scales: pack_fp8_panel_scales). The
@@ -42,8 +45,8 @@ void pack_panels16_fp8(const uint8_t* w, int64_t rows, int64_t cols, int64_t pan
 // and below 2^120 in magnitude.
 bool fp8_panel_scales_fit(const float* scale_inv, int64_t count);
 // FP8 panels' scales (MatrixRef::scales) from scale_inv [ceil(rows / block_rows)]
-// [ceil(cols / block_cols)]: out [panels][ceil(cols / block_cols)]. block_rows a multiple
-// of 16, block_cols a power of two.
+// [ceil(cols / block_cols)]: out [stored_panels][ceil(cols / block_cols)] (the zero panel's
+// scales 0). block_rows a multiple of 16, block_cols a power of two.
 void pack_fp8_panel_scales(const float* scale_inv, int64_t rows, int64_t cols, int64_t block_rows,
                            int64_t block_cols, float* out);
 // kPanels16 with BF16 or F16 elements, or F8_E4M3 ones with scales: what panels_linear
@@ -60,13 +63,15 @@ PanelIsa panel_isa();
 void set_panel_isa(PanelIsa isa);  // fails on an instruction set this build lacks
 const char* panel_isa_name(PanelIsa isa);
 
-// y[:, 16 p_begin .. min(rows, 16 p_end)) for all n tokens, on the calling thread.
+// y[:, 16 p_begin .. min(rows, 16 p_end)) for all n tokens, on the calling thread. The range
+// is of whole pairs: p_begin even, p_end even or panels() (checked).
 void panels_linear(const float* x, int64_t n, int64_t ldx, const MatrixRef& w, int64_t p_begin,
                    int64_t p_end, float* y, int64_t ldy);
 
 // bf16 activations (x: [n, cols] bf16, row stride ldx) against BF16 panels with the
 // AVX512-BF16 dot product vdpbf16ps, two columns per instruction (linear_panels_dot.cc):
-// y[:, 16 p_begin .. min(rows, 16 p_end)) on the calling thread. Every product is exact in
+// y[:, 16 p_begin .. min(rows, 16 p_end)) on the calling thread (whole pairs, as
+// panels_linear). Every product is exact in
 // fp32 as in panels_linear on the widened x; the sums differ in rounding (pairs of columns
 // per addition, denormals flushed to zero). Batch-invariant, bit for bit. Only where
 // panels_dot_available() (built with AVX512_BF16).

@@ -3,13 +3,14 @@
 // over columns [kb, ke), one tile per instruction set and weight format (Bf16Format,
 // F16Format, Fp8Format below).
 //
-//   x: [T][ldx] fp32; w: panel p at w, panel p + 1 at w + cols · 16 (kPanels16, each column
-//   16 elements with rows j and 8 + j paired: tensor/matrix.h); y: [T][ldy], rows 16P.
+//   x: [T][ldx] fp32; w: panel p's column 0 (kPanels16, tensor/matrix.h: each column 16
+//   elements with rows j and 8 + j paired), column c at w + 32c (kPairStride), panel p + 1
+//   (for P = 2 the other half of p's pair) at w + 16; y: [T][ldy], rows 16P.
 //
 // acc[t][r] (+)= Σ_{c in [kb, ke)} x[t][c] · w[c][r], the accumulators being y[t][0 .. 16P)
 // (loaded unless `first`, which starts from 0), one fused multiply-add per column in
 // ascending c: both instruction sets give the same bits. Every G columns the tile prefetches
-// the line at `pf` and steps it on by a line (for P = 2 the same line of the second panel).
+// the line at `pf` and steps it on by a line (a BF16 line is one column of both panels).
 //
 // AVX2 (16 ymm registers): a BF16 column is one 32-byte load widened by a shift (rows 0-7)
 // and a mask (rows 8-15); T tokens × P panels × 2 halves accumulators + the widened halves +
@@ -88,13 +89,11 @@ inline constexpr uint16_t kFp8AsF16Bits = 0xBF80;  // sign, then bits 7-13 (<< 7
 // G for a walk without software prefetch (pf unused).
 inline constexpr int kNoPrefetch = 0;
 
-// column(c) for c in [kb, ke), with a prefetch of the line at pf (and at pf +
-// second_panel for P = 2) every G columns, pf stepping on a line each time (G = kNoPrefetch:
-// none). Returns pf stepped on.
-template <int P, int G, class Column>
+// column(c) for c in [kb, ke), with a prefetch of the line at pf every G columns, pf
+// stepping on a line each time (G = kNoPrefetch: none). Returns pf stepped on.
+template <int G, class Column>
 __attribute__((always_inline)) inline const char* walk_columns(int64_t kb, int64_t ke,
-                                                               const char* pf, int64_t second_panel,
-                                                               Column& column) {
+                                                               const char* pf, Column& column) {
   int64_t c = kb;
   if constexpr (G == kNoPrefetch) {
     for (; c < ke; ++c) column(c);
@@ -102,7 +101,6 @@ __attribute__((always_inline)) inline const char* walk_columns(int64_t kb, int64
   }
   for (; c + G <= ke; c += G) {
     _mm_prefetch(pf, _MM_HINT_T0);
-    if constexpr (P == 2) _mm_prefetch(pf + second_panel, _MM_HINT_T0);
     pf += kLineBytes;
 #pragma GCC unroll 8
     for (int g = 0; g < G; ++g) column(c + g);
@@ -113,14 +111,14 @@ __attribute__((always_inline)) inline const char* walk_columns(int64_t kb, int64
 
 // walk_columns over the format's segments (FP8: scale blocks; BF16: all of [kb, ke)), with
 // begin(first column) before each: the tile loads the segment's scales there.
-template <int P, int G, class Fmt, class Column, class Begin>
+template <int G, class Fmt, class Column, class Begin>
 __attribute__((always_inline)) inline void walk_segments(const Fmt& f, int64_t kb, int64_t ke,
-                                                         const char* pf, int64_t second_panel,
-                                                         Column& column, Begin&& begin) {
+                                                         const char* pf, Column& column,
+                                                         Begin&& begin) {
   for (int64_t s = kb; s < ke;) {
     const int64_t e = f.segment_end(s, ke);
     begin(s);
-    pf = walk_columns<P, G>(s, e, pf, second_panel, column);
+    pf = walk_columns<G>(s, e, pf, column);
     s = e;
   }
 }
@@ -169,11 +167,10 @@ __attribute__((always_inline)) inline void widen_column_avx2(const Fp8Format&, c
 
 template <int T, int P, int G, class Fmt>
 void panel_tile_avx2(const Fmt& f, const float* x, int64_t ldx, const typename Fmt::Elem* w,
-                     int64_t cols, int64_t kb, int64_t ke, bool first, float* y, int64_t ldy,
-                     const char* pf) {
+                     int64_t kb, int64_t ke, bool first, float* y, int64_t ldy, const char* pf) {
   static_assert(P == 1 || P == 2);
   __m256 a0[T], a1[T], a2[T], a3[T];
-  const typename Fmt::Elem* w2 = w + cols * kPanelRows;
+  const typename Fmt::Elem* w2 = w + kPanelRows;  // the pair's other panel
 #pragma GCC unroll 8
   for (int t = 0; t < T; ++t) {
     const float* yt = y + t * ldy;
@@ -187,8 +184,8 @@ void panel_tile_avx2(const Fmt& f, const float* x, int64_t ldx, const typename F
   __m256 s0 = _mm256_setzero_ps(), s1 = s0;  // the segment's scales (FP8)
   auto column = [&](int64_t c) __attribute__((always_inline)) {
     __m256 lo, hi, lo2, hi2;
-    widen_column_avx2(f, w + c * kPanelRows, s0, lo, hi);
-    if constexpr (P == 2) widen_column_avx2(f, w2 + c * kPanelRows, s1, lo2, hi2);
+    widen_column_avx2(f, w + c * kPairStride, s0, lo, hi);
+    if constexpr (P == 2) widen_column_avx2(f, w2 + c * kPairStride, s1, lo2, hi2);
 #pragma GCC unroll 8
     for (int t = 0; t < T; ++t) {
       const __m256 xb = _mm256_broadcast_ss(x + t * ldx + c);
@@ -200,7 +197,7 @@ void panel_tile_avx2(const Fmt& f, const float* x, int64_t ldx, const typename F
       }
     }
   };
-  walk_segments<P, G>(f, kb, ke, pf, cols * Fmt::kColumnBytes, column, [&](int64_t c) {
+  walk_segments<G>(f, kb, ke, pf, column, [&](int64_t c) {
     s0 = _mm256_set1_ps(f.scale(c, 0));
     if constexpr (P == 2) s1 = _mm256_set1_ps(f.scale(c, 1));
   });
@@ -301,17 +298,16 @@ __attribute__((always_inline)) inline void store_accumulators(const __m512 (&a0)
 
 template <int T, int P, int G, class Fmt>
 void panel_tile_avx512(const Fmt& f, const float* x, int64_t ldx, const typename Fmt::Elem* w,
-                       int64_t cols, int64_t kb, int64_t ke, bool first, float* y, int64_t ldy,
-                       const char* pf) {
+                       int64_t kb, int64_t ke, bool first, float* y, int64_t ldy, const char* pf) {
   static_assert(P == 1 || P == 2);
   __m512 a0[T], a1[T];
   load_accumulators<T, P>(a0, a1, y, ldy, first);
-  const typename Fmt::Elem* w2 = w + cols * kPanelRows;
+  const typename Fmt::Elem* w2 = w + kPanelRows;  // the pair's other panel
   __m512 s0 = _mm512_setzero_ps(), s1 = s0;  // the segment's scales (FP8)
   auto column = [&](int64_t c) __attribute__((always_inline)) {
-    const __m512 v = widen_column(f, w + c * kPanelRows, s0);
+    const __m512 v = widen_column(f, w + c * kPairStride, s0);
     __m512 v2;
-    if constexpr (P == 2) v2 = widen_column(f, w2 + c * kPanelRows, s1);
+    if constexpr (P == 2) v2 = widen_column(f, w2 + c * kPairStride, s1);
 #pragma GCC unroll 12
     for (int t = 0; t < T; ++t) {
       const __m512 xb = _mm512_set1_ps(x[t * ldx + c]);
@@ -319,7 +315,7 @@ void panel_tile_avx512(const Fmt& f, const float* x, int64_t ldx, const typename
       if constexpr (P == 2) a1[t] = _mm512_fmadd_ps(xb, v2, a1[t]);
     }
   };
-  walk_segments<P, G>(f, kb, ke, pf, cols * Fmt::kColumnBytes, column, [&](int64_t c) {
+  walk_segments<G>(f, kb, ke, pf, column, [&](int64_t c) {
     s0 = _mm512_set1_ps(f.scale(c, 0));
     if constexpr (P == 2) s1 = _mm512_set1_ps(f.scale(c, 1));
   });
@@ -344,30 +340,28 @@ struct Avx512Wide {
 
 // acc[t][16p + r] (+)= Σ_{c in [kb, ke)} xp[c][t] · W[c][16p + lane(r)]: the sums of
 // panel_tile_avx512, in the same order (one FMA per column, ascending c). W: the widened
-// block ws [ke - kb][16P]; with Widen, first widened from the panels at w (panel p + 1 at
-// w + cols · 16) into ws. xp: the tile's tokens packed column by column, [cols][T]: the T
+// block ws [ke - kb][16P]; with Widen, first widened from the panels at w (as the narrow
+// tile reads them) into ws. xp: the tile's tokens packed column by column, [cols][T]: the T
 // rows of x lie 4 × ldx bytes apart, so with ldx a multiple of 1024 floats all of them map
 // to the same L1 set and evict the widened weights. Every G columns a line of the weights'
-// next block is prefetched, at pf (and pf + second_panel for P = 2), as the narrow tile
-// does.
+// next block is prefetched, at pf, as the narrow tile does.
 template <int T, int P, int G, bool Widen, class Fmt>
-void wide_tile_avx512(const Fmt& f, const float* xp, const typename Fmt::Elem* w, int64_t cols,
-                      float* ws, int64_t kb, int64_t ke, bool first, float* y, int64_t ldy,
-                      const char* pf) {
+void wide_tile_avx512(const Fmt& f, const float* xp, const typename Fmt::Elem* w, float* ws,
+                      int64_t kb, int64_t ke, bool first, float* y, int64_t ldy, const char* pf) {
   static_assert(P == 1 || P == 2);
   __m512 a0[T], a1[T];
   load_accumulators<T, P>(a0, a1, y, ldy, first);
   float* wc = ws - kb * P * kPanelRows;
-  const typename Fmt::Elem* w2 = w + cols * kPanelRows;
+  const typename Fmt::Elem* w2 = w + kPanelRows;  // the pair's other panel
   __m512 s0 = _mm512_setzero_ps(), s1 = s0;  // the segment's scales (FP8, when widening)
   auto column = [&](int64_t c) __attribute__((always_inline)) {
     float* wcol = wc + c * P * kPanelRows;
     __m512 v, v2;
     if constexpr (Widen) {
-      v = widen_column(f, w + c * kPanelRows, s0);
+      v = widen_column(f, w + c * kPairStride, s0);
       _mm512_store_ps(wcol, v);
       if constexpr (P == 2) {
-        v2 = widen_column(f, w2 + c * kPanelRows, s1);
+        v2 = widen_column(f, w2 + c * kPairStride, s1);
         _mm512_store_ps(wcol + kPanelRows, v2);
       }
     } else {
@@ -381,7 +375,7 @@ void wide_tile_avx512(const Fmt& f, const float* xp, const typename Fmt::Elem* w
       if constexpr (P == 2) a1[t] = _mm512_fmadd_ps(xb, v2, a1[t]);
     }
   };
-  walk_segments<P, G>(f, kb, ke, pf, cols * Fmt::kColumnBytes, column, [&](int64_t c) {
+  walk_segments<G>(f, kb, ke, pf, column, [&](int64_t c) {
     if constexpr (Widen) {
       s0 = _mm512_set1_ps(f.scale(c, 0));
       if constexpr (P == 2) s1 = _mm512_set1_ps(f.scale(c, 1));
@@ -398,14 +392,14 @@ inline constexpr bool kHaveAvx512 = false;
 template <class Isa, int P, int G, int kMax = P == 1 ? Isa::kMaxTokens : Isa::kMaxTokensTwoPanels,
           class Fmt>
 void tile(const Fmt& f, int tb, const float* x, int64_t ldx, const typename Fmt::Elem* w,
-          int64_t cols, int64_t kb, int64_t ke, bool first, float* y, int64_t ldy, const char* pf) {
+          int64_t kb, int64_t ke, bool first, float* y, int64_t ldy, const char* pf) {
   const bool ran = dispatch_1_to<kMax>(tb, [&]<int T>() {
 #if defined(__AVX512F__)
     if constexpr (std::is_same_v<Isa, Avx512>)
-      panel_tile_avx512<T, P, G>(f, x, ldx, w, cols, kb, ke, first, y, ldy, pf);
+      panel_tile_avx512<T, P, G>(f, x, ldx, w, kb, ke, first, y, ldy, pf);
 #endif
     if constexpr (std::is_same_v<Isa, Avx2>)
-      panel_tile_avx2<T, P, G>(f, x, ldx, w, cols, kb, ke, first, y, ldy, pf);
+      panel_tile_avx2<T, P, G>(f, x, ldx, w, kb, ke, first, y, ldy, pf);
   });
   XDS_CHECK(ran, "panel tile: {} tokens for {} panels", tb, P);
 }
@@ -413,11 +407,10 @@ void tile(const Fmt& f, int tb, const float* x, int64_t ldx, const typename Fmt:
 #if defined(__AVX512F__)
 // One wide tile of tb tokens (1 ≤ tb ≤ Avx512Wide::kMaxTokens).
 template <int P, int G, bool Widen, class Fmt>
-void wide_tile(const Fmt& f, int tb, const float* xp, const typename Fmt::Elem* w, int64_t cols,
-               float* ws, int64_t kb, int64_t ke, bool first, float* y, int64_t ldy,
-               const char* pf) {
+void wide_tile(const Fmt& f, int tb, const float* xp, const typename Fmt::Elem* w, float* ws,
+               int64_t kb, int64_t ke, bool first, float* y, int64_t ldy, const char* pf) {
   const bool ran = dispatch_1_to<Avx512Wide::kMaxTokens>(tb, [&]<int T>() {
-    wide_tile_avx512<T, P, G, Widen>(f, xp, w, cols, ws, kb, ke, first, y, ldy, pf);
+    wide_tile_avx512<T, P, G, Widen>(f, xp, w, ws, kb, ke, first, y, ldy, pf);
   });
   XDS_CHECK(ran, "wide panel tile: {} tokens", tb);
 }

@@ -55,7 +55,7 @@ Fp8Matrix make_fp8(int64_t rows, int64_t cols, int64_t br, int64_t bc, std::mt19
   m.ref.scale_shift = __builtin_ctzll(static_cast<unsigned long long>(bc));
   m.panels.assign(static_cast<size_t>(m.ref.bytes()), 0x7f);  // poison: packing fills all
   pack_panels16_fp8(m.q.data(), rows, cols, 0, m.ref.panels(), m.panels.data());
-  m.panel_scales.assign(static_cast<size_t>(m.ref.panels() * m.ref.scale_blocks()), NAN);
+  m.panel_scales.assign(static_cast<size_t>(m.ref.stored_panels() * m.ref.scale_blocks()), NAN);
   pack_fp8_panel_scales(m.scale_inv.data(), rows, cols, br, bc, m.panel_scales.data());
   m.ref.data = m.panels.data();
   m.ref.scales = m.panel_scales.data();
@@ -71,12 +71,12 @@ TEST(LinearPanelsFp8, EveryCodeWidensToItsValueTimesTheScale) {
   for (const float scale : {1.0f, 0.00390625f, -3.0f, 1.2345e-3f, 0x1p-140f}) {
     MatrixRef w{DType::kF8E4M3, nullptr, 16, 16, MatrixLayout::kPanels16};
     w.scale_shift = 4;
-    std::vector<uint8_t> panels(256);
+    std::vector<uint8_t> panels(static_cast<size_t>(w.bytes()));  // the panel and its zero pair
     pack_panels16_fp8(q.data(), 16, 16, 0, 1, panels.data());
-    float scales = NAN;
-    pack_fp8_panel_scales(&scale, 16, 16, 16, 16, &scales);
+    float scales[2] = {NAN, NAN};
+    pack_fp8_panel_scales(&scale, 16, 16, 16, 16, scales);
     w.data = panels.data();
-    w.scales = &scales;
+    w.scales = scales;
     for (const PanelIsa isa : available_isas()) {
       set_panel_isa(isa);
       for (int c = 0; c < 16; ++c) {
@@ -136,14 +136,15 @@ TEST(LinearPanelsFp8, SumsAsTheDequantizedMatrixBitForBit) {
 }
 
 TEST(LinearPanelsFp8, ReadBytesCountTheScales) {
-  // 40 rows × 300 columns in blocks of 16 × 128: 3 panels (the last one padded) of 16
-  // rows × 300 one-byte elements, and 3 panels × ceil(300 / 128) = 9 fp32 scales.
+  // 40 rows × 300 columns in blocks of 16 × 128: 3 panels (the last one padded) and the
+  // zero panel closing their second pair, of 16 rows × 300 one-byte elements, and 4 panels ×
+  // ceil(300 / 128) = 12 fp32 scales.
   std::mt19937 rng(5);
   const Fp8Matrix m = make_fp8(40, 300, 16, 128, rng);
-  EXPECT_EQ(m.ref.bytes(), 3 * 16 * 300);
-  EXPECT_EQ(m.ref.read_bytes(), 3 * 16 * 300 + 9 * 4);
+  EXPECT_EQ(m.ref.bytes(), 4 * 16 * 300);
+  EXPECT_EQ(m.ref.read_bytes(), 4 * 16 * 300 + 12 * 4);
   MatrixRef bf16{DType::kBF16, nullptr, 40, 300, MatrixLayout::kPanels16};
-  EXPECT_EQ(bf16.read_bytes(), 3 * 16 * 300 * 2);  // no scales
+  EXPECT_EQ(bf16.read_bytes(), 4 * 16 * 300 * 2);  // no scales
 }
 
 TEST(LinearPanelsFp8, ScalesThatTheWideningCannotCarryAreRefused) {
@@ -155,12 +156,12 @@ TEST(LinearPanelsFp8, ScalesThatTheWideningCannotCarryAreRefused) {
 
 TEST(LinearPanelsFp8, PanelScalesRepeatTheirRowBlock) {
   // 40 rows in blocks of 32 (panels 0-1 in block 0, panel 2 in block 1), 5 columns in
-  // blocks of 4 (two scales per row).
+  // blocks of 4 (two scales per row); the zero panel closing the second pair scales by 0.
   const float s[] = {1.0f, 2.0f, 3.0f, 4.0f};
-  std::vector<float> out(6, NAN);
+  std::vector<float> out(8, NAN);
   pack_fp8_panel_scales(s, 40, 5, 32, 4, out.data());
   const float k = 0x1p8f;
-  const std::vector<float> want = {1 * k, 2 * k, 1 * k, 2 * k, 3 * k, 4 * k};
+  const std::vector<float> want = {1 * k, 2 * k, 1 * k, 2 * k, 3 * k, 4 * k, 0, 0};
   EXPECT_EQ(out, want);
 }
 

@@ -36,22 +36,34 @@ Packed make_packed(int64_t rows, int64_t cols, std::mt19937& rng) {
   return p;
 }
 
-TEST(LinearPanels, PackingPlacesEveryWeightAndZeroPadsTheLastPanel) {
-  const int64_t rows = 21, cols = 5;  // two panels, the second with 5 real rows
+TEST(LinearPanels, PackingPlacesEveryWeightAndZeroPadsTheLastPanelAndPair) {
+  // Three panels, the third with 5 real rows; a fourth, all zero, closes the second pair.
+  const int64_t rows = 37, cols = 5;
   std::vector<uint16_t> w(static_cast<size_t>(rows * cols));
   for (size_t i = 0; i < w.size(); ++i) w[i] = static_cast<uint16_t>(i + 1);
-  std::vector<uint16_t> out(2 * 16 * cols, 0xFFFF);
-  pack_panels16(w.data(), rows, cols, 0, 2, out.data());
-  for (int64_t p = 0; p < 2; ++p) {
+  std::vector<uint16_t> out(4 * 16 * cols, 0xFFFF);
+  pack_panels16(w.data(), rows, cols, 0, 3, out.data());
+  for (int64_t p = 0; p < 4; ++p) {
     for (int64_t c = 0; c < cols; ++c) {
       for (int j = 0; j < 8; ++j) {
-        const uint16_t* col = out.data() + (p * cols + c) * 16;
-        const int64_t lo = 16 * p + j, hi = 16 * p + 8 + j;  // the layout of tensor/matrix.h
+        // The layout of tensor/matrix.h: pairs of panels, their columns interleaved.
+        const uint16_t* col = out.data() + ((p / 2) * cols + c) * 32 + (p % 2) * 16;
+        const int64_t lo = 16 * p + j, hi = 16 * p + 8 + j;
         EXPECT_EQ(col[2 * j], lo < rows ? w[lo * cols + c] : 0) << p << " " << c << " " << j;
         EXPECT_EQ(col[2 * j + 1], hi < rows ? w[hi * cols + c] : 0) << p << " " << c << " " << j;
       }
     }
   }
+  const MatrixRef shape{DType::kBF16, nullptr, rows, cols, MatrixLayout::kPanels16};
+  EXPECT_EQ(shape.bytes(), static_cast<int64_t>(out.size() * 2));
+}
+
+TEST(LinearPanels, ARangeOfPanelsThatSplitsAPairIsRefused) {
+  std::mt19937 rng(3);
+  const Packed p = make_packed(40, 8, rng);  // three panels: pairs [0, 2) and [2, 3)
+  std::vector<float> x(8, 1.0f), y(40);
+  EXPECT_DEATH(panels_linear(x.data(), 1, 8, p.ref, 1, 3, y.data(), 40), "not whole pairs");
+  EXPECT_DEATH(panels_linear(x.data(), 1, 8, p.ref, 0, 1, y.data(), 40), "not whole pairs");
 }
 
 TEST(LinearPanels, MatchesDoubleReferenceForTokenAndPanelCounts) {

@@ -212,7 +212,7 @@ TEST_F(Weights, Fp8LinearBindsAsFp8PanelsWithTheDequantizedSums) {
     ASSERT_TRUE(w.ok()) << w.status().to_string();
     EXPECT_EQ(w->layout, MatrixLayout::kPanels16);
     EXPECT_EQ(w->dtype, DType::kF8E4M3);
-    EXPECT_EQ(w->bytes(), 9 * 16 * cols);  // a byte per weight, 9 panels
+    EXPECT_EQ(w->bytes(), 10 * 16 * cols);  // a byte per weight, 9 panels and a zero one
     EXPECT_EQ(cache.stats().files_written, loader == 0 ? 1 : 0);
     auto f32 = bind_matrix(ck, "w", rows, cols, cache);
     ASSERT_TRUE(f32.ok()) << f32.status().to_string();
@@ -298,13 +298,14 @@ TEST_F(Weights, Bf16LinearIsPackedIntoPanelsOnceAndShared) {
     EXPECT_EQ(w->dtype, DType::kBF16);
     EXPECT_EQ(cache.stats().files_written, loader == 0 ? 1 : 0);
     EXPECT_EQ(cache.stats().files_reused, loader == 0 ? 0 : 1);
-    // Column c of the panel: rows 0..7 in the even slots, rows 8..15 in the odd ones.
+    // Column c of the panel: rows 0..7 in the even slots, rows 8..15 in the odd ones; the
+    // zero panel closing the pair beside it (32 elements a column).
     const auto* p = static_cast<const uint16_t*>(w->data);
     const uint16_t expect[2][3] = {{0x3f80, 0x4040, 0x40a0}, {0x4000, 0x4080, 0x40c0}};
     for (int c = 0; c < 2; ++c) {
       for (int slot = 0; slot < 16; ++slot) {
         const int row = slot % 2 == 0 ? slot / 2 : 8 + slot / 2;
-        EXPECT_EQ(p[c * 16 + slot], row < 3 ? expect[c][row] : 0) << c << " " << slot;
+        EXPECT_EQ(p[c * 32 + slot], row < 3 ? expect[c][row] : 0) << c << " " << slot;
       }
     }
     auto f = bind_linear(ck, "f", 1, 2, cache);  // F32 stays row-major, in place
@@ -365,11 +366,12 @@ TEST_F(Weights, KvBIsSplitIntoPerHeadAbsorbedPanels) {
     ASSERT_TRUE(ah.ok()) << ah.status().to_string();
     ASSERT_EQ(ah->uk_t.size(), 2u);
     ASSERT_EQ(ah->uv.size(), 2u);
-    // Element (r, c) of a panel matrix: panel r / 16, column c, slot 2j (j < 8) or 2(j-8)+1.
+    // Element (r, c) of a panel matrix: panel q = r / 16 in pair q / 2, column c of the pair
+    // (32 elements: panel 2(q / 2), then the other), slot 2j (j < 8) or 2(j-8)+1.
     auto at = [&](const MatrixRef& m, int64_t r, int64_t c) {
-      const int64_t j = r % 16, slot = j < 8 ? 2 * j : 2 * (j - 8) + 1;
+      const int64_t j = r % 16, slot = j < 8 ? 2 * j : 2 * (j - 8) + 1, q = r / 16;
       const auto* p = static_cast<const uint16_t*>(m.data);
-      const uint16_t h = p[(r / 16) * m.cols * 16 + c * 16 + slot];
+      const uint16_t h = p[(q / 2) * m.cols * 32 + c * 32 + (q % 2) * 16 + slot];
       if (h == 0) return 0.0f;
       if (f16) return f16_to_float(h);
       const uint32_t u = uint32_t{h} << 16;
@@ -441,7 +443,7 @@ TEST_F(Weights, F16LinearIsPackedIntoF16Panels) {
   for (int c = 0; c < 2; ++c) {
     for (int slot = 0; slot < 16; ++slot) {
       const int row = slot % 2 == 0 ? slot / 2 : 8 + slot / 2;
-      EXPECT_EQ(p[c * 16 + slot], row < 3 ? w_bits[row * 2 + c] : 0) << c << " " << slot;
+      EXPECT_EQ(p[c * 32 + slot], row < 3 ? w_bits[row * 2 + c] : 0) << c << " " << slot;
     }
   }
   auto shape = bind_linear(ck, "w", 2, 3, cache);
