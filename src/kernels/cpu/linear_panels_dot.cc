@@ -44,13 +44,14 @@ using panel_detail::kLineBytes;
 
 constexpr int kMaxTokens = 12;  // per tile: 12 × 2 panels = 24 accumulators
 // Tokens up to which a pair is read with no software prefetch, the hardware prefetcher
-// alone, as panel_driver.h's kSingleStreamTokens for the fp32 kernels but to 4 tokens: a
-// dot product per pair of columns leaves more room. One thread on Zen 4, 1 GB of BF16
-// panels, GB/s with one stream against two panels and the prefetch (when each panel was its
-// own stream): 2048 x 512 at 1-4 tokens 31-34 vs 19-20, 512 x 2048 31-24 vs 26-24, 3072 x
-// 768 31-27 vs 23-22; at 6 tokens the two panels won (24 vs 20 at 512 x 2048). A plain sum:
-// 30-33.
-constexpr int64_t kSingleStreamTokens = 4;
+// alone, as panel_driver.h's kSingleStreamTokens for the fp32 kernels. When each panel was
+// its own stream this was 4 tokens: one thread on Zen 4, 1 GB of BF16 panels, GB/s with
+// one stream against two panels and the prefetch: 2048 x 512 at 1-4 tokens 31-34 vs 19-20,
+// 512 x 2048 31-24 vs 26-24, 3072 x 768 31-27 vs 23-22. A pair is one stream with or
+// without the prefetch, and on Zen 5 the prefetch won from two tokens: bench-2.6b's batch-4
+// decode in the fast read mode, five alternated pairs, 108-115 tok/s (median 112.9) without
+// it against 117-121 (120.4) with it from two tokens; batch 1 level (60-63 either way).
+constexpr int64_t kSingleStreamTokens = 1;
 constexpr int64_t kAheadCols = panel_detail::kPrefetchCols<Bf16Format>;  // a single pass's
 
 // Where and how often a tile prefetches: the two lines of a column pair every `every`
