@@ -125,10 +125,13 @@ void pair_product(const float* x, int64_t n, int64_t ldx, const MatrixRef& w, in
                                                               ldx, panel_ptr<Fmt>(w, p), 0, w.cols,
                                                               true, acc, ldacc, nullptr);
   }
-  if (n <= Isa::kMaxTokensTwoPanels || Isa::kTwoPanelPasses)
-    return panel_group<Isa, 2, Fmt>(x, n, ldx, w, p, acc, ldacc);
-  panel_group<Isa, 1, Fmt>(x, n, ldx, w, p, acc, ldacc);
-  panel_group<Isa, 1, Fmt>(x, n, ldx, w, p + 1, acc + kPanelRows, ldacc);
+  if constexpr (Isa::kTwoPanelPasses) {  // AVX-512: never one panel (nor its instantiations)
+    panel_group<Isa, 2, Fmt>(x, n, ldx, w, p, acc, ldacc);
+  } else {
+    if (n <= Isa::kMaxTokensTwoPanels) return panel_group<Isa, 2, Fmt>(x, n, ldx, w, p, acc, ldacc);
+    panel_group<Isa, 1, Fmt>(x, n, ldx, w, p, acc, ldacc);
+    panel_group<Isa, 1, Fmt>(x, n, ldx, w, p + 1, acc + kPanelRows, ldacc);
+  }
 }
 
 // The pair whose 32 rows are not all real, p its first panel (the zero-padded last panel,

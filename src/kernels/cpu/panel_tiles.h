@@ -218,8 +218,9 @@ inline constexpr bool kHaveAvx512 = true;
 
 // One panel: up to 8 tokens (12 = 6 + 6 in two passes ran 150-160 GFLOP/s against 120-135
 // in one pass of 12, 2026-12-03, but then the token loop below was unrolled only 8 times, so
-// from 9 tokens the accumulators lived in memory; one panel is now only the odd and the
-// padded last panel of a matrix). Two panels: up to 12 tokens in one pass (24 accumulators,
+// from 9 tokens the accumulators lived in memory; since panel pairs, AVX-512 always takes
+// both panels of a pair, and one panel is only the AVX2 tile's). Two panels: up to 12
+// tokens in one pass (24 accumulators,
 // 2 widened columns, a broadcast), more in passes of up to 12 over k blocks
 // (kTwoPanelPasses, panel_driver.h). One expert's MLP on one thread, cold weights, two
 // threads (scratch harness, 2026-12-04): 9 tokens 24 -> 33 GB/s of weights, 12 tokens 19 ->
