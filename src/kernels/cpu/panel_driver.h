@@ -54,10 +54,10 @@ inline const typename Fmt::Elem* panel_ptr(const MatrixRef& w, int64_t p) {
   return static_cast<const typename Fmt::Elem*>(w.data) + w.panel_column(p, 0);
 }
 
-// All n tokens against panels [p, p + P) (P = 2: a pair, p even; P = 1: one half of one),
-// accumulating into acc [n][16P] (row stride ldacc).
+// All n tokens against the pair [p, p + 2) (p even), accumulating into acc [n][32] (row
+// stride ldacc).
 //
-// Up to the tile's token limit for P (Isa::kMaxTokens, kMaxTokensTwoPanels): one pass
+// Up to the two-panel tile's token limit (Isa::kMaxTokensTwoPanels): one pass
 // straight through the pair, prefetching kPrefetchCols columns ahead. More: the pair is
 // walked in k blocks of kKBlock columns, each read by ceil(n / limit) passes of balanced
 // token blocks (7 tokens as 4 + 3, not 6 + 1).
@@ -66,22 +66,22 @@ inline const typename Fmt::Elem* panel_ptr(const MatrixRef& w, int64_t p) {
 // stream keeps flowing while the later passes compute. (Prefetching from the first pass
 // only left memory idle during the others: at batch 64 the experts' time was close to
 // their compute time plus their memory time.)
-template <class Isa, int P, class Fmt>
+template <class Isa, class Fmt>
 void panel_group(const float* x, int64_t n, int64_t ldx, const MatrixRef& w, int64_t p, float* acc,
                  int64_t ldacc) {
   const int64_t cols = w.cols;
   const auto* wp = panel_ptr<Fmt>(w, p);
   const Fmt f = Fmt::of(w, p);
   constexpr int kG = kPairColumnsPerLine<Fmt>;  // a prefetch per line
-  if (n <= (P == 1 ? Isa::kMaxTokens : Isa::kMaxTokensTwoPanels)) {
+  if (n <= Isa::kMaxTokensTwoPanels) {
     const char* ahead = reinterpret_cast<const char*>(wp + kPrefetchCols<Fmt> * kPairStride);
-    tile<Isa, P, kG>(f, static_cast<int>(n), x, ldx, wp, 0, cols, true, acc, ldacc, ahead);
+    tile<Isa, 2, kG>(f, static_cast<int>(n), x, ldx, wp, 0, cols, true, acc, ldacc, ahead);
     return;
   }
-  constexpr int kPassTokens = P == 1 ? Isa::kMaxTokens : Isa::kMaxTokensTwoPanels;
+  constexpr int kPassTokens = Isa::kMaxTokensTwoPanels;
   const int64_t passes = (n + kPassTokens - 1) / kPassTokens;
-  // After the last block: the next panels' start, which is read next.
-  const char* next_group = reinterpret_cast<const char*>(panel_ptr<Fmt>(w, p + P));
+  // After the last block: the next pair's start, which is read next.
+  const char* next_group = reinterpret_cast<const char*>(panel_ptr<Fmt>(w, p + 2));
   for (int64_t kb = 0; kb < cols; kb += kKBlock) {
     const int64_t ke = std::min(cols, kb + kKBlock);
     // The next block starts right after this one in the pair.
@@ -102,19 +102,61 @@ void panel_group(const float* x, int64_t n, int64_t ldx, const MatrixRef& w, int
       // (4 FP8 ones), with more passes every 4 (8); each spacing is 8 to 12 tile
       // instantiations per ISA (compile time under ASan), so two.
       if (room >= 4 * kG) {
-        tile<Isa, P, 4 * kG>(f, tb, xt, ldx, wp, kb, ke, kb == 0, a, ldacc, pf);
+        tile<Isa, 2, 4 * kG>(f, tb, xt, ldx, wp, kb, ke, kb == 0, a, ldacc, pf);
       } else {
-        tile<Isa, P, 2 * kG>(f, tb, xt, ldx, wp, kb, ke, kb == 0, a, ldacc, pf);
+        tile<Isa, 2, 2 * kG>(f, tb, xt, ldx, wp, kb, ke, kb == 0, a, ldacc, pf);
       }
       t += tb;
     }
   }
 }
 
+// AVX2 above its two-panel tile's 3 tokens: one panel per tile, the pair's two halves block
+// by block (kKBlock columns), so that a block's lines come from memory once and the second
+// half's passes find them in L1/L2; a whole pass per half would read the pair twice, from
+// memory where the pair outgrows L2. Every pass of both halves prefetches an equal share of
+// the next block (as panel_group). Same sums: each row is still its ascending-column chain.
+template <class Isa, class Fmt>
+void pair_by_halves(const float* x, int64_t n, int64_t ldx, const MatrixRef& w, int64_t p,
+                    float* acc, int64_t ldacc) {
+  const int64_t cols = w.cols;
+  const auto* wp = panel_ptr<Fmt>(w, p);
+  const Fmt halves[2] = {Fmt::of(w, p), Fmt::of(w, p + 1)};
+  constexpr int kG = kPairColumnsPerLine<Fmt>;
+  const int64_t per_half = (n + Isa::kMaxTokens - 1) / Isa::kMaxTokens, passes = 2 * per_half;
+  const char* next_pair = reinterpret_cast<const char*>(panel_ptr<Fmt>(w, p + 2));
+  for (int64_t kb = 0; kb < cols; kb += kKBlock) {
+    const int64_t ke = std::min(cols, kb + kKBlock);
+    const char* next_block =
+        ke < cols ? reinterpret_cast<const char*>(wp + ke * kPairStride) : next_pair;
+    const int64_t lines = ((ke - kb) * 2 * Fmt::kColumnBytes + kLineBytes - 1) / kLineBytes;
+    const int64_t share = (lines + passes - 1) / passes;
+    const int64_t room = (ke - kb) / share;
+    int64_t i = 0;
+    for (int h = 0; h < 2; ++h) {
+      int64_t t = 0;
+      for (int64_t j = 0; j < per_half; ++j, ++i) {
+        const int tb = static_cast<int>((n - t + per_half - j - 1) / (per_half - j));
+        const char* pf = next_block + i * share * kLineBytes;
+        const float* xt = x + t * ldx;
+        float* a = acc + t * ldacc + h * kPanelRows;
+        if (room >= 4 * kG) {
+          tile<Isa, 1, 4 * kG>(halves[h], tb, xt, ldx, wp + h * kPanelRows, kb, ke, kb == 0, a,
+                               ldacc, pf);
+        } else {
+          tile<Isa, 1, 2 * kG>(halves[h], tb, xt, ldx, wp + h * kPanelRows, kb, ke, kb == 0, a,
+                               ldacc, pf);
+        }
+        t += tb;
+      }
+    }
+  }
+}
+
 // The pair [p, p + 2) for all n tokens into acc [n][32]: one stream without software
-// prefetch for few tokens (single_stream), else panel_group on the pair, or on each of its
-// panels where the instruction set's two-panel tile takes too few tokens (AVX2 above 3:
-// its 16 registers hold 6 tokens of one panel, 3 of two). AVX2, three tokens on two panels
+// prefetch for few tokens (single_stream), else panel_group on the pair, or its panels one
+// per tile where the instruction set's two-panel tile takes too few tokens (AVX2 above 3:
+// its 16 registers hold 6 tokens of one panel, 3 of two: pair_by_halves). AVX2, three tokens on two panels
 // against one: 56.7/57.2/57.7 % vs 53.7/50.6/54.5 % of the batch-16 roofline in three
 // interleaved pairs (19:03 UTC, 2026-12-02).
 template <class Isa, class Fmt>
@@ -126,11 +168,10 @@ void pair_product(const float* x, int64_t n, int64_t ldx, const MatrixRef& w, in
                                                               true, acc, ldacc, nullptr);
   }
   if constexpr (Isa::kTwoPanelPasses) {  // AVX-512: never one panel (nor its instantiations)
-    panel_group<Isa, 2, Fmt>(x, n, ldx, w, p, acc, ldacc);
+    panel_group<Isa, Fmt>(x, n, ldx, w, p, acc, ldacc);
   } else {
-    if (n <= Isa::kMaxTokensTwoPanels) return panel_group<Isa, 2, Fmt>(x, n, ldx, w, p, acc, ldacc);
-    panel_group<Isa, 1, Fmt>(x, n, ldx, w, p, acc, ldacc);
-    panel_group<Isa, 1, Fmt>(x, n, ldx, w, p + 1, acc + kPanelRows, ldacc);
+    if (n <= Isa::kMaxTokensTwoPanels) return panel_group<Isa, Fmt>(x, n, ldx, w, p, acc, ldacc);
+    pair_by_halves<Isa, Fmt>(x, n, ldx, w, p, acc, ldacc);
   }
 }
 
