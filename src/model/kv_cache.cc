@@ -7,16 +7,8 @@
 
 namespace xds {
 
-namespace {
-
-int64_t element_bytes(DType dtype) {
-  return dtype == DType::kBF16 ? 2 : 4;
-}
-
-}  // namespace
-
 int64_t KvCache::bytes_for(const KvCacheShape& shape) {
-  const int64_t size = element_bytes(shape.dtype);
+  const int64_t size = dtype_size(shape.dtype);
   const int64_t row = kernels::padded_latent_stride(shape.latent_dim, size) + shape.rope_dim;
   int64_t bytes = size;
   for (const int64_t f : {shape.layers, shape.num_blocks, shape.block_size, row}) {
@@ -69,7 +61,7 @@ Result<KvCache> KvCache::create(const KvCacheShape& shape, int64_t available_byt
 
 KvCache::KvCache(const KvCacheShape& shape)
     : shape_(shape),
-      latent_ld_(kernels::padded_latent_stride(shape.latent_dim, element_bytes(shape.dtype))) {
+      latent_ld_(kernels::padded_latent_stride(shape.latent_dim, dtype_size(shape.dtype))) {
   const size_t rows = static_cast<size_t>(shape.layers * shape.num_blocks * shape.block_size);
   const size_t latent = rows * static_cast<size_t>(latent_ld_);
   const size_t rope = rows * static_cast<size_t>(shape.rope_dim);

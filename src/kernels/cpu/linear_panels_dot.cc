@@ -23,7 +23,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
-#include <vector>
 
 #include "base/check.h"
 #include "kernels/cpu/bf16_pairs.h"
@@ -169,15 +168,9 @@ void panels_linear_bf16(const uint16_t* x, int64_t n, int64_t ldx, const MatrixR
             "panels_linear_bf16: weights are not BF16 panels");
   panel_detail::check_whole_pairs(w, p_begin, p_end);
   if (n <= 0 || p_begin >= p_end) return;
-  const int64_t full_end = panel_detail::whole_pairs_end(w, p_end);
-  int64_t p = p_begin;
-  for (; p < full_end; p += 2) dot_pair(x, n, ldx, w, p, y + p * kPanelRows, ldy);
-  if (p < p_end) {  // the pair with padding: accumulate aside, copy the real rows
-    thread_local std::vector<float> tail;
-    tail.resize(static_cast<size_t>(n * kPairStride));
-    dot_pair(x, n, ldx, w, p, tail.data(), kPairStride);
-    panel_detail::copy_real_rows(tail.data(), n, w, p, y, ldy);
-  }
+  panel_detail::each_pair(n, w, p_begin, p_end, y, ldy, [&](int64_t p, float* acc, int64_t ldacc) {
+    dot_pair(x, n, ldx, w, p, acc, ldacc);
+  });
 }
 
 #else

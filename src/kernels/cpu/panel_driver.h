@@ -54,6 +54,44 @@ inline const typename Fmt::Elem* panel_ptr(const MatrixRef& w, int64_t p) {
   return static_cast<const typename Fmt::Elem*>(w.data) + w.panel_column(p, 0);
 }
 
+// The prefetch of the next block while `passes` passes run over the block [kb, ke) of the
+// pair at wp: each pass prefetches an equal share of the next block's lines (after the last
+// block, the lines from `after_last`: the next pair's start), so memory keeps streaming
+// while the passes that read the block from L1 compute. `room`: columns of this block per
+// line of the share, which bounds the spacing a pass can take and still cover it.
+struct BlockPrefetch {
+  const char* next;
+  int64_t share;  // lines per pass
+  int64_t room;
+  template <class Fmt>
+  static BlockPrefetch of(const typename Fmt::Elem* wp, int64_t kb, int64_t ke, int64_t cols,
+                          const char* after_last, int64_t passes) {
+    const char* next =
+        ke < cols ? reinterpret_cast<const char*>(wp + ke * kPairStride) : after_last;
+    const int64_t lines = ((ke - kb) * 2 * Fmt::kColumnBytes + kLineBytes - 1) / kLineBytes;
+    const int64_t share = (lines + passes - 1) / passes;
+    return {next, share, (ke - kb) / share};
+  }
+  const char* at(int64_t pass) const { return next + pass * share * kLineBytes; }
+};
+
+// tile<Isa, P, G> for one pass of a block, G the widest spacing that still covers the
+// pass's share (at worst a line a pass too many, which the next pass prefetches again):
+// with two passes or more a whole block leaves room for a line every 2 BF16 columns (4 FP8
+// ones), with more passes every 4 (8); each spacing is 8 to 12 tile instantiations per ISA
+// (compile time under ASan), so two.
+template <class Isa, int P, class Fmt>
+void spaced_tile(const BlockPrefetch& bp, int64_t pass, const Fmt& f, int tb, const float* x,
+                 int64_t ldx, const typename Fmt::Elem* w, int64_t kb, int64_t ke, float* y,
+                 int64_t ldy) {
+  constexpr int kG = kPairColumnsPerLine<Fmt>;
+  if (bp.room >= 4 * kG) {
+    tile<Isa, P, 4 * kG>(f, tb, x, ldx, w, kb, ke, kb == 0, y, ldy, bp.at(pass));
+  } else {
+    tile<Isa, P, 2 * kG>(f, tb, x, ldx, w, kb, ke, kb == 0, y, ldy, bp.at(pass));
+  }
+}
+
 // All n tokens against the pair [p, p + 2) (p even), accumulating into acc [n][32] (row
 // stride ldacc).
 //
@@ -80,32 +118,14 @@ void panel_group(const float* x, int64_t n, int64_t ldx, const MatrixRef& w, int
   }
   constexpr int kPassTokens = Isa::kMaxTokensTwoPanels;
   const int64_t passes = (n + kPassTokens - 1) / kPassTokens;
-  // After the last block: the next pair's start, which is read next.
-  const char* next_group = reinterpret_cast<const char*>(panel_ptr<Fmt>(w, p + 2));
+  const char* next_pair = reinterpret_cast<const char*>(panel_ptr<Fmt>(w, p + 2));
   for (int64_t kb = 0; kb < cols; kb += kKBlock) {
     const int64_t ke = std::min(cols, kb + kKBlock);
-    // The next block starts right after this one in the pair.
-    const char* next_block =
-        ke < cols ? reinterpret_cast<const char*>(wp + ke * kPairStride) : next_group;
-    const int64_t lines = ((ke - kb) * 2 * Fmt::kColumnBytes + kLineBytes - 1) / kLineBytes;
-    const int64_t share = (lines + passes - 1) / passes;  // lines per pass
-    // The widest spacing that still covers the share (at worst a line a pass too many,
-    // which the next pass prefetches again).
-    const int64_t room = (ke - kb) / share;
+    const auto bp = BlockPrefetch::of<Fmt>(wp, kb, ke, cols, next_pair, passes);
     int64_t t = 0;
     for (int64_t i = 0; i < passes; ++i) {
       const int tb = static_cast<int>((n - t + passes - i - 1) / (passes - i));
-      const char* pf = next_block + i * share * kLineBytes;
-      float* a = acc + t * ldacc;
-      const float* xt = x + t * ldx;
-      // With two passes or more a whole block leaves room for a line every 2 BF16 columns
-      // (4 FP8 ones), with more passes every 4 (8); each spacing is 8 to 12 tile
-      // instantiations per ISA (compile time under ASan), so two.
-      if (room >= 4 * kG) {
-        tile<Isa, 2, 4 * kG>(f, tb, xt, ldx, wp, kb, ke, kb == 0, a, ldacc, pf);
-      } else {
-        tile<Isa, 2, 2 * kG>(f, tb, xt, ldx, wp, kb, ke, kb == 0, a, ldacc, pf);
-      }
+      spaced_tile<Isa, 2>(bp, i, f, tb, x + t * ldx, ldx, wp, kb, ke, acc + t * ldacc, ldacc);
       t += tb;
     }
   }
@@ -122,31 +142,17 @@ void pair_by_halves(const float* x, int64_t n, int64_t ldx, const MatrixRef& w, 
   const int64_t cols = w.cols;
   const auto* wp = panel_ptr<Fmt>(w, p);
   const Fmt halves[2] = {Fmt::of(w, p), Fmt::of(w, p + 1)};
-  constexpr int kG = kPairColumnsPerLine<Fmt>;
-  const int64_t per_half = (n + Isa::kMaxTokens - 1) / Isa::kMaxTokens, passes = 2 * per_half;
+  const int64_t per_half = (n + Isa::kMaxTokens - 1) / Isa::kMaxTokens;
   const char* next_pair = reinterpret_cast<const char*>(panel_ptr<Fmt>(w, p + 2));
   for (int64_t kb = 0; kb < cols; kb += kKBlock) {
     const int64_t ke = std::min(cols, kb + kKBlock);
-    const char* next_block =
-        ke < cols ? reinterpret_cast<const char*>(wp + ke * kPairStride) : next_pair;
-    const int64_t lines = ((ke - kb) * 2 * Fmt::kColumnBytes + kLineBytes - 1) / kLineBytes;
-    const int64_t share = (lines + passes - 1) / passes;
-    const int64_t room = (ke - kb) / share;
-    int64_t i = 0;
+    const auto bp = BlockPrefetch::of<Fmt>(wp, kb, ke, cols, next_pair, 2 * per_half);
     for (int h = 0; h < 2; ++h) {
       int64_t t = 0;
-      for (int64_t j = 0; j < per_half; ++j, ++i) {
+      for (int64_t j = 0; j < per_half; ++j) {
         const int tb = static_cast<int>((n - t + per_half - j - 1) / (per_half - j));
-        const char* pf = next_block + i * share * kLineBytes;
-        const float* xt = x + t * ldx;
-        float* a = acc + t * ldacc + h * kPanelRows;
-        if (room >= 4 * kG) {
-          tile<Isa, 1, 4 * kG>(halves[h], tb, xt, ldx, wp + h * kPanelRows, kb, ke, kb == 0, a,
-                               ldacc, pf);
-        } else {
-          tile<Isa, 1, 2 * kG>(halves[h], tb, xt, ldx, wp + h * kPanelRows, kb, ke, kb == 0, a,
-                               ldacc, pf);
-        }
+        spaced_tile<Isa, 1>(bp, h * per_half + j, halves[h], tb, x + t * ldx, ldx,
+                            wp + h * kPanelRows, kb, ke, acc + t * ldacc + h * kPanelRows, ldacc);
         t += tb;
       }
     }
@@ -156,9 +162,9 @@ void pair_by_halves(const float* x, int64_t n, int64_t ldx, const MatrixRef& w, 
 // The pair [p, p + 2) for all n tokens into acc [n][32]: one stream without software
 // prefetch for few tokens (single_stream), else panel_group on the pair, or its panels one
 // per tile where the instruction set's two-panel tile takes too few tokens (AVX2 above 3:
-// its 16 registers hold 6 tokens of one panel, 3 of two: pair_by_halves). AVX2, three tokens on two panels
-// against one: 56.7/57.2/57.7 % vs 53.7/50.6/54.5 % of the batch-16 roofline in three
-// interleaved pairs (19:03 UTC, 2026-12-02).
+// its 16 registers hold 6 tokens of one panel, 3 of two: pair_by_halves). AVX2, three
+// tokens on two panels against one: 56.7/57.2/57.7 % vs 53.7/50.6/54.5 % of the batch-16
+// roofline in three interleaved pairs (19:03 UTC, 2026-12-02).
 template <class Isa, class Fmt>
 void pair_product(const float* x, int64_t n, int64_t ldx, const MatrixRef& w, int64_t p, float* acc,
                   int64_t ldacc) {
@@ -187,6 +193,23 @@ inline void copy_real_rows(const float* tail, int64_t n, const MatrixRef& w, int
   for (int64_t t = 0; t < n; ++t)
     std::memcpy(y + t * ldy + p * kPanelRows, tail + t * kPairStride,
                 sizeof(float) * static_cast<size_t>(real));
+}
+
+// product(p, acc, ldacc) for each pair of [p_begin, p_end) (whole pairs): into y at the
+// pair's rows, except the pair with padding, which accumulates aside in tail [n][32] and
+// has only its real rows copied to y.
+template <class Product>
+void each_pair(int64_t n, const MatrixRef& w, int64_t p_begin, int64_t p_end, float* y, int64_t ldy,
+               Product&& product) {
+  const int64_t full_end = whole_pairs_end(w, p_end);
+  int64_t p = p_begin;
+  for (; p < full_end; p += 2) product(p, y + p * kPanelRows, ldy);
+  if (p < p_end) {
+    thread_local std::vector<float> tail;
+    tail.resize(static_cast<size_t>(n * kPairStride));
+    product(p, tail.data(), kPairStride);
+    copy_real_rows(tail.data(), n, w, p, y, ldy);
+  }
 }
 
 // A range of panels of whole pairs (linear_panels.h).
@@ -299,15 +322,9 @@ void panels_linear_on(const float* x, int64_t n, int64_t ldx, const MatrixRef& w
     }
   }
 #endif
-  const int64_t full_end = whole_pairs_end(w, p_end);
-  int64_t p = p_begin;
-  for (; p < full_end; p += 2) pair_product<Isa, Fmt>(x, n, ldx, w, p, y + p * kPanelRows, ldy);
-  if (p < p_end) {  // the pair with padding: accumulate aside, copy the real rows
-    thread_local std::vector<float> tail;
-    tail.resize(static_cast<size_t>(n * kPairStride));
-    pair_product<Isa, Fmt>(x, n, ldx, w, p, tail.data(), kPairStride);
-    copy_real_rows(tail.data(), n, w, p, y, ldy);
-  }
+  each_pair(n, w, p_begin, p_end, y, ldy, [&](int64_t p, float* acc, int64_t ldacc) {
+    pair_product<Isa, Fmt>(x, n, ldx, w, p, acc, ldacc);
+  });
 }
 
 // panels_linear for weight format Fmt on the selected instruction set.
