@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "base/check.h"
@@ -162,34 +163,28 @@ void group_scores(const float* qt, int64_t kw, const LatentKvView& kv, int64_t s
 template <class Ops, int H, int NC>
 void pv_tile(const float* p, int64_t kw, const float* const* rows, int64_t len, int64_t c0,
              bool first, float* out, int64_t ldo) {
-  static_assert(NC == 1 || NC == 2);
+  static_assert(NC >= 1 && NC <= 4);
   using V = typename Ops::V;
   constexpr int kL = Ops::kLanes;
-  V a0[H], a1[H];
-#pragma GCC unroll 16
-  for (int h = 0; h < H; ++h) {
-    a0[h] = first ? Ops::zero() : Ops::load(out + h * ldo + c0);
-    a1[h] = a0[h];
-    if constexpr (NC == 2) a1[h] = first ? Ops::zero() : Ops::load(out + h * ldo + c0 + kL);
-  }
+  V a[NC * H];  // a[n * H + h]: head h, columns c0 + n·L ..
+#pragma GCC unroll 32
+  for (int i = 0; i < NC * H; ++i)
+    a[i] = first ? Ops::zero() : Ops::load(out + (i % H) * ldo + c0 + (i / H) * kL);
   for (int64_t s = 0; s < len; ++s) {
     const float* row = rows[s] + c0;
     const float* ps = p + s * kw;
-    const V l0 = Ops::load(row);
-    V l1 = l0;
-    if constexpr (NC == 2) l1 = Ops::load(row + kL);
+    V l[NC];
+#pragma GCC unroll 4
+    for (int n = 0; n < NC; ++n) l[n] = Ops::load(row + n * kL);
 #pragma GCC unroll 16
     for (int h = 0; h < H; ++h) {
       const V w = Ops::set1(ps[h]);
-      a0[h] = Ops::fma(w, l0, a0[h]);
-      if constexpr (NC == 2) a1[h] = Ops::fma(w, l1, a1[h]);
+#pragma GCC unroll 4
+      for (int n = 0; n < NC; ++n) a[n * H + h] = Ops::fma(w, l[n], a[n * H + h]);
     }
   }
-#pragma GCC unroll 16
-  for (int h = 0; h < H; ++h) {
-    Ops::store(out + h * ldo + c0, a0[h]);
-    if constexpr (NC == 2) Ops::store(out + h * ldo + c0 + kL, a1[h]);
-  }
+#pragma GCC unroll 32
+  for (int i = 0; i < NC * H; ++i) Ops::store(out + (i % H) * ldo + c0 + (i / H) * kL, a[i]);
 }
 
 // Columns [c_begin, c_end) (a multiple of NC·L) of p·latent in pv_tile tiles: nh heads in
@@ -227,10 +222,17 @@ void pv_slice(const float* p, int64_t kw, int64_t nh, const LatentKvView& kv, in
     }
   }
 #if defined(__AVX512F__)
-  // 16 columns × up to 16 heads (16 + 1 of 32 registers): each latent line is read from
-  // L2 once for all the heads.
-  if (panel_isa() == PanelIsa::kAvx512)
-    return pv_columns<Avx512Ops, 16, 1>(p, kw, nh, rows, len, 0, lat16, first, out, ldo);
+  // 32 columns × up to 8 heads (16 + 2 of 32 registers; 16 heads as 8 + 8): per row two
+  // latent loads and 8 broadcasts for 16 FMAs. 16 columns × 16 heads (one load, 16
+  // broadcasts) ran ~7 % slower from L2 (hot single-thread kernel: 93 against 86 µs a call).
+  // A last block of 16 columns, if any, takes 16 heads at once.
+  if (panel_isa() == PanelIsa::kAvx512) {
+    const int64_t lat32 = lat16 / 32 * 32;
+    pv_columns<Avx512Ops, 8, 2>(p, kw, nh, rows, len, 0, lat32, first, out, ldo);
+    if (lat32 < lat16)
+      pv_columns<Avx512Ops, 16, 1>(p, kw, nh, rows, len, lat32, lat16, first, out, ldo);
+    return;
+  }
 #endif
   // 16 columns × up to 6 heads (14 of 16 registers)
   pv_columns<Avx2Ops, 6, 2>(p, kw, nh, rows, len, 0, lat16, first, out, ldo);
@@ -285,16 +287,17 @@ void slice_softmax(float* sc, int64_t len, int64_t kw, int64_t nh, float scale, 
 
 #if defined(__AVX512BF16__)
 // The bf16 products (AbsorbedQuery::bf16) for a group of nh <= 16 heads, one per lane.
-// Per slice the cached rows are converted once into bf16 rows [len (even)][W] (latent, then
-// rope, W = C + Dr rounded up to even, zero padded; an odd slice gets a zero row), then:
+// Per slice the cached rows are taken as bf16 rows of latent and rope (Bf16SliceRows:
+// bf16 planes in place, fp32 planes converted once into rows [len][W], W = C + Dr rounded up
+// to even, zero padded; an odd slice's last row pairs with a zero row), then:
 //   scores: part[r][h] = Σ_{c pairs} qp[c/2][h] · (row r's c, c + 1)   (one vdpbf16ps per
 //           pair of columns for all 16 heads; qp[c/2][h] = head h's bf16 (q[c], q[c + 1]))
 //   softmax as the fp32 kernel (slice_softmax), then p rounded to bf16 in pairs of rows,
 //   pp[s/2][h] = (p[s][h], p[s + 1][h]);
 //   p·latent: out[h][c0 .. c0 + 16) += Σ_{s pairs} (row s, row s + 1 at c0 .., interleaved)
 //           · pp[s/2][h]   (one vdpbf16ps per pair of rows, 16 columns of one head).
-// The rows are read from memory once (while converting) and then from L1/L2.
-constexpr int kBf16ScoreRows = 12;
+// The rows are read from memory once (prefetched during the slice before) and then from
+// L1/L2.
 
 // 16 bf16 pairs (a[i], b[i]) in lane i, from two rows of 16 floats.
 inline __m512i pair_rows(__m512 a, __m512 b) {
@@ -337,92 +340,207 @@ void gather_row_pointers(const LatentKvView& kv, const T* latent_plane, const T*
   }
 }
 
-// Software prefetch of the next slice's rows, one line per step(), spread over the current
-// slice's scores and p·latent loops (which read bf16 rows from L1/L2): the cached rows'
-// memory latency then overlaps that compute. Converting a slice that nothing had fetched
-// stalled on memory for ~45 % of the kernel's time (64 tokens × 513 rows × 12 layers).
+// Software prefetch of the next slice's rows, one row per step() (in bursts of at most
+// kMaxBurst lines: fp32 rows go in two steps), spread over the current slice's scores and
+// p·latent loops (which read bf16 rows from L1/L2): the cached rows' memory latency then
+// overlaps that compute. Converting a slice that nothing had fetched stalled on memory for
+// ~45 % of the kernel's time (64 tokens × 513 rows × 12 layers). A line per step, every
+// column pair, cost the scores loop ~10 instructions of bookkeeping per 16 vdpbf16ps (hot
+// kernel 57.7 against 50.5 µs a call); a whole fp32 row (37 lines) in one burst slowed the
+// fp32 planes' cold runs by ~20 %.
 template <typename T>
 class NextSlicePrefetch {
  public:
   static constexpr int64_t kPerLine = 64 / sizeof(T);
+  static constexpr int64_t kMaxBurst = 20;
   void start(const T* const* latent, const T* const* rope, int64_t rows, int64_t lat, int64_t dr) {
-    latent_ = latent, rope_ = rope, rows_ = rows, row_ = 0, line_ = 0;
-    latent_lines_ = (lat + kPerLine - 1) / kPerLine,
+    latent_ = latent, rope_ = rope, rows_ = rows, row_ = 0, part_ = 0;
+    latent_lines_ = (lat + kPerLine - 1) / kPerLine;
     lines_ = latent_lines_ + (dr + kPerLine - 1) / kPerLine;
+    parts_ = (lines_ + kMaxBurst - 1) / kMaxBurst;
+    burst_ = (lines_ + parts_ - 1) / parts_;
   }
   __attribute__((always_inline)) void step() {
     if (row_ >= rows_) return;
-    const T* at = line_ < latent_lines_ ? latent_[row_] + kPerLine * line_
-                                        : rope_[row_] + kPerLine * (line_ - latent_lines_);
-    _mm_prefetch(reinterpret_cast<const char*>(at), _MM_HINT_T0);
-    if (++line_ == lines_) line_ = 0, ++row_;
+    const int64_t begin = part_ * burst_, end = std::min(lines_, begin + burst_);
+    for (int64_t i = begin; i < end; ++i) {
+      const T* at = i < latent_lines_ ? latent_[row_] + kPerLine * i
+                                      : rope_[row_] + kPerLine * (i - latent_lines_);
+      _mm_prefetch(reinterpret_cast<const char*>(at), _MM_HINT_T0);
+    }
+    if (++part_ == parts_) part_ = 0, ++row_;
   }
 
  private:
   const T* const* latent_ = nullptr;
   const T* const* rope_ = nullptr;
-  int64_t rows_ = 0, row_ = 0, line_ = 0, latent_lines_ = 0, lines_ = 0;
+  int64_t rows_ = 0, row_ = 0, part_ = 0, parts_ = 1, burst_ = 0, latent_lines_ = 0, lines_ = 0;
 };
 
-// part[r][h] for R rows of rows (bf16 [.][w], w even) against qp [w / 2][16] pairs.
+// Where the bf16 loops take a NextSlicePrefetch step: every 32 columns of a scores tile
+// (18 steps per tile at C + Dr = 576: a 128-row slice's 8 tiles take 144) and every 8 row
+// pairs of p·latent (8 per pass, 32 passes at C = 512).
+constexpr int64_t kColumnsPerPrefetch = 32, kPairsPerPrefetch = 8;
+
+// One tile of R cached rows in bf16: row r's latent at latent + r · latent_ld, its rope part
+// at rope + r · rope_ld (rows of a slice's converted copy, or of one block of bf16 planes).
+struct Bf16Tile {
+  const uint16_t* latent;
+  int64_t latent_ld;
+  const uint16_t* rope;
+  int64_t rope_ld;
+};
+
+// part[r][h] for the R rows of `tile` against qp [(lat + dr) / 2][16] pairs: the latent
+// columns (lat even), then the rope ones (dr even; the copy path passes lat + dr rounded up
+// to even as one plane with dr = 0).
 template <int R, class Prefetch>
-void bf16_scores_tile(const uint32_t* qp, const uint16_t* rows, int64_t w, float* part,
-                      Prefetch& pf) {
+void bf16_scores_tile(const uint32_t* qp, const Bf16Tile& tile, int64_t lat, int64_t dr,
+                      float* part, Prefetch& pf) {
   __m512 a[R];
-#pragma GCC unroll 12
+#pragma GCC unroll 16
   for (int r = 0; r < R; ++r) a[r] = _mm512_setzero_ps();
-  // Row r read at at[r / 3] + (r % 3) · w, the three pointers stepping on with c: four
-  // pointers and the stride in registers. (With rows + r · w GCC kept twelve row pointers,
-  // spilled to vector registers and moved back for every broadcast.)
-  constexpr int kGroups = (R + 2) / 3;
-  const uint16_t* at[kGroups];
+  // Row r read at at[r / 4] + (r % 4) · ld, the pointers stepping on with c: four pointers
+  // and the strides in registers. (With a pointer per row GCC spilled them and moved them
+  // back for every broadcast.)
+  auto plane = [&](const uint16_t* rows, int64_t ld, const uint32_t* q, int64_t cols)
+      __attribute__((always_inline)) {
+    constexpr int kGroups = (R + 3) / 4;
+    const uint16_t* at[kGroups];
 #pragma GCC unroll 4
-  for (int g = 0; g < kGroups; ++g) at[g] = rows + 3 * g * w;
-  for (int64_t c = 0; c < w; c += 2) {
-    pf.step();
-    const __m512bh q = reinterpret_cast<__m512bh>(_mm512_loadu_si512(qp + c / 2 * 16));
-#pragma GCC unroll 12
-    for (int r = 0; r < R; ++r) {
-      int32_t pair;
-      std::memcpy(&pair, at[r / 3] + (r % 3) * w, sizeof pair);
-      a[r] = _mm512_dpbf16_ps(a[r], q, reinterpret_cast<__m512bh>(_mm512_set1_epi32(pair)));
+    for (int g = 0; g < kGroups; ++g) at[g] = rows + 4 * g * ld;
+    for (int64_t c0 = 0; c0 < cols; c0 += kColumnsPerPrefetch) {
+      pf.step();
+      for (int64_t c = c0; c < std::min(cols, c0 + kColumnsPerPrefetch); c += 2) {
+        const __m512bh qv = reinterpret_cast<__m512bh>(_mm512_loadu_si512(q + c / 2 * 16));
+#pragma GCC unroll 16
+        for (int r = 0; r < R; ++r) {
+          int32_t pair;
+          std::memcpy(&pair, at[r / 4] + (r % 4) * ld, sizeof pair);
+          a[r] = _mm512_dpbf16_ps(a[r], qv, reinterpret_cast<__m512bh>(_mm512_set1_epi32(pair)));
+        }
+#pragma GCC unroll 4
+        for (int g = 0; g < kGroups; ++g) at[g] += 2;
+      }
     }
-#pragma GCC unroll 4
-    for (int g = 0; g < kGroups; ++g) at[g] += 2;
-  }
-#pragma GCC unroll 12
+  };
+  plane(tile.latent, tile.latent_ld, qp, lat);
+  if (dr > 0) plane(tile.rope, tile.rope_ld, qp + lat / 2 * 16, dr);
+#pragma GCC unroll 16
   for (int r = 0; r < R; ++r) _mm512_storeu_ps(part + r * 16, a[r]);
 }
 
-// out[h][c0 .. c0 + 16) (+)= the slice's p·latent for H heads (columns masked by `cols`).
-template <int H, class Prefetch>
-void bf16_pv_tile(const uint32_t* pp, const uint16_t* rows, int64_t w, int64_t pairs, int64_t c0,
+// out[h][c0 .. c0 + 16·NC) (+)= the slice's p·latent for H heads (the last 16 columns
+// masked by `cols`); rows[s]: row s's bf16 latent (a zero row after an odd slice's last).
+template <int H, int NC, class Prefetch>
+void bf16_pv_tile(const uint32_t* pp, const uint16_t* const* rows, int64_t pairs, int64_t c0,
                   __mmask16 cols, bool first, float* out, int64_t ldo, Prefetch& pf) {
-  __m512 a[H];
-#pragma GCC unroll 16
-  for (int h = 0; h < H; ++h)
-    a[h] = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(cols, out + h * ldo + c0);
+  static_assert(NC == 1 || NC == 2);
+  auto mask = [&](int n) { return n == NC - 1 ? cols : __mmask16{0xffff}; };
+  __m512 a[NC * H];  // a[n * H + h]: head h, columns c0 + 16n ..
+#pragma GCC unroll 32
+  for (int i = 0; i < NC * H; ++i)
+    a[i] = first ? _mm512_setzero_ps()
+                 : _mm512_maskz_loadu_ps(mask(i / H), out + (i % H) * ldo + c0 + 16 * (i / H));
   // word 2i <- row s's column c0 + i, word 2i + 1 <- row s + 1's (second source: 32 + i)
   const __m512i pair_words =
       _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6,
                        37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
   for (int64_t s2 = 0; s2 < pairs; ++s2) {
-    pf.step();
-    const uint16_t* r0 = rows + 2 * s2 * w + c0;
-    const __m512bh v = reinterpret_cast<__m512bh>(_mm512_permutex2var_epi16(
-        _mm512_maskz_loadu_epi16(cols, r0), pair_words, _mm512_maskz_loadu_epi16(cols, r0 + w)));
+    if (s2 % kPairsPerPrefetch == 0) pf.step();
+    const uint16_t* r0 = rows[2 * s2] + c0;
+    const uint16_t* r1 = rows[2 * s2 + 1] + c0;
+    __m512bh v[NC];
+#pragma GCC unroll 2
+    for (int n = 0; n < NC; ++n)
+      v[n] = reinterpret_cast<__m512bh>(
+          _mm512_permutex2var_epi16(_mm512_maskz_loadu_epi16(mask(n), r0 + 16 * n), pair_words,
+                                    _mm512_maskz_loadu_epi16(mask(n), r1 + 16 * n)));
     const uint32_t* ps = pp + s2 * 16;
 #pragma GCC unroll 16
-    for (int h = 0; h < H; ++h)
-      a[h] = _mm512_dpbf16_ps(
-          a[h], v, reinterpret_cast<__m512bh>(_mm512_set1_epi32(static_cast<int>(ps[h]))));
+    for (int h = 0; h < H; ++h) {
+      const __m512bh p = reinterpret_cast<__m512bh>(_mm512_set1_epi32(static_cast<int>(ps[h])));
+#pragma GCC unroll 2
+      for (int n = 0; n < NC; ++n) a[n * H + h] = _mm512_dpbf16_ps(a[n * H + h], v[n], p);
+    }
   }
-#pragma GCC unroll 16
-  for (int h = 0; h < H; ++h) _mm512_mask_storeu_ps(out + h * ldo + c0, cols, a[h]);
+#pragma GCC unroll 32
+  for (int i = 0; i < NC * H; ++i)
+    _mm512_mask_storeu_ps(out + (i % H) * ldo + c0 + 16 * (i / H), mask(i / H), a[i]);
 }
 
-// T: the planes' element (float, or uint16_t for bf16 planes, then copied instead of
-// rounded: the same bf16 rows).
+// Rows per scores tile: 16 accumulators (vdpbf16ps needs ~12 in flight; 12 left it ~8 %
+// short of peak in a register loop), one block of 16 cache rows.
+constexpr int kBf16ScoreRows = 16;
+
+// A slice's rows as the bf16 kernels read them. bf16 planes with even latent and rope
+// widths are read where they are: a tile never crosses a cache block, where rows stop
+// being evenly spaced. Otherwise (fp32 planes, or odd widths) each row is converted or
+// copied once into `copy` as one row [w] (latent, rope, a zero pad to even w) and tiles take
+// those rows.
+template <typename T>
+class Bf16SliceRows {
+ public:
+  // copy, zero: the thread's buffers, resized here.
+  Bf16SliceRows(const LatentKvView& kv, int64_t w, std::vector<uint16_t>& copy,
+                std::vector<uint16_t>& zero)
+      : kv_(kv), w_(w), copy_(copy), zero_(zero) {
+    direct_ = std::is_same_v<T, uint16_t> && kv.latent_dim % 2 == 0 && kv.rope_dim % 2 == 0;
+    zero_.assign(static_cast<size_t>(w), 0);
+    if (!direct_) copy_.resize(static_cast<size_t>(kAbsorbedSliceRows * w));
+  }
+
+  // Rows [s0, s0 + len) of the context whose cached rows are latent[i], rope[i].
+  void load(const T* const* latent, const T* const* rope, int64_t s0, int64_t len) {
+    s0_ = s0, len_ = len;
+    const int64_t lat = kv_.latent_dim, dr = kv_.rope_dim;
+    for (int64_t s = 0; s < len; ++s) {
+      if constexpr (std::is_same_v<T, uint16_t>) {
+        if (direct_) {
+          latent_[s] = latent[s], rope_[s] = rope[s];
+          continue;
+        }
+      }
+      uint16_t* row = copy_.data() + s * w_;
+      row_to_bf16(latent[s], lat, row);
+      if (dr > 0) row_to_bf16(rope[s], dr, row + lat);
+      if (lat + dr < w_) row[w_ - 1] = 0;
+      latent_[s] = row, rope_[s] = row + lat;
+    }
+    latent_[len] = zero_.data();  // an odd slice's last row pairs with zeros
+  }
+
+  // Scores of all the slice's rows into part [len][16], in tiles of at most R rows.
+  template <int R, class Prefetch>
+  void scores(const uint32_t* qp, float* part, Prefetch& pf) const {
+    const int64_t lat = kv_.latent_dim, dr = kv_.rope_dim, bs = kv_.block_size;
+    for (int64_t r = 0; r < len_;) {
+      int64_t n = std::min<int64_t>(R, len_ - r);
+      if (direct_) n = std::min(n, bs - (s0_ + r) % bs);
+      const Bf16Tile tile = direct_ ? Bf16Tile{latent_[r], kv_.latent_stride(), rope_[r], dr}
+                                    : Bf16Tile{latent_[r], w_, nullptr, 0};
+      const int64_t tile_lat = direct_ ? lat : w_, tile_dr = direct_ ? dr : 0;
+      dispatch_1_to<R>(static_cast<int>(n), [&]<int N>() {
+        bf16_scores_tile<N>(qp, tile, tile_lat, tile_dr, part + r * 16, pf);
+      });
+      r += n;
+    }
+  }
+
+  const uint16_t* const* latent_rows() const { return latent_; }
+
+ private:
+  const LatentKvView& kv_;
+  int64_t w_, s0_ = 0, len_ = 0;
+  bool direct_ = false;
+  std::vector<uint16_t>& copy_;
+  std::vector<uint16_t>& zero_;
+  const uint16_t* latent_[kAbsorbedSliceRows + 1];
+  const uint16_t* rope_[kAbsorbedSliceRows + 1];
+};
+
+// T: the planes' element (float, or uint16_t for bf16 planes, then read in place or copied
+// instead of rounded: the same bf16 rows).
 template <typename T>
 void attend_group_bf16(const AbsorbedQuery& q, int64_t h0, int64_t nh, const LatentKvView& kv,
                        const T* latent_plane, const T* rope_plane, int64_t s_begin, int64_t s_end,
@@ -430,19 +548,22 @@ void attend_group_bf16(const AbsorbedQuery& q, int64_t h0, int64_t nh, const Lat
   const int64_t lat = kv.latent_dim, dr = kv.rope_dim, w = (lat + dr + 1) / 2 * 2;
   transpose_queries(q, h0, nh, lat, dr, 16, qt);  // [lat + dr][16] fp32
   thread_local std::vector<uint32_t> qp;          // [w / 2][16] pairs
-  thread_local std::vector<uint16_t> rows;        // [slice rows (even)][w]
   thread_local std::vector<uint32_t> pp;          // [slice rows / 2][16] pairs
   qp.resize(static_cast<size_t>(w / 2 * 16));
-  rows.resize(static_cast<size_t>((kAbsorbedSliceRows + 1) * w));
   pp.resize(static_cast<size_t>((kAbsorbedSliceRows + 1) / 2 * 16));
   for (int64_t c = 0; c < w; c += 2) {
     const __m512 a = _mm512_loadu_ps(qt + c * 16);
     const __m512 b = c + 1 < lat + dr ? _mm512_loadu_ps(qt + (c + 1) * 16) : _mm512_setzero_ps();
     _mm512_storeu_si512(qp.data() + c / 2 * 16, pair_rows(a, b));
   }
+  thread_local std::vector<uint16_t> copy, zero;
+  Bf16SliceRows<T> rows(kv, w, copy, zero);
   alignas(64) float sc[(kAbsorbedSliceRows + 1) * 16];  // scores, then p: [len (even)][16]
+  // Slices of equal length, rounded up to whole blocks of 16 rows where that stays within
+  // kAbsorbedSliceRows (513 rows: 112 × 4 + 65), so that the tiles of bf16 planes are whole.
   const int64_t slices = (s_end - s_begin + kAbsorbedSliceRows - 1) / kAbsorbedSliceRows;
-  const int64_t slice_rows = (s_end - s_begin + slices - 1) / slices;
+  const int64_t slice_rows =
+      std::min(kAbsorbedSliceRows, ((s_end - s_begin + slices - 1) / slices + 15) / 16 * 16);
   // Row pointers of this slice (cur) and the next one (next), swapped per slice.
   const T* pointers[2][2][kAbsorbedSliceRows];  // [cur/next][latent/rope][row]
   int cur = 0;
@@ -451,38 +572,35 @@ void attend_group_bf16(const AbsorbedQuery& q, int64_t h0, int64_t nh, const Lat
   NextSlicePrefetch<T> pf;
   for (int64_t s0 = s_begin; s0 < s_end; s0 += slice_rows, cur ^= 1) {
     const int64_t s1 = std::min(s_end, s0 + slice_rows), len = s1 - s0, even = (len + 1) / 2 * 2;
-    const T* const* lrow = pointers[cur][0];
-    const T* const* rrow = pointers[cur][1];
     const int64_t next_len = std::min(s_end, s1 + slice_rows) - s1;
     gather_row_pointers(kv, latent_plane, rope_plane, s1, s1 + next_len, pointers[cur ^ 1][0],
                         pointers[cur ^ 1][1]);
     pf.start(pointers[cur ^ 1][0], pointers[cur ^ 1][1], next_len, lat, dr);
-    for (int64_t s = 0; s < len; ++s) {
-      uint16_t* row = rows.data() + s * w;
-      row_to_bf16(lrow[s], lat, row);
-      if (dr > 0) row_to_bf16(rrow[s], dr, row + lat);
-      if (lat + dr < w) row[w - 1] = 0;
-    }
-    if (even > len) std::fill_n(rows.data() + len * w, w, uint16_t{0});
-    int64_t r = 0;
-    for (; r + kBf16ScoreRows <= len; r += kBf16ScoreRows)
-      bf16_scores_tile<kBf16ScoreRows>(qp.data(), rows.data() + r * w, w, sc + r * 16, pf);
-    if (r < len) {
-      dispatch_1_to<kBf16ScoreRows - 1>(static_cast<int>(len - r), [&]<int Rest>() {
-        bf16_scores_tile<Rest>(qp.data(), rows.data() + r * w, w, sc + r * 16, pf);
-      });
-    }
+    rows.load(pointers[cur][0], pointers[cur][1], s0, len);
+    rows.template scores<kBf16ScoreRows>(qp.data(), sc, pf);
     const bool first = s0 == s_begin;
     slice_softmax(sc, len, 16, nh, scale, first, m, l, out, out_ld, lat);
     for (int64_t s = 0; s < even; s += 2) {
       const __m512 b = s + 1 < len ? _mm512_loadu_ps(sc + (s + 1) * 16) : _mm512_setzero_ps();
       _mm512_storeu_si512(pp.data() + s / 2 * 16, pair_rows(_mm512_loadu_ps(sc + s * 16), b));
     }
-    for (int64_t c0 = 0; c0 < lat; c0 += 16) {
+    // 32 columns × up to 8 heads (16 heads as 8 + 8): two row pairs interleaved and 8
+    // broadcasts per 16 vdpbf16ps. A last block of up to 16 columns takes all heads at once.
+    const int64_t lat32 = lat / 32 * 32;
+    for (int64_t c0 = 0; c0 < lat32; c0 += 32) {
+      for (int64_t g = 0; g < nh; g += 8) {
+        dispatch_1_to<8>(static_cast<int>(std::min<int64_t>(8, nh - g)), [&]<int H>() {
+          bf16_pv_tile<H, 2>(pp.data() + g, rows.latent_rows(), even / 2, c0, 0xffff, first,
+                             out + g * out_ld, out_ld, pf);
+        });
+      }
+    }
+    for (int64_t c0 = lat32; c0 < lat; c0 += 16) {
       const __mmask16 cols =
           static_cast<__mmask16>(lat - c0 >= 16 ? 0xffff : (1u << (lat - c0)) - 1);
       dispatch_1_to<16>(static_cast<int>(nh), [&]<int H>() {
-        bf16_pv_tile<H>(pp.data(), rows.data(), w, even / 2, c0, cols, first, out, out_ld, pf);
+        bf16_pv_tile<H, 1>(pp.data(), rows.latent_rows(), even / 2, c0, cols, first, out, out_ld,
+                           pf);
       });
     }
   }
