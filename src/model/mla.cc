@@ -195,11 +195,22 @@ void DeepseekV3Model::run_attention(const MlaWeights& w, int64_t cache_layer, co
     float* part_out = grow(s_part_out_, slots * heads * lat);  // [slots, H, C]
     float* part_ml = grow(s_part_ml_, slots * 2 * heads);      // [slots, 2, H]: m, l
     std::atomic<int64_t> next{0};
+    // Each thread claims its next item before it runs the current one, so that the kernel
+    // prefetches the next item's first rows during the current one's last slice.
+    auto view_of = [&](const Item& it) {
+      return cache.view(cache_layer, b.chunks[token_chunk[it.token]].seq);
+    };
+    const int64_t count = static_cast<int64_t>(items.size());
     pool.run_on_all([&](int) {
-      for (int64_t i = next.fetch_add(1, std::memory_order_relaxed);
-           i < static_cast<int64_t>(items.size()); i = next.fetch_add(1, std::memory_order_relaxed)) {
+      for (int64_t i = next.fetch_add(1, std::memory_order_relaxed); i < count;) {
+        const int64_t following = next.fetch_add(1, std::memory_order_relaxed);
+        kernels::AbsorbedNextRows then;
+        if (following < count) {
+          const Item& f = items[following];
+          then = {view_of(f), f.begin, f.end};
+        }
+        const kernels::AbsorbedNextRows* hint = following < count ? &then : nullptr;
         const Item& it = items[i];
-        const Batch::Chunk& ch = b.chunks[token_chunk[it.token]];
         const kernels::AbsorbedQuery aq{q_abs + it.token * heads * lat,
                                         lat,
                                         q + it.token * heads * dq + dn,
@@ -207,14 +218,16 @@ void DeepseekV3Model::run_attention(const MlaWeights& w, int64_t cache_layer, co
                                         lat_out + it.token * heads * lat,
                                         lat,
                                         bf16};
-        const kernels::LatentKvView kv = cache.view(cache_layer, ch.seq);
+        const kernels::LatentKvView kv = view_of(it);
         if (it.slot < 0) {
-          kernels::mla_absorbed_attention(aq, 0, heads, kv, it.end, scale);
+          kernels::mla_absorbed_attention(aq, 0, heads, kv, it.end, scale, hint);
         } else {
           float* ml = part_ml + it.slot * 2 * heads;
           const kernels::AbsorbedPart part{part_out + it.slot * heads * lat, lat, ml, ml + heads};
-          kernels::mla_absorbed_attention_part(aq, 0, heads, kv, it.begin, it.end, scale, part);
+          kernels::mla_absorbed_attention_part(aq, 0, heads, kv, it.begin, it.end, scale, part,
+                                               hint);
         }
+        i = following;
       }
     });
     if (!merges.empty()) {

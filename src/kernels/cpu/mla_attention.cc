@@ -539,12 +539,23 @@ class Bf16SliceRows {
   const uint16_t* rope_[kAbsorbedSliceRows + 1];
 };
 
+// The fp32 or the bf16 plane of a view, as T.
+template <typename T>
+const T* plane_of(const float* f32, const uint16_t* bf16) {
+  if constexpr (std::is_same_v<T, uint16_t>) {
+    return bf16;
+  } else {
+    return f32;
+  }
+}
+
 // T: the planes' element (float, or uint16_t for bf16 planes, then read in place or copied
 // instead of rounded: the same bf16 rows).
 template <typename T>
 void attend_group_bf16(const AbsorbedQuery& q, int64_t h0, int64_t nh, const LatentKvView& kv,
                        const T* latent_plane, const T* rope_plane, int64_t s_begin, int64_t s_end,
-                       float scale, float* qt, float* out, int64_t out_ld, float* m, float* l) {
+                       float scale, float* qt, float* out, int64_t out_ld, float* m, float* l,
+                       const AbsorbedNextRows* next) {
   const int64_t lat = kv.latent_dim, dr = kv.rope_dim, w = (lat + dr + 1) / 2 * 2;
   transpose_queries(q, h0, nh, lat, dr, 16, qt);  // [lat + dr][16] fp32
   thread_local std::vector<uint32_t> qp;          // [w / 2][16] pairs
@@ -576,6 +587,16 @@ void attend_group_bf16(const AbsorbedQuery& q, int64_t h0, int64_t nh, const Lat
     gather_row_pointers(kv, latent_plane, rope_plane, s1, s1 + next_len, pointers[cur ^ 1][0],
                         pointers[cur ^ 1][1]);
     pf.start(pointers[cur ^ 1][0], pointers[cur ^ 1][1], next_len, lat, dr);
+    if (next_len == 0 && next != nullptr && next->kv.bf16() == std::is_same_v<T, uint16_t>) {
+      // The last slice: prefetch the first rows of the thread's next call instead (the
+      // pointer arrays of the slice after are free: there is none).
+      const T* next_latent = plane_of<T>(next->kv.latent, next->kv.latent16);
+      const T* next_rope = plane_of<T>(next->kv.rope, next->kv.rope16);
+      const int64_t rows = std::min(kAbsorbedSliceRows, next->end - next->begin);
+      gather_row_pointers(next->kv, next_latent, next_rope, next->begin, next->begin + rows,
+                          pointers[cur ^ 1][0], pointers[cur ^ 1][1]);
+      pf.start(pointers[cur ^ 1][0], pointers[cur ^ 1][1], rows, lat, dr);
+    }
     rows.load(pointers[cur][0], pointers[cur][1], s0, len);
     rows.template scores<kBf16ScoreRows>(qp.data(), sc, pf);
     const bool first = s0 == s_begin;
@@ -615,15 +636,15 @@ void attend_group_bf16(const AbsorbedQuery& q, int64_t h0, int64_t nh, const Lat
 // l[h] = Σ_s e^(score - m[h]).
 void attend_group(const AbsorbedQuery& q, int64_t h0, int64_t nh, const LatentKvView& kv,
                   int64_t s_begin, int64_t s_end, float scale, float* qt, float* out,
-                  int64_t out_ld, float* m, float* l) {
+                  int64_t out_ld, float* m, float* l, const AbsorbedNextRows* next) {
 #if defined(__AVX512BF16__)
   if (q.bf16 && absorbed_bf16_available()) {
     if (kv.bf16()) {
       return attend_group_bf16(q, h0, nh, kv, kv.latent16, kv.rope16, s_begin, s_end, scale, qt,
-                               out, out_ld, m, l);
+                               out, out_ld, m, l, next);
     }
     return attend_group_bf16(q, h0, nh, kv, kv.latent, kv.rope, s_begin, s_end, scale, qt, out,
-                             out_ld, m, l);
+                             out_ld, m, l, next);
   }
 #endif
   XDS_CHECK(!kv.bf16(),
@@ -666,7 +687,8 @@ bool absorbed_bf16_available() {
 }
 
 void mla_absorbed_attention(const AbsorbedQuery& q, int64_t head_begin, int64_t head_end,
-                            const LatentKvView& kv, int64_t ctx, float scale) {
+                            const LatentKvView& kv, int64_t ctx, float scale,
+                            const AbsorbedNextRows* next) {
   if (ctx <= 0) return;
   // The whole context as one part, written straight to q.out, then normalised.
   const int64_t nh = head_end - head_begin;
@@ -674,7 +696,7 @@ void mla_absorbed_attention(const AbsorbedQuery& q, int64_t head_begin, int64_t 
   ml.resize(static_cast<size_t>(2 * nh));
   float* out = q.out + head_begin * q.out_ld;
   mla_absorbed_attention_part(q, head_begin, head_end, kv, 0, ctx, scale,
-                              {out, q.out_ld, ml.data(), ml.data() + nh});
+                              {out, q.out_ld, ml.data(), ml.data() + nh}, next);
   for (int64_t j = 0; j < nh; ++j) {
     const float inv = 1.0f / ml[static_cast<size_t>(nh + j)];
     for (int64_t c = 0; c < kv.latent_dim; ++c) out[j * q.out_ld + c] *= inv;
@@ -683,14 +705,17 @@ void mla_absorbed_attention(const AbsorbedQuery& q, int64_t head_begin, int64_t 
 
 void mla_absorbed_attention_part(const AbsorbedQuery& q, int64_t head_begin, int64_t head_end,
                                  const LatentKvView& kv, int64_t s_begin, int64_t s_end,
-                                 float scale, const AbsorbedPart& part) {
+                                 float scale, const AbsorbedPart& part,
+                                 const AbsorbedNextRows* next) {
   XDS_CHECK(s_begin < s_end, "mla_absorbed_attention_part: empty rows [{}, {})", s_begin, s_end);
   thread_local std::vector<float> qt;
   qt.resize(static_cast<size_t>((kv.latent_dim + kv.rope_dim) * 16));
   for (int64_t g = head_begin; g < head_end; g += 16) {
     const int64_t j = g - head_begin;
+    // Only the last group hands over to the next call (the others' rows come again).
     attend_group(q, g, std::min<int64_t>(16, head_end - g), kv, s_begin, s_end, scale, qt.data(),
-                 part.out + j * part.out_ld, part.out_ld, part.m + j, part.l + j);
+                 part.out + j * part.out_ld, part.out_ld, part.m + j, part.l + j,
+                 g + 16 >= head_end ? next : nullptr);
   }
 }
 

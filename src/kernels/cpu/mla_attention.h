@@ -79,12 +79,24 @@ bool absorbed_bf16_available();
 // Rows of context per slice of the absorbed kernel (256 KB of fp32 latent at C = 512).
 inline constexpr int64_t kAbsorbedSliceRows = 128;
 
+// Context rows that the calling thread attends to next (its next work item, perhaps of
+// another sequence): a call given them prefetches their first slice while it computes its
+// own last one, as each slice prefetches the next. Only a hint: results never depend on it.
+// (Decode at batch 64 runs 128 items of ~257 cold rows per layer; each one's first slice
+// otherwise waits on memory.) Used by the bf16 products; the fp32 kernel prefetches one tile
+// ahead and ignores it.
+struct AbsorbedNextRows {
+  LatentKvView kv;
+  int64_t begin = 0, end = 0;
+};
+
 // Heads [head_begin, head_end) of one query token over context [0, ctx), on the calling
 // thread. Each cached position is read from memory once for all those heads (the latent
 // is shared by every head, MQA-like): slice by slice, scores, an online softmax, then
 // p·latent while the slice is in cache.
 void mla_absorbed_attention(const AbsorbedQuery& q, int64_t head_begin, int64_t head_end,
-                            const LatentKvView& kv, int64_t ctx, float scale);
+                            const LatentKvView& kv, int64_t ctx, float scale,
+                            const AbsorbedNextRows* next = nullptr);
 
 // A part of one token's context, for several threads on one token (flash-decoding style):
 // out[h] = Σ_{s in part} e^(score[h, s] - m[h]) latent(s), unnormalised, at out + h*out_ld;
@@ -100,7 +112,8 @@ struct AbsorbedPart {
 // the range at row j of part.out, m[j], l[j]).
 void mla_absorbed_attention_part(const AbsorbedQuery& q, int64_t head_begin, int64_t head_end,
                                  const LatentKvView& kv, int64_t s_begin, int64_t s_end,
-                                 float scale, const AbsorbedPart& part);
+                                 float scale, const AbsorbedPart& part,
+                                 const AbsorbedNextRows* next = nullptr);
 
 // out[h] = Σ_i e^(m_i[h] - M) out_i[h] / Σ_i e^(m_i[h] - M) l_i[h], M = max_i m_i[h], parts
 // taken in the order given: the attention of the whole context from its parts.
