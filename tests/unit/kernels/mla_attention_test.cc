@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -261,6 +262,68 @@ TEST(MlaAbsorbed, ContextSplitCoversTheContext) {
     EXPECT_LT((sp.count - 1) * sp.rows, ctx) << ctx;  // no empty part
     if (ctx < kAbsorbedPartMinRows) {
       EXPECT_EQ(sp.count, 1) << ctx;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace xds::kernels
+
+namespace xds::kernels {
+namespace {
+
+// AbsorbedNextRows is a prefetch hint: whatever it names (rows of another sequence, more
+// rows than a slice, planes of the other element type), the output keeps its bits, on
+// every instruction set and with bf16 products where the build has them.
+TEST(MlaAbsorbed, NextRowsHintChangesNoBits) {
+  std::mt19937 rng(13);
+  std::uniform_real_distribution<float> d(-1.0f, 1.0f);
+  const int64_t lat = 64, dr = 16, bs = 16, blocks = 40, heads = 16, ctx = 300;
+  const int64_t ld = padded_latent_stride(lat), ld16 = padded_latent_stride(lat, 2);
+  const std::vector<int32_t> table = permuted_block_table(blocks, 7, 3),
+                             other_table = permuted_block_table(blocks, 11, 5);
+  std::vector<float> latent(static_cast<size_t>(blocks * bs * ld)),
+      rope(static_cast<size_t>(blocks * bs * dr)), q_abs(static_cast<size_t>(heads * lat)),
+      q_pe(static_cast<size_t>(heads * dr));
+  for (auto* v : {&latent, &rope, &q_abs, &q_pe})
+    for (float& x : *v) x = d(rng);
+  std::vector<uint16_t> latent16(static_cast<size_t>(blocks * bs * ld16)),
+      rope16(static_cast<size_t>(blocks * bs * dr));
+  const bool bf16 = absorbed_bf16_available();
+  if (bf16) {
+    for (int64_t r = 0; r < blocks * bs; ++r) {
+      kv_row_to_bf16(latent.data() + r * ld, lat, latent16.data() + r * ld16);
+      kv_row_to_bf16(rope.data() + r * dr, dr, rope16.data() + r * dr);
+    }
+  }
+  const LatentKvView kv{latent.data(), rope.data(), table.data(), bs, lat, dr, ld};
+  const LatentKvView other{latent.data(), rope.data(), other_table.data(), bs, lat, dr, ld};
+  LatentKvView kv16{nullptr, nullptr, table.data(), bs, lat, dr, ld16};
+  kv16.latent16 = latent16.data();
+  kv16.rope16 = rope16.data();
+  const AbsorbedNextRows hints[] = {{other, 0, 600}, {other, 290, 300}, {kv, 1, 2}, {kv16, 0, 600}};
+  const IsaGuard guard;
+  for (const PanelIsa isa : available_isas()) {
+    set_panel_isa(isa);
+    for (const bool products16 : {false, true}) {
+      if (products16 && !absorbed_bf16_available()) continue;
+      const LatentKvView* views[] = {&kv, &kv16};
+      for (const LatentKvView* view : views) {
+        if (view == &kv16 && !products16) continue;  // bf16 planes: bf16 products only
+        std::vector<float> plain(static_cast<size_t>(heads * lat));
+        AbsorbedQuery q{q_abs.data(), lat, q_pe.data(), dr, plain.data(), lat};
+        q.bf16 = products16;
+        mla_absorbed_attention(q, 0, heads, *view, ctx, 0.3f);
+        for (const AbsorbedNextRows& hint : hints) {
+          if (hint.kv.bf16() && !bf16) continue;
+          std::vector<float> hinted(plain.size());
+          q.out = hinted.data();
+          mla_absorbed_attention(q, 0, heads, *view, ctx, 0.3f, &hint);
+          ASSERT_EQ(std::memcmp(plain.data(), hinted.data(), sizeof(float) * plain.size()), 0)
+              << panel_isa_name(isa) << " bf16 products " << products16 << " bf16 planes "
+              << view->bf16() << " hint rows [" << hint.begin << ", " << hint.end << ")";
+        }
+      }
     }
   }
 }
