@@ -241,10 +241,50 @@ void pv_slice(const float* p, int64_t kw, int64_t nh, const LatentKvView& kv, in
 // The slice's softmax step on the scores sc [len][kw] (head j in lane j): sc = e^(scale ·
 // sc - m_new[j]) with m_new the running max per head, l[j] = l[j] · e^(m[j] - m_new[j]) +
 // Σ_s sc[s][j] (ascending s), out rows rescaled by e^(m[j] - m_new[j]) when the max grew
-// (`first`: m, l start from this slice). Eight heads at a time with exp_avx2 whatever the
-// instruction set: the same bits.
+// (`first`: m, l start from this slice). Eight heads at a time with exp_avx2, or 16 with
+// exp_avx512 where the AVX-512 kernels run and the scores are 16 wide: the same steps per
+// lane, so the same bits.
 void slice_softmax(float* sc, int64_t len, int64_t kw, int64_t nh, float scale, bool first,
                    float* m, float* l, float* out, int64_t out_ld, int64_t lat) {
+  // Per head once the slice's max and sum are known: l and the rescaled output rows.
+  auto update = [&](int64_t h, float m_new, float sum) {
+    if (first) {
+      l[h] = sum;
+    } else {
+      const float alpha = std::exp(m[h] - m_new);
+      l[h] = l[h] * alpha + sum;
+      float* o = out + h * out_ld;
+      for (int64_t c = 0; c < lat; ++c) o[c] *= alpha;
+    }
+    m[h] = m_new;
+  };
+#if defined(__AVX512F__)
+  if (kw == 16 && panel_isa() == PanelIsa::kAvx512) {
+    const __m512 vs = _mm512_set1_ps(scale);
+    __m512 mx = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+    for (int64_t s = 0; s < len; ++s) {
+      const __m512 x = _mm512_mul_ps(_mm512_loadu_ps(sc + s * 16), vs);
+      _mm512_storeu_ps(sc + s * 16, x);
+      mx = _mm512_maskz_max_ps(0xffff, mx, x);  // the plain form trips GCC 12's warning
+    }
+    alignas(64) float m_new[16];
+    _mm512_store_ps(m_new, mx);
+    if (!first) {
+      for (int64_t j = 0; j < nh; ++j) m_new[j] = std::max(m[j], m_new[j]);
+    }
+    const __m512 shift = _mm512_load_ps(m_new);
+    __m512 sum = _mm512_setzero_ps();
+    for (int64_t s = 0; s < len; ++s) {
+      const __m512 e = exp_avx512(_mm512_sub_ps(_mm512_loadu_ps(sc + s * 16), shift));
+      _mm512_storeu_ps(sc + s * 16, e);
+      sum = _mm512_add_ps(sum, e);
+    }
+    alignas(64) float sums[16];
+    _mm512_store_ps(sums, sum);
+    for (int64_t j = 0; j < nh; ++j) update(j, m_new[j], sums[j]);
+    return;
+  }
+#endif
   for (int64_t j0 = 0; j0 < nh; j0 += 8) {
     const __m256 vs = _mm256_set1_ps(scale);
     __m256 mx = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
@@ -270,18 +310,7 @@ void slice_softmax(float* sc, int64_t len, int64_t kw, int64_t nh, float scale, 
     }
     alignas(32) float sums[8];
     _mm256_store_ps(sums, sum);
-    for (int64_t j = 0; j < heads; ++j) {
-      const int64_t h = j0 + j;
-      if (first) {
-        l[h] = sums[j];
-      } else {
-        const float alpha = std::exp(m[h] - m_new[j]);
-        l[h] = l[h] * alpha + sums[j];
-        float* o = out + h * out_ld;
-        for (int64_t c = 0; c < lat; ++c) o[c] *= alpha;
-      }
-      m[h] = m_new[j];
-    }
+    for (int64_t j = 0; j < heads; ++j) update(j0 + j, m_new[j], sums[j]);
   }
 }
 
