@@ -65,13 +65,9 @@ KvCache::KvCache(const KvCacheShape& shape)
   const size_t rows = static_cast<size_t>(shape.layers * shape.num_blocks * shape.block_size);
   const size_t latent = rows * static_cast<size_t>(latent_ld_);
   const size_t rope = rows * static_cast<size_t>(shape.rope_dim);
-  if (shape.dtype == DType::kBF16) {
-    latent16_.assign(latent, 0);
-    rope16_.assign(rope, 0);
-  } else {
-    latent_.assign(latent, 0.0f);
-    rope_.assign(rope, 0.0f);
-  }
+  const size_t element = static_cast<size_t>(dtype_size(shape.dtype));
+  latent_ = HugePageBuffer(latent * element);  // zero-filled
+  rope_ = HugePageBuffer(rope * element);
   for (int64_t b = shape.num_blocks - 1; b >= 0; --b) free_list_.push_back(static_cast<int32_t>(b));
 }
 
@@ -125,23 +121,25 @@ void KvCache::write(int64_t layer, int64_t seq, int64_t pos, const float* latent
   const int64_t row = layer * shape_.num_blocks * shape_.block_size + slot_index(seq, pos);
   const int64_t lat = shape_.latent_dim, dr = shape_.rope_dim;
   if (shape_.dtype == DType::kBF16) {
-    kernels::kv_row_to_bf16(latent, lat, latent16_.data() + row * latent_ld_);
-    if (dr > 0) kernels::kv_row_to_bf16(rope, dr, rope16_.data() + row * dr);
+    kernels::kv_row_to_bf16(latent, lat, latent_.as<uint16_t>() + row * latent_ld_);
+    if (dr > 0) kernels::kv_row_to_bf16(rope, dr, rope_.as<uint16_t>() + row * dr);
     return;
   }
-  std::memcpy(latent_.data() + row * latent_ld_, latent, sizeof(float) * static_cast<size_t>(lat));
-  if (dr > 0) std::memcpy(rope_.data() + row * dr, rope, sizeof(float) * static_cast<size_t>(dr));
+  std::memcpy(latent_.as<float>() + row * latent_ld_, latent,
+              sizeof(float) * static_cast<size_t>(lat));
+  if (dr > 0)
+    std::memcpy(rope_.as<float>() + row * dr, rope, sizeof(float) * static_cast<size_t>(dr));
 }
 
 kernels::LatentKvView KvCache::view(int64_t layer, int64_t seq) const {
   const int64_t layer_base = layer * shape_.num_blocks * shape_.block_size;
   kernels::LatentKvView v;
   if (shape_.dtype == DType::kBF16) {
-    v.latent16 = latent16_.data() + layer_base * latent_ld_;
-    v.rope16 = rope16_.data() + layer_base * shape_.rope_dim;
+    v.latent16 = latent_.as<uint16_t>() + layer_base * latent_ld_;
+    v.rope16 = rope_.as<uint16_t>() + layer_base * shape_.rope_dim;
   } else {
-    v.latent = latent_.data() + layer_base * latent_ld_;
-    v.rope = rope_.data() + layer_base * shape_.rope_dim;
+    v.latent = latent_.as<float>() + layer_base * latent_ld_;
+    v.rope = rope_.as<float>() + layer_base * shape_.rope_dim;
   }
   v.block_table = tables_[seq].data();
   v.block_size = shape_.block_size;

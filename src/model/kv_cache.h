@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "base/huge_page_buffer.h"
 #include "base/status.h"
 #include "kernels/cpu/mla_attention.h"
 #include "tensor/dtype.h"
@@ -68,10 +69,10 @@ class KvCache {
 
   KvCacheShape shape_;
   int64_t latent_ld_ = 0;  // row stride of the latent plane, elements
-  // The planes, fp32 or bf16 (the other pair stays empty):
-  // latent [layers, num_blocks, block_size, latent_ld_], rope [..., rope_dim].
-  std::vector<float> latent_, rope_;
-  std::vector<uint16_t> latent16_, rope16_;
+  // The planes, of shape_.dtype elements, in huge pages where the kernel gives them (the
+  // blocks of a step are read scattered): latent [layers, num_blocks, block_size,
+  // latent_ld_], rope [..., rope_dim].
+  HugePageBuffer latent_, rope_;
   std::vector<int32_t> free_list_;
   std::vector<std::vector<int32_t>> tables_;  // per sequence slot
   std::vector<bool> live_;
