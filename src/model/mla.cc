@@ -205,11 +205,12 @@ void DeepseekV3Model::run_attention(const MlaWeights& w, int64_t cache_layer, co
       for (int64_t i = next.fetch_add(1, std::memory_order_relaxed); i < count;) {
         const int64_t following = next.fetch_add(1, std::memory_order_relaxed);
         kernels::AbsorbedNextRows then;
+        const kernels::AbsorbedNextRows* hint = nullptr;
         if (following < count) {
           const Item& f = items[following];
           then = {view_of(f), f.begin, f.end};
+          hint = &then;
         }
-        const kernels::AbsorbedNextRows* hint = following < count ? &then : nullptr;
         const Item& it = items[i];
         const kernels::AbsorbedQuery aq{q_abs + it.token * heads * lat,
                                         lat,

@@ -498,8 +498,8 @@ void bf16_pv_tile(const uint32_t* pp, const uint16_t* const* rows, int64_t pairs
     _mm512_mask_storeu_ps(out + (i % H) * ldo + c0 + 16 * (i / H), mask(i / H), a[i]);
 }
 
-// Rows per scores tile: 16 accumulators (vdpbf16ps needs ~12 in flight; 12 left it ~8 %
-// short of peak in a register loop), one block of 16 cache rows.
+// Rows per scores tile: 16 accumulators (vdpbf16ps needs more than 12 in flight: 12 left it
+// ~8 % short of peak in a register loop), one block of 16 cache rows.
 constexpr int kBf16ScoreRows = 16;
 
 // A slice's rows as the bf16 kernels read them. bf16 planes with even latent and rope
@@ -515,7 +515,7 @@ class Bf16SliceRows {
                 std::vector<uint16_t>& zero)
       : kv_(kv), w_(w), copy_(copy), zero_(zero) {
     direct_ = std::is_same_v<T, uint16_t> && kv.latent_dim % 2 == 0 && kv.rope_dim % 2 == 0;
-    zero_.assign(static_cast<size_t>(w), 0);
+    zero_.resize(static_cast<size_t>(w));  // never written: zeros once allocated
     if (!direct_) copy_.resize(static_cast<size_t>(kAbsorbedSliceRows * w));
   }
 
@@ -534,7 +534,7 @@ class Bf16SliceRows {
       row_to_bf16(latent[s], lat, row);
       if (dr > 0) row_to_bf16(rope[s], dr, row + lat);
       if (lat + dr < w_) row[w_ - 1] = 0;
-      latent_[s] = row, rope_[s] = row + lat;
+      latent_[s] = row;  // the rope part follows in the same row (one plane for tiles)
     }
     latent_[len] = zero_.data();  // an odd slice's last row pairs with zeros
   }
@@ -612,20 +612,19 @@ void attend_group_bf16(const AbsorbedQuery& q, int64_t h0, int64_t nh, const Lat
   NextSlicePrefetch<T> pf;
   for (int64_t s0 = s_begin; s0 < s_end; s0 += slice_rows, cur ^= 1) {
     const int64_t s1 = std::min(s_end, s0 + slice_rows), len = s1 - s0, even = (len + 1) / 2 * 2;
-    const int64_t next_len = std::min(s_end, s1 + slice_rows) - s1;
-    gather_row_pointers(kv, latent_plane, rope_plane, s1, s1 + next_len, pointers[cur ^ 1][0],
-                        pointers[cur ^ 1][1]);
-    pf.start(pointers[cur ^ 1][0], pointers[cur ^ 1][1], next_len, lat, dr);
-    if (next_len == 0 && next != nullptr && next->kv.bf16() == std::is_same_v<T, uint16_t>) {
-      // The last slice: prefetch the first rows of the thread's next call instead (the
-      // pointer arrays of the slice after are free: there is none).
-      const T* next_latent = plane_of<T>(next->kv.latent, next->kv.latent16);
-      const T* next_rope = plane_of<T>(next->kv.rope, next->kv.rope16);
-      const int64_t rows = std::min(kAbsorbedSliceRows, next->end - next->begin);
-      gather_row_pointers(next->kv, next_latent, next_rope, next->begin, next->begin + rows,
-                          pointers[cur ^ 1][0], pointers[cur ^ 1][1]);
-      pf.start(pointers[cur ^ 1][0], pointers[cur ^ 1][1], rows, lat, dr);
+    // The next slice's rows are prefetched during this one; during the last, the first rows
+    // of the thread's next call if given (the pointer arrays of the slice after are free).
+    int64_t ahead = std::min(s_end, s1 + slice_rows) - s1;
+    if (ahead > 0) {
+      gather_row_pointers(kv, latent_plane, rope_plane, s1, s1 + ahead, pointers[cur ^ 1][0],
+                          pointers[cur ^ 1][1]);
+    } else if (next != nullptr && next->kv.bf16() == std::is_same_v<T, uint16_t>) {
+      ahead = std::min(kAbsorbedSliceRows, next->end - next->begin);
+      gather_row_pointers(next->kv, plane_of<T>(next->kv.latent, next->kv.latent16),
+                          plane_of<T>(next->kv.rope, next->kv.rope16), next->begin,
+                          next->begin + ahead, pointers[cur ^ 1][0], pointers[cur ^ 1][1]);
     }
+    pf.start(pointers[cur ^ 1][0], pointers[cur ^ 1][1], ahead, lat, dr);
     rows.load(pointers[cur][0], pointers[cur][1], s0, len);
     rows.template scores<kBf16ScoreRows>(qp.data(), sc, pf);
     const bool first = s0 == s_begin;

@@ -266,12 +266,6 @@ TEST(MlaAbsorbed, ContextSplitCoversTheContext) {
   }
 }
 
-}  // namespace
-}  // namespace xds::kernels
-
-namespace xds::kernels {
-namespace {
-
 // AbsorbedNextRows is a prefetch hint: whatever it names (rows of another sequence, more
 // rows than a slice, planes of the other element type), the output keeps its bits, on
 // every instruction set and with bf16 products where the build has them.
