@@ -264,6 +264,13 @@ __attribute__((always_inline)) inline __m512 widen_column(const Fp8Format&, cons
 }
 
 // The accumulators of T tokens × P panels from y (rows → pair-order lanes), or zero.
+// With `first` (the tile's first k block: nothing is read from y) the lines the tile will
+// store are prefetched for writing: an output buffer is mostly cold when a layer's linear
+// starts (the experts streamed hundreds of MB through the caches since its last use), and
+// the tiles' stores of 64-128 bytes per token row, rows kilobytes apart, each waited on its
+// line's read for ownership. bench_decode --batches 64 --compute-dtype bf16, four alternated
+// pairs: every linear phase 0.4-0.9 ms per step faster (W_UK, whose rows are 32 KB apart,
+// 4.1-4.5 -> 3.1-3.8 ms), about 4 ms per step in all.
 template <int T, int P>
 __attribute__((always_inline)) inline void load_accumulators(__m512 (&a0)[T], __m512 (&a1)[T],
                                                              const float* y, int64_t ldy,
@@ -273,6 +280,11 @@ __attribute__((always_inline)) inline void load_accumulators(__m512 (&a0)[T], __
 #pragma GCC unroll 12
   for (int t = 0; t < T; ++t) {
     const float* yt = y + t * ldy;
+    if (first) {  // the row's first and last line (y rows need not be 64-byte aligned)
+      _mm_prefetch(reinterpret_cast<const char*>(yt), _MM_HINT_ET0);
+      _mm_prefetch(reinterpret_cast<const char*>(yt + 16 * P - 1), _MM_HINT_ET0);
+      if constexpr (P == 2) _mm_prefetch(reinterpret_cast<const char*>(yt + 16), _MM_HINT_ET0);
+    }
     a0[t] = first ? _mm512_setzero_ps()
                   : _mm512_maskz_permutexvar_ps(kAllLanes, to_lanes, _mm512_loadu_ps(yt));
     if constexpr (P == 2)
