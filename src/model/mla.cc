@@ -15,6 +15,10 @@
 namespace xds {
 namespace {
 
+// Tokens a thread from which absorbed attention runs whole tokens as units (see the core
+// below); fewer, and the parts of a token are shared out.
+constexpr int64_t kWholeTokensPerThread = 4;
+
 template <typename T>
 T* grow(std::vector<T>& v, int64_t count) {
   if (v.size() < static_cast<size_t>(count)) v.resize(static_cast<size_t>(count));
@@ -169,64 +173,92 @@ void DeepseekV3Model::run_attention(const MlaWeights& w, int64_t cache_layer, co
       });
     }
     phase.emplace(phases_, "attn.absorbed_core");
-    // One work item = one token × one part of its context (absorbed_context_split: a
-    // function of the context length alone, so results do not depend on the batch or the
-    // thread count). Items are taken from a shared counter, longest first; a token with
-    // several parts is merged afterwards from its parts' unnormalised sums.
+    // One item = one token × one part of its context (absorbed_context_split: a function of
+    // the context length alone, so results do not depend on the batch or the thread count).
+    // Threads claim units of work from a shared counter, longest first. With at least
+    // kWholeTokensPerThread tokens a thread, a unit is a whole token: its thread runs the
+    // parts one after another into its own scratch (which stays in its L2) and merges them
+    // straight into lat_out. With fewer, a unit is one part, so that the threads share a
+    // token's parts; the parts' unnormalised sums then go through part_out (every line a
+    // cold write and a read back: 4 MB a layer at batch 64 of bench-2.6b) and are merged
+    // after all units. Either way the same parts are merged in the same order: same bits.
     using Item = AbsorbedItem;
+    using Unit = AbsorbedUnit;
     std::vector<Item>& items = s_items_;
-    std::vector<AbsorbedMerge>& merges = s_merges_;  // tokens of several parts
+    std::vector<Unit>& units = s_units_;
+    std::vector<AbsorbedMerge>& merges = s_merges_;  // part units' tokens of several parts
     items.clear();
+    units.clear();
     merges.clear();
-    int64_t slots = 0;
+    const bool whole_tokens =
+        static_cast<int64_t>(absorbed_tokens.size()) >= kWholeTokensPerThread * threads;
+    int64_t slots = 0, most_parts = 1;
     for (const int64_t t : absorbed_tokens) {
       const int64_t ctx = b.pos[t] + 1;
       const kernels::AbsorbedSplit split = kernels::absorbed_context_split(ctx);
-      // A token's parts take consecutive slots, in context order.
-      if (split.count > 1) merges.push_back({t, slots, split.count});
-      for (int64_t p = 0; p < split.count; ++p) {
-        items.push_back({t, p * split.rows, std::min(ctx, (p + 1) * split.rows),
-                         split.count > 1 ? slots++ : -1});
+      const bool via_part_out = !whole_tokens && split.count > 1;
+      if (via_part_out) merges.push_back({t, slots, split.count});
+      if (whole_tokens) units.push_back({static_cast<int64_t>(items.size()), split.count, ctx});
+      most_parts = std::max(most_parts, split.count);
+      for (int64_t p = 0; p < split.count; ++p) {  // in context order
+        const int64_t begin = p * split.rows, end = std::min(ctx, begin + split.rows);
+        if (!whole_tokens) units.push_back({static_cast<int64_t>(items.size()), 1, end - begin});
+        items.push_back({t, begin, end, via_part_out ? slots++ : -1});
       }
     }
-    std::stable_sort(items.begin(), items.end(), [](const Item& x, const Item& y) {
-      return x.end - x.begin > y.end - y.begin;
-    });
+    std::stable_sort(units.begin(), units.end(),
+                     [](const Unit& x, const Unit& y) { return x.rows > y.rows; });
     float* part_out = grow(s_part_out_, slots * heads * lat);  // [slots, H, C]
     float* part_ml = grow(s_part_ml_, slots * 2 * heads);      // [slots, 2, H]: m, l
     std::atomic<int64_t> next{0};
-    // Each thread claims its next item before it runs the current one, so that the kernel
+    // Each thread claims its next unit before it runs the current one, so that the kernel
     // prefetches the next item's first rows during the current one's last slice.
     auto view_of = [&](const Item& it) {
       return cache.view(cache_layer, b.chunks[token_chunk[it.token]].seq);
     };
-    const int64_t count = static_cast<int64_t>(items.size());
+    const int64_t count = static_cast<int64_t>(units.size());
     pool.run_on_all([&](int) {
+      // A whole token's parts: [parts, H, C] sums, then [parts, 2, H] m and l.
+      thread_local std::vector<float> scratch;
+      float* scratch_out = grow(scratch, most_parts * heads * (lat + 2));
+      float* scratch_ml = scratch_out + most_parts * heads * lat;
       for (int64_t i = next.fetch_add(1, std::memory_order_relaxed); i < count;) {
         const int64_t following = next.fetch_add(1, std::memory_order_relaxed);
-        kernels::AbsorbedNextRows then;
-        const kernels::AbsorbedNextRows* hint = nullptr;
-        if (following < count) {
-          const Item& f = items[following];
-          then = {view_of(f), f.begin, f.end};
-          hint = &then;
-        }
-        const Item& it = items[i];
-        const kernels::AbsorbedQuery aq{q_abs + it.token * heads * lat,
-                                        lat,
-                                        q + it.token * heads * dq + dn,
-                                        dq,
-                                        lat_out + it.token * heads * lat,
-                                        lat,
-                                        bf16};
-        const kernels::LatentKvView kv = view_of(it);
-        if (it.slot < 0) {
-          kernels::mla_absorbed_attention(aq, 0, heads, kv, it.end, scale, hint);
-        } else {
-          float* ml = part_ml + it.slot * 2 * heads;
-          const kernels::AbsorbedPart part{part_out + it.slot * heads * lat, lat, ml, ml + heads};
-          kernels::mla_absorbed_attention_part(aq, 0, heads, kv, it.begin, it.end, scale, part,
+        const Unit& u = units[i];
+        kernels::AbsorbedPart parts[kernels::kAbsorbedMaxParts];
+        for (int64_t p = 0; p < u.count; ++p) {
+          const Item& it = items[u.first + p];
+          // The rows this thread reads next: the token's next part, else the next unit's.
+          const Item* after = p + 1 < u.count     ? &it + 1
+                              : following < count ? &items[units[following].first]
+                                                  : nullptr;
+          kernels::AbsorbedNextRows then;
+          if (after != nullptr) then = {view_of(*after), after->begin, after->end};
+          const kernels::AbsorbedQuery aq{q_abs + it.token * heads * lat,
+                                          lat,
+                                          q + it.token * heads * dq + dn,
+                                          dq,
+                                          lat_out + it.token * heads * lat,
+                                          lat,
+                                          bf16};
+          const kernels::LatentKvView kv = view_of(it);
+          const kernels::AbsorbedNextRows* hint = after != nullptr ? &then : nullptr;
+          if (u.count > 1) {
+            float* ml = scratch_ml + p * 2 * heads;
+            parts[p] = {scratch_out + p * heads * lat, lat, ml, ml + heads};
+          } else if (it.slot >= 0) {
+            float* ml = part_ml + it.slot * 2 * heads;
+            parts[p] = {part_out + it.slot * heads * lat, lat, ml, ml + heads};
+          } else {
+            kernels::mla_absorbed_attention(aq, 0, heads, kv, it.end, scale, hint);
+            continue;
+          }
+          kernels::mla_absorbed_attention_part(aq, 0, heads, kv, it.begin, it.end, scale, parts[p],
                                                hint);
+        }
+        if (u.count > 1) {
+          kernels::mla_absorbed_merge({parts, static_cast<size_t>(u.count)}, heads, lat,
+                                      lat_out + items[u.first].token * heads * lat, lat);
         }
         i = following;
       }

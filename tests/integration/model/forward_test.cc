@@ -144,6 +144,51 @@ TEST(Forward, DecodeOverALongContextMatchesPrefill) {
   }
 }
 
+// Eight decode tokens over contexts of two parts each (kernels::absorbed_context_split):
+// in one step the two threads take whole tokens as their units and merge each token's parts
+// from their own scratch; a token alone shares its parts between the threads and merges
+// them afterwards. The same parts merged in the same order: the same bits, in both modes.
+TEST(Forward, DecodeOfManyLongContextsGivesTheBitsOfEachAlone) {
+  const std::string dir = make_tiny("many_long", 19);
+  for (const ComputeDType compute : {ComputeDType::kF32, ComputeDType::kBF16}) {
+    ModelOptions mo;
+    mo.threads = 2;
+    mo.compute = compute;
+    auto loaded = DeepseekV3Model::load(dir, mo);
+    ASSERT_TRUE(loaded.ok()) << loaded.status().to_string();
+    DeepseekV3Model& model = **loaded;
+    const int64_t v = model.config().vocab_size, seqs = 8;
+    std::vector<std::vector<int32_t>> ids;
+    for (int64_t s = 0; s < seqs; ++s) ids.push_back(random_ids(520 + s, v, 30 + s));
+    ASSERT_EQ(kernels::absorbed_context_split(520).count, 2);
+    // Two caches with the same prefixes: one for the batched step, one for the steps alone.
+    KvCache together = model.make_cache(seqs * 540).value();
+    KvCache apart = model.make_cache(seqs * 540).value();
+    StepOutput out;
+    for (KvCache* cache : {&together, &apart}) {
+      std::vector<TokenChunk> prefill;
+      for (int64_t s = 0; s < seqs; ++s) {
+        const int64_t seq = cache->add_sequence();
+        ASSERT_EQ(seq, s);  // the step below names the sequences by their index
+        prefill.push_back({seq, 0, std::span(ids[s]).first(ids[s].size() - 1), false});
+      }
+      ASSERT_TRUE(model.forward(prefill, *cache, out).ok());
+    }
+    auto last = [&](int64_t s) { return std::span(ids[s]).last(1); };
+    std::vector<TokenChunk> step;
+    for (int64_t s = 0; s < seqs; ++s)
+      step.push_back({s, static_cast<int64_t>(ids[s].size()) - 1, last(s), true});
+    ASSERT_TRUE(model.forward(step, together, out).ok());
+    const std::vector<float> batched = out.logits;
+    ASSERT_EQ(batched.size(), static_cast<size_t>(seqs * v));
+    for (int64_t s = 0; s < seqs; ++s) {
+      ASSERT_TRUE(model.forward({&step[s], 1}, apart, out).ok());
+      ASSERT_EQ(std::memcmp(out.logits.data(), batched.data() + s * v, sizeof(float) * v), 0)
+          << "sequence " << s << " bf16=" << (compute == ComputeDType::kBF16);
+    }
+  }
+}
+
 TEST(Forward, Bf16ModeStaysWithinToleranceOfF32TeacherForced) {
   // Stated tolerance of the fast mode: per row, max |l_bf16 - l_f32| <= 3e-2 * max |l_f32|,
   // and the same argmax wherever the f32 top-2 margin exceeds twice that bound. Both apply to
