@@ -155,8 +155,8 @@ class DeepseekV3Model {
   struct AbsorbedItem {  // absorbed attention: one token × one part of its context
     int64_t token, begin, end, slot;  // slot: index of its partial sums, -1 if whole
   };
-  struct AbsorbedUnit {          // what one thread claims: items [first, first + count) of a token
-    int64_t first, count, rows;  // rows: of context, the longest units go first
+  struct AbsorbedUnit {  // what one thread claims: items [first, first + count) of a token
+    int64_t first, count;
   };
   struct AbsorbedMerge {  // a token of several parts: slots [first_slot, first_slot + count)
     int64_t token, first_slot, count;

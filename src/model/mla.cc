@@ -198,16 +198,20 @@ void DeepseekV3Model::run_attention(const MlaWeights& w, int64_t cache_layer, co
       const kernels::AbsorbedSplit split = kernels::absorbed_context_split(ctx);
       const bool via_part_out = !whole_tokens && split.count > 1;
       if (via_part_out) merges.push_back({t, slots, split.count});
-      if (whole_tokens) units.push_back({static_cast<int64_t>(items.size()), split.count, ctx});
+      if (whole_tokens) units.push_back({static_cast<int64_t>(items.size()), split.count});
       most_parts = std::max(most_parts, split.count);
       for (int64_t p = 0; p < split.count; ++p) {  // in context order
         const int64_t begin = p * split.rows, end = std::min(ctx, begin + split.rows);
-        if (!whole_tokens) units.push_back({static_cast<int64_t>(items.size()), 1, end - begin});
+        if (!whole_tokens) units.push_back({static_cast<int64_t>(items.size()), 1});
         items.push_back({t, begin, end, via_part_out ? slots++ : -1});
       }
     }
+    // Longest first: a unit's context rows run from its first item's begin to its last's end.
+    auto rows_of = [&](const Unit& u) {
+      return items[u.first + u.count - 1].end - items[u.first].begin;
+    };
     std::stable_sort(units.begin(), units.end(),
-                     [](const Unit& x, const Unit& y) { return x.rows > y.rows; });
+                     [&](const Unit& x, const Unit& y) { return rows_of(x) > rows_of(y); });
     float* part_out = grow(s_part_out_, slots * heads * lat);  // [slots, H, C]
     float* part_ml = grow(s_part_ml_, slots * 2 * heads);      // [slots, 2, H]: m, l
     std::atomic<int64_t> next{0};
@@ -215,6 +219,11 @@ void DeepseekV3Model::run_attention(const MlaWeights& w, int64_t cache_layer, co
     // prefetches the next item's first rows during the current one's last slice.
     auto view_of = [&](const Item& it) {
       return cache.view(cache_layer, b.chunks[token_chunk[it.token]].seq);
+    };
+    // Part i of a set of partial sums: [parts, H, C] sums at `sums`, [parts, 2, H] m, l at `ml`.
+    auto part_at = [&](float* sums, float* ml, int64_t i) {
+      return kernels::AbsorbedPart{sums + i * heads * lat, lat, ml + i * 2 * heads,
+                                   ml + i * 2 * heads + heads};
     };
     const int64_t count = static_cast<int64_t>(units.size());
     pool.run_on_all([&](int) {
@@ -225,6 +234,15 @@ void DeepseekV3Model::run_attention(const MlaWeights& w, int64_t cache_layer, co
       for (int64_t i = next.fetch_add(1, std::memory_order_relaxed); i < count;) {
         const int64_t following = next.fetch_add(1, std::memory_order_relaxed);
         const Unit& u = units[i];
+        const int64_t token = items[u.first].token;
+        const kernels::AbsorbedQuery aq{q_abs + token * heads * lat,
+                                        lat,
+                                        q + token * heads * dq + dn,
+                                        dq,
+                                        lat_out + token * heads * lat,
+                                        lat,
+                                        bf16};
+        const kernels::LatentKvView kv = view_of(items[u.first]);
         kernels::AbsorbedPart parts[kernels::kAbsorbedMaxParts];
         for (int64_t p = 0; p < u.count; ++p) {
           const Item& it = items[u.first + p];
@@ -234,21 +252,11 @@ void DeepseekV3Model::run_attention(const MlaWeights& w, int64_t cache_layer, co
                                                   : nullptr;
           kernels::AbsorbedNextRows then;
           if (after != nullptr) then = {view_of(*after), after->begin, after->end};
-          const kernels::AbsorbedQuery aq{q_abs + it.token * heads * lat,
-                                          lat,
-                                          q + it.token * heads * dq + dn,
-                                          dq,
-                                          lat_out + it.token * heads * lat,
-                                          lat,
-                                          bf16};
-          const kernels::LatentKvView kv = view_of(it);
           const kernels::AbsorbedNextRows* hint = after != nullptr ? &then : nullptr;
           if (u.count > 1) {
-            float* ml = scratch_ml + p * 2 * heads;
-            parts[p] = {scratch_out + p * heads * lat, lat, ml, ml + heads};
+            parts[p] = part_at(scratch_out, scratch_ml, p);
           } else if (it.slot >= 0) {
-            float* ml = part_ml + it.slot * 2 * heads;
-            parts[p] = {part_out + it.slot * heads * lat, lat, ml, ml + heads};
+            parts[p] = part_at(part_out, part_ml, it.slot);
           } else {
             kernels::mla_absorbed_attention(aq, 0, heads, kv, it.end, scale, hint);
             continue;
@@ -258,7 +266,7 @@ void DeepseekV3Model::run_attention(const MlaWeights& w, int64_t cache_layer, co
         }
         if (u.count > 1) {
           kernels::mla_absorbed_merge({parts, static_cast<size_t>(u.count)}, heads, lat,
-                                      lat_out + items[u.first].token * heads * lat, lat);
+                                      lat_out + token * heads * lat, lat);
         }
         i = following;
       }
@@ -268,10 +276,7 @@ void DeepseekV3Model::run_attention(const MlaWeights& w, int64_t cache_layer, co
         for (int64_t i = i0; i < i1; ++i) {
           const auto [t, first, count] = merges[i];
           kernels::AbsorbedPart parts[kernels::kAbsorbedMaxParts];
-          for (int64_t p = 0; p < count; ++p) {
-            float* ml = part_ml + (first + p) * 2 * heads;
-            parts[p] = {part_out + (first + p) * heads * lat, lat, ml, ml + heads};
-          }
+          for (int64_t p = 0; p < count; ++p) parts[p] = part_at(part_out, part_ml, first + p);
           kernels::mla_absorbed_merge({parts, static_cast<size_t>(count)}, heads, lat,
                                       lat_out + t * heads * lat, lat);
         }

@@ -269,8 +269,8 @@ __attribute__((always_inline)) inline __m512 widen_column(const Fp8Format&, cons
 // starts (the experts streamed hundreds of MB through the caches since its last use), and
 // the tiles' stores of 64-128 bytes per token row, rows kilobytes apart, each waited on its
 // line's read for ownership. bench_decode --batches 64 --compute-dtype bf16, four alternated
-// pairs: every linear phase 0.4-0.9 ms per step faster (W_UK, whose rows are 32 KB apart,
-// 4.1-4.5 -> 3.1-3.8 ms), about 4 ms per step in all.
+// pairs: every linear phase 0.3-1.0 ms per step faster (W_UK, whose rows are 32 KB apart,
+// 4.1-4.4 -> 3.1-3.6 ms), 1.3-4.8 ms per step in all (docs/design/cpu_kernels.md).
 template <int T, int P>
 __attribute__((always_inline)) inline void load_accumulators(__m512 (&a0)[T], __m512 (&a1)[T],
                                                              const float* y, int64_t ldy,
