@@ -55,4 +55,10 @@ void HugePageBuffer::release() {
   bytes_ = mapped_ = 0;
 }
 
+void advise_huge_pages(const void* p, size_t bytes) {
+  if (p == nullptr || bytes == 0) return;
+  // madvise wants a page-aligned start; mmap's results are.
+  (void)madvise(const_cast<void*>(p), bytes, MADV_HUGEPAGE);
+}
+
 }  // namespace xds

@@ -1,5 +1,6 @@
 #include "model/weights.h"
 
+#include "base/huge_page_buffer.h"
 #include "kernels/cpu/linear_panels.h"
 
 #include <fcntl.h>
@@ -156,6 +157,9 @@ Result<const std::byte*> RepackCache::get_or_create(const std::string& key, size
     return fail(internal_error("repack cache {}: mmap of {} bytes failed: {}", tmp, total,
                                std::strerror(errno)));
   }
+  // Filled through 2 MB folios where the kernel gives them: the file's pages then stay in
+  // the page cache as 2 MB folios, mapped as such by every later reader (MappedFile::open).
+  advise_huge_pages(w, total);
   auto* b = static_cast<std::byte*>(w);
   std::memcpy(b, kMagic, 8);
   const uint64_t hdr[3] = {nbytes, key.size(), off};

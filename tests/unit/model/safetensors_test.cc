@@ -4,7 +4,11 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "test_files.h"
@@ -165,6 +169,32 @@ TEST_F(Safetensors, GapAndTrailingBytes) {
   EXPECT_CONTAINS(
       open_error(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", std::string(8, '\0')),
       "cover 4 bytes of data but the file holds 8");
+}
+
+// The mapping asks the kernel for 2 MB pages before anything touches it (advise_huge_pages):
+// the kernel's own record of the mapping, /proc/self/smaps, lists the madvise flag "hg"
+// among its VmFlags. Skipped where the kernel has no transparent huge pages.
+TEST_F(Safetensors, MappingAsksForHugePages) {
+  if (!std::filesystem::exists("/sys/kernel/mm/transparent_hugepage"))
+    GTEST_SKIP() << "no transparent huge pages in this kernel";
+  write("big.bin", std::string(size_t{5} << 20, 'x'));
+  auto m = MappedFile::open(path("big.bin"));
+  ASSERT_TRUE(m.ok()) << m.status().message();
+  const auto start = reinterpret_cast<uintptr_t>(m->data());
+  std::ifstream smaps("/proc/self/smaps");
+  std::string line, flags;
+  bool in_mapping = false;
+  while (std::getline(smaps, line)) {
+    uintptr_t lo = 0, hi = 0;
+    if (std::sscanf(line.c_str(), "%lx-%lx ", &lo, &hi) == 2) {  // a mapping's first line
+      in_mapping = lo == start;
+    } else if (in_mapping && line.rfind("VmFlags:", 0) == 0) {
+      flags = line;
+      break;
+    }
+  }
+  ASSERT_FALSE(flags.empty()) << "no smaps entry starts at the mapping";
+  EXPECT_NE((flags + " ").find(" hg "), std::string::npos) << flags;
 }
 
 TEST_F(Safetensors, NoCheckpointInDirectory) {
