@@ -232,7 +232,12 @@ void DeepseekV3Model::run_attention(const MlaWeights& w, int64_t cache_layer, co
       float* scratch_out = grow(scratch, most_parts * heads * (lat + 2));
       float* scratch_ml = scratch_out + most_parts * heads * lat;
       for (int64_t i = next.fetch_add(1, std::memory_order_relaxed); i < count;) {
-        const int64_t following = next.fetch_add(1, std::memory_order_relaxed);
+        // The next unit is claimed ahead only while at least one per thread is left after it:
+        // with fewer, a thread that has not started yet must still find one. (Claimed always,
+        // one token's two parts both went to the first thread: the attention ran alone on it,
+        // and the other, idle past its spin, slept until the W_UV phase woke it.)
+        const bool ahead = count - next.load(std::memory_order_relaxed) >= threads;
+        const int64_t following = ahead ? next.fetch_add(1, std::memory_order_relaxed) : count;
         const Unit& u = units[i];
         const int64_t token = items[u.first].token;
         const kernels::AbsorbedQuery aq{q_abs + token * heads * lat,
@@ -268,7 +273,7 @@ void DeepseekV3Model::run_attention(const MlaWeights& w, int64_t cache_layer, co
           kernels::mla_absorbed_merge({parts, static_cast<size_t>(u.count)}, heads, lat,
                                       lat_out + token * heads * lat, lat);
         }
-        i = following;
+        i = ahead ? following : next.fetch_add(1, std::memory_order_relaxed);
       }
     });
     if (!merges.empty()) {
