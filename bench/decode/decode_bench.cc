@@ -143,7 +143,7 @@ int main(int argc, char** argv) {
   int64_t prompt = 512, context = 512, steps = 5;
   int rounds = 1;
   bool phases = false;
-  bool no_overlap_shared = false;
+  bool overlap_shared = false;
   std::string kv_dtype = "auto";
   std::string panel_isa = kernels::panel_isa_name(kernels::panel_isa());
   app.add_option("--model", model_dir)->required();
@@ -159,8 +159,9 @@ int main(int argc, char** argv) {
   app.add_flag("--phases", phases,
                "time the phases of prefill and decode steps (attention parts, router, experts, "
                "...) and print ms per step beside the table");
-  app.add_flag("--no-overlap-shared", no_overlap_shared,
-               "run the shared experts after the routed ones, never between them (A/B runs)");
+  app.add_flag("--overlap-shared", overlap_shared,
+               "run the shared experts in slices between the routed ones where the model's rule "
+               "allows it (8+ tokens, at most 4 per expert), not after them (A/B runs)");
   app.add_option("--kv-cache-dtype", kv_dtype,
                  "KV cache elements: auto (bf16 in the bf16 mode where the CPU has AVX512_BF16), "
                  "f32 or bf16 (A/B runs)")
@@ -180,7 +181,7 @@ int main(int argc, char** argv) {
 
   ModelOptions mo;
   mo.compute = dtype == "bf16" ? ComputeDType::kBF16 : ComputeDType::kF32;
-  mo.overlap_shared = !no_overlap_shared;
+  mo.overlap_shared = overlap_shared;
   mo.kv_cache = kv_dtype == "bf16"  ? KvCacheDType::kBF16
                 : kv_dtype == "f32" ? KvCacheDType::kF32
                                     : KvCacheDType::kAuto;

@@ -140,7 +140,9 @@ bool DeepseekV3Model::overlaps_shared(const MlpWeights& shared, int64_t n) const
   // memory-bound (on average at most 4 tokens per expert). At bench-2.6b's batch 16 the MoE
   // phase took 5-14 % less (medians of three sets of interleaved pairs); at batch 64 (6
   // tokens per expert) 2-5 % more, so it runs after the routed experts there
-  // (docs/design/cpu_kernels.md, "Experts").
+  // (docs/design/cpu_kernels.md, "Experts"). With the weights in 2 MB pages (eighteenth
+  // session) it cost 2-3 ms at batch 16 too, so ModelOptions::overlap_shared is off unless
+  // asked for.
   constexpr int64_t kMinTokens = 8, kMaxTokensPerExpert = 4;
   return options_.overlap_shared && n >= kMinTokens &&
          n * config_.num_experts_per_tok <= kMaxTokensPerExpert * config_.n_routed_experts &&

@@ -77,9 +77,12 @@ struct ModelOptions {
   KvCacheDType kv_cache = KvCacheDType::kAuto;
   AttentionMode attention = AttentionMode::kAuto;
   int threads = 0;  // 0: all cores
-  // Shared experts in slices between the routed ones (SharedMlpOverlap) when that pays:
-  // see DeepseekV3Model::overlaps_shared. Off: always after them. Both give the same bits.
-  bool overlap_shared = true;
+  // Shared experts in slices between the routed ones (SharedMlpOverlap) where
+  // DeepseekV3Model::overlaps_shared allows it; off (the default): always after them. Both
+  // give the same bits. Off since the weights sit in 2 MB pages: the routed experts then
+  // stream fast enough that the slices between them cost more than they hide
+  // (docs/design/cpu_kernels.md, "Experts").
+  bool overlap_shared = false;
 };
 
 class DeepseekV3Model {

@@ -101,6 +101,7 @@ TEST(Forward, SharedExpertsBetweenTheRoutedOnesGiveTheSameBits) {
     ModelOptions on, off;
     on.threads = off.threads = 2;
     on.compute = off.compute = compute;
+    on.overlap_shared = true;
     off.overlap_shared = false;
     auto m_on = DeepseekV3Model::load(dir, on);
     auto m_off = DeepseekV3Model::load(dir, off);
