@@ -32,21 +32,15 @@ inline constexpr int kPairColumnsPerLine = static_cast<int>(kLineBytes / (2 * Fm
 template <class Fmt>
 inline constexpr int64_t kPrefetchCols = 8192 / (2 * Fmt::kColumnBytes);
 
-// Tokens up to which a call reads its pairs with no software prefetch, the hardware
-// prefetcher alone. Measured when a panel was its own stream: on Zen 4 one thread at one
-// token streamed 1 GB of BF16 panels at 28-30 GB/s one panel at a time (P = 1) against
-// 20-26 with two panels and the 4 KB prefetch (/tmp scratch runs, docs/design/cpu_kernels.md
-// "One stream at one token"); at two tokens the one stream still won on short panels (at
-// most 768 columns) and lost on long ones. A pair is now one stream with two sums per token
-// (tensor/matrix.h), which one panel alone could not give: one chain of fused multiply-adds
-// held one thread at one token to ~32 GB/s on Zen 5 where it reads 43. The per-lane sums are
-// the same either way, so a token's bits do not depend on it.
-inline constexpr int64_t kSingleStreamTokens = 1;
-inline constexpr int64_t kShortPanelCols = 768, kShortPanelStreamTokens = 2;
-static_assert(kSingleStreamTokens <= kShortPanelStreamTokens);
-inline bool single_stream(int64_t n, const MatrixRef& w) {
-  return n <= kSingleStreamTokens || (n <= kShortPanelStreamTokens && w.cols <= kShortPanelCols);
-}
+// No token count reads its pairs without the software prefetch any more. Up to the
+// seventeenth session one token (and two, on panels of at most 768 columns) read them on the
+// hardware prefetcher alone: with the weights in 4 KB pages that streamed faster (on Zen 4
+// one thread at one token, 1 GB of BF16 panels: 28-30 GB/s against 20-26 with the 4 KB
+// prefetch of the time; docs/design/cpu_kernels.md "One stream at one token"). With the
+// weights in 2 MB pages (advise_huge_pages) the prefetch wins there too: bench-2.6b fp32,
+// fast-read minutes, b1 steps 15.7/15.7/16.2/16.1 ms against 16.4/16.7/17.6 without it;
+// b2, slow-read, four pairs 31.4-32.6 against 32.2-38.0. The sums are the same either way.
+// (The bf16 dot kernel keeps its own rule: linear_panels_dot.cc, level at one token.)
 
 // Panel p's column 0 (p + 1 follows at + 16 when p is even: the pair's other half).
 template <class Fmt>
@@ -159,8 +153,7 @@ void pair_by_halves(const float* x, int64_t n, int64_t ldx, const MatrixRef& w, 
   }
 }
 
-// The pair [p, p + 2) for all n tokens into acc [n][32]: one stream without software
-// prefetch for few tokens (single_stream), else panel_group on the pair, or its panels one
+// The pair [p, p + 2) for all n tokens into acc [n][32]: panel_group on the pair, or its panels one
 // per tile where the instruction set's two-panel tile takes too few tokens (AVX2 above 3:
 // its 16 registers hold 6 tokens of one panel, 3 of two: pair_by_halves). AVX2, three
 // tokens on two panels against one: 56.7/57.2/57.7 % vs 53.7/50.6/54.5 % of the batch-16
@@ -168,11 +161,6 @@ void pair_by_halves(const float* x, int64_t n, int64_t ldx, const MatrixRef& w, 
 template <class Isa, class Fmt>
 void pair_product(const float* x, int64_t n, int64_t ldx, const MatrixRef& w, int64_t p, float* acc,
                   int64_t ldacc) {
-  if (single_stream(n, w)) {
-    return tile<Isa, 2, kNoPrefetch, kShortPanelStreamTokens>(Fmt::of(w, p), static_cast<int>(n), x,
-                                                              ldx, panel_ptr<Fmt>(w, p), 0, w.cols,
-                                                              true, acc, ldacc, nullptr);
-  }
   if constexpr (Isa::kTwoPanelPasses) {  // AVX-512: never one panel (nor its instantiations)
     panel_group<Isa, Fmt>(x, n, ldx, w, p, acc, ldacc);
   } else {
