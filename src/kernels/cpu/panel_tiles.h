@@ -86,19 +86,13 @@ struct Fp8Format {
 };
 inline constexpr uint16_t kFp8AsF16Bits = 0xBF80;  // sign, then bits 7-13 (<< 7)
 
-// G for a walk without software prefetch (pf unused).
-inline constexpr int kNoPrefetch = 0;
-
 // column(c) for c in [kb, ke), with a prefetch of the line at pf every G columns, pf
-// stepping on a line each time (G = kNoPrefetch: none). Returns pf stepped on.
+// stepping on a line each time. Returns pf stepped on.
 template <int G, class Column>
 __attribute__((always_inline)) inline const char* walk_columns(int64_t kb, int64_t ke,
                                                                const char* pf, Column& column) {
+  static_assert(G > 0);
   int64_t c = kb;
-  if constexpr (G == kNoPrefetch) {
-    for (; c < ke; ++c) column(c);
-    return pf;
-  }
   for (; c + G <= ke; c += G) {
     _mm_prefetch(pf, _MM_HINT_T0);
     pf += kLineBytes;
@@ -401,11 +395,10 @@ inline constexpr bool kHaveAvx512 = false;
 #endif
 
 // One tile of tb tokens (1 ≤ tb ≤ Isa's limit for P) on the instruction set Isa.
-// (kMax: the most tokens a caller passes, which bounds the instantiations.)
-template <class Isa, int P, int G, int kMax = P == 1 ? Isa::kMaxTokens : Isa::kMaxTokensTwoPanels,
-          class Fmt>
+template <class Isa, int P, int G, class Fmt>
 void tile(const Fmt& f, int tb, const float* x, int64_t ldx, const typename Fmt::Elem* w,
           int64_t kb, int64_t ke, bool first, float* y, int64_t ldy, const char* pf) {
+  constexpr int kMax = P == 1 ? Isa::kMaxTokens : Isa::kMaxTokensTwoPanels;
   const bool ran = dispatch_1_to<kMax>(tb, [&]<int T>() {
 #if defined(__AVX512F__)
     if constexpr (std::is_same_v<Isa, Avx512>)
