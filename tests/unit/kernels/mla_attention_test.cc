@@ -322,5 +322,54 @@ TEST(MlaAbsorbed, NextRowsHintChangesNoBits) {
   }
 }
 
+// DeepSeek-V3's cache shape (C = 512 in rows of 528 floats, Dr = 64) takes the AVX-512
+// scores tiles with the row stride as a constant (runs of up to 16 rows of one block); the
+// same rows at another stride (560) take the pointer-per-row tiles. Both sum every score in
+// the same order, so the same bits, and both match the double reference. Blocks of 8, 16
+// and 64 rows, out of order; contexts and parts that start and end inside blocks.
+TEST(MlaAbsorbed, StridedTilesGiveTheBitsOfPointerTiles) {
+  std::mt19937 rng(21);
+  std::uniform_real_distribution<float> d(-1.0f, 1.0f);
+  const int64_t lat = 512, dr = 64, ld = padded_latent_stride(lat), other_ld = 560, rows = 640;
+  ASSERT_EQ(ld, 528);
+  std::vector<float> latent(static_cast<size_t>(rows * ld)),
+      wide(static_cast<size_t>(rows * other_ld)), rope(static_cast<size_t>(rows * dr));
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < lat; ++c) latent[r * ld + c] = wide[r * other_ld + c] = d(rng);
+  for (float& x : rope) x = d(rng);
+  const IsaGuard guard;
+  for (const int64_t bs : {8, 16, 64}) {
+    const std::vector<int32_t> table = permuted_block_table(rows / bs, 3, 1);
+    const LatentKvView kv{latent.data(), rope.data(), table.data(), bs, lat, dr, ld};
+    const LatentKvView kv_wide{wide.data(), rope.data(), table.data(), bs, lat, dr, other_ld};
+    for (const int64_t heads : {11, 16}) {
+      std::vector<float> q_abs(static_cast<size_t>(heads * lat)),
+          q_pe(static_cast<size_t>(heads * dr));
+      for (auto* v : {&q_abs, &q_pe})
+        for (float& x : *v) x = d(rng);
+      const float scale = 0.08f;
+      const std::vector<std::vector<int64_t>> cuts = {{0, 37}, {0, 513}, {0, 100, 257, 600}};
+      for (const auto& cut : cuts) {
+        const std::vector<double> ref =
+            reference_absorbed(q_abs, q_pe, heads, kv, cut.back(), scale);
+        for (const PanelIsa isa : available_isas()) {
+          set_panel_isa(isa);
+          const AbsorbedQuery q{q_abs.data(), lat, q_pe.data(), dr, nullptr, lat};
+          const std::vector<float> strided = attend_in_parts(q, heads, kv, cut, scale);
+          const std::vector<float> pointers = attend_in_parts(q, heads, kv_wide, cut, scale);
+          for (int64_t i = 0; i < heads * lat; ++i) {
+            ASSERT_EQ(strided[i], pointers[i])
+                << panel_isa_name(isa) << " bs=" << bs << " heads=" << heads
+                << " ctx=" << cut.back() << " i=" << i;
+            ASSERT_NEAR(strided[i], ref[i], 2e-5)
+                << panel_isa_name(isa) << " bs=" << bs << " heads=" << heads
+                << " ctx=" << cut.back() << " i=" << i;
+          }
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace xds::kernels
