@@ -127,8 +127,8 @@ void DeepseekV3Model::run_mlp(const MlpWeights& w, const float* xn, int64_t n, f
   const int64_t d = config_.hidden_size, width = w.gate_proj.rows;
   float* gate = grow(s_gate_, n * width);
   float* up = grow(s_up_, n * width);
-  linear(xn, n, d, w.gate_proj, gate, width);
-  linear(xn, n, d, w.up_proj, up, width);
+  const kernels::LinearOutput gate_up[] = {{&w.gate_proj, gate, width}, {&w.up_proj, up, width}};
+  linear_->group(xn, n, d, gate_up);
   pool_->parallel_for(n, [&](int64_t t0, int64_t t1, int) {
     kernels::silu_mul(gate + t0 * width, up + t0 * width, (t1 - t0) * width, gate + t0 * width);
   });

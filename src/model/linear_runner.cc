@@ -1,5 +1,6 @@
 #include "model/linear_runner.h"
 
+#include "base/check.h"
 #include "kernels/cpu/linear.h"
 #include "model/deepseek_v3.h"
 
@@ -15,6 +16,22 @@ void LinearRunner::operator()(const float* x, int64_t n, int64_t ldx, const Matr
   if (bf16_.size() < static_cast<size_t>(n * k)) bf16_.resize(static_cast<size_t>(n * k));
   for (int64_t t = 0; t < n; ++t) kernels::round_to_bf16(x + t * ldx, k, bf16_.data() + t * k);
   kernels::linear_bf16(bf16_.data(), n, k, w, y, ldy, pool_);
+}
+
+void LinearRunner::group(const float* x, int64_t n, int64_t ldx,
+                         std::span<const kernels::LinearOutput> outs) {
+  if (outs.empty()) return;
+  if (compute_ == ComputeDType::kF32) {
+    kernels::linear_f32_group(x, n, ldx, outs, pool_);
+    return;
+  }
+  const int64_t k = outs[0].w->cols;
+  if (bf16_.size() < static_cast<size_t>(n * k)) bf16_.resize(static_cast<size_t>(n * k));
+  for (int64_t t = 0; t < n; ++t) kernels::round_to_bf16(x + t * ldx, k, bf16_.data() + t * k);
+  for (const kernels::LinearOutput& o : outs) {
+    XDS_CHECK(o.w->cols == k, "LinearRunner::group: k {} and {}", o.w->cols, k);
+    kernels::linear_bf16(bf16_.data(), n, k, *o.w, o.y, o.ldy, pool_);
+  }
 }
 
 }  // namespace xds

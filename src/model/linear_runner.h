@@ -6,9 +6,11 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "base/thread_pool.h"
+#include "kernels/cpu/linear.h"
 #include "tensor/matrix.h"
 
 namespace xds {
@@ -21,6 +23,9 @@ class LinearRunner {
   // x: [n, w.cols] (row stride ldx) -> y: [n, w.rows] (row stride ldy).
   void operator()(const float* x, int64_t n, int64_t ldx, const MatrixRef& w, float* y,
                   int64_t ldy);
+  // Several weights against the same x (kernels::linear_f32_group; in bf16, x rounded once):
+  // each y as operator() gives it.
+  void group(const float* x, int64_t n, int64_t ldx, std::span<const kernels::LinearOutput> outs);
   ThreadPool& pool() { return pool_; }
   ComputeDType compute() const { return compute_; }
 

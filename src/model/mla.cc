@@ -11,6 +11,7 @@
 #include "kernels/cpu/mla_attention.h"
 #include "kernels/cpu/ops.h"
 #include "model/deepseek_v3_batch.h"
+#include "model/linear_runner.h"
 
 namespace xds {
 namespace {
@@ -88,21 +89,24 @@ void DeepseekV3Model::run_attention(const MlaWeights& w, int64_t cache_layer, co
 
   // q: [n, H, Dn+Dr]
   float* q = grow(s_q_, n * heads * dq);
+  // kva: [n, C+Dr] -> cache: latent = RMSNorm(kva[:C]), rope = rotate(kva[C:])
+  float* kva = grow(s_kva_, n * (lat + dr));
   if (w.q_a_proj) {
     const int64_t ql = w.q_a_proj->rows;
     float* qa = grow(s_qa_, n * ql);
-    linear(xn, n, d, *w.q_a_proj, qa, ql);
+    // q_a and kv_a read the same xn: one parallel region
+    const kernels::LinearOutput a_projs[] = {{&*w.q_a_proj, qa, ql}, {&w.kv_a_proj, kva, lat + dr}};
+    linear_->group(xn, n, d, a_projs);
     pool.parallel_for(n, [&](int64_t t0, int64_t t1, int) {
       for (int64_t t = t0; t < t1; ++t)
         kernels::rmsnorm(qa + t * ql, w.q_a_norm.data(), ql, c.rms_norm_eps, qa + t * ql);
     });
     linear(qa, n, ql, *w.q_b_proj, q, heads * dq);
   } else {
-    linear(xn, n, d, *w.q_proj, q, heads * dq);
+    const kernels::LinearOutput projs[] = {{&*w.q_proj, q, heads * dq},
+                                           {&w.kv_a_proj, kva, lat + dr}};
+    linear_->group(xn, n, d, projs);
   }
-  // kva: [n, C+Dr] -> cache: latent = RMSNorm(kva[:C]), rope = rotate(kva[C:])
-  float* kva = grow(s_kva_, n * (lat + dr));
-  linear(xn, n, d, w.kv_a_proj, kva, lat + dr);
   pool.parallel_for(n, [&](int64_t t0, int64_t t1, int) {
     for (int64_t t = t0; t < t1; ++t) {
       const float* cs = rope_->cos_sin(b.pos[t]);

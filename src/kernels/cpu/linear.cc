@@ -284,6 +284,55 @@ void linear_panels_pool(const float* x, int64_t n, int64_t ldx, const MatrixRef&
   });
 }
 
+// linear_f32_group over panel weights (same cols): chunks of every weight's panels (each
+// weight's chunk size as linear_panels_pool would take it) from one counter, after one pack
+// of x where any weight takes the wide path.
+void linear_panels_group(const float* x, int64_t n, int64_t ldx, std::span<const LinearOutput> outs,
+                         ThreadPool& pool) {
+  struct Chunk {
+    int32_t out;
+    int64_t p, end;
+  };
+  thread_local std::vector<Chunk> chunks;
+  chunks.clear();
+  bool any_wide = false;
+  for (size_t i = 0; i < outs.size(); ++i) {
+    const MatrixRef& w = *outs[i].w;
+    const int64_t panels = w.panels();
+    const int64_t chunk =
+        std::max<int64_t>(2, panel_chunk(panels, n * w.rows * w.cols, pool.num_threads()));
+    for (int64_t p = 0; p < panels; p += chunk)
+      chunks.push_back({static_cast<int32_t>(i), p, std::min(panels, p + chunk)});
+    any_wide = any_wide || wide_path_for(n, w);
+  }
+  const int64_t cols = outs[0].w->cols;
+  thread_local std::vector<float> xp_buffer;
+  if (any_wide) xp_buffer.resize(static_cast<size_t>(n * cols));
+  float* const xp = xp_buffer.data();
+  const int64_t tiles = any_wide ? token_tile_count(n) : 0;
+  std::atomic<int64_t> next{0}, next_tile{0}, packed{0};
+  const int64_t count = static_cast<int64_t>(chunks.size());
+  const Chunk* const list = chunks.data();  // the caller's (a lambda would see its own)
+  pool.run_on_all([&](int) {
+    for (int64_t i = next_tile.fetch_add(1, std::memory_order_relaxed); i < tiles;
+         i = next_tile.fetch_add(1, std::memory_order_relaxed)) {
+      pack_token_tiles(x, n, ldx, cols, i, i + 1, xp);
+      packed.fetch_add(1, std::memory_order_release);
+    }
+    while (packed.load(std::memory_order_acquire) < tiles) _mm_pause();
+    for (int64_t c = next.fetch_add(1, std::memory_order_relaxed); c < count;
+         c = next.fetch_add(1, std::memory_order_relaxed)) {
+      const Chunk& ch = list[c];
+      const LinearOutput& o = outs[ch.out];
+      if (wide_path_for(n, *o.w)) {
+        panels_linear_packed(xp, n, *o.w, ch.p, ch.end, o.y, o.ldy);
+      } else {
+        panels_linear(x, n, ldx, *o.w, ch.p, ch.end, o.y, o.ldy);
+      }
+    }
+  });
+}
+
 // bf16 x against BF16 panels with the dot-product kernel, chunks taken as above.
 void linear_panels_dot_pool(const uint16_t* x, int64_t n, int64_t ldx, const MatrixRef& w, float* y,
                             int64_t ldy, ThreadPool& pool) {
@@ -315,6 +364,25 @@ void linear_f32(const float* x, int64_t n, int64_t ldx, const MatrixRef& w, floa
   if (w.dtype == DType::kBF16) return linear_impl<float, uint16_t>(x, n, ldx, w, y, ldy, pool);
   XDS_CHECK(w.dtype == DType::kF32, "linear: weight dtype {}", dtype_name(w.dtype));
   linear_impl<float, float>(x, n, ldx, w, y, ldy, pool);
+}
+
+void linear_f32_group(const float* x, int64_t n, int64_t ldx, std::span<const LinearOutput> outs,
+                      ThreadPool& pool) {
+  if (n == 0 || outs.empty()) return;
+  int64_t multiply_adds = 0;
+  bool grouped = pool.num_threads() > 1;
+  for (const LinearOutput& o : outs) {
+    XDS_CHECK(o.w->cols == outs[0].w->cols, "linear_f32_group: k {} and {}", o.w->cols,
+              outs[0].w->cols);
+    grouped = grouped && o.w->layout == MatrixLayout::kPanels16 && is_panel_matrix(*o.w);
+    multiply_adds += n * o.w->rows * o.w->cols;
+  }
+  // Too small to wake the pool for (as panel_chunk decides for one weight): one by one.
+  if (!grouped || multiply_adds < (int64_t{1} << 16)) {
+    for (const LinearOutput& o : outs) linear_f32(x, n, ldx, *o.w, o.y, o.ldy, pool);
+    return;
+  }
+  linear_panels_group(x, n, ldx, outs, pool);
 }
 
 void linear_f32_serial(const float* x, int64_t n, int64_t ldx, const MatrixRef& w, float* y,

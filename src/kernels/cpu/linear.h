@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 
 #include "base/thread_pool.h"
 #include "tensor/matrix.h"
@@ -30,6 +31,21 @@ inline constexpr int64_t kSgemmMinTokens = 64;
 // row-major weights as long as n < sgemm_min_tokens.
 void linear_f32(const float* x, int64_t n, int64_t ldx, const MatrixRef& w, float* y, int64_t ldy,
                 ThreadPool& pool, int64_t sgemm_min_tokens = kSgemmMinTokens);
+
+// One product of a group that shares its input (linear_f32_group): y = x · wᵀ.
+struct LinearOutput {
+  const MatrixRef* w;
+  float* y;
+  int64_t ldy;
+};
+
+// linear_f32 of several weights with the same input x (all with k = x's columns), in one
+// parallel region where they are all panel weights: x's token tiles packed once, the chunks
+// of all the weights' panels taken from one counter (q_a and kv_a; an MLP's gate and up).
+// Separately, each product packed x again and ended on a barrier with its own tail. Every y
+// is what linear_f32 gives for its weight: the same bits.
+void linear_f32_group(const float* x, int64_t n, int64_t ldx, std::span<const LinearOutput> outs,
+                      ThreadPool& pool);
 
 // bf16 activations (the fast mode's rounding point): x holds bf16 values. BF16 panels on
 // AVX512_BF16 (with the AVX-512 panel ISA): the vdpbf16ps kernel, two columns per

@@ -111,8 +111,8 @@ void transpose_queries(const AbsorbedQuery& q, int64_t h0, int64_t nh, int64_t l
 // ~16 % faster from L2 but ~10 % slower from DRAM, where batch 64 reads them.
 template <class Ops, int NV, int R>
 void slice_scores(const float* qt, const float* const* latent, const float* const* rope,
-                  int64_t len, int64_t lat, int64_t dr, const float* const* after, int64_t ahead,
-                  float* part) {
+                  int64_t len, int64_t lat, int64_t dr, const float* const* after_latent,
+                  const float* const* after_rope, int64_t ahead, float* part) {
   constexpr int kW = NV * Ops::kLanes;
   // Row pointers, each plane followed by R more for the prefetches after its last tile.
   const float* lrow[kAbsorbedSliceRows + R];
@@ -120,9 +120,9 @@ void slice_scores(const float* qt, const float* const* latent, const float* cons
   std::copy_n(latent, len, lrow);
   if (dr > 0) std::copy_n(rope, len, rrow);
   for (int64_t r = 0; r < R; ++r) {
-    const float* following = ahead > 0 ? after[std::min(r, ahead - 1)] : latent[len - 1];
-    lrow[len + r] = dr > 0 ? rrow[std::min(r, len - 1)] : following;
-    rrow[len + r] = following;
+    const int64_t i = std::min(r, ahead - 1);
+    lrow[len + r] = ahead > 0 ? after_latent[i] : latent[len - 1];
+    if (dr > 0) rrow[len + r] = ahead > 0 ? after_rope[i] : rope[len - 1];
   }
   auto plane = [&](const float* const* rows, const float* q, int64_t cols, bool first) {
     for (int64_t s = 0; s < len; s += R) {
@@ -181,7 +181,8 @@ void strided_scores_tile(const float* qt, const float* rows, const float* next, 
 // (one cache block's rows, whole blocks where blocks are 16 rows and slices start on one).
 // Each tile prefetches the next one's rows, as slice_scores.
 void strided_slice_scores(const float* qt, const float* const* latent, const float* const* rope,
-                          int64_t len, const float* const* after, int64_t ahead, float* part) {
+                          int64_t len, const float* const* after_latent,
+                          const float* const* after_rope, int64_t ahead, float* part) {
   auto plane = [&]<int64_t Ld>(const float* const* rows, const float* q, int64_t cols, bool first,
                                const float* following) {
     for (int64_t s = 0; s < len;) {
@@ -194,9 +195,10 @@ void strided_slice_scores(const float* qt, const float* const* latent, const flo
       s = e;
     }
   };
-  plane.template operator()<kStridedLatentLd>(latent, qt, kStridedLatentDim, true, rope[0]);
+  plane.template operator()<kStridedLatentLd>(latent, qt, kStridedLatentDim, true,
+                                              ahead > 0 ? after_latent[0] : latent[0]);
   plane.template operator()<kStridedRopeDim>(rope, qt + kStridedLatentDim * 16, kStridedRopeDim,
-                                             false, ahead > 0 ? after[0] : latent[0]);
+                                             false, ahead > 0 ? after_rope[0] : rope[0]);
 }
 
 bool strided_shape(const LatentKvView& kv) {
@@ -213,16 +215,17 @@ void group_scores(const float* qt, int64_t kw, const LatentKvView& kv,
   const int64_t lat = kv.latent_dim, dr = kv.rope_dim;
   const float* const* lrow = slice.latent();
   const float* const* rrow = slice.rope();
-  const float* const* after = slice.next_latent();
+  const float* const* al = slice.next_latent();
+  const float* const* ar = slice.next_rope();
   const int64_t ahead = slice.ahead();
 #if defined(__AVX512F__)
   if (kw == 16 && panel_isa() == PanelIsa::kAvx512) {
-    if (strided_shape(kv)) return strided_slice_scores(qt, lrow, rrow, len, after, ahead, sc);
-    return slice_scores<Avx512Ops, 1, 12>(qt, lrow, rrow, len, lat, dr, after, ahead, sc);
+    if (strided_shape(kv)) return strided_slice_scores(qt, lrow, rrow, len, al, ar, ahead, sc);
+    return slice_scores<Avx512Ops, 1, 12>(qt, lrow, rrow, len, lat, dr, al, ar, ahead, sc);
   }
 #endif
-  if (kw == 16) return slice_scores<Avx2Ops, 2, 6>(qt, lrow, rrow, len, lat, dr, after, ahead, sc);
-  slice_scores<Avx2Ops, 1, 12>(qt, lrow, rrow, len, lat, dr, after, ahead, sc);
+  if (kw == 16) return slice_scores<Avx2Ops, 2, 6>(qt, lrow, rrow, len, lat, dr, al, ar, ahead, sc);
+  slice_scores<Avx2Ops, 1, 12>(qt, lrow, rrow, len, lat, dr, al, ar, ahead, sc);
 }
 
 // out[h][c0 .. c0 + NC·L) (+)= Σ_{s in [s0, s1)} p[s][h] · latent(s)[c0 ..] for H heads

@@ -131,5 +131,45 @@ TEST(LinearPanels, SumsInAscendingColumnOrderWhateverTheBatch) {
   }
 }
 
+// A group of weights with one input gives each weight's linear_f32 bits (and so its
+// reference): token counts below and from the wide path's 16, weights on either side of its
+// 256 rows, a group of one, and a row-major weight, which sends the group one by one.
+TEST(LinearPanels, GroupGivesTheBitsOfEachLinear) {
+  std::mt19937 rng(17);
+  ThreadPool pool(2);
+  const int64_t cols = 300;
+  const Packed a = make_packed(768, cols, rng), b = make_packed(576, cols, rng),
+               c = make_packed(40, cols, rng);
+  const auto rows_w = random_vec(static_cast<size_t>(24 * cols), rng);
+  const MatrixRef rows_ref{DType::kF32, rows_w.data(), 24, cols};
+  const std::vector<std::vector<const MatrixRef*>> groups = {
+      {&a.ref, &b.ref}, {&b.ref, &c.ref, &a.ref}, {&c.ref}, {&a.ref, &rows_ref}};
+  const IsaGuard guard;
+  for (const PanelIsa isa : available_isas()) {
+    set_panel_isa(isa);
+    for (const int64_t n : {1, 5, 16, 64}) {
+      const int64_t ldx = cols + 3;  // x's rows strided
+      const auto x = random_vec(static_cast<size_t>(n * ldx), rng);
+      for (const auto& group : groups) {
+        std::vector<std::vector<float>> alone, grouped;
+        std::vector<LinearOutput> outs;
+        for (const MatrixRef* w : group) {
+          alone.emplace_back(static_cast<size_t>(n * w->rows));
+          grouped.emplace_back(static_cast<size_t>(n * w->rows), -1.0f);
+          linear_f32(x.data(), n, ldx, *w, alone.back().data(), w->rows, pool);
+        }
+        for (size_t i = 0; i < group.size(); ++i)
+          outs.push_back({group[i], grouped[i].data(), group[i]->rows});
+        linear_f32_group(x.data(), n, ldx, outs, pool);
+        for (size_t i = 0; i < group.size(); ++i)
+          for (size_t j = 0; j < alone[i].size(); ++j)
+            ASSERT_EQ(alone[i][j], grouped[i][j])
+                << panel_isa_name(isa) << " n=" << n << " group of " << group.size() << " weight "
+                << i << " j=" << j;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace xds::kernels
