@@ -120,6 +120,16 @@ void fill_context(const DeepseekV3Config& c, KvCache& cache, int64_t seq, int64_
   }
 }
 
+// The VM's read rate flips between two modes (~45-50 and ~75-83 GB/s) within seconds. A row
+// whose rate before and after differ by more than this ratio may have run in either mode,
+// while its roofline takes the faster: such rows are marked, and the medians also shown
+// without them.
+constexpr double kReadMovedRatio = 1.2;
+
+bool read_moved(double before, double after) {
+  return std::max(before, after) > kReadMovedRatio * std::min(before, after);
+}
+
 struct Row {
   std::string what;
   int64_t batch;
@@ -127,6 +137,7 @@ struct Row {
   std::string bound;
   MachineLimits limits;  // the faster of those measured right before and after the row
   double peak_gflops;    // the roofline's compute peak: compute_peak_gflops(limits, dtype)
+  double read_before_gbps = 0, read_after_gbps = 0;
   int round = 0;
   std::map<std::string, double> phase_ms{};  // --phases: mean ms per step of each phase
 };
@@ -255,13 +266,16 @@ int main(int argc, char** argv) {
       }
       model.set_phase_times(nullptr);
       const double t = median(times);
-      const MachineLimits lim = faster_of(before, measure_machine_limits(model.pool()));
+      const MachineLimits after = measure_machine_limits(model.pool());
+      const MachineLimits lim = faster_of(before, after);
       const double peak = compute_peak_gflops(lim, dtype);
       const double roof = std::max(bytes / (lim.read_gbps * 1e9), flops / (peak * 1e9));
       rows.push_back({"prefill", 1, prompt / t, t * 1e3, roof * 1e3, bytes / 1e9, flops / 1e9,
                       bytes / (lim.read_gbps * 1e9) > flops / (peak * 1e9) ? "memory" : "compute",
                       lim, peak});
       rows.back().round = round;
+      rows.back().read_before_gbps = before.read_gbps;
+      rows.back().read_after_gbps = after.read_gbps;
       for (const auto& [name, sec] : prefill_phases.seconds)
         rows.back().phase_ms[name] = sec * 1e3 / 2;  // mean over the last two prefills
     }
@@ -317,7 +331,8 @@ int main(int argc, char** argv) {
         flops_v.push_back(flops);
       }
       model.set_phase_times(nullptr);
-      const MachineLimits lim = faster_of(before, measure_machine_limits(model.pool()));
+      const MachineLimits after = measure_machine_limits(model.pool());
+      const MachineLimits lim = faster_of(before, after);
       const double peak = compute_peak_gflops(lim, dtype);
       for (size_t i = 0; i < times.size(); ++i) {
         rooflines.push_back(
@@ -330,6 +345,8 @@ int main(int argc, char** argv) {
                       bytes / (lim.read_gbps * 1e9) > flops / (peak * 1e9) ? "memory" : "compute",
                       lim, peak});
       rows.back().round = round;
+      rows.back().read_before_gbps = before.read_gbps;
+      rows.back().read_after_gbps = after.read_gbps;
       rows.back().phase_ms = phase_sum;
     }
   }
@@ -343,9 +360,9 @@ int main(int argc, char** argv) {
       panel_isa.c_str(), kernels::blas_core_name().c_str(), static_cast<long long>(context),
       lim.read_gbps, lim.f32_gflops, lim.f32_isa, lim.bf16_gflops,
       dtype == "bf16" ? "the faster of the two" : "fp32");
-  std::printf("%-8s %6s %12s %10s %12s %9s %9s %9s %8s %8s %8s\n", "phase", "batch", "tokens/s",
+  std::printf("%-8s %6s %12s %10s %12s %9s %9s %9s %8s %8s %8s  %s\n", "phase", "batch", "tokens/s",
               "step ms", "roofline ms", "% roof", "GB read", "GFLOP", "bound", "row GB/s",
-              "row GF/s");
+              "row GF/s", "read before/after");
   nlohmann::json j;
   j["machine"] = {{"read_gbps", lim.read_gbps},
                   {"read_plain_gbps", lim.read_plain_gbps},
@@ -361,10 +378,12 @@ int main(int argc, char** argv) {
   j["blas_core"] = kernels::blas_core_name();
   j["context"] = context;
   for (const Row& r : rows) {
-    std::printf("%-8s %6lld %12.1f %10.2f %12.2f %8.1f%% %9.3f %9.2f %8s %8.1f %8.1f\n",
-                r.what.c_str(), static_cast<long long>(r.batch), r.tokens_per_s, r.step_ms,
-                r.roofline_ms, 100.0 * r.roofline_ms / r.step_ms, r.bytes_gb, r.gflop,
-                r.bound.c_str(), r.limits.read_gbps, r.peak_gflops);
+    const bool moved = read_moved(r.read_before_gbps, r.read_after_gbps);
+    std::printf(
+        "%-8s %6lld %12.1f %10.2f %12.2f %8.1f%% %9.3f %9.2f %8s %8.1f %8.1f  %.0f/%.0f%s\n",
+        r.what.c_str(), static_cast<long long>(r.batch), r.tokens_per_s, r.step_ms, r.roofline_ms,
+        100.0 * r.roofline_ms / r.step_ms, r.bytes_gb, r.gflop, r.bound.c_str(), r.limits.read_gbps,
+        r.peak_gflops, r.read_before_gbps, r.read_after_gbps, moved ? " moved" : "");
     j["rows"].push_back({{"phase", r.what},
                          {"batch", r.batch},
                          {"tokens_per_s", r.tokens_per_s},
@@ -376,6 +395,9 @@ int main(int argc, char** argv) {
                          {"bound", r.bound},
                          {"round", r.round},
                          {"row_read_gbps", r.limits.read_gbps},
+                         {"read_before_gbps", r.read_before_gbps},
+                         {"read_after_gbps", r.read_after_gbps},
+                         {"read_moved", moved},
                          {"row_read_plain_gbps", r.limits.read_plain_gbps},
                          {"row_read_prefetch_gbps", r.limits.read_prefetch_gbps},
                          {"row_f32_gflops", r.limits.f32_gflops},
@@ -426,23 +448,32 @@ int main(int argc, char** argv) {
   }
   if (rounds > 1) {
     // Medians over the rounds, in the order the rows were first measured.
-    std::printf("\nmedians over %d rounds\n%-8s %6s %12s %9s %17s\n", rounds, "phase", "batch",
-                "tokens/s", "% roof", "% roof range");
+    std::printf("\nmedians over %d rounds\n%-8s %6s %12s %9s %17s   %s\n", rounds, "phase", "batch",
+                "tokens/s", "% roof", "% roof range",
+                "rows whose read rate held: % roof median (range)");
     std::vector<std::pair<std::string, int64_t>> keys;
     for (const Row& r : rows) {
       if (std::find(keys.begin(), keys.end(), std::pair{r.what, r.batch}) == keys.end())
         keys.emplace_back(r.what, r.batch);
     }
     for (const auto& [what, batch] : keys) {
-      std::vector<double> tps, frac;
+      std::vector<double> tps, frac, held;
       for (const Row& r : rows) {
         if (r.what != what || r.batch != batch) continue;
         tps.push_back(r.tokens_per_s);
         frac.push_back(100.0 * r.roofline_ms / r.step_ms);
+        if (!read_moved(r.read_before_gbps, r.read_after_gbps)) held.push_back(frac.back());
       }
       const auto [lo, hi] = std::minmax_element(frac.begin(), frac.end());
-      std::printf("%-8s %6lld %12.1f %8.1f%% %7.1f - %5.1f%%\n", what.c_str(),
-                  static_cast<long long>(batch), median(tps), median(frac), *lo, *hi);
+      std::string held_text = "none";
+      if (!held.empty()) {
+        const auto [hlo, hhi] = std::minmax_element(held.begin(), held.end());
+        held_text = fmt::format("{:.1f}% ({:.1f} - {:.1f}%, {} of {})", median(held), *hlo, *hhi,
+                                held.size(), frac.size());
+      }
+      std::printf("%-8s %6lld %12.1f %8.1f%% %7.1f - %5.1f%%   %s\n", what.c_str(),
+                  static_cast<long long>(batch), median(tps), median(frac), *lo, *hi,
+                  held_text.c_str());
       j["medians"].push_back({{"phase", what},
                               {"batch", batch},
                               {"tokens_per_s", median(tps)},
