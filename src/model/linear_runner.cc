@@ -28,10 +28,7 @@ void LinearRunner::group(const float* x, int64_t n, int64_t ldx,
   const int64_t k = outs[0].w->cols;
   if (bf16_.size() < static_cast<size_t>(n * k)) bf16_.resize(static_cast<size_t>(n * k));
   for (int64_t t = 0; t < n; ++t) kernels::round_to_bf16(x + t * ldx, k, bf16_.data() + t * k);
-  for (const kernels::LinearOutput& o : outs) {
-    XDS_CHECK(o.w->cols == k, "LinearRunner::group: k {} and {}", o.w->cols, k);
-    kernels::linear_bf16(bf16_.data(), n, k, *o.w, o.y, o.ldy, pool_);
-  }
+  kernels::linear_bf16_group(bf16_.data(), n, k, outs, pool_);
 }
 
 }  // namespace xds

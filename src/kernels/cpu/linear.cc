@@ -284,27 +284,33 @@ void linear_panels_pool(const float* x, int64_t n, int64_t ldx, const MatrixRef&
   });
 }
 
-// linear_f32_group over panel weights (same cols): chunks of every weight's panels (each
-// weight's chunk size as linear_panels_pool would take it) from one counter, after one pack
-// of x where any weight takes the wide path.
-void linear_panels_group(const float* x, int64_t n, int64_t ldx, std::span<const LinearOutput> outs,
-                         ThreadPool& pool) {
-  struct Chunk {
-    int32_t out;
-    int64_t p, end;
-  };
-  thread_local std::vector<Chunk> chunks;
+// A group's chunks of panels, [out, p, end): each weight's panels in chunks of the size its
+// own call would take.
+struct GroupChunk {
+  int32_t out;
+  int64_t p, end;
+};
+
+void group_chunks(int64_t n, std::span<const LinearOutput> outs, int threads,
+                  std::vector<GroupChunk>& chunks) {
   chunks.clear();
-  bool any_wide = false;
   for (size_t i = 0; i < outs.size(); ++i) {
     const MatrixRef& w = *outs[i].w;
     const int64_t panels = w.panels();
-    const int64_t chunk =
-        std::max<int64_t>(2, panel_chunk(panels, n * w.rows * w.cols, pool.num_threads()));
+    const int64_t chunk = std::max<int64_t>(2, panel_chunk(panels, n * w.rows * w.cols, threads));
     for (int64_t p = 0; p < panels; p += chunk)
       chunks.push_back({static_cast<int32_t>(i), p, std::min(panels, p + chunk)});
-    any_wide = any_wide || wide_path_for(n, w);
   }
+}
+
+// linear_f32_group over panel weights (same cols): the chunks of all of them from one
+// counter, after one pack of x where any weight takes the wide path.
+void linear_panels_group(const float* x, int64_t n, int64_t ldx, std::span<const LinearOutput> outs,
+                         ThreadPool& pool) {
+  thread_local std::vector<GroupChunk> chunks;
+  group_chunks(n, outs, pool.num_threads(), chunks);
+  bool any_wide = false;
+  for (const LinearOutput& o : outs) any_wide = any_wide || wide_path_for(n, *o.w);
   const int64_t cols = outs[0].w->cols;
   thread_local std::vector<float> xp_buffer;
   if (any_wide) xp_buffer.resize(static_cast<size_t>(n * cols));
@@ -312,7 +318,7 @@ void linear_panels_group(const float* x, int64_t n, int64_t ldx, std::span<const
   const int64_t tiles = any_wide ? token_tile_count(n) : 0;
   std::atomic<int64_t> next{0}, next_tile{0}, packed{0};
   const int64_t count = static_cast<int64_t>(chunks.size());
-  const Chunk* const list = chunks.data();  // the caller's (a lambda would see its own)
+  const GroupChunk* const list = chunks.data();  // the caller's (a lambda would see its own)
   pool.run_on_all([&](int) {
     for (int64_t i = next_tile.fetch_add(1, std::memory_order_relaxed); i < tiles;
          i = next_tile.fetch_add(1, std::memory_order_relaxed)) {
@@ -322,7 +328,7 @@ void linear_panels_group(const float* x, int64_t n, int64_t ldx, std::span<const
     while (packed.load(std::memory_order_acquire) < tiles) _mm_pause();
     for (int64_t c = next.fetch_add(1, std::memory_order_relaxed); c < count;
          c = next.fetch_add(1, std::memory_order_relaxed)) {
-      const Chunk& ch = list[c];
+      const GroupChunk& ch = list[c];
       const LinearOutput& o = outs[ch.out];
       if (wide_path_for(n, *o.w)) {
         panels_linear_packed(xp, n, *o.w, ch.p, ch.end, o.y, o.ldy);
@@ -344,6 +350,24 @@ void linear_panels_dot_pool(const uint16_t* x, int64_t n, int64_t ldx, const Mat
     take_panel_chunks(next, chunk, panels, [&](int64_t p, int64_t end) {
       panels_linear_bf16(x, n, ldx, w, p, end, y, ldy);
     });
+  });
+}
+
+// linear_bf16_group over BF16 panels with the dot-product kernel: the chunks of all the
+// weights from one counter.
+void linear_panels_dot_group(const uint16_t* x, int64_t n, int64_t ldx,
+                             std::span<const LinearOutput> outs, ThreadPool& pool) {
+  thread_local std::vector<GroupChunk> chunks;
+  group_chunks(n, outs, pool.num_threads(), chunks);
+  const int64_t count = static_cast<int64_t>(chunks.size());
+  const GroupChunk* const list = chunks.data();  // the caller's (a lambda would see its own)
+  std::atomic<int64_t> next{0};
+  pool.run_on_all([&](int) {
+    for (int64_t c = next.fetch_add(1, std::memory_order_relaxed); c < count;
+         c = next.fetch_add(1, std::memory_order_relaxed)) {
+      const LinearOutput& o = outs[list[c].out];
+      panels_linear_bf16(x, n, ldx, *o.w, list[c].p, list[c].end, o.y, o.ldy);
+    }
   });
 }
 
@@ -424,6 +448,24 @@ void linear_bf16(const uint16_t* x, int64_t n, int64_t ldx, const MatrixRef& w, 
   if (w.dtype == DType::kBF16) return linear_impl<uint16_t, uint16_t>(x, n, ldx, w, y, ldy, pool);
   XDS_CHECK(w.dtype == DType::kF32, "linear: weight dtype {}", dtype_name(w.dtype));
   linear_impl<uint16_t, float>(x, n, ldx, w, y, ldy, pool);
+}
+
+void linear_bf16_group(const uint16_t* x, int64_t n, int64_t ldx,
+                       std::span<const LinearOutput> outs, ThreadPool& pool) {
+  if (n == 0 || outs.empty()) return;
+  int64_t multiply_adds = 0;
+  bool grouped = pool.num_threads() > 1;
+  for (const LinearOutput& o : outs) {
+    XDS_CHECK(o.w->cols == outs[0].w->cols, "linear_bf16_group: k {} and {}", o.w->cols,
+              outs[0].w->cols);
+    grouped = grouped && panels_dot_for(*o.w);
+    multiply_adds += n * o.w->rows * o.w->cols;
+  }
+  if (!grouped || multiply_adds < (int64_t{1} << 16)) {
+    for (const LinearOutput& o : outs) linear_bf16(x, n, ldx, *o.w, o.y, o.ldy, pool);
+    return;
+  }
+  linear_panels_dot_group(x, n, ldx, outs, pool);
 }
 
 void round_to_bf16(const float* src, int64_t count, uint16_t* dst) {

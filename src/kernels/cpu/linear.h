@@ -55,6 +55,12 @@ void linear_f32_group(const float* x, int64_t n, int64_t ldx, std::span<const Li
 void linear_bf16(const uint16_t* x, int64_t n, int64_t ldx, const MatrixRef& w, float* y,
                  int64_t ldy, ThreadPool& pool);
 
+// linear_bf16 of several weights with the same x in one parallel region where they all take
+// the dot-product kernel (the chunks of all of them from one counter); each y as linear_bf16
+// gives it.
+void linear_bf16_group(const uint16_t* x, int64_t n, int64_t ldx,
+                       std::span<const LinearOutput> outs, ThreadPool& pool);
+
 // linear_f32 on the calling thread with the tile kernel only (never sgemm): for the many
 // small products inside a parallel region (attention over one cache block).
 void linear_f32_serial(const float* x, int64_t n, int64_t ldx, const MatrixRef& w, float* y,

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <vector>
@@ -132,8 +133,9 @@ TEST(LinearPanels, SumsInAscendingColumnOrderWhateverTheBatch) {
 }
 
 // A group of weights with one input gives each weight's linear_f32 bits (and so its
-// reference): token counts below and from the wide path's 16, weights on either side of its
-// 256 rows, a group of one, and a row-major weight, which sends the group one by one.
+// reference), and with bf16 x linear_bf16's (the dot-product kernel where the build has it):
+// token counts below and from the wide path's 16, weights on either side of its 256 rows, a
+// group of one, and a row-major weight, which sends the group one by one.
 TEST(LinearPanels, GroupGivesTheBitsOfEachLinear) {
   std::mt19937 rng(17);
   ThreadPool pool(2);
@@ -166,6 +168,19 @@ TEST(LinearPanels, GroupGivesTheBitsOfEachLinear) {
             ASSERT_EQ(alone[i][j], grouped[i][j])
                 << panel_isa_name(isa) << " n=" << n << " group of " << group.size() << " weight "
                 << i << " j=" << j;
+        // bf16 activations (the fast mode's linears): linear_bf16_group against linear_bf16
+        std::vector<uint16_t> xb(x.size());
+        for (size_t i = 0; i < x.size(); ++i) xb[i] = f32_to_bf16(x[i]);
+        for (size_t i = 0; i < group.size(); ++i) {
+          linear_bf16(xb.data(), n, ldx, *group[i], alone[i].data(), group[i]->rows, pool);
+          std::fill(grouped[i].begin(), grouped[i].end(), -1.0f);
+        }
+        linear_bf16_group(xb.data(), n, ldx, outs, pool);
+        for (size_t i = 0; i < group.size(); ++i)
+          for (size_t j = 0; j < alone[i].size(); ++j)
+            ASSERT_EQ(alone[i][j], grouped[i][j])
+                << "bf16 x, " << panel_isa_name(isa) << " n=" << n << " group of " << group.size()
+                << " weight " << i << " j=" << j;
       }
     }
   }
