@@ -83,8 +83,8 @@ inline constexpr int64_t kAbsorbedSliceRows = 128;
 // another sequence): a call given them prefetches their first slice while it computes its
 // own last one, as each slice prefetches the next. Only a hint: results never depend on it.
 // (Decode at batch 64 runs 128 items of ~257 cold rows per layer; each one's first slice
-// otherwise waits on memory.) Used by the bf16 products; the fp32 kernel prefetches one tile
-// ahead and ignores it.
+// otherwise waits on memory.) The bf16 products prefetch their whole first slice; the fp32
+// kernel, which prefetches one tile ahead, their first tile.
 struct AbsorbedNextRows {
   LatentKvView kv;
   int64_t begin = 0, end = 0;
