@@ -390,19 +390,33 @@ void linear_f32(const float* x, int64_t n, int64_t ldx, const MatrixRef& w, floa
   linear_impl<float, float>(x, n, ldx, w, y, ldy, pool);
 }
 
-void linear_f32_group(const float* x, int64_t n, int64_t ldx, std::span<const LinearOutput> outs,
-                      ThreadPool& pool) {
-  if (n == 0 || outs.empty()) return;
+namespace {
+
+// Whether a group runs in one parallel region: several threads, every weight taken by the
+// grouped kernel (`grouped_kernel_takes`), and enough work to wake the pool for (as
+// panel_chunk decides for one weight). Checks that all weights share x's k.
+template <class Takes>
+bool runs_as_group(int64_t n, std::span<const LinearOutput> outs, const ThreadPool& pool,
+                   Takes&& grouped_kernel_takes) {
   int64_t multiply_adds = 0;
   bool grouped = pool.num_threads() > 1;
   for (const LinearOutput& o : outs) {
-    XDS_CHECK(o.w->cols == outs[0].w->cols, "linear_f32_group: k {} and {}", o.w->cols,
+    XDS_CHECK(o.w->cols == outs[0].w->cols, "linear group: k {} and {}", o.w->cols,
               outs[0].w->cols);
-    grouped = grouped && o.w->layout == MatrixLayout::kPanels16 && is_panel_matrix(*o.w);
+    grouped = grouped && grouped_kernel_takes(*o.w);
     multiply_adds += n * o.w->rows * o.w->cols;
   }
-  // Too small to wake the pool for (as panel_chunk decides for one weight): one by one.
-  if (!grouped || multiply_adds < (int64_t{1} << 16)) {
+  return grouped && multiply_adds >= (int64_t{1} << 16);
+}
+
+}  // namespace
+
+void linear_f32_group(const float* x, int64_t n, int64_t ldx, std::span<const LinearOutput> outs,
+                      ThreadPool& pool) {
+  if (n == 0 || outs.empty()) return;
+  if (!runs_as_group(n, outs, pool, [](const MatrixRef& w) {
+        return w.layout == MatrixLayout::kPanels16 && is_panel_matrix(w);
+      })) {
     for (const LinearOutput& o : outs) linear_f32(x, n, ldx, *o.w, o.y, o.ldy, pool);
     return;
   }
@@ -453,15 +467,7 @@ void linear_bf16(const uint16_t* x, int64_t n, int64_t ldx, const MatrixRef& w, 
 void linear_bf16_group(const uint16_t* x, int64_t n, int64_t ldx,
                        std::span<const LinearOutput> outs, ThreadPool& pool) {
   if (n == 0 || outs.empty()) return;
-  int64_t multiply_adds = 0;
-  bool grouped = pool.num_threads() > 1;
-  for (const LinearOutput& o : outs) {
-    XDS_CHECK(o.w->cols == outs[0].w->cols, "linear_bf16_group: k {} and {}", o.w->cols,
-              outs[0].w->cols);
-    grouped = grouped && panels_dot_for(*o.w);
-    multiply_adds += n * o.w->rows * o.w->cols;
-  }
-  if (!grouped || multiply_adds < (int64_t{1} << 16)) {
+  if (!runs_as_group(n, outs, pool, [](const MatrixRef& w) { return panels_dot_for(w); })) {
     for (const LinearOutput& o : outs) linear_bf16(x, n, ldx, *o.w, o.y, o.ldy, pool);
     return;
   }
