@@ -245,47 +245,8 @@ int64_t panel_chunk(int64_t panels, int64_t multiply_adds, int threads) {
   return std::max<int64_t>(2, panels / (4 * threads) / 2 * 2);
 }
 
-// run(p, end) for chunks [p, end) of `chunk` panels taken from `next` until none is left.
-template <class Run>
-void take_panel_chunks(std::atomic<int64_t>& next, int64_t chunk, int64_t panels, Run&& run) {
-  for (int64_t p = next.fetch_add(chunk, std::memory_order_relaxed); p < panels;
-       p = next.fetch_add(chunk, std::memory_order_relaxed))
-    run(p, std::min(panels, p + chunk));
-}
-
-void linear_panels_pool(const float* x, int64_t n, int64_t ldx, const MatrixRef& w, float* y,
-                        int64_t ldy, ThreadPool& pool) {
-  const int64_t panels = w.panels();
-  const int64_t chunk = panel_chunk(panels, n * w.rows * w.cols, pool.num_threads());
-  if (chunk == 0) return panels_linear(x, n, ldx, w, 0, panels, y, ldy);
-  std::atomic<int64_t> next{0};
-  // The wide path: the threads first pack x's token tiles together (each tile once, not once
-  // per chunk of panels) and wait until all are packed; then, either way, take chunks.
-  const bool wide = wide_path_for(n, w);
-  thread_local std::vector<float> xp_buffer;
-  if (wide) xp_buffer.resize(static_cast<size_t>(n * w.cols));
-  float* const xp = xp_buffer.data();  // the caller's buffer (a lambda would see its own)
-  const int64_t tiles = wide ? token_tile_count(n) : 0;
-  std::atomic<int64_t> next_tile{0}, packed{0};
-  pool.run_on_all([&](int) {
-    for (int64_t i = next_tile.fetch_add(1, std::memory_order_relaxed); i < tiles;
-         i = next_tile.fetch_add(1, std::memory_order_relaxed)) {
-      pack_token_tiles(x, n, ldx, w.cols, i, i + 1, xp);
-      packed.fetch_add(1, std::memory_order_release);
-    }
-    while (packed.load(std::memory_order_acquire) < tiles) _mm_pause();
-    take_panel_chunks(next, chunk, panels, [&](int64_t p, int64_t end) {
-      if (wide) {
-        panels_linear_packed(xp, n, w, p, end, y, ldy);
-      } else {
-        panels_linear(x, n, ldx, w, p, end, y, ldy);
-      }
-    });
-  });
-}
-
-// A group's chunks of panels, [out, p, end): each weight's panels in chunks of the size its
-// own call would take.
+// A group's chunks of panels, [out, p, end): each weight's panels in chunks of
+// panel_chunk's size (at least a pair).
 struct GroupChunk {
   int32_t out;
   int64_t p, end;
@@ -303,8 +264,9 @@ void group_chunks(int64_t n, std::span<const LinearOutput> outs, int threads,
   }
 }
 
-// linear_f32_group over panel weights (same cols): the chunks of all of them from one
-// counter, after one pack of x where any weight takes the wide path.
+// Panel weights (same cols) against one x on the pool: the chunks of all of them from one
+// counter. The wide path: the threads first pack x's token tiles together (each tile once,
+// not once per chunk of panels nor per weight) and wait until all are packed.
 void linear_panels_group(const float* x, int64_t n, int64_t ldx, std::span<const LinearOutput> outs,
                          ThreadPool& pool) {
   thread_local std::vector<GroupChunk> chunks;
@@ -339,22 +301,7 @@ void linear_panels_group(const float* x, int64_t n, int64_t ldx, std::span<const
   });
 }
 
-// bf16 x against BF16 panels with the dot-product kernel, chunks taken as above.
-void linear_panels_dot_pool(const uint16_t* x, int64_t n, int64_t ldx, const MatrixRef& w, float* y,
-                            int64_t ldy, ThreadPool& pool) {
-  const int64_t panels = w.panels();
-  const int64_t chunk = panel_chunk(panels, n * w.rows * w.cols, pool.num_threads());
-  if (chunk == 0) return panels_linear_bf16(x, n, ldx, w, 0, panels, y, ldy);
-  std::atomic<int64_t> next{0};
-  pool.run_on_all([&](int) {
-    take_panel_chunks(next, chunk, panels, [&](int64_t p, int64_t end) {
-      panels_linear_bf16(x, n, ldx, w, p, end, y, ldy);
-    });
-  });
-}
-
-// linear_bf16_group over BF16 panels with the dot-product kernel: the chunks of all the
-// weights from one counter.
+// bf16 x against BF16 panels with the dot-product kernel, the chunks taken as above.
 void linear_panels_dot_group(const uint16_t* x, int64_t n, int64_t ldx,
                              std::span<const LinearOutput> outs, ThreadPool& pool) {
   thread_local std::vector<GroupChunk> chunks;
@@ -369,6 +316,24 @@ void linear_panels_dot_group(const uint16_t* x, int64_t n, int64_t ldx,
       panels_linear_bf16(x, n, ldx, *o.w, list[c].p, list[c].end, o.y, o.ldy);
     }
   });
+}
+
+// One weight: the group of one, or the calling thread alone where the product is too small
+// to wake the pool for.
+void linear_panels_pool(const float* x, int64_t n, int64_t ldx, const MatrixRef& w, float* y,
+                        int64_t ldy, ThreadPool& pool) {
+  if (panel_chunk(w.panels(), n * w.rows * w.cols, pool.num_threads()) == 0)
+    return panels_linear(x, n, ldx, w, 0, w.panels(), y, ldy);
+  const LinearOutput one[] = {{&w, y, ldy}};
+  linear_panels_group(x, n, ldx, one, pool);
+}
+
+void linear_panels_dot_pool(const uint16_t* x, int64_t n, int64_t ldx, const MatrixRef& w, float* y,
+                            int64_t ldy, ThreadPool& pool) {
+  if (panel_chunk(w.panels(), n * w.rows * w.cols, pool.num_threads()) == 0)
+    return panels_linear_bf16(x, n, ldx, w, 0, w.panels(), y, ldy);
+  const LinearOutput one[] = {{&w, y, ldy}};
+  linear_panels_dot_group(x, n, ldx, one, pool);
 }
 
 }  // namespace
@@ -414,9 +379,7 @@ bool runs_as_group(int64_t n, std::span<const LinearOutput> outs, const ThreadPo
 void linear_f32_group(const float* x, int64_t n, int64_t ldx, std::span<const LinearOutput> outs,
                       ThreadPool& pool) {
   if (n == 0 || outs.empty()) return;
-  if (!runs_as_group(n, outs, pool, [](const MatrixRef& w) {
-        return w.layout == MatrixLayout::kPanels16 && is_panel_matrix(w);
-      })) {
+  if (!runs_as_group(n, outs, pool, [](const MatrixRef& w) { return is_panel_matrix(w); })) {
     for (const LinearOutput& o : outs) linear_f32(x, n, ldx, *o.w, o.y, o.ldy, pool);
     return;
   }

@@ -105,8 +105,9 @@ void transpose_queries(const AbsorbedQuery& q, int64_t h0, int64_t nh, int64_t l
 
 // Scores of a slice's len rows (at most kAbsorbedSliceRows; latent and rope row pointers)
 // into part [len][NV · L]: the latent plane, then the rope plane, each in tiles of R rows
-// (the rest, < R, in one tile). A tile prefetches the next one's rows; the last latent tile
-// the first rope rows, the last rope tile `after` (ahead of them: the rows after the slice).
+// (the rest, < R, in one tile). A tile prefetches the next one's rows; the last tile of each
+// plane the first rows of that plane after the slice (`after_latent`, `after_rope`: ahead
+// of them; none: its own last row again).
 // Whole latent rows per tile: column blocks of 64 (the queries' block staying in L1) ran
 // ~16 % faster from L2 but ~10 % slower from DRAM, where batch 64 reads them.
 template <class Ops, int NV, int R>
@@ -153,7 +154,8 @@ void slice_scores(const float* qt, const float* const* latent, const float* cons
 // part[r][h] (+)= Σ_{c < cols} qt[c][h] · rows[r · Ld + c], ascending c, one FMA per column:
 // the same bits as scores_tile. Prefetches one line of each of 16 rows at `next` per 16
 // columns (the tile after this one: rows beyond a short next tile are harmless hints).
-constexpr int64_t kStridedLatentDim = 512, kStridedLatentLd = 528, kStridedRopeDim = 64;
+constexpr int64_t kStridedLatentDim = 512, kStridedRopeDim = 64;
+constexpr int64_t kStridedLatentLd = padded_latent_stride(kStridedLatentDim);  // 528
 
 template <int R, int64_t Ld>
 void strided_scores_tile(const float* qt, const float* rows, const float* next, int64_t cols,

@@ -46,7 +46,7 @@ struct LatentKvView {
 
 // A row stride of an odd number of 64-byte lines, at least latent_dim elements of
 // `element_bytes` (4: fp32, 2: bf16): consecutive cached rows then fall in different L1 sets.
-inline int64_t padded_latent_stride(int64_t latent_dim, int64_t element_bytes = 4) {
+constexpr int64_t padded_latent_stride(int64_t latent_dim, int64_t element_bytes = 4) {
   const int64_t per_line = 64 / element_bytes;
   const int64_t lines = (latent_dim + per_line - 1) / per_line;
   return per_line * (lines % 2 == 1 ? lines : lines + 1);
