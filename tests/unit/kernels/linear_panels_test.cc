@@ -76,7 +76,7 @@ TEST(LinearPanels, MatchesDoubleReferenceForTokenAndPanelCounts) {
   // Token counts 1..13 cover every tile width (1-6 with AVX2; with AVX-512 1-8 on one panel,
   // 1-12 on two) and several token blocks with k blocking (cols > 512; with AVX-512 two-panel
   // passes of up to 12 tokens from 13 on, and below 256 rows at any count: 40 tokens are 4
-  // passes of 10); rows cover 1-2-panel tiles and a padded last panel. From 16 tokens and 256 rows
+  // passes of 10); rows cover 1-2-panel tiles and a padded last panel. From 37 tokens and 256 rows
   // AVX-512 takes the wide path: 100 tokens × 1400 columns are nine tiles in two token blocks (8 +
   // 1), over 280 rows: 8 pairs of panels, a single one and a padded one.
   const IsaGuard guard;
@@ -101,7 +101,7 @@ TEST(LinearPanels, SumsInAscendingColumnOrderWhateverTheBatch) {
   // The promised order, written as a plain loop: y = fma(x[c], w[c], y) for c = 0, 1, ...
   std::mt19937 rng(5);
   ThreadPool pool(2);
-  // 17 full panels (pairs and a single) + a padded one: from 16 tokens, the wide path.
+  // 17 full panels (pairs and a single) + a padded one: from 37 tokens, the wide path.
   // 1300 columns, and 700 (short panels: two tokens also take the single stream,
   // panel_driver.h).
   for (const int64_t cols : {int64_t{1300}, int64_t{700}}) {
@@ -134,7 +134,7 @@ TEST(LinearPanels, SumsInAscendingColumnOrderWhateverTheBatch) {
 
 // A group of weights with one input gives each weight's linear_f32 bits (and so its
 // reference), and with bf16 x linear_bf16's (the dot-product kernel where the build has it):
-// token counts below and from the wide path's 16, weights on either side of its 256 rows, a
+// token counts below and from the wide path's 37, weights on either side of its 256 rows, a
 // group of one, and a row-major weight, which sends the group one by one.
 TEST(LinearPanels, GroupGivesTheBitsOfEachLinear) {
   std::mt19937 rng(17);
@@ -149,7 +149,7 @@ TEST(LinearPanels, GroupGivesTheBitsOfEachLinear) {
   const IsaGuard guard;
   for (const PanelIsa isa : available_isas()) {
     set_panel_isa(isa);
-    for (const int64_t n : {1, 5, 16, 64}) {
+    for (const int64_t n : {1, 5, 16, 37, 64}) {
       const int64_t ldx = cols + 3;  // x's rows strided
       const auto x = random_vec(static_cast<size_t>(n * ldx), rng);
       for (const auto& group : groups) {
