@@ -88,7 +88,7 @@ void panels_linear_bf16(const uint16_t* x, int64_t n, int64_t ldx, const MatrixR
 // xp + first token × cols). panels_linear packs on its own; a caller that splits one
 // product over threads packs once (pack_token_tiles, tiles split among the threads) and
 // runs panels_linear_packed on each share of the panels. Same sums, same order, same bits.
-// From 37 tokens (four tiles; panel_driver.h kWideMinTokens) and 256 rows, on AVX-512:
+// From 128 tokens (panel_driver.h kWideMinTokens) and 256 rows, on AVX-512:
 // packing x costs about one product of x with 16 rows, so a router of 64 rows ran slower on
 // the wide path (its packing of 512 prompt tokens took as long as its FMAs).
 bool wide_path_for(int64_t n, const MatrixRef& w);

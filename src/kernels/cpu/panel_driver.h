@@ -216,14 +216,16 @@ struct TokenTiles {
 };
 
 // Tokens and rows from which the AVX-512 kernel widens each weight block once for all the
-// token tiles (panel_tiles.h, wide path) instead of once per tile: from four tiles. With two
-// or three (16-36 tokens) the widened block serves too few tiles to pay for its stores and
-// the packing of x; on Zen 5 the narrow passes were level at 36 tokens and faster below
-// (bench/linear, two threads, three alternations: o_proj at 28 tokens 0.58-0.60 -> 0.49-0.51
-// ms; bench_decode batch 16 fp32, three pairs: W_UK 1.6-1.7 -> 1.0-1.1 ms a step, all the
-// batch's linears ~1.5 ms). From 48 tokens on the two were level too, and at 512 the wide
-// path still won on lm_head (133 against 138-145 ms).
-inline constexpr int64_t kWideMinTokens = 37;
+// token tiles (panel_tiles.h, wide path) instead of once per tile: prompt-sized products.
+// On Zen 5 the narrow tile's widening costs little (one thread, weights in L2: 266 GFLOP/s
+// at 6 tokens, ~93 % of a core), and below ~128 tokens the narrow passes were level or
+// faster. bench/linear, two threads, alternated: o_proj at 28 tokens 0.58-0.60 -> 0.49-0.51
+// ms, level at 36-128; at 512 the wide path still won on lm_head (133 against 138-145 ms).
+// bench_decode fp32, alternated pairs: batch 16, W_UK (16 heads of 512 × 128) 1.6-1.7 ->
+// 1.0-1.1 ms a step; batch 64, o_proj + qkv + W_UK + dense + shared 84-86 -> 80-82 ms a
+// step; a 512-token prefill level (the wide path kept there). Until the twentieth session
+// the wide path started at 16 tokens (measured on Zen 4, docs/design/cpu_kernels.md).
+inline constexpr int64_t kWideMinTokens = 128;
 inline constexpr int64_t kWideMinRows = 256;
 
 #if defined(__AVX512F__)

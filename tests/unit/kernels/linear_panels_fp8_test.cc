@@ -98,19 +98,19 @@ TEST(LinearPanelsFp8, SumsAsTheDequantizedMatrixBitForBit) {
     int64_t rows, cols, br, bc;
   };
   // The published 128 × 128 blocks with partial edge blocks; small blocks so that scales
-  // change inside a k block and inside a wide block; a padded last panel; two panels
-  // per tile and single ones.
+  // change inside a k block and inside a wide block (130 tokens and 280 rows: the wide
+  // path); a padded last panel; two panels per tile and single ones.
   const IsaGuard guard;
   for (const Case c : {Case{280, 1300, 128, 128}, Case{37, 300, 16, 32}, Case{64, 70, 32, 64}}) {
     const Fp8Matrix w = make_fp8(c.rows, c.cols, c.br, c.bc, rng);
     std::uniform_real_distribution<float> d(-1.0f, 1.0f);
-    std::vector<float> x(static_cast<size_t>(70 * c.cols));
+    std::vector<float> x(static_cast<size_t>(130 * c.cols));
     for (auto& v : x) v = d(rng);
     std::vector<uint16_t> xb(x.size());
     for (size_t i = 0; i < x.size(); ++i) xb[i] = f32_to_bf16(x[i]);
     for (const PanelIsa isa : available_isas()) {
       set_panel_isa(isa);
-      for (const int64_t n : {1, 2, 3, 5, 7, 8, 9, 12, 13, 15, 17, 40, 64, 70}) {
+      for (const int64_t n : {1, 2, 3, 5, 7, 8, 9, 12, 13, 15, 17, 40, 64, 70, 130}) {
         for (int variant = 0; variant < 3; ++variant) {
           std::vector<float> y(static_cast<size_t>(n * c.rows), NAN);
           if (variant == 0) linear_f32(x.data(), n, c.cols, w.ref, y.data(), c.rows, pool);

@@ -76,19 +76,20 @@ TEST(LinearPanels, MatchesDoubleReferenceForTokenAndPanelCounts) {
   // Token counts 1..13 cover every tile width (1-6 with AVX2; with AVX-512 1-8 on one panel,
   // 1-12 on two) and several token blocks with k blocking (cols > 512; with AVX-512 two-panel
   // passes of up to 12 tokens from 13 on, and below 256 rows at any count: 40 tokens are 4
-  // passes of 10); rows cover 1-2-panel tiles and a padded last panel. From 37 tokens and 256 rows
-  // AVX-512 takes the wide path: 100 tokens × 1400 columns are nine tiles in two token blocks (8 +
-  // 1), over 280 rows: 8 pairs of panels, a single one and a padded one.
+  // passes of 10); rows cover 1-2-panel tiles and a padded last panel. From 128 tokens and 256 rows
+  // AVX-512 takes the wide path: 140 tokens × 1400 columns are twelve tiles in two token blocks
+  // (11 + 1), over 280 rows: 8 pairs of panels, a single one and a padded one; 100 tokens there
+  // are nine narrow passes.
   const IsaGuard guard;
   for (const PanelIsa isa : available_isas()) {
     set_panel_isa(isa);
     for (const Case c :
-         {Case{1, 16, 8},      Case{1, 37, 70},   Case{2, 48, 33},    Case{3, 16, 1},
-          Case{3, 40, 70},     Case{4, 50, 64},   Case{5, 32, 129},   Case{6, 17, 40},
-          Case{7, 64, 1030},   Case{8, 35, 520},  Case{9, 33, 700},   Case{10, 64, 530},
-          Case{12, 35, 1030},  Case{13, 33, 600}, Case{15, 64, 1100}, Case{40, 48, 700},
-          Case{1, 96, 2048},   Case{2, 80, 1100}, Case{64, 40, 300},  Case{70, 300, 65},
-          Case{100, 280, 1400}}) {
+         {Case{1, 16, 8},       Case{1, 37, 70},     Case{2, 48, 33},    Case{3, 16, 1},
+          Case{3, 40, 70},      Case{4, 50, 64},     Case{5, 32, 129},   Case{6, 17, 40},
+          Case{7, 64, 1030},    Case{8, 35, 520},    Case{9, 33, 700},   Case{10, 64, 530},
+          Case{12, 35, 1030},   Case{13, 33, 600},   Case{15, 64, 1100}, Case{40, 48, 700},
+          Case{1, 96, 2048},    Case{2, 80, 1100},   Case{64, 40, 300},  Case{70, 300, 65},
+          Case{100, 280, 1400}, Case{140, 280, 1400}}) {
       const Packed w = make_packed(c.rows, c.cols, rng);
       ASSERT_TRUE(linears_match_double_reference(
           w.ref, c.n, [&](int64_t r, int64_t k) { return bf16_to_f32(w.rows_major[r * c.cols + k]); }, rng, pool,
@@ -101,21 +102,23 @@ TEST(LinearPanels, SumsInAscendingColumnOrderWhateverTheBatch) {
   // The promised order, written as a plain loop: y = fma(x[c], w[c], y) for c = 0, 1, ...
   std::mt19937 rng(5);
   ThreadPool pool(2);
-  // 17 full panels (pairs and a single) + a padded one: from 37 tokens, the wide path.
+  // 17 full panels (pairs and a single) + a padded one: from 128 tokens, the wide path.
   // 1300 columns, and 700 (short panels: two tokens also take the single stream,
   // panel_driver.h).
   for (const int64_t cols : {int64_t{1300}, int64_t{700}}) {
     const int64_t rows = 280;
     const Packed w = make_packed(rows, cols, rng);
-    // Up to 70 tokens: past 64, where panels once went to sgemm; now every n is the same sums.
-    const int64_t n_max = 70;
+    // Up to 130 tokens: past 64, where panels once went to sgemm, and past 128, the wide path;
+    // every n is the same sums.
+    const int64_t n_max = 130;
     const auto x = random_vec(static_cast<size_t>(n_max * cols), rng);
     const IsaGuard guard;
     for (const PanelIsa isa : available_isas()) {
       set_panel_isa(isa);
-      for (const int64_t n : {int64_t{1}, int64_t{2}, int64_t{3}, int64_t{5}, int64_t{6},
-                              int64_t{7}, int64_t{8}, int64_t{9}, int64_t{11}, int64_t{12},
-                              int64_t{13}, int64_t{15}, int64_t{17}, int64_t{64}, n_max}) {
+      for (const int64_t n :
+           {int64_t{1}, int64_t{2}, int64_t{3}, int64_t{5}, int64_t{6}, int64_t{7}, int64_t{8},
+            int64_t{9}, int64_t{11}, int64_t{12}, int64_t{13}, int64_t{15}, int64_t{17},
+            int64_t{64}, int64_t{70}, n_max}) {
         std::vector<float> y(static_cast<size_t>(n * rows));
         linear_f32(x.data(), n, cols, w.ref, y.data(), rows, pool);
         for (int64_t t = 0; t < n; ++t) {
@@ -134,7 +137,7 @@ TEST(LinearPanels, SumsInAscendingColumnOrderWhateverTheBatch) {
 
 // A group of weights with one input gives each weight's linear_f32 bits (and so its
 // reference), and with bf16 x linear_bf16's (the dot-product kernel where the build has it):
-// token counts below and from the wide path's 37, weights on either side of its 256 rows, a
+// token counts below and from the wide path's 128, weights on either side of its 256 rows, a
 // group of one, and a row-major weight, which sends the group one by one.
 TEST(LinearPanels, GroupGivesTheBitsOfEachLinear) {
   std::mt19937 rng(17);
@@ -149,7 +152,7 @@ TEST(LinearPanels, GroupGivesTheBitsOfEachLinear) {
   const IsaGuard guard;
   for (const PanelIsa isa : available_isas()) {
     set_panel_isa(isa);
-    for (const int64_t n : {1, 5, 16, 37, 64}) {
+    for (const int64_t n : {1, 5, 16, 64, 128}) {
       const int64_t ldx = cols + 3;  // x's rows strided
       const auto x = random_vec(static_cast<size_t>(n * ldx), rng);
       for (const auto& group : groups) {
