@@ -224,7 +224,7 @@ struct TokenTiles {
 // bench_decode fp32, alternated pairs: batch 16, W_UK (16 heads of 512 × 128) 1.6-1.7 ->
 // 1.0-1.1 ms a step; batch 64, o_proj + qkv + W_UK + dense + shared 84-86 -> 80-82 ms a
 // step; a 512-token prefill level (the wide path kept there). Until the twentieth session
-// the wide path started at 16 tokens (measured on Zen 4, docs/design/cpu_kernels.md).
+// the wide path started at 16 tokens (measured on an Intel Xeon, docs/design/cpu_kernels.md).
 inline constexpr int64_t kWideMinTokens = 128;
 inline constexpr int64_t kWideMinRows = 256;
 
