@@ -318,22 +318,16 @@ void linear_panels_dot_group(const uint16_t* x, int64_t n, int64_t ldx,
   });
 }
 
-// One weight: the group of one, or the calling thread alone where the product is too small
-// to wake the pool for.
-void linear_panels_pool(const float* x, int64_t n, int64_t ldx, const MatrixRef& w, float* y,
-                        int64_t ldy, ThreadPool& pool) {
+// One weight: the group of one (`group`: linear_panels_group or linear_panels_dot_group), or
+// the whole matrix on the calling thread (`alone`: the matching panel kernel) where the
+// product is too small to wake the pool for.
+template <class X, class Alone, class Group>
+void one_weight_on_pool(const X* x, int64_t n, int64_t ldx, const MatrixRef& w, float* y,
+                        int64_t ldy, ThreadPool& pool, Alone&& alone, Group&& group) {
   if (panel_chunk(w.panels(), n * w.rows * w.cols, pool.num_threads()) == 0)
-    return panels_linear(x, n, ldx, w, 0, w.panels(), y, ldy);
+    return alone(x, n, ldx, w, 0, w.panels(), y, ldy);
   const LinearOutput one[] = {{&w, y, ldy}};
-  linear_panels_group(x, n, ldx, one, pool);
-}
-
-void linear_panels_dot_pool(const uint16_t* x, int64_t n, int64_t ldx, const MatrixRef& w, float* y,
-                            int64_t ldy, ThreadPool& pool) {
-  if (panel_chunk(w.panels(), n * w.rows * w.cols, pool.num_threads()) == 0)
-    return panels_linear_bf16(x, n, ldx, w, 0, w.panels(), y, ldy);
-  const LinearOutput one[] = {{&w, y, ldy}};
-  linear_panels_dot_group(x, n, ldx, one, pool);
+  group(x, n, ldx, std::span<const LinearOutput>(one), pool);
 }
 
 }  // namespace
@@ -347,7 +341,7 @@ void linear_f32(const float* x, int64_t n, int64_t ldx, const MatrixRef& w, floa
                 ThreadPool& pool, int64_t sgemm_min_tokens) {
   if (n == 0 || w.rows == 0) return;
   if (w.layout == MatrixLayout::kPanels16) {
-    return linear_panels_pool(x, n, ldx, w, y, ldy, pool);
+    return one_weight_on_pool(x, n, ldx, w, y, ldy, pool, panels_linear, linear_panels_group);
   }
   if (n >= sgemm_min_tokens) return linear_sgemm(x, n, ldx, w, y, ldy, pool);
   if (w.dtype == DType::kBF16) return linear_impl<float, uint16_t>(x, n, ldx, w, y, ldy, pool);
@@ -411,7 +405,10 @@ void linear_f32_serial(const float* x, int64_t n, int64_t ldx, const MatrixRef& 
 void linear_bf16(const uint16_t* x, int64_t n, int64_t ldx, const MatrixRef& w, float* y,
                  int64_t ldy, ThreadPool& pool) {
   if (n == 0 || w.rows == 0) return;
-  if (panels_dot_for(w)) return linear_panels_dot_pool(x, n, ldx, w, y, ldy, pool);
+  if (panels_dot_for(w)) {
+    return one_weight_on_pool(x, n, ldx, w, y, ldy, pool, panels_linear_bf16,
+                              linear_panels_dot_group);
+  }
   if (n >= kSgemmMinTokens || w.layout == MatrixLayout::kPanels16) {
     // bf16 values widen to fp32 exactly, so the fp32 kernels give the same products.
     thread_local std::vector<float> wide;
