@@ -4,14 +4,16 @@
 // process, with the machine's limits measured before and after.
 //
 // Shape: 16 heads, latent 512 (rows padded as the cache pads them), rope 64, context 513
-// in blocks of 64. Two settings:
+// in blocks of `--block` rows (16: make_cache's default), each sequence's blocks scattered over the
+// cache in a random order, as a serving cache's free list leaves them. Two settings:
 //   cold  `--seqs` sequences × 12 layers of distinct caches, each read once per run (as a
 //         decode step reads them), split over the threads by sequence
 //   hot   one sequence's context (1.2 MB) read again and again by one thread
 // Printed: median ms per run, GFLOP/s (scores and p·latent: 2 · ctx · heads · (2C + Dr)
-// per token), GB/s of cache read (the bf16 cache: half the bytes), and the limits: the fp32 and
-// bf16 peaks, the read bandwidth of the whole machine, and the rate of a plain loop summing the
-// same caches on one thread (what one core streams from this memory). Writes JSON (--json).
+// per token), GB/s of the cached rows read (the bf16 cache: half the bytes), and the limits: the
+// fp32 and bf16 peaks, the read bandwidth of the whole machine, and the rate of a plain loop
+// summing the same caches on one thread (what one core streams from this memory). Writes JSON
+// (--json).
 #include <immintrin.h>
 
 #include <algorithm>
@@ -34,21 +36,21 @@ namespace {
 
 using namespace xds;
 
-constexpr int64_t kLatent = 512, kRope = 64, kHeads = 16, kContext = 513, kBlock = 64;
+constexpr int64_t kLatent = 512, kRope = 64, kHeads = 16, kContext = 513;
 
 struct Caches {
-  int64_t seqs, layers, ld, blocks_per_seq;
+  int64_t seqs, layers, block, ld, blocks_per_seq;
   std::vector<std::vector<float>> latent, rope;         // [layer]
   int64_t ld16 = 0;                                     // bf16 row stride
   std::vector<std::vector<uint16_t>> latent16, rope16;  // [layer], empty without AVX512_BF16
-  std::vector<int32_t> table;                    // identity: sequence s owns its blocks
+  std::vector<int32_t> table;  // [seqs, blocks_per_seq]: a random permutation of the blocks
   std::vector<float> q_abs, q_pe, out;
 
-  Caches(int64_t seqs_, int64_t layers_, std::mt19937& rng)
-      : seqs(seqs_), layers(layers_), ld(kernels::padded_latent_stride(kLatent)) {
+  Caches(int64_t seqs_, int64_t layers_, int64_t block_, std::mt19937& rng)
+      : seqs(seqs_), layers(layers_), block(block_), ld(kernels::padded_latent_stride(kLatent)) {
     std::uniform_real_distribution<float> d(-1.0f, 1.0f);
-    blocks_per_seq = (kContext + kBlock - 1) / kBlock;
-    const int64_t rows = seqs * blocks_per_seq * kBlock;
+    blocks_per_seq = (kContext + block - 1) / block;
+    const int64_t rows = seqs * blocks_per_seq * block;
     latent.resize(static_cast<size_t>(layers));
     rope.resize(static_cast<size_t>(layers));
     for (int64_t l = 0; l < layers; ++l) {
@@ -73,6 +75,7 @@ struct Caches {
     }
     table.resize(static_cast<size_t>(seqs * blocks_per_seq));
     for (size_t i = 0; i < table.size(); ++i) table[i] = static_cast<int32_t>(i);
+    std::shuffle(table.begin(), table.end(), rng);
     q_abs.resize(static_cast<size_t>(seqs * kHeads * kLatent));
     q_pe.resize(static_cast<size_t>(seqs * kHeads * kRope));
     out.resize(q_abs.size());
@@ -93,7 +96,7 @@ struct Caches {
           kernels::LatentKvView kv{latent[l].data(),
                                    rope[l].data(),
                                    table.data() + s * blocks_per_seq,
-                                   kBlock,
+                                   block,
                                    kLatent,
                                    kRope,
                                    ld};
@@ -133,7 +136,9 @@ struct Caches {
 struct Row {
   std::string setting;
   int threads;
-  double f32_s, bf16_s, kv16_s, plain_s, gflop, gb;  // kv16_s: 0 without the bf16 cache
+  // kv16_s: 0 without the bf16 cache; gb: the rows the kernels read (fp32); plain_gb: the
+  // whole caches the plain loop sums (block padding and row padding included)
+  double f32_s, bf16_s, kv16_s, plain_s, gflop, gb, plain_gb;
 };
 
 Row measure(const std::string& setting, Caches& c, ThreadPool& pool, int reps) {
@@ -152,6 +157,7 @@ Row measure(const std::string& setting, Caches& c, ThreadPool& pool, int reps) {
   }
   if (sink == 1234.5f) std::printf(" ");  // keeps the sums
   const double flops = 2.0 * c.seqs * c.layers * kHeads * kContext * (2 * kLatent + kRope);
+  const double read = 4.0 * c.seqs * c.layers * kContext * (kLatent + kRope);
   return {setting,
           pool.num_threads(),
           bench::median(t[0]),
@@ -159,6 +165,7 @@ Row measure(const std::string& setting, Caches& c, ThreadPool& pool, int reps) {
           kinds == 3 ? bench::median(t[2]) : 0.0,
           bench::median(plain),
           flops / 1e9,
+          read / 1e9,
           c.bytes() / 1e9};
 }
 
@@ -169,7 +176,10 @@ int main(int argc, char** argv) {
   std::string json_path = "bench_attention.json";
   int64_t seqs = 64;
   int reps = 5;
+  int64_t block = 16;
   app.add_option("--json", json_path, "where to write the results");
+  app.add_option("--block", block, "rows per cache block (the engine's: 16)")
+      ->check(CLI::Range(1, 1024));
   app.add_option("--seqs", seqs, "sequences of the cold setting")->check(CLI::Range(1, 256));
   app.add_option("--reps", reps, "timed runs per row (median)")->check(CLI::Range(1, 100));
   CLI11_PARSE(app, argc, argv);
@@ -181,19 +191,19 @@ int main(int argc, char** argv) {
   std::mt19937 rng(1);
   std::vector<Row> rows;
   {
-    Caches cold(seqs, 12, rng);
+    Caches cold(seqs, 12, block, rng);
     rows.push_back(measure("cold", cold, two, reps));
     rows.push_back(measure("cold", cold, one, reps));
   }
   {
-    Caches hot(1, 1, rng);
+    Caches hot(1, 1, block, rng);
     rows.push_back(measure("hot", hot, one, std::max(reps, 50)));
   }
   const bench::MachineLimits lim = bench::faster_of(before, bench::measure_machine_limits(two));
   std::printf(
       "machine: read %.1f GB/s (2 threads), fp32 peak %.1f GFLOP/s, bf16 dot-product peak %.1f "
-      "GFLOP/s (2 threads; the faster of before and after)\n",
-      lim.read_gbps, lim.f32_gflops, lim.bf16_gflops);
+      "GFLOP/s (2 threads; the faster of before and after); blocks of %lld rows\n",
+      lim.read_gbps, lim.f32_gflops, lim.bf16_gflops, static_cast<long long>(block));
   std::printf("%-6s %3s | %8s %7s %6s | %8s %7s %6s | %11s %7s %6s | %14s\n", "cache", "thr",
               "f32 ms", "GFLOP/s", "GB/s", "bf16 ms", "GFLOP/s", "GB/s", "bf16 KV ms", "GFLOP/s",
               "GB/s", "plain 1-thr GB/s");
@@ -201,17 +211,19 @@ int main(int argc, char** argv) {
   j["machine"] = {{"read_gbps", lim.read_gbps},
                   {"f32_gflops", lim.f32_gflops},
                   {"bf16_gflops", lim.bf16_gflops}};
+  j["block_rows"] = block;
   j["rows"] = nlohmann::json::array();
   for (const Row& r : rows) {
     const double kv16 = r.kv16_s > 0 ? r.kv16_s : NAN;
     std::printf("%-6s %3d | %8.2f %7.1f %6.1f | %8.2f %7.1f %6.1f | %11.2f %7.1f %6.1f | %14.1f\n",
                 r.setting.c_str(), r.threads, r.f32_s * 1e3, r.gflop / r.f32_s, r.gb / r.f32_s,
                 r.bf16_s * 1e3, r.gflop / r.bf16_s, r.gb / r.bf16_s, kv16 * 1e3, r.gflop / kv16,
-                r.gb / 2 / kv16, r.gb / r.plain_s);
+                r.gb / 2 / kv16, r.plain_gb / r.plain_s);
     j["rows"].push_back({{"cache", r.setting},
                          {"threads", r.threads},
                          {"gflop", r.gflop},
                          {"gb", r.gb},
+                         {"plain_gb", r.plain_gb},
                          {"f32_ms", r.f32_s * 1e3},
                          {"bf16_ms", r.bf16_s * 1e3},
                          {"bf16_kv_bf16_ms", r.kv16_s * 1e3},
