@@ -178,7 +178,7 @@ int main(int argc, char** argv) {
   int reps = 5;
   int64_t block = 16;
   app.add_option("--json", json_path, "where to write the results");
-  app.add_option("--block", block, "rows per cache block (the engine's: 16)")
+  app.add_option("--block", block, "rows per cache block (make_cache's default: 16)")
       ->check(CLI::Range(1, 1024));
   app.add_option("--seqs", seqs, "sequences of the cold setting")->check(CLI::Range(1, 256));
   app.add_option("--reps", reps, "timed runs per row (median)")->check(CLI::Range(1, 100));

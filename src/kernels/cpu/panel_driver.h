@@ -217,14 +217,9 @@ struct TokenTiles {
 
 // Tokens and rows from which the AVX-512 kernel widens each weight block once for all the
 // token tiles (panel_tiles.h, wide path) instead of once per tile: prompt-sized products.
-// On Zen 5 the narrow tile's widening costs little (one thread, weights in L2: 266 GFLOP/s
-// at 6 tokens, ~93 % of a core), and below ~128 tokens the narrow passes were level or
-// faster. bench/linear, two threads, alternated: o_proj at 28 tokens 0.58-0.60 -> 0.49-0.51
-// ms, level at 36-128; at 512 the wide path still won on lm_head (133 against 138-145 ms).
-// bench_decode fp32, alternated pairs: batch 16, W_UK (16 heads of 512 × 128) 1.6-1.7 ->
-// 1.0-1.1 ms a step; batch 64, o_proj + qkv + W_UK + dense + shared 84-86 -> 80-82 ms a
-// step; a 512-token prefill level (the wide path kept there). Until the twentieth session
-// the wide path started at 16 tokens (measured on an Intel Xeon, docs/design/cpu_kernels.md).
+// The narrow tile's widening costs little (~93 % of a core from 6 tokens), and below ~128
+// tokens the narrow passes were level or faster; at 512 the wide path still wins
+// (measurements: docs/design/cpu_kernels.md, "The wide path").
 inline constexpr int64_t kWideMinTokens = 128;
 inline constexpr int64_t kWideMinRows = 256;
 
