@@ -1,0 +1,46 @@
+#include "engine/request.h"
+
+namespace xds::engine {
+
+std::string encode(const Message& m) {
+  nlohmann::json j;
+  j["kind"] = static_cast<int>(m.kind);
+  if (!m.request_id.empty()) j["request_id"] = m.request_id;
+  if (m.request) j["request"] = *m.request;
+  if (!m.tokens.empty()) j["tokens"] = m.tokens;
+  if (!m.outputs.empty()) j["outputs"] = m.outputs;
+  if (!m.loads.empty()) j["loads"] = m.loads;
+  if (!m.text.empty()) j["text"] = m.text;
+  const std::vector<uint8_t> bytes = nlohmann::json::to_msgpack(j);
+  return std::string(bytes.begin(), bytes.end());
+}
+
+Result<Message> decode(const void* data, size_t size) {
+  const auto* p = static_cast<const uint8_t*>(data);
+  const nlohmann::json j = nlohmann::json::from_msgpack(p, p + size, /*strict=*/true,
+                                                        /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) {
+    return invalid_argument("control message: {} bytes are not a MessagePack object", size);
+  }
+  Message m;
+  try {
+    const int kind = j.at("kind").get<int>();
+    if (kind < static_cast<int>(MessageKind::kRequest) ||
+        kind > static_cast<int>(MessageKind::kRejected)) {
+      return invalid_argument("control message: unknown kind {}", kind);
+    }
+    m.kind = static_cast<MessageKind>(kind);
+    if (auto it = j.find("request_id"); it != j.end()) m.request_id = it->get<std::string>();
+    if (auto it = j.find("request"); it != j.end()) m.request = it->get<EngineRequest>();
+    if (auto it = j.find("tokens"); it != j.end()) m.tokens = it->get<std::vector<TokenDelta>>();
+    if (auto it = j.find("outputs"); it != j.end())
+      m.outputs = it->get<std::vector<OutputDelta>>();
+    if (auto it = j.find("loads"); it != j.end()) m.loads = it->get<std::vector<GroupLoad>>();
+    if (auto it = j.find("text"); it != j.end()) m.text = it->get<std::string>();
+  } catch (const nlohmann::json::exception& e) {
+    return invalid_argument("control message: {}", e.what());
+  }
+  return m;
+}
+
+}  // namespace xds::engine

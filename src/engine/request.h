@@ -1,0 +1,168 @@
+// What travels between the gateway, an instance's shell, its DP groups and their output
+// processes: one schema for every control message (docs/design/flowserve.md, "Messages").
+// Every message is a `Message` envelope, encoded as MessagePack (nlohmann::json::to_msgpack)
+// in one ZeroMQ frame. Tensors never travel here (XCCL only); token ids do, a step's worth at
+// a time.
+//
+// Thread-safety: plain values.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "base/status.h"
+
+namespace xds::engine {
+
+// Sampling and stopping, per request (the OpenAI fields after validation by the gateway).
+struct SamplingOptions {
+  float temperature = 1.0f;  // 0: greedy
+  float top_p = 1.0f;        // (0, 1]
+  int32_t top_k = 0;         // 0: off
+  uint64_t seed = 0;         // the gateway draws one when the client gave none
+  float presence_penalty = 0.0f;    // [-2, 2], OpenAI semantics
+  float frequency_penalty = 0.0f;   // [-2, 2]
+  float repetition_penalty = 1.0f;  // > 0, vLLM/HF semantics (divides positive logits)
+  int32_t max_tokens = 16;          // >= 1 (the gateway fills the context's remainder)
+  bool ignore_eos = false;
+  int32_t logprobs = -1;  // -1: none; k >= 0: the chosen token's logprob plus the top k
+  int32_t n = 1;          // completions forked from one prefilled sequence
+  std::vector<int32_t> stop_token_ids;  // besides the model's eos ids (unless ignore_eos)
+};
+
+// What the output process does with the ids (P056).
+struct OutputOptions {
+  bool detokenize = true;            // false: token ids only (models without a tokenizer)
+  bool skip_special_tokens = true;
+  std::vector<std::string> stop;     // stop strings; the matched text is not returned
+  std::string reasoning_parser;      // "" (none) or "deepseek_r1" (<think>...</think>)
+  std::string tool_call_parser;      // "" (none), "deepseek_v3" or "qwen3"
+  bool tools_requested = false;      // the request carried tools (parse only then)
+  bool stream = false;
+  bool echo_prompt_ids = false;      // report prompt token ids in usage (bench clients)
+};
+
+// A tokenized request, placed once by the shell on one DP group.
+struct EngineRequest {
+  std::string id;                // unique per gateway ("cmpl-...")
+  std::vector<int32_t> prompt;   // token ids, already templated
+  SamplingOptions sampling;
+  OutputOptions output;
+  std::string reply_to;          // ZeroMQ address of the gateway's output socket
+  int64_t arrival_us = 0;        // gateway clock (steady), for TTFT
+};
+
+struct TokenLogprob {
+  int32_t token = 0;
+  float logprob = 0.0f;
+  std::vector<std::pair<int32_t, float>> top;  // best first, k entries
+};
+
+struct ToolCall {
+  std::string id;         // "call_..."
+  std::string name;
+  std::string arguments;  // JSON text as the model wrote it
+};
+
+// One DP group step's worth of new tokens for one choice of one request (device -> output
+// process). finish_reason is set on the last.
+struct TokenDelta {
+  std::string request_id;
+  int32_t index = 0;  // choice index (n > 1)
+  std::vector<int32_t> tokens;
+  std::vector<TokenLogprob> logprobs;  // one per token when requested
+  std::string finish_reason;           // "", "stop" (eos / stop token), "length", "abort"
+  int32_t prompt_tokens = 0;
+  int32_t cached_tokens = 0;  // prompt tokens served from the prefix cache
+};
+
+// Output process -> gateway: text ready to stream for one choice.
+struct OutputDelta {
+  std::string request_id;
+  int32_t index = 0;
+  std::string text;              // content
+  std::string reasoning;         // reasoning_content
+  std::vector<int32_t> token_ids;
+  std::vector<TokenLogprob> logprobs;      // aligned with token_ids
+  std::vector<std::string> token_texts;    // the text of each token in token_ids (logprobs)
+  std::vector<ToolCall> tool_calls;        // complete calls, once parsed
+  std::string finish_reason;               // "", "stop", "length", "tool_calls", "abort"
+  int32_t prompt_tokens = 0;
+  int32_t completion_tokens = 0;           // so far, this choice
+  int32_t cached_tokens = 0;
+  std::string error;                       // non-empty: the request failed (message)
+};
+
+// Per-DP-group load, sent by each DP group to its shell after steps (at most every few ms)
+// and used by the placement rule (P059).
+struct GroupLoad {
+  int32_t group = 0;
+  int32_t running = 0;           // requests holding KV
+  int32_t waiting = 0;           // placed, not yet running
+  int32_t max_num_seqs = 0;
+  int64_t kv_blocks_total = 0;
+  int64_t kv_blocks_used = 0;
+  int64_t kv_blocks_reserved = 0;  // promised to placed requests' expected output
+  int64_t block_size = 16;
+  int64_t prefix_hits = 0, prefix_queries = 0;  // blocks, cumulative
+  int64_t steps = 0;
+  double last_batch_size = 0;
+};
+
+enum class MessageKind : uint8_t {
+  kRequest = 1,   // EngineRequest: gateway -> shell -> DP group
+  kCancel = 2,    // request_id: gateway -> shell -> every DP group
+  kTokens = 3,    // TokenDelta[]: DP group -> its output process
+  kOutput = 4,    // OutputDelta[]: output process -> gateway
+  kLoad = 5,      // GroupLoad: DP group -> shell; shell -> gateway (all groups)
+  kWake = 6,      // shell -> every DP group: work exists somewhere, join the step loop
+  kShutdown = 7,  // drain and stop
+  kPing = 8,      // health: gateway -> shell -> groups; kPong back with the same id
+  kPong = 9,
+  kRejected = 10, // shell -> gateway: request could not be placed now (retry later)
+};
+
+// The envelope. Exactly the fields of its kind are set.
+struct Message {
+  MessageKind kind = MessageKind::kPing;
+  std::string request_id;                 // kCancel, kPing/kPong (probe id), kRejected
+  std::optional<EngineRequest> request;   // kRequest
+  std::vector<TokenDelta> tokens;         // kTokens
+  std::vector<OutputDelta> outputs;       // kOutput
+  std::vector<GroupLoad> loads;           // kLoad
+  std::string text;                       // free text (kRejected reason, errors)
+};
+
+// MessagePack bytes <-> Message. decode() fails with a clear error on malformed bytes or a
+// message of an unknown kind (never throws).
+std::string encode(const Message& m);
+Result<Message> decode(const void* data, size_t size);
+
+// JSON field names = member names; missing fields keep their defaults.
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(SamplingOptions, temperature, top_p, top_k, seed,
+                                                presence_penalty, frequency_penalty,
+                                                repetition_penalty, max_tokens, ignore_eos,
+                                                logprobs, n, stop_token_ids)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(OutputOptions, detokenize, skip_special_tokens, stop,
+                                                reasoning_parser, tool_call_parser,
+                                                tools_requested, stream, echo_prompt_ids)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(EngineRequest, id, prompt, sampling, output,
+                                                reply_to, arrival_us)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(TokenLogprob, token, logprob, top)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(ToolCall, id, name, arguments)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(TokenDelta, request_id, index, tokens, logprobs,
+                                                finish_reason, prompt_tokens, cached_tokens)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(OutputDelta, request_id, index, text, reasoning,
+                                                token_ids, logprobs, token_texts, tool_calls,
+                                                finish_reason, prompt_tokens, completion_tokens,
+                                                cached_tokens, error)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(GroupLoad, group, running, waiting, max_num_seqs,
+                                                kv_blocks_total, kv_blocks_used,
+                                                kv_blocks_reserved, block_size, prefix_hits,
+                                                prefix_queries, steps, last_batch_size)
+
+}  // namespace xds::engine
