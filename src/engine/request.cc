@@ -11,6 +11,8 @@ std::string encode(const Message& m) {
   if (!m.outputs.empty()) j["outputs"] = m.outputs;
   if (!m.loads.empty()) j["loads"] = m.loads;
   if (!m.text.empty()) j["text"] = m.text;
+  if (m.seq != 0) j["seq"] = m.seq;
+  if (m.group >= 0) j["group"] = m.group;
   const std::vector<uint8_t> bytes = nlohmann::json::to_msgpack(j);
   return std::string(bytes.begin(), bytes.end());
 }
@@ -37,6 +39,8 @@ Result<Message> decode(const void* data, size_t size) {
       m.outputs = it->get<std::vector<OutputDelta>>();
     if (auto it = j.find("loads"); it != j.end()) m.loads = it->get<std::vector<GroupLoad>>();
     if (auto it = j.find("text"); it != j.end()) m.text = it->get<std::string>();
+    if (auto it = j.find("seq"); it != j.end()) m.seq = it->get<uint64_t>();
+    if (auto it = j.find("group"); it != j.end()) m.group = it->get<int32_t>();
   } catch (const nlohmann::json::exception& e) {
     return invalid_argument("control message: {}", e.what());
   }

@@ -135,6 +135,8 @@ struct Message {
   std::vector<OutputDelta> outputs;       // kOutput
   std::vector<GroupLoad> loads;           // kLoad
   std::string text;                       // free text (kRejected reason, errors)
+  uint64_t seq = 0;                       // kWake: the shell's wake sequence number
+  int32_t group = -1;                     // kLoad / kPong: the sending DP group
 };
 
 // MessagePack bytes <-> Message. decode() fails with a clear error on malformed bytes or a
