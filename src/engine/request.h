@@ -40,6 +40,8 @@ struct OutputOptions {
   bool skip_special_tokens = true;
   std::vector<std::string> stop;     // stop strings; the matched text is not returned
   std::string reasoning_parser;      // "" (none) or "deepseek_r1" (<think>...</think>)
+  bool prompt_in_reasoning = false;  // the templated prompt ends inside <think> (DeepSeek-R1's
+                                     // template opens it): the output starts as reasoning
   std::string tool_call_parser;      // "" (none), "deepseek_v3" or "qwen3"
   bool tools_requested = false;      // the request carried tools (parse only then)
   bool stream = false;
@@ -150,7 +152,8 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(SamplingOptions, temperature, to
                                                 repetition_penalty, max_tokens, ignore_eos,
                                                 logprobs, n, stop_token_ids)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(OutputOptions, detokenize, skip_special_tokens, stop,
-                                                reasoning_parser, tool_call_parser,
+                                                reasoning_parser, prompt_in_reasoning,
+                                                tool_call_parser,
                                                 tools_requested, stream, echo_prompt_ids)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(EngineRequest, id, prompt, sampling, output,
                                                 reply_to, arrival_us)
