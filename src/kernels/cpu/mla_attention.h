@@ -1,13 +1,18 @@
 // MLA attention over the paged latent KV cache: the weight-absorbed form (decode) and the
 // expanded form (prefill chunks, see mla_expanded_attention).
 //
-// The cache keeps, per layer, two planes of fixed-size blocks:
-//   latent: [num_blocks, block_size, C]   c = kv_a_layernorm(kv_a[:C])   (C = kv_lora_rank)
-//   rope:   [num_blocks, block_size, Dr]  k_pe after rotation            (Dr = qk_rope_head_dim)
-// Context position s of a sequence lives in block block_table[s / block_size], slot
-// s % block_size. Latent rows may be padded (latent_ld > latent_dim, see
-// padded_latent_stride): at C = 512 a dense row is 32 cache lines, so the rows of a block
-// all fall in the same two L1 sets and a column strip of them cannot stay in L1.
+// The cache keeps, per layer, two planes of fixed-size blocks of block_size rows:
+//   latent: block_size rows of C per block   c = kv_a_layernorm(kv_a[:C])   (C = kv_lora_rank)
+//   rope:   block_size rows of Dr per block  k_pe after rotation            (Dr = qk_rope_head_dim)
+// Context position s of a sequence lives in block b = block_table[s / block_size], slot
+// s % block_size, at
+//   latent + b · latent_block_stride + slot · latent_ld     (rope: rope_block_stride, Dr)
+// Within a block rows are latent_ld (rope: Dr) apart; blocks may lie anywhere a stride
+// apart: compact planes [num_blocks, block_size, ld] (the default strides), or a block-major
+// cache [block][layer][plane][block_size rows] whose block strides span every layer's planes.
+// Latent rows may be padded (latent_ld > latent_dim, see padded_latent_stride): at C = 512 a
+// dense row is 32 cache lines, so the rows of a block all fall in the same two L1 sets and a
+// column strip of them cannot stay in L1.
 //
 // For one query token and heads [h0, h1):
 //   score[h, s] = (q_abs[h]·latent(s) + q_pe[h]·rope(s)) * scale,  s < ctx
@@ -23,25 +28,41 @@ namespace xds::kernels {
 // The planes hold fp32 rows (latent, rope) or bf16 rows (latent16, rope16: each value the
 // fp32 row's round-to-nearest-even, kv_row_to_bf16); exactly one pair is set. Only the
 // absorbed kernel's bf16 products read bf16 planes (absorbed_bf16_available()).
+// Strides count elements of the planes' type (float, or uint16_t for bf16 planes).
 struct LatentKvView {
-  const float* latent = nullptr;  // [num_blocks, block_size, latent_ld], first latent_dim used
-  const float* rope = nullptr;    // [num_blocks, block_size, rope_dim]
+  const float* latent = nullptr;  // block 0's row 0; rows [block_size, latent_ld] per block,
+                                  // first latent_dim used
+  const float* rope = nullptr;    // block 0's row 0; rows [block_size, rope_dim] per block
   const int32_t* block_table = nullptr;
   int64_t block_size = 0;
   int64_t latent_dim = 0;
   int64_t rope_dim = 0;
   int64_t latent_ld = 0;               // elements from one cached row to the next; 0: latent_dim
-  const uint16_t* latent16 = nullptr;  // bf16 planes, same shapes
+  const uint16_t* latent16 = nullptr;  // bf16 planes, same shapes and strides
   const uint16_t* rope16 = nullptr;
+  // Elements from one block to the next in each plane; 0: compact planes (block_size ·
+  // latent_stride(), block_size · rope_dim).
+  int64_t latent_block_stride = 0, rope_block_stride = 0;
 
   bool bf16() const { return latent16 != nullptr; }
   int64_t latent_stride() const { return latent_ld > 0 ? latent_ld : latent_dim; }
-  // Row of context position s in the planes.
-  int64_t row(int64_t s) const { return block_table[s / block_size] * block_size + s % block_size; }
-  const float* latent_at(int64_t s) const { return latent + row(s) * latent_stride(); }
-  const float* rope_at(int64_t s) const { return rope + row(s) * rope_dim; }
-  const uint16_t* latent16_at(int64_t s) const { return latent16 + row(s) * latent_stride(); }
-  const uint16_t* rope16_at(int64_t s) const { return rope16 + row(s) * rope_dim; }
+  int64_t latent_block_step() const {
+    return latent_block_stride > 0 ? latent_block_stride : block_size * latent_stride();
+  }
+  int64_t rope_block_step() const {
+    return rope_block_stride > 0 ? rope_block_stride : block_size * rope_dim;
+  }
+  // Offsets of context position s's rows from the plane pointers.
+  int64_t latent_offset(int64_t s) const {
+    return block_table[s / block_size] * latent_block_step() + s % block_size * latent_stride();
+  }
+  int64_t rope_offset(int64_t s) const {
+    return block_table[s / block_size] * rope_block_step() + s % block_size * rope_dim;
+  }
+  const float* latent_at(int64_t s) const { return latent + latent_offset(s); }
+  const float* rope_at(int64_t s) const { return rope + rope_offset(s); }
+  const uint16_t* latent16_at(int64_t s) const { return latent16 + latent_offset(s); }
+  const uint16_t* rope16_at(int64_t s) const { return rope16 + rope_offset(s); }
 };
 
 // A row stride of an odd number of 64-byte lines, at least latent_dim elements of

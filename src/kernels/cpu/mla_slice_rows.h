@@ -14,16 +14,24 @@
 namespace xds::kernels::absorbed_detail {
 
 // The latent and rope rows of context rows [s0, s1) in planes of T (float or bf16), walking
-// the block table once (a division per row cost more than converting the row).
+// the block table once (a division per row cost more than converting the row): per block
+// its base in each plane (block_table[b] · block stride), then rows ld apart.
 template <typename T>
 void gather_row_pointers(const LatentKvView& kv, const T* latent_plane, const T* rope_plane,
                          int64_t s0, int64_t s1, const T** latent, const T** rope) {
+  const int64_t ld = kv.latent_stride(), dr = kv.rope_dim;
+  const int64_t latent_step = kv.latent_block_step(), rope_step = kv.rope_block_step();
   int64_t block = s0 / kv.block_size, slot = s0 % kv.block_size;
+  const T* lb = latent_plane + kv.block_table[block] * latent_step;
+  const T* rb = rope_plane + kv.block_table[block] * rope_step;
   for (int64_t i = 0; i < s1 - s0; ++i) {
-    const int64_t at = kv.block_table[block] * kv.block_size + slot;
-    latent[i] = latent_plane + at * kv.latent_stride();
-    rope[i] = rope_plane + at * kv.rope_dim;
-    if (++slot == kv.block_size) slot = 0, ++block;
+    latent[i] = lb + slot * ld;
+    rope[i] = rb + slot * dr;
+    if (++slot == kv.block_size && i + 1 < s1 - s0) {
+      slot = 0, ++block;
+      lb = latent_plane + kv.block_table[block] * latent_step;
+      rb = rope_plane + kv.block_table[block] * rope_step;
+    }
   }
 }
 
