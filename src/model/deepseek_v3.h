@@ -20,6 +20,7 @@
 #include "base/phase_times.h"
 #include "base/status.h"
 #include "base/thread_pool.h"
+#include "model/compute_dtype.h"
 #include "model/config.h"
 #include "model/deepseek_v3_weights.h"
 #include "model/kv_cache.h"
@@ -31,11 +32,6 @@ namespace xds {
 class Checkpoint;
 class RepackCache;
 class LinearRunner;
-
-enum class ComputeDType {
-  kF32,   // reference: fp32 activations, weights widened on the fly
-  kBF16,  // fast: linear-layer inputs rounded to bf16 (AVX512-BF16 dot products)
-};
 
 // How prefill attention is computed: weight-absorbed over the latent cache, or expanded
 // (K/V materialised through kv_b_proj). kAuto picks the cheaper per chunk by FLOPs.

@@ -11,11 +11,10 @@
 
 #include "base/thread_pool.h"
 #include "kernels/cpu/linear.h"
+#include "model/compute_dtype.h"
 #include "tensor/matrix.h"
 
 namespace xds {
-
-enum class ComputeDType;
 
 class LinearRunner {
  public:

@@ -1,16 +1,16 @@
 // LocalMoeExchange: every routed expert computed in this process (one device, no EP).
 //
-// Tokens are grouped by expert (counting sort), each expert runs one batched MLP over its
-// tokens, [m, D] -> [m, I] (gate, up) -> [m, D] (down). Experts run in parallel, one per
-// pool thread at a time (no pool wake-up per matrix), each writing its outputs to the
-// (token, slot) rows of a staging buffer; out[t] then sums token t's rows in ascending
-// expert order, so the result does not depend on the thread count or the batch.
-// Logical == physical ids (the identity expert map). Thread-safety: one run() at a time.
+// The (token, slot) entries are grouped by expert (counting sort), GroupedExperts runs each
+// expert's batched MLP over its rows into a staging buffer in grouped order, weighted by the
+// gating weight; out[t] then sums token t's rows in ascending expert order, so the result
+// does not depend on the thread count or the batch. Logical == physical ids (the identity
+// expert map: slot e holds expert e). Thread-safety: one run() at a time.
 #pragma once
 
 #include <vector>
 
 #include "model/deepseek_v3_weights.h"
+#include "model/grouped_experts.h"
 #include "model/linear_runner.h"
 #include "model/moe_exchange.h"
 
@@ -20,7 +20,11 @@ class LocalMoeExchange final : public MoeExchange {
  public:
   LocalMoeExchange(const DeepseekV3Config& config, const DeepseekV3Weights& weights,
                    LinearRunner& linear)
-      : config_(config), weights_(weights), linear_(linear) {}
+      : config_(config),
+        weights_(weights),
+        pool_(linear.pool()),
+        experts_(linear.compute(), linear.pool()) {}
+  // n = 0 (a step with no tokens) does nothing.
   Status run(const MoeExchangeInput& in) override;
 
  private:
@@ -28,20 +32,15 @@ class LocalMoeExchange final : public MoeExchange {
 
   const DeepseekV3Config& config_;
   const DeepseekV3Weights& weights_;
-  LinearRunner& linear_;
-  struct ThreadScratch {
-    std::vector<float> xe, gate, up, down;  // [m, D], [m, I], [m, I], [m, D]
-    std::vector<uint16_t> bf16;             // [m, max(D, I)] rounded inputs (bf16 mode)
-  };
-  void run_expert(const MlpWeights& mlp, const MoeExchangeInput& in, int64_t begin, int64_t m,
-                  ThreadScratch& s);
-  void linear_inline(const float* x, int64_t n, const MatrixRef& w, float* y, ThreadScratch& s);
-
-  std::vector<int32_t> offsets_, order_;  // counting sort of (token, slot) by expert
-  std::vector<int32_t> active_;           // experts with tokens
-  std::vector<float> staged_;             // [n * top_k, D] weighted expert outputs
-  std::vector<ThreadScratch> scratch_;    // one per pool thread
-  ThreadPool inline_pool_{1};
+  ThreadPool& pool_;
+  GroupedExperts experts_;
+  std::vector<const MlpWeights*> slots_;  // [E] the identity map
+  std::vector<int32_t> offsets_;          // [E + 1] grouped rows of each expert
+  std::vector<int32_t> fill_;             // [E] counting sort's next row per expert
+  std::vector<int32_t> grouped_of_;       // [n * top_k] entry (token * top_k + j) -> grouped row
+  std::vector<int32_t> gather_;           // [n * top_k] grouped row -> token
+  std::vector<float> scale_;              // [n * top_k] grouped row -> gating weight
+  std::vector<float> staged_;             // [n * top_k, D] weighted expert outputs, grouped
 };
 
 }  // namespace xds

@@ -1,0 +1,241 @@
+#include "model/grouped_experts.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "model/linear_runner.h"
+#include "model/local_moe.h"
+
+namespace xds {
+namespace {
+
+constexpr int64_t kD = 24, kI = 40;
+
+// Row-major f32 weights of one expert: gate, up [I, D], down [D, I].
+struct Expert {
+  std::vector<float> gate, up, down;
+  MlpWeights refs() const {
+    return {MatrixRef{DType::kF32, gate.data(), kI, kD}, MatrixRef{DType::kF32, up.data(), kI, kD},
+            MatrixRef{DType::kF32, down.data(), kD, kI}};
+  }
+};
+
+std::vector<float> random_values(int64_t n, float scale, std::mt19937& rng) {
+  std::uniform_real_distribution<float> u(-scale, scale);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& x : v) x = u(rng);
+  return v;
+}
+
+std::vector<Expert> make_experts(int n, std::mt19937& rng) {
+  std::vector<Expert> e(static_cast<size_t>(n));
+  for (Expert& x : e) {
+    x.gate = random_values(kI * kD, 0.3f, rng);
+    x.up = random_values(kI * kD, 0.3f, rng);
+    x.down = random_values(kD * kI, 0.3f, rng);
+  }
+  return e;
+}
+
+float round_bf16(float x) {
+  return bf16_to_f32(f32_to_bf16(x));
+}
+
+// The plain reference in double: scale · down(silu(gate x) ⊙ up x). bf16: the inputs of each
+// product rounded to bf16, as the fast mode states.
+std::vector<double> reference(const Expert& e, const float* x, float scale, bool bf16) {
+  std::vector<double> xin(kD), h(kI), out(kD);
+  for (int64_t j = 0; j < kD; ++j) xin[j] = bf16 ? round_bf16(x[j]) : x[j];
+  for (int64_t i = 0; i < kI; ++i) {
+    double g = 0, u = 0;
+    for (int64_t j = 0; j < kD; ++j) {
+      g += double(e.gate[i * kD + j]) * xin[j];
+      u += double(e.up[i * kD + j]) * xin[j];
+    }
+    const double v = g / (1.0 + std::exp(-g)) * u;
+    h[i] = bf16 ? round_bf16(static_cast<float>(v)) : v;
+  }
+  for (int64_t o = 0; o < kD; ++o) {
+    double s = 0;
+    for (int64_t i = 0; i < kI; ++i) s += double(e.down[o * kI + i]) * h[i];
+    out[o] = scale * s;
+  }
+  return out;
+}
+
+// A device holding a subset of 6 experts in 4 slots (one spare), rows given through a gather
+// index into a token buffer, each row weighted: every output row against the reference.
+void check_subset(ComputeDType compute, double tolerance) {
+  std::mt19937 rng(11);
+  const std::vector<Expert> experts = make_experts(6, rng);
+  MoeWeights layer;
+  for (const Expert& e : experts) layer.experts.push_back(e.refs());
+  const std::vector<int32_t> logical = {4, -1, 1, 5};
+  std::vector<const MlpWeights*> slots;
+  ASSERT_TRUE(bind_expert_slots(layer, logical, slots).ok());
+  ASSERT_EQ(slots[1], nullptr);
+  EXPECT_EQ(slots[0], &layer.experts[4]);
+  // Slot 0: 3 rows, 1: none, 2: 20 rows (the sgemm path of f32 row-major weights), 3: 1.
+  const std::vector<int32_t> offsets = {0, 3, 3, 23, 24};
+  constexpr int64_t kTokens = 9, kStride = kD + 5;
+  const std::vector<float> tokens = random_values(kTokens * kStride, 1.0f, rng);
+  std::vector<int32_t> gather(24);
+  for (size_t i = 0; i < gather.size(); ++i)
+    gather[i] = static_cast<int32_t>((i * 5 + 2) % kTokens);
+  const std::vector<float> scale = random_values(24, 1.0f, rng);
+  std::vector<float> out(24 * kD, -1.0f);
+
+  ThreadPool pool(3);
+  GroupedExperts ge(compute, pool);
+  GroupedExpertsInput in;
+  in.slots = slots;
+  in.offsets = offsets;
+  in.rows = tokens.data();
+  in.row_stride = kStride;
+  in.gather = gather.data();
+  in.scale = scale.data();
+  in.out = out.data();
+  ASSERT_TRUE(ge.run(in).ok());
+  for (size_t s = 0; s < logical.size(); ++s) {
+    for (int32_t i = offsets[s]; i < offsets[s + 1]; ++i) {
+      const std::vector<double> want =
+          reference(experts[static_cast<size_t>(logical[s])], tokens.data() + gather[i] * kStride,
+                    scale[i], compute == ComputeDType::kBF16);
+      double err = 0, norm = 0;
+      for (int64_t o = 0; o < kD; ++o) {
+        err = std::max(err, std::abs(out[i * kD + o] - want[o]));
+        norm = std::max(norm, std::abs(want[o]));
+      }
+      EXPECT_LE(err, tolerance * norm) << "slot " << s << " row " << i;
+    }
+  }
+}
+
+TEST(GroupedExperts, F32MatchesThePlainReferenceOnASubsetOfExperts) {
+  check_subset(ComputeDType::kF32, 1e-5);
+}
+
+TEST(GroupedExperts, Bf16MatchesTheReferenceWithItsRoundingPoints) {
+  check_subset(ComputeDType::kBF16, 2e-2);
+}
+
+// Rows sent as bf16 give exactly what the same values sent as f32 give, in either compute
+// dtype; and no result depends on the thread count.
+TEST(GroupedExperts, Bf16RowsEqualTheirF32ValuesAndThreadsDoNotMatter) {
+  std::mt19937 rng(5);
+  const std::vector<Expert> experts = make_experts(3, rng);
+  std::vector<MlpWeights> w;
+  for (const Expert& e : experts) w.push_back(e.refs());
+  const std::vector<const MlpWeights*> slots = {&w[0], &w[1], &w[2]};
+  const std::vector<int32_t> offsets = {0, 2, 19, 21};
+  const std::vector<float> values = random_values(21 * kD, 1.0f, rng);
+  std::vector<uint16_t> rows16(values.size());
+  std::vector<float> rows32(values.size());
+  for (size_t i = 0; i < values.size(); ++i) {
+    rows16[i] = f32_to_bf16(values[i]);
+    rows32[i] = bf16_to_f32(rows16[i]);
+  }
+  for (const ComputeDType compute : {ComputeDType::kF32, ComputeDType::kBF16}) {
+    std::vector<float> a(21 * kD), b(21 * kD), c(21 * kD);
+    ThreadPool one(1), three(3);
+    GroupedExperts ga(compute, one), gb(compute, three);
+    GroupedExpertsInput in;
+    in.slots = slots;
+    in.offsets = offsets;
+    in.row_stride = kD;
+    in.rows = rows32.data();
+    in.out = a.data();
+    ASSERT_TRUE(ga.run(in).ok());
+    in.out = b.data();
+    ASSERT_TRUE(gb.run(in).ok());
+    in.rows = rows16.data();
+    in.row_dtype = DType::kBF16;
+    in.out = c.data();
+    ASSERT_TRUE(gb.run(in).ok());
+    EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0);
+    EXPECT_EQ(std::memcmp(a.data(), c.data(), a.size() * sizeof(float)), 0);
+  }
+}
+
+TEST(GroupedExperts, InconsistentInputIsAnErrorNamingTheField) {
+  std::mt19937 rng(3);
+  const std::vector<Expert> experts = make_experts(1, rng);
+  const MlpWeights w = experts[0].refs();
+  const std::vector<const MlpWeights*> slots = {&w, nullptr};
+  std::vector<float> rows(4 * kD), out(4 * kD);
+  ThreadPool pool(1);
+  GroupedExperts ge(ComputeDType::kF32, pool);
+  auto run = [&](std::vector<int32_t> offsets) {
+    GroupedExpertsInput in;
+    in.slots = slots;
+    in.offsets = offsets;
+    in.rows = rows.data();
+    in.row_stride = kD;
+    in.out = out.data();
+    return ge.run(in);
+  };
+  EXPECT_NE(run({0, 2}).message().find("2 offsets for 2 slots"), std::string::npos);
+  EXPECT_NE(run({1, 2, 2}).message().find("offsets[0] is 1"), std::string::npos);
+  EXPECT_NE(run({0, 3, 2}).message().find("offsets[2] = 2 < offsets[1] = 3"), std::string::npos);
+  EXPECT_NE(run({0, 2, 4}).message().find("2 rows in empty slot 1"), std::string::npos);
+  EXPECT_TRUE(run({0, 4, 4}).ok());
+  EXPECT_TRUE(run({0, 0, 0}).ok());  // no rows: nothing to do
+
+  MoeWeights layer;
+  layer.experts.push_back(w);
+  std::vector<const MlpWeights*> bound;
+  const Status bad = bind_expert_slots(layer, std::vector<int32_t>{0, 1}, bound);
+  EXPECT_EQ(bad.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.message().find("expert slot 1: logical expert 1"), std::string::npos);
+}
+
+// LocalMoeExchange over GroupedExperts: out[t] = Σ_j weights[t, j] · expert_{ids[t, j]}(x[t])
+// against the reference; n = 0 is a no-op.
+TEST(LocalMoeExchange, SumsEachTokensExpertsAsTheReference) {
+  std::mt19937 rng(17);
+  const std::vector<Expert> experts = make_experts(5, rng);
+  DeepseekV3Config config;
+  config.hidden_size = kD;
+  config.moe_intermediate_size = kI;
+  config.num_hidden_layers = 1;
+  config.n_routed_experts = 5;
+  config.num_experts_per_tok = 2;
+  DeepseekV3Weights weights;
+  weights.layers.resize(1);
+  weights.layers[0].moe.emplace();
+  for (const Expert& e : experts) weights.layers[0].moe->experts.push_back(e.refs());
+  ThreadPool pool(2);
+  LinearRunner linear(ComputeDType::kF32, pool);
+  LocalMoeExchange exchange(config, weights, linear);
+
+  constexpr int64_t kN = 7, kK = 2;
+  const std::vector<float> x = random_values(kN * kD, 1.0f, rng);
+  const std::vector<float> gw = random_values(kN * kK, 1.0f, rng);
+  std::vector<int32_t> ids(kN * kK);
+  for (int64_t t = 0; t < kN; ++t) {
+    ids[t * kK] = static_cast<int32_t>((t * 3) % 5);
+    ids[t * kK + 1] = static_cast<int32_t>((t * 3 + 1 + t % 3) % 5);
+  }
+  std::vector<float> out(kN * kD, 9.0f);
+  MoeExchangeInput in{0, x.data(), kN, ids.data(), gw.data(), kK, out.data()};
+  ASSERT_TRUE(exchange.run(in).ok());
+  for (int64_t t = 0; t < kN; ++t) {
+    std::vector<double> want(kD, 0.0);
+    for (int64_t j = 0; j < kK; ++j) {
+      const std::vector<double> r =
+          reference(experts[ids[t * kK + j]], x.data() + t * kD, gw[t * kK + j], false);
+      for (int64_t o = 0; o < kD; ++o) want[o] += r[o];
+    }
+    for (int64_t o = 0; o < kD; ++o)
+      EXPECT_NEAR(out[t * kD + o], want[o], 1e-5 * (1.0 + std::abs(want[o]))) << t << " " << o;
+  }
+  MoeExchangeInput none{0, nullptr, 0, nullptr, nullptr, kK, nullptr};
+  EXPECT_TRUE(exchange.run(none).ok());
+}
+
+}  // namespace
+}  // namespace xds
