@@ -85,17 +85,4 @@ void rope_interleaved(float* x, int64_t dim, const float* cos_sin) {
   }
 }
 
-void axpy(float a, const float* x, int64_t n, float* y) {
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
-}
-
-int64_t argmax(const float* x, int64_t n) {
-  int64_t best = 0;
-  for (int64_t i = 1; i < n; ++i) {
-    if (x[i] > x[best]) best = i;
-  }
-  return best;
-}
-
 }  // namespace xds::kernels

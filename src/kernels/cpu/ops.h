@@ -26,10 +26,4 @@ float exp_shifted_sum(float* x, int64_t n, float shift);
 // tables cos_sin[2i] = cos, cos_sin[2i+1] = sin (already scaled by the YaRN mscale).
 void rope_interleaved(float* x, int64_t dim, const float* cos_sin);
 
-// y[i] += a * x[i].
-void axpy(float a, const float* x, int64_t n, float* y);
-
-// Index of the largest value (ties: lowest index); -inf everywhere gives 0.
-int64_t argmax(const float* x, int64_t n);
-
 }  // namespace xds::kernels
