@@ -50,5 +50,6 @@ void add_generate_command(CLI::App& app, int* exit_code);
 void add_mkmodel_command(CLI::App& app, int* exit_code);
 void add_tokenize_command(CLI::App& app, int* exit_code);
 void add_perplexity_command(CLI::App& app, int* exit_code);
+void add_bench_command(CLI::App& app, int* exit_code);
 
 }  // namespace xds::cli
