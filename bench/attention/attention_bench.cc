@@ -13,7 +13,8 @@
 // per token), GB/s of the cached rows read (the bf16 cache: half the bytes), and the limits: the
 // fp32 and bf16 peaks, the read bandwidth of the whole machine, and the rate of a plain loop
 // summing the same caches on one thread (what one core streams from this memory). Writes JSON
-// (--json).
+// and the printed table to bench-out/bench_attention.* (--json FILE elsewhere; --save also to
+// bench/results/: run_output.h).
 #include <immintrin.h>
 
 #include <algorithm>
@@ -31,6 +32,7 @@
 #include "json_out.h"
 #include "kernels/cpu/mla_attention.h"
 #include "machine_limits.h"
+#include "run_output.h"
 
 namespace {
 
@@ -173,16 +175,17 @@ Row measure(const std::string& setting, Caches& c, ThreadPool& pool, int reps) {
 
 int main(int argc, char** argv) {
   CLI::App app{"bench_attention: the absorbed MLA kernel, fp32 against bf16 products"};
-  std::string json_path = "bench_attention.json";
+  bench::OutputOptions output;
   int64_t seqs = 64;
   int reps = 5;
   int64_t block = 16;
-  app.add_option("--json", json_path, "where to write the results");
+  bench::add_output_flags(app, output);
   app.add_option("--block", block, "rows per cache block (make_cache's default: 16)")
       ->check(CLI::Range(1, 1024));
   app.add_option("--seqs", seqs, "sequences of the cold setting")->check(CLI::Range(1, 256));
   app.add_option("--reps", reps, "timed runs per row (median)")->check(CLI::Range(1, 100));
   CLI11_PARSE(app, argc, argv);
+  bench::RunOutput run_output;  // captures the printed table from here on
   if (!kernels::absorbed_bf16_available())
     std::printf("note: this build has no AVX512_BF16 products; 'bf16' runs the fp32 kernel\n");
 
@@ -229,5 +232,5 @@ int main(int argc, char** argv) {
                          {"bf16_kv_bf16_ms", r.kv16_s * 1e3},
                          {"plain_sum_ms", r.plain_s * 1e3}});
   }
-  return bench::write_json(json_path, j) ? 0 : 1;
+  return run_output.finish(output, "bench_attention", j) ? 0 : 1;
 }

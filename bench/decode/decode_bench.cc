@@ -2,7 +2,10 @@
 // the roofline of each measurement, with the machine's limits measured in the same run.
 //
 //   bench_decode --model DIR [--prompt 512] [--context 512] [--batches 1,4,16,64]
-//                [--steps 5] [--compute-dtype f32|bf16] [--json FILE] [--rounds R]
+//                [--steps 5] [--compute-dtype f32|bf16] [--json FILE] [--save] [--rounds R]
+//
+// Writes JSON and the printed table to bench-out/bench_decode.* (bench_decode-bf16.* in the
+// bf16 mode; --json FILE elsewhere; --save also to bench/results/: run_output.h).
 //
 // Roofline of a step = max(bytes the step must read / read bandwidth, FLOPs / compute peak),
 // the peak being the fp32 FMA loop's, or with --compute-dtype bf16 the faster of that and the
@@ -32,6 +35,7 @@
 #include "kernels/cpu/linear_panels.h"
 #include "machine_limits.h"
 #include "model/deepseek_v3.h"
+#include "run_output.h"
 
 namespace xds::bench {
 namespace {
@@ -150,7 +154,8 @@ int main(int argc, char** argv) {
   using namespace xds;
   using namespace xds::bench;
   CLI::App app{"bench_decode: prefill and decode throughput against the roofline"};
-  std::string model_dir, json_path = "bench_decode.json", dtype = "f32", batches_arg = "1,4,16,64";
+  std::string model_dir, dtype = "f32", batches_arg = "1,4,16,64";
+  OutputOptions output;
   int64_t prompt = 512, context = 512, steps = 5;
   int rounds = 1;
   bool phases = false;
@@ -163,7 +168,7 @@ int main(int argc, char** argv) {
   app.add_option("--batches", batches_arg);
   app.add_option("--steps", steps);
   app.add_option("--compute-dtype", dtype);
-  app.add_option("--json", json_path);
+  add_output_flags(app, output);
   app.add_option("--rounds", rounds,
                  "repeat all rows this many times; the table gives medians and ranges")
       ->check(CLI::Range(1, 20));
@@ -181,6 +186,7 @@ int main(int argc, char** argv) {
                  "instruction set of the BF16 panel kernel (A/B runs; default: the widest built)")
       ->check(CLI::IsMember({"avx2", "avx512"}));
   CLI11_PARSE(app, argc, argv);
+  RunOutput run_output;  // captures the printed table from here on
   const kernels::PanelIsa isa =
       panel_isa == "avx512" ? kernels::PanelIsa::kAvx512 : kernels::PanelIsa::kAvx2;
   if (!kernels::panel_isa_available(isa)) {
@@ -482,5 +488,6 @@ int main(int argc, char** argv) {
                               {"fraction_max", *hi / 100.0}});
     }
   }
-  return bench::write_json(json_path, j) ? 0 : 1;
+  const std::string name = dtype == "bf16" ? "bench_decode-bf16" : "bench_decode";
+  return run_output.finish(output, name, j) ? 0 : 1;
 }

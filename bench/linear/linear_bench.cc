@@ -18,7 +18,9 @@
 // GFLOP/s, the panels' % of their roofline (max(BF16 bytes ÷ read bandwidth, FLOPs ÷ fp32
 // peak), the limits measured before and after the rows, the faster of each), and
 // the largest |panels - sgemm| relative to the largest |sgemm| (a check that both computed
-// the same product; for dot, bf16 rounding of x puts it near 1e-3). Writes JSON (--json).
+// the same product; for dot, bf16 rounding of x puts it near 1e-3). Writes JSON and the
+// printed table to bench-out/bench_linear.* (--json FILE elsewhere; --save also to
+// bench/results/: run_output.h).
 #include <cblas.h>
 
 #include <algorithm>
@@ -40,6 +42,7 @@
 #include "kernels/cpu/linear.h"
 #include "kernels/cpu/linear_panels.h"
 #include "machine_limits.h"
+#include "run_output.h"
 #include "tensor/dtype.h"
 
 namespace {
@@ -157,9 +160,10 @@ Timing measure(const Shape& s, int64_t n, int reps, ThreadPool& pool, std::mt199
 int main(int argc, char** argv) {
   kernels::select_blas_core(argv);  // first: it may re-execute the program
   CLI::App app{"bench_linear: the linear kernels against OpenBLAS sgemm at bench-2.6b shapes"};
-  std::string json_path = "bench_linear.json", counts_arg = "1,4,16,64,512";
+  std::string counts_arg = "1,4,16,64,512";
+  bench::OutputOptions output;
   int reps = 7, threads = 2;
-  app.add_option("--json", json_path, "where to write the results");
+  bench::add_output_flags(app, output);
   app.add_option("--threads", threads,
                  "threads of every product and of the limits (1: one core's streaming rate, "
                  "the same in both of the VM's read modes)")
@@ -167,6 +171,7 @@ int main(int argc, char** argv) {
   app.add_option("--tokens", counts_arg, "token counts n, comma-separated");
   app.add_option("--reps", reps, "timed calls per row (median)")->check(CLI::Range(1, 100));
   CLI11_PARSE(app, argc, argv);
+  bench::RunOutput run_output;  // captures the printed table from here on
   std::vector<int64_t> counts;
   try {
     counts = parse_counts(counts_arg);
@@ -248,5 +253,5 @@ int main(int argc, char** argv) {
                          {"dot_pct_roofline", 100.0 * dot_roof / t.dot_s},
                          {"max_rel_diff_dot_vs_sgemm", t.dot_rel_diff}});
   }
-  return bench::write_json(json_path, j) ? 0 : 1;
+  return run_output.finish(output, "bench_linear", j) ? 0 : 1;
 }

@@ -1,8 +1,9 @@
 // Encode throughput on one core (MB/s of UTF-8 input) for the published Qwen3 and DeepSeek-V3
 // tokenizers on three corpora, plus decode and streaming-decode throughput. Prints a table and
-// writes JSON.
+// writes it with the JSON to bench-out/tokenizer_bench.* (--json FILE elsewhere; --save also
+// to bench/results/: run_output.h).
 //
-//   build/<dir>/bench/tokenizer/tokenizer_bench [--mb 4] [--json out.json] [--fixtures DIR]
+//   build/<dir>/bench/tokenizer/tokenizer_bench [--mb 4] [--fixtures DIR] [--json FILE] [--save]
 //
 // Corpora are generated deterministically: English prose (sentences drawn from a word list
 // with punctuation and numbers), Chinese/Japanese mixed with English, and C++-like code with
@@ -16,6 +17,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "run_output.h"
 #include "tokenizer/tokenizer.h"
 
 namespace {
@@ -90,13 +92,34 @@ double thread_cpu_s() {
 
 int main(int argc, char** argv) {
   double mb = 4;
-  std::string json_path = "tokenizer_bench.json";
   std::string fixtures = XDS_TOKENIZER_FIXTURES;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    if (!std::strcmp(argv[i], "--mb")) mb = std::atof(argv[i + 1]);
-    else if (!std::strcmp(argv[i], "--json")) json_path = argv[i + 1];
-    else if (!std::strcmp(argv[i], "--fixtures")) fixtures = argv[i + 1];
+  xds::bench::OutputOptions output;
+  const char* usage = "usage: tokenizer_bench [--mb 4] [--fixtures DIR] [--json FILE] [--save]\n";
+  for (int i = 1; i < argc;) {
+    const int used = xds::bench::parse_output_flag(argc, argv, i, output);
+    if (used > 0) {
+      i += used;
+      continue;
+    }
+    if (!std::strcmp(argv[i], "--help") || !std::strcmp(argv[i], "-h")) {
+      std::printf("%s", usage);
+      return 0;
+    }
+    if (used == 0 && i + 1 < argc && !std::strcmp(argv[i], "--mb")) {
+      mb = std::atof(argv[i + 1]);
+    } else if (used == 0 && i + 1 < argc && !std::strcmp(argv[i], "--fixtures")) {
+      fixtures = argv[i + 1];
+    } else {
+      std::fprintf(stderr, "error: unknown or incomplete argument '%s'\n%s", argv[i], usage);
+      return 2;
+    }
+    i += 2;
   }
+  if (!(mb > 0)) {
+    std::fprintf(stderr, "error: --mb must be a positive number of megabytes\n");
+    return 2;
+  }
+  xds::bench::RunOutput run_output;  // captures the printed table from here on
   const size_t bytes = static_cast<size_t>(mb * 1024 * 1024);
   const std::vector<std::pair<std::string, std::string>> corpora = {
       {"english", english(bytes)}, {"cjk_mixed", cjk(bytes)}, {"code_crlf", code(bytes)}};
@@ -144,11 +167,6 @@ int main(int argc, char** argv) {
                          {"stream_decode_mb_per_s", m / str_s}, {"load_s", load_s}});
     }
   }
-  if (FILE* f = std::fopen(json_path.c_str(), "w")) {
-    const std::string s = nlohmann::json({{"bench", "tokenizer"}, {"threads", 1}, {"results", results}}).dump(1);
-    std::fwrite(s.data(), 1, s.size(), f);
-    std::fclose(f);
-    std::printf("wrote %s\n", json_path.c_str());
-  }
-  return 0;
+  const nlohmann::json j = {{"bench", "tokenizer"}, {"threads", 1}, {"results", results}};
+  return run_output.finish(output, "tokenizer_bench", j) ? 0 : 1;
 }

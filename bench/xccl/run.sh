@@ -3,15 +3,23 @@
 # XCCL bench (2 device processes pinned to cores 0 and 1) and the Open MPI bench (2 ranks
 # bound to the 2 cores, btl self,vader; vader's single-copy mechanism is recorded), then 5
 # interleaved 8 B latency rounds of each, prints the side-by-side table and writes
-# bench/xccl/results/xccl_vs_mpi.json.
-#   bench/xccl/run.sh [--quick]
+# bench-out/xccl/ (xccl.jsonl, mpi.jsonl, xccl_vs_mpi.json and the table, xccl_vs_mpi.txt).
+# --save also copies the run into bench/results/xccl.json and xccl.txt.
+#   bench/xccl/run.sh [--quick] [--save]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-quick="${1:-}"
+quick="" save=0
+for arg in "$@"; do
+  case "$arg" in
+    --quick) quick=--quick ;;
+    --save) save=1 ;;
+    *) echo "usage: bench/xccl/run.sh [--quick] [--save] (unknown argument '$arg')" >&2; exit 2 ;;
+  esac
+done
 build=build/bench-xccl
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build "$build" --target xccl_bench xccl_mpi_bench >/dev/null
-out=bench/xccl/results
+out=bench-out/xccl
 mkdir -p "$out"
 rm -f "$out/xccl.jsonl" "$out/mpi.jsonl"
 "$build/bench/xccl/xccl_bench" "$out/xccl.jsonl" $quick
@@ -28,4 +36,10 @@ for round in 1 2 3 4 5; do
   mpirun --allow-run-as-root -np 2 --bind-to core --map-by core --mca btl self,vader \
     "$build/bench/xccl/xccl_mpi_bench" "$out/mpi.jsonl" --quick lat "$round"
 done
-/usr/bin/python3 bench/xccl/report.py "$out/xccl.jsonl" "$out/mpi.jsonl" "$out/xccl_vs_mpi.json"
+/usr/bin/python3 bench/xccl/report.py "$out/xccl.jsonl" "$out/mpi.jsonl" "$out/xccl_vs_mpi.json" |
+  tee "$out/xccl_vs_mpi.txt"
+if [ "$save" = 1 ]; then
+  cp "$out/xccl_vs_mpi.json" bench/results/xccl.json
+  cp "$out/xccl_vs_mpi.txt" bench/results/xccl.txt
+  echo "saved bench/results/xccl.json and bench/results/xccl.txt"
+fi
