@@ -1,0 +1,219 @@
+#include "engine/output_process.h"
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <random>
+#include <vector>
+
+#include <zmq.hpp>
+
+#include "base/log.h"
+#include "engine/output_processor.h"
+#include "engine/zmq_io.h"
+
+namespace xds::engine {
+namespace {
+
+constexpr int kSendTimeoutMs = 2000;  // a gateway that stops reading loses its output, not us
+constexpr int kLingerMs = 1000;       // delivery of queued deltas at shutdown
+constexpr int kSendHwm = 100000;      // deltas queued per gateway before a send waits
+
+struct RequestState {
+  std::string reply_to;
+  std::vector<OutputProcessor> choices;  // [n]
+  int32_t finished = 0;
+  bool cancel_device = false;  // a choice was finished here while the device still ran it
+};
+
+class OutputLoop {
+ public:
+  OutputLoop(const OutputProcessOptions& o, const Tokenizer* tok)
+      : options_(o), tokenizer_(tok), in_(ctx_, zmq::socket_type::pull) {
+    std::random_device rd;
+    process_seed_ = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  }
+
+  Status start() {
+    try {
+      in_.set(zmq::sockopt::linger, 0);
+      in_.bind(options_.listen_address);
+      if (!options_.cancel_address.empty()) {
+        cancel_.emplace(ctx_, zmq::socket_type::push);
+        cancel_->set(zmq::sockopt::linger, kLingerMs);
+        cancel_->set(zmq::sockopt::sndtimeo, kSendTimeoutMs);
+        cancel_->connect(options_.cancel_address);
+      }
+    } catch (const zmq::error_t& e) {
+      return unavailable("output process {}: cannot bind '{}' / connect '{}': {}", options_.group,
+                         options_.listen_address, options_.cancel_address, e.what());
+    }
+    return {};
+  }
+
+  void run() {
+    while (true) {
+      Result<std::optional<Message>> got = recv_message(in_, /*dontwait=*/false);
+      if (!got.ok()) {
+        XDS_LOG_WARN("output process {}: {}", options_.group, got.status().to_string());
+        continue;
+      }
+      if (!got->has_value()) continue;
+      Message& m = **got;
+      switch (m.kind) {
+        case MessageKind::kRequest:
+          if (m.request) add_request(*m.request);
+          break;
+        case MessageKind::kTokens:
+          on_tokens(m.tokens);
+          break;
+        case MessageKind::kCancel:
+          requests_.erase(m.request_id);
+          break;
+        case MessageKind::kShutdown:
+          return;
+        default:
+          XDS_LOG_DEBUG("output process {}: ignored a message of kind {}", options_.group,
+                        static_cast<int>(m.kind));
+      }
+      flush();
+    }
+  }
+
+ private:
+  void add_request(const EngineRequest& r) {
+    RequestState st;
+    st.reply_to = r.reply_to;
+    const int32_t n = std::max<int32_t>(1, r.sampling.n);
+    Status error;
+    for (int32_t i = 0; i < n && error.ok(); ++i) {
+      ChoiceSetup s;
+      s.request_id = r.id;
+      s.index = i;
+      s.options = r.output;
+      s.tokenizer = tokenizer_;
+      s.call_id_seed = process_seed_ ^ std::hash<std::string>()(r.id) ^
+                       (0x9e3779b97f4a7c15ULL * static_cast<uint64_t>(i + 1));
+      Result<OutputProcessor> p = OutputProcessor::create(s);
+      if (p.ok()) {
+        st.choices.push_back(std::move(p).value());
+      } else {
+        error = p.status();
+      }
+    }
+    if (!error.ok()) {
+      XDS_LOG_WARN("output process {}: {}", options_.group, error.to_string());
+      for (int32_t i = 0; i < n; ++i) {
+        OutputDelta d;
+        d.request_id = r.id;
+        d.index = i;
+        d.error = error.message();
+        d.finish_reason = "abort";
+        pending_[r.reply_to].push_back(std::move(d));
+      }
+      send_cancel(r.id);
+      return;
+    }
+    requests_[r.id] = std::move(st);
+  }
+
+  void on_tokens(const std::vector<TokenDelta>& deltas) {
+    for (const TokenDelta& d : deltas) {
+      auto it = requests_.find(d.request_id);
+      if (it == requests_.end()) continue;  // cancelled or finished here: late tokens
+      RequestState& st = it->second;
+      if (d.index < 0 || d.index >= static_cast<int32_t>(st.choices.size())) {
+        XDS_LOG_WARN("output process {}: request '{}' has no choice {}", options_.group,
+                     d.request_id, d.index);
+        continue;
+      }
+      OutputStep step = st.choices[d.index].consume(d);
+      if (!step.emit) continue;
+      if (step.finished) ++st.finished;
+      st.cancel_device = st.cancel_device || step.cancel_on_device;
+      pending_[st.reply_to].push_back(std::move(step.delta));
+      if (st.finished == static_cast<int32_t>(st.choices.size())) {
+        if (st.cancel_device) send_cancel(d.request_id);
+        requests_.erase(it);
+      }
+    }
+  }
+
+  void send_cancel(const std::string& request_id) {
+    if (!cancel_) return;
+    Message m;
+    m.kind = MessageKind::kCancel;
+    m.request_id = request_id;
+    Status s = send_message(*cancel_, m);
+    if (!s.ok()) XDS_LOG_WARN("output process {}: cancel '{}': {}", options_.group, request_id, s.to_string());
+  }
+
+  zmq::socket_t* reply_socket(const std::string& address) {
+    auto it = replies_.find(address);
+    if (it != replies_.end()) return it->second.get();
+    auto sock = std::make_unique<zmq::socket_t>(ctx_, zmq::socket_type::push);
+    try {
+      sock->set(zmq::sockopt::linger, kLingerMs);
+      sock->set(zmq::sockopt::sndtimeo, kSendTimeoutMs);
+      sock->set(zmq::sockopt::sndhwm, kSendHwm);
+      sock->connect(address);
+    } catch (const zmq::error_t& e) {
+      XDS_LOG_WARN("output process {}: cannot connect to reply_to '{}': {}", options_.group,
+                   address, e.what());
+      return nullptr;
+    }
+    return replies_.emplace(address, std::move(sock)).first->second.get();
+  }
+
+  // Sends what the last message produced, one kOutput per gateway.
+  void flush() {
+    for (auto& [address, outputs] : pending_) {
+      if (outputs.empty()) continue;
+      zmq::socket_t* sock = reply_socket(address);
+      if (sock != nullptr) {
+        Message m;
+        m.kind = MessageKind::kOutput;
+        m.outputs = std::move(outputs);
+        Status s = send_message(*sock, m);
+        if (!s.ok()) {
+          XDS_LOG_WARN("output process {}: to '{}': {}", options_.group, address, s.to_string());
+        }
+      }
+      outputs.clear();
+    }
+  }
+
+  const OutputProcessOptions& options_;
+  const Tokenizer* tokenizer_;
+  uint64_t process_seed_ = 0;
+  zmq::context_t ctx_{1};
+  zmq::socket_t in_;
+  std::optional<zmq::socket_t> cancel_;
+  std::map<std::string, std::unique_ptr<zmq::socket_t>> replies_;  // by reply_to
+  std::map<std::string, RequestState> requests_;                   // by request id
+  std::map<std::string, std::vector<OutputDelta>> pending_;        // by reply_to
+};
+
+}  // namespace
+
+int run_output_process(const OutputProcessOptions& options) {
+  std::optional<Tokenizer> tokenizer;
+  if (!options.model_dir.empty() && Tokenizer::has_tokenizer_files(options.model_dir)) {
+    Result<Tokenizer> t = Tokenizer::load(options.model_dir);
+    if (!t.ok()) {
+      XDS_LOG_ERROR("output process {}: {}", options.group, t.status().to_string());
+      return 1;
+    }
+    tokenizer.emplace(std::move(t).value());
+  }
+  OutputLoop loop(options, tokenizer ? &*tokenizer : nullptr);
+  if (Status s = loop.start(); !s.ok()) {
+    XDS_LOG_ERROR("{}", s.to_string());
+    return 1;
+  }
+  loop.run();
+  return 0;
+}
+
+}  // namespace xds::engine
