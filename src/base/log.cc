@@ -1,18 +1,18 @@
 #include "base/log.h"
 
-#include <cstdlib>
-#include <cstring>
 #include <mutex>
+#include <string>
+
+#include "base/env.h"
 
 namespace xds {
 
 LogLevel log_level() {
   static const LogLevel level = [] {
-    const char* v = std::getenv("XDS_LOG_LEVEL");
-    if (v == nullptr) return LogLevel::kInfo;
-    if (std::strcmp(v, "debug") == 0) return LogLevel::kDebug;
-    if (std::strcmp(v, "warn") == 0) return LogLevel::kWarn;
-    if (std::strcmp(v, "error") == 0) return LogLevel::kError;
+    const std::string v = env::log_level();
+    if (v == "debug") return LogLevel::kDebug;
+    if (v == "warn") return LogLevel::kWarn;
+    if (v == "error") return LogLevel::kError;
     return LogLevel::kInfo;
   }();
   return level;

@@ -1,4 +1,4 @@
-// Minimal leveled logging to stderr. The level is read once from XDS_LOG_LEVEL
+// Minimal leveled logging to stderr. The level is read once from XDS_LOG_LEVEL (base/env.h)
 // (debug|info|warn|error; default info) by log_level() below.
 #pragma once
 

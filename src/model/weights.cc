@@ -1,5 +1,6 @@
 #include "model/weights.h"
 
+#include "base/env.h"
 #include "base/huge_page_buffer.h"
 #include "kernels/cpu/linear_panels.h"
 
@@ -79,15 +80,12 @@ void for_range(ThreadPool* pool, int64_t n, const std::function<void(int64_t, in
 }  // namespace
 
 bool panels_from_env() {
-  const char* v = std::getenv("XDS_WEIGHT_LAYOUT");
-  return v == nullptr || std::string_view(v) != "rows";
+  return env::weight_layout() != "rows";
 }
 
 std::string repack_cache_dir_from_env() {
-  if (const char* d = std::getenv("XDS_CACHE_DIR"); d != nullptr && *d != '\0') return d;
-  if (const char* h = std::getenv("HOME"); h != nullptr && *h != '\0') {
-    return std::string(h) + "/.cache/xdeepserve/repack";
-  }
+  if (std::optional<std::string> d = env::cache_dir()) return *d;
+  if (std::optional<std::string> h = env::home()) return *h + "/.cache/xdeepserve/repack";
   return "/tmp/xdeepserve-repack";
 }
 

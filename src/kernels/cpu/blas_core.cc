@@ -8,6 +8,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "base/env.h"
+
 extern "C" char* openblas_get_corename(void);
 
 namespace xds::kernels {
@@ -44,19 +46,19 @@ std::string blas_core_upgrade(std::string_view current, const CpuVectorIsa& cpu)
 }
 
 std::string blas_core_upgrade() {
-  if (std::getenv("OPENBLAS_CORETYPE") != nullptr) return "";
+  if (env::openblas_coretype().has_value()) return "";
   return blas_core_upgrade(blas_core_name(), this_cpu_vector_isa());
 }
 
 void select_blas_core(char** argv) {
   const std::string core = blas_core_upgrade();
   if (core.empty()) return;
-  if (setenv("OPENBLAS_CORETYPE", core.c_str(), 1) != 0) return;
+  if (!env::set_openblas_coretype(core)) return;
   execv("/proc/self/exe", argv);
   // Still here: the re-execution failed; carry on with the kernels OpenBLAS chose.
   std::fprintf(stderr, "note: OpenBLAS runs its %s kernels; re-executing with %s failed: %s\n",
                blas_core_name().c_str(), core.c_str(), std::strerror(errno));
-  unsetenv("OPENBLAS_CORETYPE");
+  env::unset_openblas_coretype();
 }
 
 }  // namespace xds::kernels
