@@ -28,4 +28,6 @@ if ((${#missing[@]})); then
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
+# The official OpenAI client for the end-to-end tests (tests/e2e), pinned by tools/npm's lockfile.
+[[ -d "$(dirname "$0")/npm/node_modules/openai" ]] || npm ci --prefix "$(dirname "$0")/npm" --no-audit --no-fund
 echo "install_deps: all ${#packages[@]} packages present"
