@@ -75,6 +75,9 @@ A2e::A2e(Mailbox& mb, const MoeConfig& cfg, A2eTopology topo, ThreadPool* pool)
 Result<std::unique_ptr<A2e>> A2e::create(Mailbox& mb, const MoeConfig& cfg, A2eTopology topo,
                                          ThreadPool* pool) {
   XDS_RETURN_IF_ERROR(validate(topo, mb.fabric().world_size()));
+  if (cfg.row_dtype != RowDType::kBf16 || cfg.vector_dtype != RowDType::kBf16)
+    return unimplemented("a2e carries bf16 rows and vectors only; the config asks for {} / {}",
+                         row_dtype_name(cfg.row_dtype), row_dtype_name(cfg.vector_dtype));
   const ArenaLayout& al = mb.fabric().layout();
   const A2eLayout l = a2e_layout(cfg, topo, al.staging);
   if (l.end > al.staging + al.cfg.staging_bytes)

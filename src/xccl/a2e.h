@@ -25,6 +25,8 @@
 //   att_input [max_tokens][hidden] bf16 · att_q [max_tokens][int8 stride] · att_ids
 //   [max_tokens][topk] i32 · att_w [max_tokens][topk] f32 · e2a_out [max_tokens][hidden] bf16
 //
+// Rows and vectors are bf16 (MoeConfig::row_dtype / vector_dtype; others: Unimplemented).
+//
 // Thread-safety: one thread per device drives its A2e.
 #pragma once
 

@@ -14,10 +14,21 @@ constexpr uint64_t kFlagMore = 1, kFlagInt8 = 2;
 
 // Grow-only heap buffer without zero-filling (it is written before it is read every round);
 // 64-byte aligned, so that rows pulled into it start on a line (copy_bytes stores whole lines).
-void grow(RowBuffer& p, size_t& cap, size_t n) {
-  if (n <= cap && p) return;
-  cap = std::max<size_t>(n, 1);
-  p.reset(static_cast<uint16_t*>(::operator new[](cap * 2, std::align_val_t(64))));
+void grow(RowBuffer& p, size_t& cap, size_t bytes) {
+  if (bytes <= cap && p) return;
+  cap = std::max<size_t>(bytes, 64);
+  p.reset(static_cast<std::byte*>(::operator new[](cap, std::align_val_t(64))));
+}
+
+// out[h] = sum_j w[j] * rows[j][h] over rows of type t, rounded once to t.
+void weighted_sum(RowDType t, const std::byte* const* rows, const float* w, int n, int hidden,
+                  std::byte* out) {
+  if (t == RowDType::kF32)
+    weighted_sum_f32(reinterpret_cast<const float* const*>(rows), w, n, hidden,
+                     reinterpret_cast<float*>(out));
+  else
+    weighted_sum_bf16(reinterpret_cast<const uint16_t* const*>(rows), w, n, hidden,
+                      reinterpret_cast<uint16_t*>(out));
 }
 
 int position(const std::vector<int>& v, int rank) {
@@ -27,14 +38,19 @@ int position(const std::vector<int>& v, int rank) {
 
 }  // namespace
 
+const char* row_dtype_name(RowDType t) {
+  return t == RowDType::kF32 ? "f32" : "bf16";
+}
+
 ExchangeLayout exchange_layout(const MoeConfig& c, int n_senders, int n_receivers, uint64_t base) {
   ExchangeLayout l;
   const uint64_t T = uint64_t(c.max_tokens), H = uint64_t(c.hidden);
+  const uint64_t R = row_dtype_bytes(c.row_dtype), V = row_dtype_bytes(c.vector_dtype);
   l.routes = align_line(base);
   l.input = align_line(l.routes + uint64_t(n_receivers) * T * sizeof(RouteEntry));
-  l.qrows = align_line(l.input + T * H * 2);
+  l.qrows = align_line(l.input + T * H * R);
   l.presum = align_line(l.qrows + (c.int8 ? T * int8_row_stride(c.hidden) : 0));
-  l.end = align_line(l.presum + uint64_t(n_senders) * T * H * 2);
+  l.end = align_line(l.presum + uint64_t(n_senders) * T * H * V);
   return l;
 }
 
@@ -53,7 +69,8 @@ Exchange::Exchange(Mailbox& mb, const MoeConfig& cfg, ExchangeRoles roles, Threa
     if (r != f_.rank()) remote_receivers_.push_back(r);
   for (int s : roles_.senders)
     if (s != f_.rank()) remote_senders_.push_back(s);
-  rows_stride_ = uint64_t(cfg_.hidden) * 2;
+  rows_stride_ = uint64_t(cfg_.hidden) * row_dtype_bytes(cfg_.row_dtype);
+  vec_stride_ = uint64_t(cfg_.hidden) * row_dtype_bytes(cfg_.vector_dtype);
   from_.resize(roles_.senders.size());
   from_flags_.assign(roles_.senders.size(), 0);
 }
@@ -66,6 +83,9 @@ Result<std::unique_ptr<Exchange>> Exchange::create(Mailbox& mb, const MoeConfig&
         "moe config: hidden {}, max_tokens {}, slots_per_device {} must be >= 1 "
         "and topk {} in [1, {}]",
         cfg.hidden, cfg.max_tokens, cfg.slots_per_device, cfg.topk, kMaxTopk);
+  if (cfg.int8 && cfg.row_dtype != RowDType::kBf16)
+    return invalid_argument("moe config: INT8 dispatch quantizes bf16 rows; token rows are {}",
+                            row_dtype_name(cfg.row_dtype));
   const Fabric& f = mb.fabric();
   for (const auto* v : {&roles.senders, &roles.receivers}) {
     if (v->empty()) return invalid_argument("moe exchange: empty sender or receiver list");
@@ -115,11 +135,27 @@ Status Exchange::finish() {
   return Status::ok_status();
 }
 
-Result<uint16_t*> Exchange::input_rows() {
+Result<std::byte*> Exchange::input_data() {
   if (my_sender_ < 0)
     return failed_precondition("rank {} is not a sender of this exchange", f_.rank());
   XDS_RETURN_IF_ERROR(wait_released(true));
-  return reinterpret_cast<uint16_t*>(f_.local() + lay_.input);
+  return f_.local() + lay_.input;
+}
+
+Result<uint16_t*> Exchange::input_rows() {
+  if (cfg_.row_dtype != RowDType::kBf16)
+    return failed_precondition("input_rows(): this exchange's token rows are {}, not bf16",
+                               row_dtype_name(cfg_.row_dtype));
+  XDS_ASSIGN_OR_RETURN(std::byte * p, input_data());
+  return reinterpret_cast<uint16_t*>(p);
+}
+
+Result<float*> Exchange::input_rows_f32() {
+  if (cfg_.row_dtype != RowDType::kF32)
+    return failed_precondition("input_rows_f32(): this exchange's token rows are {}, not f32",
+                               row_dtype_name(cfg_.row_dtype));
+  XDS_ASSIGN_OR_RETURN(std::byte * p, input_data());
+  return reinterpret_cast<float*>(p);
 }
 
 Result<std::byte*> Exchange::int8_rows() {
@@ -228,31 +264,34 @@ Status Exchange::recv_tokens(uint64_t key) {
         if (e.local_expert[j] >= cfg_.slots_per_device)
           return f_.poison({f_.epoch(), roles_.senders[size_t(&list - from_.data())],
                             PoisonReason::kProtocol, c.op, f_.rank()});
-  const size_t H = size_t(cfg_.hidden);
+  const size_t RS = size_t(rows_stride_);
   unit_start_.assign(from_.size() + 1, 0);
   for (size_t s = 0; s < from_.size(); ++s)
     unit_start_[s + 1] = unit_start_[s] + uint32_t(from_[s].size());
   const size_t n_units = unit_start_.back(), n_rows = size_t(layout_.n_rows());
-  grow(tokens_, tokens_cap_, n_units * H);
-  grow(out_, out_cap_, n_rows * H);
-  // Where each unit's token row lives: own bf16 tokens stay in the input staging (no copy).
-  std::vector<const uint16_t*> unit_row(n_units);
-  const auto* own_input = reinterpret_cast<const uint16_t*>(f_.local() + lay_.input);
+  grow(tokens_, tokens_cap_, n_units * RS);
+  grow(out_, out_cap_, n_rows * size_t(vec_stride_));
+  // Where each unit's token row lives: own uncompressed tokens stay in the input staging (no
+  // copy).
+  std::vector<const std::byte*> unit_row(n_units);
+  const std::byte* own_input = f_.local() + lay_.input;
   for (size_t s = 0; s < from_.size(); ++s)
     for (size_t i = 0; i < from_[s].size(); ++i) {
       const size_t u = unit_start_[s] + i;
-      const bool in_place = roles_.senders[s] == f_.rank() && !(from_flags_[s] & kFlagInt8);
-      unit_row[u] = in_place ? own_input + size_t(from_[s][i].token) * H : tokens_.get() + u * H;
+      const bool in_place = roles_.senders[s] == f_.rank() && !(from_flags_[s] & kFlagInt8) &&
+                            !cfg_.contiguous_rows;
+      unit_row[u] = in_place ? own_input + size_t(from_[s][i].token) * RS : tokens_.get() + u * RS;
     }
   row_ptr_.resize(n_rows);
   row_unit_.resize(n_rows);
   for (size_t r = 0; r < n_rows; ++r) {
     const RowOrigin& o = layout_.rows[r];
-    row_unit_[r] = unit_start_[size_t(o.src)] + o.entry;
+    row_unit_[r] = int32_t(unit_start_[size_t(o.src)] + o.entry);
     row_ptr_[r] = unit_row[row_unit_[r]];
   }
   // Units = (sender, entry): each pulls its token row once; runs of consecutive tokens of one
-  // sender are one copy (bf16). INT8 rows are dequantized row by row on arrival.
+  // sender are one copy (bf16 / f32). INT8 rows are dequantized row by row on arrival (into
+  // bf16 token rows: INT8 needs them).
   std::atomic<uint64_t> pulled{0};
   const uint64_t qbytes = int8_row_bytes(cfg_.hidden);
   // Load/store transports: INT8 rows are dequantized while they are read from the peer (one
@@ -269,18 +308,19 @@ Status Exchange::recv_tokens(uint64_t key) {
       const size_t i = size_t(u) - unit_start_[s];
       const RouteEntry& r = from_[s][i];
       const int rank = roles_.senders[s];
-      uint16_t* dst = tokens_.get() + size_t(u) * H;
+      std::byte* dst = tokens_.get() + size_t(u) * RS;
       if (from_flags_[s] & kFlagInt8) {
         const uint64_t off = lay_.qrows + r.token * int8_row_stride(cfg_.hidden);
+        auto* dst16 = reinterpret_cast<uint16_t*>(dst);
         if (direct) {  // dequantize straight out of the peer's staging: the pull is the read
-          dequantize_row_int8(f_.arena(rank) + off, cfg_.hidden, dst);
+          dequantize_row_int8(f_.arena(rank) + off, cfg_.hidden, dst16);
         } else {
           t_.get(tmp.data(), MemDesc{rank, off, qbytes}, 0, qbytes);
-          dequantize_row_int8(tmp.data(), cfg_.hidden, dst);
+          dequantize_row_int8(tmp.data(), cfg_.hidden, dst16);
         }
         if (rank != f_.rank()) my_pulled += qbytes;
         ++u;
-      } else if (rank == f_.rank()) {
+      } else if (rank == f_.rank() && !cfg_.contiguous_rows) {
         ++u;  // read in place
       } else {
         size_t n = 1;  // run of consecutive tokens inside [b, e) and this sender's list
@@ -288,8 +328,12 @@ Status Exchange::recv_tokens(uint64_t key) {
                from_[s][i + n].token == r.token + n)
           ++n;
         const uint64_t bytes = n * rows_stride_;
-        t_.get(dst, MemDesc{rank, lay_.input + r.token * rows_stride_, bytes}, 0, bytes);
-        my_pulled += bytes;
+        if (rank == f_.rank()) {  // contiguous_rows: own rows copied beside the pulled ones
+          copy_bytes(dst, f_.local() + lay_.input + r.token * rows_stride_, bytes);
+        } else {
+          t_.get(dst, MemDesc{rank, lay_.input + r.token * rows_stride_, bytes}, 0, bytes);
+          my_pulled += bytes;
+        }
         u += int64_t(n);
       }
     }
@@ -305,12 +349,12 @@ Status Exchange::send_vectors(uint64_t key) {
     return failed_precondition("rank {} is not a receiver of this exchange", f_.rank());
   XDS_RETURN_IF_ERROR(wait_released(false));
   presummed_ = false;
-  const size_t H = size_t(cfg_.hidden);
+  const size_t VS = size_t(vec_stride_);
   // Units of remote senders only: the own share is pre-summed inside gather_vectors.
   const int64_t own = my_sender_;
-  auto* presum = reinterpret_cast<uint16_t*>(f_.local() + lay_.presum);
+  std::byte* presum = f_.local() + lay_.presum;
   parallel(unit_start_.back(), [&](int64_t b, int64_t e, int) {
-    const uint16_t* rows[kMaxTopk];
+    const std::byte* rows[kMaxTopk];
     float w[kMaxTopk];
     size_t s = size_t(std::upper_bound(unit_start_.begin(), unit_start_.end(), uint32_t(b)) -
                       unit_start_.begin()) -
@@ -323,7 +367,8 @@ Status Exchange::send_vectors(uint64_t key) {
       }
       const size_t i = size_t(u) - unit_start_[s];
       const int n = entry_rows(s, i, rows, w);
-      weighted_sum_bf16(rows, w, n, cfg_.hidden, presum + (s * size_t(cfg_.max_tokens) + i) * H);
+      weighted_sum(cfg_.vector_dtype, rows, w, n, cfg_.hidden,
+                   presum + (s * size_t(cfg_.max_tokens) + i) * VS);
     }
   });
   publish_vectors(key);
@@ -344,14 +389,13 @@ Status Exchange::wait_vectors_free() {
   return wait_released(false);
 }
 
-uint16_t* Exchange::presum_vector(uint32_t unit) {
+std::byte* Exchange::presum_vector_data(uint32_t unit) {
   XDS_CHECK(unit < uint32_t(n_units()), "presum_vector: unit {} of {}", unit, n_units());
   const size_t s = size_t(std::upper_bound(unit_start_.begin(), unit_start_.end(), unit) -
                           unit_start_.begin()) -
                    1;
   const size_t i = unit - unit_start_[s];
-  return reinterpret_cast<uint16_t*>(f_.local() + lay_.presum) +
-         (s * size_t(cfg_.max_tokens) + i) * size_t(cfg_.hidden);
+  return f_.local() + lay_.presum + (s * size_t(cfg_.max_tokens) + i) * size_t(vec_stride_);
 }
 
 Status Exchange::send_presummed(uint64_t key) {
@@ -366,28 +410,44 @@ Status Exchange::combine_presummed(uint16_t* out, uint64_t key) {
   return gather_vectors(out, key);
 }
 
-int Exchange::entry_rows(size_t s, size_t i, const uint16_t** rows, float* w) const {
+Status Exchange::combine_presummed(float* out, uint64_t key) {
+  XDS_RETURN_IF_ERROR(send_presummed(key));
+  return gather_vectors(out, key);
+}
+
+int Exchange::entry_rows(size_t s, size_t i, const std::byte** rows, float* w) const {
   const RouteEntry& r = from_[s][i];
   const uint32_t* idx = layout_.entry_row[s].data() + i * kMaxTopk;
   for (int j = 0; j < r.n_local; ++j) {
-    rows[j] = out_.get() + size_t(idx[j]) * size_t(cfg_.hidden);
+    rows[j] = out_.get() + size_t(idx[j]) * size_t(vec_stride_);
     w[j] = r.weight[j];
   }
   return r.n_local;
 }
 
 Status Exchange::gather_vectors(uint16_t* out, uint64_t key) {
+  return gather_into(reinterpret_cast<std::byte*>(out), RowDType::kBf16, key);
+}
+
+Status Exchange::gather_vectors(float* out, uint64_t key) {
+  return gather_into(reinterpret_cast<std::byte*>(out), RowDType::kF32, key);
+}
+
+Status Exchange::gather_into(std::byte* out, RowDType out_dtype, uint64_t key) {
   if (my_sender_ < 0)
     return failed_precondition("rank {} is not a sender of this exchange", f_.rank());
+  if (out_dtype != cfg_.vector_dtype)
+    return invalid_argument("combine: output given as {}, the exchange's vectors are {}",
+                            row_dtype_name(out_dtype), row_dtype_name(cfg_.vector_dtype));
   XDS_RETURN_IF_ERROR(mb_.wait_all(remote_receivers_, roles_.ready, key, ctx(roles_.vectors_op)));
-  const size_t H = size_t(cfg_.hidden);
+  const size_t VS = size_t(vec_stride_);
   const size_t max_terms = roles_.receivers.size() + kMaxTopk;
   std::atomic<uint64_t> pulled{0};
   parallel(n_tokens_, [&](int64_t b, int64_t e, int) {
     // Pulled pre-sums of one token; on load/store transports the sum reads them in place.
     const bool direct = t_.caps().load_store;
-    std::vector<uint16_t> tmp(direct ? 0 : remote_receivers_.size() * H);
-    std::vector<const uint16_t*> rows(max_terms);
+    std::vector<std::byte> tmp(direct ? 0 : remote_receivers_.size() * VS);
+    std::vector<const std::byte*> rows(max_terms);
     std::vector<float> w(max_terms);
     uint64_t my_pulled = 0;
     for (int64_t t = b; t < e; ++t) {
@@ -399,8 +459,8 @@ Status Exchange::gather_vectors(uint16_t* out, uint64_t key) {
         const auto [d, i] = refs_[k];
         const int rank = roles_.receivers[size_t(d)];
         if (rank == f_.rank() && presummed_) {  // the engine's own pre-sum, in place
-          rows[size_t(n)] = reinterpret_cast<const uint16_t*>(f_.local() + lay_.presum) +
-                            (size_t(my_sender_) * size_t(cfg_.max_tokens) + i) * H;
+          rows[size_t(n)] =
+              f_.local() + lay_.presum + (size_t(my_sender_) * size_t(cfg_.max_tokens) + i) * VS;
           w[size_t(n++)] = 1.f;
           continue;
         }
@@ -409,18 +469,18 @@ Status Exchange::gather_vectors(uint16_t* out, uint64_t key) {
           continue;
         }
         const uint64_t off =
-            lay_.presum + (uint64_t(my_sender_) * uint64_t(cfg_.max_tokens) + i) * rows_stride_;
+            lay_.presum + (uint64_t(my_sender_) * uint64_t(cfg_.max_tokens) + i) * VS;
         if (direct) {
-          rows[size_t(n)] = reinterpret_cast<const uint16_t*>(f_.arena(rank) + off);
+          rows[size_t(n)] = f_.arena(rank) + off;
         } else {
-          uint16_t* dst = tmp.data() + n_tmp++ * H;
-          t_.get(dst, MemDesc{rank, off, rows_stride_}, 0, rows_stride_);
+          std::byte* dst = tmp.data() + n_tmp++ * VS;
+          t_.get(dst, MemDesc{rank, off, VS}, 0, VS);
           rows[size_t(n)] = dst;
         }
-        my_pulled += rows_stride_;
+        my_pulled += VS;
         w[size_t(n++)] = 1.f;
       }
-      weighted_sum_bf16(rows.data(), w.data(), n, cfg_.hidden, out + size_t(t) * H);
+      weighted_sum(cfg_.vector_dtype, rows.data(), w.data(), n, cfg_.hidden, out + size_t(t) * VS);
     }
     pulled.fetch_add(my_pulled, std::memory_order_relaxed);
   });
@@ -445,6 +505,15 @@ Status Exchange::dispatch(int n_tokens, std::span<const int32_t> topk_ids,
 }
 
 Status Exchange::combine(uint16_t* out, uint64_t key) {
+  if (cfg_.vector_dtype != RowDType::kBf16)  // checked before anything is posted
+    return gather_into(reinterpret_cast<std::byte*>(out), RowDType::kBf16, key);
+  XDS_RETURN_IF_ERROR(send_vectors(key));
+  return gather_vectors(out, key);
+}
+
+Status Exchange::combine(float* out, uint64_t key) {
+  if (cfg_.vector_dtype != RowDType::kF32)
+    return gather_into(reinterpret_cast<std::byte*>(out), RowDType::kF32, key);
   XDS_RETURN_IF_ERROR(send_vectors(key));
   return gather_vectors(out, key);
 }
@@ -453,24 +522,46 @@ Status Exchange::combine(uint16_t* out, uint64_t key) {
 
 namespace xds::xccl {
 
-Status run_moe_rounds(Exchange& ex, const uint16_t* x, std::span<const int32_t> topk_ids,
-                      std::span<const float> weights, int n_tokens, const ExpertMap& map,
-                      uint64_t key, const ExpertFn& expert_fn, uint16_t* out) {
+namespace {
+
+template <typename T, typename Fn>
+Status moe_rounds(Exchange& ex, const T* x, std::span<const int32_t> topk_ids,
+                  std::span<const float> weights, int n_tokens, const ExpertMap& map, uint64_t key,
+                  const Fn& expert_fn, T* out) {
   const MoeConfig& c = ex.config();
+  const RowDType want = sizeof(T) == 4 ? RowDType::kF32 : RowDType::kBf16;
+  if (c.row_dtype != want || c.vector_dtype != want)
+    return invalid_argument("run_moe_rounds: {} rows and vectors given, the exchange has {} / {}",
+                            row_dtype_name(want), row_dtype_name(c.row_dtype),
+                            row_dtype_name(c.vector_dtype));
   const size_t H = size_t(c.hidden), K = size_t(c.topk);
   for (int round = 0;; ++round) {
     const int begin = std::min(n_tokens, round * c.max_tokens);
     const int n = std::min(n_tokens - begin, c.max_tokens);
     const bool more = begin + n < n_tokens;
-    XDS_ASSIGN_OR_RETURN(uint16_t * in, ex.input_rows());
-    if (n > 0) std::memcpy(in, x + size_t(begin) * H, size_t(n) * H * 2);
+    XDS_ASSIGN_OR_RETURN(std::byte * in, ex.input_data());
+    if (n > 0) std::memcpy(in, x + size_t(begin) * H, size_t(n) * H * sizeof(T));
     XDS_RETURN_IF_ERROR(ex.dispatch(n, topk_ids.subspan(size_t(begin) * K, size_t(n) * K),
                                     weights.subspan(size_t(begin) * K, size_t(n) * K), map,
                                     key + uint64_t(round), more));
-    expert_fn(ex, ex.expert_out());
+    expert_fn(ex, reinterpret_cast<T*>(ex.expert_out_data()));
     XDS_RETURN_IF_ERROR(ex.combine(out + size_t(begin) * H, key + uint64_t(round)));
     if (!ex.any_more()) return Status::ok_status();
   }
+}
+
+}  // namespace
+
+Status run_moe_rounds(Exchange& ex, const uint16_t* x, std::span<const int32_t> topk_ids,
+                      std::span<const float> weights, int n_tokens, const ExpertMap& map,
+                      uint64_t key, const ExpertFn& expert_fn, uint16_t* out) {
+  return moe_rounds(ex, x, topk_ids, weights, n_tokens, map, key, expert_fn, out);
+}
+
+Status run_moe_rounds(Exchange& ex, const float* x, std::span<const int32_t> topk_ids,
+                      std::span<const float> weights, int n_tokens, const ExpertMap& map,
+                      uint64_t key, const ExpertFnF32& expert_fn, float* out) {
+  return moe_rounds(ex, x, topk_ids, weights, n_tokens, map, key, expert_fn, out);
 }
 
 }  // namespace xds::xccl

@@ -203,6 +203,26 @@ void weighted_sum_bf16(const uint16_t* const* rows, const float* w, int n, int h
   }
 }
 
+void weighted_sum_f32(const float* const* rows, const float* w, int n, int hidden, float* out) {
+  // 64 columns of partial sums stay in registers while every row passes once.
+  constexpr int kCols = 64;
+  int h = 0;
+  for (; h + kCols <= hidden; h += kCols) {
+    float acc[kCols] = {};
+    for (int j = 0; j < n; ++j) {
+      const float wj = w[j], *r = rows[j] + h;
+#pragma GCC unroll 8
+      for (int c = 0; c < kCols; ++c) acc[c] = std::fma(wj, r[c], acc[c]);
+    }
+    for (int c = 0; c < kCols; ++c) out[h + c] = acc[c];
+  }
+  for (; h < hidden; ++h) {
+    float acc = 0.f;
+    for (int j = 0; j < n; ++j) acc = std::fma(w[j], rows[j][h], acc);
+    out[h] = acc;
+  }
+}
+
 void axpy_bf16(float w, const uint16_t* x, int hidden, float* acc) {
   for (int h = 0; h < hidden; ++h) acc[h] += w * bf16_to_float(x[h]);
 }

@@ -1,4 +1,5 @@
-// Row kernels of dispatch/combine: bf16 <-> f32, per-token INT8 (P040, P089), weighted sums.
+// Row kernels of dispatch/combine: bf16 <-> f32, per-token INT8 (P040, P089), weighted sums
+// (bf16 and f32 rows).
 //
 // xccl depends on base only, so it carries its own two-line bf16 conversion (round to nearest
 // even, as tensor/dtype.h does). INT8 row format: [H] int8 values, then at byte align4(H) one
@@ -39,6 +40,9 @@ void dequantize_row_int8(const std::byte* q, int hidden, uint16_t* out);
 // zeros). The partial sums of 16 columns stay in registers: one pass over every row.
 void weighted_sum_bf16(const uint16_t* const* rows, const float* w, int n, int hidden,
                        uint16_t* out);
+// The same over f32 rows into f32: out[h] = sum_j w[j] * rows[j][h], fused multiply-adds in
+// ascending j (0 rows: zeros).
+void weighted_sum_f32(const float* const* rows, const float* w, int n, int hidden, float* out);
 // acc[h] += w * x[h] (x bf16).
 void axpy_bf16(float w, const uint16_t* x, int hidden, float* acc);
 // acc[h] += x[h]

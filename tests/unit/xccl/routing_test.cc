@@ -274,5 +274,20 @@ TEST(XcclExchangeLayout, RegionsFollowTheDrawnOrder) {
   EXPECT_EQ(exchange_layout(c, 3, 2, 4100).presum, 8320u);  // no INT8 rows
 }
 
+TEST(XcclExchangeLayout, StagingIsSizedByRowAndVectorBytes) {
+  MoeConfig c{.hidden = 100, .topk = 8, .max_tokens = 10, .slots_per_device = 4};
+  c.row_dtype = RowDType::kF32;
+  c.vector_dtype = RowDType::kF32;
+  ExchangeLayout l = exchange_layout(c, 3, 2, 4100);
+  EXPECT_EQ(l.routes, 4160u);
+  EXPECT_EQ(l.input, 6272u);
+  EXPECT_EQ(l.qrows, 10304u);   // align64(6272 + 10 tokens * 100 * 4 B = 10272)
+  EXPECT_EQ(l.presum, 10304u);  // no INT8 rows
+  EXPECT_EQ(l.end, 22336u);     // align64(10304 + 3 senders * 10 * 100 * 4 = 22304)
+  c.vector_dtype = RowDType::kBf16;
+  EXPECT_EQ(exchange_layout(c, 3, 2, 4100).end, 16320u);  // align64(10304 + 6000 = 16304)
+  EXPECT_EQ(moe_staging_bytes(c, 2), exchange_layout(c, 2, 2, 0).end);
+}
+
 }  // namespace
 }  // namespace xds::xccl
