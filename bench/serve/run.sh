@@ -60,7 +60,7 @@ if [[ $smoke == 1 ]]; then
 else
   preset=bench-2.6b
   single_in=128; single_out=256
-  peak_streams="16 64"; peak_in=480; peak_out=64; peak_context=512
+  peak_streams="16 64"; peak_in=448; peak_out=128; peak_context=512
   short_in=128; short_out=64; long_in=3900; long_out=32; long_period=60
   goodput_in=128-512; goodput_out=64-256
   batched_tokens=256

@@ -200,7 +200,7 @@ Status run_single(const BenchArgs& a, RunnerOptions ro, json& root) {
   XDS_ASSIGN_OR_RETURN(WorkloadSpec w, build_workload(a, a.rate_given ? a.request_rate : 0));
   XDS_ASSIGN_OR_RETURN(RunResult r, run_workload(w, ro));
   const RunSummary s = summarize_run(r.records, r.duration_s);
-  std::printf("%s", summary_table(s, "bench " + ro.label).c_str());
+  std::printf("%s", summary_table(s, ro.label.empty() ? std::string("bench") : "bench " + ro.label).c_str());
   print_client_line(r);
   root["summary"] = run_json(r, s);
   if (w.classes.size() > 1) {
