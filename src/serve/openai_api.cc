@@ -10,7 +10,8 @@
 
 namespace xds::serve {
 
-using nlohmann::json;
+// Requests are read as ordered JSON (the client's key order survives into the template).
+using json = nlohmann::ordered_json;
 
 // ---- errors -----------------------------------------------------------------------------
 
@@ -132,7 +133,8 @@ ApiError api_error_from_status(const Status& status) {
   }
 }
 
-json make_error(const ApiError& e) {
+nlohmann::json make_error(const ApiError& e) {
+  using nlohmann::json;
   auto or_null = [](const std::string& s) { return s.empty() ? json(nullptr) : json(s); };
   return {{"error",
            {{"message", e.message},
@@ -149,8 +151,8 @@ HttpResponse make_error_response(const ApiError& e) {
   return r;
 }
 
-std::string to_json_text(const json& j) {
-  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+std::string to_json_text(const nlohmann::json& j) {
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 ApiResult<json> parse_json_body(std::string_view body) {
@@ -697,6 +699,28 @@ engine::SamplingOptions make_sampling_options(const ApiRequest& r, int32_t max_t
   s.n = r.n;
   s.stop_token_ids = r.stop_token_ids;
   return s;
+}
+
+json make_template_messages(const ApiRequest& r) {
+  json out = json::array();
+  for (const ChatMessage& m : r.messages) {
+    json msg = {{"role", m.role}};
+    msg["content"] = m.content ? json(*m.content) : json(nullptr);
+    if (!m.name.empty()) msg["name"] = m.name;
+    if (!m.reasoning_content.empty()) msg["reasoning_content"] = m.reasoning_content;
+    if (!m.tool_calls.empty()) {
+      json calls = json::array();
+      for (const auto& c : m.tool_calls) {
+        calls.push_back({{"id", c.id},
+                         {"type", "function"},
+                         {"function", {{"name", c.name}, {"arguments", c.arguments}}}});
+      }
+      msg["tool_calls"] = std::move(calls);
+    }
+    if (!m.tool_call_id.empty()) msg["tool_call_id"] = m.tool_call_id;
+    out.push_back(std::move(msg));
+  }
+  return out;
 }
 
 engine::OutputOptions make_output_options(const ApiRequest& r, const OutputConfig& config) {

@@ -84,8 +84,9 @@ class [[nodiscard]] ApiResult {
   std::variant<T, ApiError> v_;
 };
 
-// The body as a JSON object (400 naming the problem otherwise).
-ApiResult<nlohmann::json> parse_json_body(std::string_view body);
+// The body as a JSON object (400 naming the problem otherwise). Ordered: the keys keep the
+// client's order, so a chat template's `tools | tojson` prints them as Python would.
+ApiResult<nlohmann::ordered_json> parse_json_body(std::string_view body);
 
 // `Authorization: Bearer <key>` against the configured key (empty key: always true).
 // Constant-time in the key's length.
@@ -107,7 +108,7 @@ struct ChatMessage {
 struct ToolSpec {
   std::string name;
   std::string description;
-  nlohmann::json parameters = nlohmann::json::object();  // JSON schema
+  nlohmann::ordered_json parameters = nlohmann::ordered_json::object();  // JSON schema
 };
 
 // What the gateway keeps of a request after validation. Optional fields are nullopt when the
@@ -120,10 +121,10 @@ struct ApiRequest {
   // chat
   std::vector<ChatMessage> messages;
   std::vector<ToolSpec> tools;
-  nlohmann::json tools_json = nlohmann::json::array();  // the tools as sent (chat template)
+  nlohmann::ordered_json tools_json = nlohmann::ordered_json::array();  // as sent (template)
   std::string tool_choice = "auto";  // "none" | "auto" (forced choices are refused)
   bool add_generation_prompt = true;
-  nlohmann::json chat_template_kwargs = nlohmann::json::object();
+  nlohmann::ordered_json chat_template_kwargs = nlohmann::ordered_json::object();
 
   // completions: exactly one of the two
   std::optional<std::string> prompt_text;
@@ -165,9 +166,16 @@ struct ApiLimits {
 // ignored; known fields the engine cannot honour are refused by name (logit_bias,
 // response_format other than text, tool_choice forcing a call, functions, audio, n > 1 with
 // best_of, echo, suffix, ...). A missing `model` means the first of limits.model_names.
-ApiResult<ApiRequest> parse_chat_request(const nlohmann::json& body, const ApiLimits& limits);
-ApiResult<ApiRequest> parse_completion_request(const nlohmann::json& body,
+ApiResult<ApiRequest> parse_chat_request(const nlohmann::ordered_json& body,
+                                         const ApiLimits& limits);
+ApiResult<ApiRequest> parse_completion_request(const nlohmann::ordered_json& body,
                                                const ApiLimits& limits);
+
+// The messages in the OpenAI shape the chat templates read (ChatTemplate::render_ordered):
+// [{"role", "content" (string or null), "name"?, "reasoning_content"?,
+//   "tool_calls"?: [{"id", "type": "function", "function": {"name", "arguments"}}],
+//   "tool_call_id"?}]
+nlohmann::ordered_json make_template_messages(const ApiRequest& r);
 
 // The completion budget: max_tokens, or the context's remainder when the client gave none.
 // 400 context_length_exceeded when the prompt leaves no room or prompt + max_tokens exceeds

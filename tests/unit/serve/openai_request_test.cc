@@ -105,11 +105,35 @@ TEST(OpenAiRequest, ChatFullRequest) {
   EXPECT_EQ(q.logprobs, 3);
   ASSERT_EQ(q.tools.size(), 1u);
   EXPECT_EQ(q.tools[0].name, "get_weather");
-  EXPECT_EQ(q.tools[0].parameters, json({{"type", "object"}}));
+  EXPECT_EQ(q.tools[0].parameters, nlohmann::ordered_json({{"type", "object"}}));
   EXPECT_EQ(q.tools_json.size(), 1u);
   EXPECT_EQ(q.tool_choice, "auto");
   EXPECT_TRUE(q.stream);
   EXPECT_TRUE(q.include_usage);
+}
+
+TEST(OpenAiRequest, TemplateMessagesAndToolKeyOrder) {
+  // The body as a client sends it; keys deliberately not in sorted order.
+  auto body = parse_json_body(R"({"model": "tiny", "messages": [
+      {"role": "system", "content": "s"},
+      {"role": "assistant", "content": null,
+       "tool_calls": [{"id": "c1", "type": "function",
+                       "function": {"name": "f", "arguments": "{\"a\":1}"}}]},
+      {"role": "tool", "content": "ok", "tool_call_id": "c1"}],
+    "tools": [{"type": "function", "function": {"name": "f", "parameters":
+        {"type": "object", "properties": {"zeta": {"type": "string"}, "alpha": {"type": "integer"}}}}}]})");
+  ASSERT_TRUE(body.ok());
+  auto r = parse_chat_request(body.value(), limits());
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  // tojson of the tools keeps the client's order (as Python's json.loads would).
+  EXPECT_EQ(r.value().tools_json.dump(),
+            R"([{"type":"function","function":{"name":"f","parameters":{"type":"object",)"
+            R"("properties":{"zeta":{"type":"string"},"alpha":{"type":"integer"}}}}}])");
+  EXPECT_EQ(make_template_messages(r.value()).dump(),
+            R"([{"role":"system","content":"s"},)"
+            R"({"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function",)"
+            R"("function":{"name":"f","arguments":"{\"a\":1}"}}]},)"
+            R"({"role":"tool","content":"ok","tool_call_id":"c1"}])");
 }
 
 TEST(OpenAiRequest, ChatDefaultsAndMissingModel) {
