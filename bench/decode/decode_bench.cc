@@ -257,9 +257,10 @@ int main(int argc, char** argv) {
         for (auto& t : ids) t = tok(rng);
         reset_touched();
         StepOutput out;
-        TokenChunk ch{seq, 0, ids, false};
+        Result<TokenChunk> ch = cache.chunk(seq, 0, ids);
+        if (!ch.ok()) return fail(ch.status());
         const auto t0 = Clock::now();
-        const Status s = model.forward({&ch, 1}, cache, out);
+        const Status s = model.forward({&*ch, 1}, cache.storage(), out);
         times.push_back(seconds_since(t0));
         if (r == 0) prefill_phases.clear();  // the first prefill also faults in the buffers
         if (!s.ok()) return fail(s);
@@ -310,12 +311,15 @@ int main(int argc, char** argv) {
         std::vector<TokenChunk> chunks;
         for (int64_t b = 0; b < batch; ++b) {
           ids[b] = tok(rng);
-          chunks.push_back({seqs[b], context + s, std::span<const int32_t>(&ids[b], 1), false});
+          Result<TokenChunk> ch =
+              cache.chunk(seqs[b], context + s, std::span<const int32_t>(&ids[b], 1));
+          if (!ch.ok()) return fail(ch.status());
+          chunks.push_back(*ch);
         }
         reset_touched();
         StepOutput out;
         const auto t0 = Clock::now();
-        const Status st = model.forward(chunks, cache, out);
+        const Status st = model.forward(chunks, cache.storage(), out);
         const double t = seconds_since(t0);
         if (!st.ok()) return fail(st);
         if (s == 0) {  // warm-up

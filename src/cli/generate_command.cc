@@ -129,8 +129,10 @@ Status run_generate(const GenerateArgs& a) {
   for (int64_t p = 0; p < n_prompt; p += chunk) {
     const int64_t count = std::min(chunk, n_prompt - p);
     step_start = p;
-    TokenChunk tc{seq, p, std::span<const int32_t>(prompt).subspan(p, count), dump};
-    XDS_RETURN_IF_ERROR(model->forward({&tc, 1}, cache, out));
+    XDS_ASSIGN_OR_RETURN(
+        const TokenChunk tc,
+        cache.chunk(seq, p, std::span<const int32_t>(prompt).subspan(p, count), dump));
+    XDS_RETURN_IF_ERROR(model->forward({&tc, 1}, cache.storage(), out));
     XDS_RETURN_IF_ERROR(write_rows(out));
   }
   const double prefill_s = seconds_since(t0);
@@ -152,8 +154,9 @@ Status run_generate(const GenerateArgs& a) {
                      cfg.eos_token_ids.end();
     if ((eos && !a.ignore_eos) || generated == a.max_tokens) break;
     step_start = pos;
-    TokenChunk tc{seq, pos, std::span<const int32_t>(&next, 1), false};
-    XDS_RETURN_IF_ERROR(model->forward({&tc, 1}, cache, out));
+    XDS_ASSIGN_OR_RETURN(const TokenChunk tc,
+                         cache.chunk(seq, pos, std::span<const int32_t>(&next, 1)));
+    XDS_RETURN_IF_ERROR(model->forward({&tc, 1}, cache.storage(), out));
     XDS_RETURN_IF_ERROR(write_rows(out));
     row.assign(out.logits.begin(), out.logits.begin() + cfg.vocab_size);
     ++pos;

@@ -61,8 +61,10 @@ Status run_perplexity(const PerplexityArgs& a) {
     if (len < 2) continue;
     XDS_ASSIGN_OR_RETURN(KvCache cache, model->make_cache(len + 16));
     const int64_t seq = cache.add_sequence();
-    TokenChunk ch{seq, 0, std::span<const int32_t>(ids).subspan(begin, len), true};
-    XDS_RETURN_IF_ERROR(model->forward({&ch, 1}, cache, out));
+    XDS_ASSIGN_OR_RETURN(
+        const TokenChunk ch,
+        cache.chunk(seq, 0, std::span<const int32_t>(ids).subspan(begin, len), true));
+    XDS_RETURN_IF_ERROR(model->forward({&ch, 1}, cache.storage(), out));
     for (int64_t i = 0; i + 1 < len; ++i) {
       const float* row = out.logits.data() + i * vocab;
       XDS_RETURN_IF_ERROR(check_finite_logits(a.model, begin + i, row, vocab));

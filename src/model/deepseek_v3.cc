@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <filesystem>
 #include <optional>
 #include <system_error>
 #include <thread>
@@ -44,6 +45,31 @@ struct OwnedLocalMoe final : MoeExchange {
 
 DeepseekV3Model::~DeepseekV3Model() = default;
 
+namespace {
+
+ModelInfo make_info(const std::string& dir, const DeepseekV3Config& c) {
+  ModelInfo info;
+  info.model_type = "deepseek_v3";
+  std::filesystem::path path(dir);
+  if (path.filename().empty()) path = path.parent_path();  // "dir/"
+  info.name = path.filename().string();
+  info.vocab_size = c.vocab_size;
+  info.hidden_size = c.hidden_size;
+  info.num_layers = c.num_hidden_layers;
+  info.n_mtp_layers = c.num_nextn_predict_layers;
+  info.n_routed_experts = c.n_routed_experts;
+  info.experts_per_token = c.num_experts_per_tok;
+  for (int64_t l = 0; l < c.num_hidden_layers + c.num_nextn_predict_layers; ++l) {
+    if (c.is_moe_layer(l)) info.moe_layers.push_back(l);
+  }
+  info.max_position_embeddings = c.max_position_embeddings;
+  info.eos_token_ids = c.eos_token_ids;
+  info.bos_token_id = c.bos_token_id;
+  return info;
+}
+
+}  // namespace
+
 Result<std::unique_ptr<DeepseekV3Model>> DeepseekV3Model::load(const std::string& dir,
                                                                const ModelOptions& options) {
   std::unique_ptr<DeepseekV3Model> m(new DeepseekV3Model());
@@ -78,6 +104,11 @@ Result<std::unique_ptr<DeepseekV3Model>> DeepseekV3Model::load(const std::string
   m->local_exchange_ =
       std::make_unique<OwnedLocalMoe>(m->config_, m->weights_, options.compute, *m->pool_);
   m->exchange_ = m->local_exchange_.get();
+  m->batch_ = std::make_unique<Batch>();
+  m->info_ = make_info(dir, m->config_);
+  m->kv_layout_ =
+      mla_kv_layout(m->config_.num_hidden_layers + m->config_.num_nextn_predict_layers,
+                    m->config_.kv_lora_rank, m->config_.qk_rope_head_dim, m->kv_cache_dtype());
   return m;
 }
 
@@ -85,11 +116,22 @@ Result<KvCache> DeepseekV3Model::make_cache(int64_t max_tokens, int64_t block_si
   KvCacheShape s;
   s.layers = config_.num_hidden_layers + config_.num_nextn_predict_layers;
   s.block_size = block_size;
-  s.num_blocks = (max_tokens + block_size - 1) / block_size;
+  s.num_blocks = block_size > 0 ? (max_tokens + block_size - 1) / block_size : 0;
   s.latent_dim = config_.kv_lora_rank;
   s.rope_dim = config_.qk_rope_head_dim;
   s.dtype = kv_cache_dtype();
   return KvCache::create(s);
+}
+
+KvLayout DeepseekV3Model::kv_layout() const {
+  return kv_layout_;
+}
+
+const MoeWeights* DeepseekV3Model::moe_weights(int64_t layer) const {
+  const int64_t main = config_.num_hidden_layers;
+  if (layer < 0 || layer >= main + static_cast<int64_t>(weights_.mtp.size())) return nullptr;
+  const LayerWeights& w = layer < main ? weights_.layers[layer] : weights_.mtp[layer - main].layer;
+  return w.moe ? &*w.moe : nullptr;
 }
 
 DType DeepseekV3Model::kv_cache_dtype() const {
@@ -211,7 +253,7 @@ void DeepseekV3Model::add_rows(const float* src, int64_t n, float* dst) {
 }
 
 Status DeepseekV3Model::run_layer(const LayerWeights& w, int64_t cache_layer, const Batch& b,
-                                  KvCache& cache, float* x) {
+                                  KvStorage& kv, float* x) {
   const int64_t n = b.n, d = config_.hidden_size;
   const double eps = config_.rms_norm_eps;
   float* xn = grow(s_xn_, n * d);
@@ -226,7 +268,7 @@ Status DeepseekV3Model::run_layer(const LayerWeights& w, int64_t cache_layer, co
     ScopedPhase phase(phases_, "norm+residual");
     norm_rows(w.input_norm);
   }
-  run_attention(w.attn, cache_layer, b, cache, xn, tmp);
+  run_attention(w.attn, cache_layer, b, kv, xn, tmp);
   {
     ScopedPhase phase(phases_, "norm+residual");
     add_rows(tmp, n, x);
@@ -253,34 +295,89 @@ void DeepseekV3Model::logits_for(const float* hidden_normed, int64_t rows, const
 
 namespace {
 
-Status check_tokens(std::span<const int32_t> tokens, int64_t vocab) {
-  for (int32_t t : tokens) {
-    if (t < 0 || t >= vocab) return invalid_argument("token id {} out of range [0, {})", t, vocab);
+Status check_tokens(std::span<const int32_t> tokens, int64_t vocab, size_t chunk) {
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    if (tokens[i] < 0 || tokens[i] >= vocab) {
+      return invalid_argument("chunk {}: token {} is id {}, out of range [0, {})", chunk, i,
+                              tokens[i], vocab);
+    }
   }
   return {};
 }
 
 }  // namespace
 
-Status DeepseekV3Model::append_chunk(Batch& b, int64_t seq, int64_t start_pos,
-                                     std::span<const int32_t> tokens, KvCache& cache) {
-  XDS_RETURN_IF_ERROR(check_tokens(tokens, config_.vocab_size));
-  const int64_t count = static_cast<int64_t>(tokens.size());
-  XDS_RETURN_IF_ERROR(cache.reserve(seq, start_pos + count));
-  b.chunks.push_back({seq, start_pos, b.n, count});
-  for (int64_t i = 0; i < count; ++i) b.pos.push_back(start_pos + i);
-  b.n += count;
-  rope_->ensure(start_pos + count);
+Status DeepseekV3Model::check_storage(const KvStorage& kv) const {
+  const KvLayout& want = kv_layout_;
+  const KvLayout& have = kv.layout();
+  const auto same = [](const KvPlane& a, const KvPlane& b) {
+    return a.dtype == b.dtype && a.elements == b.elements && a.row_bytes == b.row_bytes;
+  };
+  if (have.layers < want.layers || have.planes.size() != want.planes.size() ||
+      !std::equal(want.planes.begin(), want.planes.end(), have.planes.begin(), same)) {
+    return invalid_argument(
+        "KV storage of {} layers x {} planes (latent {} x {}) does not fit this model: {} layers "
+        "of latent {} x {} and rope {}",
+        have.layers, have.planes.size(), have.planes.empty() ? 0 : have.planes[0].elements,
+        have.planes.empty() ? "-" : dtype_name(have.planes[0].dtype), want.layers,
+        want.planes[0].elements, dtype_name(want.planes[0].dtype), want.planes[1].elements);
+  }
   return {};
 }
 
-Status DeepseekV3Model::forward(std::span<const TokenChunk> chunks, KvCache& cache,
+Status DeepseekV3Model::append_chunk(Batch& b, size_t index, int64_t start_pos,
+                                     std::span<const int32_t> tokens,
+                                     std::span<const int32_t> blocks, const KvStorage& kv) {
+  XDS_RETURN_IF_ERROR(check_tokens(tokens, config_.vocab_size, index));
+  const int64_t count = static_cast<int64_t>(tokens.size());
+  if (start_pos < 0) return invalid_argument("chunk {}: start position {} < 0", index, start_pos);
+  const int64_t end = start_pos + count, bs = kv.block_size();
+  const int64_t need = (end + bs - 1) / bs;
+  if (static_cast<int64_t>(blocks.size()) < need) {
+    return invalid_argument(
+        "chunk {}: positions [{}, {}) need {} blocks of {} rows, its block table has {}", index,
+        start_pos, end, need, bs, blocks.size());
+  }
+  for (int64_t i = 0; i < need; ++i) {
+    if (blocks[i] < 0 || blocks[i] >= kv.num_blocks()) {
+      return invalid_argument("chunk {}: block table entry {} is block {}, outside [0, {})", index,
+                              i, blocks[i], kv.num_blocks());
+    }
+  }
+  b.chunks.push_back({blocks, start_pos, b.n, count});
+  for (int64_t i = 0; i < count; ++i) b.pos.push_back(start_pos + i);
+  b.n += count;
+  return {};
+}
+
+Status DeepseekV3Model::run_empty_step(int64_t first_layer, int64_t end_layer) {
+  for (int64_t l = first_layer; l < end_layer; ++l) {
+    if (moe_weights(l) == nullptr) continue;
+    MoeExchangeInput in;
+    in.layer = l;
+    in.top_k = config_.num_experts_per_tok;
+    XDS_RETURN_IF_ERROR(exchange_->run(in));
+  }
+  return {};
+}
+
+Status DeepseekV3Model::forward(std::span<const TokenChunk> chunks, KvStorage& kv,
                                 StepOutput& out) {
   const int64_t d = config_.hidden_size;
-  Batch b;
-  for (const TokenChunk& ch : chunks) {
-    XDS_RETURN_IF_ERROR(append_chunk(b, ch.seq, ch.start_pos, ch.tokens, cache));
+  XDS_RETURN_IF_ERROR(check_storage(kv));
+  Batch& b = *batch_;
+  b.clear();
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    const TokenChunk& ch = chunks[i];
+    XDS_RETURN_IF_ERROR(append_chunk(b, i, ch.start_pos, ch.tokens, ch.blocks, kv));
   }
+  out.logit_tokens.clear();
+  if (b.n == 0) {
+    out.logits.clear();
+    out.hidden.clear();
+    return run_empty_step(0, config_.num_hidden_layers);
+  }
+  for (const Batch::Chunk& ch : b.chunks) rope_->ensure(ch.start_pos + ch.count);
   float* x = grow(s_x_, b.n * d);
   int64_t at = 0;
   for (const TokenChunk& ch : chunks) {
@@ -288,7 +385,7 @@ Status DeepseekV3Model::forward(std::span<const TokenChunk> chunks, KvCache& cac
     at += static_cast<int64_t>(ch.tokens.size());
   }
   for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
-    XDS_RETURN_IF_ERROR(run_layer(weights_.layers[l], l, b, cache, x));
+    XDS_RETURN_IF_ERROR(run_layer(weights_.layers[l], l, b, kv, x));
   }
   out.hidden.resize(static_cast<size_t>(b.n * d));
   pool_->parallel_for(b.n, [&](int64_t t0, int64_t t1, int) {
@@ -297,7 +394,6 @@ Status DeepseekV3Model::forward(std::span<const TokenChunk> chunks, KvCache& cac
                        out.hidden.data() + t * d);
     }
   });
-  out.logit_tokens.clear();
   for (size_t i = 0; i < chunks.size(); ++i) {
     const Batch::Chunk& ch = b.chunks[i];
     if (ch.count == 0) continue;
@@ -313,7 +409,7 @@ Status DeepseekV3Model::forward(std::span<const TokenChunk> chunks, KvCache& cac
   return {};
 }
 
-Status DeepseekV3Model::forward_mtp(int64_t k, std::span<const MtpChunk> chunks, KvCache& cache,
+Status DeepseekV3Model::forward_mtp(int64_t k, std::span<const MtpChunk> chunks, KvStorage& kv,
                                     StepOutput& out) {
   if (k < 0 || k >= config_.num_nextn_predict_layers) {
     return invalid_argument("MTP layer {} requested, the model has {}", k,
@@ -321,10 +417,23 @@ Status DeepseekV3Model::forward_mtp(int64_t k, std::span<const MtpChunk> chunks,
   }
   const MtpWeights& w = weights_.mtp[k];
   const int64_t d = config_.hidden_size, layer = config_.num_hidden_layers + k;
-  Batch b;
-  for (const MtpChunk& ch : chunks) {
-    XDS_RETURN_IF_ERROR(append_chunk(b, ch.seq, ch.start_pos, ch.next_tokens, cache));
+  XDS_RETURN_IF_ERROR(check_storage(kv));
+  Batch& b = *batch_;
+  b.clear();
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    const MtpChunk& ch = chunks[i];
+    XDS_RETURN_IF_ERROR(append_chunk(b, i, ch.start_pos, ch.next_tokens, ch.blocks, kv));
+    if (!ch.next_tokens.empty() && ch.hidden == nullptr) {
+      return invalid_argument("MTP chunk {}: {} rows without a hidden state", i,
+                              ch.next_tokens.size());
+    }
   }
+  out.logit_tokens.clear();
+  if (b.n == 0) {
+    out.logits.clear();
+    return run_empty_step(layer, layer + 1);
+  }
+  for (const Batch::Chunk& ch : b.chunks) rope_->ensure(ch.start_pos + ch.count);
   // cat: [n, 2D] = [enorm(embed(next)); hnorm(hidden)]
   float* cat = grow(s_gather_, b.n * 2 * d);
   float* e = grow(s_tmp_, b.n * d);
@@ -339,7 +448,7 @@ Status DeepseekV3Model::forward_mtp(int64_t k, std::span<const MtpChunk> chunks,
   }
   float* x = grow(s_x_, b.n * d);
   linear(cat, b.n, 2 * d, w.eh_proj, x, d);
-  XDS_RETURN_IF_ERROR(run_layer(w.layer, layer, b, cache, x));
+  XDS_RETURN_IF_ERROR(run_layer(w.layer, layer, b, kv, x));
   float* hn = grow(s_xn_, b.n * d);
   for (int64_t t = 0; t < b.n; ++t)
     kernels::rmsnorm(x + t * d, w.head_norm.data(), d, config_.rms_norm_eps, hn + t * d);

@@ -2,9 +2,10 @@
 //
 // One forward step takes many sequences at different positions: each TokenChunk is a run
 // of consecutive tokens of one sequence (a prefill chunk, or one decode token) starting at
-// `start_pos`; the cache must already hold positions [0, start_pos) of that sequence.
-// Tokens of all chunks are concatenated ("batch order") for the linear layers; attention
-// runs per chunk over the paged latent cache.
+// `start_pos`, with the sequence's block table; the cache must already hold positions
+// [0, start_pos) of that sequence. Tokens of all chunks are concatenated ("batch order") for
+// the linear layers; attention runs per chunk over the paged latent cache. The KV planes
+// are the MLA pair (mla_kv_layout) of every layer, the MTP layers after the decoder's.
 //
 // Thread-safety: a model instance runs one step at a time (it owns its scratch buffers).
 // Weights are read-only and may be shared by several instances.
@@ -20,6 +21,7 @@
 #include "base/phase_times.h"
 #include "base/status.h"
 #include "base/thread_pool.h"
+#include "model/causal_lm.h"
 #include "model/compute_dtype.h"
 #include "model/config.h"
 #include "model/deepseek_v3_weights.h"
@@ -33,91 +35,56 @@ class Checkpoint;
 class RepackCache;
 class LinearRunner;
 
-// How prefill attention is computed: weight-absorbed over the latent cache, or expanded
-// (K/V materialised through kv_b_proj). kAuto picks the cheaper per chunk by FLOPs.
-enum class AttentionMode { kAuto, kAbsorbed, kExpanded };
-
-struct TokenChunk {
-  int64_t seq = 0;        // KvCache sequence slot
-  int64_t start_pos = 0;  // position of tokens[0]
-  std::span<const int32_t> tokens;
-  bool all_logits = false;  // logits for every token, else only the last
-};
-
-// Called with (layer, token index in batch order, chosen expert ids) for every MoE layer.
-using RoutingObserver = std::function<void(int64_t, int64_t, std::span<const int32_t>)>;
-
-struct StepOutput {
-  std::vector<float> logits;          // [rows, vocab]
-  std::vector<int64_t> logit_tokens;  // [rows] token index (batch order) of each row
-  std::vector<float> hidden;          // [n_tokens, D] final-normed hidden (MTP input)
-};
-
-// One MTP row: extends the main model's hidden at position `pos` with token_{pos+1}.
-struct MtpChunk {
-  int64_t seq = 0;
-  int64_t start_pos = 0;                 // position of the first row
-  std::span<const int32_t> next_tokens;  // token_{pos+1} for each row
-  const float* hidden = nullptr;         // [rows, D] final-normed main-model hidden
-};
-
-// Element type of the KV cache's planes (vLLM's --kv-cache-dtype). kAuto: bf16 where the
-// fast mode's absorbed attention reads bf16 planes (compute kBF16 and
-// kernels::absorbed_bf16_available(): it rounds every cached row to bf16 anyway, so half the
-// bytes give the same decode products; the prefill's expanded form then sees the rope part
-// rounded too), fp32 otherwise. kBF16 elsewhere is refused by load().
-enum class KvCacheDType { kAuto, kF32, kBF16 };
-
-struct ModelOptions {
-  ComputeDType compute = ComputeDType::kF32;
-  KvCacheDType kv_cache = KvCacheDType::kAuto;
-  AttentionMode attention = AttentionMode::kAuto;
-  int threads = 0;  // 0: all cores
-  // Shared experts in slices between the routed ones (SharedMlpOverlap) where
-  // DeepseekV3Model::overlaps_shared allows it; off (the default): always after them. Both
-  // give the same bits. Off since the weights sit in 2 MB pages: the routed experts then
-  // stream fast enough that the slices between them cost more than they hide
-  // (docs/design/cpu_kernels.md, "Experts").
-  bool overlap_shared = false;
-};
-
-class DeepseekV3Model {
+class DeepseekV3Model final : public CausalLm {
  public:
   // Loads dir/config.json, generation_config.json and the safetensors weights.
   static Result<std::unique_ptr<DeepseekV3Model>> load(const std::string& dir,
                                                        const ModelOptions& options);
-  ~DeepseekV3Model();
+  ~DeepseekV3Model() override;
 
   const DeepseekV3Config& config() const { return config_; }
   const DeepseekV3Weights& weights() const { return weights_; }
-  ThreadPool& pool() { return *pool_; }
+
+  // CausalLm
+  const ModelInfo& info() const override { return info_; }
+  ComputeDType compute_dtype() const override { return options_.compute; }
+  KvLayout kv_layout() const override;
+  Status forward(std::span<const TokenChunk> chunks, KvStorage& kv, StepOutput& out) override;
+  Status forward_mtp(int64_t k, std::span<const MtpChunk> chunks, KvStorage& kv,
+                     StepOutput& out) override;
+  void set_routing_observer(RoutingObserver observer) override {
+    routing_observer_ = std::move(observer);
+  }
+  void set_moe_exchange(MoeExchange* exchange) override {
+    exchange_ = exchange != nullptr ? exchange : local_exchange_.get();
+  }
+  const MoeWeights* moe_weights(int64_t layer) const override;
+  ThreadPool& pool() override { return *pool_; }
 
   // A cache with room for `max_tokens` tokens of context in total, every layer (MTP too);
-  // ResourceExhausted when the machine lacks the memory (KvCache::create).
+  // ResourceExhausted when the machine lacks the memory (KvCache::create). A convenience for
+  // callers that run sequences themselves (generate, perplexity, tests, benchmarks).
   Result<KvCache> make_cache(int64_t max_tokens, int64_t block_size = 16) const;
   // The planes' element type make_cache uses (ModelOptions::kv_cache resolved): kF32 or kBF16.
   DType kv_cache_dtype() const;
 
-  // Runs the main model on `chunks`; reserves cache blocks as needed.
-  Status forward(std::span<const TokenChunk> chunks, KvCache& cache, StepOutput& out);
-  // Runs MTP layer `k` (0-based); fills out.logits with one row per MTP row.
-  Status forward_mtp(int64_t k, std::span<const MtpChunk> chunks, KvCache& cache, StepOutput& out);
-
-  void set_routing_observer(RoutingObserver observer) { routing_observer_ = std::move(observer); }
-  // Replaces the local expert computation (expert parallelism, disaggregation).
-  void set_moe_exchange(MoeExchange* exchange) { exchange_ = exchange; }
   // Times the step's phases into `times` from now on (nullptr: stop). For profiling.
   void set_phase_times(PhaseTimes* times) { phases_ = times; }
 
  private:
   DeepseekV3Model() = default;
   struct Batch;
-  // Appends one chunk to `b` (ids checked, cache blocks reserved, rope table grown).
-  Status append_chunk(Batch& b, int64_t seq, int64_t start_pos, std::span<const int32_t> tokens,
-                      KvCache& cache);
-  Status run_layer(const LayerWeights& w, int64_t cache_layer, const Batch& b, KvCache& cache,
+  // InvalidArgument unless `kv` holds this model's planes (kv_layout()) for every layer.
+  Status check_storage(const KvStorage& kv) const;
+  // Appends chunk `index` to `b` (token ids and block table checked, rope table grown).
+  Status append_chunk(Batch& b, size_t index, int64_t start_pos, std::span<const int32_t> tokens,
+                      std::span<const int32_t> blocks, const KvStorage& kv);
+  // A step with no tokens: the MoE layers among cache layers [first_layer, end_layer) join
+  // their exchange with no rows, in order.
+  Status run_empty_step(int64_t first_layer, int64_t end_layer);
+  Status run_layer(const LayerWeights& w, int64_t cache_layer, const Batch& b, KvStorage& kv,
                    float* x);
-  void run_attention(const MlaWeights& w, int64_t cache_layer, const Batch& b, KvCache& cache,
+  void run_attention(const MlaWeights& w, int64_t cache_layer, const Batch& b, KvStorage& kv,
                      const float* xn, float* out);
   Status run_moe(const MoeWeights& w, int64_t layer, const Batch& b, const float* xn, float* out);
   void run_mlp(const MlpWeights& w, const float* xn, int64_t n, float* out);
@@ -132,6 +99,8 @@ class DeepseekV3Model {
   void logits_for(const float* hidden_normed, int64_t rows, const MatrixRef& head, StepOutput& out);
 
   DeepseekV3Config config_;
+  ModelInfo info_;
+  KvLayout kv_layout_;  // the MLA planes of every cache layer
   ModelOptions options_;
   std::unique_ptr<Checkpoint> checkpoint_;
   std::unique_ptr<RepackCache> store_;
@@ -146,12 +115,13 @@ class DeepseekV3Model {
   ThreadPool inline_pool_{1};  // for linear calls made inside a parallel region
 
   // Scratch reused across steps (grown, never shrunk).
+  std::unique_ptr<Batch> batch_;  // the step's chunks and positions
   std::vector<float> s_x_, s_xn_, s_tmp_, s_q_, s_qa_, s_kva_, s_qabs_, s_lat_, s_attn_;
   std::vector<float> s_gather_, s_kvfull_, s_rope_, s_gate_, s_up_, s_scores_, s_routed_, s_router_;
   std::vector<int32_t> s_ids_, s_token_chunk_;
   std::vector<int64_t> s_absorbed_;
   std::vector<std::pair<int64_t, int64_t>> s_runs_;
-  struct AbsorbedItem {  // absorbed attention: one token × one part of its context
+  struct AbsorbedItem {               // absorbed attention: one token × one part of its context
     int64_t token, begin, end, slot;  // slot: index of its partial sums, -1 if whole
   };
   struct AbsorbedUnit {  // what one thread claims: items [first, first + count) of a token

@@ -1,26 +1,30 @@
-// Paged latent KV cache for MLA.
+// KvCache: a convenience for one process that runs sequences itself (generate, perplexity,
+// tests, benchmarks): a BlockAllocator, a KvStorage and a block table per sequence slot.
+// The serving engine keeps its own tables (and a prefix cache) over the same two parts.
 //
-// One pool of fixed-size blocks shared by all sequences; each sequence owns a block table.
-// Per layer (the MTP layers included) two planes of KvCacheShape::dtype elements (fp32, or
-// bf16 for the fast mode's absorbed attention, which rounds every cached row to bf16
+// The MLA planes per layer (the MTP layers included), of KvCacheShape::dtype elements (fp32,
+// or bf16 for the fast mode's absorbed attention, which rounds every cached row to bf16
 // anyway: half the bytes for the same products):
-//   latent: [num_blocks, block_size, latent_ld]         c = kv_a_layernorm(kv_a[:C]) in the
-//           first kv_lora_rank elements of a row; latent_ld = padded_latent_stride(C), an
-//           odd number of cache lines (528 floats or 544 bf16 at C = 512: +3 / +6 %
-//           memory, +6-9 % absorbed attention in a cold single-thread microbenchmark)
-//   rope:   [num_blocks, block_size, qk_rope_head_dim]  rotated k_pe
-// Keeping the planes apart leaves room for an INT8 latent plane later (P090).
+//   latent: C = latent_dim elements, c = kv_a_layernorm(kv_a[:C]); row stride
+//           padded_latent_stride(C), an odd number of cache lines (528 floats or 544 bf16 at
+//           C = 512: +3 / +6 % memory, +6-9 % absorbed attention in a cold single-thread
+//           microbenchmark)
+//   rope:   rope_dim elements, rotated k_pe
+// laid out block-major as KvStorage describes.
 //
-// Thread-safety: not thread-safe. The forward pass writes slots of distinct positions from
-// several threads, which is safe once reserve() has run for every sequence in the step.
+// Thread-safety: not thread-safe. The forward pass writes rows of distinct positions from
+// several threads, which is safe once the step's chunks have their blocks (chunk()).
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
-#include "base/huge_page_buffer.h"
 #include "base/status.h"
 #include "kernels/cpu/mla_attention.h"
+#include "model/block_allocator.h"
+#include "model/kv_storage.h"
+#include "model/step_io.h"
 #include "tensor/dtype.h"
 
 namespace xds {
@@ -32,6 +36,8 @@ struct KvCacheShape {
   int64_t latent_dim = 0;
   int64_t rope_dim = 0;
   DType dtype = DType::kF32;  // kF32 or kBF16 (which needs kernels::absorbed_bf16_available())
+
+  KvStorageShape storage_shape() const;
 };
 
 class KvCache {
@@ -44,36 +50,46 @@ class KvCache {
   // push them out; this refuses what cannot fit at all.
   static Result<KvCache> create(const KvCacheShape& shape, int64_t available_bytes);
   static Result<KvCache> create(const KvCacheShape& shape);
-  // Bytes of the two planes, or -1 if they overflow int64.
+  // Any layout (CausalLm::kv_layout()); available_bytes as above.
+  static Result<KvCache> create(const KvStorageShape& shape, int64_t available_bytes);
+  // Bytes of the planes, or -1 if they overflow int64.
   static int64_t bytes_for(const KvCacheShape& shape);
 
-  const KvCacheShape& shape() const { return shape_; }
+  const KvStorageShape& shape() const { return storage_.shape(); }
+  int64_t block_size() const { return storage_.block_size(); }
+  KvStorage& storage() { return storage_; }
+  const KvStorage& storage() const { return storage_; }
+  const BlockAllocator& allocator() const { return allocator_; }
 
   // Returns a new, empty sequence slot.
   int64_t add_sequence();
   // Frees the blocks of `seq`; the slot id may be reused.
   void free_sequence(int64_t seq);
-  // Ensures blocks for positions [0, length). ResourceExhausted if the pool is full.
+  // Ensures blocks for positions [0, length). ResourceExhausted if the pool is full (nothing
+  // allocated then).
   Status reserve(int64_t seq, int64_t length);
   int64_t capacity(int64_t seq) const;
-  int64_t free_blocks() const { return static_cast<int64_t>(free_list_.size()); }
+  int64_t free_blocks() const { return allocator_.free_count(); }
+  // The block table of `seq`; valid until its next reserve() or free_sequence().
+  std::span<const int32_t> blocks(int64_t seq) const;
 
-  // Stores position `pos` of `seq` in `layer`: latent [latent_dim] and rope [rope_dim],
-  // rounded to bf16 (kernels::kv_row_to_bf16) in a bf16 cache. The block must be reserved.
+  // reserve(seq, start_pos + tokens.size()), then the chunk carrying seq's block table
+  // (valid until seq's next reserve or free).
+  Result<TokenChunk> chunk(int64_t seq, int64_t start_pos, std::span<const int32_t> tokens,
+                           bool all_logits = false);
+  Result<MtpChunk> mtp_chunk(int64_t seq, int64_t start_pos, std::span<const int32_t> next_tokens,
+                             const float* hidden);
+
+  // Stores position `pos` of `seq` in `layer` (KvStorage::write); the block must be reserved.
   void write(int64_t layer, int64_t seq, int64_t pos, const float* latent, const float* rope);
   kernels::LatentKvView view(int64_t layer, int64_t seq) const;
 
  private:
-  explicit KvCache(const KvCacheShape& shape);
-  int64_t slot_index(int64_t seq, int64_t pos) const;
+  KvCache(KvStorage storage);
+  void check_seq(int64_t seq) const;
 
-  KvCacheShape shape_;
-  int64_t latent_ld_ = 0;  // row stride of the latent plane, elements
-  // The planes, of shape_.dtype elements, in huge pages where the kernel gives them (the
-  // blocks of a step are read scattered): latent [layers, num_blocks, block_size,
-  // latent_ld_], rope [..., rope_dim].
-  HugePageBuffer latent_, rope_;
-  std::vector<int32_t> free_list_;
+  KvStorage storage_;
+  BlockAllocator allocator_;
   std::vector<std::vector<int32_t>> tables_;  // per sequence slot
   std::vector<bool> live_;
 };

@@ -78,7 +78,7 @@ void gather_planes(const kernels::LatentKvView& kv, int64_t ctx, float* latent, 
 }  // namespace
 
 void DeepseekV3Model::run_attention(const MlaWeights& w, int64_t cache_layer, const Batch& b,
-                                    KvCache& cache, const float* xn, float* out) {
+                                    KvStorage& kv_store, const float* xn, float* out) {
   const DeepseekV3Config& c = config_;
   const int64_t n = b.n, d = c.hidden_size, heads = c.num_attention_heads;
   const int64_t dn = c.qk_nope_head_dim, dr = c.qk_rope_head_dim, dv = c.v_head_dim;
@@ -117,10 +117,12 @@ void DeepseekV3Model::run_attention(const MlaWeights& w, int64_t cache_layer, co
         kernels::rope_interleaved(q + (t * heads + h) * dq + dn, dr, cs);
     }
   });
+  const int64_t block_size = kv_store.block_size();
   for (const Batch::Chunk& ch : b.chunks) {
     for (int64_t i = 0; i < ch.count; ++i) {
       const float* row = kva + (ch.begin + i) * (lat + dr);
-      cache.write(cache_layer, ch.seq, ch.start_pos + i, row, row + lat);
+      const int64_t pos = ch.start_pos + i;
+      kv_store.write(cache_layer, ch.blocks[pos / block_size], pos % block_size, row, row + lat);
     }
   }
 
@@ -222,7 +224,7 @@ void DeepseekV3Model::run_attention(const MlaWeights& w, int64_t cache_layer, co
     // Each thread claims its next unit before it runs the current one, so that the kernel
     // prefetches the next item's first rows during the current one's last slice.
     auto view_of = [&](const Item& it) {
-      return cache.view(cache_layer, b.chunks[token_chunk[it.token]].seq);
+      return kv_store.view(cache_layer, b.chunks[token_chunk[it.token]].blocks);
     };
     // Part i of a set of partial sums: [parts, H, C] sums at `sums`, [parts, 2, H] m, l at `ml`.
     auto part_at = [&](float* sums, float* ml, int64_t i) {
@@ -311,17 +313,25 @@ void DeepseekV3Model::run_attention(const MlaWeights& w, int64_t cache_layer, co
     // linear in the compute dtype (bf16: the latent rounded, as every linear's input).
     phase.emplace(phases_, "attn.kv_b_expand");
     const int64_t ctx_end = ch.start_pos + ch.count;
-    const kernels::LatentKvView kv = cache.view(cache_layer, ch.seq);
+    const kernels::LatentKvView kv = kv_store.view(cache_layer, ch.blocks);
     float* gathered = grow(s_gather_, ctx_end * lat);
     float* rope = grow(s_rope_, ctx_end * dr);  // the rope plane, contiguous for sgemm
     gather_planes(kv, ctx_end, gathered, rope);
     float* kv_full = grow(s_kvfull_, ctx_end * heads * (dn + dv));
     linear(gathered, ctx_end, lat, w.kv_b_proj, kv_full, heads * (dn + dv));
     phase.emplace(phases_, "attn.expanded");
-    const kernels::ExpandedChunk ec{q + ch.begin * heads * dq, heads * dq, kv_full,
-                                    heads * (dn + dv),         rope,       attn + ch.begin * heads * dv,
-                                    heads * dv,                ch.count,   ch.start_pos,
-                                    dn,                        dr,         dv};
+    const kernels::ExpandedChunk ec{q + ch.begin * heads * dq,
+                                    heads * dq,
+                                    kv_full,
+                                    heads * (dn + dv),
+                                    rope,
+                                    attn + ch.begin * heads * dv,
+                                    heads * dv,
+                                    ch.count,
+                                    ch.start_pos,
+                                    dn,
+                                    dr,
+                                    dv};
     const int64_t per_thread = kernels::expanded_scratch_floats(dn, dr, dv, ch.count, ctx_end);
     float* scores_all = grow(s_scores_, threads * per_thread);
     pool.parallel_for(heads, [&](int64_t h0, int64_t h1, int thread) {

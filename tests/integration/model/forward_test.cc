@@ -12,8 +12,8 @@
 #include <random>
 
 #include "kernels/cpu/mla_attention.h"
+#include "mkmodel/mkmodel.h"
 #include "model/deepseek_v3.h"
-#include "model/mkmodel.h"
 
 namespace xds {
 namespace {
@@ -47,13 +47,28 @@ std::unique_ptr<DeepseekV3Model> load_tiny(const std::string& name, uint64_t see
   return m.ok() ? std::move(*m) : nullptr;
 }
 
+// The chunk of `seq` at `start` with its blocks reserved in `cache`.
+TokenChunk chunk(KvCache& cache, int64_t seq, int64_t start, std::span<const int32_t> tokens,
+                 bool all_logits) {
+  Result<TokenChunk> c = cache.chunk(seq, start, tokens, all_logits);
+  EXPECT_TRUE(c.ok()) << c.status().to_string();
+  return c.ok() ? *c : TokenChunk{};
+}
+
+MtpChunk mtp_chunk(KvCache& cache, int64_t seq, int64_t start, std::span<const int32_t> next,
+                   const float* hidden) {
+  Result<MtpChunk> c = cache.mtp_chunk(seq, start, next, hidden);
+  EXPECT_TRUE(c.ok()) << c.status().to_string();
+  return c.ok() ? *c : MtpChunk{};
+}
+
 // Logits of every position of `ids`, run alone (prefill in one chunk).
 std::vector<float> alone(DeepseekV3Model& m, const std::vector<int32_t>& ids) {
   KvCache cache = m.make_cache(static_cast<int64_t>(ids.size()) + 16).value();
   const int64_t seq = cache.add_sequence();
   StepOutput out;
-  TokenChunk ch{seq, 0, ids, true};
-  EXPECT_TRUE(m.forward({&ch, 1}, cache, out).ok());
+  const TokenChunk ch = chunk(cache, seq, 0, ids, true);
+  EXPECT_TRUE(m.forward({&ch, 1}, cache.storage(), out).ok());
   return out.logits;
 }
 
@@ -71,14 +86,14 @@ TEST(Forward, LogitsDoNotDependOnBatchComposition) {
   const int64_t sa = cache.add_sequence(), sb = cache.add_sequence(), sc = cache.add_sequence();
   StepOutput out;
   {
-    const TokenChunk first[] = {{sa, 0, std::span(a).first(8), false},
-                                {sb, 0, std::span(b).first(5), false}};
-    ASSERT_TRUE(model.forward(first, cache, out).ok());
+    const TokenChunk first[] = {chunk(cache, sa, 0, std::span(a).first(8), false),
+                                chunk(cache, sb, 0, std::span(b).first(5), false)};
+    ASSERT_TRUE(model.forward(first, cache.storage(), out).ok());
   }
-  const TokenChunk mixed[] = {{sa, 8, std::span(a).subspan(8, 1), false},
-                              {sb, 5, std::span(b).subspan(5, 9), true},
-                              {sc, 0, std::span(c), true}};
-  ASSERT_TRUE(model.forward(mixed, cache, out).ok());
+  const TokenChunk mixed[] = {chunk(cache, sa, 8, std::span(a).subspan(8, 1), false),
+                              chunk(cache, sb, 5, std::span(b).subspan(5, 9), true),
+                              chunk(cache, sc, 0, std::span(c), true)};
+  ASSERT_TRUE(model.forward(mixed, cache.storage(), out).ok());
   ASSERT_EQ(out.logit_tokens.size(), 1u + 9u + 6u);
   auto expect_row = [&](int64_t row, const std::vector<float>& ref, int64_t pos) {
     for (int64_t i = 0; i < v; ++i) {
@@ -131,12 +146,13 @@ TEST(Forward, DecodeOverALongContextMatchesPrefill) {
     KvCache cache = model.make_cache(2 * n).value();
     const int64_t seq = cache.add_sequence(), other = cache.add_sequence();
     StepOutput out;
-    const TokenChunk prefill{seq, 0, std::span(ids).first(n - 1), false};
-    ASSERT_TRUE(model.forward({&prefill, 1}, cache, out).ok());
+    const TokenChunk prefill = chunk(cache, seq, 0, std::span(ids).first(n - 1), false);
+    ASSERT_TRUE(model.forward({&prefill, 1}, cache.storage(), out).ok());
     const auto short_ids = random_ids(3, v, 9);
-    std::vector<TokenChunk> step = {{seq, n - 1, std::span(ids).subspan(n - 1, 1), false}};
-    if (with_neighbour) step.push_back({other, 0, std::span(short_ids), false});
-    ASSERT_TRUE(model.forward(step, cache, out).ok());
+    std::vector<TokenChunk> step = {
+        chunk(cache, seq, n - 1, std::span(ids).subspan(n - 1, 1), false)};
+    if (with_neighbour) step.push_back(chunk(cache, other, 0, std::span(short_ids), false));
+    ASSERT_TRUE(model.forward(step, cache.storage(), out).ok());
     for (int64_t i = 0; i < v; ++i) {
       const float r = ref[(n - 1) * v + i];
       ASSERT_NEAR(out.logits[i], r, 1e-5f * (1.0f + std::fabs(r)))
@@ -171,19 +187,22 @@ TEST(Forward, DecodeOfManyLongContextsGivesTheBitsOfEachAlone) {
       for (int64_t s = 0; s < seqs; ++s) {
         const int64_t seq = cache->add_sequence();
         ASSERT_EQ(seq, s);  // the step below names the sequences by their index
-        prefill.push_back({seq, 0, std::span(ids[s]).first(ids[s].size() - 1), false});
+        prefill.push_back(chunk(*cache, seq, 0, std::span(ids[s]).first(ids[s].size() - 1), false));
       }
-      ASSERT_TRUE(model.forward(prefill, *cache, out).ok());
+      ASSERT_TRUE(model.forward(prefill, cache->storage(), out).ok());
     }
     auto last = [&](int64_t s) { return std::span(ids[s]).last(1); };
-    std::vector<TokenChunk> step;
-    for (int64_t s = 0; s < seqs; ++s)
-      step.push_back({s, static_cast<int64_t>(ids[s].size()) - 1, last(s), true});
-    ASSERT_TRUE(model.forward(step, together, out).ok());
+    std::vector<TokenChunk> step, step_apart;
+    for (int64_t s = 0; s < seqs; ++s) {
+      const int64_t pos = static_cast<int64_t>(ids[s].size()) - 1;
+      step.push_back(chunk(together, s, pos, last(s), true));
+      step_apart.push_back(chunk(apart, s, pos, last(s), true));
+    }
+    ASSERT_TRUE(model.forward(step, together.storage(), out).ok());
     const std::vector<float> batched = out.logits;
     ASSERT_EQ(batched.size(), static_cast<size_t>(seqs * v));
     for (int64_t s = 0; s < seqs; ++s) {
-      ASSERT_TRUE(model.forward({&step[s], 1}, apart, out).ok());
+      ASSERT_TRUE(model.forward({&step_apart[s], 1}, apart.storage(), out).ok());
       ASSERT_EQ(std::memcmp(out.logits.data(), batched.data() + s * v, sizeof(float) * v), 0)
           << "sequence " << s << " bf16=" << (compute == ComputeDType::kBF16);
     }
@@ -275,12 +294,13 @@ TEST(Forward, Bf16KvCacheGivesTheBitsOfAnF32CacheInTheFastMode) {
     const int64_t seq = cache.add_sequence();
     StepOutput out;
     std::vector<float> logits;
-    TokenChunk prefill{seq, 0, std::span(ids).first(514), true};
-    EXPECT_TRUE(m.forward({&prefill, 1}, cache, out).ok());
+    const TokenChunk prefill = chunk(cache, seq, 0, std::span(ids).first(514), true);
+    EXPECT_TRUE(m.forward({&prefill, 1}, cache.storage(), out).ok());
     logits = out.logits;
     for (int64_t p = 514; p < 520; ++p) {
-      TokenChunk step{seq, p, std::span(ids).subspan(static_cast<size_t>(p), 1), false};
-      EXPECT_TRUE(m.forward({&step, 1}, cache, out).ok());
+      const TokenChunk step =
+          chunk(cache, seq, p, std::span(ids).subspan(static_cast<size_t>(p), 1), false);
+      EXPECT_TRUE(m.forward({&step, 1}, cache.storage(), out).ok());
       logits.insert(logits.end(), out.logits.begin(), out.logits.end());
     }
     return logits;
@@ -313,8 +333,9 @@ TEST(Forward, ChunkedPrefillOverABf16CacheEqualsOneChunk) {
   StepOutput out;
   for (int64_t p = 0; p < n; p += 7) {
     const int64_t count = std::min<int64_t>(7, n - p);
-    TokenChunk ch{seq, p, std::span(ids).subspan(static_cast<size_t>(p), count), true};
-    ASSERT_TRUE(model.forward({&ch, 1}, cache, out).ok());
+    const TokenChunk ch =
+        chunk(cache, seq, p, std::span(ids).subspan(static_cast<size_t>(p), count), true);
+    ASSERT_TRUE(model.forward({&ch, 1}, cache.storage(), out).ok());
     chunked.insert(chunked.end(), out.logits.begin(), out.logits.end());
   }
   ASSERT_EQ(chunked.size(), whole.size());
@@ -342,22 +363,26 @@ TEST(Forward, MtpHeadRunsOnItsOwnCachedLayer) {
   KvCache cache = model.make_cache(64).value();
   const int64_t seq = cache.add_sequence();
   StepOutput main_out, mtp_all, mtp_step;
-  TokenChunk ch{seq, 0, ids, true};
-  ASSERT_TRUE(model.forward({&ch, 1}, cache, main_out).ok());
+  const TokenChunk ch = chunk(cache, seq, 0, ids, true);
+  ASSERT_TRUE(model.forward({&ch, 1}, cache.storage(), main_out).ok());
   // All 11 MTP rows at once equal rows 0..9 then row 10 fed one at a time (MTP KV cache).
-  MtpChunk all{seq, 0, std::span(ids).subspan(1, 11), main_out.hidden.data()};
-  ASSERT_TRUE(model.forward_mtp(0, {&all, 1}, cache, mtp_all).ok());
+  const MtpChunk all =
+      mtp_chunk(cache, seq, 0, std::span(ids).subspan(1, 11), main_out.hidden.data());
+  ASSERT_TRUE(model.forward_mtp(0, {&all, 1}, cache.storage(), mtp_all).ok());
   ASSERT_EQ(mtp_all.logits.size(), static_cast<size_t>(11 * v));
   KvCache cache2 = model.make_cache(64).value();
   const int64_t seq2 = cache2.add_sequence();
-  ASSERT_TRUE(model.forward({&ch, 1}, cache2, main_out).ok());
-  MtpChunk first{seq2, 0, std::span(ids).subspan(1, 10), main_out.hidden.data()};
-  ASSERT_TRUE(model.forward_mtp(0, {&first, 1}, cache2, mtp_step).ok());
-  MtpChunk last{seq2, 10, std::span(ids).subspan(11, 1), main_out.hidden.data() + 10 * d};
-  ASSERT_TRUE(model.forward_mtp(0, {&last, 1}, cache2, mtp_step).ok());
+  const TokenChunk ch2 = chunk(cache2, seq2, 0, ids, true);
+  ASSERT_TRUE(model.forward({&ch2, 1}, cache2.storage(), main_out).ok());
+  const MtpChunk first =
+      mtp_chunk(cache2, seq2, 0, std::span(ids).subspan(1, 10), main_out.hidden.data());
+  ASSERT_TRUE(model.forward_mtp(0, {&first, 1}, cache2.storage(), mtp_step).ok());
+  const MtpChunk last =
+      mtp_chunk(cache2, seq2, 10, std::span(ids).subspan(11, 1), main_out.hidden.data() + 10 * d);
+  ASSERT_TRUE(model.forward_mtp(0, {&last, 1}, cache2.storage(), mtp_step).ok());
   for (int64_t i = 0; i < v; ++i)
     EXPECT_NEAR(mtp_step.logits[i], mtp_all.logits[10 * v + i], 1e-5f);
-  EXPECT_FALSE(model.forward_mtp(1, {&all, 1}, cache, mtp_all).ok());
+  EXPECT_FALSE(model.forward_mtp(1, {&all, 1}, cache.storage(), mtp_all).ok());
 }
 
 }  // namespace

@@ -36,10 +36,10 @@ TEST(KjvMoeTiny, MtpLogitsMatchTheRecipesReference) {
     KvCache cache = model.make_cache(len + 16).value();
     const int64_t seq = cache.add_sequence();
     StepOutput main_out, mtp_out;
-    TokenChunk ch{seq, 0, ids, false};
-    ASSERT_TRUE(model.forward({&ch, 1}, cache, main_out).ok());
-    MtpChunk m{seq, 0, ids.subspan(1), main_out.hidden.data()};
-    ASSERT_TRUE(model.forward_mtp(0, {&m, 1}, cache, mtp_out).ok());
+    const TokenChunk ch = cache.chunk(seq, 0, ids).value();
+    ASSERT_TRUE(model.forward({&ch, 1}, cache.storage(), main_out).ok());
+    const MtpChunk m = cache.mtp_chunk(seq, 0, ids.subspan(1), main_out.hidden.data()).value();
+    ASSERT_TRUE(model.forward_mtp(0, {&m, 1}, cache.storage(), mtp_out).ok());
     ASSERT_EQ(mtp_out.logits.size(), static_cast<size_t>((len - 1) * v));
     for (int64_t t = 0; t < len - 1; ++t) {
       const float* want = mtp_ref.data() + (r * (len - 1) + t) * v;

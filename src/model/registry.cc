@@ -1,0 +1,96 @@
+#include "model/registry.h"
+
+#include <filesystem>
+#include <string_view>
+
+#include <nlohmann/json.hpp>
+
+#include "base/read_file.h"
+#include "model/deepseek_v3.h"
+
+namespace xds {
+namespace {
+
+using Loader = Result<std::unique_ptr<CausalLm>> (*)(const std::string& dir,
+                                                     const ModelOptions& options);
+
+template <typename Model>
+Result<std::unique_ptr<CausalLm>> load_as(const std::string& dir, const ModelOptions& options) {
+  XDS_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::load(dir, options));
+  return std::unique_ptr<CausalLm>(std::move(model));
+}
+
+struct Architecture {
+  std::string_view model_type;    // config.json "model_type"
+  std::string_view architecture;  // config.json "architectures" entry (Hugging Face class)
+  Loader load;
+};
+
+// Every architecture this build runs: one row each.
+constexpr Architecture kArchitectures[] = {
+    {"deepseek_v3", "DeepseekV3ForCausalLM", &load_as<DeepseekV3Model>},
+};
+
+std::string supported_list() {
+  std::string list;
+  for (const Architecture& a : kArchitectures) {
+    if (!list.empty()) list += ", ";
+    list += a.model_type;
+  }
+  return list;
+}
+
+Result<const Architecture*> find_architecture(const std::string& dir) {
+  const std::string path = (std::filesystem::path(dir) / "config.json").string();
+  if (!std::filesystem::exists(path)) return not_found("{}: no such file", path);
+  XDS_ASSIGN_OR_RETURN(const std::string text, read_whole_file(path));
+  const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) return invalid_argument("{}: not a JSON object", path);
+  if (j.contains("model_type")) {
+    const nlohmann::json& t = j["model_type"];
+    if (!t.is_string()) return invalid_argument("{}: field 'model_type' is not a string", path);
+    const std::string type = t.get<std::string>();
+    for (const Architecture& a : kArchitectures) {
+      if (a.model_type == type) return &a;
+    }
+    return invalid_argument("{}: field 'model_type': '{}' is not supported (supported: {})", path,
+                            type, supported_list());
+  }
+  if (j.contains("architectures") && j["architectures"].is_array()) {
+    std::string seen;
+    for (const nlohmann::json& name : j["architectures"]) {
+      if (!name.is_string()) continue;
+      for (const Architecture& a : kArchitectures) {
+        if (a.architecture == name.get<std::string>()) return &a;
+      }
+      seen += (seen.empty() ? "" : ", ") + name.get<std::string>();
+    }
+    return invalid_argument(
+        "{}: no field 'model_type', and field 'architectures' [{}] names none supported "
+        "(supported model types: {})",
+        path, seen, supported_list());
+  }
+  return invalid_argument("{}: field 'model_type' is missing (supported: {})", path,
+                          supported_list());
+}
+
+}  // namespace
+
+Result<std::unique_ptr<CausalLm>> load_causal_lm(const std::string& dir,
+                                                 const ModelOptions& options) {
+  XDS_ASSIGN_OR_RETURN(const Architecture* a, find_architecture(dir));
+  return a->load(dir, options);
+}
+
+Result<std::string> causal_lm_type(const std::string& dir) {
+  XDS_ASSIGN_OR_RETURN(const Architecture* a, find_architecture(dir));
+  return std::string(a->model_type);
+}
+
+std::vector<std::string> supported_model_types() {
+  std::vector<std::string> types;
+  for (const Architecture& a : kArchitectures) types.emplace_back(a.model_type);
+  return types;
+}
+
+}  // namespace xds

@@ -1,0 +1,265 @@
+// The engine's view of a model (CausalLm, load_causal_lm) on a tiny random checkpoint:
+// the registry, zero-token steps that still join every MoE exchange, block tables checked
+// before anything is written, and blocks shared between sequences (fork, copy on write)
+// in caller-provided memory giving the logits of a cold run.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "mkmodel/mkmodel.h"
+#include "model/block_allocator.h"
+#include "model/deepseek_v3.h"
+#include "model/kv_storage.h"
+#include "model/linear_runner.h"
+#include "model/local_moe.h"
+#include "model/registry.h"
+
+namespace xds {
+namespace {
+
+std::string tiny_dir() {
+  static const std::string dir = [] {
+    const std::string d = (std::filesystem::temp_directory_path() / "xds_causal_lm_tiny").string();
+    MkModelOptions o;
+    o.out_dir = d;
+    o.seed = 21;
+    o.progress = false;
+    const Status s = write_random_checkpoint(o);
+    EXPECT_TRUE(s.ok()) << s.to_string();
+    return d;
+  }();
+  return dir;
+}
+
+std::unique_ptr<CausalLm> load_tiny() {
+  ModelOptions mo;
+  mo.threads = 2;
+  auto m = load_causal_lm(tiny_dir(), mo);
+  EXPECT_TRUE(m.ok()) << m.status().to_string();
+  return m.ok() ? std::move(*m) : nullptr;
+}
+
+std::vector<int32_t> random_ids(int64_t n, int64_t vocab, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int32_t> d(0, static_cast<int32_t>(vocab - 1));
+  std::vector<int32_t> v(static_cast<size_t>(n));
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+KvStorage owned_storage(const CausalLm& m, int64_t blocks) {
+  return KvStorage::create({m.kv_layout(), blocks, 16}, -1).value();
+}
+
+void write_config(const std::string& dir, const std::string& json) {
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/config.json") << json;
+}
+
+// The tiny preset (mkmodel): 3 decoder layers, the first dense, one MTP layer; 16 experts,
+// top-4; vocab 512; eos 1.
+TEST(Registry, LoadsTheArchitectureNamedByModelType) {
+  const auto m = load_tiny();
+  ASSERT_NE(m, nullptr);
+  const ModelInfo& info = m->info();
+  EXPECT_EQ(info.model_type, "deepseek_v3");
+  EXPECT_EQ(info.name, "xds_causal_lm_tiny");
+  EXPECT_EQ(info.vocab_size, 512);
+  EXPECT_EQ(info.hidden_size, 256);
+  EXPECT_EQ(info.num_layers, 3);
+  EXPECT_EQ(info.n_mtp_layers, 1);
+  EXPECT_EQ(info.n_routed_experts, 16);
+  EXPECT_EQ(info.experts_per_token, 4);
+  EXPECT_EQ(info.moe_layers, (std::vector<int64_t>{1, 2, 3}));
+  EXPECT_EQ(info.max_position_embeddings, 512);
+  EXPECT_EQ(info.eos_token_ids, (std::vector<int64_t>{1}));
+  EXPECT_NE(m->moe_weights(1), nullptr);
+  EXPECT_EQ(m->moe_weights(0), nullptr);  // dense
+  EXPECT_EQ(m->moe_weights(4), nullptr);  // no such layer
+  // KV: 4 cache layers of latent 96 (f32, rows padded to 112: 7 lines) and rope 16.
+  const KvLayout kv = m->kv_layout();
+  EXPECT_EQ(kv.layers, 4);
+  ASSERT_EQ(kv.planes.size(), 2u);
+  EXPECT_EQ(kv.planes[0].elements, 96);
+  EXPECT_EQ(kv.planes[0].row_bytes, 112 * 4);
+  EXPECT_EQ(kv.planes[1].elements, 16);
+  EXPECT_EQ(supported_model_types(), (std::vector<std::string>{"deepseek_v3"}));
+}
+
+TEST(Registry, UnknownOrMissingTypesAreClearErrors) {
+  const std::string root = (std::filesystem::temp_directory_path() / "xds_registry").string();
+  write_config(root + "/qwen", R"({"model_type": "qwen3_moe"})");
+  const auto unknown = load_causal_lm(root + "/qwen", {});
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_EQ(unknown.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(unknown.status().message().find("'model_type': 'qwen3_moe' is not supported "
+                                            "(supported: deepseek_v3)"),
+            std::string::npos)
+      << unknown.status().message();
+  write_config(root + "/arch", R"({"architectures": ["DeepseekV3ForCausalLM"]})");
+  EXPECT_EQ(causal_lm_type(root + "/arch").value(), "deepseek_v3");
+  write_config(root + "/none", R"({"hidden_size": 8})");
+  EXPECT_NE(causal_lm_type(root + "/none").status().message().find("'model_type' is missing"),
+            std::string::npos);
+  const auto missing = load_causal_lm(root + "/absent", {});
+  EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
+}
+
+// Records each exchange call (layer, rows) and computes it with the local experts.
+class RecordingExchange final : public MoeExchange {
+ public:
+  RecordingExchange(const DeepseekV3Model& m, ThreadPool& pool)
+      : linear_(ComputeDType::kF32, pool), local_(m.config(), m.weights(), linear_) {}
+  Status run(const MoeExchangeInput& in) override {
+    calls.emplace_back(in.layer, in.n);
+    return local_.run(in);
+  }
+  std::vector<std::pair<int64_t, int64_t>> calls;
+
+ private:
+  LinearRunner linear_;
+  LocalMoeExchange local_;
+};
+
+// A device with no tokens joins every MoE layer's exchange, in the order a real step does.
+TEST(CausalLm, ZeroTokenStepsJoinEveryMoeExchangeInLayerOrder) {
+  const auto m = load_tiny();
+  ASSERT_NE(m, nullptr);
+  auto& model = dynamic_cast<DeepseekV3Model&>(*m);
+  ThreadPool pool(1);
+  RecordingExchange rec(model, pool);
+  m->set_moe_exchange(&rec);
+  KvStorage kv = owned_storage(*m, 4);
+  StepOutput out;
+  out.logits.assign(7, 1.0f);  // stale outputs are cleared
+  out.hidden.assign(7, 1.0f);
+  out.logit_tokens.assign(2, 0);
+
+  ASSERT_TRUE(m->forward({}, kv, out).ok());
+  const std::vector<std::pair<int64_t, int64_t>> empty_main = {{1, 0}, {2, 0}};
+  EXPECT_EQ(rec.calls, empty_main);
+  EXPECT_TRUE(out.logits.empty());
+  EXPECT_TRUE(out.hidden.empty());
+  EXPECT_TRUE(out.logit_tokens.empty());
+
+  // Chunks without tokens are a zero-token step too.
+  rec.calls.clear();
+  const std::vector<int32_t> table = {0};
+  const TokenChunk nothing[] = {{0, {}, table, false}, {3, {}, table, true}};
+  ASSERT_TRUE(m->forward(nothing, kv, out).ok());
+  EXPECT_EQ(rec.calls, empty_main);
+
+  // A real step: the same layers in the same order.
+  rec.calls.clear();
+  const auto ids = random_ids(5, 512, 3);
+  const TokenChunk real{0, ids, table, false};
+  ASSERT_TRUE(m->forward({&real, 1}, kv, out).ok());
+  EXPECT_EQ(rec.calls, (std::vector<std::pair<int64_t, int64_t>>{{1, 5}, {2, 5}}));
+  EXPECT_EQ(out.logits.size(), 512u);
+
+  rec.calls.clear();
+  ASSERT_TRUE(m->forward_mtp(0, {}, kv, out).ok());
+  EXPECT_EQ(rec.calls, (std::vector<std::pair<int64_t, int64_t>>{{3, 0}}));
+  EXPECT_TRUE(out.logits.empty());
+  m->set_moe_exchange(nullptr);  // the local experts again
+}
+
+// A block table that does not cover a chunk, or names a block outside the storage, is an
+// error naming the chunk, and nothing is written (the earlier chunks' rows included).
+TEST(CausalLm, BlockTablesAreCheckedBeforeAnythingIsWritten) {
+  const auto m = load_tiny();
+  ASSERT_NE(m, nullptr);
+  KvStorage kv = owned_storage(*m, 4);
+  const auto ids = random_ids(20, 512, 5);
+  const std::vector<int32_t> two = {0, 1}, one = {2}, bad = {3, 9};
+  StepOutput out;
+  const TokenChunk short_table[] = {{0, std::span(ids).first(4), two, false}, {0, ids, one, false}};
+  const Status s = m->forward(short_table, kv, out);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("chunk 1: positions [0, 20) need 2 blocks of 16 rows, its block "
+                             "table has 1"),
+            std::string::npos)
+      << s.message();
+  const TokenChunk out_of_range{0, ids, bad, false};
+  const Status r = m->forward({&out_of_range, 1}, kv, out);
+  EXPECT_NE(r.message().find("chunk 0: block table entry 1 is block 9, outside [0, 4)"),
+            std::string::npos)
+      << r.message();
+  for (int64_t i = 0; i < kv.bytes(); ++i) ASSERT_EQ(kv.data()[i], std::byte{0}) << i;
+  // A storage of another model's layout is refused.
+  KvStorageShape other{mla_kv_layout(4, 64, 16, DType::kF32), 4, 16};
+  KvStorage wrong = KvStorage::create(other, -1).value();
+  const TokenChunk fine{0, ids, two, false};
+  EXPECT_EQ(m->forward({&fine, 1}, wrong, out).code(), StatusCode::kInvalidArgument);
+}
+
+// Prefix sharing as the engine does it, in memory the caller owns: sequence B forks A after
+// 20 tokens (block 0 shared, the partial block 1 copied on write), then each decodes its own
+// next token. Each gets the bits of the same prefill + decode on a fresh, owned cache.
+TEST(CausalLm, ForkedSequencesInCallerMemoryGiveTheLogitsOfColdRuns) {
+  const auto m = load_tiny();
+  ASSERT_NE(m, nullptr);
+  const auto prompt = random_ids(20, 512, 8);
+  const int32_t next_a = 17, next_b = 301;
+  const KvStorageShape shape{m->kv_layout(), 8, 16};
+  const int64_t bytes = KvStorage::bytes_for(shape);
+  std::vector<std::byte> memory(static_cast<size_t>(bytes + 64));
+  const size_t skew = (64 - reinterpret_cast<uintptr_t>(memory.data()) % 64) % 64;
+  KvStorage kv =
+      KvStorage::wrap(shape, std::span(memory.data() + skew, static_cast<size_t>(bytes))).value();
+  BlockAllocator blocks(8);
+
+  StepOutput out;
+  std::vector<int32_t> table_a;
+  ASSERT_TRUE(blocks.allocate(2, table_a).ok());  // 20 positions: 2 blocks of 16
+  const TokenChunk prefill{0, prompt, table_a, false};
+  ASSERT_TRUE(m->forward({&prefill, 1}, kv, out).ok());
+
+  std::vector<int32_t> table_b = table_a;  // the fork
+  blocks.ref(table_b);
+  for (size_t i = 0; i < table_b.size(); ++i) {  // B writes position 20 of block 1
+    if (i != 1) continue;
+    const BlockAllocator::Writable w = blocks.ensure_writable(table_b[i]).value();
+    ASSERT_GE(w.copy_from, 0);
+    kv.copy_block(w.copy_from, w.block);
+    table_b[i] = w.block;
+  }
+  EXPECT_TRUE(blocks.writable(table_a[1]));   // A's again alone
+  EXPECT_FALSE(blocks.writable(table_a[0]));  // shared, never written
+
+  auto decode = [&](const std::vector<int32_t>& table, const int32_t* token) {
+    const TokenChunk step{20, std::span(token, 1), table, false};
+    EXPECT_TRUE(m->forward({&step, 1}, kv, out).ok());
+    return out.logits;
+  };
+  const std::vector<float> b = decode(table_b, &next_b);
+  const std::vector<float> a = decode(table_a, &next_a);
+
+  auto cold = [&](int32_t token) {
+    KvStorage fresh = owned_storage(*m, 2);
+    const std::vector<int32_t> t = {1, 0};
+    StepOutput o;
+    const TokenChunk p{0, prompt, t, false};
+    EXPECT_TRUE(m->forward({&p, 1}, fresh, o).ok());
+    const TokenChunk s{20, std::span(&token, 1), t, false};
+    EXPECT_TRUE(m->forward({&s, 1}, fresh, o).ok());
+    return o.logits;
+  };
+  const std::vector<float> cold_a = cold(next_a), cold_b = cold(next_b);
+  ASSERT_EQ(a.size(), cold_a.size());
+  EXPECT_EQ(std::memcmp(a.data(), cold_a.data(), a.size() * sizeof(float)), 0);
+  EXPECT_EQ(std::memcmp(b.data(), cold_b.data(), b.size() * sizeof(float)), 0);
+  EXPECT_NE(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0);
+  blocks.unref(table_a);
+  blocks.unref(table_b);
+  EXPECT_EQ(blocks.free_count(), 8);
+}
+
+}  // namespace
+}  // namespace xds
