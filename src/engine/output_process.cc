@@ -146,7 +146,8 @@ class OutputLoop {
     m.kind = MessageKind::kCancel;
     m.request_id = request_id;
     Status s = send_message(*cancel_, m);
-    if (!s.ok()) XDS_LOG_WARN("output process {}: cancel '{}': {}", options_.group, request_id, s.to_string());
+    if (!s.ok())
+      XDS_LOG_WARN("output process {}: cancel '{}': {}", options_.group, request_id, s.to_string());
   }
 
   zmq::socket_t* reply_socket(const std::string& address) {

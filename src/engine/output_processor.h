@@ -40,7 +40,7 @@ namespace xds::engine {
 
 struct ChoiceSetup {
   std::string request_id;
-  int32_t index = 0;                     // choice index (n > 1)
+  int32_t index = 0;  // choice index (n > 1)
   OutputOptions options;
   const Tokenizer* tokenizer = nullptr;  // null: the model has no tokenizer (ids only)
   uint64_t call_id_seed = 0;             // keys the tool-call ids (see tool_parser.h)

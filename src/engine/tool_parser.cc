@@ -40,7 +40,8 @@ uint64_t splitmix64(uint64_t x) {
 
 Status check_name(std::string_view name) {
   if (name.empty()) return invalid_argument("tool call: empty function name");
-  if (name.find_first_of(kSpace) != std::string_view::npos || name.find('<') != std::string_view::npos) {
+  if (name.find_first_of(kSpace) != std::string_view::npos ||
+      name.find('<') != std::string_view::npos) {
     return invalid_argument("tool call: function name '{}' has spaces or markers", name);
   }
   return {};
@@ -59,7 +60,8 @@ Result<ToolCall> parse_deepseek_v3_call(std::string_view body) {
     // V3: TYPE<sep>NAME\n```json\nARGS\n```
     if (head != "function") return invalid_argument("tool call: type '{}' is not 'function'", head);
     const size_t nl = tail.find('\n');
-    if (nl == std::string_view::npos) return invalid_argument("tool call: no newline after the name");
+    if (nl == std::string_view::npos)
+      return invalid_argument("tool call: no newline after the name");
     call.name = std::string(trim(tail.substr(0, nl)));
     std::string_view fenced = trim(tail.substr(nl + 1));
     if (fenced.starts_with("```json")) {
@@ -187,7 +189,8 @@ ToolSplit ToolParser::push(std::string_view text) {
       std::string_view text;
       int kind;  // 0 call begin, 1 section begin, 2 section end
     };
-    Marker markers[3] = {{call_begin, 0}, {ds ? kDsSectionBegin : "", 1}, {ds ? kDsSectionEnd : "", 2}};
+    Marker markers[3] = {
+        {call_begin, 0}, {ds ? kDsSectionBegin : "", 1}, {ds ? kDsSectionEnd : "", 2}};
     size_t best = std::string_view::npos;
     const Marker* hit = nullptr;
     size_t hold = 0;

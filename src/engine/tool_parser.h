@@ -3,7 +3,8 @@
 // Formats:
 //   "deepseek_v3": <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\n
 //                  ```json\nARGS\n```<｜tool▁call▁end｜>[\n<｜tool▁call▁begin｜>...]<｜tool▁calls▁end｜>
-//                  (the chat template's spelling; the V3.1 body NAME<｜tool▁sep｜>ARGS is accepted too)
+//                  (the chat template's spelling; the V3.1 body NAME<｜tool▁sep｜>ARGS is accepted
+//                  too)
 //   "qwen3":       <tool_call>\n{"name": NAME, "arguments": {...}}\n</tool_call> (several in a row)
 //
 // Streaming: text before a call is content and is released as it comes (a suffix that may be
@@ -59,10 +60,10 @@ class ToolParser {
   uint64_t id_seed_;
   int32_t num_calls_ = 0;
   bool in_call_ = false;
-  bool after_call_ = false;   // the last thing seen was a parsed call (gaps are dropped)
+  bool after_call_ = false;       // the last thing seen was a parsed call (gaps are dropped)
   bool gap_has_section_ = false;  // gap_ holds a section-begin marker not yet followed by a call
-  std::string held_;          // text not yet scanned to a decision (marker prefix, call body)
-  std::string gap_;           // whitespace / section marker between structure pieces
+  std::string held_;              // text not yet scanned to a decision (marker prefix, call body)
+  std::string gap_;               // whitespace / section marker between structure pieces
 };
 
 // Body parsers (between the call markers), exposed for tests. Failure: InvalidArgument.

@@ -96,7 +96,9 @@ TEST(Detokenizer, HoldsBackASplitCharacter) {
   const auto a = tok.token_to_id("a");
   ASSERT_TRUE(a.has_value());
   EXPECT_EQ(d.append_one(ids[0]), "");
-  EXPECT_EQ(d.append_one(*a), "\xEF\xBF\xBD" "a");
+  EXPECT_EQ(d.append_one(*a),
+            "\xEF\xBF\xBD"
+            "a");
   // An incomplete character at the end becomes U+FFFD.
   EXPECT_EQ(d.append_one(ids[0]), "");
   EXPECT_EQ(d.append_one(ids[1]), "");

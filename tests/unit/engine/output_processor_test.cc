@@ -9,7 +9,9 @@
 namespace xds::engine {
 namespace {
 
-const Tokenizer& kjv() { return test::tokenizer("kjv"); }
+const Tokenizer& kjv() {
+  return test::tokenizer("kjv");
+}
 
 std::vector<int32_t> encode(const std::string& text) {
   auto ids = kjv().encode(text, /*add_special_tokens=*/false);

@@ -62,15 +62,18 @@ std::vector<Case> cases() {
        "",
        {{"a", R"({"x": 1})"}, {"b", R"({"y": [1, 2]})"}}},
       // V3.1 body: NAME<sep>ARGS.
-      {"deepseek_v3", kDsBegin + kDsCall + "f" + kDsSep + R"({"k": "v"})" + kDsCallEnd + kDsEnd,
+      {"deepseek_v3",
+       kDsBegin + kDsCall + "f" + kDsSep + R"({"k": "v"})" + kDsCallEnd + kDsEnd,
        "",
        {{"f", R"({"k": "v"})"}}},
       // Malformed arguments: the call stays content, verbatim.
-      {"deepseek_v3", "x" + kDsBegin + ds_call("bad", "{not json") + kDsEnd,
+      {"deepseek_v3",
+       "x" + kDsBegin + ds_call("bad", "{not json") + kDsEnd,
        "x" + kDsBegin + ds_call("bad", "{not json") + kDsEnd,
        {}},
       // Unfinished call at the end (max_tokens): content, markers included.
-      {"deepseek_v3", "y" + kDsBegin + kDsCall + "function" + kDsSep + "f\n```json\n{\"a\"",
+      {"deepseek_v3",
+       "y" + kDsBegin + kDsCall + "function" + kDsSep + "f\n```json\n{\"a\"",
        "y" + kDsBegin + kDsCall + "function" + kDsSep + "f\n```json\n{\"a\"",
        {}},
       // Text that is not a call.
@@ -83,11 +86,15 @@ std::vector<Case> cases() {
        "I will call two tools.\n",
        {{"get_time", R"({"tz":"UTC","fmt":"iso"})"}, {"noop", "{}"}}},
       // Arguments given as a JSON string.
-      {"qwen3", "<tool_call>{\"name\": \"f\", \"arguments\": \"{\\\"a\\\": 1}\"}</tool_call>", "",
+      {"qwen3",
+       "<tool_call>{\"name\": \"f\", \"arguments\": \"{\\\"a\\\": 1}\"}</tool_call>",
+       "",
        {{"f", R"({"a": 1})"}}},
       // No name: content.
-      {"qwen3", "<tool_call>\n{\"arguments\": {}}\n</tool_call>",
-       "<tool_call>\n{\"arguments\": {}}\n</tool_call>", {}},
+      {"qwen3",
+       "<tool_call>\n{\"arguments\": {}}\n</tool_call>",
+       "<tool_call>\n{\"arguments\": {}}\n</tool_call>",
+       {}},
       // Text after the calls stays content.
       {"qwen3", "<tool_call>{\"name\": \"f\"}</tool_call>\nDone.", "\nDone.", {{"f", "{}"}}},
       // Unfinished.
@@ -140,7 +147,8 @@ TEST(ToolParser, ContentIsReleasedBeforeTheCallCompletes) {
 
 TEST(ToolParser, IdsAreUniquePerSeedAndCall) {
   std::set<std::string> ids;
-  const std::string text = "<tool_call>{\"name\": \"f\"}</tool_call><tool_call>{\"name\": \"g\"}</tool_call>";
+  const std::string text =
+      "<tool_call>{\"name\": \"f\"}</tool_call><tool_call>{\"name\": \"g\"}</tool_call>";
   for (uint64_t seed = 0; seed < 50; ++seed) {
     for (const ToolCall& c : run("qwen3", {text}, seed).calls) ids.insert(c.id);
   }
@@ -152,7 +160,8 @@ TEST(ToolParser, BodyParsers) {
   ASSERT_TRUE(ok.ok());
   EXPECT_EQ(ok->name, "f");
   EXPECT_EQ(ok->arguments, "{}");
-  EXPECT_FALSE(parse_deepseek_v3_call("function" + kDsSep + "f\n{}").ok());  // no fence, no V3.1 name
+  EXPECT_FALSE(
+      parse_deepseek_v3_call("function" + kDsSep + "f\n{}").ok());  // no fence, no V3.1 name
   EXPECT_FALSE(parse_deepseek_v3_call("no separator").ok());
   EXPECT_FALSE(parse_deepseek_v3_call("function" + kDsSep + "f\n```json\n[1]\n```").ok());
   EXPECT_FALSE(parse_qwen3_call("{\"name\": \"\"}").ok());
