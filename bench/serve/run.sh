@@ -57,6 +57,7 @@ if [[ $smoke == 1 ]]; then
   short_in=32; short_out=8; long_in=400; long_out=8; long_period=5; chunked_duration=12
   goodput_rates="1,2"; goodput_duration=5; goodput_in=32-64; goodput_out=8-16
   batched_tokens=64
+  kv_memory=256M
 else
   preset=bench-2.6b
   single_in=128; single_out=256
@@ -64,6 +65,7 @@ else
   short_in=128; short_out=64; long_in=3900; long_out=32; long_period=60
   goodput_in=128-512; goodput_out=64-256
   batched_tokens=256
+  kv_memory=4G  # 64 streams x 576 positions x 27.6 KB (12 layers x 576 f32) = 1.0 GB, and room
 fi
 : "${model:=bench-out/models/$preset}"
 ids="1000,30000"  # token-id prompts: bench-2.6b has no tokenizer
@@ -154,7 +156,7 @@ for dp in ${dps//,/ }; do
   max_seqs=64
   for b in $peak_streams; do [[ $b -gt $max_seqs ]] && max_seqs=$b; done
   if want single || want peak || want goodput; then
-    start_server "$t" "$dp" --max-num-seqs "$max_seqs"
+    start_server "$t" "$dp" --max-num-seqs "$max_seqs" --kv-memory "$kv_memory"
     if want single; then
       bench --peak-decode --streams 1 --input-len "$single_in" --output-len "$single_out" \
         --json "$out/single_$t.json" --no-progress
@@ -174,13 +176,14 @@ for dp in ${dps//,/ }; do
   fi
   if want chunked; then
     mix="rate=1,in=$short_in,out=$short_out;period=$long_period,start=$((long_period / 6)),in=$long_in,out=$long_out"
-    start_server "chunked_on_$t" "$dp" --max-num-batched-tokens "$batched_tokens"
+    start_server "chunked_on_$t" "$dp" --max-num-batched-tokens "$batched_tokens" --kv-memory "$kv_memory"
     bench --mix "$mix" --duration "$chunked_duration" --ignore-eos --json "$out/chunked_mix_$t.json"
     bench --request-rate 1 --input-len "$short_in" --output-len "$short_out" \
       --duration "$chunked_duration" --ignore-eos --json "$out/chunked_short_$t.json"
     stop_server
     if has_serve_flag --no-chunked-prefill; then
-      start_server "chunked_off_$t" "$dp" --max-num-batched-tokens "$batched_tokens" --no-chunked-prefill
+      start_server "chunked_off_$t" "$dp" --max-num-batched-tokens "$batched_tokens" \
+        --kv-memory "$kv_memory" --no-chunked-prefill
       bench --mix "$mix" --duration "$chunked_duration" --ignore-eos --json "$out/chunked_off_$t.json"
       stop_server
     else
