@@ -65,7 +65,7 @@ else
   short_in=128; short_out=64; long_in=3900; long_out=32; long_period=60
   goodput_in=128-512; goodput_out=64-256
   batched_tokens=256
-  kv_memory=4G  # 64 streams x 576 positions x 27.6 KB (12 layers x 576 f32) = 1.0 GB, and room
+  kv_memory=2G  # 64 streams x 576 positions x 27.6 KB (12 layers x 576 f32) = 1.0 GB, and room
 fi
 : "${model:=bench-out/models/$preset}"
 ids="1000,30000"  # token-id prompts: bench-2.6b has no tokenizer
