@@ -131,11 +131,12 @@ Status KvManager::commit(int64_t seq, std::span<const int32_t> tokens) {
                             len, s.length, capacity(seq));
   }
   s.length = len;
+  if (!use_cache_) return {};
   for (int64_t i = s.hashed_blocks; i < len / block_size_; ++i) {
     const auto blk =
         tokens.subspan(static_cast<size_t>(i * block_size_), static_cast<size_t>(block_size_));
     const uint64_t h = PrefixCache::block_hash(s.chain, blk);
-    if (use_cache_) cache_.insert(alloc_, s.table[i], s.chain, h, blk);
+    cache_.insert(alloc_, s.table[i], s.chain, h, blk);
     s.chain = h;
     s.hashed_blocks = i + 1;
   }

@@ -3,10 +3,10 @@
 // step's plan out. No I/O, no clock; the caller applies the plan (preempt, admit, reserve KV,
 // run the chunks).
 //
-// A sequence's KV length ("computed") grows towards its prefill target (the prompt, or the
-// prompt plus the tokens generated before a preemption when it is recomputed); once there it
-// decodes: each step feeds its last sampled token at position `computed`, plus `lookahead`
-// MTP draft positions, and samples 1 to lookahead + 1 tokens.
+// A sequence's KV length ("computed") grows towards its prefill target (the prompt; when a
+// preempted sequence is recomputed, the caller's choice, e.g. every known token but the last
+// sampled one); once there it decodes: each step feeds the token at position `computed`, plus
+// `lookahead` MTP draft positions, and samples 1 to lookahead + 1 tokens.
 //
 // The step, in this order:
 //   1. Decodes of running sequences, oldest first, each counting 1 + lookahead tokens of the
