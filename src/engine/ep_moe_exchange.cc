@@ -1,0 +1,283 @@
+#include "engine/ep_moe_exchange.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "base/clock.h"
+#include "kernels/cpu/linear.h"
+#include "tensor/dtype.h"
+#include "xccl/rowops.h"
+
+namespace xds::engine {
+namespace {
+
+constexpr int kMaxPasses = 16;   // 4 bits of the key's phase
+constexpr int kMaxRounds = 256;  // 8 bits of the key's phase
+
+int64_t total_layers(const ModelInfo& i) {
+  return i.num_layers + i.n_mtp_layers;
+}
+
+// The facts EpMoeExchange uses, from a DeepSeek-V3 config and weights.
+ModelInfo info_of(const DeepseekV3Config& c, const DeepseekV3Weights* w) {
+  ModelInfo i;
+  i.hidden_size = c.hidden_size;
+  i.n_routed_experts = c.n_routed_experts;
+  i.experts_per_token = c.num_experts_per_tok;
+  i.num_layers = c.num_hidden_layers;
+  i.n_mtp_layers = c.num_nextn_predict_layers;
+  if (w == nullptr) return i;
+  for (size_t l = 0; l < w->layers.size(); ++l)
+    if (w->layers[l].moe) i.moe_layers.push_back(int64_t(l));
+  for (size_t k = 0; k < w->mtp.size(); ++k)
+    if (w->mtp[k].layer.moe) i.moe_layers.push_back(c.num_hidden_layers + int64_t(k));
+  return i;
+}
+
+}  // namespace
+
+xccl::MoeConfig EpMoeExchange::moe_config(const ModelInfo& info, int devices,
+                                          ComputeDType compute, const EpMoeOptions& options) {
+  const xccl::RowDType t =
+      compute == ComputeDType::kF32 ? xccl::RowDType::kF32 : xccl::RowDType::kBf16;
+  xccl::MoeConfig m;
+  m.hidden = int(info.hidden_size);
+  m.topk = int(info.experts_per_token);
+  m.max_tokens = options.max_tokens;
+  m.slots_per_device =
+      devices > 0 ? int(info.n_routed_experts / devices) + options.redundant_slots : 0;
+  m.timeout_ms = options.timeout_ms;
+  m.row_dtype = t;
+  m.vector_dtype = t;
+  m.contiguous_rows = true;  // GroupedExperts gathers every row from one array
+  return m;
+}
+
+uint64_t EpMoeExchange::staging_bytes(const ModelInfo& info, int devices, ComputeDType compute,
+                                      const EpMoeOptions& options) {
+  return xccl::moe_staging_bytes(moe_config(info, devices, compute, options), devices);
+}
+
+uint64_t EpMoeExchange::staging_bytes(const DeepseekV3Config& config, int devices,
+                                      ComputeDType compute, const EpMoeOptions& options) {
+  return staging_bytes(info_of(config, nullptr), devices, compute, options);
+}
+
+Result<std::unique_ptr<EpMoeExchange>> EpMoeExchange::create(const EpMoeSetup& setup) {
+  if (setup.mailbox == nullptr ||
+      (setup.model == nullptr &&
+       (setup.config == nullptr || setup.weights == nullptr || setup.pool == nullptr)))
+    return invalid_argument(
+        "EpMoeExchange: a mailbox and a model (or a config, weights and a pool) are required");
+  if (setup.model == nullptr &&
+      (int64_t(setup.weights->layers.size()) != setup.config->num_hidden_layers ||
+       int64_t(setup.weights->mtp.size()) != setup.config->num_nextn_predict_layers))
+    return invalid_argument("EpMoeExchange: weights of {} + {} layers, config {} + {}",
+                            setup.weights->layers.size(), setup.weights->mtp.size(),
+                            setup.config->num_hidden_layers,
+                            setup.config->num_nextn_predict_layers);
+  const ModelInfo info =
+      setup.model != nullptr ? setup.model->info() : info_of(*setup.config, setup.weights);
+  const ComputeDType compute =
+      setup.model != nullptr ? setup.model->compute_dtype() : setup.compute;
+  ThreadPool& pool = setup.model != nullptr ? setup.model->pool() : *setup.pool;
+  const ModelInfo& c = info;
+  const EpMoeOptions& o = setup.options;
+  xccl::Fabric& f = setup.mailbox->fabric();
+  const int n = f.world_size();
+  if (c.n_routed_experts < 1 || c.n_routed_experts % n != 0)
+    return invalid_argument(
+        "expert parallelism: n_routed_experts {} must be a positive multiple of the {} devices",
+        c.n_routed_experts, n);
+  if (o.redundant_slots < 0 || o.max_tokens < 1)
+    return invalid_argument("expert parallelism: redundant_slots {} must be >= 0 and "
+                            "max_tokens {} >= 1",
+                            o.redundant_slots, o.max_tokens);
+  if (c.experts_per_token < 1 || c.experts_per_token > xccl::kMaxTopk)
+    return unimplemented("expert parallelism: {} experts per token outside [1, {}]",
+                         c.experts_per_token, xccl::kMaxTopk);
+  const xccl::MoeConfig mc = moe_config(c, n, compute, o);
+  xccl::ExchangeRoles roles;
+  for (int r = 0; r < n; ++r) {
+    roles.senders.push_back(r);
+    roles.receivers.push_back(r);
+  }
+  roles.staging_base = f.layout().staging;
+  XDS_ASSIGN_OR_RETURN(auto ex, xccl::Exchange::create(*setup.mailbox, mc, roles, &pool));
+  EpMoeSetup resolved = setup;
+  resolved.compute = compute;
+  resolved.pool = &pool;
+  std::unique_ptr<EpMoeExchange> e(
+      new EpMoeExchange(resolved, info, std::move(ex), mc.slots_per_device));
+  for (int64_t l : e->moe_layers_)
+    if (l < 0 || l >= e->n_layers_ || e->moe_weights(l) == nullptr)
+      return invalid_argument("EpMoeExchange: MoE layer {} has no routed-expert weights", l);
+  std::vector<xccl::ExpertMap> maps(size_t(e->n_layers_));
+  for (int64_t l : e->moe_layers_)
+    maps[size_t(l)] = xccl::ExpertMap::identity(int(c.n_routed_experts), n, e->slots_, 1);
+  XDS_RETURN_IF_ERROR(e->set_expert_maps(std::move(maps)));
+  return e;
+}
+
+EpMoeExchange::EpMoeExchange(const EpMoeSetup& setup, const ModelInfo& info,
+                             std::unique_ptr<xccl::Exchange> ex, int slots)
+    : setup_(setup),
+      info_(info),
+      ex_(std::move(ex)),
+      slots_(slots),
+      n_layers_(total_layers(info)),
+      moe_layers_(info.moe_layers),
+      experts_(setup.compute, *setup.pool) {
+  slot_weights_.resize(size_t(n_layers_));
+  pass_.assign(size_t(n_layers_), 0);
+  out16_.resize(size_t(setup.options.max_tokens) * size_t(info.hidden_size));
+}
+
+const MoeWeights* EpMoeExchange::moe_weights(int64_t layer) const {
+  if (setup_.model != nullptr) return setup_.model->moe_weights(layer);
+  const DeepseekV3Weights& w = *setup_.weights;
+  const int64_t main = int64_t(w.layers.size());
+  if (layer < 0 || layer >= main + int64_t(w.mtp.size())) return nullptr;
+  const auto& moe =
+      layer < main ? w.layers[size_t(layer)].moe : w.mtp[size_t(layer - main)].layer.moe;
+  return moe ? &*moe : nullptr;
+}
+
+Status EpMoeExchange::set_expert_maps(std::vector<xccl::ExpertMap> maps) {
+  if (int64_t(maps.size()) != n_layers_)
+    return invalid_argument("expert maps: {} given, the model has {} layers (MTP included)",
+                            maps.size(), n_layers_);
+  const int n = setup_.mailbox->fabric().world_size();
+  uint64_t version = 0;
+  for (int64_t l : moe_layers_) {
+    const xccl::ExpertMap& m = maps[size_t(l)];
+    XDS_RETURN_IF_ERROR(m.validate().with_context(fmt::format("layer {}", l)));
+    if (m.n_devices != n || m.slots_per_device != slots_ ||
+        m.n_logical() != info_.n_routed_experts)
+      return invalid_argument(
+          "expert map of layer {}: {} devices x {} slots for {} experts, the instance has {} x "
+          "{} for {}",
+          l, m.n_devices, m.slots_per_device, m.n_logical(), n, slots_,
+          info_.n_routed_experts);
+    if (l != moe_layers_.front() && m.version != version)
+      return invalid_argument("expert maps: layer {} has version {}, layer {} version {}", l,
+                              m.version, moe_layers_.front(), version);
+    version = m.version;
+  }
+  maps_ = std::move(maps);
+  map_version_ = version;
+  for (int64_t l : moe_layers_) XDS_RETURN_IF_ERROR(bind_layer(l));
+  return Status::ok_status();
+}
+
+Status EpMoeExchange::bind_layer(int64_t layer) {
+  const int rank = setup_.mailbox->fabric().rank();
+  const xccl::ExpertMap& m = maps_[size_t(layer)];
+  logical_.assign(size_t(slots_), -1);
+  for (int e = 0; e < m.n_logical(); ++e)
+    for (int32_t p : m.replicas[size_t(e)])
+      if (p / slots_ == rank) logical_[size_t(p % slots_)] = e;
+  return bind_expert_slots(*moe_weights(layer), logical_,
+                           slot_weights_[size_t(layer)])
+      .with_context(fmt::format("layer {}", layer));
+}
+
+void EpMoeExchange::set_step(uint32_t epoch, uint32_t step) {
+  epoch_ = epoch;
+  step_ = step;
+  std::fill(pass_.begin(), pass_.end(), uint16_t(0));
+}
+
+Status EpMoeExchange::run(const MoeExchangeInput& in) {
+  if (in.layer < 0 || in.layer >= n_layers_ || slot_weights_[size_t(in.layer)].empty())
+    return invalid_argument("expert parallelism: layer {} is not a MoE layer", in.layer);
+  const xccl::MoeConfig& c = ex_->config();
+  if (in.top_k != c.topk || in.n < 0)
+    return invalid_argument("expert parallelism: layer {}: top-k {} (exchange {}), n {}",
+                            in.layer, in.top_k, c.topk, in.n);
+  const int rounds = xccl::rounds_needed(int(in.n), c.max_tokens);
+  if (rounds > kMaxRounds)
+    return invalid_argument("expert parallelism: {} tokens need {} rounds of {} (at most {})",
+                            in.n, rounds, c.max_tokens, kMaxRounds);
+  uint16_t& pass = pass_[size_t(in.layer)];
+  if (pass >= kMaxPasses)
+    return failed_precondition(
+        "expert parallelism: layer {} ran {} times since set_step (epoch {}, step {})", in.layer,
+        pass, epoch_, step_);
+  const uint64_t key =
+      xccl::collective_key(epoch_, step_, uint16_t(in.layer), uint16_t(pass << 8));
+  ++pass;
+  for (int round = 0;; ++round) {
+    const int64_t begin = std::min<int64_t>(in.n, int64_t(round) * c.max_tokens);
+    const int64_t m = std::min<int64_t>(in.n - begin, c.max_tokens);
+    XDS_RETURN_IF_ERROR(run_round(in, begin, m, begin + m < in.n, key + uint64_t(round),
+                                  round == 0));
+    if (!ex_->any_more()) break;
+    if (round + 1 >= kMaxRounds)
+      return internal_error("expert parallelism: a peer still has tokens after {} rounds",
+                            kMaxRounds);
+  }
+  ++times_.runs;
+  return Status::ok_status();
+}
+
+Status EpMoeExchange::run_round(const MoeExchangeInput& in, int64_t begin, int64_t n, bool more,
+                                uint64_t key, bool first) {
+  const xccl::MoeConfig& c = ex_->config();
+  const int64_t d = c.hidden, k = c.topk;
+  const bool f32 = c.row_dtype == xccl::RowDType::kF32;
+  const int64_t t0 = now_ns();
+  // 1. This round's rows into the staging: [n, D] f32, or rounded to bf16.
+  XDS_ASSIGN_OR_RETURN(std::byte * stage, ex_->input_data());
+  if (n > 0) {
+    const float* x = in.x + begin * d;
+    if (f32)
+      std::memcpy(stage, x, sizeof(float) * size_t(n * d));
+    else
+      kernels::round_to_bf16(x, n * d, reinterpret_cast<uint16_t*>(stage));
+  }
+  // 2. Dispatch.
+  const std::span<const int32_t> ids(in.ids + begin * k, size_t(n * k));
+  const std::span<const float> weights(in.weights + begin * k, size_t(n * k));
+  XDS_RETURN_IF_ERROR(
+      ex_->dispatch(int(n), ids, weights, maps_[size_t(in.layer)], key, more));
+  const int64_t t1 = now_ns();
+  // 3. This device's slots over the received rows (unweighted outputs; combine weights them).
+  const xccl::RecvLayout& l = ex_->received();
+  const int64_t rows = l.n_rows();
+  float* out = nullptr;
+  if (c.vector_dtype == xccl::RowDType::kF32) {
+    out = ex_->expert_out_f32();
+  } else {
+    if (expert_out_.size() < size_t(rows * d)) expert_out_.resize(size_t(rows * d));
+    out = expert_out_.data();
+  }
+  GroupedExpertsInput g;
+  g.slots = slot_weights_[size_t(in.layer)];
+  g.offsets = l.expert_offset;
+  g.rows = ex_->unit_rows();
+  g.row_dtype = f32 ? DType::kF32 : DType::kBF16;
+  g.row_stride = d;
+  g.gather = ex_->row_units().data();
+  g.out = out;
+  g.overlap = first ? in.overlap : nullptr;
+  XDS_RETURN_IF_ERROR(experts_.run(g).with_context(fmt::format("layer {}", in.layer)));
+  if (c.vector_dtype != xccl::RowDType::kF32 && rows > 0)
+    kernels::round_to_bf16(out, rows * d, ex_->expert_out());
+  const int64_t t2 = now_ns();
+  // 4. Combine into in.out rows [begin, begin + n).
+  if (c.vector_dtype == xccl::RowDType::kF32) {
+    XDS_RETURN_IF_ERROR(ex_->combine(in.out + begin * d, key));
+  } else {
+    XDS_RETURN_IF_ERROR(ex_->combine(out16_.data(), key));
+    float* o = in.out + begin * d;
+    for (int64_t i = 0; i < n * d; ++i) o[i] = xccl::bf16_to_float(out16_[size_t(i)]);
+  }
+  const int64_t t3 = now_ns();
+  times_.dispatch_ns += t1 - t0;
+  times_.experts_ns += t2 - t1;
+  times_.combine_ns += t3 - t2;
+  return Status::ok_status();
+}
+
+}  // namespace xds::engine

@@ -1,0 +1,137 @@
+// EpMoeExchange: the routed experts of every MoE layer spread over the devices of an instance
+// (expert parallelism, EP = N), dispatched and combined over XCCL (xccl/moe.h).
+//
+// Each device holds E / N + S expert slots per MoE layer (S spare slots per device, empty
+// until EPLB fills them, ARCHITECTURE.md "Experts are addressed through a map"); an expert map
+// per MoE layer (the MTP layers included), all under one version, says which slot serves each
+// logical expert. The identity map puts logical expert e on device e / (E / N), slot
+// e % (E / N); the device computes only its own slots (slot -> logical id -> the mapped
+// weights, shared read-only with the model).
+//
+// run() (one MoE layer of the step, the MoeExchange interface):
+//   for each round of at most max_tokens of this device's tokens (a device with no tokens
+//   still joins every round until no device has more):
+//     1. x rows -> the exchange's input staging, as f32 (ComputeDType::kF32: the reference,
+//        bit for bit) or rounded to bf16 (kBF16: the expert products round their inputs
+//        anyway);
+//     2. dispatch (routes through the layer's map; receivers check every sender's version);
+//     3. this device's slots run on the rows it received (GroupedExperts, f32 out);
+//     4. combine: each expert side pre-sums per (token, source) in f32 and the source sums one
+//        vector per (token, device) in ascending device order; vectors are f32 (kF32) or bf16
+//        (kBF16), the result lands in in.out as f32.
+//   With f32 both ways the result equals LocalMoeExchange's up to the summation order.
+//
+// Collective keys: xccl::collective_key(epoch, step, layer, phase), phase = pass << 8 | round,
+// where pass counts this layer's run() calls since set_step() (MTP draft passes of one step
+// reuse a layer) and round < 256. The engine calls set_step(epoch, step) before each forward,
+// with the step every device agreed on (step_sync.h), so all devices present the same keys.
+//
+// Staging: staging_bytes() per arena (ArenaConfig::staging_bytes at least that; the exchange
+// sits at the start of the staging area).
+//
+// Thread-safety: one run() at a time, on the device's collective thread (the Mailbox is not
+// thread-safe); the copy and expert work use the given pool. The config, weights, mailbox and
+// pool must outlive the exchange.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "base/status.h"
+#include "base/thread_pool.h"
+#include "model/causal_lm.h"
+#include "model/compute_dtype.h"
+#include "model/config.h"
+#include "model/deepseek_v3_weights.h"
+#include "model/grouped_experts.h"
+#include "model/moe_exchange.h"
+#include "xccl/expert_map.h"
+#include "xccl/mailbox.h"
+#include "xccl/moe.h"
+
+namespace xds::engine {
+
+struct EpMoeOptions {
+  int redundant_slots = 0;      // S: spare expert slots per device and MoE layer
+  int max_tokens = 256;         // tokens per device per round (staging is sized by it)
+  int64_t timeout_ms = 30'000;  // a peer silent this long poisons the epoch
+};
+
+// The model side comes either from a CausalLm (its info, compute dtype, pool and
+// moe_weights()), or from a DeepSeek-V3 config and weights with a compute dtype and pool
+// (model == nullptr). The routed-expert weights are mmap'd and shared read-only; the slots
+// bind only this device's experts.
+struct EpMoeSetup {
+  CausalLm* model = nullptr;
+  const DeepseekV3Config* config = nullptr;    // without a model
+  const DeepseekV3Weights* weights = nullptr;  // without a model
+  ComputeDType compute = ComputeDType::kF32;   // without a model
+  ThreadPool* pool = nullptr;                  // without a model: copies and expert products
+  xccl::Mailbox* mailbox = nullptr;  // the device's mailbox; world = every device of the EP group
+  EpMoeOptions options;
+};
+
+class EpMoeExchange final : public MoeExchange {
+ public:
+  // InvalidArgument when E is not divisible by the device count, options are out of range,
+  // or the arena's staging is smaller than staging_bytes().
+  static Result<std::unique_ptr<EpMoeExchange>> create(const EpMoeSetup& setup);
+  // Staging bytes per arena for an instance of `devices` devices.
+  static uint64_t staging_bytes(const ModelInfo& info, int devices, ComputeDType compute,
+                                const EpMoeOptions& options);
+  static uint64_t staging_bytes(const DeepseekV3Config& config, int devices, ComputeDType compute,
+                                const EpMoeOptions& options);
+  // The exchange's MoeConfig (row and vector types from the compute dtype; slots E / N + S).
+  static xccl::MoeConfig moe_config(const ModelInfo& info, int devices, ComputeDType compute,
+                                    const EpMoeOptions& options);
+
+  // Before each forward: the step's (epoch, step) for the collective keys.
+  void set_step(uint32_t epoch, uint32_t step);
+
+  // Replaces every MoE layer's map: maps[l] for every layer index l (MTP layers included;
+  // entries of dense layers are ignored), all MoE layers under one version. Call at a step
+  // boundary, with the version every device agreed on (step_sync.h). InvalidArgument for a
+  // map of the wrong shape or mixed versions; the maps in force then stay.
+  Status set_expert_maps(std::vector<xccl::ExpertMap> maps);
+  uint64_t map_version() const { return map_version_; }
+  // Layer indices (MTP layers included) that are MoE layers, ascending.
+  const std::vector<int64_t>& moe_layers() const { return moe_layers_; }
+  int slots_per_device() const { return slots_; }
+
+  Status run(const MoeExchangeInput& in) override;
+
+  // Nanoseconds spent in dispatch and in combine (waits included) since creation.
+  struct Times {
+    int64_t dispatch_ns = 0, experts_ns = 0, combine_ns = 0;
+    int64_t runs = 0;
+  };
+  const Times& times() const { return times_; }
+
+ private:
+  EpMoeExchange(const EpMoeSetup& setup, const ModelInfo& info, std::unique_ptr<xccl::Exchange> ex,
+                int slots);
+  const MoeWeights* moe_weights(int64_t layer) const;
+  Status bind_layer(int64_t layer);  // slot weights of one layer from its map
+  Status run_round(const MoeExchangeInput& in, int64_t begin, int64_t n, bool more,
+                   uint64_t key, bool first);
+
+  EpMoeSetup setup_;  // model, or config + weights + compute + pool
+  ModelInfo info_;    // the model's, or derived from the config
+  std::unique_ptr<xccl::Exchange> ex_;
+  int slots_ = 0;
+  int64_t n_layers_ = 0;                 // main + MTP layers
+  std::vector<int64_t> moe_layers_;
+  std::vector<xccl::ExpertMap> maps_;    // [n_layers_] (dense layers: empty)
+  std::vector<std::vector<const MlpWeights*>> slot_weights_;  // [n_layers_][slots]
+  uint64_t map_version_ = 0;
+  GroupedExperts experts_;
+  std::vector<uint16_t> pass_;           // [n_layers_] run() calls since set_step
+  uint32_t epoch_ = 0, step_ = 0;
+  std::vector<float> expert_out_;        // [n_rows, D] f32 (kBF16 vectors: rounded after)
+  std::vector<uint16_t> out16_;          // [max_tokens, D] bf16 combine output (kBF16)
+  std::vector<int32_t> logical_;         // [slots] scratch of bind_layer
+  Times times_;
+};
+
+}  // namespace xds::engine

@@ -1,0 +1,260 @@
+// Expert parallelism end to end: 2 and 4 device processes (xccl::DeviceGroup) each load the
+// same small random model, agree on every step with the step header (StepSync), and run the
+// forward pass over their own share of a set of prompts with EpMoeExchange in f32: prompts of
+// different lengths in chunks of different sizes, so that in some steps a device has no
+// tokens and joins every MoE layer's dispatch and combine with zero. Every device compares its
+// teacher-forced logits with a single-process run of the same prompts (LocalMoeExchange,
+// every expert local), computed by the launcher before the devices start: within 1e-4
+// relative to the row's max |logit|, and the same argmax wherever the reference's top-1
+// margin exceeds that.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "engine/ep_moe_exchange.h"
+#include "engine/step_sync.h"
+#include "model/deepseek_v3.h"
+#include "mkmodel/mkmodel.h"
+#include "xccl/launcher.h"
+#include "xccl/transport.h"
+
+namespace xds::engine {
+namespace {
+
+constexpr double kTolerance = 1e-4;
+
+struct Prompt {
+  std::vector<int32_t> ids;
+  std::vector<float> ref;  // [len, vocab] teacher-forced logits of the single-process run
+};
+
+std::string make_model() {
+  const std::string dir =
+      (std::filesystem::temp_directory_path() / "xds_ep_forward_tiny").string();
+  MkModelOptions o;
+  o.out_dir = dir;
+  o.seed = 29;
+  o.progress = false;
+  o.threads = 1;
+  const Status s = write_random_checkpoint(o);
+  EXPECT_TRUE(s.ok()) << s.to_string();
+  return dir;
+}
+
+std::vector<Prompt> make_prompts(int64_t vocab) {
+  const int lengths[] = {11, 4, 17, 6, 9, 13, 2, 8, 15};
+  std::mt19937 rng(1234);
+  std::uniform_int_distribution<int32_t> id(0, int32_t(vocab - 1));
+  std::vector<Prompt> p;
+  for (int n : lengths) {
+    Prompt q;
+    for (int i = 0; i < n; ++i) q.ids.push_back(id(rng));
+    p.push_back(std::move(q));
+  }
+  return p;
+}
+
+ModelOptions f32_options() {
+  ModelOptions mo;
+  mo.compute = ComputeDType::kF32;
+  mo.threads = 1;
+  return mo;
+}
+
+// The reference: each prompt alone, prefilled in one chunk, every position's logits.
+void compute_reference(DeepseekV3Model& m, std::vector<Prompt>& prompts) {
+  for (Prompt& p : prompts) {
+    auto cache = m.make_cache(int64_t(p.ids.size()) + 16);
+    ASSERT_TRUE(cache.ok());
+    const int64_t seq = cache->add_sequence();
+    auto ch = cache->chunk(seq, 0, p.ids, true);
+    ASSERT_TRUE(ch.ok()) << ch.status().to_string();
+    StepOutput out;
+    ASSERT_TRUE(m.forward({&*ch, 1}, cache->storage(), out).ok());
+    p.ref = out.logits;
+  }
+}
+
+// Device d's plan: its prompts (i % n == d), two in flight at a time, each advancing by
+// chunk(d) tokens per step; device d starts at step d (so the last devices have no tokens in
+// the first steps) and finishes when its prompts do (so some have none in the last steps).
+struct Flight {
+  int prompt = -1;
+  int64_t seq = -1;
+  int64_t done = 0;
+};
+
+int chunk_of(int device) {
+  static constexpr int kChunks[] = {5, 1, 7, 3};
+  return kChunks[device % 4];
+}
+
+// Compares logits row `got` [vocab] with the reference row; "" when within the contract.
+// worst_rel: the largest |diff| / max |logit| seen so far.
+std::string compare_row(const float* got, const float* ref, int64_t vocab, double& worst_rel) {
+  double mx = 0, worst = 0;
+  int64_t top = 0, got_top = 0;
+  for (int64_t i = 0; i < vocab; ++i) {
+    mx = std::max(mx, std::fabs(double(ref[i])));
+    worst = std::max(worst, std::fabs(double(got[i]) - double(ref[i])));
+    if (ref[i] > ref[top]) top = i;
+    if (got[i] > got[got_top]) got_top = i;
+  }
+  worst_rel = std::max(worst_rel, mx > 0 ? worst / mx : worst);
+  double second = -1e300;
+  for (int64_t i = 0; i < vocab; ++i)
+    if (i != top) second = std::max(second, double(ref[i]));
+  if (worst > kTolerance * mx)
+    return fmt::format("max |diff| {} > {} x max |logit| {}", worst, kTolerance, mx);
+  if (double(ref[top]) - second > kTolerance * mx && got_top != top)
+    return fmt::format("argmax {} != reference {} (margin {})", got_top, top,
+                       double(ref[top]) - second);
+  return "";
+}
+
+// One device process: returns its exit code (0: every row within the contract).
+int run_device(xccl::Fabric& f, const std::string& dir, const std::vector<Prompt>& prompts,
+               const EpMoeOptions& ep_options) {
+  auto fail = [&](const std::string& what) {
+    std::fprintf(stderr, "device %d: %s\n", f.rank(), what.c_str());
+    return 1;
+  };
+  auto model = DeepseekV3Model::load(dir, f32_options());
+  if (!model.ok()) return fail(model.status().to_string());
+  DeepseekV3Model& m = **model;
+  auto transport = xccl::make_transport("shm", f);
+  if (!transport.ok()) return fail(transport.status().to_string());
+  xccl::Mailbox mb(f, **transport);
+  EpMoeSetup setup;
+  setup.model = &m;
+  setup.mailbox = &mb;
+  setup.options = ep_options;
+  auto ep = EpMoeExchange::create(setup);
+  if (!ep.ok()) return fail(ep.status().to_string());
+  m.set_moe_exchange(ep->get());
+  std::vector<int> ranks;
+  for (int r = 0; r < f.world_size(); ++r) ranks.push_back(r);
+  StepSync sync(mb, ranks, 60'000);
+
+  const int n = f.world_size(), me = f.rank();
+  const int64_t vocab = m.info().vocab_size;
+  std::vector<int> mine;
+  for (int i = 0; i < int(prompts.size()); ++i)
+    if (i % n == me) mine.push_back(i);
+  int64_t total = 0;
+  for (int i : mine) total += int64_t(prompts[size_t(i)].ids.size());
+  auto cache = m.make_cache(total + 64);
+  if (!cache.ok()) return fail(cache.status().to_string());
+  std::vector<Flight> flight(2);
+  size_t next = 0;
+  int errors = 0, rows_checked = 0, idle_steps = 0;
+  double worst_rel = 0;
+  for (uint64_t step = 0;; ++step) {
+    std::vector<TokenChunk> chunks;
+    std::vector<std::pair<int, int64_t>> rows;  // (prompt, first position) per chunk
+    if (step >= uint64_t(me)) {
+      for (Flight& fl : flight) {
+        if (fl.prompt < 0 && next < mine.size()) {
+          fl = Flight{mine[next++], cache->add_sequence(), 0};
+        }
+        if (fl.prompt < 0) continue;
+        const auto& ids = prompts[size_t(fl.prompt)].ids;
+        const int64_t len = std::min<int64_t>(chunk_of(me), int64_t(ids.size()) - fl.done);
+        auto ch = cache->chunk(fl.seq, fl.done,
+                               std::span<const int32_t>(ids).subspan(size_t(fl.done), size_t(len)),
+                               true);
+        if (!ch.ok()) return fail(ch.status().to_string());
+        chunks.push_back(*ch);
+        rows.emplace_back(fl.prompt, fl.done);
+        fl.done += len;
+      }
+    }
+    StepHeader h;
+    h.epoch = f.epoch();
+    h.step = step;
+    for (const TokenChunk& c : chunks) h.tokens += uint32_t(c.tokens.size());
+    h.moe_passes = h.tokens > 0 ? 1 : 0;
+    h.map_version = (*ep)->map_version();
+    auto d = sync.exchange(h);
+    if (!d.ok()) return fail(d.status().to_string());
+    if (d->action == StepAction::kSleep) break;  // every device done
+    if (d->action != StepAction::kRun)
+      return fail(fmt::format("step {}: unexpected decision {}", step,
+                              step_action_name(d->action)));
+    if (d->map_version != (*ep)->map_version()) return fail("map versions differ");
+    if (h.tokens == 0) ++idle_steps;
+    (*ep)->set_step(d->epoch, uint32_t(d->step));
+    StepOutput out;
+    const Status st = m.forward(chunks, cache->storage(), out);
+    if (!st.ok()) return fail(fmt::format("step {}: {}", step, st.to_string()));
+    int64_t row = 0;
+    for (size_t c = 0; c < chunks.size(); ++c) {
+      const auto [prompt, first] = rows[c];
+      for (size_t t = 0; t < chunks[c].tokens.size(); ++t, ++row) {
+        const std::string why =
+            compare_row(out.logits.data() + row * vocab,
+                        prompts[size_t(prompt)].ref.data() + (first + int64_t(t)) * vocab, vocab,
+                        worst_rel);
+        ++rows_checked;
+        if (!why.empty() && ++errors <= 5)
+          std::fprintf(stderr, "device %d step %llu prompt %d position %lld: %s\n", me,
+                       (unsigned long long)step, prompt, (long long)(first + int64_t(t)),
+                       why.c_str());
+      }
+    }
+    for (Flight& fl : flight)
+      if (fl.prompt >= 0 && fl.done == int64_t(prompts[size_t(fl.prompt)].ids.size()))
+        fl = Flight{};
+  }
+  if (rows_checked != total)
+    return fail(fmt::format("{} rows checked, {} expected", rows_checked, total));
+  const auto& tm = (*ep)->times();
+  std::fprintf(stderr,
+               "device %d: %d rows, %d idle steps, %d errors, worst |diff| / max|logit| %.2e; "
+               "%lld MoE runs: dispatch %.1f us, experts %.1f us, combine %.1f us per run\n",
+               me, rows_checked, idle_steps, errors, worst_rel, (long long)tm.runs,
+               double(tm.dispatch_ns) / 1e3 / double(tm.runs),
+               double(tm.experts_ns) / 1e3 / double(tm.runs),
+               double(tm.combine_ns) / 1e3 / double(tm.runs));
+  return errors == 0 ? 0 : 1;
+}
+
+void run_group(int devices) {
+  const std::string dir = make_model();
+  auto reference = DeepseekV3Model::load(dir, f32_options());
+  ASSERT_TRUE(reference.ok()) << reference.status().to_string();
+  const ModelInfo info = (*reference)->info();
+  std::vector<Prompt> prompts = make_prompts(info.vocab_size);
+  compute_reference(**reference, prompts);
+  reference->reset();  // its pool's threads stop before the devices fork
+  EpMoeOptions ep;
+  ep.redundant_slots = 1;
+  ep.max_tokens = 8;  // a device's 14-token steps go in two rounds
+  ep.timeout_ms = 60'000;
+  xccl::LaunchOptions lo;
+  lo.devices = devices;
+  lo.arena.lanes = 1;
+  lo.arena.ring_slots = 1;
+  lo.arena.slot_bytes = 64;
+  lo.arena.staging_bytes = EpMoeExchange::staging_bytes(info, devices, ComputeDType::kF32, ep);
+  lo.arena.app_bytes = 0;
+  auto exits = xccl::launch_devices(
+      lo, [&](xccl::Fabric& f) { return run_device(f, dir, prompts, ep); });
+  ASSERT_TRUE(exits.ok()) << exits.status().to_string();
+  for (size_t r = 0; r < exits->size(); ++r)
+    EXPECT_TRUE((*exits)[r].ok()) << "device " << r << " exit " << (*exits)[r].exit_code
+                                  << " signal " << (*exits)[r].signal;
+}
+
+TEST(EpForward, TwoDevicesMatchTheSingleProcessLogits) { run_group(2); }
+
+TEST(EpForward, FourDevicesMatchTheSingleProcessLogits) { run_group(4); }
+
+}  // namespace
+}  // namespace xds::engine
