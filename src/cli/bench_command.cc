@@ -170,15 +170,14 @@ json run_json(const RunResult& r, const RunSummary& s) {
 }
 
 void print_client_line(const RunResult& r) {
-  std::printf("client       io thread %.3f s CPU for %lld events (%.1f us/event), process %.3f s "
-              "CPU; latest send %.1f ms after its planned time%s\n",
-              r.client_cpu_s, static_cast<long long>(r.events),
-              r.events > 0 ? r.client_cpu_s * 1e6 / r.events : 0.0, r.process_cpu_s,
-              r.max_send_lag_s * 1e3,
-              r.delayed_arrivals > 0
-                  ? fmt::format(", {} arrivals waited for --max-in-flight", r.delayed_arrivals)
-                        .c_str()
-                  : "");
+  std::printf(
+      "client       io thread %.3f s CPU for %lld events (%.1f us/event), process %.3f s "
+      "CPU; latest send %.1f ms after its planned time%s\n",
+      r.client_cpu_s, static_cast<long long>(r.events),
+      r.events > 0 ? r.client_cpu_s * 1e6 / r.events : 0.0, r.process_cpu_s, r.max_send_lag_s * 1e3,
+      r.delayed_arrivals > 0
+          ? fmt::format(", {} arrivals waited for --max-in-flight", r.delayed_arrivals).c_str()
+          : "");
 }
 
 Status write_json(const std::string& path, const json& j) {
@@ -200,12 +199,14 @@ Status run_single(const BenchArgs& a, RunnerOptions ro, json& root) {
   XDS_ASSIGN_OR_RETURN(WorkloadSpec w, build_workload(a, a.rate_given ? a.request_rate : 0));
   XDS_ASSIGN_OR_RETURN(RunResult r, run_workload(w, ro));
   const RunSummary s = summarize_run(r.records, r.duration_s);
-  std::printf("%s", summary_table(s, ro.label.empty() ? std::string("bench") : "bench " + ro.label).c_str());
+  std::printf(
+      "%s",
+      summary_table(s, ro.label.empty() ? std::string("bench") : "bench " + ro.label).c_str());
   print_client_line(r);
   root["summary"] = run_json(r, s);
   if (w.classes.size() > 1) {
-    const std::vector<RunSummary> per = summarize_classes(r.records, static_cast<int>(w.classes.size()),
-                                                          r.duration_s);
+    const std::vector<RunSummary> per =
+        summarize_classes(r.records, static_cast<int>(w.classes.size()), r.duration_s);
     json classes = json::array();
     for (size_t i = 0; i < per.size(); ++i) {
       const RequestClass& c = w.classes[i];
@@ -292,10 +293,10 @@ Status run_peak_decode(const BenchArgs& a, RunnerOptions ro, json& root) {
                        s.failed, s.requests);
   }
   const DecodeWindow win = decode_window(r.records);
-  json pd = {{"streams", a.streams},      {"input_len", a.input_len},
+  json pd = {{"streams", a.streams},       {"input_len", a.input_len},
              {"output_len", a.output_len}, {"devices", a.devices},
-             {"valid", win.valid},          {"window_start_s", win.start_s},
-             {"window_end_s", win.end_s},   {"window_tokens", win.tokens}};
+             {"valid", win.valid},         {"window_start_s", win.start_s},
+             {"window_end_s", win.end_s},  {"window_tokens", win.tokens}};
   if (!win.valid) {
     root["peak_decode"] = pd;
     return failed_precondition(
@@ -310,11 +311,12 @@ Status run_peak_decode(const BenchArgs& a, RunnerOptions ro, json& root) {
   pd["tokens_per_s_per_device"] = per_device;
   pd["tpot_ms"] = win.step_time_s * 1e3;
   root["peak_decode"] = pd;
-  std::printf("peak decode  %lld streams, window %.3f-%.3f s (%.3f s, %lld tokens): %.1f "
-              "tokens/s, %.1f tokens/s per device (%lld devices), TPOT %.2f ms\n",
-              static_cast<long long>(a.streams), win.start_s, win.end_s, win.end_s - win.start_s,
-              static_cast<long long>(win.tokens), win.tokens_per_s, per_device,
-              static_cast<long long>(a.devices), win.step_time_s * 1e3);
+  std::printf(
+      "peak decode  %lld streams, window %.3f-%.3f s (%.3f s, %lld tokens): %.1f "
+      "tokens/s, %.1f tokens/s per device (%lld devices), TPOT %.2f ms\n",
+      static_cast<long long>(a.streams), win.start_s, win.end_s, win.end_s - win.start_s,
+      static_cast<long long>(win.tokens), win.tokens_per_s, per_device,
+      static_cast<long long>(a.devices), win.step_time_s * 1e3);
   return {};
 }
 
@@ -349,7 +351,8 @@ Status run_bench(BenchArgs a) {
     if (!a.goodput_given) {
       return invalid_argument("--sweep-rates needs --goodput-ttft-ms and --goodput-tpot-ms");
     }
-    if (!a.mix.empty()) return invalid_argument("--sweep-rates sweeps one request class (no --mix)");
+    if (!a.mix.empty())
+      return invalid_argument("--sweep-rates sweeps one request class (no --mix)");
   }
   if (a.model.empty()) {
     XDS_ASSIGN_OR_RETURN(a.model, first_model(url, a.api_key));
@@ -362,20 +365,20 @@ Status run_bench(BenchArgs a) {
   root["model"] = a.model;
   root["endpoint"] = a.endpoint;
   root["mode"] = a.peak_decode ? "peak_decode" : !a.sweep_rates.empty() ? "sweep" : "run";
-  root["config"] = {{"concurrency", a.concurrency},
-                    {"request_rate", a.rate_given ? json(a.request_rate) : json(nullptr)},
-                    {"num_requests", a.num_requests},
-                    {"duration_s", a.duration_s},
-                    {"input_len", a.input_len_dist.empty() ? json(a.input_len) : json(a.input_len_dist)},
-                    {"output_len",
-                     a.output_len_dist.empty() ? json(a.output_len) : json(a.output_len_dist)},
-                    {"mix", a.mix},
-                    {"token_ids", a.token_ids},
-                    {"seed", a.seed},
-                    {"ignore_eos", a.ignore_eos || a.peak_decode},
-                    {"temperature", a.peak_decode ? 0.0 : a.temperature},
-                    {"streams", a.streams},
-                    {"devices", a.devices}};
+  root["config"] = {
+      {"concurrency", a.concurrency},
+      {"request_rate", a.rate_given ? json(a.request_rate) : json(nullptr)},
+      {"num_requests", a.num_requests},
+      {"duration_s", a.duration_s},
+      {"input_len", a.input_len_dist.empty() ? json(a.input_len) : json(a.input_len_dist)},
+      {"output_len", a.output_len_dist.empty() ? json(a.output_len) : json(a.output_len_dist)},
+      {"mix", a.mix},
+      {"token_ids", a.token_ids},
+      {"seed", a.seed},
+      {"ignore_eos", a.ignore_eos || a.peak_decode},
+      {"temperature", a.peak_decode ? 0.0 : a.temperature},
+      {"streams", a.streams},
+      {"devices", a.devices}};
   Status st;
   if (a.peak_decode) {
     st = run_peak_decode(a, ro, root);

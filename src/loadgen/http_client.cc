@@ -54,9 +54,9 @@ Result<Url> parse_url(std::string_view text) {
   if (url.host.empty()) return invalid_argument("--url '{}' has no host", text);
   if (!port_text.empty() || authority.find(':') != std::string_view::npos) {
     unsigned port = 0;
-    const auto [p, ec] = std::from_chars(port_text.data(), port_text.data() + port_text.size(), port);
-    if (ec != std::errc() || p != port_text.data() + port_text.size() || port < 1 ||
-        port > 65535) {
+    const auto [p, ec] =
+        std::from_chars(port_text.data(), port_text.data() + port_text.size(), port);
+    if (ec != std::errc() || p != port_text.data() + port_text.size() || port < 1 || port > 65535) {
       return invalid_argument("--url '{}': port '{}' is not in [1, 65535]", text, port_text);
     }
     url.port = static_cast<uint16_t>(port);
@@ -171,8 +171,8 @@ class Session : public std::enable_shared_from_this<Session> {
   void on_connect(beast::error_code ec) {
     if (finished_) return;
     if (ec) {
-      return finish(unavailable("connect to {}:{}: {}", core_.url.host, core_.url.port,
-                                ec.message()));
+      return finish(
+          unavailable("connect to {}:{}: {}", core_.url.host, core_.url.port, ec.message()));
     }
     beast::error_code ignored;
     stream_.socket().set_option(tcp::no_delay(true), ignored);
@@ -188,10 +188,9 @@ class Session : public std::enable_shared_from_this<Session> {
     parser_.emplace();
     parser_->body_limit(std::numeric_limits<std::uint64_t>::max());
     stream_.expires_after(core_.options.idle_timeout);
-    http::async_read_header(stream_, buffer_, *parser_,
-                            [self = shared_from_this()](beast::error_code e, size_t) {
-                              self->on_header(e);
-                            });
+    http::async_read_header(
+        stream_, buffer_, *parser_,
+        [self = shared_from_this()](beast::error_code e, size_t) { self->on_header(e); });
   }
 
   void on_header(beast::error_code ec) {
@@ -209,10 +208,9 @@ class Session : public std::enable_shared_from_this<Session> {
     parser_->get().body().data = chunk_.data();
     parser_->get().body().size = chunk_.size();
     stream_.expires_after(core_.options.idle_timeout);
-    http::async_read_some(stream_, buffer_, *parser_,
-                          [self = shared_from_this()](beast::error_code e, size_t) {
-                            self->on_read(e);
-                          });
+    http::async_read_some(
+        stream_, buffer_, *parser_,
+        [self = shared_from_this()](beast::error_code e, size_t) { self->on_read(e); });
   }
 
   void on_read(beast::error_code ec) {
@@ -324,7 +322,9 @@ HttpExchange HttpClient::fetch(ClientRequest request) {
   return result.get();
 }
 
-int64_t HttpClient::in_flight() const { return core_->in_flight.load(std::memory_order_relaxed); }
+int64_t HttpClient::in_flight() const {
+  return core_->in_flight.load(std::memory_order_relaxed);
+}
 
 double HttpClient::io_thread_cpu_s() const {
   if (!core_->has_cpu_clock) return 0;

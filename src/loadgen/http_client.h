@@ -60,20 +60,20 @@ struct SseEvent {
 
 struct ClientRequest {
   std::string method = "POST";
-  std::string path;  // "/v1/completions" (the URL's prefix is added)
-  std::string body;  // JSON; empty for a GET
+  std::string path;     // "/v1/completions" (the URL's prefix is added)
+  std::string body;     // JSON; empty for a GET
   std::string api_key;  // sent as "Authorization: Bearer KEY" when not empty
 };
 
 // The outcome of one request.
 struct HttpExchange {
-  Status error;         // a transport failure (connect, timeout, reset, malformed HTTP)
-  int status = 0;       // the HTTP status; 0 when no response head arrived
+  Status error;               // a transport failure (connect, timeout, reset, malformed HTTP)
+  int status = 0;             // the HTTP status; 0 when no response head arrived
   bool event_stream = false;  // Content-Type text/event-stream (events went to on_event)
-  std::string body;     // the body when it is not an event stream
-  int64_t start_ns = 0;  // before connecting
-  int64_t head_ns = 0;   // the response head arrived
-  int64_t end_ns = 0;    // the response ended or failed
+  std::string body;           // the body when it is not an event stream
+  int64_t start_ns = 0;       // before connecting
+  int64_t head_ns = 0;        // the response head arrived
+  int64_t end_ns = 0;         // the response ended or failed
 };
 
 using SseCallback = std::function<void(const SseEvent&)>;

@@ -30,10 +30,11 @@ std::string summary_table(const RunSummary& s, std::string_view title) {
   std::string out = fmt::format("== {} ==\n", title);
   out += fmt::format("requests     {} completed, {} failed, {:.2f} s\n", s.completed, s.failed,
                      s.duration_s);
-  out += fmt::format("throughput   {:.3f} req/s, {:.1f} output tok/s, {:.1f} total tok/s "
-                     "({} in, {} out tokens)\n",
-                     s.request_throughput, s.output_token_throughput, s.total_token_throughput,
-                     s.input_tokens, s.output_tokens);
+  out += fmt::format(
+      "throughput   {:.3f} req/s, {:.1f} output tok/s, {:.1f} total tok/s "
+      "({} in, {} out tokens)\n",
+      s.request_throughput, s.output_token_throughput, s.total_token_throughput, s.input_tokens,
+      s.output_tokens);
   out += fmt::format("{:<12} {:>10} {:>10} {:>10} {:>10} {:>10} {:>8}\n", "metric (ms)", "mean",
                      "P50", "P90", "P99", "max", "n");
   const auto row = [&](const char* name, const Distribution& d) {

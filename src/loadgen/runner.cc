@@ -27,7 +27,9 @@ double process_cpu_s() {
          static_cast<double>(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) * 1e-6;
 }
 
-std::string_view prefix_of(std::string_view s, size_t n) { return s.substr(0, std::min(n, s.size())); }
+std::string_view prefix_of(std::string_view s, size_t n) {
+  return s.substr(0, std::min(n, s.size()));
+}
 
 bool non_empty_string(const json& obj, const char* key) {
   const auto it = obj.find(key);
@@ -153,7 +155,10 @@ class Runner {
 class Progress {
  public:
   Progress(const RunnerOptions& o, RunState& st, int64_t total)
-      : enabled_(o.progress), tty_(isatty(STDERR_FILENO) == 1), label_(o.label), st_(st),
+      : enabled_(o.progress),
+        tty_(isatty(STDERR_FILENO) == 1),
+        label_(o.label),
+        st_(st),
         total_(total) {}
 
   void tick(bool force = false) {
@@ -232,10 +237,10 @@ Result<ChunkInfo> parse_chunk(std::string_view data, Endpoint endpoint) {
       } else if (const auto d = choice.find("delta"); d != choice.end() && d->is_object()) {
         const bool tool = d->contains("tool_calls") && (*d)["tool_calls"].is_array() &&
                           !(*d)["tool_calls"].empty();
-        info.tokens = non_empty_string(*d, "content") || non_empty_string(*d, "reasoning_content") ||
-                              tool
-                          ? 1
-                          : 0;
+        info.tokens =
+            non_empty_string(*d, "content") || non_empty_string(*d, "reasoning_content") || tool
+                ? 1
+                : 0;
       }
     }
   }
@@ -310,7 +315,8 @@ Result<RunResult> run_workload(const WorkloadSpec& workload, const RunnerOptions
       const int64_t due = st.t0_ns + static_cast<int64_t>(a.time_s * 1e9);
       std::unique_lock<std::mutex> lock(st.mu);
       while (now_ns() < due) {
-        st.cv.wait_for(lock, std::chrono::nanoseconds(std::min<int64_t>(due - now_ns(), 200'000'000)));
+        st.cv.wait_for(lock,
+                       std::chrono::nanoseconds(std::min<int64_t>(due - now_ns(), 200'000'000)));
         lock.unlock();
         progress.tick();
         lock.lock();
@@ -370,7 +376,8 @@ Result<std::string> first_model(const Url& url, const std::string& api_key) {
   }
   const json j = json::parse(ex.body, nullptr, false);
   if (!j.is_object() || !j.contains("data") || !j["data"].is_array() || j["data"].empty() ||
-      !j["data"][0].is_object() || !j["data"][0].contains("id") || !j["data"][0]["id"].is_string()) {
+      !j["data"][0].is_object() || !j["data"][0].contains("id") ||
+      !j["data"][0]["id"].is_string()) {
     return data_loss("GET /v1/models: no data[0].id in '{}'", prefix_of(ex.body, 200));
   }
   return j["data"][0]["id"].get<std::string>();

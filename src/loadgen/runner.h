@@ -39,8 +39,8 @@ struct RunnerOptions {
   bool ignore_eos = false;
   std::optional<double> temperature;  // not sent when absent
   std::string api_key;
-  bool progress = true;        // the progress line on stderr
-  std::string label;           // put before the progress line ("rate 2/s")
+  bool progress = true;          // the progress line on stderr
+  std::string label;             // put before the progress line ("rate 2/s")
   int64_t max_in_flight = 4096;  // open loop
   HttpClientOptions http;
 };
@@ -50,23 +50,23 @@ std::string request_body(const RequestSpec& request, const RunnerOptions& option
 
 // What one SSE data event says.
 struct ChunkInfo {
-  bool done = false;    // "[DONE]"
-  int32_t tokens = 0;   // output tokens it carries
+  bool done = false;                         // "[DONE]"
+  int32_t tokens = 0;                        // output tokens it carries
   std::optional<int64_t> prompt_tokens;      // usage
   std::optional<int64_t> completion_tokens;  // usage
-  std::string error;    // an "error" object's message; empty when none
+  std::string error;                         // an "error" object's message; empty when none
 };
 // Malformed JSON is an error naming the start of the text.
 Result<ChunkInfo> parse_chunk(std::string_view data, Endpoint endpoint);
 
 struct RunResult {
   std::vector<RequestRecord> records;  // [requests], in index order
-  double duration_s = 0;     // first send to last end
-  int64_t events = 0;        // SSE events received
-  double client_cpu_s = 0;   // CPU time of the client's io thread during the run
-  double process_cpu_s = 0;  // CPU time of this whole process during the run
-  int64_t delayed_arrivals = 0;  // open loop: sent after the cap let them
-  double max_send_lag_s = 0;     // open loop: latest send against its planned time
+  double duration_s = 0;               // first send to last end
+  int64_t events = 0;                  // SSE events received
+  double client_cpu_s = 0;             // CPU time of the client's io thread during the run
+  double process_cpu_s = 0;            // CPU time of this whole process during the run
+  int64_t delayed_arrivals = 0;        // open loop: sent after the cap let them
+  double max_send_lag_s = 0;           // open loop: latest send against its planned time
 };
 Result<RunResult> run_workload(const WorkloadSpec& workload, const RunnerOptions& options);
 

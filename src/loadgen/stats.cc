@@ -57,9 +57,8 @@ RunSummary summarize_run(std::span<const RequestRecord> records, double duration
   for (const RequestRecord& r : records) {
     if (!r.ok) {
       ++s.failed;
-      if (s.first_errors.size() < 5 &&
-          std::find(s.first_errors.begin(), s.first_errors.end(), r.error) ==
-              s.first_errors.end()) {
+      if (s.first_errors.size() < 5 && std::find(s.first_errors.begin(), s.first_errors.end(),
+                                                 r.error) == s.first_errors.end()) {
         s.first_errors.push_back(r.error);
       }
       continue;

@@ -43,15 +43,15 @@ Distribution summarize(std::vector<double> values);
 
 // What the client saw of one request.
 struct RequestRecord {
-  int64_t index = 0;      // position in the workload
-  int class_id = 0;       // request class of a mixed workload (0 when there is one)
-  double send_s = 0;      // when the client started the request
-  double end_s = 0;       // when the response ended (or failed)
+  int64_t index = 0;  // position in the workload
+  int class_id = 0;   // request class of a mixed workload (0 when there is one)
+  double send_s = 0;  // when the client started the request
+  double end_s = 0;   // when the response ended (or failed)
   // One entry per token event: [events].
   std::vector<double> event_s;        // arrival time of the event
   std::vector<int32_t> event_tokens;  // output tokens the event carried (>= 1)
-  int64_t prompt_tokens = 0;      // usage.prompt_tokens, else the tokens the client sent
-  int64_t completion_tokens = 0;  // usage.completion_tokens, else the sum of event_tokens
+  int64_t prompt_tokens = 0;          // usage.prompt_tokens, else the tokens the client sent
+  int64_t completion_tokens = 0;      // usage.completion_tokens, else the sum of event_tokens
   bool ok = false;
   std::string error;  // why it failed (HTTP status and message, transport error)
 };
@@ -73,8 +73,8 @@ struct RunSummary {
   int64_t completed = 0;  // ok with at least one token
   int64_t failed = 0;     // not ok
   double duration_s = 0;
-  int64_t input_tokens = 0;   // of completed requests
-  int64_t output_tokens = 0;  // of completed requests
+  int64_t input_tokens = 0;            // of completed requests
+  int64_t output_tokens = 0;           // of completed requests
   double request_throughput = 0;       // completed / s
   double output_token_throughput = 0;  // output tokens / s
   double total_token_throughput = 0;   // (input + output tokens) / s
@@ -110,9 +110,9 @@ struct DecodeWindow {
   bool valid = false;  // false when the streams never decoded all at once (or one failed)
   double start_s = 0, end_s = 0;
   int64_t streams = 0;
-  int64_t tokens = 0;           // over all streams, inside the window
-  double tokens_per_s = 0;      // tokens / (end - start)
-  double step_time_s = 0;       // streams / tokens_per_s: the mean time per token of one stream
+  int64_t tokens = 0;       // over all streams, inside the window
+  double tokens_per_s = 0;  // tokens / (end - start)
+  double step_time_s = 0;   // streams / tokens_per_s: the mean time per token of one stream
 };
 DecodeWindow decode_window(std::span<const RequestRecord> records);
 

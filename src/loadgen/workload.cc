@@ -59,12 +59,12 @@ Status check_length(int64_t v, std::string_view what, std::string_view text) {
 // Words that common BPE vocabularies hold as one token each (with the leading space), so a
 // text prompt of n words is close to n tokens; the server's usage.prompt_tokens is what counts.
 constexpr std::string_view kWords[] = {
-    "the",   "of",   "and",   "to",    "in",    "is",    "that",  "for",   "it",   "as",
-    "was",   "with", "be",    "by",    "on",    "not",   "he",    "this",  "are",  "or",
-    "his",   "from", "at",    "which", "but",   "have",  "an",    "had",   "they", "you",
-    "were",  "their", "one",  "all",   "we",    "can",   "her",   "has",   "there", "been",
-    "if",    "more", "when",  "will",  "would", "who",   "so",    "no",    "time", "people",
-    "water", "world", "house", "city", "music", "story", "light", "river", "small", "great"};
+    "the",   "of",    "and",   "to",    "in",    "is",    "that",  "for",   "it",    "as",
+    "was",   "with",  "be",    "by",    "on",    "not",   "he",    "this",  "are",   "or",
+    "his",   "from",  "at",    "which", "but",   "have",  "an",    "had",   "they",  "you",
+    "were",  "their", "one",   "all",   "we",    "can",   "her",   "has",   "there", "been",
+    "if",    "more",  "when",  "will",  "would", "who",   "so",    "no",    "time",  "people",
+    "water", "world", "house", "city",  "music", "story", "light", "river", "small", "great"};
 constexpr int64_t kNumWords = static_cast<int64_t>(sizeof(kWords) / sizeof(kWords[0]));
 
 }  // namespace
@@ -78,19 +78,24 @@ uint64_t Rng::next() {
   return mix64(state_);
 }
 
-double Rng::uniform01() { return static_cast<double>(next() >> 11) * 0x1.0p-53; }
+double Rng::uniform01() {
+  return static_cast<double>(next() >> 11) * 0x1.0p-53;
+}
 
 int64_t Rng::uniform_int(int64_t lo, int64_t hi) {
   XDS_CHECK(hi > lo, "uniform_int: empty range [{}, {})", lo, hi);
   const uint64_t span = static_cast<uint64_t>(hi - lo);
   // Reject the top partial copy of [0, span) so every value is equally likely.
-  const uint64_t limit = std::numeric_limits<uint64_t>::max() - std::numeric_limits<uint64_t>::max() % span;
+  const uint64_t limit =
+      std::numeric_limits<uint64_t>::max() - std::numeric_limits<uint64_t>::max() % span;
   uint64_t x = next();
   while (x >= limit) x = next();
   return lo + static_cast<int64_t>(x % span);
 }
 
-double Rng::exponential(double mean) { return -mean * std::log1p(-uniform01()); }
+double Rng::exponential(double mean) {
+  return -mean * std::log1p(-uniform01());
+}
 
 Result<LengthDist> parse_length_dist(std::string_view text, std::string_view what) {
   const std::string_view t = trim(text);
@@ -314,7 +319,8 @@ RequestSpec make_request(const WorkloadSpec& spec, int class_id, int64_t index, 
   XDS_CHECK(class_id >= 0 && static_cast<size_t>(class_id) < spec.classes.size(),
             "make_request: class {} of {}", class_id, spec.classes.size());
   const RequestClass& c = spec.classes[static_cast<size_t>(class_id)];
-  Rng rng = Rng::keyed(spec.seed, static_cast<uint64_t>(class_id) + 1, static_cast<uint64_t>(index));
+  Rng rng =
+      Rng::keyed(spec.seed, static_cast<uint64_t>(class_id) + 1, static_cast<uint64_t>(index));
   RequestSpec r;
   r.index = index;
   r.class_id = class_id;

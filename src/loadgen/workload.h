@@ -107,7 +107,7 @@ struct RequestSpec {
   int class_id = 0;
   double arrival_s = 0;  // open loop: the planned send time; closed loop: 0
   int64_t input_len = 0;
-  int64_t output_len = 0;          // max_tokens
+  int64_t output_len = 0;           // max_tokens
   std::vector<int32_t> prompt_ids;  // [input_len] with token-id prompts, else empty
   std::string prompt_text;          // input_len words with text prompts, else empty
 };

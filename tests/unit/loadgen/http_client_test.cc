@@ -89,8 +89,8 @@ TEST(HttpClient, StreamsEventsOneByOneAsTheyArrive) {
     }
     send_all(fd, sse_head() + http_chunk("data: {\"n\":1}\n\n"));
     if (first_seen_f.wait_for(kWait) != std::future_status::ready) return;
-    send_all(fd, http_chunk("data: {\"n\":2}\n\ndata: {\"n\":3}\n\n") + http_chunk("data: [DONE]\n\n") +
-                     "0\r\n\r\n");
+    send_all(fd, http_chunk("data: {\"n\":2}\n\ndata: {\"n\":3}\n\n") +
+                     http_chunk("data: [DONE]\n\n") + "0\r\n\r\n");
   });
   auto client = client_for(server.port(), "/pre");
   std::vector<SseEvent> events;
@@ -186,8 +186,9 @@ TEST(HttpClient, StreamCutShortIsAnErrorAfterItsEvents) {
   std::promise<HttpExchange> done;
   ClientRequest req;
   req.path = "/v1/completions";
-  client->start(req, [&](const SseEvent&) { ++events; },
-                [&](HttpExchange ex) { done.set_value(std::move(ex)); });
+  client->start(
+      req, [&](const SseEvent&) { ++events; },
+      [&](HttpExchange ex) { done.set_value(std::move(ex)); });
   auto f = done.get_future();
   ASSERT_EQ(f.wait_for(kWait), std::future_status::ready);
   const HttpExchange ex = f.get();

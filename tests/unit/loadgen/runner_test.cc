@@ -36,8 +36,8 @@ TEST(ParseChunk, TokensPerEventUsageAndErrors) {
   auto text = parse_chunk(R"({"choices":[{"text":" hi"}]})", Endpoint::kCompletions);
   ASSERT_TRUE(text.ok());
   EXPECT_EQ(text->tokens, 1);
-  auto empty = parse_chunk(R"({"choices":[{"text":"","finish_reason":"length"}]})",
-                           Endpoint::kCompletions);
+  auto empty =
+      parse_chunk(R"({"choices":[{"text":"","finish_reason":"length"}]})", Endpoint::kCompletions);
   ASSERT_TRUE(empty.ok());
   EXPECT_EQ(empty->tokens, 0);
   auto chat = parse_chunk(R"({"choices":[{"delta":{"content":"x"}}]})", Endpoint::kChat);
@@ -46,8 +46,8 @@ TEST(ParseChunk, TokensPerEventUsageAndErrors) {
   auto think = parse_chunk(R"({"choices":[{"delta":{"reasoning_content":"y"}}]})", Endpoint::kChat);
   ASSERT_TRUE(think.ok());
   EXPECT_EQ(think->tokens, 1);
-  auto role = parse_chunk(R"({"choices":[{"delta":{"role":"assistant","content":""}}]})",
-                          Endpoint::kChat);
+  auto role =
+      parse_chunk(R"({"choices":[{"delta":{"role":"assistant","content":""}}]})", Endpoint::kChat);
   ASSERT_TRUE(role.ok());
   EXPECT_EQ(role->tokens, 0);
   auto usage = parse_chunk(R"({"choices":[],"usage":{"prompt_tokens":12,"completion_tokens":34}})",
@@ -56,8 +56,8 @@ TEST(ParseChunk, TokensPerEventUsageAndErrors) {
   EXPECT_EQ(usage->tokens, 0);
   EXPECT_EQ(usage->prompt_tokens, 12);
   EXPECT_EQ(usage->completion_tokens, 34);
-  auto err = parse_chunk(R"({"error":{"message":"out of blocks","type":"x"}})",
-                         Endpoint::kCompletions);
+  auto err =
+      parse_chunk(R"({"error":{"message":"out of blocks","type":"x"}})", Endpoint::kCompletions);
   ASSERT_TRUE(err.ok());
   EXPECT_EQ(err->error, "out of blocks");
   auto done = parse_chunk("[DONE]", Endpoint::kChat);
@@ -122,8 +122,9 @@ struct ScriptedOpenAi {
     if (n == fail_max_tokens) {
       const std::string err = R"({"error":{"message":"max_tokens is cursed","type":"bad"}})";
       --open;
-      send_all(fd, "HTTP/1.1 400 Bad Request\r\nContent-Type: application/json\r\nContent-Length: " +
-                       std::to_string(err.size()) + "\r\n\r\n" + err);
+      send_all(fd,
+               "HTTP/1.1 400 Bad Request\r\nContent-Type: application/json\r\nContent-Length: " +
+                   std::to_string(err.size()) + "\r\n\r\n" + err);
       return;
     }
     std::string out = sse_head();
@@ -132,7 +133,9 @@ struct ScriptedOpenAi {
       const int k = pairs && n - sent >= 2 ? 2 : 1;
       json ids = json::array();
       for (int i = 0; i < k; ++i) ids.push_back(id++);
-      out += http_chunk("data: " + json{{"choices", json::array({json{{"text", ""}, {"token_ids", ids}}})}}.dump() + "\n\n");
+      out += http_chunk(
+          "data: " +
+          json{{"choices", json::array({json{{"text", ""}, {"token_ids", ids}}})}}.dump() + "\n\n");
       sent += k;
     }
     if (usage) {
@@ -257,8 +260,9 @@ TEST(Runner, OpenLoopSendsEveryArrivalAndRecordsFailures) {
 
 TEST(Runner, StreamWithoutDoneIsAnError) {
   FakeServer server([](const FakeRequest&, int fd) {
-    send_all(fd, sse_head() + http_chunk(R"(data: {"choices":[{"text":"a"}]})"
-                                         "\n\n") +
+    send_all(fd, sse_head() +
+                     http_chunk(R"(data: {"choices":[{"text":"a"}]})"
+                                "\n\n") +
                      "0\r\n\r\n");
   });
   WorkloadSpec w;
@@ -288,9 +292,10 @@ TEST(Runner, RefusesChatWithTokenIds) {
 
 TEST(Runner, FirstModelReadsTheModelList) {
   FakeServer server([](const FakeRequest& req, int fd) {
-    const std::string body = req.target == "/v1/models"
-                                 ? R"({"object":"list","data":[{"id":"bench-2.6b","object":"model"}]})"
-                                 : "{}";
+    const std::string body =
+        req.target == "/v1/models"
+            ? R"({"object":"list","data":[{"id":"bench-2.6b","object":"model"}]})"
+            : "{}";
     send_all(fd, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: " +
                      std::to_string(body.size()) + "\r\n\r\n" + body);
   });

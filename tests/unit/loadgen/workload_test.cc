@@ -94,8 +94,10 @@ TEST(Arrivals, MixMergesPeriodicAndPoissonInTimeOrderWithinTheDuration) {
     EXPECT_GE(a.time_s, prev);
     EXPECT_LT(a.time_s, 180.0);
     prev = a.time_s;
-    if (a.class_id == 1) periodic.push_back(a.time_s);
-    else ++short_ones;
+    if (a.class_id == 1)
+      periodic.push_back(a.time_s);
+    else
+      ++short_ones;
   }
   EXPECT_EQ(periodic, (std::vector<double>{5, 65, 125}));
   // 180 expected at rate 1 over 180 s; standard deviation sqrt(180) = 13.4.
