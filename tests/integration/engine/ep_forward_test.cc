@@ -22,6 +22,7 @@
 #include "model/deepseek_v3.h"
 #include "mkmodel/mkmodel.h"
 #include "xccl/launcher.h"
+#include "xccl/thread_fabric.h"
 #include "xccl/transport.h"
 
 namespace xds::engine {
@@ -118,9 +119,23 @@ std::string compare_row(const float* got, const float* ref, int64_t vocab, doubl
   return "";
 }
 
+// Version 2 of the maps (what EPLB would install): each device's first spare slot holds a
+// replica of the next device's first expert, so tokens alternate between the two copies.
+std::vector<xccl::ExpertMap> replica_maps(const EpMoeExchange& ep, int64_t experts, int n) {
+  std::vector<xccl::ExpertMap> maps(size_t(ep.moe_layers().back() + 1));
+  const int spd = ep.slots_per_device(), primary = int(experts) / n;
+  for (int64_t l : ep.moe_layers()) {
+    xccl::ExpertMap m = xccl::ExpertMap::identity(int(experts), n, spd, 2);
+    for (int d = 0; d < n; ++d)
+      m.replicas[size_t(((d + 1) % n) * primary)].push_back(d * spd + primary);
+    maps[size_t(l)] = std::move(m);
+  }
+  return maps;
+}
+
 // One device process: returns its exit code (0: every row within the contract).
 int run_device(xccl::Fabric& f, const std::string& dir, const std::vector<Prompt>& prompts,
-               const EpMoeOptions& ep_options) {
+               const EpMoeOptions& ep_options, bool replicas) {
   auto fail = [&](const std::string& what) {
     std::fprintf(stderr, "device %d: %s\n", f.rank(), what.c_str());
     return 1;
@@ -138,6 +153,11 @@ int run_device(xccl::Fabric& f, const std::string& dir, const std::vector<Prompt
   auto ep = EpMoeExchange::create(setup);
   if (!ep.ok()) return fail(ep.status().to_string());
   m.set_moe_exchange(ep->get());
+  if (replicas) {
+    const Status st = (*ep)->set_expert_maps(
+        replica_maps(**ep, m.info().n_routed_experts, f.world_size()));
+    if (!st.ok()) return fail(st.to_string());
+  }
   std::vector<int> ranks;
   for (int r = 0; r < f.world_size(); ++r) ranks.push_back(r);
   StepSync sync(mb, ranks, 60'000);
@@ -225,7 +245,7 @@ int run_device(xccl::Fabric& f, const std::string& dir, const std::vector<Prompt
   return errors == 0 ? 0 : 1;
 }
 
-void run_group(int devices) {
+void run_group(int devices, bool replicas = false) {
   const std::string dir = make_model();
   auto reference = DeepseekV3Model::load(dir, f32_options());
   ASSERT_TRUE(reference.ok()) << reference.status().to_string();
@@ -245,7 +265,7 @@ void run_group(int devices) {
   lo.arena.staging_bytes = EpMoeExchange::staging_bytes(info, devices, ComputeDType::kF32, ep);
   lo.arena.app_bytes = 0;
   auto exits = xccl::launch_devices(
-      lo, [&](xccl::Fabric& f) { return run_device(f, dir, prompts, ep); });
+      lo, [&](xccl::Fabric& f) { return run_device(f, dir, prompts, ep, replicas); });
   ASSERT_TRUE(exits.ok()) << exits.status().to_string();
   for (size_t r = 0; r < exits->size(); ++r)
     EXPECT_TRUE((*exits)[r].ok()) << "device " << r << " exit " << (*exits)[r].exit_code
@@ -255,6 +275,51 @@ void run_group(int devices) {
 TEST(EpForward, TwoDevicesMatchTheSingleProcessLogits) { run_group(2); }
 
 TEST(EpForward, FourDevicesMatchTheSingleProcessLogits) { run_group(4); }
+
+// Replicas in the spare slots (map version 2): the copies share the weights, so the logits
+// are the reference's as well.
+TEST(EpForward, ReplicasInSpareSlotsMatchTheSingleProcessLogits) { run_group(2, true); }
+
+// Set-up errors name what is wrong (devices as threads; the DeepSeek-V3 config + weights form
+// of the set-up): 16 experts over 3 devices, and an arena whose staging is too small.
+TEST(EpForward, SetUpErrorsAreClear) {
+  auto m = DeepseekV3Model::load(make_model(), f32_options());
+  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  for (const int devices : {3, 2}) {
+    EpMoeOptions ep;
+    xccl::ArenaConfig a;
+    a.world_size = devices;
+    a.lanes = 1;
+    a.ring_slots = 1;
+    a.slot_bytes = 64;
+    a.staging_bytes =
+        EpMoeExchange::staging_bytes((*m)->config(), 2, ComputeDType::kF32, ep) - 4096;
+    a.app_bytes = 0;
+    auto tf = xccl::ThreadFabric::create(a, 1);
+    ASSERT_TRUE(tf.ok());
+    auto st = (*tf)->run([&](xccl::Fabric& f) -> Status {
+      auto t = xccl::make_transport("shm", f);
+      xccl::Mailbox mb(f, **t);
+      ThreadPool pool(1);
+      EpMoeSetup setup;
+      setup.config = &(*m)->config();
+      setup.weights = &(*m)->weights();
+      setup.pool = &pool;
+      setup.mailbox = &mb;
+      setup.options = ep;
+      return EpMoeExchange::create(setup).status();
+    });
+    for (const Status& s : st) {
+      if (devices == 3) {
+        EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.to_string();
+        EXPECT_NE(s.message().find("multiple of the 3 devices"), std::string::npos);
+      } else {
+        EXPECT_EQ(s.code(), StatusCode::kResourceExhausted) << s.to_string();
+        EXPECT_NE(s.message().find("staging_bytes"), std::string::npos) << s.to_string();
+      }
+    }
+  }
+}
 
 }  // namespace
 }  // namespace xds::engine
