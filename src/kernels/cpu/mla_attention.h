@@ -153,6 +153,43 @@ struct AbsorbedSplit {
 };
 AbsorbedSplit absorbed_context_split(int64_t ctx);
 
+// FLOPs (2 per multiply-add) of the attention products over `pairs` (query token, cached
+// row) pairs for `heads` heads:
+//   absorbed: scores over the latent and rope columns (C + Dr), p·latent over C;
+//   expanded: scores over the nope and rope columns (Dn + Dr), p·v over Dv.
+// A chunk of m tokens after p0 cached ones has m · p0 + m (m + 1) / 2 pairs (causal).
+struct MlaShape {
+  int64_t heads, latent_dim, nope_dim, rope_dim, v_dim;  // H, C, Dn, Dr, Dv
+};
+inline double mla_absorbed_pair_flops(const MlaShape& s, double pairs) {
+  const double lat = static_cast<double>(s.latent_dim), dr = static_cast<double>(s.rope_dim);
+  return pairs * static_cast<double>(s.heads) * (2.0 * (lat + dr) + 2.0 * lat);
+}
+inline double mla_expanded_pair_flops(const MlaShape& s, double pairs) {
+  const double dn = static_cast<double>(s.nope_dim), dr = static_cast<double>(s.rope_dim);
+  const double dv = static_cast<double>(s.v_dim);
+  return pairs * static_cast<double>(s.heads) * (2.0 * (dn + dr) + 2.0 * dv);
+}
+
+// FLOPs of attending a chunk of m new tokens after p0 cached ones, per layer, each way with
+// its projections through W_UK / W_UV (kv_b_proj's C × H (Dn + Dv)):
+//   absorbed: W_UK and W_UV for the m tokens, then the absorbed products;
+//   expanded: kv_b_proj over the whole context (p0 + m rows), then the expanded products.
+struct MlaChunkFlops {
+  double absorbed, expanded;
+};
+inline MlaChunkFlops mla_chunk_flops(const MlaShape& s, int64_t p0, int64_t m) {
+  const double h = static_cast<double>(s.heads), lat = static_cast<double>(s.latent_dim);
+  const double dn = static_cast<double>(s.nope_dim), dv = static_cast<double>(s.v_dim);
+  const double pairs = static_cast<double>(m) * static_cast<double>(p0) +
+                       static_cast<double>(m) * static_cast<double>(m + 1) / 2.0;
+  const double absorbed =
+      static_cast<double>(m) * h * 2.0 * lat * (dn + dv) + mla_absorbed_pair_flops(s, pairs);
+  const double expanded =
+      static_cast<double>(p0 + m) * 2.0 * lat * h * (dn + dv) + mla_expanded_pair_flops(s, pairs);
+  return {absorbed, expanded};
+}
+
 // The expanded form for one prefill chunk: m new tokens at positions p0 .. p0+m-1 attend to
 // positions [0, p0+m) causally, with keys and values already expanded per head:
 //   q:    q[t, h, 0..Dn+Dr)  at q + t*q_ld + h*(Dn+Dr)       (nope part, then rotated rope part)

@@ -249,6 +249,20 @@ TEST(MlaAbsorbed, PaddedLatentStrideIsAnOddNumberOfLines) {
   EXPECT_EQ(padded_latent_stride(1), 16);
 }
 
+// Hand-derived: H 2, C 4, Dn 3, Dr 1, Dv 5; a chunk of 2 tokens after 2 cached ones has
+// 2·2 + 2·3/2 = 7 (query, row) pairs. Absorbed products 7·2·(2·5 + 2·4) = 252, W_UK and W_UV
+// 2·2·2·4·8 = 256; expanded products 7·2·(2·4 + 2·5) = 252, kv_b_proj over 4 rows
+// 4·2·4·2·8 = 512. One decode token over ctx rows: 2·ctx·H·(2C + Dr).
+TEST(MlaFlops, HandDerivedCounts) {
+  const MlaShape s{2, 4, 3, 1, 5};
+  EXPECT_DOUBLE_EQ(mla_absorbed_pair_flops(s, 7), 252.0);
+  EXPECT_DOUBLE_EQ(mla_expanded_pair_flops(s, 7), 252.0);
+  const MlaChunkFlops f = mla_chunk_flops(s, 2, 2);
+  EXPECT_DOUBLE_EQ(f.absorbed, 256.0 + 252.0);
+  EXPECT_DOUBLE_EQ(f.expanded, 512.0 + 252.0);
+  EXPECT_DOUBLE_EQ(mla_absorbed_pair_flops(s, 300), 2.0 * 300 * 2 * (2 * 4 + 1));
+}
+
 // The split is a function of the context length that covers it exactly.
 TEST(MlaAbsorbed, ContextSplitCoversTheContext) {
   for (const int64_t ctx : {1, 127, 128, 255, 256, 257, 513, 1000, 4096, 100000}) {
