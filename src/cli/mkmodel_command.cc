@@ -1,9 +1,9 @@
-// `xdeepserve mkmodel`: write a random-weight DeepSeek-V3 checkpoint (model/mkmodel.h).
+// `xdeepserve mkmodel`: write a random-weight DeepSeek-V3 checkpoint (mkmodel/mkmodel.h).
 #include <cstdio>
 #include <memory>
 
 #include "cli/commands.h"
-#include "model/mkmodel.h"
+#include "mkmodel/mkmodel.h"
 
 namespace xds::cli {
 
@@ -23,6 +23,11 @@ void add_mkmodel_command(CLI::App& app, int* exit_code) {
   cmd->add_option("--mtp-layers", opts->mtp_layers, "num_nextn_predict_layers")
       ->check(CLI::Range(0, 8));
   cmd->add_flag("--yarn", opts->yarn, "Add rope_scaling yarn (factor 4)");
+  cmd->add_option_function<int64_t>(
+         "--max-position-embeddings", [opts](int64_t n) { opts->max_position_embeddings = n; },
+         "max_position_embeddings in config.json (default: the preset's, tiny 512, bench-2.6b "
+         "4096; with --yarn a multiple of 4)")
+      ->check(CLI::PositiveNumber);
   cmd->add_flag_function(
       "--no-q-lora", [opts](int64_t) { opts->q_lora = false; },
       "q_proj instead of q_a_proj/q_b_proj (q_lora_rank null)");

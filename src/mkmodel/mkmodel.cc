@@ -1,4 +1,4 @@
-#include "model/mkmodel.h"
+#include "mkmodel/mkmodel.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/atomic_file.h"
+#include "base/hash.h"
 #include "base/thread_pool.h"
 #include "tensor/dtype.h"
 
@@ -35,15 +36,6 @@ uint64_t splitmix64(uint64_t x) {
   x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
   x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
   return x ^ (x >> 31);
-}
-
-uint64_t fnv1a64(std::string_view s) {
-  uint64_t h = 1469598103934665603ull;
-  for (char ch : s) {
-    h ^= static_cast<uint8_t>(ch);
-    h *= 1099511628211ull;
-  }
-  return h;
 }
 
 // Uniform in [-1, 1) from the element counter.
@@ -491,6 +483,13 @@ Result<DeepseekV3Config> mkmodel_config(const MkModelOptions& o) {
     return invalid_argument("mkmodel: mtp layers must be >= 0, got {}", o.mtp_layers);
   }
   if (o.shards < 1) return invalid_argument("mkmodel: shards must be >= 1, got {}", o.shards);
+  if (o.max_position_embeddings.has_value()) {
+    const int64_t n = *o.max_position_embeddings;
+    if (n < 1) {
+      return invalid_argument("mkmodel: --max-position-embeddings must be >= 1, got {}", n);
+    }
+    c.max_position_embeddings = n;
+  }
   c.num_nextn_predict_layers = o.mtp_layers;
   c.moe_layer_freq = 1;
   c.routed_scaling_factor = 2.5;
@@ -501,9 +500,17 @@ Result<DeepseekV3Config> mkmodel_config(const MkModelOptions& o) {
   c.rms_norm_eps = 1e-6;
   c.rope_theta = 10000.0;
   if (o.yarn) {
+    // max_position_embeddings = factor · original_max_position_embeddings, as published.
+    constexpr int64_t kYarnFactor = 4;
+    if (c.max_position_embeddings % kYarnFactor != 0) {
+      return invalid_argument(
+          "mkmodel: --max-position-embeddings {} with --yarn must be a multiple of the yarn "
+          "factor {} (original_max_position_embeddings = max_position_embeddings / {})",
+          c.max_position_embeddings, kYarnFactor, kYarnFactor);
+    }
     RopeScaling r;
-    r.factor = 4.0;
-    r.original_max_position_embeddings = c.max_position_embeddings / 4;
+    r.factor = static_cast<double>(kYarnFactor);
+    r.original_max_position_embeddings = c.max_position_embeddings / kYarnFactor;
     r.beta_fast = 32.0;
     r.beta_slow = 1.0;
     r.mscale = 1.0;

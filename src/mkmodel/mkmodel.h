@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "base/status.h"
@@ -26,15 +27,19 @@ struct MkModelOptions {
   std::string preset = "tiny";  // "tiny" (a few MB) | "bench-2.6b" (~5.9 GB in bf16)
   std::string dtype = "bf16";   // "bf16" | "f16" | "fp8" (block FP8 as published)
   uint64_t seed = 0;
-  int shards = 1;        // 1: model.safetensors; n > 1: n files + index.json
-  bool yarn = false;     // rope_scaling yarn, factor 4
+  int shards = 1;     // 1: model.safetensors; n > 1: n files + index.json
+  bool yarn = false;  // rope_scaling yarn, factor 4
+  // max_position_embeddings in config.json; unset: the preset's (tiny 512, bench-2.6b 4096).
+  // >= 1; with yarn a multiple of its factor 4 (original_max_position_embeddings = N / 4).
+  std::optional<int64_t> max_position_embeddings;
   bool q_lora = true;    // false: q_proj instead of q_a_proj/q_b_proj
   int mtp_layers = 1;    // num_nextn_predict_layers
   int threads = 0;       // 0: all hardware threads
   bool progress = true;  // a progress line on stderr for outputs > ~1 GB
 };
 
-// The config a preset describes (before it is written). Errors: unknown preset/dtype.
+// The config a preset describes (before it is written). Errors: unknown preset/dtype, a
+// max_position_embeddings below 1 or (with yarn) not a multiple of 4.
 Result<DeepseekV3Config> mkmodel_config(const MkModelOptions& opts);
 
 // Writes the checkpoint into opts.out_dir (created if needed; existing files of the same

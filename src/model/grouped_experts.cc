@@ -6,17 +6,12 @@
 #include <atomic>
 #include <cstring>
 
+#include "base/grow.h"
 #include "kernels/cpu/linear.h"
 #include "kernels/cpu/ops.h"
 
 namespace xds {
 namespace {
-
-template <typename T>
-T* grow(std::vector<T>& v, int64_t count) {
-  if (v.size() < static_cast<size_t>(count)) v.resize(static_cast<size_t>(count));
-  return v.data();
-}
 
 // Row-major (F32) expert matrices are 1-4 MB, so widening them for sgemm already pays from
 // ~16 tokens on (prefill of bench-2.6b: expert time -9 % against the default 64). BF16 panels

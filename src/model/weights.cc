@@ -1,6 +1,7 @@
 #include "model/weights.h"
 
 #include "base/env.h"
+#include "base/hash.h"
 #include "base/huge_page_buffer.h"
 #include "kernels/cpu/linear_panels.h"
 
@@ -37,15 +38,6 @@ constexpr size_t kFixedHeader = 32;
 
 size_t payload_offset(size_t key_len) {
   return (kFixedHeader + key_len + 63) / 64 * 64;
-}
-
-uint64_t fnv1a64(std::string_view s) {
-  uint64_t h = 1469598103934665603ull;
-  for (char ch : s) {
-    h ^= static_cast<uint8_t>(ch);
-    h *= 1099511628211ull;
-  }
-  return h;
 }
 
 double now_s() {

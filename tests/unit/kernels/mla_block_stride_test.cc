@@ -25,8 +25,8 @@ constexpr int64_t kLayers = 3, kLayer = 1;  // the view's layer among kLayers
 // block-major buffer [blocks][kLayers][latent bs·ld, rope bs·dr], the rows at layer kLayer,
 // every other layer's planes `garbage`.
 template <typename T>
-std::vector<T> block_major(const std::vector<T>& latent, const std::vector<T>& rope,
-                           int64_t blocks, int64_t bs, int64_t ld, int64_t dr, T garbage) {
+std::vector<T> block_major(const std::vector<T>& latent, const std::vector<T>& rope, int64_t blocks,
+                           int64_t bs, int64_t ld, int64_t dr, T garbage) {
   const int64_t layer_size = bs * (ld + dr);
   std::vector<T> buf(static_cast<size_t>(blocks * kLayers * layer_size), garbage);
   for (int64_t b = 0; b < blocks; ++b) {
@@ -104,8 +104,8 @@ TEST(MlaBlockStride, BlockMajorCacheGivesTheBitsOfCompactPlanes) {
 
     const LatentKvView compact{latent.data(), rope.data(), table.data(), sh.bs,
                                sh.lat,        sh.dr,       sh.ld};
-    LatentKvView strided{major.data() + at, major.data() + rope_at, table.data(), sh.bs,
-                         sh.lat,            sh.dr,                  sh.ld};
+    LatentKvView strided{
+        major.data() + at, major.data() + rope_at, table.data(), sh.bs, sh.lat, sh.dr, sh.ld};
     set_block_major(strided, sh.bs, sh.ld, sh.dr);
     LatentKvView compact16{nullptr, nullptr, table.data(), sh.bs, sh.lat, sh.dr, ld16};
     compact16.latent16 = latent16.data(), compact16.rope16 = rope16.data();
@@ -132,9 +132,9 @@ TEST(MlaBlockStride, BlockMajorCacheGivesTheBitsOfCompactPlanes) {
             const std::vector<float> want = attend_in_parts(q, sh.heads, a, cut, scale);
             const std::vector<float> got = attend_in_parts(q, sh.heads, b, cut, scale);
             ASSERT_EQ(std::memcmp(want.data(), got.data(), sizeof(float) * want.size()), 0)
-                << panel_isa_name(isa) << " lat=" << sh.lat << " bs=" << sh.bs
-                << " bf16 products " << products16 << " bf16 planes " << planes16
-                << " parts=" << cut.size() - 1 << " ctx=" << cut.back();
+                << panel_isa_name(isa) << " lat=" << sh.lat << " bs=" << sh.bs << " bf16 products "
+                << products16 << " bf16 planes " << planes16 << " parts=" << cut.size() - 1
+                << " ctx=" << cut.back();
             for (const float x : got) ASSERT_FALSE(std::isnan(x));
           }
           // The whole context with a next-rows hint into the block-major planes (the

@@ -2,7 +2,7 @@
 
 #include <gtest/gtest.h>
 
-#include "isa_for_tests.h"
+#include "../kernels/isa_for_tests.h"
 
 namespace xds {
 namespace {

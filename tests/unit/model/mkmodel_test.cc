@@ -1,4 +1,4 @@
-#include "model/mkmodel.h"
+#include "mkmodel/mkmodel.h"
 
 #include <gtest/gtest.h>
 
@@ -6,6 +6,8 @@
 #include <fstream>
 #include <iterator>
 #include <random>
+
+#include <nlohmann/json.hpp>
 
 #include "model/deepseek_v3_weights.h"
 #include "model/safetensors.h"
@@ -312,6 +314,33 @@ TEST_F(MkModelDir, NoQLoraAndYarn) {
   EXPECT_EQ(ck.find("model.layers.3.eh_proj.weight"), nullptr);
 }
 
+// --max-position-embeddings: written into config.json as given; with yarn the published
+// relation max_position_embeddings = factor · original_max_position_embeddings holds
+// (2048 = 4 · 512). The tiny preset's own limit is 512.
+TEST_F(MkModelDir, MaxPositionEmbeddingsIsWrittenAndYarnFollowsIt) {
+  for (const bool yarn : {false, true}) {
+    MkModelOptions o = tiny("m");
+    o.max_position_embeddings = 2048;
+    o.yarn = yarn;
+    ASSERT_TRUE(write_random_checkpoint(o).ok());
+    std::ifstream f(path("m/config.json"));
+    const nlohmann::json j = nlohmann::json::parse(f);
+    EXPECT_EQ(j.at("max_position_embeddings"), 2048);
+    auto cfg = load_deepseek_v3_config(path("m"));
+    ASSERT_TRUE(cfg.ok()) << cfg.status().to_string();
+    EXPECT_EQ(cfg->max_position_embeddings, 2048);
+    EXPECT_EQ(cfg->rope_scaling.has_value(), yarn);
+    if (yarn) {
+      EXPECT_DOUBLE_EQ(cfg->rope_scaling->factor, 4.0);
+      EXPECT_EQ(cfg->rope_scaling->original_max_position_embeddings, 512);
+    }
+  }
+  MkModelOptions o = tiny("m");
+  auto c = mkmodel_config(o);
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->max_position_embeddings, 512);
+}
+
 TEST_F(MkModelDir, RewritingAsSingleFileDropsTheIndex) {
   MkModelOptions o = tiny("m");
   o.shards = 3;
@@ -334,6 +363,20 @@ TEST_F(MkModelDir, BadOptions) {
   s = write_random_checkpoint(o);
   ASSERT_FALSE(s.ok());
   EXPECT_CONTAINS(s.message(), "unknown dtype \"fp4\"");
+  for (const int64_t n : {0, -5}) {
+    o = tiny("m");
+    o.max_position_embeddings = n;
+    s = write_random_checkpoint(o);
+    ASSERT_FALSE(s.ok());
+    EXPECT_CONTAINS(s.message(),
+                    "--max-position-embeddings must be >= 1, got " + std::to_string(n));
+  }
+  o = tiny("m");
+  o.max_position_embeddings = 1030;  // not a multiple of the yarn factor 4
+  o.yarn = true;
+  s = write_random_checkpoint(o);
+  ASSERT_FALSE(s.ok());
+  EXPECT_CONTAINS(s.message(), "--max-position-embeddings 1030 with --yarn must be a multiple");
 }
 
 TEST(MkModel, BenchPresetShapes) {
