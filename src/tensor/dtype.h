@@ -10,6 +10,8 @@
 #include <optional>
 #include <string_view>
 
+#include "base/bf16.h"
+
 namespace xds {
 
 enum class DType : uint8_t { kF32, kBF16, kF16, kF8E4M3, kI8, kU8, kI16, kI32, kI64, kBool, kF64 };
@@ -21,16 +23,7 @@ std::string_view dtype_name(DType t);
 // Parses a safetensors dtype string; nullopt if unknown.
 std::optional<DType> dtype_from_name(std::string_view name);
 
-inline float bf16_to_f32(uint16_t b) {
-  return std::bit_cast<float>(static_cast<uint32_t>(b) << 16);
-}
-
-inline uint16_t f32_to_bf16(float f) {
-  uint32_t u = std::bit_cast<uint32_t>(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);  // quiet NaN
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
-}
+// bf16_to_f32, f32_to_bf16: base/bf16.h.
 
 // IEEE half -> f32 (exact, subnormals included).
 float f16_to_f32(uint16_t h);

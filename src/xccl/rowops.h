@@ -1,25 +1,25 @@
 // Row kernels of dispatch/combine: bf16 <-> f32, per-token INT8 (P040, P089), weighted sums
 // (bf16 and f32 rows).
 //
-// xccl depends on base only, so it carries its own two-line bf16 conversion (round to nearest
-// even, as tensor/dtype.h does). INT8 row format: [H] int8 values, then at byte align4(H) one
-// f32 scale = max|x| / 127; x ~= q * scale, error <= scale / 2 per element before bf16 rounding.
+// bf16 conversions: base/bf16.h (xccl depends on base only). INT8 row format: [H] int8
+// values, then at byte align4(H) one f32 scale = max|x| / 127; x ~= q * scale, error <=
+// scale / 2 per element before bf16 rounding.
 #pragma once
 
 #include <bit>
 #include <cstdint>
 #include <cstring>
 
+#include "base/bf16.h"
+
 namespace xds::xccl {
 
+// base/bf16.h's conversions under the names this folder uses.
 inline float bf16_to_float(uint16_t b) {
-  return std::bit_cast<float>(uint32_t(b) << 16);
+  return bf16_to_f32(b);
 }
 inline uint16_t float_to_bf16(float f) {
-  uint32_t u = std::bit_cast<uint32_t>(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return uint16_t(u >> 16);
+  return f32_to_bf16(f);
 }
 
 // Bytes of one INT8 row that travel: values then the scale.
