@@ -99,9 +99,14 @@ class EpMoeExchange final : public MoeExchange {
   const std::vector<int64_t>& moe_layers() const { return moe_layers_; }
   int slots_per_device() const { return slots_; }
 
+  // One MoE layer of the step (see above). Every device must make the same sequence of calls;
+  // an error before the first collective (a layer that is not MoE, a top-k other than the
+  // model's, more than 16 passes of a layer since set_step) leaves the peers waiting until
+  // their deadline poisons the epoch.
   Status run(const MoeExchangeInput& in) override;
 
-  // Nanoseconds spent in dispatch and in combine (waits included) since creation.
+  // Nanoseconds since creation in dispatch (staging the rows included), in this device's
+  // experts, and in combine; waits for slower peers count where they happen.
   struct Times {
     int64_t dispatch_ns = 0, experts_ns = 0, combine_ns = 0;
     int64_t runs = 0;
