@@ -113,6 +113,7 @@ struct GroupLoad {
   int64_t prefix_hits = 0, prefix_queries = 0;  // blocks, cumulative
   int64_t steps = 0;
   double last_batch_size = 0;
+  int64_t preemptions = 0;  // cumulative
 };
 
 enum class MessageKind : uint8_t {
@@ -168,6 +169,7 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(OutputDelta, request_id, index, 
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(GroupLoad, group, running, waiting, max_num_seqs,
                                                 kv_blocks_total, kv_blocks_used,
                                                 kv_blocks_reserved, block_size, prefix_hits,
-                                                prefix_queries, steps, last_batch_size)
+                                                prefix_queries, steps, last_batch_size,
+                                                preemptions)
 
 }  // namespace xds::engine

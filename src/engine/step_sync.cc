@@ -20,7 +20,7 @@ xccl::MailWords pack_step_header(const StepHeader& h) {
       uint64_t(h.tokens) | (uint64_t(h.moe_passes) << 32),
       h.map_version,
       uint64_t(h.requests) | (uint64_t(h.abort_code) << 32),
-      0};
+      h.wake_seq};
 }
 
 Result<StepHeader> unpack_step_header(const xccl::MailWords& w) {
@@ -33,8 +33,8 @@ Result<StepHeader> unpack_step_header(const xccl::MailWords& w) {
                      kStepHeaderVersion);
   if ((flags & ~kKnownFlags) != 0)
     return data_loss("step header: unknown flag bits {:#x}", flags & ~kKnownFlags);
-  if ((w[2] >> 48) != 0 || w[5] != 0)
-    return data_loss("step header: reserved bits set (word 2 {:#x}, word 5 {:#x})", w[2], w[5]);
+  if ((w[2] >> 48) != 0)
+    return data_loss("step header: reserved bits set (word 2 {:#x})", w[2]);
   StepHeader h;
   h.epoch = uint32_t(w[0]);
   h.abort = (flags & kFlagAbort) != 0;
@@ -46,6 +46,7 @@ Result<StepHeader> unpack_step_header(const xccl::MailWords& w) {
   h.map_version = w[3];
   h.requests = uint32_t(w[4]);
   h.abort_code = uint32_t(w[4] >> 32);
+  h.wake_seq = w[5];
   return h;
 }
 
@@ -93,6 +94,7 @@ Result<StepDecision> merge_step_headers(std::span<const StepHeader> headers) {
     d.max_tokens = std::max(d.max_tokens, h.tokens);
     if (h.tokens == 0) ++d.idle_devices;
     d.requests += h.requests;
+    d.wake_seq = std::max(d.wake_seq, h.wake_seq);
     d.map_version = std::min(d.map_version, h.map_version);
     passes = std::max(passes, int(h.moe_passes));
     busy |= h.busy;

@@ -12,7 +12,7 @@
 //   w2  bits 0-31 tokens · bits 32-47 moe_passes · bits 48-63 zero
 //   w3  expert-map version (the newest this device has fully loaded)
 //   w4  bits 0-31 requests (running + waiting) · bits 32-63 abort code
-//   w5  zero
+//   w5  wake_seq: the highest kWake sequence number this device has received
 // pack() and unpack() are pure; unpack() rejects a word set without the magic, of another
 // format version, or with reserved bits set.
 //
@@ -25,7 +25,10 @@
 //   3. skip:  nobody has tokens but some device is busy (work in flight that needs no
 //      forward, e.g. a KV transfer): no forward, no sleep; the next header exchange follows.
 //   4. stop:  nobody has tokens, nobody is busy and every device asked to stop.
-//   5. sleep: otherwise (all idle): each device sleeps on its control socket until woken.
+//   5. sleep: otherwise (all idle): each device sleeps on its control socket until a kWake
+//      newer than wake_seq (the maximum over devices) arrives. The shell sends every kWake
+//      to every device, so a wake any device sees later reaches all of them, and a wake some
+//      device already consumed before sleeping cannot wake one device alone.
 // A step that is not run does not advance the step counter (StepDecision::next_step).
 //
 // Thread-safety: StepSync is driven by the device's one collective thread (it uses the
@@ -57,6 +60,7 @@ struct StepHeader {
   bool stop = false;          // drained, wants to stop
   uint32_t requests = 0;      // running + waiting requests (reported, not decided on)
   uint32_t abort_code = 0;    // the engine's reason code when abort is set
+  uint64_t wake_seq = 0;      // highest kWake sequence number received
 };
 
 xccl::MailWords pack_step_header(const StepHeader& h);
@@ -79,6 +83,7 @@ struct StepDecision {
   uint32_t max_tokens = 0;    // the largest device's tokens
   int idle_devices = 0;       // devices with zero tokens this step
   uint64_t requests = 0;      // over devices
+  uint64_t wake_seq = 0;      // the maximum over devices (kSleep: sleep until a newer one)
   // kAbort only:
   AbortCause cause = AbortCause::kNone;
   int abort_rank = -1;  // the device that asked (kRequested) or that is out of step

@@ -27,6 +27,7 @@ TEST(StepHeader, PacksIntoTheDocumentedWords) {
   StepHeader h = header(1000, 3, 7);
   h.busy = true;
   h.requests = 12;
+  h.wake_seq = 5;
   const xccl::MailWords w = pack_step_header(h);
   // w0: magic "ST" @48, version 1 @40, flags (busy = 2) @32, epoch 3.
   EXPECT_EQ(w[0], 0x5354'01'02'00000003ull);
@@ -34,7 +35,7 @@ TEST(StepHeader, PacksIntoTheDocumentedWords) {
   EXPECT_EQ(w[2], (3ull << 32) | 1000u);
   EXPECT_EQ(w[3], 7u);
   EXPECT_EQ(w[4], 12u);
-  EXPECT_EQ(w[5], 0u);
+  EXPECT_EQ(w[5], 5u);
 }
 
 TEST(StepHeader, RoundTripsEveryField) {
@@ -49,6 +50,7 @@ TEST(StepHeader, RoundTripsEveryField) {
   h.stop = true;
   h.requests = 0x80000001u;
   h.abort_code = 0xDEADBEEFu;
+  h.wake_seq = 0xFEDCBA9876543210ull;
   auto u = unpack_step_header(pack_step_header(h));
   ASSERT_TRUE(u.ok()) << u.status().to_string();
   EXPECT_EQ(u->epoch, h.epoch);
@@ -59,6 +61,7 @@ TEST(StepHeader, RoundTripsEveryField) {
   EXPECT_TRUE(u->abort && u->busy && u->stop);
   EXPECT_EQ(u->requests, h.requests);
   EXPECT_EQ(u->abort_code, h.abort_code);
+  EXPECT_EQ(u->wake_seq, h.wake_seq);
 }
 
 TEST(StepHeader, RejectsWordsThatAreNotAHeader) {
@@ -74,8 +77,20 @@ TEST(StepHeader, RejectsWordsThatAreNotAHeader) {
   w[0] |= 0x80ull << 32;  // an unknown flag
   EXPECT_EQ(unpack_step_header(w).status().code(), StatusCode::kDataLoss);
   w = good;
-  w[5] = 1;
+  w[2] |= 1ull << 50;  // reserved bits of word 2
   EXPECT_EQ(unpack_step_header(w).status().code(), StatusCode::kDataLoss);
+}
+
+TEST(StepMerge, SleepsUntilAWakeNewerThanAnyDeviceSaw) {
+  // Device 0 consumed wake 4 before the idle step, device 1 only wake 3: both must sleep
+  // until a wake newer than 4, or device 1 would wake alone on wake 4 still in its queue.
+  std::vector<StepHeader> h = {header(0, 0, 1), header(0, 0, 1)};
+  h[0].wake_seq = 4;
+  h[1].wake_seq = 3;
+  auto d = merge_step_headers(h);
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->action, StepAction::kSleep);
+  EXPECT_EQ(d->wake_seq, 4u);
 }
 
 TEST(StepMerge, RunsWithTheLargestPassCountAndTheOldestLoadedMap) {

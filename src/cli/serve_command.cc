@@ -1,0 +1,243 @@
+// `xdeepserve serve`, `instance` and `gateway`: the OpenAI-compatible server, whole or in
+// parts (docs/design/flowserve.md). `serve` runs the gateway in this process and starts one
+// colocated instance as a child process that dies with it.
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "cli/commands.h"
+#include "cli/model_flags.h"
+#include "serve/gateway.h"
+#include "serve/instance.h"
+
+namespace xds::cli {
+namespace {
+
+// "512M", "2G", "1024K", "1000000" -> bytes; InvalidArgument naming the flag otherwise.
+Result<int64_t> parse_size(const std::string& flag, const std::string& text) {
+  if (text.empty()) return invalid_argument("{}: empty size", flag);
+  size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(text, &used);
+  } catch (const std::exception&) {
+    return invalid_argument("{}: '{}' is not a size (e.g. 512M, 4G)", flag, text);
+  }
+  double mult = 1;
+  const std::string suffix = text.substr(used);
+  if (suffix == "K" || suffix == "k" || suffix == "KiB") mult = 1024.0;
+  else if (suffix == "M" || suffix == "m" || suffix == "MiB") mult = 1024.0 * 1024;
+  else if (suffix == "G" || suffix == "g" || suffix == "GiB") mult = 1024.0 * 1024 * 1024;
+  else if (!suffix.empty()) return invalid_argument("{}: unknown suffix in '{}' (K, M or G)", flag, text);
+  if (!(v > 0) || v * mult > 9.0e18) return invalid_argument("{}: '{}' must be > 0", flag, text);
+  return static_cast<int64_t>(v * mult);
+}
+
+struct EngineArgs {
+  std::string model;
+  int dp = 1;
+  int max_num_seqs = 256;
+  int max_num_batched_tokens = 2048;
+  std::string kv_memory = "1G";
+  int64_t max_model_len = 0;
+  std::string compute_dtype = "f32";
+  std::string kv_cache_dtype = "auto";
+  int threads_per_device = 0;
+  bool no_prefix_cache = false;
+  bool no_chunked_prefill = false;
+};
+
+struct GatewayArgs {
+  std::string host = "127.0.0.1";
+  int port = 8000;
+  std::string api_key;
+  std::string served_model_name;
+  std::string chat_template;
+  std::string reasoning_parser;
+  std::string tool_call_parser;
+  int64_t max_queue = 1024;
+};
+
+void add_engine_flags(CLI::App* cmd, EngineArgs& a) {
+  cmd->add_option("--model", a.model, "Model directory (Hugging Face layout)")->required();
+  cmd->add_option("--dp", a.dp, "DP groups (device processes); experts are spread over all")
+      ->check(CLI::Range(1, 64));
+  cmd->add_option("--max-num-seqs", a.max_num_seqs, "Running requests per DP group")
+      ->check(CLI::Range(1, 65536));
+  cmd->add_option("--max-num-batched-tokens", a.max_num_batched_tokens,
+                  "Tokens per step per DP group (decodes + prefill chunks)")
+      ->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--kv-memory", a.kv_memory, "KV cache memory per device (K/M/G suffixes)");
+  cmd->add_option("--max-model-len", a.max_model_len,
+                  "Longest prompt + output (0: the model's max_position_embeddings)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--compute-dtype", a.compute_dtype, kComputeDTypeHelp);
+  cmd->add_option("--kv-cache-dtype", a.kv_cache_dtype, kKvCacheDTypeHelp);
+  cmd->add_option("--threads-per-device", a.threads_per_device,
+                  "Worker threads per device process (0: cores / dp)")
+      ->check(CLI::Range(0, kMaxThreads));
+  cmd->add_flag("--no-prefix-cache", a.no_prefix_cache, "Do not reuse cached prompt blocks");
+  cmd->add_flag("--no-chunked-prefill", a.no_chunked_prefill,
+                "Prefill each prompt whole in one step (stalls the other streams)");
+}
+
+void add_gateway_flags(CLI::App* cmd, GatewayArgs& a) {
+  cmd->add_option("--host", a.host, "HTTP address to listen on");
+  cmd->add_option("--port", a.port, "HTTP port")->check(CLI::Range(0, 65535));
+  cmd->add_option("--api-key", a.api_key, "Require 'Authorization: Bearer KEY'");
+  cmd->add_option("--served-model-name", a.served_model_name,
+                  "Model name in the API (default: the model directory's name)");
+  cmd->add_option("--chat-template", a.chat_template,
+                  "Jinja chat template file overriding the model's");
+  cmd->add_option("--reasoning-parser", a.reasoning_parser,
+                  "Split <think>...</think> into reasoning_content: deepseek_r1 or qwen3");
+  cmd->add_option("--tool-call-parser", a.tool_call_parser,
+                  "Parse tool calls: deepseek_v3 or qwen3");
+  cmd->add_option("--max-queue", a.max_queue, "Waiting requests before 503")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
+}
+
+Result<serve::InstanceOptions> instance_options(const EngineArgs& a, const std::string& listen) {
+  serve::InstanceOptions o;
+  o.listen = listen;
+  o.dp = a.dp;
+  o.threads_per_device = a.threads_per_device;
+  engine::DpGroupOptions& g = o.group;
+  g.model_dir = a.model;
+  XDS_RETURN_IF_ERROR(parse_dtype_flags(a.compute_dtype, a.kv_cache_dtype, g.model));
+  g.max_num_seqs = a.max_num_seqs;
+  g.max_num_batched_tokens = a.max_num_batched_tokens;
+  g.chunked_prefill = !a.no_chunked_prefill;
+  g.prefix_cache = !a.no_prefix_cache;
+  XDS_ASSIGN_OR_RETURN(g.kv_memory_bytes, parse_size("--kv-memory", a.kv_memory));
+  g.max_model_len = a.max_model_len;
+  return o;
+}
+
+serve::GatewayOptions gateway_options(const GatewayArgs& a, const std::string& model,
+                                      int64_t max_model_len, const std::string& instance) {
+  serve::GatewayOptions o;
+  o.host = a.host;
+  o.port = a.port;
+  o.api_key = a.api_key;
+  o.served_model_name = a.served_model_name;
+  o.model_dir = model;
+  o.chat_template = a.chat_template;
+  o.instance = instance;
+  o.max_model_len = max_model_len;
+  o.max_queue = a.max_queue;
+  o.reasoning_parser = a.reasoning_parser;
+  o.tool_call_parser = a.tool_call_parser;
+  return o;
+}
+
+serve::Gateway* g_gateway = nullptr;
+void on_gateway_signal(int) {
+  if (g_gateway) g_gateway->stop();
+}
+
+Status run_gateway(const serve::GatewayOptions& o, bool shutdown_instance) {
+  XDS_ASSIGN_OR_RETURN(auto gateway, serve::Gateway::create(o));
+  g_gateway = gateway.get();
+  struct sigaction sa = {};
+  sa.sa_handler = on_gateway_signal;
+  ::sigaction(SIGTERM, &sa, nullptr);
+  ::sigaction(SIGINT, &sa, nullptr);
+  std::fprintf(stderr, "xdeepserve: serving on http://%s:%d/v1\n", o.host.c_str(),
+               gateway->port());
+  Status st = gateway->run(shutdown_instance);
+  g_gateway = nullptr;
+  return st;
+}
+
+void report(const Status& s, int* exit_code) {
+  if (!s.ok()) {
+    std::fprintf(stderr, "error: %s\n", s.to_string().c_str());
+    *exit_code = 1;
+  }
+}
+
+}  // namespace
+
+void add_serve_commands(CLI::App& app, int* exit_code) {
+  {
+    auto e = std::make_shared<EngineArgs>();
+    auto g = std::make_shared<GatewayArgs>();
+    auto instance_port = std::make_shared<int>(0);
+    CLI::App* cmd = app.add_subcommand(
+        "serve", "OpenAI-compatible server: a gateway and one instance of --dp DP groups");
+    add_engine_flags(cmd, *e);
+    add_gateway_flags(cmd, *g);
+    cmd->add_option("--instance-port", *instance_port,
+                    "TCP port of the instance's shell (0: the HTTP port + 100)")
+        ->check(CLI::Range(0, 65535));
+    cmd->callback([e, g, instance_port, exit_code] {
+      const int port = *instance_port > 0 ? *instance_port : (g->port + 100) % 65536;
+      const std::string listen = fmt::format("tcp://127.0.0.1:{}", port);
+      auto io = instance_options(*e, listen);
+      if (!io.ok()) return report(io.status(), exit_code);
+      // The instance runs in a child that dies with this process.
+      const pid_t parent = ::getpid();
+      const pid_t child = ::fork();
+      if (child < 0) return report(internal_error("fork failed: {}", errno), exit_code);
+      if (child == 0) {
+        ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (::getppid() != parent) ::_exit(111);
+        const Status s = serve::run_instance(*io);
+        if (!s.ok()) std::fprintf(stderr, "error: instance: %s\n", s.to_string().c_str());
+        ::_exit(s.ok() ? 0 : 1);
+      }
+      const Status s = run_gateway(gateway_options(*g, e->model, e->max_model_len, listen),
+                                   /*shutdown_instance=*/true);
+      int status = 0;
+      ::waitpid(child, &status, 0);
+      report(s, exit_code);
+      if (s.ok() && !(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
+        report(internal_error("the instance ended with status {}", status), exit_code);
+      }
+    });
+  }
+  {
+    auto e = std::make_shared<EngineArgs>();
+    auto listen = std::make_shared<std::string>("tcp://127.0.0.1:8100");
+    CLI::App* cmd = app.add_subcommand(
+        "instance", "A shell and --dp DP groups, reached by gateways at --listen");
+    add_engine_flags(cmd, *e);
+    cmd->add_option("--listen", *listen, "ZeroMQ address of the shell (tcp://HOST:PORT)");
+    cmd->callback([e, listen, exit_code] {
+      auto io = instance_options(*e, *listen);
+      if (!io.ok()) return report(io.status(), exit_code);
+      report(serve::run_instance(*io), exit_code);
+    });
+  }
+  {
+    auto g = std::make_shared<GatewayArgs>();
+    auto model = std::make_shared<std::string>();
+    auto instance = std::make_shared<std::string>("tcp://127.0.0.1:8100");
+    auto max_model_len = std::make_shared<int64_t>(0);
+    CLI::App* cmd =
+        app.add_subcommand("gateway", "The HTTP front of an instance started separately");
+    cmd->add_option("--model", *model, "Model directory (tokenizer, chat template, config)")
+        ->required();
+    cmd->add_option("--instance", *instance, "ZeroMQ address of the instance's shell");
+    cmd->add_option("--max-model-len", *max_model_len,
+                    "Longest prompt + output (0: the model's max_position_embeddings)")
+        ->check(CLI::NonNegativeNumber);
+    add_gateway_flags(cmd, *g);
+    cmd->callback([g, model, instance, max_model_len, exit_code] {
+      report(run_gateway(gateway_options(*g, *model, *max_model_len, *instance),
+                         /*shutdown_instance=*/false),
+             exit_code);
+    });
+  }
+}
+
+}  // namespace xds::cli

@@ -1,0 +1,643 @@
+#include "engine/dp_group.h"
+
+#include <pthread.h>
+#include <sched.h>
+
+#include <algorithm>
+#include <optional>
+#include <chrono>
+#include <thread>
+
+#include <zmq.hpp>
+
+#include "base/clock.h"
+#include "base/log.h"
+#include "engine/dp_group_state.h"
+#include "engine/ep_moe_exchange.h"
+#include "engine/kv_manager.h"
+#include "engine/sampler.h"
+#include "engine/scheduler.h"
+#include "engine/step_sync.h"
+#include "engine/zmq_io.h"
+#include "model/causal_lm.h"
+#include "model/config.h"
+#include "model/deepseek_v3.h"
+#include "model/kv_storage.h"
+#include "model/registry.h"
+#include "tokenizer/tokenizer.h"
+#include "xccl/fabric.h"
+#include "xccl/mailbox.h"
+#include "xccl/transport.h"
+
+namespace xds::engine {
+namespace {
+
+constexpr int64_t kLoadPeriodNs = 20'000'000;  // a kLoad to the shell at most every 20 ms
+
+// The exchange's round size: a step's tokens (decodes + prefill chunks) in at most a few rounds.
+EpMoeOptions ep_options(int32_t max_num_batched_tokens) {
+  EpMoeOptions o;
+  o.max_tokens = std::clamp(max_num_batched_tokens, 16, 512);
+  o.timeout_ms = 600'000;  // a peer's long prefill chunk is not a dead peer
+  return o;
+}
+
+class DpGroup {
+ public:
+  DpGroup(xccl::Fabric& fabric, const DpGroupOptions& o) : fabric_(fabric), o_(o) {}
+  Status init();
+  Status run();
+
+ private:
+  // Control messages: drain what is queued (block up to `wait_ms` for the first; -1 forever).
+  Status poll_control(int wait_ms);
+  void on_message(Message m);
+  void add_request(EngineRequest r);
+  void cancel(const std::string& id);
+
+  bool has_work() const { return !running_.empty() || !waiting_.empty() || !preempted_.empty(); }
+  Status plan_step();
+  Status apply_plan();
+  Status run_forward(uint64_t step);
+  Status commit_step();
+  // Ends a choice: frees its KV; with `emit`, queues a final delta with the reason.
+  void finish(Sequence& s, const std::string& reason, bool emit = true);
+  void release_finished();
+  void preempt(Sequence& s);
+  Status fork_choices(Sequence& parent);
+  void send_tokens();
+  void send_load(bool force);
+  void remove_from(std::vector<Sequence*>& list, const Sequence* s);
+
+  xccl::Fabric& fabric_;
+  DpGroupOptions o_;
+  std::unique_ptr<CausalLm> model_;
+  std::unique_ptr<KvStorage> storage_;
+  std::optional<KvManager> kv_;
+  std::vector<BlockCopy> copies_;  // fork scratch
+  std::unique_ptr<xccl::Transport> transport_;
+  std::unique_ptr<xccl::Mailbox> mailbox_;
+  std::unique_ptr<StepSync> sync_;
+  std::unique_ptr<EpMoeExchange> exchange_;
+  Sampler sampler_;
+  int64_t max_model_len_ = 0;
+  int64_t valid_vocab_ = 0;
+  std::vector<int32_t> eos_ids_;
+  int64_t prefix_hits_ = 0, prefix_queries_ = 0;  // blocks
+  int64_t preemptions_ = 0;
+
+  zmq::context_t ctx_{1};
+  zmq::socket_t control_{ctx_, zmq::socket_type::pull};
+  zmq::socket_t shell_{ctx_, zmq::socket_type::push};
+  zmq::socket_t output_{ctx_, zmq::socket_type::push};
+
+  std::unordered_map<std::string, std::unique_ptr<Request>> requests_;
+  std::unordered_map<int64_t, std::unique_ptr<Sequence>> seqs_;
+  std::vector<Sequence*> running_, waiting_, preempted_;  // each sorted by arrival
+  int64_t next_seq_ = 0, next_arrival_ = 0;
+  uint64_t wake_seen_ = 0;    // highest kWake seq received
+  uint64_t wake_slept_ = 0;   // the highest any device had seen when all went to sleep
+  bool draining_ = false;
+  int64_t last_load_ns_ = 0;
+  int64_t steps_ = 0;
+  double last_batch_ = 0;
+
+  // One step's scratch (reused).
+  SchedulerInput sched_in_;
+  StepPlan plan_;
+  std::vector<TokenChunk> chunks_;
+  std::vector<Sequence*> chunk_seqs_;
+  std::vector<Sequence*> samplers_;
+  StepOutput out_;
+  std::vector<TokenDelta> deltas_;
+};
+
+Status DpGroup::init() {
+  XDS_ASSIGN_OR_RETURN(model_, load_causal_lm(o_.model_dir, o_.model));
+  const ModelInfo& info = model_->info();
+  max_model_len_ = o_.max_model_len > 0
+                       ? std::min<int64_t>(o_.max_model_len, info.max_position_embeddings)
+                       : info.max_position_embeddings;
+  valid_vocab_ = info.vocab_size;
+  if (Tokenizer::has_tokenizer_files(o_.model_dir)) {  // ids beyond the tokenizer never win
+    XDS_ASSIGN_OR_RETURN(Tokenizer tok, Tokenizer::load(o_.model_dir));
+    valid_vocab_ = std::min<int64_t>(valid_vocab_, tok.vocab_size());
+  }
+  for (int64_t id : info.eos_token_ids) eos_ids_.push_back(static_cast<int32_t>(id));
+
+  KvStorageShape shape;
+  shape.layout = model_->kv_layout();
+  shape.block_size = o_.block_size;
+  shape.num_blocks = 1;
+  const int64_t block_bytes = KvStorage::bytes_for(shape);
+  if (block_bytes <= 0) return internal_error("DP group: the model's KV layout is invalid");
+  const int64_t blocks = o_.kv_memory_bytes / block_bytes;
+  if (blocks < 1) {
+    return invalid_argument("--kv-memory {} bytes holds no KV block ({} bytes for {} tokens)",
+                            o_.kv_memory_bytes, block_bytes, o_.block_size);
+  }
+  shape.num_blocks = blocks;
+  XDS_ASSIGN_OR_RETURN(auto storage, KvStorage::create(shape));
+  storage_ = std::make_unique<KvStorage>(std::move(storage));
+  KvManagerOptions ko;
+  ko.num_blocks = static_cast<int32_t>(blocks);
+  ko.block_size = o_.block_size;
+  ko.prefix_cache = o_.prefix_cache;
+  XDS_ASSIGN_OR_RETURN(KvManager kv, KvManager::create(ko));
+  kv_.emplace(std::move(kv));
+
+  if (fabric_.world_size() > 1) {
+    XDS_ASSIGN_OR_RETURN(transport_, xccl::make_transport("shm", fabric_));
+    mailbox_ = std::make_unique<xccl::Mailbox>(fabric_, *transport_);
+    std::vector<int> ranks;
+    for (int r = 0; r < fabric_.world_size(); ++r) ranks.push_back(r);
+    sync_ = std::make_unique<StepSync>(*mailbox_, ranks, /*timeout_ms=*/600'000);
+    EpMoeSetup setup;
+    setup.model = model_.get();
+    setup.mailbox = mailbox_.get();
+    setup.options = ep_options(o_.max_num_batched_tokens);
+    XDS_ASSIGN_OR_RETURN(exchange_, EpMoeExchange::create(setup));
+    model_->set_moe_exchange(exchange_.get());
+  }
+
+  try {
+    control_.set(zmq::sockopt::linger, 0);
+    control_.connect(o_.control_address);
+    shell_.set(zmq::sockopt::linger, 1000);
+    shell_.connect(o_.shell_address);
+    output_.set(zmq::sockopt::linger, 5000);
+    output_.connect(o_.output_address);
+  } catch (const zmq::error_t& e) {
+    return unavailable("DP group {}: cannot connect its sockets: {}", fabric_.rank(), e.what());
+  }
+  XDS_LOG_INFO("DP group {}: {} KV blocks of {} tokens ({:.1f} MiB), max model len {}",
+               fabric_.rank(), blocks, o_.block_size,
+               static_cast<double>(blocks * block_bytes) / (1 << 20), max_model_len_);
+  send_load(/*force=*/true);
+  return {};
+}
+
+void DpGroup::remove_from(std::vector<Sequence*>& list, const Sequence* s) {
+  list.erase(std::remove(list.begin(), list.end(), s), list.end());
+}
+
+Status DpGroup::poll_control(int wait_ms) {
+  zmq::pollitem_t item{control_.handle(), 0, ZMQ_POLLIN, 0};
+  if (wait_ms != 0) {
+    try {
+      zmq::poll(&item, 1, std::chrono::milliseconds(wait_ms));
+    } catch (const zmq::error_t& e) {
+      if (e.num() != EINTR) return internal_error("DP group: poll failed: {}", e.what());
+    }
+  }
+  while (true) {
+    auto m = recv_message(control_, /*dontwait=*/true);
+    if (!m.ok()) {
+      XDS_LOG_WARN("DP group {}: {}", fabric_.rank(), m.status().message());
+      continue;
+    }
+    if (!m->has_value()) break;
+    on_message(std::move(**m));
+  }
+  return {};
+}
+
+void DpGroup::on_message(Message m) {
+  switch (m.kind) {
+    case MessageKind::kRequest:
+      if (m.request) add_request(std::move(*m.request));
+      break;
+    case MessageKind::kCancel:
+      cancel(m.request_id);
+      break;
+    case MessageKind::kWake:
+      wake_seen_ = std::max(wake_seen_, m.seq);
+      break;
+    case MessageKind::kPing: {
+      Message pong;
+      pong.kind = MessageKind::kPong;
+      pong.seq = m.seq;
+      pong.group = fabric_.rank();
+      (void)send_message(shell_, pong);
+      break;
+    }
+    case MessageKind::kShutdown:
+      draining_ = true;
+      break;
+    default:
+      XDS_LOG_WARN("DP group {}: unexpected message kind {}", fabric_.rank(),
+                   static_cast<int>(m.kind));
+  }
+}
+
+void DpGroup::add_request(EngineRequest r) {
+  if (requests_.count(r.id)) {
+    XDS_LOG_WARN("DP group {}: duplicate request id {}", fabric_.rank(), r.id);
+    return;
+  }
+  // The output process learns the request's output options (stop strings, parsers, where to
+  // stream) before its first token.
+  Message fwd;
+  fwd.kind = MessageKind::kRequest;
+  fwd.request = r;
+  fwd.request->prompt.clear();
+  Status st = send_message(output_, fwd);
+  if (!st.ok()) XDS_LOG_WARN("DP group {}: {}", fabric_.rank(), st.message());
+  auto req = std::make_unique<Request>();
+  req->req = std::move(r);
+  auto seq = std::make_unique<Sequence>();
+  seq->id = next_seq_++;
+  seq->arrival = next_arrival_;
+  next_arrival_ += 1 + req->req.sampling.n;
+  seq->request = req.get();
+  seq->sampling = req->req.sampling;
+  seq->tokens = req->req.prompt;
+  seq->target = static_cast<int64_t>(seq->tokens.size());
+  req->choices.push_back(seq.get());
+  waiting_.push_back(seq.get());
+  seqs_[seq->id] = std::move(seq);
+  requests_[req->req.id] = std::move(req);
+}
+
+void DpGroup::cancel(const std::string& id) {
+  auto it = requests_.find(id);
+  if (it == requests_.end()) return;
+  it->second->cancelled = true;
+  for (Sequence* s : it->second->choices) {
+    if (s->state != SeqState::kFinished) finish(*s, "abort");
+  }
+}
+
+void DpGroup::finish(Sequence& s, const std::string& reason, bool emit) {
+  s.finish_reason = reason;
+  if (emit) {
+    TokenDelta d;
+    d.request_id = s.request->req.id;
+    d.index = s.index;
+    d.finish_reason = reason;
+    d.prompt_tokens = static_cast<int32_t>(s.prompt_len());
+    d.cached_tokens = s.cached_tokens;
+    deltas_.push_back(std::move(d));
+  }
+  if (s.kv >= 0) {
+    kv_->free(s.kv);
+    s.kv = -1;
+  }
+  remove_from(running_, &s);
+  remove_from(waiting_, &s);
+  remove_from(preempted_, &s);
+  s.state = SeqState::kFinished;
+  s.request->finished += 1;
+}
+
+void DpGroup::preempt(Sequence& s) {
+  ++preemptions_;
+  if (s.kv >= 0) kv_->free(s.kv);
+  s.kv = -1;
+  s.computed = 0;
+  s.cached_tokens = 0;
+  s.target = static_cast<int64_t>(s.tokens.size());
+  // The last sampled token is an input of the next decode, not part of the prefill target:
+  // recompute everything before it, then decode it as usual.
+  if (s.output_len() > 0) s.target -= 1;
+  s.state = SeqState::kPreempted;
+  remove_from(running_, &s);
+  preempted_.push_back(&s);
+  std::sort(preempted_.begin(), preempted_.end(),
+            [](const Sequence* a, const Sequence* b) { return a->arrival < b->arrival; });
+}
+
+void DpGroup::release_finished() {
+  for (auto it = requests_.begin(); it != requests_.end();) {
+    Request& r = *it->second;
+    const int32_t n = r.req.sampling.n;
+    const bool all = r.finished >= static_cast<int32_t>(r.choices.size()) &&
+                     (static_cast<int32_t>(r.choices.size()) == n || r.cancelled ||
+                      r.choices[0]->state == SeqState::kFinished);
+    if (!all) {
+      ++it;
+      continue;
+    }
+    for (Sequence* s : r.choices) seqs_.erase(s->id);
+    it = requests_.erase(it);
+  }
+}
+
+Status DpGroup::plan_step() {
+  auto fill = [&](const std::vector<Sequence*>& from, std::vector<SchedSeq>& to) {
+    to.clear();
+    for (const Sequence* s : from) {
+      SchedSeq q;
+      q.id = s->id;
+      q.arrival = s->arrival;
+      q.target = s->target;
+      q.computed = s->computed;
+      q.blocks_held = s->kv >= 0 ? static_cast<int64_t>(kv_->table(s->kv).size()) : 0;
+      if (s->state != SeqState::kRunning) {
+        const auto hit = kv_->match_prefix(std::span<const int32_t>(s->tokens).first(
+                                               static_cast<size_t>(s->target)),
+                                           (s->target - 1) / o_.block_size);
+        q.hit_blocks = hit.blocks;
+        q.hit_evictable = hit.evictable;
+      }
+      to.push_back(q);
+    }
+  };
+  fill(running_, sched_in_.running);
+  fill(preempted_, sched_in_.preempted);
+  fill(waiting_, sched_in_.waiting);
+  SchedulerLimits lim;
+  lim.max_num_seqs = o_.max_num_seqs;
+  lim.max_num_batched_tokens = o_.max_num_batched_tokens;
+  lim.free_blocks = kv_->available();
+  lim.total_blocks = storage_->num_blocks();
+  lim.block_size = o_.block_size;
+  lim.chunked_prefill = o_.chunked_prefill;
+  return schedule(sched_in_, lim, &plan_);
+}
+
+Status DpGroup::apply_plan() {
+  for (int64_t id : plan_.preempted) preempt(*seqs_.at(id));
+  for (int64_t id : plan_.unfittable) {
+    Sequence& s = *seqs_.at(id);
+    finish(s, "abort");
+    XDS_LOG_WARN("DP group {}: request {} needs more KV than the whole cache holds",
+                 fabric_.rank(), s.request->req.id);
+  }
+  for (const StepAdmission& a : plan_.admitted) {
+    Sequence& s = *seqs_.at(a.seq);
+    s.kv = kv_->add_sequence();
+    kv_->expect(s.kv, s.prompt_len() + s.sampling.max_tokens);
+    const int64_t attached = kv_->attach_prefix(
+        s.kv, std::span<const int32_t>(s.tokens).first(static_cast<size_t>(s.target)),
+        a.hit_blocks);
+    prefix_hits_ += attached / o_.block_size;
+    prefix_queries_ += (s.target - 1) / o_.block_size;
+    s.computed = attached;
+    if (s.output_len() == 0 || s.state == SeqState::kWaiting) {
+      s.cached_tokens = static_cast<int32_t>(std::min(s.computed, s.prompt_len()));
+    }
+    remove_from(waiting_, &s);
+    remove_from(preempted_, &s);
+    s.state = SeqState::kRunning;
+    running_.push_back(&s);
+  }
+  std::sort(running_.begin(), running_.end(),
+            [](const Sequence* a, const Sequence* b) { return a->arrival < b->arrival; });
+  chunks_.clear();
+  chunk_seqs_.clear();
+  for (const StepChunk& c : plan_.chunks) {
+    Sequence& s = *seqs_.at(c.seq);
+    XDS_CHECK(c.start == s.computed, "chunk of seq {} starts at {}, computed {}", c.seq, c.start,
+              s.computed);
+    XDS_RETURN_IF_ERROR(kv_->reserve(s.kv, c.start + c.count));
+    TokenChunk tc;
+    tc.start_pos = c.start;
+    tc.tokens = std::span<const int32_t>(s.tokens).subspan(static_cast<size_t>(c.start),
+                                                           static_cast<size_t>(c.count));
+    tc.all_logits = false;
+    tc.blocks = kv_->table(s.kv);
+    chunks_.push_back(tc);
+    chunk_seqs_.push_back(&s);
+  }
+  return {};
+}
+
+Status DpGroup::run_forward(uint64_t step) {
+  if (exchange_) exchange_->set_step(fabric_.epoch(), static_cast<uint32_t>(step));
+  return model_->forward(chunks_, *storage_, out_);
+}
+
+Status DpGroup::commit_step() {
+  // out_.logits: one row per chunk (its last token), in chunk order.
+  const int64_t vocab = model_->info().vocab_size;
+  for (size_t i = 0; i < plan_.chunks.size(); ++i) {
+    const StepChunk& c = plan_.chunks[i];
+    Sequence& s = *chunk_seqs_[i];
+    if (s.state != SeqState::kRunning) continue;  // cancelled during the step
+    s.computed = c.start + c.count;
+    XDS_RETURN_IF_ERROR(
+        kv_->commit(s.kv, std::span<const int32_t>(s.tokens).first(static_cast<size_t>(s.computed))));
+    // Sample only once every known token has KV: a recomputed (preempted) sequence's last
+    // prefill chunk stops before its last sampled token, which its next decode feeds.
+    if (s.computed < static_cast<int64_t>(s.tokens.size())) continue;
+    if (s.computed == s.target && s.output_len() == 0 && s.index == 0 &&
+        s.request->req.sampling.n > 1 && !s.forked) {
+      XDS_RETURN_IF_ERROR(fork_choices(s));
+    }
+    const float* row = out_.logits.data() + static_cast<int64_t>(i) * vocab;
+    // Every choice that shares this prefill samples its first token from the same row.
+    samplers_.assign(1, &s);
+    if (s.forked && s.output_len() == 0) {
+      for (size_t k = 1; k < s.request->choices.size(); ++k) {
+        if (s.request->choices[k]->output_len() == 0) samplers_.push_back(s.request->choices[k]);
+      }
+    }
+    for (Sequence* t : samplers_) {
+      SampleInput in;
+      in.logits = row;
+      in.valid_vocab = valid_vocab_;
+      const SamplingOptions& opts = t->sampling;
+      in.options = &opts;
+      in.prompt = t->request->req.prompt;
+      in.output = std::span<const int32_t>(t->tokens).subspan(static_cast<size_t>(t->prompt_len()));
+      in.position = static_cast<int64_t>(t->tokens.size());
+      in.draw = 0;
+      TokenLogprob lp;
+      XDS_ASSIGN_OR_RETURN(int32_t token,
+                           sampler_.sample(in, opts.logprobs >= 0 ? &lp : nullptr));
+      t->tokens.push_back(token);
+      TokenDelta d;
+      d.request_id = t->request->req.id;
+      d.index = t->index;
+      d.tokens.push_back(token);
+      if (opts.logprobs >= 0) d.logprobs.push_back(std::move(lp));
+      d.prompt_tokens = static_cast<int32_t>(t->prompt_len());
+      d.cached_tokens = t->cached_tokens;
+      d.finish_reason = finish_reason_after(*t, token, eos_ids_, max_model_len_);
+      const std::string reason = d.finish_reason;
+      deltas_.push_back(std::move(d));
+      if (!reason.empty()) finish(*t, reason, /*emit=*/false);
+    }
+  }
+  return {};
+}
+
+Status DpGroup::fork_choices(Sequence& parent) {
+  Request& r = *parent.request;
+  parent.forked = true;
+  for (int32_t k = 1; k < r.req.sampling.n; ++k) {
+    auto child = std::make_unique<Sequence>();
+    child->id = next_seq_++;
+    child->arrival = parent.arrival + k;
+    child->request = &r;
+    child->index = k;
+    child->sampling = r.req.sampling;
+    child->sampling.seed = choice_seed(r.req.sampling.seed, k);
+    child->tokens = parent.tokens;
+    child->computed = parent.computed;
+    child->target = parent.target;
+    child->cached_tokens = parent.cached_tokens;
+    copies_.clear();
+    XDS_ASSIGN_OR_RETURN(child->kv, kv_->fork(parent.kv, copies_));
+    for (const BlockCopy& c : copies_) storage_->copy_block(c.src, c.dst);
+    kv_->expect(child->kv, child->prompt_len() + child->sampling.max_tokens);
+    child->state = SeqState::kRunning;
+    running_.push_back(child.get());
+    r.choices.push_back(child.get());
+    seqs_[child->id] = std::move(child);
+  }
+  std::sort(running_.begin(), running_.end(),
+            [](const Sequence* a, const Sequence* b) { return a->arrival < b->arrival; });
+  return {};
+}
+
+void DpGroup::send_tokens() {
+  if (deltas_.empty()) return;
+  Message m;
+  m.kind = MessageKind::kTokens;
+  m.tokens = std::move(deltas_);
+  deltas_.clear();
+  Status st = send_message(output_, m);
+  if (!st.ok()) XDS_LOG_WARN("DP group {}: {}", fabric_.rank(), st.message());
+}
+
+void DpGroup::send_load(bool force) {
+  const int64_t now = now_ns();
+  if (!force && now - last_load_ns_ < kLoadPeriodNs) return;
+  last_load_ns_ = now;
+  GroupLoad l;
+  l.group = fabric_.rank();
+  l.running = static_cast<int32_t>(running_.size());
+  l.waiting = static_cast<int32_t>(waiting_.size() + preempted_.size());
+  l.max_num_seqs = o_.max_num_seqs;
+  const KvUsage u = kv_->usage();
+  l.kv_blocks_total = u.total;
+  l.kv_blocks_used = u.used;
+  // Running sequences' growth (usage().reserved) plus the waiting ones' whole expectation.
+  int64_t reserved = u.reserved;
+  for (const Sequence* s : waiting_) {
+    reserved += blocks_for(s->prompt_len() + s->sampling.max_tokens, o_.block_size) *
+                s->sampling.n;
+  }
+  l.kv_blocks_reserved = reserved;
+  l.block_size = o_.block_size;
+  l.prefix_hits = prefix_hits_;
+  l.prefix_queries = prefix_queries_;
+  l.preemptions = preemptions_;
+  l.steps = steps_;
+  l.last_batch_size = last_batch_;
+  Message m;
+  m.kind = MessageKind::kLoad;
+  m.group = fabric_.rank();
+  m.loads.push_back(l);
+  (void)send_message(shell_, m, /*dontwait=*/true);
+}
+
+Status DpGroup::run() {
+  uint64_t step = 0;
+  while (true) {
+    XDS_RETURN_IF_ERROR(poll_control(0));
+    release_finished();
+    if (!draining_ || has_work()) {
+      if (has_work()) XDS_RETURN_IF_ERROR(plan_step());
+    }
+    const bool local_work = has_work() && !plan_.chunks.empty();
+    StepHeader mine;
+    mine.epoch = fabric_.epoch();
+    mine.step = step;
+    mine.moe_passes = 1;
+    mine.requests = static_cast<uint32_t>(requests_.size());
+    mine.stop = draining_ && !has_work();
+    mine.wake_seq = wake_seen_;
+    StepDecision decision;
+    if (sync_) {
+      int64_t tokens = 0;
+      for (const StepChunk& c : plan_.chunks) tokens += c.count;
+      mine.tokens = static_cast<uint32_t>(has_work() ? tokens : 0);
+      mine.busy = has_work() && tokens == 0;
+      XDS_ASSIGN_OR_RETURN(decision, sync_->exchange(mine));
+    } else {
+      decision.action = local_work ? StepAction::kRun
+                        : mine.stop ? StepAction::kStop
+                        : has_work() ? StepAction::kSkip
+                                     : StepAction::kSleep;
+      decision.step = step;
+      decision.next_step = local_work ? step + 1 : step;
+      decision.wake_seq = wake_seen_;
+    }
+    switch (decision.action) {
+      case StepAction::kAbort:
+        return aborted("DP group {}: the instance's step {} was aborted", fabric_.rank(), step);
+      case StepAction::kStop: {
+        send_tokens();
+        Message bye;
+        bye.kind = MessageKind::kShutdown;
+        (void)send_message(output_, bye);
+        return {};
+      }
+      case StepAction::kSleep: {
+        // Sleep until the shell wakes every group with a sequence number nobody had seen.
+        wake_slept_ = std::max(wake_slept_, decision.wake_seq);
+        send_load(/*force=*/true);
+        while (wake_seen_ <= wake_slept_ && !draining_) {
+          XDS_RETURN_IF_ERROR(poll_control(-1));
+          release_finished();
+          send_tokens();  // cancellations of waiting requests
+          if (!sync_ && has_work()) break;
+        }
+        continue;
+      }
+      case StepAction::kSkip:  // work that needs no forward yet: look again shortly
+        XDS_RETURN_IF_ERROR(poll_control(1));
+        continue;
+      case StepAction::kRun:
+        break;
+    }
+    if (has_work()) {
+      XDS_RETURN_IF_ERROR(apply_plan());
+    } else {
+      chunks_.clear();
+      chunk_seqs_.clear();
+      plan_.chunks.clear();
+    }
+    XDS_RETURN_IF_ERROR(run_forward(decision.step));
+    XDS_RETURN_IF_ERROR(commit_step());
+    step = decision.next_step;
+    ++steps_;
+    last_batch_ = static_cast<double>(plan_.chunks.size());
+    send_tokens();
+    send_load(/*force=*/false);
+  }
+}
+
+void pin_threads(int cpu) {
+  if (cpu < 0) return;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(cpu, &set);
+  (void)pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
+}
+
+}  // namespace
+
+Result<uint64_t> ep_staging_bytes(const std::string& model_dir, const ModelOptions& model,
+                                  int32_t max_num_batched_tokens, int dp) {
+  if (dp <= 1) return uint64_t{1} << 20;
+  XDS_ASSIGN_OR_RETURN(DeepseekV3Config cfg, load_deepseek_v3_config(model_dir));
+  return EpMoeExchange::staging_bytes(cfg, dp, model.compute, ep_options(max_num_batched_tokens));
+}
+
+int run_dp_group(xccl::Fabric& fabric, const DpGroupOptions& options) {
+  pin_threads(options.cpu);
+  DpGroup group(fabric, options);
+  Status st = group.init();
+  if (st.ok()) st = group.run();
+  if (!st.ok()) {
+    XDS_LOG_ERROR("DP group {}: {}", fabric.rank(), st.to_string());
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace xds::engine

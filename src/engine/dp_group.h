@@ -1,0 +1,49 @@
+// A DP group (P050): one device process that owns its requests, scheduler, KV blocks,
+// prefix cache, executor and sampler, and streams token ids to its output process. With
+// expert parallelism (n_groups > 1) every MoE layer dispatches and combines over XCCL with
+// the other groups, so all groups step together: before each step they exchange a header
+// (engine/step_sync.h); a group without work joins with zero tokens, and when no group has
+// work they all sleep on their control socket until the shell's next kWake.
+//
+// Thread-safety: run_dp_group() owns everything it creates; it runs on the device process's
+// main thread.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "base/status.h"
+#include "model/deepseek_v3.h"
+
+namespace xds::xccl {
+class Fabric;
+}
+
+namespace xds::engine {
+
+struct DpGroupOptions {
+  std::string model_dir;
+  ModelOptions model;                  // compute dtype, KV dtype, threads per device
+  int32_t max_num_seqs = 256;          // requests holding KV at once
+  int32_t max_num_batched_tokens = 2048;  // tokens per step (decodes + prefill chunks)
+  bool chunked_prefill = true;
+  bool prefix_cache = true;
+  int64_t kv_memory_bytes = 0;         // KV planes of this device (0: a default)
+  int64_t block_size = 16;
+  int64_t max_model_len = 0;           // 0: the model's max_position_embeddings
+  std::string control_address;         // shell -> this group (connect a PULL)
+  std::string shell_address;           // this group -> shell (connect a PUSH)
+  std::string output_address;          // this group -> its output process (connect a PUSH)
+  int32_t cpu = -1;                    // pin the device's threads from this core (-1: no)
+};
+
+// XCCL staging bytes each device's arena needs for the expert-parallel exchange of `dp`
+// devices running this model (0 for dp = 1). Reads the model's config.json only.
+Result<uint64_t> ep_staging_bytes(const std::string& model_dir, const ModelOptions& model,
+                                  int32_t max_num_batched_tokens, int dp);
+
+// The device process's main: serves until kShutdown (after draining) and returns the exit
+// code (0 ok). `fabric` is this device's view of the instance (world = n_groups).
+int run_dp_group(xccl::Fabric& fabric, const DpGroupOptions& options);
+
+}  // namespace xds::engine

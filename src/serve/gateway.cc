@@ -1,0 +1,604 @@
+#include "serve/gateway.h"
+
+#include <algorithm>
+#include <ctime>
+#include <condition_variable>
+#include <deque>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <random>
+#include <unordered_map>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "base/clock.h"
+#include "base/log.h"
+#include "model/config.h"
+#include "serve/gateway_link.h"
+#include "serve/gateway_metrics.h"
+#include "serve/http_server.h"
+#include "serve/openai_api.h"
+#include "serve/shell.h"
+#include "tokenizer/chat_template.h"
+#include "tokenizer/tokenizer.h"
+
+namespace xds::serve {
+namespace {
+
+using engine::Message;
+using engine::MessageKind;
+using engine::OutputDelta;
+using json = nlohmann::json;
+
+ApiError api_error(int status, std::string message, std::string type, std::string code,
+                   std::string param = "") {
+  ApiError e;
+  e.http_status = status;
+  e.message = std::move(message);
+  e.type = std::move(type);
+  e.code = std::move(code);
+  e.param = std::move(param);
+  return e;
+}
+
+// The chat template's view of the messages: OpenAI's shape, keys in the usual order.
+nlohmann::ordered_json template_messages(const ApiRequest& r) {
+  nlohmann::ordered_json out = nlohmann::ordered_json::array();
+  for (const ChatMessage& m : r.messages) {
+    nlohmann::ordered_json j;
+    j["role"] = m.role;
+    if (m.content) {
+      j["content"] = *m.content;
+    } else {
+      j["content"] = nullptr;
+    }
+    if (!m.name.empty()) j["name"] = m.name;
+    if (!m.reasoning_content.empty()) j["reasoning_content"] = m.reasoning_content;
+    if (!m.tool_calls.empty()) {
+      nlohmann::ordered_json calls = nlohmann::ordered_json::array();
+      for (const engine::ToolCall& c : m.tool_calls) {
+        nlohmann::ordered_json f;
+        f["name"] = c.name;
+        f["arguments"] = c.arguments;
+        calls.push_back({{"id", c.id}, {"type", "function"}, {"function", f}});
+      }
+      j["tool_calls"] = calls;
+    }
+    if (!m.tool_call_id.empty()) j["tool_call_id"] = m.tool_call_id;
+    out.push_back(std::move(j));
+  }
+  return out;
+}
+
+// A request between the HTTP handler and its last delta.
+struct Pending {
+  ApiRequest api;
+  engine::EngineRequest req;
+  std::optional<Responder> responder;
+  std::shared_ptr<StreamHandle> stream;
+  ResponseMeta meta;
+  std::optional<ResponseAccumulator> whole;  // not streamed: the choices so far
+  std::optional<ChunkStreamer> chunks;       // streamed
+  int32_t prompt_tokens = 0;
+  int32_t completion_tokens = 0;
+  int64_t arrival_ns = 0;
+  int64_t first_token_ns = 0;
+  int64_t last_token_ns = 0;
+  int32_t finished = 0;
+  bool queued = false;  // waits in the gateway's queue (rejected by the shell for now)
+  bool done = false;
+};
+
+}  // namespace
+
+struct Gateway::Impl {
+  GatewayOptions o;
+  std::string model_name;
+  int64_t max_model_len = 0;
+  int64_t model_vocab = 0;
+  int64_t started_s = static_cast<int64_t>(std::time(nullptr));
+  SamplingDefaults sampling_defaults;
+  std::optional<Tokenizer> tokenizer;
+  std::optional<ChatTemplate> chat_template;
+  std::unique_ptr<HttpServer> http;
+  std::unique_ptr<GatewayLink> link;
+  GatewayMetrics metrics;
+  std::atomic<bool> stopping{false};
+  std::atomic<uint64_t> next_id{1};
+  std::mt19937_64 seeds{std::random_device{}()};
+
+  std::mutex mu;  // guards everything below
+  std::condition_variable idle_cv;
+  std::unordered_map<std::string, std::shared_ptr<Pending>> live;
+  std::deque<std::string> queue;  // request ids waiting for room, arrival order
+  bool retry_in_flight = false;   // the queue's head was offered again and not answered
+  std::vector<engine::GroupLoad> loads;
+  struct Probe {
+    Responder responder;
+    int64_t deadline_ns = 0;
+  };
+  std::unordered_map<std::string, Probe> probes;  // /health probes in flight
+
+  Status init();
+  void routes();
+  void on_completion(HttpRequest request, Responder responder, bool chat);
+  void on_message(Message m);
+  void on_output(const OutputDelta& d);
+  void on_rejected(const Message& m);
+  void finish_pending(const std::shared_ptr<Pending>& p, std::unique_lock<std::mutex>& lock);
+  void submit(const std::shared_ptr<Pending>& p);
+  bool authorized(const HttpRequest& r, Responder& responder);
+};
+
+Status Gateway::Impl::init() {
+  XDS_ASSIGN_OR_RETURN(DeepseekV3Config cfg, load_deepseek_v3_config(o.model_dir));
+  max_model_len = o.max_model_len > 0
+                      ? std::min<int64_t>(o.max_model_len, cfg.max_position_embeddings)
+                      : cfg.max_position_embeddings;
+  model_vocab = cfg.vocab_size;
+  model_name = o.served_model_name;
+  if (model_name.empty()) {
+    model_name = std::filesystem::path(o.model_dir).lexically_normal().filename().string();
+    if (model_name.empty()) {
+      model_name = std::filesystem::path(o.model_dir).lexically_normal().parent_path()
+                       .filename().string();
+    }
+  }
+  // vLLM's default: sampling fields the client leaves out come from generation_config.json.
+  if (std::ifstream f(o.model_dir + "/generation_config.json"); f) {
+    const nlohmann::json g = nlohmann::json::parse(f, nullptr, /*allow_exceptions=*/false);
+    if (g.is_object()) {
+      if (g.value("do_sample", true)) {
+        if (auto it = g.find("temperature"); it != g.end() && it->is_number())
+          sampling_defaults.temperature = it->get<float>();
+        if (auto it = g.find("top_p"); it != g.end() && it->is_number())
+          sampling_defaults.top_p = it->get<float>();
+        if (auto it = g.find("top_k"); it != g.end() && it->is_number_integer())
+          sampling_defaults.top_k = it->get<int32_t>();
+      } else {
+        sampling_defaults.temperature = 0.0f;
+      }
+    }
+  }
+  if (Tokenizer::has_tokenizer_files(o.model_dir)) {
+    XDS_ASSIGN_OR_RETURN(Tokenizer tok, Tokenizer::load(o.model_dir));
+    tokenizer = std::move(tok);
+    auto tmpl = ChatTemplate::load(o.model_dir, o.chat_template);
+    if (tmpl.ok()) {
+      chat_template = std::move(*tmpl);
+    } else if (!o.chat_template.empty()) {
+      return tmpl.status();
+    }
+  }
+  HttpServerOptions ho;
+  ho.host = o.host;
+  ho.port = static_cast<uint16_t>(o.port);
+  ho.threads = std::max(1, o.io_threads);
+  http = std::make_unique<HttpServer>(ho);
+  routes();
+  XDS_ASSIGN_OR_RETURN(link, GatewayLink::start(o.instance, fmt::format("tcp://{}:0", o.output_host),
+                                                [this](Message m) { on_message(std::move(m)); }));
+  return http->start();
+}
+
+bool Gateway::Impl::authorized(const HttpRequest& r, Responder& responder) {
+  if (o.api_key.empty()) return true;
+  const std::string auth = r.header("authorization");
+  if (check_api_key(auth, o.api_key)) return true;
+  (void)auth;
+  responder.send(make_error_response(invalid_api_key()));
+  return false;
+}
+
+void Gateway::Impl::routes() {
+  http->route("POST", "/v1/chat/completions", [this](HttpRequest r, Responder resp) {
+    if (authorized(r, resp)) on_completion(std::move(r), std::move(resp), /*chat=*/true);
+  });
+  http->route("POST", "/v1/completions", [this](HttpRequest r, Responder resp) {
+    if (authorized(r, resp)) on_completion(std::move(r), std::move(resp), /*chat=*/false);
+  });
+  http->route("GET", "/v1/models", [this](HttpRequest r, Responder resp) {
+    if (!authorized(r, resp)) return;
+    HttpResponse out;
+    out.body = to_json_text(make_models_response({model_name}, started_s, max_model_len));
+    resp.send(std::move(out));
+  });
+  http->route("GET", "/health", [this](HttpRequest, Responder resp) {
+    const std::string probe = fmt::format("health-{}", next_id.fetch_add(1));
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      probes.emplace(probe, Probe{resp, now_ns() + int64_t{5'000'000'000}});
+    }
+    Message m;
+    m.kind = MessageKind::kPing;
+    m.request_id = probe;
+    link->post(std::move(m));
+    // Unanswered probes are failed by the messaging thread's sweep (see on_message).
+  });
+  http->route("GET", "/metrics", [this](HttpRequest, Responder resp) {
+    HttpResponse out;
+    out.content_type = "text/plain; version=0.0.4";
+    std::vector<engine::GroupLoad> l;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      l = loads;
+    }
+    out.body = metrics.render(l);
+    resp.send(std::move(out));
+  });
+}
+
+void Gateway::Impl::on_completion(HttpRequest r, Responder responder, bool chat) {
+  if (stopping.load()) {
+    responder.send(make_error_response(
+        api_error(503, "the server is shutting down", "server_error", "shutting_down")));
+    return;
+  }
+  auto body = parse_json_body(r.body);
+  if (!body.ok()) {
+    responder.send(make_error_response(body.error()));
+    return;
+  }
+  ApiLimits limits;
+  limits.model_names = {model_name};
+  limits.has_tokenizer = tokenizer.has_value();
+  limits.vocab_size = tokenizer ? std::max<int64_t>(tokenizer->vocab_size(), model_vocab)
+                                : model_vocab;
+  ApiResult<ApiRequest> parsed =
+      chat ? parse_chat_request(body.value(), limits) : parse_completion_request(body.value(), limits);
+  if (!parsed.ok()) {
+    responder.send(make_error_response(parsed.error()));
+    return;
+  }
+  auto p = std::make_shared<Pending>();
+  p->api = std::move(parsed.value());
+  const char* prompt_param = chat ? "messages" : "prompt";
+  // Prompt ids: the chat template, or the text, or the ids as given.
+  std::vector<int32_t> ids;
+  if (chat) {
+    if (!tokenizer || !chat_template) {
+      responder.send(make_error_response(api_error(
+          400, "this model has no tokenizer or chat template: use /v1/completions with token ids",
+          "invalid_request_error", "unsupported_parameter", "messages")));
+      return;
+    }
+    nlohmann::ordered_json tools = nullptr;
+    if (!p->api.tools.empty()) tools = nlohmann::ordered_json::parse(p->api.tools_json.dump());
+    auto enc = encode_chat_ordered(*tokenizer, *chat_template, template_messages(p->api),
+                                   p->api.add_generation_prompt, tools);
+    if (!enc.ok()) {
+      responder.send(make_error_response(api_error(400, std::string(enc.status().message()),
+                                                   "invalid_request_error", "invalid_value",
+                                                   "messages")));
+      return;
+    }
+    ids = std::move(*enc);
+  } else if (!p->api.prompt_ids.empty()) {
+    ids = p->api.prompt_ids;
+  } else {
+    if (!tokenizer) {
+      responder.send(make_error_response(api_error(
+          400, "this model has no tokenizer: give the prompt as an array of token ids",
+          "invalid_request_error", "invalid_type", "prompt")));
+      return;
+    }
+    auto enc = tokenizer->encode(p->api.prompt_text.value_or(""), /*add_special_tokens=*/true);
+    if (!enc.ok()) {
+      responder.send(make_error_response(api_error(400, std::string(enc.status().message()),
+                                                   "invalid_request_error", "invalid_value",
+                                                   "prompt")));
+      return;
+    }
+    ids = std::move(*enc);
+  }
+  const int64_t n_prompt = static_cast<int64_t>(ids.size());
+  if (n_prompt == 0) {
+    responder.send(make_error_response(
+        api_error(400, "the prompt is empty", "invalid_request_error", "invalid_value",
+                  prompt_param)));
+    return;
+  }
+  ApiResult<int32_t> max_tokens = resolve_max_tokens(p->api, n_prompt, max_model_len);
+  if (!max_tokens.ok()) {
+    responder.send(make_error_response(max_tokens.error()));
+    return;
+  }
+
+  engine::EngineRequest& e = p->req;
+  e.id = fmt::format("{}-{}", chat ? "chatcmpl" : "cmpl", next_id.fetch_add(1));
+  e.prompt = std::move(ids);
+  uint64_t seed = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    seed = seeds();
+  }
+  e.sampling = make_sampling_options(p->api, max_tokens.value(), seed, sampling_defaults);
+  OutputConfig oc;
+  oc.detokenize = tokenizer.has_value();
+  oc.reasoning_parser = o.reasoning_parser;
+  oc.tool_call_parser = o.tool_call_parser;
+  e.output = make_output_options(p->api, oc);
+  e.reply_to = link->reply_to();
+  p->arrival_ns = now_ns();
+  e.arrival_us = p->arrival_ns / 1000;
+  p->prompt_tokens = static_cast<int32_t>(n_prompt);
+  p->meta.id = e.id;
+  p->meta.created = static_cast<int64_t>(std::time(nullptr));
+  p->meta.model = model_name;
+  p->meta.include_token_ids = !tokenizer.has_value();
+  if (tokenizer) {
+    const Tokenizer* tok = &*tokenizer;
+    p->meta.token_text = [tok](int32_t id) {
+      return tok->decode(std::span<const int32_t>(&id, 1), /*skip_special_tokens=*/false);
+    };
+  }
+  if (p->api.stream) {
+    p->chunks.emplace(p->api, p->meta);
+  } else {
+    p->whole.emplace(p->api.n);
+  }
+  p->responder = responder;
+
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (static_cast<int64_t>(queue.size()) >= o.max_queue && !queue.empty()) {
+      responder.send(make_error_response(queue_full(1)));
+      metrics.count_outcome("rejected");
+      return;
+    }
+    live[e.id] = p;
+  }
+  if (p->api.stream) {
+    p->stream = responder.start_stream();
+    if (!p->stream) return;
+  }
+  // A client that goes away cancels its request (and frees its KV).
+  std::weak_ptr<Pending> weak = p;
+  auto on_gone = [this, weak] {
+    auto p = weak.lock();
+    if (!p) return;
+    std::unique_lock<std::mutex> lock(mu);
+    if (p->done) return;
+    p->done = true;
+    live.erase(p->req.id);
+    queue.erase(std::remove(queue.begin(), queue.end(), p->req.id), queue.end());
+    lock.unlock();
+    metrics.count_outcome("cancelled");
+    Message m;
+    m.kind = MessageKind::kCancel;
+    m.request_id = p->req.id;
+    link->post(std::move(m));
+    idle_cv.notify_all();
+  };
+  if (p->stream) {
+    p->stream->on_disconnect(on_gone);
+  } else {
+    p->responder->on_disconnect(on_gone);
+  }
+  submit(p);
+}
+
+void Gateway::Impl::submit(const std::shared_ptr<Pending>& p) {
+  Message m;
+  m.kind = MessageKind::kRequest;
+  m.request = p->req;
+  link->post(std::move(m));
+}
+
+void Gateway::Impl::on_message(Message m) {
+  switch (m.kind) {
+    case MessageKind::kOutput:
+      for (const OutputDelta& d : m.outputs) on_output(d);
+      break;
+    case MessageKind::kRejected:
+      on_rejected(m);
+      break;
+    case MessageKind::kLoad: {
+      std::shared_ptr<Pending> head;
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        loads = m.loads;
+        if (!queue.empty() && !retry_in_flight) {
+          auto it = live.find(queue.front());
+          if (it != live.end()) {
+            head = it->second;
+            retry_in_flight = true;
+          } else {
+            queue.pop_front();
+          }
+        }
+      }
+      if (head) submit(head);
+      break;
+    }
+    case MessageKind::kPong: {
+      std::optional<Responder> r;
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        auto it = probes.find(m.request_id);
+        if (it != probes.end()) {
+          r = it->second.responder;
+          probes.erase(it);
+        }
+      }
+      if (r) {
+        HttpResponse ok;
+        ok.body = "{\"status\":\"ok\"}";
+        r->send(std::move(ok));
+      }
+      break;
+    }
+    default:
+      break;
+  }
+}
+
+void Gateway::Impl::on_rejected(const Message& m) {
+  std::unique_lock<std::mutex> lock(mu);
+  auto it = live.find(m.request_id);
+  if (it == live.end()) return;
+  std::shared_ptr<Pending> p = it->second;
+  const bool was_head = !queue.empty() && queue.front() == p->req.id;
+  if (was_head) retry_in_flight = false;
+  if (m.text.rfind(kRejectNever, 0) == 0) {
+    p->done = true;
+    live.erase(it);
+    if (was_head) queue.pop_front();
+    lock.unlock();
+    metrics.count_outcome("rejected");
+    const std::string msg = m.text.substr(std::string(kRejectNever).size());
+    const ApiError err = api_error(400, msg, "invalid_request_error", "context_length_exceeded");
+    if (p->stream) {
+      p->stream->send_event(to_json_text(make_error(err)));
+      p->stream->close();
+    } else {
+      p->responder->send(make_error_response(err));
+    }
+    return;
+  }
+  if (!p->queued) {
+    if (static_cast<int64_t>(queue.size()) >= o.max_queue) {
+      p->done = true;
+      live.erase(it);
+      lock.unlock();
+      metrics.count_outcome("rejected");
+      if (p->stream) {
+        p->stream->send_event(to_json_text(make_error(queue_full(1))));
+        p->stream->close();
+      } else {
+        p->responder->send(make_error_response(queue_full(1)));
+      }
+      return;
+    }
+    p->queued = true;
+    queue.push_back(p->req.id);
+  }
+}
+
+void Gateway::Impl::on_output(const OutputDelta& d) {
+  std::unique_lock<std::mutex> lock(mu);
+  auto it = live.find(d.request_id);
+  if (it == live.end()) return;  // cancelled
+  std::shared_ptr<Pending> p = it->second;
+  if (p->queued) {  // it was placed after all
+    queue.erase(std::remove(queue.begin(), queue.end(), p->req.id), queue.end());
+    p->queued = false;
+    retry_in_flight = false;
+  }
+  const int64_t now = now_ns();
+  if (!d.token_ids.empty()) {
+    if (p->first_token_ns == 0) {
+      p->first_token_ns = now;
+      metrics.observe_ttft((now - p->arrival_ns) * 1e-9);
+    } else {
+      metrics.observe_itl((now - p->last_token_ns) * 1e-9);
+    }
+    p->last_token_ns = now;
+  }
+  if (!d.error.empty()) {
+    p->done = true;
+    live.erase(it);
+    lock.unlock();
+    metrics.count_outcome("error");
+    if (p->stream) {
+      p->stream->send_event(to_json_text(make_error(server_error(d.error))));
+      p->stream->close();
+    } else {
+      p->responder->send(make_error_response(server_error(d.error)));
+    }
+    return;
+  }
+  p->completion_tokens += static_cast<int32_t>(d.token_ids.size());
+  if (p->chunks) {
+    for (const std::string& event : p->chunks->on_delta(d)) p->stream->send_event(event);
+  } else {
+    p->whole->add(d);
+  }
+  if (!d.finish_reason.empty()) p->finished += 1;
+  if (p->finished >= p->api.n) finish_pending(p, lock);
+}
+
+void Gateway::Impl::finish_pending(const std::shared_ptr<Pending>& p,
+                                   std::unique_lock<std::mutex>& lock) {
+  p->done = true;
+  live.erase(p->req.id);
+  lock.unlock();
+  const int64_t now = now_ns();
+  metrics.observe_e2e((now - p->arrival_ns) * 1e-9);
+  const int32_t out_tokens = p->completion_tokens;
+  if (out_tokens > 1 && p->first_token_ns > 0) {
+    metrics.observe_tpot((now - p->first_token_ns) * 1e-9 / (out_tokens - 1));
+  }
+  metrics.count_outcome("success");
+  metrics.count_tokens(p->prompt_tokens, out_tokens);
+  if (p->chunks) {
+    for (const std::string& event : p->chunks->finish()) p->stream->send_event(event);
+    p->stream->close();
+  } else {
+    HttpResponse r;
+    r.body = to_json_text(p->api.kind == ApiKind::kChat
+                              ? make_chat_response(p->api, p->meta, *p->whole)
+                              : make_completion_response(p->api, p->meta, *p->whole));
+    p->responder->send(std::move(r));
+  }
+  idle_cv.notify_all();
+}
+
+Result<std::unique_ptr<Gateway>> Gateway::create(const GatewayOptions& options) {
+  auto impl = std::make_unique<Impl>();
+  impl->o = options;
+  XDS_RETURN_IF_ERROR(impl->init());
+  return std::unique_ptr<Gateway>(new Gateway(std::move(impl)));
+}
+
+Gateway::Gateway(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Gateway::~Gateway() {
+  if (impl_->http) impl_->http->stop(std::chrono::milliseconds(0));
+  if (impl_->link) impl_->link->stop();
+}
+
+int Gateway::port() const { return impl_->http->port(); }
+
+void Gateway::stop() { impl_->stopping.store(true); }
+
+Status Gateway::run(bool shutdown_instance, int drain_s) {
+  Impl& g = *impl_;
+  // Health probes that nobody answered within 5 s fail with 503.
+  while (!g.stopping.load()) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    std::vector<Responder> stale;
+    {
+      std::lock_guard<std::mutex> lock(g.mu);
+      const int64_t now = now_ns();
+      for (auto it = g.probes.begin(); it != g.probes.end();) {
+        if (it->second.deadline_ns < now) {
+          stale.push_back(it->second.responder);
+          it = g.probes.erase(it);
+        } else {
+          ++it;
+        }
+      }
+    }
+    for (Responder& r : stale) {
+      r.send(make_error_response(
+          api_error(503, "a device of the instance does not answer", "server_error", "unhealthy")));
+    }
+  }
+  // Drain: no new requests (handlers answer 503), in-flight ones finish.
+  {
+    std::unique_lock<std::mutex> lock(g.mu);
+    g.idle_cv.wait_for(lock, std::chrono::seconds(drain_s), [&] { return g.live.empty(); });
+  }
+  g.http->stop(std::chrono::milliseconds(2000));
+  if (shutdown_instance) {
+    Message m;
+    m.kind = MessageKind::kShutdown;
+    g.link->post(std::move(m));
+  }
+  g.link->stop();
+  return {};
+}
+
+}  // namespace xds::serve

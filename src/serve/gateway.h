@@ -1,0 +1,59 @@
+// The gateway (the paper's JE, P096): the OpenAI-compatible HTTP front of one instance.
+//
+// It parses the API (serve/openai_api.h), applies the chat template and tokenizes (it needs
+// the length to reject an over-long prompt and to place the request), sends each request once
+// to the instance's shell, and receives the text deltas straight from the DP groups' output
+// processes on its own PULL socket. Requests the shell cannot place wait here, in arrival
+// order, and are offered again whenever the groups report new load; past `max_queue` waiting
+// requests a new one gets 503 with Retry-After.
+//
+// Threads: the HTTP server's io threads run the handlers; one messaging thread owns the
+// ZeroMQ sockets (DEALER to the shell, PULL for outputs) and wakes on an eventfd when a handler
+// queues a message. Request state is shared under one mutex.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "base/status.h"
+
+namespace xds::serve {
+
+struct GatewayOptions {
+  std::string host = "127.0.0.1";
+  int port = 8000;
+  std::string api_key;            // empty: no authentication
+  std::string served_model_name;  // empty: the model directory's last component
+  std::string model_dir;          // tokenizer, chat template, config.json
+  std::string chat_template;      // a Jinja file overriding the model's
+  std::string instance;           // the shell's address, e.g. tcp://127.0.0.1:8100
+  std::string output_host = "127.0.0.1";  // where output processes reach this gateway
+  int64_t max_model_len = 0;      // 0: the model's max_position_embeddings
+  int64_t max_queue = 1024;       // waiting requests before 503
+  std::string reasoning_parser;   // "" or deepseek_r1 / qwen3
+  std::string tool_call_parser;   // "" or deepseek_v3 / qwen3
+  int io_threads = 2;
+};
+
+class Gateway {
+ public:
+  static Result<std::unique_ptr<Gateway>> create(const GatewayOptions& options);
+  ~Gateway();
+  // Serves until stop(): then stops accepting, lets in-flight requests finish (at most
+  // `drain_s` seconds), sends kShutdown to the shell when `shutdown_instance`, and returns.
+  Status run(bool shutdown_instance, int drain_s = 60);
+  // Async-signal-safe.
+  void stop();
+  // The port actually bound (options.port 0 picks a free one).
+  int port() const;
+
+  struct Impl;
+
+ private:
+  explicit Gateway(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace xds::serve

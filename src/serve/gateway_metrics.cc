@@ -1,0 +1,85 @@
+#include "serve/gateway_metrics.h"
+
+#include <string>
+
+namespace xds::serve {
+namespace {
+
+std::vector<double> latency_buckets() {
+  return {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5,
+          0.75,  1.0,    2.5,   5.0,  7.5,   10.0, 20.0,  40.0, 80.0, 160.0};
+}
+
+}  // namespace
+
+GatewayMetrics::GatewayMetrics()
+    : prompt_tokens_(reg_.counter("xdeepserve_prompt_tokens_total", "Prompt tokens processed.")),
+      generation_tokens_(
+          reg_.counter("xdeepserve_generation_tokens_total", "Tokens generated.")),
+      ttft_(reg_.histogram("xdeepserve_time_to_first_token_seconds",
+                           "From arrival at the gateway to the first token.", latency_buckets())),
+      tpot_(reg_.histogram("xdeepserve_time_per_output_token_seconds",
+                           "Per request: (last token - first token) / (tokens - 1).",
+                           latency_buckets())),
+      itl_(reg_.histogram("xdeepserve_inter_token_latency_seconds",
+                          "Between consecutive deltas of a request.", latency_buckets())),
+      e2e_(reg_.histogram("xdeepserve_e2e_request_latency_seconds",
+                          "From arrival to the last token.", latency_buckets())) {
+  for (const char* outcome : {"success", "cancelled", "rejected", "error"}) {
+    reg_.counter("xdeepserve_requests_total", "Finished requests by outcome.",
+                 {{"outcome", outcome}});
+  }
+}
+
+void GatewayMetrics::count_outcome(const std::string& outcome) {
+  reg_.counter("xdeepserve_requests_total", "Finished requests by outcome.",
+               {{"outcome", outcome}})
+      .inc();
+}
+
+void GatewayMetrics::count_tokens(int64_t prompt, int64_t generated) {
+  prompt_tokens_.inc(static_cast<double>(prompt));
+  generation_tokens_.inc(static_cast<double>(generated));
+}
+
+void GatewayMetrics::observe_ttft(double s) { ttft_.observe(s); }
+void GatewayMetrics::observe_tpot(double s) { tpot_.observe(s); }
+void GatewayMetrics::observe_itl(double s) { itl_.observe(s); }
+void GatewayMetrics::observe_e2e(double s) { e2e_.observe(s); }
+
+std::string GatewayMetrics::render(std::span<const engine::GroupLoad> loads) {
+  double running = 0, waiting = 0;
+  for (const engine::GroupLoad& l : loads) {
+    const MetricLabels g{{"group", std::to_string(l.group)}};
+    reg_.gauge("xdeepserve_group_requests_running", "Requests holding KV, per DP group.", g)
+        .set(l.running);
+    reg_.gauge("xdeepserve_group_requests_waiting", "Requests placed and waiting, per DP group.",
+               g)
+        .set(l.waiting);
+    reg_.gauge("xdeepserve_kv_cache_usage_ratio", "KV blocks in use / total, per DP group.", g)
+        .set(l.kv_blocks_total > 0
+                 ? static_cast<double>(l.kv_blocks_used) / static_cast<double>(l.kv_blocks_total)
+                 : 0.0);
+    reg_.gauge("xdeepserve_batch_size", "Sequences in the group's last step.", g)
+        .set(l.last_batch_size);
+    reg_.gauge("xdeepserve_prefix_cache_hit_blocks", "Prompt blocks served from the prefix "
+               "cache, cumulative, per DP group.", g)
+        .set(static_cast<double>(l.prefix_hits));
+    reg_.gauge("xdeepserve_prefix_cache_query_blocks", "Prompt blocks looked up in the prefix "
+               "cache, cumulative, per DP group.", g)
+        .set(static_cast<double>(l.prefix_queries));
+    reg_.gauge("xdeepserve_preemptions", "Requests preempted (KV exhausted; recomputed "
+               "later), cumulative, per DP group.", g)
+        .set(static_cast<double>(l.preemptions));
+    reg_.gauge("xdeepserve_steps", "Forward steps run, cumulative, per DP group.", g)
+        .set(static_cast<double>(l.steps));
+    running += l.running;
+    waiting += l.waiting;
+  }
+  reg_.gauge("xdeepserve_requests_running", "Requests holding KV, all DP groups.").set(running);
+  reg_.gauge("xdeepserve_requests_waiting", "Requests placed and waiting, all DP groups.")
+      .set(waiting);
+  return reg_.render();
+}
+
+}  // namespace xds::serve

@@ -1,0 +1,44 @@
+// The gateway's /metrics: the request-level series it observes itself (outcomes, TTFT, TPOT,
+// ITL, end to end, tokens) and the per-DP-group series it hears from the shell (running and
+// waiting requests, KV usage, batch size, prefix-cache hits, tokens routed per expert).
+//
+// Families (all prefixed xdeepserve_):
+//   requests_total{outcome}                    counter  success | cancelled | rejected | error
+//   prompt_tokens_total, generation_tokens_total counter
+//   time_to_first_token_seconds, time_per_output_token_seconds, inter_token_latency_seconds,
+//   e2e_request_latency_seconds                histograms
+//   requests_running{group}, requests_waiting{group}, kv_cache_usage_ratio{group},
+//   batch_size{group}, prefix_cache_hits_total{group}, prefix_cache_queries_total{group},
+//   steps_total{group}                         gauges (the group's last report)
+//   requests_running / requests_waiting without a label: the sums
+//
+// Thread-safety: every method is thread-safe.
+#pragma once
+
+#include <span>
+#include <string>
+
+#include "engine/request.h"
+#include "serve/metrics.h"
+
+namespace xds::serve {
+
+class GatewayMetrics {
+ public:
+  GatewayMetrics();
+  void count_outcome(const std::string& outcome);
+  void count_tokens(int64_t prompt, int64_t generated);
+  void observe_ttft(double s);
+  void observe_tpot(double s);
+  void observe_itl(double s);
+  void observe_e2e(double s);
+  // The exposition text, with the groups' last loads written into their gauges first.
+  std::string render(std::span<const engine::GroupLoad> loads);
+
+ private:
+  MetricsRegistry reg_;
+  Counter &prompt_tokens_, &generation_tokens_;
+  Histogram &ttft_, &tpot_, &itl_, &e2e_;
+};
+
+}  // namespace xds::serve

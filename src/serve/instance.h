@@ -1,0 +1,32 @@
+// An instance (the paper's TE): a shell plus N device processes (one DP group each, experts
+// spread over all of them) plus one output process per group.
+//
+// Start order: the output processes and the device group are forked first (xccl::DeviceGroup:
+// the devices share the XCCL fabric's memfd arenas and die with the shell through
+// PR_SET_PDEATHSIG), then the shell opens its ZeroMQ sockets (no fork after a ZeroMQ context
+// exists). Every ipc address lives in Linux's abstract namespace, so a SIGKILLed instance
+// leaves no file and no shared-memory segment behind.
+//
+// Thread-safety: run_instance() is the process's main; it installs SIGTERM/SIGINT handlers.
+#pragma once
+
+#include <string>
+
+#include "base/status.h"
+#include "engine/dp_group.h"
+
+namespace xds::serve {
+
+struct InstanceOptions {
+  std::string listen = "tcp://127.0.0.1:8100";  // the shell's address for gateways
+  int dp = 1;
+  engine::DpGroupOptions group;  // addresses are filled per group by run_instance
+  int threads_per_device = 0;    // 0: the machine's cores / dp (at least 1)
+  bool pin = true;               // pin device k's threads from core k * threads where cores allow
+};
+
+// Runs until SIGTERM/SIGINT or a gateway's kShutdown: then drains (the groups finish their
+// requests), stops every process and returns.
+Status run_instance(const InstanceOptions& options);
+
+}  // namespace xds::serve

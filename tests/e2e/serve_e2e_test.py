@@ -1,0 +1,204 @@
+#!/usr/bin/python3
+"""End to end: `xdeepserve serve` over real HTTP with the shipped model.
+
+Starts the server (gateway + instance with --dp N), then:
+  - runs tests/e2e/openai_e2e.mjs through the official `openai` npm client (streamed and
+    non-streamed chat and completions, token-id prompts, logprobs, stop strings, n=2, 32
+    concurrent clients, cancellation by disconnect);
+  - compares the greedy completion with `xdeepserve generate` (an independent path: one
+    process, no scheduler, no HTTP);
+  - checks every error case with plain HTTP (status, OpenAI error object);
+  - checks that /metrics moved and that the cancelled request freed its seat;
+  - stops the server with SIGTERM and checks that it exits cleanly and leaves no process.
+"""
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+FAILURES = []
+
+
+def check(cond, what):
+    if not cond:
+        FAILURES.append(what)
+        print(f"FAILED: {what}", file=sys.stderr)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def http(method, url, body=None, key=None, raw=None, timeout=60):
+    data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+    req = urllib.request.Request(url, data=data, method=method)
+    req.add_header("Content-Type", "application/json")
+    if key:
+        req.add_header("Authorization", f"Bearer {key}")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, r.read().decode(), dict(r.headers)
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode(), dict(e.headers)
+
+
+def metric(text, name):
+    """Sum of every sample of `name` (any labels)."""
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def descendants(pid):
+    """Pids whose parent chain reaches pid (from /proc)."""
+    children = {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            children.setdefault(ppid, []).append(int(d))
+        except (OSError, ValueError, IndexError):
+            pass
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        for c in children.get(p, []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--xdeepserve", required=True)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--node-modules", required=True)
+    ap.add_argument("--dp", type=int, default=1)
+    args = ap.parse_args()
+    if not os.path.isdir(os.path.join(args.node_modules, "openai")):
+        print(f"SKIP-FAIL: the openai npm client is not installed in {args.node_modules} "
+              "(tools/install_deps.sh installs it)", file=sys.stderr)
+        return 1
+
+    port, iport = free_port(), free_port()
+    key = "e2e-key"
+    base = f"http://127.0.0.1:{port}"
+    cmd = [args.xdeepserve, "serve", "--model", args.model, "--port", str(port),
+           "--instance-port", str(iport), "--api-key", key, "--dp", str(args.dp),
+           "--max-num-seqs", "16", "--kv-memory", "64M", "--threads-per-device", "1",
+           "--served-model-name", "kjv"]
+    shm_before = set(os.listdir("/dev/shm"))
+    server = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.time() + 120
+        healthy = False
+        while time.time() < deadline and server.poll() is None:
+            try:
+                status, _, _ = http("GET", base + "/health", timeout=5)
+                if status == 200:
+                    healthy = True
+                    break
+            except OSError:
+                pass
+            time.sleep(0.3)
+        check(healthy, "server became healthy")
+        if not healthy:
+            return 1
+
+        status, body, _ = http("GET", base + "/v1/models", key=key)
+        check(status == 200 and json.loads(body)["data"][0]["id"] == "kjv", "/v1/models")
+
+        script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "openai_e2e.mjs")
+        r = subprocess.run(["node", script, base + "/v1", key, "kjv"],
+                           capture_output=True, text=True, timeout=600)
+        check(r.returncode == 0, f"openai client checks: {r.stderr.strip()[-2000:]}")
+        observed = json.loads(r.stdout.strip().splitlines()[-1]) if r.returncode == 0 else {}
+
+        # The greedy completion equals `xdeepserve generate` (one process, no engine).
+        g = subprocess.run([args.xdeepserve, "generate", "--model", args.model, "--prompt",
+                            "In the beginning God created", "--max-tokens", "24",
+                            "--temperature", "0", "--ignore-eos", "--threads", "1"],
+                           capture_output=True, text=True, timeout=300)
+        check(g.returncode == 0, f"generate ran: {g.stderr[-500:]}")
+        if observed:
+            check(observed["greedy_text"] == g.stdout.rstrip("\n"),
+                  f"served greedy text equals generate: {observed['greedy_text']!r} vs "
+                  f"{g.stdout!r}")
+
+        # Errors: status and an OpenAI error object naming the problem.
+        url = base + "/v1/completions"
+        ok_body = {"model": "kjv", "prompt": "In the beginning", "max_tokens": 4}
+
+        def expect_error(status_want, what, body=None, raw=None, key_=key, param=None):
+            status, text, headers = http("POST", url, body=body, raw=raw, key=key_)
+            check(status == status_want, f"{what}: status {status} (want {status_want}): {text}")
+            try:
+                err = json.loads(text)["error"]
+                check(isinstance(err.get("message"), str) and err["message"], f"{what}: message")
+                check("type" in err and "code" in err and "param" in err, f"{what}: fields")
+                if param:
+                    check(err.get("param") == param, f"{what}: param {err.get('param')}")
+            except (ValueError, KeyError, TypeError):
+                check(False, f"{what}: body is not an OpenAI error: {text}")
+            return headers
+
+        expect_error(400, "malformed JSON", raw=b"{not json")
+        expect_error(404, "unknown model", body=dict(ok_body, model="nope"))
+        expect_error(400, "prompt longer than the context",
+                     body=dict(ok_body, prompt=[5] * 100000))
+        expect_error(400, "temperature out of range", body=dict(ok_body, temperature=-1),
+                     param="temperature")
+        expect_error(400, "logit_bias unsupported", body=dict(ok_body, logit_bias={"5": 10}),
+                     param="logit_bias")
+        expect_error(400, "n = 0", body=dict(ok_body, n=0), param="n")
+        expect_error(401, "missing API key", body=ok_body, key_=None)
+        expect_error(401, "wrong API key", body=ok_body, key_="wrong")
+        status, _, _ = http("POST", url, body=ok_body, key=key)
+        check(status == 200, "the server still serves after the bad requests")
+
+        # /metrics moved; the cancelled stream freed its seat.
+        time.sleep(1.5)
+        status, text, _ = http("GET", base + "/metrics")
+        check(status == 200, "/metrics")
+        check(metric(text, "xdeepserve_requests_total") >= 40, "requests counted")
+        check(metric(text, "xdeepserve_time_to_first_token_seconds_count") >= 40, "TTFT observed")
+        check(metric(text, "xdeepserve_requests_running") == 0,
+              "no request running after the clients finished (the cancelled one freed)")
+    finally:
+        family = descendants(server.pid)
+        check(len(family) >= 1 + 2 * args.dp, f"instance, devices and output processes: {family}")
+        server.send_signal(signal.SIGTERM)
+        try:
+            out, _ = server.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            out, _ = server.communicate()
+            check(False, "server did not stop within 60 s of SIGTERM")
+        check(server.returncode == 0, f"server exit code {server.returncode}")
+        time.sleep(0.5)
+        left = [p for p in family if os.path.exists(f"/proc/{p}")]
+        check(not left, f"processes left behind: {left}")
+        check(set(os.listdir("/dev/shm")) <= shm_before, "nothing left in /dev/shm")
+        if FAILURES:
+            print(out[-4000:], file=sys.stderr)
+    if FAILURES:
+        print(f"{len(FAILURES)} check(s) failed", file=sys.stderr)
+        return 1
+    print("serve e2e: all checks passed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
