@@ -158,7 +158,10 @@ Row measure(const std::string& setting, Caches& c, ThreadPool& pool, int reps) {
     if (r > 0) plain.push_back(seconds_since(t0));
   }
   if (sink == 1234.5f) std::printf(" ");  // keeps the sums
-  const double flops = 2.0 * c.seqs * c.layers * kHeads * kContext * (2 * kLatent + kRope);
+  // The absorbed products (scores and p·latent) of every sequence's context in every layer.
+  const kernels::MlaShape shape{kHeads, kLatent, 0, kRope, 0};
+  const double flops =
+      double(c.seqs) * double(c.layers) * kernels::mla_absorbed_pair_flops(shape, double(kContext));
   const double read = 4.0 * c.seqs * c.layers * kContext * (kLatent + kRope);
   return {setting,
           pool.num_threads(),

@@ -33,6 +33,7 @@
 #include "json_out.h"
 #include "kernels/cpu/blas_core.h"
 #include "kernels/cpu/linear_panels.h"
+#include "kernels/cpu/mla_attention.h"
 #include "machine_limits.h"
 #include "model/deepseek_v3.h"
 #include "run_output.h"
@@ -97,14 +98,11 @@ StaticCost static_cost(const DeepseekV3Model& model) {
 //   absorbed: W_UK and W_UV per token, then scores and p·latent over the latent (C + Dr, C);
 //   expanded: kv_b_proj over the whole context, then scores and p·v per head (Dn + Dr, Dv).
 double attention_flops(const DeepseekV3Config& c, int64_t p0, int64_t m) {
-  const double h = c.num_attention_heads, lat = c.kv_lora_rank, dr = c.qk_rope_head_dim;
-  const double dn = c.qk_nope_head_dim, dv = c.v_head_dim;
-  const double pairs = double(m) * double(p0) + double(m) * double(m + 1) / 2.0;
-  const double absorbed =
-      m * h * 2.0 * lat * (dn + dv) + pairs * h * (2.0 * (lat + dr) + 2.0 * lat);
-  const double expanded =
-      double(p0 + m) * 2.0 * lat * h * (dn + dv) + pairs * h * (2.0 * (dn + dr) + 2.0 * dv);
-  return std::min(absorbed, expanded);
+  const kernels::MlaChunkFlops f = kernels::mla_chunk_flops(
+      {c.num_attention_heads, c.kv_lora_rank, c.qk_nope_head_dim, c.qk_rope_head_dim,
+       c.v_head_dim},
+      p0, m);
+  return std::min(f.absorbed, f.expanded);
 }
 
 // Fills positions [0, ctx) of `seq` with random latent/rope values in every main layer: the
