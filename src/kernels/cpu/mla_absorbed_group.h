@@ -20,11 +20,11 @@ struct AbsorbedGroup {
   const LatentKvView& kv;
   int64_t s_begin, s_end;
   float scale;
-  float* qt;      // scratch: [C + Dr, 16] transposed queries
-  float* out;     // [nh, C], row stride out_ld
+  float* qt;   // scratch: [C + Dr, 16] transposed queries
+  float* out;  // [nh, C], row stride out_ld
   int64_t out_ld;
-  float* m;       // [nh] running max score
-  float* l;       // [nh] running Σ e^(score - m)
+  float* m;                      // [nh] running max score
+  float* l;                      // [nh] running Σ e^(score - m)
   const AbsorbedNextRows* next;  // the thread's next rows (a prefetch hint), or null
 };
 

@@ -23,8 +23,8 @@ namespace xds::kernels {
 namespace {
 
 using absorbed_detail::AbsorbedGroup;
-using absorbed_detail::SliceRows;
 using absorbed_detail::slice_softmax;
+using absorbed_detail::SliceRows;
 using absorbed_detail::transpose_queries;
 
 // Scores of R cached rows × NV·L heads (L = Ops::kLanes: 8 with AVX2, 16 with AVX-512)
@@ -87,8 +87,8 @@ void scores_tile(const float* qt, const float* const* rows, const float* const* 
 
 }  // namespace
 
-void absorbed_detail::transpose_queries(const AbsorbedQuery& q, int64_t h0, int64_t nh,
-                                        int64_t lat, int64_t dr, int64_t kw, float* qt) {
+void absorbed_detail::transpose_queries(const AbsorbedQuery& q, int64_t h0, int64_t nh, int64_t lat,
+                                        int64_t dr, int64_t kw, float* qt) {
 #if defined(__AVX512F__)
   if (kw == 16 && panel_isa() == PanelIsa::kAvx512) {  // 16 × 16 blocks in registers
     transpose_row_tiles(q.q_abs + h0 * q.q_abs_ld, q.q_abs_ld, nh, lat, 0, qt, 0);

@@ -32,8 +32,8 @@ namespace {
 
 using absorbed_detail::AbsorbedGroup;
 using absorbed_detail::NextSlicePrefetch;
-using absorbed_detail::SliceRows;
 using absorbed_detail::slice_softmax;
+using absorbed_detail::SliceRows;
 using absorbed_detail::transpose_queries;
 
 // 16 bf16 pairs (a[i], b[i]) in lane i, from two rows of 16 floats.
@@ -277,8 +277,8 @@ void attend_planes(const AbsorbedGroup& grp, const T* latent_plane, const T* rop
   float* qt = grp.qt;
   float* out = grp.out;
   transpose_queries(grp.q, grp.h0, nh, lat, dr, 16, qt);  // [lat + dr][16] fp32
-  thread_local std::vector<uint32_t> qp;          // [w / 2][16] pairs
-  thread_local std::vector<uint32_t> pp;          // [slice rows / 2][16] pairs
+  thread_local std::vector<uint32_t> qp;                  // [w / 2][16] pairs
+  thread_local std::vector<uint32_t> pp;                  // [slice rows / 2][16] pairs
   qp.resize(static_cast<size_t>(w / 2 * 16));
   pp.resize(static_cast<size_t>((kAbsorbedSliceRows + 1) / 2 * 16));
   for (int64_t c = 0; c < w; c += 2) {
