@@ -58,6 +58,7 @@ if [[ $smoke == 1 ]]; then
   goodput_rates="1,2"; goodput_duration=5; goodput_in=32-64; goodput_out=8-16
   batched_tokens=64
   kv_memory=256M
+  id_lo=1; id_hi=500
 else
   preset=bench-2.6b
   single_in=128; single_out=256
@@ -65,10 +66,10 @@ else
   short_in=128; short_out=64; long_in=3900; long_out=32; long_period=60
   goodput_in=128-512; goodput_out=64-256
   batched_tokens=256
+  id_lo=1000; id_hi=30000  # token-id prompts: bench-2.6b has no tokenizer (vocabulary 32000)
   kv_memory=2G  # 64 streams x 576 positions x 27.6 KB (12 layers x 576 f32) = 1.0 GB, and room
 fi
 : "${model:=bench-out/models/$preset}"
-ids="1000,30000"  # token-id prompts: bench-2.6b has no tokenizer
 
 if [[ $do_build == 1 ]]; then
   cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
@@ -130,7 +131,7 @@ start_server() {
 }
 
 bench() {
-  "$xds" bench --url "http://127.0.0.1:$port" --token-ids "$ids" --seed 1 "$@"
+  "$xds" bench --url "http://127.0.0.1:$port" --token-ids "$id_lo,$id_hi" --seed 1 "$@"
 }
 
 tag() { echo "dp$1_$dtype"; }
@@ -144,17 +145,23 @@ if want peak; then
     --compute-dtype "$dtype" --json "$out/bench_decode_$dtype.json" >"$out/bench_decode_$dtype.txt" 2>&1
 fi
 if want single; then
-  prompt_ids=$(seq -s, 1001 $((1000 + single_in)))
+  prompt_ids=$(seq -s, "$id_lo" $((id_lo + single_in - 1)))
   echo "generate --max-tokens $single_out"
-  "$xds" generate --model "$model" --prompt-ids "$prompt_ids" --max-tokens "$single_out" \
-    --ignore-eos --compute-dtype "$dtype" >/dev/null 2>"$out/generate_$dtype.txt"
+  if ! "$xds" generate --model "$model" --prompt-ids "$prompt_ids" --max-tokens "$single_out" \
+    --ignore-eos --compute-dtype "$dtype" >/dev/null 2>"$out/generate_$dtype.txt"; then
+    echo "run.sh: generate failed:" >&2
+    tail -n 5 "$out/generate_$dtype.txt" >&2
+    exit 1
+  fi
   grep -o 'decode: .*' "$out/generate_$dtype.txt" || true
 fi
 
 for dp in ${dps//,/ }; do
   t=$(tag "$dp")
   max_seqs=64
-  for b in $peak_streams; do [[ $b -gt $max_seqs ]] && max_seqs=$b; done
+  for b in $peak_streams; do
+    if [[ $b -gt $max_seqs ]]; then max_seqs=$b; fi
+  done
   if want single || want peak || want goodput; then
     start_server "$t" "$dp" --max-num-seqs "$max_seqs" --kv-memory "$kv_memory"
     if want single; then

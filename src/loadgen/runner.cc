@@ -111,8 +111,7 @@ class Runner {
     }
     if (!info->error.empty() && p.record.error.empty()) p.record.error = info->error;
     if (info->tokens > 0) {
-      p.record.event_s.push_back(st_.seconds(e.time_ns));
-      p.record.event_tokens.push_back(info->tokens);
+      append_token_event(p.record, st_.seconds(e.time_ns), info->tokens);
       p.event_tokens += info->tokens;
       st_.tokens.fetch_add(info->tokens, std::memory_order_relaxed);
     }

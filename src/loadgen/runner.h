@@ -2,11 +2,12 @@
 // and records what every request saw (stats.h RequestRecord).
 //
 // Every request is streamed (`"stream": true`, `stream_options.include_usage`). Tokens per
-// event: the length of `choices[0].token_ids` when the server sends ids (a tokenizer-less
-// model), else 1 for an event with non-empty text (`choices[0].text`, or the chat delta's
-// content / reasoning_content / tool_calls). The request's completion_tokens is the final
-// usage chunk's when it comes, else the sum over events. A request is ok when the answer was
-// HTTP 200, the stream ended with `data: [DONE]` and no event carried an error.
+// SSE event (chunks of one socket read are one token event: stats.h): the length of
+// `choices[0].token_ids` when the server sends ids (a tokenizer-less model), else 1 for an event
+// with non-empty text (`choices[0].text`, or the chat delta's content / reasoning_content /
+// tool_calls). The request's completion_tokens is the final usage chunk's when it comes, else the
+// sum over events. A request is ok when the answer was HTTP 200, the stream ended with `data:
+// [DONE]` and no event carried an error.
 //
 // Closed loop: `concurrency` requests in flight, the next sent when one ends. Open loop: each
 // request is sent at its planned arrival time (at most max_in_flight at once; an arrival that

@@ -49,6 +49,15 @@ RequestMetrics request_metrics(const RequestRecord& r) {
   return m;
 }
 
+void append_token_event(RequestRecord& r, double time_s, int32_t tokens) {
+  if (!r.event_s.empty() && r.event_s.back() == time_s && !r.event_tokens.empty()) {
+    r.event_tokens.back() += tokens;
+    return;
+  }
+  r.event_s.push_back(time_s);
+  r.event_tokens.push_back(tokens);
+}
+
 RunSummary summarize_run(std::span<const RequestRecord> records, double duration_s) {
   RunSummary s;
   s.requests = static_cast<int64_t>(records.size());

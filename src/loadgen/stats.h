@@ -2,8 +2,10 @@
 //
 // Definitions (the same as the common serving benchmarks, stated here once):
 //   - Times are seconds on one steady clock, relative to the start of the run.
-//   - A "token event" is one streamed chunk that carries at least one output token; it can
-//     carry several (a server that batches its writes, speculative decoding).
+//   - A "token event" is what one socket read brought of output tokens: one streamed chunk
+//     or several (a server that batches its writes), with one or more tokens each
+//     (speculative decoding). Chunks that arrived in the same read carry the same time and
+//     cannot be told apart in time, so they are one event (append_token_event).
 //   - TTFT  = time of the first token event - send time.
 //   - E2E   = end time (the stream's last byte) - send time.
 //   - TPOT  = (time of the last token event - time of the first) / (output tokens - 1); only
@@ -66,6 +68,10 @@ struct RequestMetrics {
   int64_t output_tokens = 0;
 };
 RequestMetrics request_metrics(const RequestRecord& r);
+
+// Records `tokens` (>= 1) output tokens that arrived at `time_s`: a new event, or more tokens
+// of the last one when it has the same time (the same socket read).
+void append_token_event(RequestRecord& r, double time_s, int32_t tokens);
 
 // The run's aggregate. Throughputs are over `duration_s` (first send to last end).
 struct RunSummary {

@@ -69,6 +69,26 @@ TEST(RequestMetrics, OneTokenHasNoTpotAndFailureIsInvalid) {
   EXPECT_FALSE(request_metrics(failed).valid);
 }
 
+TEST(RequestMetrics, ChunksOfOneReadAreOneEvent) {
+  RequestRecord r;
+  r.send_s = 0;
+  append_token_event(r, 1.0, 1);
+  append_token_event(r, 1.5, 1);
+  append_token_event(r, 1.5, 2);  // same read as the one before
+  append_token_event(r, 2.0, 1);
+  EXPECT_EQ(r.event_s, (std::vector<double>{1.0, 1.5, 2.0}));
+  EXPECT_EQ(r.event_tokens, (std::vector<int32_t>{1, 3, 1}));
+  r.completion_tokens = 5;
+  r.end_s = 2.0;
+  r.ok = true;
+  const RequestMetrics m = request_metrics(r);
+  // Gap 0.5 over 3 tokens, then 0.5 over 1: never a zero ITL for the chunks read together.
+  ASSERT_EQ(m.itl_s.size(), 4u);
+  for (int i = 0; i < 3; ++i) EXPECT_NEAR(m.itl_s[i], 0.5 / 3, kEps);
+  EXPECT_NEAR(m.itl_s[3], 0.5, kEps);
+  EXPECT_NEAR(*m.tpot_s, 0.25, kEps);  // (2.0 - 1.0) / (5 - 1)
+}
+
 TEST(RunSummary, ThroughputsAndDistributions) {
   std::vector<RequestRecord> rs;
   rs.push_back(record(0.0, {0.2, 0.3, 0.4}, {1, 1, 1}, 0.5));  // TTFT 0.2, TPOT 0.1, E2E 0.5
