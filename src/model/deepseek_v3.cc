@@ -7,6 +7,7 @@
 #include <system_error>
 #include <thread>
 
+#include "base/grow.h"
 #include "kernels/cpu/linear.h"
 #include "kernels/cpu/mla_attention.h"
 #include "kernels/cpu/ops.h"
@@ -25,11 +26,6 @@ namespace {
 // below, waking it costs more than the work.
 constexpr int64_t kPoolMinRows = 32;
 
-template <typename T>
-T* grow(std::vector<T>& v, int64_t count) {
-  if (v.size() < static_cast<size_t>(count)) v.resize(static_cast<size_t>(count));
-  return v.data();
-}
 
 // The MoE layer keeps its own LinearRunner (a bf16 scratch of its own).
 struct OwnedLocalMoe final : MoeExchange {

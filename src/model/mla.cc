@@ -7,6 +7,7 @@
 #include <optional>
 #include <utility>
 
+#include "base/grow.h"
 #include "kernels/cpu/linear.h"
 #include "kernels/cpu/mla_attention.h"
 #include "kernels/cpu/ops.h"
@@ -20,11 +21,6 @@ namespace {
 // below); fewer, and the parts of a token are shared out.
 constexpr int64_t kWholeTokensPerThread = 4;
 
-template <typename T>
-T* grow(std::vector<T>& v, int64_t count) {
-  if (v.size() < static_cast<size_t>(count)) v.resize(static_cast<size_t>(count));
-  return v.data();
-}
 
 // FLOPs of the two ways to attend a chunk of m new tokens after p0 cached ones.
 bool absorbed_is_cheaper(const DeepseekV3Config& c, int64_t p0, int64_t m) {

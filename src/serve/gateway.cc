@@ -320,6 +320,15 @@ void Gateway::Impl::on_completion(HttpRequest r, Responder responder, bool chat)
   oc.reasoning_parser = o.reasoning_parser;
   oc.tool_call_parser = o.tool_call_parser;
   e.output = make_output_options(p->api, oc);
+  // DeepSeek-R1's template opens <think> in the prompt: the output then starts as reasoning.
+  if (chat && tokenizer && !o.reasoning_parser.empty()) {
+    const size_t k = std::min<size_t>(e.prompt.size(), 8);
+    const std::string tail = tokenizer->decode(
+        std::span<const int32_t>(e.prompt).subspan(e.prompt.size() - k), false);
+    const size_t open = tail.rfind("<think>"), close = tail.rfind("</think>");
+    e.output.prompt_in_reasoning =
+        open != std::string::npos && (close == std::string::npos || close < open);
+  }
   e.reply_to = link->reply_to();
   p->arrival_ns = now_ns();
   e.arrival_us = p->arrival_ns / 1000;
