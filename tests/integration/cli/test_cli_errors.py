@@ -51,7 +51,7 @@ class CliErrors(unittest.TestCase):
     def test_token_id_beyond_vocabulary(self):
         vocab = read_json(os.path.join(self.model, "config.json"))["vocab_size"]
         self.expect_error(["generate", "--model", self.model, "--prompt-ids", f"1,{vocab}"], 1,
-                          f"token id {vocab} out of range [0, {vocab})")
+                          f"token 1 is id {vocab}, out of range [0, {vocab})")
 
     def test_text_prompt_without_tokenizer(self):
         self.expect_error(["generate", "--model", self.model, "--prompt", "hello"], 1, "no tokenizer files")
