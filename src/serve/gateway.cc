@@ -43,34 +43,6 @@ ApiError api_error(int status, std::string message, std::string type, std::strin
   return e;
 }
 
-// The chat template's view of the messages: OpenAI's shape, keys in the usual order.
-nlohmann::ordered_json template_messages(const ApiRequest& r) {
-  nlohmann::ordered_json out = nlohmann::ordered_json::array();
-  for (const ChatMessage& m : r.messages) {
-    nlohmann::ordered_json j;
-    j["role"] = m.role;
-    if (m.content) {
-      j["content"] = *m.content;
-    } else {
-      j["content"] = nullptr;
-    }
-    if (!m.name.empty()) j["name"] = m.name;
-    if (!m.reasoning_content.empty()) j["reasoning_content"] = m.reasoning_content;
-    if (!m.tool_calls.empty()) {
-      nlohmann::ordered_json calls = nlohmann::ordered_json::array();
-      for (const engine::ToolCall& c : m.tool_calls) {
-        nlohmann::ordered_json f;
-        f["name"] = c.name;
-        f["arguments"] = c.arguments;
-        calls.push_back({{"id", c.id}, {"type", "function"}, {"function", f}});
-      }
-      j["tool_calls"] = calls;
-    }
-    if (!m.tool_call_id.empty()) j["tool_call_id"] = m.tool_call_id;
-    out.push_back(std::move(j));
-  }
-  return out;
-}
 
 // A request between the HTTP handler and its last delta.
 struct Pending {
@@ -266,7 +238,7 @@ void Gateway::Impl::on_completion(HttpRequest r, Responder responder, bool chat)
     }
     nlohmann::ordered_json tools = nullptr;
     if (!p->api.tools.empty()) tools = nlohmann::ordered_json::parse(p->api.tools_json.dump());
-    auto enc = encode_chat_ordered(*tokenizer, *chat_template, template_messages(p->api),
+    auto enc = encode_chat_ordered(*tokenizer, *chat_template, make_template_messages(p->api),
                                    p->api.add_generation_prompt, tools);
     if (!enc.ok()) {
       responder.send(make_error_response(api_error(400, std::string(enc.status().message()),
