@@ -53,6 +53,7 @@ struct EngineArgs {
   int threads_per_device = 0;
   bool no_prefix_cache = false;
   bool no_chunked_prefill = false;
+  double kv_reserve_ratio = 1.0;
 };
 
 struct GatewayArgs {
@@ -85,6 +86,10 @@ void add_engine_flags(CLI::App* cmd, EngineArgs& a) {
                   "Worker threads per device process (0: cores / dp)")
       ->check(CLI::Range(0, kMaxThreads));
   cmd->add_flag("--no-prefix-cache", a.no_prefix_cache, "Do not reuse cached prompt blocks");
+  cmd->add_option("--kv-reserve-ratio", a.kv_reserve_ratio,
+                  "Share of a request's max_tokens counted as reserved KV when placing it "
+                  "(below 1: more requests placed, preempted and recomputed if outputs run long)")
+      ->check(finite_range(0.01, 1.0));
   cmd->add_flag("--no-chunked-prefill", a.no_chunked_prefill,
                 "Prefill each prompt whole in one step (stalls the other streams)");
 }
@@ -110,6 +115,7 @@ Result<serve::InstanceOptions> instance_options(const EngineArgs& a, const std::
   o.listen = listen;
   o.dp = a.dp;
   o.threads_per_device = a.threads_per_device;
+  o.placement.reserve_ratio = a.kv_reserve_ratio;
   engine::DpGroupOptions& g = o.group;
   g.model_dir = a.model;
   XDS_RETURN_IF_ERROR(parse_dtype_flags(a.compute_dtype, a.kv_cache_dtype, g.model));

@@ -33,6 +33,7 @@ namespace xds::engine {
 namespace {
 
 constexpr int64_t kLoadPeriodNs = 20'000'000;  // a kLoad to the shell at most every 20 ms
+constexpr int64_t kExpertLoadPeriodNs = 1'000'000'000;  // expert counts in it about every 1 s
 
 // The exchange's round size: a step's tokens (decodes + prefill chunks) in at most a few rounds.
 EpMoeOptions ep_options(int32_t max_num_batched_tokens) {
@@ -99,6 +100,7 @@ class DpGroup {
   uint64_t wake_slept_ = 0;   // the highest any device had seen when all went to sleep
   bool draining_ = false;
   int64_t last_load_ns_ = 0;
+  int64_t last_expert_load_ns_ = 0;
   int64_t steps_ = 0;
   double last_batch_ = 0;
 
@@ -527,6 +529,13 @@ void DpGroup::send_load(bool force) {
   l.preemptions = preemptions_;
   l.steps = steps_;
   l.last_batch_size = last_batch_;
+  if (force || now - last_expert_load_ns_ >= kExpertLoadPeriodNs) {
+    last_expert_load_ns_ = now;
+    const std::span<const int64_t> counts = model_->routed_token_counts();
+    l.expert_tokens.assign(counts.begin(), counts.end());
+    l.moe_layers = model_->info().moe_layers;
+    l.n_experts = model_->info().n_routed_experts;
+  }
   Message m;
   m.kind = MessageKind::kLoad;
   m.group = fabric_.rank();

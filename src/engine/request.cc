@@ -47,4 +47,13 @@ Result<Message> decode(const void* data, size_t size) {
   return m;
 }
 
+void merge_load(GroupLoad& kept, GroupLoad incoming) {
+  if (incoming.expert_tokens.empty()) {
+    incoming.expert_tokens = std::move(kept.expert_tokens);
+    incoming.moe_layers = std::move(kept.moe_layers);
+    incoming.n_experts = kept.n_experts;
+  }
+  kept = std::move(incoming);
+}
+
 }  // namespace xds::engine

@@ -114,6 +114,12 @@ struct GroupLoad {
   int64_t steps = 0;
   double last_batch_size = 0;
   int64_t preemptions = 0;  // cumulative
+  // Tokens this group routed to each logical expert, cumulative (CausalLm::
+  // routed_token_counts): [moe_layers.size(), n_experts] row-major. Sent about once a second;
+  // empty in the loads between (the shell keeps the last one it got).
+  std::vector<int64_t> expert_tokens;
+  std::vector<int64_t> moe_layers;  // the cache-layer id of each row of expert_tokens
+  int64_t n_experts = 0;
 };
 
 enum class MessageKind : uint8_t {
@@ -141,6 +147,11 @@ struct Message {
   uint64_t seq = 0;                       // kWake: the shell's wake sequence number
   int32_t group = -1;                     // kLoad / kPong: the sending DP group
 };
+
+// Stores `incoming` in `kept` (the same group's previous load), keeping kept's expert counts
+// when `incoming` carries none (they are sent about once a second, the rest of a load far
+// more often).
+void merge_load(GroupLoad& kept, GroupLoad incoming);
 
 // MessagePack bytes <-> Message. decode() fails with a clear error on malformed bytes or a
 // message of an unknown kind (never throws).
@@ -170,6 +181,6 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(GroupLoad, group, running, waiti
                                                 kv_blocks_total, kv_blocks_used,
                                                 kv_blocks_reserved, block_size, prefix_hits,
                                                 prefix_queries, steps, last_batch_size,
-                                                preemptions)
+                                                preemptions, expert_tokens, moe_layers, n_experts)
 
 }  // namespace xds::engine

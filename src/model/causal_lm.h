@@ -83,8 +83,12 @@ class CausalLm {
   // exchange with no rows, in layer order (an expert-parallel device with no requests joins
   // every dispatch and combine), and the outputs are empty.
   virtual Status forward(std::span<const TokenChunk> chunks, KvStorage& kv, StepOutput& out) = 0;
-  // Runs MTP layer k (0-based) over `chunks`; out.logits gets one row per MTP row. No rows:
-  // as forward (the layer's exchange runs with none).
+  // Runs MTP layer k (0-based) over `chunks`; out.logits gets one row per MTP row, and
+  // out.hidden the layer's residual output of every row before shared_head.norm ([rows, D],
+  // batch order): the input hidden of a chained draft (MtpChunk::hidden of the next row, as
+  // vLLM chains its MTP drafts). A chunk's hidden may point into `out.hidden` itself (it is
+  // read before out is written). No rows: as forward (the layer's exchange runs with none;
+  // the outputs are empty).
   virtual Status forward_mtp(int64_t k, std::span<const MtpChunk> chunks, KvStorage& kv,
                              StepOutput& out) = 0;
 
@@ -92,6 +96,11 @@ class CausalLm {
   // restores it. The exchange must outlive its use.
   virtual void set_moe_exchange(MoeExchange* exchange) = 0;
   virtual void set_routing_observer(RoutingObserver observer) = 0;
+  // Tokens routed to each logical expert since load (EPLB's Collect step, P068), cumulative:
+  // [info().moe_layers.size(), n_routed_experts] row-major, rows in moe_layers order. Counted
+  // by forward/forward_mtp after gating, on the stepping thread (no allocation, no
+  // synchronisation); read between steps.
+  virtual std::span<const int64_t> routed_token_counts() const = 0;
   // The routed-expert weights of a cache layer (nullptr for a dense one): what an exchange
   // binds its expert slots to (bind_expert_slots, grouped_experts.h).
   virtual const MoeWeights* moe_weights(int64_t layer) const = 0;

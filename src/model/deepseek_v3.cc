@@ -102,6 +102,12 @@ Result<std::unique_ptr<DeepseekV3Model>> DeepseekV3Model::load(const std::string
   m->exchange_ = m->local_exchange_.get();
   m->batch_ = std::make_unique<Batch>();
   m->info_ = make_info(dir, m->config_);
+  m->moe_row_.assign(
+      static_cast<size_t>(m->config_.num_hidden_layers + m->config_.num_nextn_predict_layers), -1);
+  for (size_t i = 0; i < m->info_.moe_layers.size(); ++i)
+    m->moe_row_[static_cast<size_t>(m->info_.moe_layers[i])] = static_cast<int32_t>(i);
+  m->routed_counts_.assign(
+      m->info_.moe_layers.size() * static_cast<size_t>(m->config_.n_routed_experts), 0);
   m->kv_layout_ =
       mla_kv_layout(m->config_.num_hidden_layers + m->config_.num_nextn_predict_layers,
                     m->config_.kv_lora_rank, m->config_.qk_rope_head_dim, m->kv_cache_dtype());
@@ -206,6 +212,8 @@ Status DeepseekV3Model::run_moe(const MoeWeights& w, int64_t layer, const Batch&
     for (int64_t t = t0; t < t1; ++t)
       route_token(gp, logits + t * e, bias, ids + t * k, weights + t * k, scratch);
   });
+  int64_t* counts = routed_counts_.data() + moe_row_[static_cast<size_t>(layer)] * e;
+  for (int64_t i = 0; i < n * k; ++i) ++counts[ids[i]];
   if (routing_observer_) {  // tokens in order, on this thread
     for (int64_t t = 0; t < n; ++t) {
       std::vector<int32_t> sorted(ids + t * k, ids + (t + 1) * k);
@@ -427,6 +435,7 @@ Status DeepseekV3Model::forward_mtp(int64_t k, std::span<const MtpChunk> chunks,
   out.logit_tokens.clear();
   if (b.n == 0) {
     out.logits.clear();
+    out.hidden.clear();
     return run_empty_step(layer, layer + 1);
   }
   for (const Batch::Chunk& ch : b.chunks) rope_->ensure(ch.start_pos + ch.count);
@@ -445,6 +454,9 @@ Status DeepseekV3Model::forward_mtp(int64_t k, std::span<const MtpChunk> chunks,
   float* x = grow(s_x_, b.n * d);
   linear(cat, b.n, 2 * d, w.eh_proj, x, d);
   XDS_RETURN_IF_ERROR(run_layer(w.layer, layer, b, kv, x));
+  // The residual output before shared_head.norm: the input hidden of a chained draft. The
+  // chunks' hidden rows were consumed into `cat` above, so they may point into out.hidden.
+  out.hidden.assign(x, x + b.n * d);
   float* hn = grow(s_xn_, b.n * d);
   for (int64_t t = 0; t < b.n; ++t)
     kernels::rmsnorm(x + t * d, w.head_norm.data(), d, config_.rms_norm_eps, hn + t * d);

@@ -55,6 +55,7 @@ class DeepseekV3Model final : public CausalLm {
   void set_routing_observer(RoutingObserver observer) override {
     routing_observer_ = std::move(observer);
   }
+  std::span<const int64_t> routed_token_counts() const override { return routed_counts_; }
   void set_moe_exchange(MoeExchange* exchange) override {
     exchange_ = exchange != nullptr ? exchange : local_exchange_.get();
   }
@@ -111,6 +112,9 @@ class DeepseekV3Model final : public CausalLm {
   std::unique_ptr<MoeExchange> local_exchange_;
   MoeExchange* exchange_ = nullptr;
   RoutingObserver routing_observer_;
+  // routed_token_counts(): [moe layers, experts]; moe_row_[cache layer] = its row (-1: dense).
+  std::vector<int64_t> routed_counts_;
+  std::vector<int32_t> moe_row_;
   PhaseTimes* phases_ = nullptr;
   ThreadPool inline_pool_{1};  // for linear calls made inside a parallel region
 

@@ -380,7 +380,9 @@ void Gateway::Impl::on_message(Message m) {
       std::shared_ptr<Pending> head;
       {
         std::lock_guard<std::mutex> lock(mu);
-        loads = m.loads;
+        if (loads.size() != m.loads.size()) loads.resize(m.loads.size());
+        for (size_t g = 0; g < m.loads.size(); ++g)
+          engine::merge_load(loads[g], std::move(m.loads[g]));
         if (!queue.empty() && !retry_in_flight) {
           auto it = live.find(queue.front());
           if (it != live.end()) {

@@ -1,6 +1,8 @@
 #include "serve/gateway_metrics.h"
 
+#include <map>
 #include <string>
+#include <utility>
 
 namespace xds::serve {
 namespace {
@@ -47,6 +49,30 @@ void GatewayMetrics::observe_tpot(double s) { tpot_.observe(s); }
 void GatewayMetrics::observe_itl(double s) { itl_.observe(s); }
 void GatewayMetrics::observe_e2e(double s) { e2e_.observe(s); }
 
+// Tokens routed per (MoE layer, expert), summed over the DP groups (each counts the tokens it
+// routes: under expert parallelism a group's tokens go to every device's experts).
+void GatewayMetrics::render_expert_tokens(std::span<const engine::GroupLoad> loads) {
+  std::map<std::pair<int64_t, int64_t>, double> sum;  // (layer, expert) -> tokens
+  for (const engine::GroupLoad& l : loads) {
+    if (l.n_experts <= 0 ||
+        l.expert_tokens.size() != l.moe_layers.size() * static_cast<size_t>(l.n_experts))
+      continue;
+    for (size_t r = 0; r < l.moe_layers.size(); ++r) {
+      for (int64_t e = 0; e < l.n_experts; ++e) {
+        sum[{l.moe_layers[r], e}] +=
+            static_cast<double>(l.expert_tokens[r * static_cast<size_t>(l.n_experts) + e]);
+      }
+    }
+  }
+  for (const auto& [key, tokens] : sum) {
+    reg_.gauge("xdeepserve_expert_routed_tokens",
+               "Tokens routed to each logical expert of each MoE layer (cache-layer id; MTP "
+               "layers after the decoder's), cumulative, all DP groups.",
+               {{"layer", std::to_string(key.first)}, {"expert", std::to_string(key.second)}})
+        .set(tokens);
+  }
+}
+
 std::string GatewayMetrics::render(std::span<const engine::GroupLoad> loads) {
   double running = 0, waiting = 0;
   for (const engine::GroupLoad& l : loads) {
@@ -76,6 +102,7 @@ std::string GatewayMetrics::render(std::span<const engine::GroupLoad> loads) {
     running += l.running;
     waiting += l.waiting;
   }
+  render_expert_tokens(loads);
   reg_.gauge("xdeepserve_requests_running", "Requests holding KV, all DP groups.").set(running);
   reg_.gauge("xdeepserve_requests_waiting", "Requests placed and waiting, all DP groups.")
       .set(waiting);

@@ -36,6 +36,8 @@ class GatewayMetrics {
   std::string render(std::span<const engine::GroupLoad> loads);
 
  private:
+  void render_expert_tokens(std::span<const engine::GroupLoad> loads);
+
   MetricsRegistry reg_;
   Counter &prompt_tokens_, &generation_tokens_;
   Histogram &ttft_, &tpot_, &itl_, &e2e_;

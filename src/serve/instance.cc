@@ -99,6 +99,7 @@ Status run_instance(const InstanceOptions& options) {
   so.shell_input = shell_input;
   so.max_num_seqs = options.group.max_num_seqs;
   so.block_size = options.group.block_size;
+  so.placement = options.placement;
   Shell shell(so);
   g_shell = &shell;
   struct sigaction sa = {};

@@ -14,6 +14,7 @@
 
 #include "base/status.h"
 #include "engine/dp_group.h"
+#include "serve/placement.h"
 
 namespace xds::serve {
 
@@ -22,6 +23,7 @@ struct InstanceOptions {
   int dp = 1;
   engine::DpGroupOptions group;  // addresses are filled per group by run_instance
   int threads_per_device = 0;    // 0: the machine's cores / dp (at least 1)
+  PlacementPolicy placement;
   bool pin = true;               // pin device k's threads from core k * threads where cores allow
 };
 

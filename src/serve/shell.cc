@@ -68,6 +68,7 @@ Status Shell::run() {
   std::map<std::string, int64_t> gateways;  // identity -> last seen (ns)
   int64_t last_load_sent_ns = 0;
   bool loads_dirty = false;
+  bool experts_dirty = false;  // expert counts arrived since the last load sent to gateways
 
   auto to_groups = [&](const Message& m) {
     for (auto& s : groups) {
@@ -94,7 +95,7 @@ Status Shell::run() {
         PlacementRequest pr;
         pr.prompt_tokens = static_cast<int64_t>(r.prompt.size());
         pr.max_tokens = static_cast<int64_t>(r.sampling.max_tokens) * r.sampling.n;
-        auto decision = place_request(loads, pr);
+        auto decision = place_request(loads, pr, options_.placement);
         if (!decision.ok() || decision->wait()) {
           ++stats_.rejected;
           Message rej;
@@ -155,7 +156,8 @@ Status Shell::run() {
       case MessageKind::kLoad:
         for (const GroupLoad& l : m.loads) {
           if (l.group >= 0 && static_cast<size_t>(l.group) < n_groups) {
-            loads[static_cast<size_t>(l.group)] = l;
+            if (!l.expert_tokens.empty()) experts_dirty = true;
+            engine::merge_load(loads[static_cast<size_t>(l.group)], l);
             loads_dirty = true;
           }
         }
@@ -222,6 +224,13 @@ Status Shell::run() {
       Message lm;
       lm.kind = MessageKind::kLoad;
       lm.loads = loads;
+      if (!experts_dirty) {  // the gateways keep the counts they have
+        for (GroupLoad& l : lm.loads) {
+          l.expert_tokens.clear();
+          l.moe_layers.clear();
+        }
+      }
+      experts_dirty = false;
       for (const auto& [identity, seen] : gateways) to_gateway(identity, lm);
       last_load_sent_ns = now;
       loads_dirty = false;

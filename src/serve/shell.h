@@ -22,6 +22,7 @@
 
 #include "base/status.h"
 #include "engine/request.h"
+#include "serve/placement.h"
 
 namespace xds::serve {
 
@@ -37,6 +38,7 @@ struct ShellOptions {
   int64_t kv_blocks_per_group = 0;        // until the first kLoad arrives
   int64_t block_size = 16;
   int64_t load_period_ms = 50;
+  PlacementPolicy placement;
 };
 
 // The decision log of run(), for tests and /metrics.

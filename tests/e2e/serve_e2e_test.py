@@ -14,6 +14,7 @@ Starts the server (gateway + instance with --dp N), then:
 import argparse
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -57,6 +58,15 @@ def metric(text, name):
         if line.startswith(name + "{") or line.startswith(name + " "):
             total += float(line.rsplit(" ", 1)[1])
     return total
+
+
+def expert_tokens(text):
+    """xdeepserve_expert_routed_tokens as {layer: {expert: tokens}}."""
+    out = {}
+    for m in re.finditer(r'^xdeepserve_expert_routed_tokens\{layer="(\d+)",expert="(\d+)"\} (\S+)$',
+                         text, re.M):
+        out.setdefault(int(m.group(1)), {})[int(m.group(2))] = float(m.group(3))
+    return out
 
 
 def descendants(pid):
@@ -177,6 +187,20 @@ def main():
         check(metric(text, "xdeepserve_time_to_first_token_seconds_count") >= 40, "TTFT observed")
         check(metric(text, "xdeepserve_requests_running") == 0,
               "no request running after the clients finished (the cancelled one freed)")
+        # Tokens routed per expert: every token passes every decoder MoE layer and picks
+        # num_experts_per_tok distinct experts there (config.json), so each such layer's total
+        # is the same multiple of k.
+        with open(os.path.join(args.model, "config.json")) as f:
+            cfg = json.load(f)
+        k, n_experts = cfg["num_experts_per_tok"], cfg["n_routed_experts"]
+        moe_layers = range(cfg.get("first_k_dense_replace", 0), cfg["num_hidden_layers"])
+        routed = expert_tokens(text)
+        check(all(l in routed and len(routed[l]) == n_experts for l in moe_layers),
+              f"expert counts for every MoE layer and expert: {sorted(routed)}")
+        totals = {l: sum(routed.get(l, {}).values()) for l in moe_layers}
+        check(len(set(totals.values())) == 1 and min(totals.values()) > 0,
+              f"every MoE layer routed the same tokens: {totals}")
+        check(all(t % k == 0 for t in totals.values()), f"totals are multiples of k={k}")
     finally:
         family = descendants(server.pid)
         check(len(family) >= 1 + 2 * args.dp, f"instance, devices and output processes: {family}")

@@ -4,7 +4,7 @@ recomputes them later; every request still gets exactly the tokens of an uninter
 
 The reference is `xdeepserve generate` (one process, one sequence, no scheduler), greedy, for
 each prompt. The server runs with a few dozen KV blocks and 12 concurrent requests whose KV
-together needs several times that; /metrics must show preemptions, and every output must equal
+together needs more than that, placed at once (--kv-reserve-ratio 0.25); /metrics must show preemptions, and every output must equal
 the reference (the tiny model's greedy margins are wide; f32).
 """
 import argparse
@@ -53,7 +53,10 @@ def main():
     server = subprocess.Popen(
         [args.xdeepserve, "serve", "--model", args.model, "--port", str(port),
          "--instance-port", str(iport), "--max-num-seqs", "16", "--kv-memory", args.kv_memory,
-         "--threads-per-device", "1", "--max-num-batched-tokens", "64"],
+         "--threads-per-device", "1", "--max-num-batched-tokens", "64",
+         # Placement counts a quarter of max_tokens: all 12 requests are placed at once
+         # (12 x ceil((5 + 12) / 16) blocks fit) and their outputs outgrow the cache.
+         "--kv-reserve-ratio", "0.25"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.time() + 120

@@ -4,6 +4,7 @@
 // in caller-provided memory giving the logits of a cold run.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -168,6 +169,46 @@ TEST(CausalLm, ZeroTokenStepsJoinEveryMoeExchangeInLayerOrder) {
   EXPECT_EQ(rec.calls, (std::vector<std::pair<int64_t, int64_t>>{{3, 0}}));
   EXPECT_TRUE(out.logits.empty());
   m->set_moe_exchange(nullptr);  // the local experts again
+}
+
+// routed_token_counts (EPLB's Collect step) against a second count made from the routing
+// observer's per-token choices: the same cumulative table, MTP layer included, and each layer's
+// row sums to tokens x experts_per_token.
+TEST(CausalLm, RoutedTokenCountsAccumulateEveryTokensChoices) {
+  const auto m = load_tiny();
+  ASSERT_NE(m, nullptr);
+  const ModelInfo& info = m->info();
+  const int64_t e = info.n_routed_experts, k = info.experts_per_token;
+  const std::span<const int64_t> counts = m->routed_token_counts();
+  ASSERT_EQ(counts.size(), info.moe_layers.size() * static_cast<size_t>(e));
+  for (int64_t c : counts) EXPECT_EQ(c, 0);
+
+  std::vector<int64_t> seen(counts.size(), 0);
+  m->set_routing_observer([&](int64_t layer, int64_t, std::span<const int32_t> experts) {
+    const auto row = std::find(info.moe_layers.begin(), info.moe_layers.end(), layer) -
+                     info.moe_layers.begin();
+    for (int32_t x : experts) ++seen[static_cast<size_t>(row * e + x)];
+  });
+  KvStorage kv = owned_storage(*m, 4);
+  StepOutput out;
+  const std::vector<int32_t> table = {0, 1};
+  const auto ids = random_ids(20, 512, 5);
+  const TokenChunk first{0, std::span(ids).first(12), table, false};
+  const TokenChunk second{12, std::span(ids).subspan(12), table, false};
+  ASSERT_TRUE(m->forward({&first, 1}, kv, out).ok());
+  ASSERT_TRUE(m->forward({&second, 1}, kv, out).ok());
+  std::vector<float> hidden = out.hidden;  // 8 rows
+  const MtpChunk mtp{12, std::span(ids).subspan(12, 7), hidden.data(), table};
+  ASSERT_TRUE(m->forward_mtp(0, {&mtp, 1}, kv, out).ok());
+  m->set_routing_observer(nullptr);
+
+  EXPECT_EQ(std::vector<int64_t>(counts.begin(), counts.end()), seen);
+  for (size_t r = 0; r < info.moe_layers.size(); ++r) {
+    const bool is_mtp = info.moe_layers[r] >= info.num_layers;
+    int64_t sum = 0;
+    for (int64_t x = 0; x < e; ++x) sum += counts[r * static_cast<size_t>(e) + x];
+    EXPECT_EQ(sum, (is_mtp ? 7 : 20) * k) << "layer " << info.moe_layers[r];
+  }
 }
 
 // A block table that does not cover a chunk, or names a block outside the storage, is an

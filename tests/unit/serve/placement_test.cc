@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include <vector>
 
 namespace xds::serve {
@@ -96,6 +98,25 @@ TEST(Placement, AccountingSpreadsRequestsAndThenWaits) {
   EXPECT_EQ(groups, (std::vector<int32_t>{0, 1, -1}));
   EXPECT_EQ(loads[0].kv_blocks_reserved, 60);
   EXPECT_EQ(loads[0].waiting, 1);
+}
+
+TEST(Placement, ReserveRatioCountsAShareOfTheKvToCome) {
+  // One group of 100 blocks, 40 used, 30 reserved; a request of 160 prompt + 480 output tokens.
+  std::vector loads = {load(0, 40, 30)};
+  const PlacementRequest req{.prompt_tokens = 160, .max_tokens = 480};
+  // Ratio 1: 40 + 30 + ceil(640 / 16) = 110 > 100: wait.
+  EXPECT_TRUE(place_request(loads, req)->wait());
+  // Ratio 0.5: 40 + ceil(30 x 0.5) = 15 + ceil((160 + 240) / 16) = 25 -> 80 <= 100: placed.
+  EXPECT_EQ(place_request(loads, req, {.reserve_ratio = 0.5})->group, 0);
+  EXPECT_EQ(placement_blocks(req, 16, 0.5), 25);
+  // Ratio 0.25: 120 output tokens -> ceil(280 / 16) = 18.
+  EXPECT_EQ(placement_blocks(req, 16, 0.25), 18);
+  // Outside (0, 1]: an error naming the ratio.
+  for (double bad : {0.0, -0.5, 1.5, std::nan("")}) {
+    auto r = place_request(loads, req, {.reserve_ratio = bad});
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_NE(r.status().message().find("reserve_ratio"), std::string::npos);
+  }
 }
 
 TEST(Placement, BadInputIsAnError) {
