@@ -2,9 +2,9 @@
 // (expert parallelism, EP = N), dispatched and combined over XCCL (xccl/moe.h).
 //
 // Each device holds E / N + S expert slots per MoE layer (S spare slots per device, empty
-// until EPLB fills them, ARCHITECTURE.md "Experts are addressed through a map"); an expert map
-// per MoE layer (the MTP layers included), all under one version, says which slot serves each
-// logical expert. The identity map puts logical expert e on device e / (E / N), slot
+// until EPLB fills them; docs/design/architecture.md, "Experts are addressed through a
+// map"); an expert map per MoE layer (the MTP layers included), all under one version,
+// says which slot serves each logical expert. The identity map puts logical expert e on device e / (E / N), slot
 // e % (E / N); the device computes only its own slots (slot -> logical id -> the mapped
 // weights, shared read-only with the model).
 //

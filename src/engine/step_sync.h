@@ -1,4 +1,4 @@
-// Devices step together (ARCHITECTURE.md): before every forward step each device of an
+// Devices step together (docs/design/architecture.md): before every forward step each device of an
 // instance posts a small header, every device receives every header, and one pure function
 // turns the headers into the step's decision. Every device merges the same headers, so every
 // device takes the same decision: run (the same number of MoE passes, with the same expert-map

@@ -1,5 +1,5 @@
-// The MoE layer's view of "where the experts are" (ARCHITECTURE.md, "Experts are addressed
-// through a map"). Gating yields logical expert ids; an exchange computes
+// The MoE layer's view of "where the experts are" (docs/design/architecture.md, "Experts
+// are addressed through a map"). Gating yields logical expert ids; an exchange computes
 //   out[t] = Σ_j weights[t, j] · expert_{ids[t, j]}(x[t])
 // wherever those experts live: locally (LocalMoeExchange), on the other devices of an
 // expert-parallel instance (engine/), or on expert devices across A2E/E2A (disagg/).

@@ -5,7 +5,7 @@
 // F16 and block-FP8 weights are dequantized to F32 exactly once, into a repack file in a
 // shared cache directory, written to a temporary file and renamed atomically, then mmap'd
 // read-only: later binds, in this process or any other, map the same file
-// (ARCHITECTURE.md, "Weights are shared, not copied").
+// (docs/design/architecture.md, "Weights are shared, not copied").
 //
 // Block FP8 (published DeepSeek-V3 layout): `<name>` is F8_E4M3 [rows, cols] and
 // `<name>_scale_inv` is F32 [ceil(rows/128), ceil(cols/128)];
