@@ -76,7 +76,9 @@ Status run_instance(const InstanceOptions& options) {
                        engine::ep_staging_bytes(options.group.model_dir, options.group.model,
                                                 options.group.max_num_batched_tokens, options.dp));
   if (options.pin && threads * options.dp <= cores) {
+    // Device g on cores [g x threads, (g + 1) x threads): its pool's threads share them.
     for (int g = 0; g < options.dp; ++g) lo.cpus.push_back(g * threads);
+    lo.cpus_per_device = threads;
   }
   std::vector<engine::DpGroupOptions> per_group;
   for (int g = 0; g < options.dp; ++g) {

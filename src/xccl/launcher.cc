@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -45,7 +46,8 @@ class ProcessFabric final : public Fabric {
 struct Hello {
   int32_t rank;
   uint32_t epoch;
-  int32_t cpu;  // -1: no pinning
+  int32_t cpu;        // first core; -1: no pinning
+  int32_t cpu_count;  // cores [cpu, cpu + cpu_count)
   ArenaConfig cfg;
 };
 
@@ -104,7 +106,7 @@ Status send_hello(int sock, const Hello& h, const std::vector<pid_t>& pids,
   if (h.cpu >= 0) {
     cpu_set_t set;
     CPU_ZERO(&set);
-    CPU_SET(h.cpu, &set);
+    for (int32_t c = 0; c < std::max(1, h.cpu_count); ++c) CPU_SET(h.cpu + c, &set);
     sched_setaffinity(0, sizeof(set), &set);
   }
   const ArenaLayout lay = arena_layout(h.cfg);
@@ -228,7 +230,8 @@ Result<DeviceGroup> DeviceGroup::spawn(const LaunchOptions& opts,
   }
   for (size_t r = 0; r < W; ++r) {
     Hello h{static_cast<int32_t>(r), opts.epoch,
-            opts.cpus.empty() ? -1 : opts.cpus[r % opts.cpus.size()], cfg};
+            opts.cpus.empty() ? -1 : opts.cpus[r % opts.cpus.size()], opts.cpus_per_device,
+            cfg};
     Status st = send_hello(parent_ends[r], h, g.pids_, fds);
     if (!st.ok()) {
       close_all();

@@ -27,7 +27,10 @@ struct LaunchOptions {
   int devices = 2;
   ArenaConfig arena{};  // arena.world_size is set to `devices`
   uint32_t epoch = 1;
-  std::vector<int> cpus;  // device i is pinned to cpus[i % size]; empty: no pinning
+  // Device i is pinned to the cores [cpus[i % size], + cpus_per_device) (its threads, made
+  // later, inherit the set); empty: no pinning.
+  std::vector<int> cpus;
+  int cpus_per_device = 1;
 };
 
 // How each device ended: exit code, or the signal that killed it.
