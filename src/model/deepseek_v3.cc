@@ -66,6 +66,11 @@ ModelInfo make_info(const std::string& dir, const DeepseekV3Config& c) {
 
 }  // namespace
 
+Result<ModelInfo> DeepseekV3Model::load_info(const std::string& dir) {
+  XDS_ASSIGN_OR_RETURN(const DeepseekV3Config config, load_deepseek_v3_config(dir));
+  return make_info(dir, config);
+}
+
 Result<std::unique_ptr<DeepseekV3Model>> DeepseekV3Model::load(const std::string& dir,
                                                                const ModelOptions& options) {
   std::unique_ptr<DeepseekV3Model> m(new DeepseekV3Model());

@@ -40,6 +40,8 @@ class DeepseekV3Model final : public CausalLm {
   // Loads dir/config.json, generation_config.json and the safetensors weights.
   static Result<std::unique_ptr<DeepseekV3Model>> load(const std::string& dir,
                                                        const ModelOptions& options);
+  // The ModelInfo that load() would give, from config.json and generation_config.json alone.
+  static Result<ModelInfo> load_info(const std::string& dir);
   ~DeepseekV3Model() override;
 
   const DeepseekV3Config& config() const { return config_; }

@@ -7,12 +7,15 @@
 
 #include "base/read_file.h"
 #include "model/deepseek_v3.h"
+#include "model/scripted_lm.h"
 
 namespace xds {
 namespace {
 
 using Loader = Result<std::unique_ptr<CausalLm>> (*)(const std::string& dir,
                                                      const ModelOptions& options);
+
+using InfoLoader = Result<ModelInfo> (*)(const std::string& dir);
 
 template <typename Model>
 Result<std::unique_ptr<CausalLm>> load_as(const std::string& dir, const ModelOptions& options) {
@@ -24,11 +27,15 @@ struct Architecture {
   std::string_view model_type;    // config.json "model_type"
   std::string_view architecture;  // config.json "architectures" entry (Hugging Face class)
   Loader load;
+  InfoLoader info;  // the ModelInfo from the config files alone (no weights)
 };
 
 // Every architecture this build runs: one row each.
 constexpr Architecture kArchitectures[] = {
-    {"deepseek_v3", "DeepseekV3ForCausalLM", &load_as<DeepseekV3Model>},
+    {"deepseek_v3", "DeepseekV3ForCausalLM", &load_as<DeepseekV3Model>,
+     &DeepseekV3Model::load_info},
+    // The test model whose greedy output is a script (scripted_lm.h).
+    {"xds_scripted", "XdsScriptedForCausalLM", &load_as<ScriptedLm>, &ScriptedLm::load_info},
 };
 
 std::string supported_list() {
@@ -80,6 +87,11 @@ Result<std::unique_ptr<CausalLm>> load_causal_lm(const std::string& dir,
                                                  const ModelOptions& options) {
   XDS_ASSIGN_OR_RETURN(const Architecture* a, find_architecture(dir));
   return a->load(dir, options);
+}
+
+Result<ModelInfo> load_model_info(const std::string& dir) {
+  XDS_ASSIGN_OR_RETURN(const Architecture* a, find_architecture(dir));
+  return a->info(dir);
 }
 
 Result<std::string> causal_lm_type(const std::string& dir) {

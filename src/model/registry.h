@@ -20,6 +20,12 @@ namespace xds {
 Result<std::unique_ptr<CausalLm>> load_causal_lm(const std::string& dir,
                                                  const ModelOptions& options);
 
+// The facts of the model in `dir` (ModelInfo) from its config files, without loading its
+// weights: what a process that does not run the model needs (the gateway's context length
+// and vocabulary, the expert-parallel staging size). The same errors as load_causal_lm for
+// config.json.
+Result<ModelInfo> load_model_info(const std::string& dir);
+
 // The model_type that load_causal_lm would pick for `dir` (the same errors).
 Result<std::string> causal_lm_type(const std::string& dir);
 

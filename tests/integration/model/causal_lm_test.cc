@@ -90,7 +90,22 @@ TEST(Registry, LoadsTheArchitectureNamedByModelType) {
   EXPECT_EQ(kv.planes[0].elements, 96);
   EXPECT_EQ(kv.planes[0].row_bytes, 112 * 4);
   EXPECT_EQ(kv.planes[1].elements, 16);
-  EXPECT_EQ(supported_model_types(), (std::vector<std::string>{"deepseek_v3"}));
+  EXPECT_EQ(supported_model_types(), (std::vector<std::string>{"deepseek_v3", "xds_scripted"}));
+  // load_model_info reads the same facts from the config files alone.
+  const auto light = load_model_info(tiny_dir());
+  ASSERT_TRUE(light.ok()) << light.status().to_string();
+  EXPECT_EQ(light->model_type, info.model_type);
+  EXPECT_EQ(light->name, info.name);
+  EXPECT_EQ(light->vocab_size, info.vocab_size);
+  EXPECT_EQ(light->hidden_size, info.hidden_size);
+  EXPECT_EQ(light->num_layers, info.num_layers);
+  EXPECT_EQ(light->n_mtp_layers, info.n_mtp_layers);
+  EXPECT_EQ(light->n_routed_experts, info.n_routed_experts);
+  EXPECT_EQ(light->experts_per_token, info.experts_per_token);
+  EXPECT_EQ(light->moe_layers, info.moe_layers);
+  EXPECT_EQ(light->max_position_embeddings, info.max_position_embeddings);
+  EXPECT_EQ(light->eos_token_ids, info.eos_token_ids);
+  EXPECT_EQ(light->bos_token_id, info.bos_token_id);
 }
 
 TEST(Registry, UnknownOrMissingTypesAreClearErrors) {
@@ -100,7 +115,7 @@ TEST(Registry, UnknownOrMissingTypesAreClearErrors) {
   ASSERT_FALSE(unknown.ok());
   EXPECT_EQ(unknown.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(unknown.status().message().find("'model_type': 'qwen3_moe' is not supported "
-                                            "(supported: deepseek_v3)"),
+                                            "(supported: deepseek_v3, xds_scripted)"),
             std::string::npos)
       << unknown.status().message();
   write_config(root + "/arch", R"({"architectures": ["DeepseekV3ForCausalLM"]})");
