@@ -31,6 +31,13 @@ void add_mkmodel_command(CLI::App& app, int* exit_code) {
   cmd->add_flag_function(
       "--no-q-lora", [opts](int64_t) { opts->q_lora = false; },
       "q_proj instead of q_a_proj/q_b_proj (q_lora_rank null)");
+  CLI::Option* skew = cmd->add_option(
+      "--router-skew", opts->router_skew,
+      "zipf:A: fit e_score_correction_bias so that the expert of rank r (a seeded permutation "
+      "per MoE layer) is chosen ~ 1/(r+1)^A of the time; A in (0, 8]");
+  cmd->add_option("--router-skew-seed", opts->router_skew_seed,
+                  "Seed of --router-skew's expert permutations")
+      ->needs(skew);
   cmd->add_option("--threads", opts->threads, "Worker threads (0: all cores)")
       ->check(CLI::Range(0, kMaxThreads));
   cmd->callback([opts, exit_code] {
@@ -40,10 +47,11 @@ void add_mkmodel_command(CLI::App& app, int* exit_code) {
       *exit_code = 1;
       return;
     }
-    std::fprintf(stderr, "wrote %s (preset %s, %s, seed %llu, %d shard%s)\n", opts->out_dir.c_str(),
-                 opts->preset.c_str(), opts->dtype.c_str(),
+    std::fprintf(stderr, "wrote %s (preset %s, %s, seed %llu, %d shard%s%s%s)\n",
+                 opts->out_dir.c_str(), opts->preset.c_str(), opts->dtype.c_str(),
                  static_cast<unsigned long long>(opts->seed), opts->shards,
-                 opts->shards == 1 ? "" : "s");
+                 opts->shards == 1 ? "" : "s", opts->router_skew.empty() ? "" : ", router skew ",
+                 opts->router_skew.c_str());
   });
 }
 

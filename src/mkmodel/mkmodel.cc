@@ -18,8 +18,11 @@
 #include <nlohmann/json.hpp>
 
 #include "base/atomic_file.h"
+#include "base/bf16.h"
 #include "base/hash.h"
 #include "base/thread_pool.h"
+#include "mkmodel/router_skew.h"
+#include "model/moe_routing.h"
 #include "tensor/dtype.h"
 
 namespace xds {
@@ -53,6 +56,7 @@ struct Spec {
   DType dtype = DType::kBF16;
   Init init = Init::kLinear;
   bool is_scale = false;
+  std::vector<float> values;  // [numel] F32 written as they are (a fitted bias); empty: generated
 
   int64_t numel() const {
     int64_t n = 1;
@@ -99,7 +103,7 @@ struct Builder {
 
   void add(std::string name, std::vector<int64_t> shape, Init init,
            std::optional<DType> dt = std::nullopt) {
-    specs.push_back({std::move(name), std::move(shape), dt.value_or(plain), init, false});
+    specs.push_back({std::move(name), std::move(shape), dt.value_or(plain), init, false, {}});
   }
   // An attention / MLP projection: FP8 + scales in fp8 mode.
   void proj(const std::string& name, int64_t rows, int64_t cols) {
@@ -112,7 +116,8 @@ struct Builder {
                      {(rows + kBlock - 1) / kBlock, (cols + kBlock - 1) / kBlock},
                      DType::kF32,
                      Init::kLinear,
-                     true});
+                     true,
+                     {}});
   }
   void mlp(const std::string& p, int64_t width) {
     const int64_t d = c.hidden_size;
@@ -293,6 +298,13 @@ struct TensorWriter {
       progress.add(s.nbytes());
       return {};
     }
+    if (!s.values.empty()) {
+      XDS_CHECK(s.dtype == DType::kF32 && s.values.size() == static_cast<size_t>(s.numel()),
+                "fixed values of {}: {} for {} elements", s.name, s.values.size(), s.numel());
+      XDS_RETURN_IF_ERROR(pwrite_all(fd, path, s.values.data(), s.nbytes(), off));
+      progress.add(s.nbytes());
+      return {};
+    }
     const Gen g = make_gen(s, seed);
     const int64_t rows = s.shape.size() == 2 ? s.shape[0] : 1;
     const int64_t cols = s.shape.empty() ? 1 : s.shape.back();
@@ -411,6 +423,46 @@ Status write_safetensors(const std::string& path, const std::vector<const Spec*>
   return {};
 }
 
+// --router-skew: every MoE layer's e_score_correction_bias fitted to the Zipf shape
+// (router_skew.h) over its gate weights as the checkpoint stores them (rounded to their
+// dtype), into the bias specs' values. One layer per thread; the result does not depend on
+// the thread count.
+void fit_router_skew(const MkModelOptions& o, const DeepseekV3Config& c, std::vector<Spec>& specs,
+                     ThreadPool& pool, double zipf_a) {
+  struct Job {
+    int64_t layer;
+    const Spec* gate;
+    Spec* bias;
+  };
+  std::vector<Job> jobs;
+  for (int64_t l = 0; l < c.num_hidden_layers + c.num_nextn_predict_layers; ++l) {
+    if (!c.is_moe_layer(l)) continue;
+    const std::string p = "model.layers." + std::to_string(l) + ".mlp.gate.";
+    Job job{l, nullptr, nullptr};
+    for (Spec& s : specs) {
+      if (s.name == p + "weight") job.gate = &s;
+      if (s.name == p + "e_score_correction_bias") job.bias = &s;
+    }
+    XDS_CHECK(job.gate && job.bias, "no router tensors for layer {}", l);
+    jobs.push_back(job);
+  }
+  const GatingParams gating = GatingParams::from_config(c);
+  const RouterSkew skew{zipf_a, o.router_skew_seed};
+  pool.parallel_for(static_cast<int64_t>(jobs.size()), [&](int64_t b, int64_t e, int) {
+    for (int64_t j = b; j < e; ++j) {
+      const Job& job = jobs[static_cast<size_t>(j)];
+      const Gen g = make_gen(*job.gate, o.seed);
+      std::vector<float> gate(static_cast<size_t>(job.gate->numel()));  // [n_experts, hidden]
+      for (size_t i = 0; i < gate.size(); ++i) {
+        const float v = g.at(static_cast<int64_t>(i));
+        gate[i] = job.gate->dtype == DType::kF16 ? f16_to_f32(f32_to_f16(v))
+                                                 : bf16_to_f32(f32_to_bf16(v));
+      }
+      job.bias->values = router_skew_bias(gating, gate, c.hidden_size, skew, job.layer);
+    }
+  });
+}
+
 }  // namespace
 
 uint8_t f32_to_f8e4m3_fast(float f) {
@@ -483,6 +535,7 @@ Result<DeepseekV3Config> mkmodel_config(const MkModelOptions& o) {
     return invalid_argument("mkmodel: mtp layers must be >= 0, got {}", o.mtp_layers);
   }
   if (o.shards < 1) return invalid_argument("mkmodel: shards must be >= 1, got {}", o.shards);
+  if (!o.router_skew.empty()) XDS_RETURN_IF_ERROR(parse_router_skew(o.router_skew).status());
   if (o.max_position_embeddings.has_value()) {
     const int64_t n = *o.max_position_embeddings;
     if (n < 1) {
@@ -540,8 +593,7 @@ Status write_random_checkpoint(const MkModelOptions& o) {
   ojson gen = {{"_from_model_config", true}, {"bos_token_id", 0}, {"eos_token_id", 1}};
   XDS_RETURN_IF_ERROR(write_text(o.out_dir + "/generation_config.json", gen.dump(2) + "\n"));
 
-  const std::vector<Spec> specs =
-      tensor_specs(c, c.fp8.has_value(), f16 ? DType::kF16 : DType::kBF16);
+  std::vector<Spec> specs = tensor_specs(c, c.fp8.has_value(), f16 ? DType::kF16 : DType::kBF16);
   size_t total = 0;
   for (const Spec& s : specs) total += s.nbytes();
 
@@ -571,6 +623,10 @@ Status write_random_checkpoint(const MkModelOptions& o) {
                           ? o.threads
                           : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
   ThreadPool pool(threads);
+  if (!o.router_skew.empty()) {
+    XDS_ASSIGN_OR_RETURN(const double zipf_a, parse_router_skew(o.router_skew));
+    fit_router_skew(o, c, specs, pool, zipf_a);
+  }
   Progress progress;
   progress.total = total;
   progress.enabled = o.progress && total > kProgressBytes;

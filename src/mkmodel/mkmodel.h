@@ -5,7 +5,8 @@
 // Weights are a pure function of (seed, tensor name, element index) (splitmix64 counters),
 // so output does not depend on the thread count. Scales: Linear weights uniform with std
 // 1/sqrt(fan_in); embeddings uniform [-1, 1); norms 1 + U(-0.1, 0.1); the router with std
-// 2/sqrt(hidden) so that sigmoid scores spread; e_score_correction_bias U(-0.05, 0.05), F32.
+// 2/sqrt(hidden) so that sigmoid scores spread; e_score_correction_bias U(-0.05, 0.05), F32
+// (with router_skew, fitted to a Zipf law of expert selection instead: router_skew.h).
 // With dtype fp8, every 2-D *_proj.weight of attention and MLP/experts is F8_E4M3 with
 // F32 `<name>_scale_inv` per 128x128 block (scale = block max |w| / 448); embeddings, norms,
 // router, lm_head and eh_proj stay BF16. With dtype f16, every tensor that is BF16 in bf16
@@ -34,12 +35,18 @@ struct MkModelOptions {
   std::optional<int64_t> max_position_embeddings;
   bool q_lora = true;    // false: q_proj instead of q_a_proj/q_b_proj
   int mtp_layers = 1;    // num_nextn_predict_layers
+  // "zipf:A": the e_score_correction_bias of every MoE layer is fitted so that expert
+  // selection follows 1 / (rank + 1)^A over a permutation of the experts seeded by
+  // router_skew_seed and the layer (mkmodel/router_skew.h); "": U(-0.05, 0.05) as above.
+  std::string router_skew;
+  uint64_t router_skew_seed = 0;
   int threads = 0;       // 0: all hardware threads
   bool progress = true;  // a progress line on stderr for outputs > ~1 GB
 };
 
 // The config a preset describes (before it is written). Errors: unknown preset/dtype, a
-// max_position_embeddings below 1 or (with yarn) not a multiple of 4.
+// max_position_embeddings below 1 or (with yarn) not a multiple of 4, a router_skew that is
+// not "zipf:A" with A in (0, 8].
 Result<DeepseekV3Config> mkmodel_config(const MkModelOptions& opts);
 
 // Writes the checkpoint into opts.out_dir (created if needed; existing files of the same
