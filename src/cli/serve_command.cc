@@ -190,6 +190,13 @@ void add_serve_commands(CLI::App& app, int* exit_code) {
       const std::string listen = fmt::format("tcp://127.0.0.1:{}", port);
       auto io = instance_options(*e, listen);
       if (!io.ok()) return report(io.status(), exit_code);
+      // What the instance refuses before it starts (a model that --dp cannot spread), refused
+      // here: the gateway would otherwise serve with no instance behind it.
+      if (auto staging = engine::ep_staging_bytes(io->group.model_dir, io->group.model,
+                                                  io->group.max_num_batched_tokens, io->dp);
+          !staging.ok()) {
+        return report(staging.status(), exit_code);
+      }
       // The instance runs in a child that dies with this process.
       const pid_t parent = ::getpid();
       const pid_t child = ::fork();

@@ -633,8 +633,14 @@ void pin_threads(int cpu) {
 Result<uint64_t> ep_staging_bytes(const std::string& model_dir, const ModelOptions& model,
                                   int32_t max_num_batched_tokens, int dp) {
   if (dp <= 1) return uint64_t{1} << 20;
-  XDS_ASSIGN_OR_RETURN(DeepseekV3Config cfg, load_deepseek_v3_config(model_dir));
-  return EpMoeExchange::staging_bytes(cfg, dp, model.compute, ep_options(max_num_batched_tokens));
+  XDS_ASSIGN_OR_RETURN(const ModelInfo info, load_model_info(model_dir));
+  if (info.moe_layers.empty()) {
+    return invalid_argument(
+        "--dp {}: DP groups spread the experts of the MoE layers over the devices (expert "
+        "parallelism), and the model in {} ({}) has no MoE layers: serve it with --dp 1",
+        dp, model_dir, info.model_type);
+  }
+  return EpMoeExchange::staging_bytes(info, dp, model.compute, ep_options(max_num_batched_tokens));
 }
 
 int run_dp_group(xccl::Fabric& fabric, const DpGroupOptions& options) {

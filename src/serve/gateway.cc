@@ -15,7 +15,7 @@
 
 #include "base/clock.h"
 #include "base/log.h"
-#include "model/config.h"
+#include "model/registry.h"
 #include "serve/gateway_link.h"
 #include "serve/gateway_metrics.h"
 #include "serve/http_server.h"
@@ -105,11 +105,11 @@ struct Gateway::Impl {
 };
 
 Status Gateway::Impl::init() {
-  XDS_ASSIGN_OR_RETURN(DeepseekV3Config cfg, load_deepseek_v3_config(o.model_dir));
+  XDS_ASSIGN_OR_RETURN(const ModelInfo info, load_model_info(o.model_dir));
   max_model_len = o.max_model_len > 0
-                      ? std::min<int64_t>(o.max_model_len, cfg.max_position_embeddings)
-                      : cfg.max_position_embeddings;
-  model_vocab = cfg.vocab_size;
+                      ? std::min<int64_t>(o.max_model_len, info.max_position_embeddings)
+                      : info.max_position_embeddings;
+  model_vocab = info.vocab_size;
   model_name = o.served_model_name;
   if (model_name.empty()) {
     model_name = std::filesystem::path(o.model_dir).lexically_normal().filename().string();
