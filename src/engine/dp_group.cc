@@ -54,7 +54,9 @@ class DpGroup {
   Status poll_control(int wait_ms);
   void on_message(Message m);
   void add_request(EngineRequest r);
-  void cancel(const std::string& id);
+  // Stops choice `index` of request `id` (-1: every choice); a request whose choices all
+  // ended is released by release_finished().
+  void cancel(const std::string& id, int32_t index);
 
   bool has_work() const { return !running_.empty() || !waiting_.empty() || !preempted_.empty(); }
   Status plan_step();
@@ -210,7 +212,7 @@ void DpGroup::on_message(Message m) {
       if (m.request) add_request(std::move(*m.request));
       break;
     case MessageKind::kCancel:
-      cancel(m.request_id);
+      cancel(m.request_id, m.index);
       break;
     case MessageKind::kWake:
       wake_seen_ = std::max(wake_seen_, m.seq);
@@ -261,12 +263,12 @@ void DpGroup::add_request(EngineRequest r) {
   requests_[req->req.id] = std::move(req);
 }
 
-void DpGroup::cancel(const std::string& id) {
+void DpGroup::cancel(const std::string& id, int32_t index) {
   auto it = requests_.find(id);
   if (it == requests_.end()) return;
-  it->second->cancelled = true;
+  if (index < 0) it->second->cancelled = true;
   for (Sequence* s : it->second->choices) {
-    if (s->state != SeqState::kFinished) finish(*s, "abort");
+    if (s->state != SeqState::kFinished && (index < 0 || s->index == index)) finish(*s, "abort");
   }
 }
 

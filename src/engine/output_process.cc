@@ -24,7 +24,6 @@ struct RequestState {
   std::string reply_to;
   std::vector<OutputProcessor> choices;  // [n]
   int32_t finished = 0;
-  bool cancel_device = false;  // a choice was finished here while the device still ran it
 };
 
 class OutputLoop {
@@ -131,20 +130,21 @@ class OutputLoop {
       OutputStep step = st.choices[d.index].consume(d);
       if (!step.emit) continue;
       if (step.finished) ++st.finished;
-      st.cancel_device = st.cancel_device || step.cancel_on_device;
+      // A stop string ended this choice while the device still runs it: stop that choice
+      // now (the others of an n > 1 request go on).
+      if (step.cancel_on_device) send_cancel(d.request_id, d.index);
       pending_[st.reply_to].push_back(std::move(step.delta));
-      if (st.finished == static_cast<int32_t>(st.choices.size())) {
-        if (st.cancel_device) send_cancel(d.request_id);
-        requests_.erase(it);
-      }
+      if (st.finished == static_cast<int32_t>(st.choices.size())) requests_.erase(it);
     }
   }
 
-  void send_cancel(const std::string& request_id) {
+  // Cancels `index` of the request on the device (-1: every choice).
+  void send_cancel(const std::string& request_id, int32_t index = -1) {
     if (!cancel_) return;
     Message m;
     m.kind = MessageKind::kCancel;
     m.request_id = request_id;
+    m.index = index;
     Status s = send_message(*cancel_, m);
     if (!s.ok())
       XDS_LOG_WARN("output process {}: cancel '{}': {}", options_.group, request_id, s.to_string());

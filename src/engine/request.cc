@@ -13,6 +13,7 @@ std::string encode(const Message& m) {
   if (!m.text.empty()) j["text"] = m.text;
   if (m.seq != 0) j["seq"] = m.seq;
   if (m.group >= 0) j["group"] = m.group;
+  if (m.index >= 0) j["index"] = m.index;
   const std::vector<uint8_t> bytes = nlohmann::json::to_msgpack(j);
   return std::string(bytes.begin(), bytes.end());
 }
@@ -41,6 +42,7 @@ Result<Message> decode(const void* data, size_t size) {
     if (auto it = j.find("text"); it != j.end()) m.text = it->get<std::string>();
     if (auto it = j.find("seq"); it != j.end()) m.seq = it->get<uint64_t>();
     if (auto it = j.find("group"); it != j.end()) m.group = it->get<int32_t>();
+    if (auto it = j.find("index"); it != j.end()) m.index = it->get<int32_t>();
   } catch (const nlohmann::json::exception& e) {
     return invalid_argument("control message: {}", e.what());
   }

@@ -146,6 +146,7 @@ struct Message {
   std::string text;                       // free text (kRejected reason, errors)
   uint64_t seq = 0;                       // kWake: the shell's wake sequence number
   int32_t group = -1;                     // kLoad / kPong: the sending DP group
+  int32_t index = -1;                     // kCancel: the choice to stop (-1: every choice)
 };
 
 // Stores `incoming` in `kept` (the same group's previous load), keeping kept's expert counts

@@ -29,7 +29,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--xdeepserve", required=True)
     ap.add_argument("--model", required=True)
-    ap.add_argument("--kv-memory", default="1600K")
+    ap.add_argument("--kv-memory", default="1200K")
     args = ap.parse_args()
     failures = []
 
@@ -55,7 +55,8 @@ def main():
          "--instance-port", str(iport), "--max-num-seqs", "16", "--kv-memory", args.kv_memory,
          "--threads-per-device", "1", "--max-num-batched-tokens", "64",
          # Placement counts a quarter of max_tokens: all 12 requests are placed at once
-         # (12 x ceil((5 + 12) / 16) blocks fit) and their outputs outgrow the cache.
+         # (12 x ceil((5 + 12) / 16) = 24 of the 33 blocks of 1200K); from position 33 on
+         # they hold 3 blocks each (36 > 33), so the newest are preempted.
          "--kv-reserve-ratio", "0.25"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:

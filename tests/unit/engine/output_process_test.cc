@@ -138,6 +138,7 @@ TEST(OutputProcess, TwoRequestsTwoGatewaysAndAStopString) {
   const Message cancel = receive(device_cancel);
   EXPECT_EQ(cancel.kind, MessageKind::kCancel);
   EXPECT_EQ(cancel.request_id, "cmpl-a");
+  EXPECT_EQ(cancel.index, 0);  // that choice only: the others of an n > 1 request go on
 
   ASSERT_TRUE(send_message(device, rc_bad).ok());
   const Choice c = collect(gateway_ipc, "cmpl-c");
@@ -145,6 +146,7 @@ TEST(OutputProcess, TwoRequestsTwoGatewaysAndAStopString) {
   EXPECT_NE(c.error.find("unknown_parser"), std::string::npos);
   const Message cancel_c = receive(device_cancel);
   EXPECT_EQ(cancel_c.request_id, "cmpl-c");
+  EXPECT_EQ(cancel_c.index, -1);  // every choice
 
   Message shutdown;
   shutdown.kind = MessageKind::kShutdown;
