@@ -38,8 +38,8 @@ struct DpGroupOptions {
 };
 
 // XCCL staging bytes each device's arena needs for the expert-parallel exchange of `dp`
-// devices running this model (0 for dp = 1). Reads the model's config.json only
-// (load_model_info). InvalidArgument, naming --dp and the model, when dp > 1 and the model has
+// devices running this model (1 MiB for dp = 1: no exchange). Reads the model's config.json
+// only (load_model_info). InvalidArgument, naming --dp and the model, when dp > 1 and the model has
 // no MoE layers (nothing for expert parallelism to spread).
 Result<uint64_t> ep_staging_bytes(const std::string& model_dir, const ModelOptions& model,
                                   int32_t max_num_batched_tokens, int dp);
