@@ -87,6 +87,17 @@ Status KvCache::reserve(int64_t seq, int64_t length) {
   return allocator_.allocate(missing, table);
 }
 
+void KvCache::truncate(int64_t seq, int64_t length) {
+  check_seq(seq);
+  XDS_CHECK(length >= 0, "KvCache::truncate: length {}", length);
+  auto& table = tables_[seq];
+  const int64_t bs = storage_.block_size();
+  const size_t keep = static_cast<size_t>((length + bs - 1) / bs);
+  if (keep >= table.size()) return;
+  allocator_.unref(std::span<const int32_t>(table).subspan(keep));
+  table.resize(keep);
+}
+
 int64_t KvCache::capacity(int64_t seq) const {
   check_seq(seq);
   return static_cast<int64_t>(tables_[seq].size()) * storage_.block_size();

@@ -68,6 +68,12 @@ class KvCache {
   // Ensures blocks for positions [0, length). ResourceExhausted if the pool is full (nothing
   // allocated then).
   Status reserve(int64_t seq, int64_t length);
+  // Gives back the blocks of `seq` past position `length` (0 <= length): its capacity becomes
+  // the fewest blocks covering [0, length). MTP rollback: the rows of rejected positions in a
+  // kept block stay as they are, and the next step writes them again before any attention
+  // reads them (a chunk's token at position t reads rows [0, t], and the rows from the
+  // chunk's start_pos to t it has written itself).
+  void truncate(int64_t seq, int64_t length);
   int64_t capacity(int64_t seq) const;
   int64_t free_blocks() const { return allocator_.free_count(); }
   // The block table of `seq`; valid until its next reserve() or free_sequence().

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <vector>
+
 #include "../kernels/isa_for_tests.h"
 
 namespace xds {
@@ -46,6 +48,35 @@ TEST(KvCache, BlocksAreReservedFreedAndExhaustedWithAClearError) {
   cache.free_sequence(b);
   EXPECT_EQ(cache.free_blocks(), 2);
   EXPECT_TRUE(cache.reserve(a, 16).ok());
+}
+
+// MTP rollback: truncate gives back exactly the blocks past the kept length, and the kept
+// rows are untouched.
+TEST(KvCache, TruncateGivesBackTheBlocksPastTheKeptLength) {
+  KvCache cache = KvCache::create({/*layers=*/1, /*num_blocks=*/6, /*block_size=*/4,
+                                   /*latent_dim=*/3, /*rope_dim=*/2})
+                      .value();
+  const int64_t a = cache.add_sequence();
+  ASSERT_TRUE(cache.reserve(a, 13).ok());  // 4 blocks
+  for (int64_t pos = 0; pos < 6; ++pos) {
+    const float lat[3] = {float(pos), 1, 2}, rope[2] = {3, 4};
+    cache.write(0, a, pos, lat, rope);
+  }
+  const std::vector<int32_t> before(cache.blocks(a).begin(), cache.blocks(a).end());
+  cache.truncate(a, 6);  // positions 0..5: blocks 0 and 1
+  EXPECT_EQ(cache.capacity(a), 8);
+  EXPECT_EQ(cache.free_blocks(), 4);
+  EXPECT_EQ(std::vector<int32_t>(cache.blocks(a).begin(), cache.blocks(a).end()),
+            std::vector<int32_t>(before.begin(), before.begin() + 2));
+  for (int64_t pos = 0; pos < 6; ++pos) EXPECT_EQ(cache.view(0, a).latent_at(pos)[0], pos);
+  cache.truncate(a, 8);  // a whole block: nothing to give back
+  EXPECT_EQ(cache.capacity(a), 8);
+  cache.truncate(a, 20);  // past the capacity: nothing either
+  EXPECT_EQ(cache.capacity(a), 8);
+  cache.truncate(a, 0);
+  EXPECT_EQ(cache.capacity(a), 0);
+  EXPECT_EQ(cache.free_blocks(), 6);
+  cache.allocator().check_invariants();
 }
 
 // A bf16 cache stores each value rounded to nearest even (the absorbed kernel's rounding of
