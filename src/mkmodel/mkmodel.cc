@@ -397,11 +397,14 @@ Status write_safetensors(const std::string& path, const std::vector<const Spec*>
   const size_t data_start = 8 + text.size();
   const size_t total = data_start + off;
 
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return internal_error("{}: cannot create: {}", path, std::strerror(errno));
+  // Written beside the destination and renamed onto it: a reader that has the previous
+  // file mapped (another process of a test run) keeps its bytes, never a truncated file.
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return internal_error("{}: cannot create: {}", tmp, std::strerror(errno));
   auto fail = [&](Status st) {  // no partial shard left behind
     ::close(fd);
-    ::unlink(path.c_str());
+    ::unlink(tmp.c_str());
     return st;
   };
   if (int err = ::posix_fallocate(fd, 0, static_cast<off_t>(total)); err != 0) {
@@ -419,7 +422,16 @@ Status write_safetensors(const std::string& path, const std::vector<const Spec*>
     pos += s->nbytes();
   }
   if (!st.ok()) return fail(st);
-  if (::close(fd) != 0) return internal_error("{}: close failed: {}", path, std::strerror(errno));
+  if (::close(fd) != 0) {
+    const int err = errno;
+    ::unlink(tmp.c_str());
+    return internal_error("{}: close failed: {}", tmp, std::strerror(err));
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(tmp.c_str());
+    return internal_error("{}: cannot rename {} onto it: {}", path, tmp, std::strerror(err));
+  }
   return {};
 }
 
