@@ -4,8 +4,8 @@
 // model/speculative_decode.h).
 //
 // Row r of the verify chunk predicts the token at position `position + r`, after the drafts
-// d_1 .. d_r. Each row is processed exactly as the sampler processes a row (Sampler::prepare: penalties
-// over the output so far plus the drafts accepted before it, temperature, top-k, top-p),
+// d_1 .. d_r. Each row is processed exactly as the sampler processes a row (Sampler::prepare:
+// penalties over the output so far plus the drafts accepted before it, temperature, top-k, top-p),
 // giving the distribution p_r. The drafts are one-hot proposals (the MTP head's argmax), so
 // the rule that keeps the output distribution that of sampling p_r is:
 //   for r = 0 .. n-1:  accept d_{r+1} with probability p_r(d_{r+1}):
@@ -36,10 +36,10 @@ inline constexpr uint32_t kSpecDrawAccept = 1;
 inline constexpr uint32_t kSpecDrawResidual = 2;
 
 struct SpecVerifyInput {
-  const float* logits = nullptr;  // [drafts.size() + 1, row_stride] the main model's rows
-  int64_t row_stride = 0;         // elements per row (the model's vocabulary)
-  int64_t valid_vocab = 0;        // ids that can win: [0, valid_vocab), <= row_stride
-  std::span<const int32_t> drafts;       // [n] d_1 .. d_n
+  const float* logits = nullptr;    // [drafts.size() + 1, row_stride] the main model's rows
+  int64_t row_stride = 0;           // elements per row (the model's vocabulary)
+  int64_t valid_vocab = 0;          // ids that can win: [0, valid_vocab), <= row_stride
+  std::span<const int32_t> drafts;  // [n] d_1 .. d_n
   const SamplingOptions* options = nullptr;
   std::span<const int32_t> prompt = {};  // the request's prompt (repetition penalty)
   std::span<const int32_t> output = {};  // tokens generated before this step (penalties)
@@ -47,9 +47,9 @@ struct SpecVerifyInput {
 };
 
 struct SpecVerifyResult {
-  int64_t accepted = 0;         // drafts accepted, 0 .. n
-  std::vector<int32_t> tokens;  // [accepted + 1]: the accepted drafts, then the next token
-  std::vector<int32_t> history; // scratch: output plus the drafts accepted so far
+  int64_t accepted = 0;          // drafts accepted, 0 .. n
+  std::vector<int32_t> tokens;   // [accepted + 1]: the accepted drafts, then the next token
+  std::vector<int32_t> history;  // scratch: output plus the drafts accepted so far
 };
 
 // The rule above. InvalidArgument as Sampler::prepare (bad options, a null or non-finite

@@ -79,8 +79,8 @@ void mtp_spec_extended(MtpSpecState& s) {
 MtpPassRows mtp_spec_pass_rows(MtpSpecState& s, const MtpSpecConfig& c, int64_t pass,
                                std::span<const int32_t> tokens, int64_t d) {
   XDS_CHECK(pass >= 0 && pass < c.draft_tokens, "MTP pass {} of {}", pass, c.draft_tokens);
-  XDS_CHECK(static_cast<int64_t>(s.drafts.size()) == pass,
-            "MTP pass {}: {} drafts taken (want {})", pass, s.drafts.size(), pass);
+  XDS_CHECK(static_cast<int64_t>(s.drafts.size()) == pass, "MTP pass {}: {} drafts taken (want {})",
+            pass, s.drafts.size(), pass);
   MtpPassRows r;
   if (pass >= c.layers) {  // a layer used again: the one chain row (G_p, d_p)
     r.start_pos = s.length - 1 + pass;
@@ -101,10 +101,10 @@ MtpPassRows mtp_spec_pass_rows(MtpSpecState& s, const MtpSpecConfig& c, int64_t 
   return r;
 }
 
-void mtp_spec_take_draft(MtpSpecState& s, const MtpSpecConfig& c, int64_t pass,
-                         const float* logits, int64_t valid_vocab, const float* hidden, int64_t d) {
-  XDS_CHECK(static_cast<int64_t>(s.drafts.size()) == pass, "MTP draft {} taken after {}",
-            pass + 1, s.drafts.size());
+void mtp_spec_take_draft(MtpSpecState& s, const MtpSpecConfig& c, int64_t pass, const float* logits,
+                         int64_t valid_vocab, const float* hidden, int64_t d) {
+  XDS_CHECK(static_cast<int64_t>(s.drafts.size()) == pass, "MTP draft {} taken after {}", pass + 1,
+            s.drafts.size());
   XDS_CHECK(valid_vocab > 0, "MTP draft: valid vocabulary {}", valid_vocab);
   int64_t best = 0;
   for (int64_t i = 1; i < valid_vocab; ++i) {
@@ -211,7 +211,8 @@ Status MtpSpecDecoder::verify() {
   XDS_CHECK(static_cast<int64_t>(main_out_.logits.size()) == (n + 1) * vocab,
             "verify gave {} logits for {} rows", main_out_.logits.size(), n + 1);
   run_.clear();
-  XDS_RETURN_IF_ERROR(accept_(MtpSpecRows{main_out_.logits.data(), drafts, start + 1, output()}, run_));
+  XDS_RETURN_IF_ERROR(
+      accept_(MtpSpecRows{main_out_.logits.data(), drafts, start + 1, output()}, run_));
   const int64_t accepted = static_cast<int64_t>(run_.size()) - 1;
   XDS_CHECK(accepted >= 0 && accepted <= n, "the acceptance rule gave {} tokens for {} drafts",
             run_.size(), n);

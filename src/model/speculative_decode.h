@@ -65,8 +65,8 @@ Result<MtpSpecConfig> mtp_spec_config(int64_t k, int64_t cap, int64_t model_laye
 int64_t mtp_spec_layer(const MtpSpecConfig& c, int64_t pass);
 
 struct MtpSpecState {
-  int64_t length = 0;      // positions [0, length) have final main-model KV
-  int64_t mtp_length = 0;  // MTP rows [0, mtp_length) are final in every used layer
+  int64_t length = 0;                 // positions [0, length) have final main-model KV
+  int64_t mtp_length = 0;             // MTP rows [0, mtp_length) are final in every used layer
   std::vector<float> pending_hidden;  // [length - mtp_length, D] main final-normed hidden of
                                       // positions [mtp_length, length), for the draft-extend
   std::vector<int32_t> drafts;        // [n <= k] proposals for positions length+1 .. length+n
@@ -104,8 +104,8 @@ void mtp_spec_extended(MtpSpecState& s);
 // Takes draft pass+1 from the last row of this request's chunk in pass `pass`: argmax (ties
 // to the lower id) of logits[0, valid_vocab), and that row's residual output hidden [D].
 // After pass layers - 1 the draft-extend is complete (mtp_spec_extended).
-void mtp_spec_take_draft(MtpSpecState& s, const MtpSpecConfig& c, int64_t pass,
-                         const float* logits, int64_t valid_vocab, const float* hidden, int64_t d);
+void mtp_spec_take_draft(MtpSpecState& s, const MtpSpecConfig& c, int64_t pass, const float* logits,
+                         int64_t valid_vocab, const float* hidden, int64_t d);
 
 // Positions the propose step writes: [0, s.length + passes - 1); those of the verify step:
 // [0, s.length + drafts + 1). What to reserve before each.
@@ -129,22 +129,23 @@ MtpSpecCut mtp_spec_cut(std::span<const int32_t> tokens, std::span<const int32_t
 // What the acceptance rule of one request sees (engine::speculative_accept with the
 // request's sampling options decides): the main model's rows at the verified positions.
 struct MtpSpecRows {
-  const float* logits = nullptr;     // [drafts.size() + 1, vocab]; row r predicts position + r
-  std::span<const int32_t> drafts;   // d_1 .. d_n
-  int64_t position = 0;              // position of the token row 0 predicts
-  std::span<const int32_t> output;   // tokens generated before (penalties)
+  const float* logits = nullptr;    // [drafts.size() + 1, vocab]; row r predicts position + r
+  std::span<const int32_t> drafts;  // d_1 .. d_n
+  int64_t position = 0;             // position of the token row 0 predicts
+  std::span<const int32_t> output;  // tokens generated before (penalties)
 };
 // Appends the accepted drafts then the next token to `tokens`. With no drafts it is the
 // ordinary sampling of one token.
-using MtpSpecAcceptFn = std::function<Status(const MtpSpecRows& rows, std::vector<int32_t>& tokens)>;
+using MtpSpecAcceptFn =
+    std::function<Status(const MtpSpecRows& rows, std::vector<int32_t>& tokens)>;
 
 struct MtpSpecDecodeOptions {
   MtpSpecConfig spec;
-  int64_t max_tokens = 64;         // tokens to generate, >= 1
-  std::vector<int32_t> stop_ids;   // generation ends after one of these (EOS, unless ignored)
-  int64_t max_length = 0;          // positions the model may run (max_position_embeddings)
-  int64_t valid_vocab = 0;         // drafts never propose an id at or past it
-  int64_t prefill_chunk = 0;       // prefill in chunks of this many tokens (0: one chunk)
+  int64_t max_tokens = 64;        // tokens to generate, >= 1
+  std::vector<int32_t> stop_ids;  // generation ends after one of these (EOS, unless ignored)
+  int64_t max_length = 0;         // positions the model may run (max_position_embeddings)
+  int64_t valid_vocab = 0;        // drafts never propose an id at or past it
+  int64_t prefill_chunk = 0;      // prefill in chunks of this many tokens (0: one chunk)
 };
 
 struct MtpSpecStats {
@@ -196,7 +197,7 @@ class MtpSpecDecoder {
   MtpSpecStats stats_;
   std::vector<int32_t> tokens_;  // x_0 .. x_L
   int64_t prompt_len_ = 0;
-  int64_t emitted_from_ = 0;     // tokens_ index of the last emitted run
+  int64_t emitted_from_ = 0;  // tokens_ index of the last emitted run
   bool finished_ = false;
   StepOutput main_out_, mtp_out_;
   std::vector<int32_t> verify_, run_;

@@ -28,7 +28,9 @@ namespace {
 // then within twice that, and their argmax can differ only where the top-2 margin is below it.
 constexpr double kRowTol = 2e-4;
 
-std::string shipped_dir() { return std::string(XDS_SOURCE_DIR) + "/models/kjv-moe-tiny"; }
+std::string shipped_dir() {
+  return std::string(XDS_SOURCE_DIR) + "/models/kjv-moe-tiny";
+}
 
 std::unique_ptr<DeepseekV3Model> load(const std::string& dir) {
   ModelOptions mo;
@@ -40,8 +42,7 @@ std::unique_ptr<DeepseekV3Model> load(const std::string& dir) {
 
 // A random tiny checkpoint with `mtp_layers` MTP layers (written once per name).
 std::string tiny_dir(const std::string& name, int mtp_layers, uint64_t seed) {
-  const std::string dir =
-      (std::filesystem::temp_directory_path() / ("xds_spec_" + name)).string();
+  const std::string dir = (std::filesystem::temp_directory_path() / ("xds_spec_" + name)).string();
   MkModelOptions o;
   o.out_dir = dir;
   o.seed = seed;
@@ -168,8 +169,8 @@ struct SpecRun {
   std::vector<size_t> step_sizes;  // tokens emitted by the prefill and each step
   MtpSpecStats stats;
 };
-SpecRun spec_run(DeepseekV3Model& m, std::span<const int32_t> prompt,
-                 const MtpSpecDecodeOptions& o, MtpSpecAcceptFn accept) {
+SpecRun spec_run(DeepseekV3Model& m, std::span<const int32_t> prompt, const MtpSpecDecodeOptions& o,
+                 MtpSpecAcceptFn accept) {
   KvCache cache = m.make_cache(static_cast<int64_t>(prompt.size()) + o.max_tokens + 32).value();
   MtpSpecDecoder dec(m, cache, cache.add_sequence(), o, std::move(accept));
   EXPECT_TRUE(dec.prefill(prompt).ok());
@@ -200,13 +201,15 @@ TEST(SpeculativeDecode, GreedyOutputEqualsPlainDecodingOnTheShippedModel) {
   const int64_t v = m->config().vocab_size, max_tokens = 40;
   size_t compared = 0;
   int64_t accepted = 0;
-  for (const auto& [row, len] : std::vector<std::pair<int64_t, int64_t>>{{0, 12}, {1, 20}, {2, 31}}) {
+  for (const auto& [row, len] :
+       std::vector<std::pair<int64_t, int64_t>>{{0, 12}, {1, 20}, {2, 31}}) {
     const std::vector<int32_t> prompt = kjv_prompt(row, len);
     const Plain plain = plain_greedy(*m, prompt, max_tokens);
     const size_t n = comparable_prefix(plain);
     compared += n;
     for (const int64_t k : {1, 2, 3}) {
-      const SpecRun r = spec_run(*m, prompt, decode_options(*m, k, 0, max_tokens), greedy_accept(v));
+      const SpecRun r =
+          spec_run(*m, prompt, decode_options(*m, k, 0, max_tokens), greedy_accept(v));
       ASSERT_EQ(r.output.size(), static_cast<size_t>(max_tokens)) << "k " << k;
       for (size_t i = 0; i < n; ++i)
         ASSERT_EQ(r.output[i], plain.output[i]) << "prompt " << row << " k " << k << " token " << i;
@@ -231,12 +234,14 @@ TEST(SpeculativeDecode, GreedyOutputEqualsPlainDecodingWithSeveralMtpLayers) {
     const Plain plain = plain_greedy(*m, prompt, max_tokens);
     const size_t n = comparable_prefix(plain);
     compared += n;
-    for (const auto& [k, layers] : std::vector<std::pair<int64_t, int64_t>>{{2, 1}, {3, 3}, {4, 2}}) {
+    for (const auto& [k, layers] :
+         std::vector<std::pair<int64_t, int64_t>>{{2, 1}, {3, 3}, {4, 2}}) {
       const SpecRun r =
           spec_run(*m, prompt, decode_options(*m, k, layers, max_tokens), greedy_accept(v));
       ASSERT_EQ(r.output.size(), static_cast<size_t>(max_tokens));
       for (size_t i = 0; i < n; ++i)
-        ASSERT_EQ(r.output[i], plain.output[i]) << "k " << k << " layers " << layers << " token " << i;
+        ASSERT_EQ(r.output[i], plain.output[i])
+            << "k " << k << " layers " << layers << " token " << i;
     }
   }
   EXPECT_GE(compared, 10u);
@@ -279,7 +284,8 @@ Scratch drafts_from_scratch(DeepseekV3Model& m, std::span<const int32_t> tokens,
     const MtpChunk mc = cache.mtp_chunk(seq, start, next, hidden.data()).value();
     EXPECT_TRUE(m.forward_mtp(layer, {&mc, 1}, cache.storage(), out).ok());
     const int64_t last = static_cast<int64_t>(next.size()) - 1;
-    s.logits.insert(s.logits.end(), out.logits.begin() + last * v, out.logits.begin() + (last + 1) * v);
+    s.logits.insert(s.logits.end(), out.logits.begin() + last * v,
+                    out.logits.begin() + (last + 1) * v);
     s.drafts.push_back(argmax(out.logits.data() + last * v, v));
     g.insert(g.end(), out.hidden.begin() + last * d, out.hidden.begin() + (last + 1) * d);
   }

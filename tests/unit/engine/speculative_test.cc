@@ -140,7 +140,8 @@ TEST(SpeculativeAccept, PenaltiesOfALaterRowSeeTheAcceptedDrafts) {
   // makes it 2.0, so greedy row 1 picks 2. Without the penalty both drafts pass.
   Sampler sampler;
   const int64_t v = 6;
-  const std::vector<float> l = rows({{0, 0, 0, 0, 0, 3}, {0, 0, 2.5f, 0, 0, 3}, {1, 0, 0, 0, 0, 0}});
+  const std::vector<float> l =
+      rows({{0, 0, 0, 0, 0, 3}, {0, 0, 2.5f, 0, 0, 3}, {1, 0, 0, 0, 0, 0}});
   SamplingOptions o = greedy();
   SpecVerifyResult r = accept(sampler, l, v, {5, 5}, o);
   EXPECT_EQ(r.tokens, (std::vector<int32_t>{5, 5, 0}));

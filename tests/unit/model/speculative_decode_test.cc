@@ -12,9 +12,13 @@ namespace {
 constexpr int64_t kD = 2;  // hidden size of the hand-made rows
 
 // A hidden row [kD] whose values name it: (tag, tag + 0.5).
-std::vector<float> row(float tag) { return {tag, tag + 0.5f}; }
+std::vector<float> row(float tag) {
+  return {tag, tag + 0.5f};
+}
 
-std::vector<float> rows_of(std::span<const float> flat) { return {flat.begin(), flat.end()}; }
+std::vector<float> rows_of(std::span<const float> flat) {
+  return {flat.begin(), flat.end()};
+}
 
 TEST(MtpSpecConfig, LayersAreCappedAndBadValuesRefused) {
   EXPECT_EQ(mtp_spec_config(2, 0, 1).value().layers, 1);  // reuse: k = 2 with one layer
