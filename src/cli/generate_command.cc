@@ -13,8 +13,10 @@
 #include "cli/commands.h"
 #include "cli/model_flags.h"
 #include "cli/prompt.h"
+#include "engine/speculative.h"
 #include "kernels/cpu/sampling.h"
 #include "model/deepseek_v3.h"
+#include "model/speculative_decode.h"
 
 namespace xds::cli {
 namespace {
@@ -38,6 +40,8 @@ struct GenerateArgs {
   std::string dump_routing;
   int64_t prefill_chunk = 0;
   int threads = 0;
+  int64_t speculative_tokens = 0;     // k drafts per step (0: off)
+  int64_t speculative_mtp_layers = 0;  // MTP layers used (0: all the checkpoint has)
 };
 
 Result<std::vector<int32_t>> parse_ids(const std::string& text) {
@@ -56,6 +60,105 @@ Result<std::vector<int32_t>> parse_ids(const std::string& text) {
   }
   if (ids.empty()) return invalid_argument("--prompt-ids: no ids given");
   return ids;
+}
+
+void print_stats(const GenerateArgs& a, const DeepseekV3Model& model, int64_t n_prompt,
+                 double prefill_s, int64_t decode_tokens, double decode_s) {
+  std::fprintf(stderr,
+               "prefill: %lld tokens in %.3f s (%.1f tokens/s); decode: %lld tokens in %.3f s "
+               "(%.1f tokens/s); compute %s, KV cache %s\n",
+               static_cast<long long>(n_prompt), prefill_s, n_prompt / std::max(prefill_s, 1e-9),
+               static_cast<long long>(decode_tokens), decode_s,
+               decode_tokens > 0 ? decode_tokens / std::max(decode_s, 1e-9) : 0.0,
+               a.compute_dtype.c_str(), std::string(dtype_name(model.kv_cache_dtype())).c_str());
+}
+
+// --speculative-tokens k > 0: MTP drafts verified by the main model, k per step
+// (model/speculative_decode.h); the acceptance rule is the engine's (engine/speculative.h),
+// so the sampled draws are the engine sampler's, keyed by (seed, position, draw), not the
+// plain loop's: the same distribution, other tokens. Greedy output is the plain loop's.
+Status run_speculative(const GenerateArgs& a, DeepseekV3Model& model, PromptCodec& codec,
+                       std::span<const int32_t> prompt, int64_t valid_vocab) {
+  const DeepseekV3Config& cfg = model.config();
+  if (!a.dump_logits.empty() || !a.dump_routing.empty()) {
+    return invalid_argument(
+        "--dump-logits and --dump-routing write one row per position of a plain run; they "
+        "cannot be combined with --speculative-tokens");
+  }
+  MtpSpecDecodeOptions o;
+  XDS_ASSIGN_OR_RETURN(o.spec, mtp_spec_config(a.speculative_tokens, a.speculative_mtp_layers,
+                                               cfg.num_nextn_predict_layers));
+  o.max_tokens = a.max_tokens;
+  if (!a.ignore_eos) o.stop_ids.assign(cfg.eos_token_ids.begin(), cfg.eos_token_ids.end());
+  o.max_length = cfg.max_position_embeddings;
+  o.valid_vocab = valid_vocab;
+  o.prefill_chunk = a.prefill_chunk;
+  const int64_t n_prompt = static_cast<int64_t>(prompt.size());
+  XDS_ASSIGN_OR_RETURN(KvCache cache,
+                       model.make_cache(n_prompt + a.max_tokens + o.spec.draft_tokens + 16));
+
+  engine::SamplingOptions so;
+  so.temperature = a.temperature;
+  so.top_p = a.top_p;
+  so.top_k = static_cast<int32_t>(std::min<int64_t>(a.top_k, INT32_MAX));
+  so.seed = a.seed;
+  engine::Sampler sampler;
+  engine::SpecVerifyResult verdict;
+  const int64_t vocab = cfg.vocab_size;
+  auto accept = [&](const MtpSpecRows& rows, std::vector<int32_t>& tokens) -> Status {
+    const int64_t n = static_cast<int64_t>(rows.drafts.size());
+    for (int64_t r = 0; r <= n; ++r) {  // row r holds the logits at position - 1 + r
+      XDS_RETURN_IF_ERROR(check_finite_logits(a.model, rows.position - 1 + r,
+                                              rows.logits + r * vocab, valid_vocab));
+    }
+    engine::SpecVerifyInput in;
+    in.logits = rows.logits;
+    in.row_stride = vocab;
+    in.valid_vocab = valid_vocab;
+    in.drafts = rows.drafts;
+    in.options = &so;
+    in.prompt = prompt;
+    in.output = rows.output;
+    in.position = rows.position;
+    XDS_RETURN_IF_ERROR(engine::speculative_accept(sampler, in, verdict));
+    tokens.insert(tokens.end(), verdict.tokens.begin(), verdict.tokens.end());
+    return {};
+  };
+  MtpSpecDecoder dec(model, cache, cache.add_sequence(), o, accept);
+  bool first = true;
+  auto emit = [&] {
+    for (const int32_t t : dec.last_emitted()) {
+      codec.emit(t, first);
+      first = false;
+    }
+  };
+  const auto t0 = Clock::now();
+  XDS_RETURN_IF_ERROR(dec.prefill(prompt));
+  const double prefill_s = seconds_since(t0);
+  emit();
+  const auto t1 = Clock::now();
+  while (!dec.finished()) {
+    XDS_RETURN_IF_ERROR(dec.step());
+    emit();
+  }
+  const double decode_s = seconds_since(t1);
+  codec.finish();
+  const MtpSpecStats& st = dec.stats();
+  std::string rates;
+  for (size_t i = 0; i < st.accepted_at.size(); ++i) {
+    rates += fmt::format(" {:.3f}", st.verified_at[i] > 0 ? double(st.accepted_at[i]) /
+                                                                st.verified_at[i]
+                                                          : 0.0);
+  }
+  std::fprintf(stderr,
+               "speculative: %lld drafts per step from %lld MTP layer(s); %lld steps; acceptance "
+               "per draft position:%s; mean tokens per step %.3f\n",
+               static_cast<long long>(o.spec.draft_tokens), static_cast<long long>(o.spec.layers),
+               static_cast<long long>(st.steps), rates.c_str(),
+               st.steps > 0 ? double(st.step_tokens) / st.steps : 0.0);
+  print_stats(a, model, n_prompt, prefill_s, static_cast<int64_t>(dec.output().size()) - 1,
+              decode_s);
+  return {};
 }
 
 Status run_generate(const GenerateArgs& a) {
@@ -89,6 +192,11 @@ Status run_generate(const GenerateArgs& a) {
     return invalid_argument(
         "prompt ({} tokens) + --max-tokens {} exceeds the model's max_position_embeddings {}",
         prompt.size(), a.max_tokens, cfg.max_position_embeddings);
+  }
+  if (a.speculative_tokens > 0) return run_speculative(a, *model, codec, prompt, valid_vocab);
+  if (a.speculative_mtp_layers > 0) {
+    return invalid_argument("--speculative-mtp-layers {} needs --speculative-tokens k > 0",
+                            a.speculative_mtp_layers);
   }
   XDS_ASSIGN_OR_RETURN(KvCache cache, model->make_cache(total + 16));
   const int64_t seq = cache.add_sequence();
@@ -168,14 +276,7 @@ Status run_generate(const GenerateArgs& a) {
     model->set_routing_observer(nullptr);
     XDS_RETURN_IF_ERROR(routing_file->commit());
   }
-  const int64_t decode_steps = generated - 1;
-  std::fprintf(stderr,
-               "prefill: %lld tokens in %.3f s (%.1f tokens/s); decode: %lld tokens in %.3f s "
-               "(%.1f tokens/s); compute %s, KV cache %s\n",
-               static_cast<long long>(n_prompt), prefill_s, n_prompt / std::max(prefill_s, 1e-9),
-               static_cast<long long>(decode_steps), decode_s,
-               decode_steps > 0 ? decode_steps / std::max(decode_s, 1e-9) : 0.0,
-               a.compute_dtype.c_str(), std::string(dtype_name(model->kv_cache_dtype())).c_str());
+  print_stats(a, *model, n_prompt, prefill_s, generated - 1, decode_s);
   return {};
 }
 
@@ -211,6 +312,14 @@ void add_generate_command(CLI::App& app, int* exit_code) {
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--threads", args->threads, "Worker threads (0: all cores)")
       ->check(CLI::Range(0, kMaxThreads));
+  cmd->add_option("--speculative-tokens", args->speculative_tokens,
+                  "MTP speculative decoding: k draft tokens per step, verified by the main model "
+                  "in one pass (0: off)")
+      ->check(CLI::Range(int64_t{0}, int64_t{16}));
+  cmd->add_option("--speculative-mtp-layers", args->speculative_mtp_layers,
+                  "MTP layers the drafts use: draft i runs layer min(i, N) and reuses the last "
+                  "after that (0: all the checkpoint has)")
+      ->check(CLI::NonNegativeNumber);
   cmd->callback([args, exit_code, text, ids] {
     if (text->count() == 0 && ids->count() == 0) {
       std::fprintf(stderr, "error: generate needs --prompt or --prompt-ids\n");

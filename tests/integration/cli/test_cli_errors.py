@@ -173,6 +173,55 @@ class CliErrors(unittest.TestCase):
         first_k = read_json(os.path.join(self.model, "config.json"))["first_k_dense_replace"]
         self.assertEqual(len(rows), 6 * (layers - first_k))
 
+    def test_speculative_flags(self):
+        base = ["generate", "--model", self.model, "--prompt-ids", "1,2", "--max-tokens", "4"]
+        self.expect_error(base + ["--speculative-tokens", "2", "--speculative-mtp-layers", "2"], 1,
+                          "speculative MTP layers: 2, must be in [0, 1]")
+        self.expect_error(base + ["--speculative-mtp-layers", "1"], 1,
+                          "--speculative-mtp-layers 1 needs --speculative-tokens k > 0")
+        self.expect_error(base + ["--speculative-tokens", "17"], 105, "--speculative-tokens")
+        self.expect_error(base + ["--speculative-tokens", "1", "--dump-logits", os.path.join(self.tmp, "l.bin")],
+                          1, "cannot be combined with --speculative-tokens")
+        # Checkpoints whose config leaves their MTP layer out: the tiny one, and the shipped one
+        # (it has a tokenizer, which perplexity needs first).
+        kjv = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "models",
+                           "kjv-moe-tiny")
+        no_mtp = {}
+        for name, src in (("tiny", self.model), ("kjv", kjv)):
+            no_mtp[name] = os.path.join(self.tmp, name + "_no_mtp")
+            shutil.copytree(src, no_mtp[name])
+            config = read_json(os.path.join(no_mtp[name], "config.json"))
+            config["num_nextn_predict_layers"] = 0
+            with open(os.path.join(no_mtp[name], "config.json"), "w") as f:
+                json.dump(config, f)
+        self.expect_error(["generate", "--model", no_mtp["tiny"], "--prompt-ids", "1,2", "--speculative-tokens", "1"],
+                          1, "num_nextn_predict_layers 0")
+        self.expect_error(["perplexity", "--model", no_mtp["kjv"], "--file", __file__, "--mtp-agreement"], 1,
+                          "--mtp-agreement", "has no MTP layer")
+
+    def test_speculative_generation(self):
+        # The shipped model (wide greedy margins: the margin-checked comparison is
+        # model_forward.SpeculativeDecode.*): greedy with drafts is the plain output; sampling
+        # with drafts is reproducible for a seed; the stats name acceptance and tokens per step.
+        kjv = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "models",
+                           "kjv-moe-tiny")
+        base = ["generate", "--model", kjv, "--prompt", "And the LORD said unto Moses,", "--max-tokens", "24"]
+        rc, plain, err = run(*base)
+        self.assertEqual(rc, 0, err)
+        for k in ("1", "3"):
+            rc, out, err = run(*base, "--speculative-tokens", k)
+            self.assertEqual(rc, 0, err)
+            self.assertEqual(out, plain, f"k {k}")
+            self.assertIn("acceptance per draft position", err)
+            self.assertIn("mean tokens per step", err)
+            self.assertIn("tokens/s", err)
+        sampled = base + ["--temperature", "0.8", "--top-p", "0.95", "--seed", "5", "--speculative-tokens", "2"]
+        rc, first, err = run(*sampled)
+        self.assertEqual(rc, 0, err)
+        rc, second, err = run(*sampled)
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(first, second)
+
     def test_generation_succeeds_and_reports_throughput(self):
         rc, out, err = run("generate", "--model", self.model, "--prompt-ids", "1,2,3", "--max-tokens", "4",
                            "--ignore-eos")
