@@ -3,6 +3,7 @@
 //
 //   bench_decode --model DIR [--prompt 512] [--context 512] [--batches 1,4,16,64]
 //                [--steps 5] [--compute-dtype f32|bf16] [--json FILE] [--save] [--rounds R]
+//                [--verify K]
 //
 // Writes JSON and the printed table to bench-out/bench_decode.* (bench_decode-bf16.* in the
 // bf16 mode; --json FILE elsewhere; --save also to bench/results/: run_output.h).
@@ -16,7 +17,16 @@
 // Bytes: every non-expert weight once, plus the routed experts the step actually touched
 // (counted from the routing), plus the latent KV cache of every sequence. FLOPs: 2 per
 // multiply-add of the linear layers actually run (routed experts per token), plus attention.
+//
+// --verify K (MTP speculative decoding, model/speculative_decode.h): per batch, beside the
+// one-token decode step, the step that verifies K+1 tokens per sequence (logits of every
+// row) and the K MTP passes that draft them (one row per sequence each: the draft-extend's
+// extra rows of pass 0 are left out), each beside its roofline (distinct experts over all of
+// the step's tokens), then the tokens/s projected at acceptance a = 0.7, 0.8, 0.9 from
+// (1 - a^(K+1)) / (1 - a) tokens per step: over the verify step alone, and over verify plus
+// drafts (what a request sees), against the plain decode's.
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <map>
 #include <random>
@@ -64,14 +74,14 @@ struct StaticCost {
   int64_t expert_params = 0;
 };
 
-StaticCost static_cost(const DeepseekV3Model& model) {
-  StaticCost s;
-  const auto& w = model.weights();
+// Adds one decoder layer (attention, dense MLP or router + shared experts + one routed
+// expert's size) to `s`.
+void add_layer_cost(const LayerWeights& l, StaticCost& s) {
   auto add = [&](const MatrixRef& m) {
     s.dense_bytes += m.read_bytes();
     s.dense_params += m.rows * m.cols;
   };
-  for (const LayerWeights& l : w.layers) {
+  {
     const MlaWeights& a = l.attn;
     for (const auto* m : {&a.q_a_proj, &a.q_b_proj, &a.q_proj})
       if (*m) add(**m);
@@ -88,8 +98,27 @@ StaticCost static_cost(const DeepseekV3Model& model) {
       s.expert_params = mlp_params(l.moe->experts[0]);
     }
   }
+}
+
+StaticCost static_cost(const DeepseekV3Model& model) {
+  StaticCost s;
+  const auto& w = model.weights();
+  for (const LayerWeights& l : w.layers) add_layer_cost(l, s);
   s.dense_bytes += w.lm_head.read_bytes();
   s.lm_head_params = w.lm_head.rows * w.lm_head.cols;
+  return s;
+}
+
+// One pass of MTP layer 0: eh_proj, its decoder layer, shared_head.head (the embedding rows
+// read are negligible).
+StaticCost mtp_static_cost(const DeepseekV3Model& model) {
+  StaticCost s;
+  const MtpWeights& m = model.weights().mtp.at(0);
+  s.dense_bytes += m.eh_proj.read_bytes();
+  s.dense_params += m.eh_proj.rows * m.eh_proj.cols;
+  add_layer_cost(m.layer, s);
+  s.dense_bytes += m.head.read_bytes();
+  s.lm_head_params = m.head.rows * m.head.cols;
   return s;
 }
 
@@ -105,15 +134,17 @@ double attention_flops(const DeepseekV3Config& c, int64_t p0, int64_t m) {
   return std::min(f.absorbed, f.expanded);
 }
 
-// Fills positions [0, ctx) of `seq` with random latent/rope values in every main layer: the
-// cost of a decode step depends on the context length, not on what the context says.
+// Fills positions [0, ctx) of `seq` with random latent/rope values in every main layer (and
+// the MTP layers if asked): the cost of a decode step depends on the context length, not on
+// what the context says.
 void fill_context(const DeepseekV3Config& c, KvCache& cache, int64_t seq, int64_t ctx,
-                  std::mt19937& rng) {
+                  std::mt19937& rng, bool mtp_layers) {
   std::normal_distribution<float> d(0.0f, 1.0f);
   (void)cache.reserve(seq, ctx + 64);
   std::vector<float> lat(static_cast<size_t>(c.kv_lora_rank)),
       rope(static_cast<size_t>(c.qk_rope_head_dim));
-  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+  const int64_t layers = c.num_hidden_layers + (mtp_layers ? c.num_nextn_predict_layers : 0);
+  for (int64_t l = 0; l < layers; ++l) {
     for (int64_t p = 0; p < ctx; ++p) {
       for (float& v : lat) v = d(rng);
       for (float& v : rope) v = d(rng) * 0.1f;
@@ -156,6 +187,7 @@ int main(int argc, char** argv) {
   OutputOptions output;
   int64_t prompt = 512, context = 512, steps = 5;
   int rounds = 1;
+  int64_t verify = 0;
   bool phases = false;
   bool overlap_shared = false;
   std::string kv_dtype = "auto";
@@ -170,6 +202,11 @@ int main(int argc, char** argv) {
   app.add_option("--rounds", rounds,
                  "repeat all rows this many times; the table gives medians and ranges")
       ->check(CLI::Range(1, 20));
+  app.add_option("--verify", verify,
+                 "MTP speculative decoding: also time the step verifying K+1 tokens per sequence "
+                 "and the K MTP passes drafting them, and project tokens/s at acceptance 0.7-0.9 "
+                 "(0: off; needs a model with an MTP layer)")
+      ->check(CLI::Range(int64_t{0}, int64_t{16}));
   app.add_flag("--phases", phases,
                "time the phases of prefill and decode steps (attention parts, router, experts, "
                "...) and print ms per step beside the table");
@@ -218,26 +255,127 @@ int main(int argc, char** argv) {
     return n;
   }();
 
-  // Touched experts per MoE layer, collected by the routing observer during a step.
-  std::vector<std::set<int32_t>> touched(static_cast<size_t>(c.num_hidden_layers));
+  if (verify > 0 && c.num_nextn_predict_layers == 0) {
+    return fail(invalid_argument("--verify {}: {} has no MTP layer to draft with", verify,
+                                 model_dir));
+  }
+  const StaticCost mtp_sc = verify > 0 ? mtp_static_cost(model) : StaticCost{};
+
+  // Touched experts per MoE layer (the MTP layers after the main ones), collected by the
+  // routing observer during a step.
+  std::vector<std::set<int32_t>> touched(
+      static_cast<size_t>(c.num_hidden_layers + c.num_nextn_predict_layers));
   int64_t routed_token_experts = 0;
   model.set_routing_observer([&](int64_t layer, int64_t, std::span<const int32_t> ids) {
-    if (layer < c.num_hidden_layers) touched[layer].insert(ids.begin(), ids.end());
+    touched[layer].insert(ids.begin(), ids.end());
     routed_token_experts += static_cast<int64_t>(ids.size());
   });
   auto reset_touched = [&] {
     for (auto& t : touched) t.clear();
     routed_token_experts = 0;
   };
-  auto touched_count = [&] {
+  auto touched_count = [&] {  // main layers
     int64_t n = 0;
-    for (auto& t : touched) n += static_cast<int64_t>(t.size());
+    for (int64_t l = 0; l < c.num_hidden_layers; ++l) n += static_cast<int64_t>(touched[l].size());
     return n;
   };
+  const double kv_row_bytes = static_cast<double>(c.kv_lora_rank + c.qk_rope_head_dim) *
+                              dtype_size(model.kv_cache_dtype());
 
   std::vector<Row> rows;
   std::mt19937 rng(1);
   std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(c.vocab_size - 1));
+
+  // --verify: a row of `what` for `batch` sequences of `cache` from position `start`, a warm-up
+  // and `steps` timed steps, each at K+1 positions after the last. "verify": one main pass of
+  // K+1 tokens per sequence with every row's logits; "draft": K passes of MTP layer 0 with one
+  // row per sequence each (their bytes and FLOPs summed, experts counted per pass).
+  auto verify_row = [&](const std::string& what, int64_t batch, KvCache& cache,
+                        const std::vector<int64_t>& seqs, int64_t start, int round) -> Status {
+    const bool draft = what == "draft";
+    const int64_t per_seq = draft ? 1 : verify + 1, d = c.hidden_size;
+    const MachineLimits before = measure_machine_limits(model.pool());
+    std::vector<int32_t> ids(static_cast<size_t>(batch * per_seq));
+    std::vector<float> hidden(static_cast<size_t>(batch * d));  // [batch, D] MTP input rows
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    for (float& x : hidden) x = nd(rng);
+    std::vector<double> times, bytes_v, flops_v;
+    StepOutput out;
+    PhaseTimes step_phases;
+    if (phases) model.set_phase_times(&step_phases);
+    for (int64_t s = 0; s < steps + 1; ++s) {
+      const int64_t pos = start + s * (verify + 1);
+      double t = 0, bytes = 0, flops = 0;
+      for (auto& x : ids) x = tok(rng);
+      if (!draft) {
+        std::vector<TokenChunk> chunks;
+        for (int64_t b = 0; b < batch; ++b) {
+          XDS_ASSIGN_OR_RETURN(
+              const TokenChunk ch,
+              cache.chunk(seqs[b], pos, std::span<const int32_t>(ids).subspan(b * per_seq, per_seq),
+                          /*all_logits=*/true));
+          chunks.push_back(ch);
+        }
+        reset_touched();
+        const auto t0 = Clock::now();
+        XDS_RETURN_IF_ERROR(model.forward(chunks, cache.storage(), out));
+        t = seconds_since(t0);
+        bytes = static_cast<double>(sc.dense_bytes + touched_count() * sc.expert_bytes) +
+                batch * (pos + per_seq) * kv_row_bytes * c.num_hidden_layers;
+        flops = 2.0 * (batch * per_seq * static_cast<double>(sc.dense_params + sc.lm_head_params) +
+                       routed_token_experts * static_cast<double>(sc.expert_params)) +
+                batch * attention_flops(c, pos, per_seq) * c.num_hidden_layers;
+      } else {
+        for (int64_t p = 0; p < verify; ++p) {
+          std::vector<MtpChunk> chunks;
+          for (int64_t b = 0; b < batch; ++b) {
+            XDS_ASSIGN_OR_RETURN(
+                const MtpChunk ch,
+                cache.mtp_chunk(seqs[b], pos + p, std::span<const int32_t>(&ids[b], 1),
+                                hidden.data() + b * d));
+            chunks.push_back(ch);
+          }
+          reset_touched();
+          const auto t0 = Clock::now();
+          XDS_RETURN_IF_ERROR(model.forward_mtp(0, chunks, cache.storage(), out));
+          t += seconds_since(t0);
+          const int64_t mtp_touched =
+              static_cast<int64_t>(touched[static_cast<size_t>(c.num_hidden_layers)].size());
+          bytes += static_cast<double>(mtp_sc.dense_bytes + mtp_touched * mtp_sc.expert_bytes) +
+                   batch * (pos + p + 1) * kv_row_bytes;
+          flops += 2.0 * (batch * static_cast<double>(mtp_sc.dense_params + mtp_sc.lm_head_params) +
+                          routed_token_experts * static_cast<double>(mtp_sc.expert_params)) +
+                   batch * attention_flops(c, pos + p, 1);
+        }
+      }
+      if (s == 0) {  // warm-up
+        step_phases.clear();
+        continue;
+      }
+      times.push_back(t);
+      bytes_v.push_back(bytes);
+      flops_v.push_back(flops);
+    }
+    model.set_phase_times(nullptr);
+    const MachineLimits after = measure_machine_limits(model.pool());
+    const MachineLimits lim = faster_of(before, after);
+    const double peak = compute_peak_gflops(lim, dtype);
+    std::vector<double> rooflines;
+    for (size_t i = 0; i < times.size(); ++i)
+      rooflines.push_back(std::max(bytes_v[i] / (lim.read_gbps * 1e9), flops_v[i] / (peak * 1e9)));
+    const double t = median(times), roof = median(rooflines), bytes = median(bytes_v),
+                 flops = median(flops_v);
+    const double tokens = static_cast<double>(batch * (draft ? verify : per_seq));
+    rows.push_back({what, batch, tokens / t, t * 1e3, roof * 1e3, bytes / 1e9, flops / 1e9,
+                    bytes / (lim.read_gbps * 1e9) > flops / (peak * 1e9) ? "memory" : "compute",
+                    lim, peak});
+    rows.back().round = round;
+    rows.back().read_before_gbps = before.read_gbps;
+    rows.back().read_after_gbps = after.read_gbps;
+    for (const auto& [name, sec] : step_phases.seconds)
+      rows.back().phase_ms[name] = sec * 1e3 / steps;
+    return {};
+  };
 
   for (int round = 0; round < rounds; ++round) {
     {  // Prefill: one sequence, `prompt` tokens in one chunk.
@@ -292,13 +430,16 @@ int main(int argc, char** argv) {
       // The machine's limits drift by ±20 % over minutes on a shared VM: each row's roofline
       // uses the faster of limits measured right before and right after its steps.
       const MachineLimits before = measure_machine_limits(model.pool());
-      Result<KvCache> made = model.make_cache(batch * (context + 64 + steps + 8));
+      // --verify: its steps follow the decode steps' positions, K+1 apart.
+      const int64_t verify_positions = verify > 0 ? (steps + 1) * (verify + 1) : 0;
+      Result<KvCache> made =
+          model.make_cache(batch * (context + 64 + steps + 8 + verify_positions));
       if (!made.ok()) return fail(made.status());
       KvCache& cache = *made;
       std::vector<int64_t> seqs;
       for (int64_t b = 0; b < batch; ++b) {
         seqs.push_back(cache.add_sequence());
-        fill_context(c, cache, seqs.back(), context, rng);
+        fill_context(c, cache, seqs.back(), context, rng, verify > 0);
       }
       std::vector<int32_t> ids(static_cast<size_t>(batch));
       std::vector<double> times, rooflines, bytes_v, flops_v;
@@ -356,6 +497,12 @@ int main(int argc, char** argv) {
       rows.back().read_before_gbps = before.read_gbps;
       rows.back().read_after_gbps = after.read_gbps;
       rows.back().phase_ms = phase_sum;
+      if (verify > 0) {
+        for (const char* what : {"verify", "draft"}) {
+          const Status st = verify_row(what, batch, cache, seqs, context + steps + 1, round);
+          if (!st.ok()) return fail(st);
+        }
+      }
     }
   }
   (void)moe_layers;
@@ -425,7 +572,10 @@ int main(int argc, char** argv) {
     }
     std::printf("\nphases, ms per step (mean over the timed steps)\n%-20s", "phase");
     for (const Row* r : cols) {
-      const std::string label = r->what == "prefill" ? "prefill" : fmt::format("b{}", r->batch);
+      const std::string label =
+          r->what == "prefill"  ? "prefill"
+          : r->what == "decode" ? fmt::format("b{}", r->batch)
+                                : fmt::format("{}{}", r->what.substr(0, 3), r->batch);
       std::printf(" %8s", label.c_str());
     }
     std::printf("\n");
@@ -488,6 +638,63 @@ int main(int argc, char** argv) {
                               {"fraction_of_roofline", median(frac) / 100.0},
                               {"fraction_min", *lo / 100.0},
                               {"fraction_max", *hi / 100.0}});
+    }
+  }
+  if (verify > 0) {
+    // Per batch, the medians over the rounds of the decode, verify and draft rows.
+    auto med = [&](const std::string& what, int64_t batch, bool roofline) {
+      std::vector<double> v;
+      for (const Row& r : rows)
+        if (r.what == what && r.batch == batch) v.push_back(roofline ? r.roofline_ms : r.step_ms);
+      return v.empty() ? 0.0 : median(v);
+    };
+    std::vector<int64_t> batches;
+    for (const Row& r : rows)
+      if (r.what == "verify" && std::find(batches.begin(), batches.end(), r.batch) == batches.end())
+        batches.push_back(r.batch);
+    const double alphas[] = {0.7, 0.8, 0.9};
+    std::printf(
+        "\nspeculative decoding, K = %lld drafts: a step verifies K+1 tokens per sequence and "
+        "gives (1 - a^(K+1)) / (1 - a) tokens at acceptance a (%.3f, %.3f, %.3f); the drafts "
+        "are K MTP passes of one row per sequence. ms: measured (roofline)\n",
+        static_cast<long long>(verify), (1 - std::pow(0.7, verify + 1)) / 0.3,
+        (1 - std::pow(0.8, verify + 1)) / 0.2, (1 - std::pow(0.9, verify + 1)) / 0.1);
+    std::printf("%6s %18s %18s %8s %18s %12s  %s\n", "batch", "decode ms", "verify ms",
+                "x decode", "draft ms", "plain tok/s",
+                "tokens/s at a = 0.7 / 0.8 / 0.9: verify alone; verify + drafts; roofline of "
+                "verify + drafts");
+    for (const int64_t b : batches) {
+      const double dec = med("decode", b, false), dec_roof = med("decode", b, true);
+      const double ver = med("verify", b, false), ver_roof = med("verify", b, true);
+      const double dr = med("draft", b, false), dr_roof = med("draft", b, true);
+      nlohmann::json proj;
+      std::string alone, with_drafts, roof_text;
+      for (const double a : alphas) {
+        const double e = (1 - std::pow(a, verify + 1)) / (1 - a);
+        const double t_alone = b * e / (ver / 1e3), t_all = b * e / ((ver + dr) / 1e3);
+        const double t_roof = b * e / ((ver_roof + dr_roof) / 1e3);
+        alone += fmt::format("{}{:.1f}", alone.empty() ? "" : " / ", t_alone);
+        with_drafts += fmt::format("{}{:.1f}", with_drafts.empty() ? "" : " / ", t_all);
+        roof_text += fmt::format("{}{:.1f}", roof_text.empty() ? "" : " / ", t_roof);
+        proj.push_back({{"acceptance", a},
+                        {"tokens_per_step", e},
+                        {"tokens_per_s_verify_only", t_alone},
+                        {"tokens_per_s_with_drafts", t_all},
+                        {"roofline_tokens_per_s_with_drafts", t_roof}});
+      }
+      std::printf("%6lld %9.2f (%6.2f) %9.2f (%6.2f) %8.2f %9.2f (%6.2f) %12.1f  %s; %s; %s\n",
+                  static_cast<long long>(b), dec, dec_roof, ver, ver_roof, ver / dec, dr, dr_roof,
+                  b / (dec / 1e3), alone.c_str(), with_drafts.c_str(), roof_text.c_str());
+      j["verify"].push_back({{"batch", b},
+                             {"draft_tokens", verify},
+                             {"decode_ms", dec},
+                             {"decode_roofline_ms", dec_roof},
+                             {"verify_ms", ver},
+                             {"verify_roofline_ms", ver_roof},
+                             {"draft_ms", dr},
+                             {"draft_roofline_ms", dr_roof},
+                             {"plain_tokens_per_s", b / (dec / 1e3)},
+                             {"projections", proj}});
     }
   }
   const std::string name = dtype == "bf16" ? "bench_decode-bf16" : "bench_decode";
