@@ -40,7 +40,8 @@ std::unique_ptr<DeepseekV3Model> load(const std::string& dir) {
   return m.ok() ? std::move(*m) : nullptr;
 }
 
-// A random tiny checkpoint with `mtp_layers` MTP layers (written once per name).
+// A random tiny checkpoint with `mtp_layers` MTP layers, in a directory of its own per test
+// (CTest may run the tests of this binary at once).
 std::string tiny_dir(const std::string& name, int mtp_layers, uint64_t seed) {
   const std::string dir = (std::filesystem::temp_directory_path() / ("xds_spec_" + name)).string();
   MkModelOptions o;
@@ -225,7 +226,7 @@ TEST(SpeculativeDecode, GreedyOutputEqualsPlainDecodingOnTheShippedModel) {
 }
 
 TEST(SpeculativeDecode, GreedyOutputEqualsPlainDecodingWithSeveralMtpLayers) {
-  const auto m = load(tiny_dir("three_layers", 3, 7));
+  const auto m = load(tiny_dir("three_layers_greedy", 3, 7));
   ASSERT_NE(m, nullptr);
   const int64_t v = m->config().vocab_size, max_tokens = 24;
   size_t compared = 0;
@@ -330,7 +331,7 @@ TEST(SpeculativeDecode, DraftsAfterPartialAcceptanceEqualDraftsFromScratchShippe
 }
 
 TEST(SpeculativeDecode, DraftsAfterPartialAcceptanceEqualDraftsFromScratchSeveralLayers) {
-  const auto m = load(tiny_dir("three_layers", 3, 7));
+  const auto m = load(tiny_dir("three_layers_drafts", 3, 7));
   ASSERT_NE(m, nullptr);
   const std::vector<int32_t> prompt = random_prompt(13, m->config().vocab_size, 5);
   expect_drafts_match_scratch(*m, 3, 3, prompt, 6);
