@@ -7,49 +7,20 @@
 #include "model/config.h"
 
 #include <cmath>
-#include <filesystem>
 #include <string_view>
 
 #include <nlohmann/json.hpp>
 
 #include "base/read_file.h"
+#include "model/config_json.h"
 
 namespace xds {
 namespace {
 
 using json = nlohmann::json;
 using Config = DeepseekV3Config;
-
-// A short rendering of a JSON value for error messages.
-std::string found(const json& v) {
-  std::string s = v.dump();
-  if (s.size() > 80) s = s.substr(0, 77) + "...";
-  return s;
-}
-
-Status field_error(std::string_view source, std::string_view key, std::string_view expected,
-                   const json& v) {
-  return invalid_argument("{}: field '{}': expected {}, found {}", source, key, expected, found(v));
-}
-
-Result<int64_t> get_int(std::string_view source, std::string_view key, const json& v,
-                        int64_t min_value, int64_t max_value = INT64_MAX) {
-  const std::string what = max_value == INT64_MAX
-                               ? fmt::format("an integer >= {}", min_value)
-                               : fmt::format("an integer in [{}, {}]", min_value, max_value);
-  if (v.is_number_unsigned()) {
-    const uint64_t u = v.get<uint64_t>();
-    if (u > static_cast<uint64_t>(max_value)) return field_error(source, key, what, v);
-    if (static_cast<int64_t>(u) < min_value) return field_error(source, key, what, v);
-    return static_cast<int64_t>(u);
-  }
-  if (v.is_number_integer()) {
-    const int64_t i = v.get<int64_t>();
-    if (i < min_value || i > max_value) return field_error(source, key, what, v);
-    return i;
-  }
-  return field_error(source, key, what, v);
-}
+using config_json::field_error;
+using config_json::get_int;
 
 Result<double> get_double(std::string_view source, std::string_view key, const json& v,
                           bool positive) {
@@ -112,30 +83,8 @@ Status parse_bos(std::string_view source, std::string_view key, const json& v, C
   return {};
 }
 
-// eos_token_id: an integer or a non-empty list of integers (or null: none given).
-Result<std::vector<int64_t>> get_eos_ids(std::string_view source, std::string_view key,
-                                         const json& v) {
-  std::vector<int64_t> ids;
-  if (v.is_null()) return ids;
-  if (v.is_array()) {
-    if (v.empty()) return field_error(source, key, "an integer or a non-empty list", v);
-    for (const json& e : v) {
-      if (!e.is_number_integer() || e.get<int64_t>() < 0) {
-        return field_error(source, key, "an integer >= 0 or a list of them", v);
-      }
-      ids.push_back(e.get<int64_t>());
-    }
-    return ids;
-  }
-  if (!v.is_number_integer() || v.get<int64_t>() < 0) {
-    return field_error(source, key, "an integer >= 0 or a list of them", v);
-  }
-  ids.push_back(v.get<int64_t>());
-  return ids;
-}
-
 Status parse_eos(std::string_view source, std::string_view key, const json& v, Config& c) {
-  XDS_ASSIGN_OR_RETURN(c.eos_token_ids, get_eos_ids(source, key, v));
+  XDS_ASSIGN_OR_RETURN(c.eos_token_ids, config_json::get_token_ids(source, key, v));
   return {};
 }
 
@@ -399,21 +348,11 @@ Status validate_cross_fields(std::string_view source, const json& j, const Confi
   return check_token_ids(source, c);
 }
 
-Result<json> parse_json_object(const std::string& text, const std::string& source) {
-  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return invalid_argument("{}: not valid JSON", source);
-  if (!j.is_object()) {
-    return invalid_argument("{}: expected a JSON object at the top level, found {}", source,
-                            found(j));
-  }
-  return j;
-}
-
 }  // namespace
 
 Result<DeepseekV3Config> parse_deepseek_v3_config(const std::string& json_text,
                                                   const std::string& source) {
-  XDS_ASSIGN_OR_RETURN(json j, parse_json_object(json_text, source));
+  XDS_ASSIGN_OR_RETURN(json j, config_json::parse_object(json_text, source));
   Config c;
   for (const FieldSpec& f : kFields) {
     auto it = j.find(f.key);
@@ -433,19 +372,9 @@ Result<DeepseekV3Config> load_deepseek_v3_config(const std::string& dir) {
   const std::string path = dir + "/config.json";
   XDS_ASSIGN_OR_RETURN(std::string text, read_whole_file(path));
   XDS_ASSIGN_OR_RETURN(Config c, parse_deepseek_v3_config(text, path));
-
-  // generation_config.json, if present, overrides the eos and bos ids of config.json (as
-  // Hugging Face's generate() takes them from there).
-  const std::string gen_path = dir + "/generation_config.json";
-  if (!std::filesystem::exists(gen_path)) return c;
-  XDS_ASSIGN_OR_RETURN(std::string gen_text, read_whole_file(gen_path));
-  XDS_ASSIGN_OR_RETURN(json g, parse_json_object(gen_text, gen_path));
-  if (auto it = g.find("eos_token_id"); it != g.end() && !it->is_null()) {
-    XDS_ASSIGN_OR_RETURN(c.eos_token_ids, get_eos_ids(gen_path, "eos_token_id", *it));
-  }
-  if (auto it = g.find("bos_token_id"); it != g.end() && !it->is_null()) {
-    XDS_ASSIGN_OR_RETURN(c.bos_token_id, get_int(gen_path, "bos_token_id", *it, 0));
-  }
+  XDS_ASSIGN_OR_RETURN(const std::string gen_path,
+                       config_json::apply_generation_config(dir, c.eos_token_ids, c.bos_token_id));
+  if (gen_path.empty()) return c;
   XDS_RETURN_IF_ERROR(check_token_ids(gen_path, c));
   return c;
 }

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <filesystem>
 #include <optional>
 #include <system_error>
 #include <thread>
@@ -11,6 +10,7 @@
 #include "kernels/cpu/linear.h"
 #include "kernels/cpu/mla_attention.h"
 #include "kernels/cpu/ops.h"
+#include "model/config_json.h"
 #include "model/deepseek_v3_batch.h"
 #include "model/linear_runner.h"
 #include "model/local_moe.h"
@@ -46,9 +46,7 @@ namespace {
 ModelInfo make_info(const std::string& dir, const DeepseekV3Config& c) {
   ModelInfo info;
   info.model_type = "deepseek_v3";
-  std::filesystem::path path(dir);
-  if (path.filename().empty()) path = path.parent_path();  // "dir/"
-  info.name = path.filename().string();
+  info.name = config_json::checkpoint_name(dir);
   info.vocab_size = c.vocab_size;
   info.hidden_size = c.hidden_size;
   info.num_layers = c.num_hidden_layers;

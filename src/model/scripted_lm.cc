@@ -2,46 +2,32 @@
 
 #include <algorithm>
 #include <cstring>
-#include <filesystem>
 #include <string_view>
 
 #include <nlohmann/json.hpp>
 
 #include "base/read_file.h"
+#include "model/config_json.h"
 
 namespace xds {
 namespace {
 
 using json = nlohmann::json;
 using Config = ScriptedLmConfig;
+using config_json::field_error;
+using config_json::get_int;
 
 constexpr std::string_view kModelType = "xds_scripted";
 constexpr int64_t kMaxVocab = int64_t{1} << 20;        // logit rows stay small
 constexpr int64_t kMaxScript = int64_t{1} << 20;       // script ids
 constexpr int64_t kMaxPositions = int64_t{INT32_MAX};  // positions index int32 block tables
 
-std::string found(const json& v) {
-  std::string s = v.dump();
-  if (s.size() > 80) s = s.substr(0, 77) + "...";
-  return s;
-}
-
-Status field_error(std::string_view source, std::string_view key, std::string_view expected,
-                   const json& v) {
-  return invalid_argument("{}: field '{}': expected {}, found {}", source, key, expected, found(v));
-}
-
-// An integer in [lo, hi], or nullopt.
-std::optional<int64_t> int_in(const json& v, int64_t lo, int64_t hi) {
-  if (v.is_number_unsigned()) {
-    const uint64_t u = v.get<uint64_t>();
-    if (u > static_cast<uint64_t>(hi)) return std::nullopt;
-    const auto i = static_cast<int64_t>(u);
-    return i >= lo ? std::optional<int64_t>(i) : std::nullopt;
-  }
-  if (!v.is_number_integer()) return std::nullopt;
-  const int64_t i = v.get<int64_t>();
-  return i >= lo && i <= hi ? std::optional<int64_t>(i) : std::nullopt;
+// Whether `v` is a token id: an integer in [0, INT32_MAX] (a list entry; the list's message
+// names the field).
+bool is_token_id(const json& v) {
+  if (!v.is_number_integer()) return false;
+  const int64_t i = v.get<int64_t>();  // unsigned beyond INT64_MAX wraps negative: refused
+  return i >= 0 && i <= INT32_MAX;
 }
 
 // Parsers of one key (present, possibly null) into the config.
@@ -56,16 +42,12 @@ Status parse_model_type(std::string_view source, std::string_view key, const jso
 }
 
 Status parse_vocab(std::string_view source, std::string_view key, const json& v, Config& c) {
-  const auto i = int_in(v, 1, kMaxVocab);
-  if (!i) return field_error(source, key, fmt::format("an integer in [1, {}]", kMaxVocab), v);
-  c.vocab_size = *i;
+  XDS_ASSIGN_OR_RETURN(c.vocab_size, get_int(source, key, v, 1, kMaxVocab));
   return {};
 }
 
 Status parse_positions(std::string_view source, std::string_view key, const json& v, Config& c) {
-  const auto i = int_in(v, 1, kMaxPositions);
-  if (!i) return field_error(source, key, fmt::format("an integer in [1, {}]", kMaxPositions), v);
-  c.max_position_embeddings = *i;
+  XDS_ASSIGN_OR_RETURN(c.max_position_embeddings, get_int(source, key, v, 1, kMaxPositions));
   return {};
 }
 
@@ -76,39 +58,21 @@ Status parse_script(std::string_view source, std::string_view key, const json& v
   }
   c.script.clear();
   for (const json& e : v) {
-    const auto i = int_in(e, 0, INT32_MAX);
-    if (!i) return field_error(source, key, what, v);
-    c.script.push_back(static_cast<int32_t>(*i));
+    if (!is_token_id(e)) return field_error(source, key, what, v);
+    c.script.push_back(static_cast<int32_t>(e.get<int64_t>()));
   }
   return {};
 }
 
-// eos_token_id: an id, a non-empty list of ids, or null (none).
 Status parse_eos(std::string_view source, std::string_view key, const json& v, Config& c) {
-  const char* what = "an integer >= 0, a non-empty list of them, or null";
-  c.eos_token_ids.clear();
-  if (v.is_null()) return {};
-  if (v.is_array()) {
-    if (v.empty()) return field_error(source, key, what, v);
-    for (const json& e : v) {
-      const auto i = int_in(e, 0, INT32_MAX);
-      if (!i) return field_error(source, key, what, v);
-      c.eos_token_ids.push_back(*i);
-    }
-    return {};
-  }
-  const auto i = int_in(v, 0, INT32_MAX);
-  if (!i) return field_error(source, key, what, v);
-  c.eos_token_ids.push_back(*i);
+  XDS_ASSIGN_OR_RETURN(c.eos_token_ids, config_json::get_token_ids(source, key, v));
   return {};
 }
 
 Status parse_bos(std::string_view source, std::string_view key, const json& v, Config& c) {
   c.bos_token_id.reset();
   if (v.is_null()) return {};
-  const auto i = int_in(v, 0, INT32_MAX);
-  if (!i) return field_error(source, key, "an integer >= 0 or null", v);
-  c.bos_token_id = *i;
+  XDS_ASSIGN_OR_RETURN(c.bos_token_id, get_int(source, key, v, 0, INT32_MAX));
   return {};
 }
 
@@ -150,20 +114,6 @@ Status check_ids(std::string_view source, const Config& c) {
   return {};
 }
 
-Result<json> parse_object(const std::string& text, const std::string& source) {
-  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return invalid_argument("{}: not valid JSON", source);
-  if (!j.is_object())
-    return invalid_argument("{}: expected a JSON object, found {}", source, found(j));
-  return j;
-}
-
-std::string dir_name(const std::string& dir) {
-  std::filesystem::path path(dir);
-  if (path.filename().empty()) path = path.parent_path();  // "dir/"
-  return path.filename().string();
-}
-
 ModelInfo make_info(const Config& c, const std::string& name) {
   ModelInfo info;
   info.model_type = std::string(kModelType);
@@ -187,7 +137,7 @@ std::byte* token_row(KvStorage& kv, std::span<const int32_t> blocks, int64_t pos
 
 Result<ScriptedLmConfig> parse_scripted_lm_config(const std::string& json_text,
                                                   const std::string& source) {
-  XDS_ASSIGN_OR_RETURN(const json j, parse_object(json_text, source));
+  XDS_ASSIGN_OR_RETURN(const json j, config_json::parse_object(json_text, source));
   Config c;
   for (const FieldSpec& f : kFields) {
     const auto it = j.find(f.key);
@@ -206,17 +156,9 @@ Result<ScriptedLmConfig> load_scripted_lm_config(const std::string& dir) {
   const std::string path = dir + "/config.json";
   XDS_ASSIGN_OR_RETURN(const std::string text, read_whole_file(path));
   XDS_ASSIGN_OR_RETURN(Config c, parse_scripted_lm_config(text, path));
-  // generation_config.json, if present, overrides the eos and bos ids (as for DeepSeek-V3).
-  const std::string gen_path = dir + "/generation_config.json";
-  if (!std::filesystem::exists(gen_path)) return c;
-  XDS_ASSIGN_OR_RETURN(const std::string gen_text, read_whole_file(gen_path));
-  XDS_ASSIGN_OR_RETURN(const json g, parse_object(gen_text, gen_path));
-  if (const auto it = g.find("eos_token_id"); it != g.end() && !it->is_null()) {
-    XDS_RETURN_IF_ERROR(parse_eos(gen_path, "eos_token_id", *it, c));
-  }
-  if (const auto it = g.find("bos_token_id"); it != g.end() && !it->is_null()) {
-    XDS_RETURN_IF_ERROR(parse_bos(gen_path, "bos_token_id", *it, c));
-  }
+  XDS_ASSIGN_OR_RETURN(const std::string gen_path,
+                       config_json::apply_generation_config(dir, c.eos_token_ids, c.bos_token_id));
+  if (gen_path.empty()) return c;
   XDS_RETURN_IF_ERROR(check_ids(gen_path, c));
   return c;
 }
@@ -254,14 +196,14 @@ Result<std::unique_ptr<ScriptedLm>> ScriptedLm::create(const ScriptedLmConfig& c
 Result<std::unique_ptr<ScriptedLm>> ScriptedLm::load(const std::string& dir,
                                                      const ModelOptions& options) {
   XDS_ASSIGN_OR_RETURN(const Config c, load_scripted_lm_config(dir));
-  XDS_ASSIGN_OR_RETURN(std::unique_ptr<ScriptedLm> m, create(c, dir_name(dir)));
+  XDS_ASSIGN_OR_RETURN(std::unique_ptr<ScriptedLm> m, create(c, config_json::checkpoint_name(dir)));
   m->compute_ = options.compute;
   return m;
 }
 
 Result<ModelInfo> ScriptedLm::load_info(const std::string& dir) {
   XDS_ASSIGN_OR_RETURN(const Config c, load_scripted_lm_config(dir));
-  return make_info(c, dir_name(dir));
+  return make_info(c, config_json::checkpoint_name(dir));
 }
 
 KvLayout ScriptedLm::kv_layout() const {

@@ -1,0 +1,48 @@
+// Reading a checkpoint's config.json / generation_config.json: the pieces every
+// architecture's config parser shares, so that their errors read alike:
+//   "<file>: field '<key>': expected <what>, found <json value>".
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "base/status.h"
+
+namespace xds::config_json {
+
+using json = nlohmann::json;
+
+// A short rendering of a JSON value for error messages (at most 80 characters).
+std::string excerpt(const json& v);
+
+// InvalidArgument "<source>: field '<key>': expected <expected>, found <v>".
+Status field_error(std::string_view source, std::string_view key, std::string_view expected,
+                   const json& v);
+
+// An integer in [min_value, max_value]; else field_error naming the range.
+Result<int64_t> get_int(std::string_view source, std::string_view key, const json& v,
+                        int64_t min_value, int64_t max_value = INT64_MAX);
+
+// eos_token_id: an integer >= 0 or a non-empty list of them; null gives none.
+Result<std::vector<int64_t>> get_token_ids(std::string_view source, std::string_view key,
+                                           const json& v);
+
+// `text` parsed as a JSON object; InvalidArgument naming `source` otherwise.
+Result<json> parse_object(const std::string& text, const std::string& source);
+
+// generation_config.json in `dir`, if present, overrides the eos and bos ids read from
+// config.json (as Hugging Face's generate() takes them from there). Returns that file's path
+// when it was read (for the caller's checks of the ids against its vocabulary), else "".
+Result<std::string> apply_generation_config(const std::string& dir,
+                                            std::vector<int64_t>& eos_token_ids,
+                                            std::optional<int64_t>& bos_token_id);
+
+// The checkpoint directory's last path component ("dir/" included): the model's name.
+std::string checkpoint_name(const std::string& dir);
+
+}  // namespace xds::config_json
