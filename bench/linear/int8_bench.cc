@@ -28,14 +28,12 @@
 #include <immintrin.h>
 
 #include <algorithm>
-#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <random>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -48,6 +46,7 @@
 #include "kernels/cpu/int8_linear.h"
 #include "kernels/cpu/linear.h"
 #include "kernels/cpu/linear_panels.h"
+#include "counts.h"
 #include "machine_limits.h"
 #include "run_output.h"
 
@@ -81,20 +80,6 @@ constexpr Shape kShapes[] = {
     {"kv_a", 576, 2048, false},          {"q_b", 3072, 768, false},
     {"kv_b", 4096, 512, false},          {"o_proj", 2048, 2048, false},
     {"dense up", 6144, 2048, false},     {"dense down", 2048, 6144, false}};
-
-std::vector<int64_t> parse_counts(const std::string& csv) {
-  std::vector<int64_t> out;
-  std::stringstream ss(csv);
-  for (std::string item; std::getline(ss, item, ',');) {
-    int64_t v = 0;
-    const auto [end, ec] = std::from_chars(item.data(), item.data() + item.size(), v);
-    if (ec != std::errc() || end != item.data() + item.size() || v < 1)
-      throw std::invalid_argument("'" + item + "' is not a token count (an integer >= 1)");
-    out.push_back(v);
-  }
-  if (out.empty()) throw std::invalid_argument("no token counts");
-  return out;
-}
 
 // One weight [rows, cols] in both formats, `copies` times: int8 panels and BF16 panels of
 // the same values (the int8 ones quantized per row from the BF16 ones), each packed once
@@ -308,7 +293,7 @@ int main(int argc, char** argv) {
   bench::RunOutput run_output;  // captures the printed table from here on
   std::vector<int64_t> counts;
   try {
-    counts = parse_counts(counts_arg);
+    counts = bench::parse_counts(counts_arg);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: --tokens %s: %s\n", counts_arg.c_str(), e.what());
     return 1;

@@ -24,12 +24,10 @@
 #include <cblas.h>
 
 #include <algorithm>
-#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <iterator>
 #include <random>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -41,6 +39,7 @@
 #include "kernels/cpu/blas_core.h"
 #include "kernels/cpu/linear.h"
 #include "kernels/cpu/linear_panels.h"
+#include "counts.h"
 #include "machine_limits.h"
 #include "run_output.h"
 #include "tensor/dtype.h"
@@ -65,20 +64,6 @@ constexpr Shape kShapes[] = {{"expert gate/up", 512, 2048},  {"expert down", 204
 int copies_for(const Shape& s) {
   const double bytes = 2.0 * static_cast<double>(s.rows * s.cols);
   return std::max(2, static_cast<int>(std::ceil(512e6 / bytes)));
-}
-
-std::vector<int64_t> parse_counts(const std::string& csv) {
-  std::vector<int64_t> out;
-  std::stringstream ss(csv);
-  for (std::string item; std::getline(ss, item, ',');) {
-    int64_t v = 0;
-    const auto [end, ec] = std::from_chars(item.data(), item.data() + item.size(), v);
-    if (ec != std::errc() || end != item.data() + item.size() || v < 1)
-      throw std::invalid_argument("'" + item + "' is not a token count (an integer >= 1)");
-    out.push_back(v);
-  }
-  if (out.empty()) throw std::invalid_argument("no token counts");
-  return out;
 }
 
 struct Timing {
@@ -174,7 +159,7 @@ int main(int argc, char** argv) {
   bench::RunOutput run_output;  // captures the printed table from here on
   std::vector<int64_t> counts;
   try {
-    counts = parse_counts(counts_arg);
+    counts = bench::parse_counts(counts_arg);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: --tokens %s: %s\n", counts_arg.c_str(), e.what());
     return 1;
