@@ -163,6 +163,15 @@ bool read_moved(double before, double after) {
   return std::max(before, after) > kReadMovedRatio * std::min(before, after);
 }
 
+// Each step's roofline: max(bytes / read bandwidth, FLOPs / compute peak), in seconds.
+std::vector<double> rooflines_of(const std::vector<double>& bytes, const std::vector<double>& flops,
+                                 const MachineLimits& lim, double peak_gflops) {
+  std::vector<double> out;
+  for (size_t i = 0; i < bytes.size(); ++i)
+    out.push_back(std::max(bytes[i] / (lim.read_gbps * 1e9), flops[i] / (peak_gflops * 1e9)));
+  return out;
+}
+
 struct Row {
   std::string what;
   int64_t batch;
@@ -360,9 +369,7 @@ int main(int argc, char** argv) {
     const MachineLimits after = measure_machine_limits(model.pool());
     const MachineLimits lim = faster_of(before, after);
     const double peak = compute_peak_gflops(lim, dtype);
-    std::vector<double> rooflines;
-    for (size_t i = 0; i < times.size(); ++i)
-      rooflines.push_back(std::max(bytes_v[i] / (lim.read_gbps * 1e9), flops_v[i] / (peak * 1e9)));
+    const std::vector<double> rooflines = rooflines_of(bytes_v, flops_v, lim, peak);
     const double t = median(times), roof = median(rooflines), bytes = median(bytes_v),
                  flops = median(flops_v);
     const double tokens = static_cast<double>(batch * (draft ? verify : per_seq));
@@ -483,10 +490,7 @@ int main(int argc, char** argv) {
       const MachineLimits after = measure_machine_limits(model.pool());
       const MachineLimits lim = faster_of(before, after);
       const double peak = compute_peak_gflops(lim, dtype);
-      for (size_t i = 0; i < times.size(); ++i) {
-        rooflines.push_back(
-            std::max(bytes_v[i] / (lim.read_gbps * 1e9), flops_v[i] / (peak * 1e9)));
-      }
+      rooflines = rooflines_of(bytes_v, flops_v, lim, peak);
       for (const auto& [name, sec] : step_phases.seconds) phase_sum[name] = sec * 1e3 / steps;
       const double t = median(times), roof = median(rooflines), bytes = median(bytes_v),
                    flops = median(flops_v);
