@@ -36,6 +36,15 @@
 // With one MTP layer (DeepSeek-V3's checkpoints): pass 0 is the draft-extend plus draft 1,
 // passes 1 .. k-1 one chain row each.
 //
+// What a trained second MTP layer sees, so that training matches serving: its cached rows at
+// positions s < t are (h_s, x_{s+1}) from the main model's hidden, exactly as the first
+// layer's; the query row of draft 2 sits at position t (= length) and is (G_1, d_1), where G_1
+// is the first layer's residual output at its row at t - 1 ((h_{t-1}, x_t), which predicted
+// d_1 for x_{t+1}); it predicts x_{t+2}. Teacher-forced: query (G_1(t-1), x_{t+1}) at position t attends
+// to the second layer's rows (h_s, x_{s+1}) for s < t and to itself, and is trained on
+// x_{t+2} -- not DeepSeek's training chain (rows (G_1(s), x_{s+2}) at position s), whose
+// context rows a decode step would have to keep per layer.
+//
 // Thread-safety: plain data; MtpSpecDecoder is not thread-safe (it steps a model).
 #pragma once
 
