@@ -40,8 +40,7 @@ struct GenerateArgs {
   std::string dump_routing;
   int64_t prefill_chunk = 0;
   int threads = 0;
-  int64_t speculative_tokens = 0;     // k drafts per step (0: off)
-  int64_t speculative_mtp_layers = 0;  // MTP layers used (0: all the checkpoint has)
+  SpeculativeFlags speculative;
 };
 
 Result<std::vector<int32_t>> parse_ids(const std::string& text) {
@@ -86,7 +85,7 @@ Status run_speculative(const GenerateArgs& a, DeepseekV3Model& model, PromptCode
         "cannot be combined with --speculative-tokens");
   }
   MtpSpecDecodeOptions o;
-  XDS_ASSIGN_OR_RETURN(o.spec, mtp_spec_config(a.speculative_tokens, a.speculative_mtp_layers,
+  XDS_ASSIGN_OR_RETURN(o.spec, mtp_spec_config(a.speculative.tokens, a.speculative.mtp_layers,
                                                cfg.num_nextn_predict_layers));
   o.max_tokens = a.max_tokens;
   if (!a.ignore_eos) o.stop_ids.assign(cfg.eos_token_ids.begin(), cfg.eos_token_ids.end());
@@ -193,11 +192,8 @@ Status run_generate(const GenerateArgs& a) {
         "prompt ({} tokens) + --max-tokens {} exceeds the model's max_position_embeddings {}",
         prompt.size(), a.max_tokens, cfg.max_position_embeddings);
   }
-  if (a.speculative_tokens > 0) return run_speculative(a, *model, codec, prompt, valid_vocab);
-  if (a.speculative_mtp_layers > 0) {
-    return invalid_argument("--speculative-mtp-layers {} needs --speculative-tokens k > 0",
-                            a.speculative_mtp_layers);
-  }
+  if (a.speculative.tokens > 0) return run_speculative(a, *model, codec, prompt, valid_vocab);
+  XDS_RETURN_IF_ERROR(check_speculative_flags(a.speculative, a.model));
   XDS_ASSIGN_OR_RETURN(KvCache cache, model->make_cache(total + 16));
   const int64_t seq = cache.add_sequence();
 
@@ -312,14 +308,7 @@ void add_generate_command(CLI::App& app, int* exit_code) {
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--threads", args->threads, "Worker threads (0: all cores)")
       ->check(CLI::Range(0, kMaxThreads));
-  cmd->add_option("--speculative-tokens", args->speculative_tokens,
-                  "MTP speculative decoding: k draft tokens per step, verified by the main model "
-                  "in one pass (0: off)")
-      ->check(CLI::Range(int64_t{0}, int64_t{16}));
-  cmd->add_option("--speculative-mtp-layers", args->speculative_mtp_layers,
-                  "MTP layers the drafts use: draft i runs layer min(i, N) and reuses the last "
-                  "after that (0: all the checkpoint has)")
-      ->check(CLI::NonNegativeNumber);
+  add_speculative_flags(cmd, args->speculative);
   cmd->callback([args, exit_code, text, ids] {
     if (text->count() == 0 && ids->count() == 0) {
       std::fprintf(stderr, "error: generate needs --prompt or --prompt-ids\n");

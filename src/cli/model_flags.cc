@@ -1,5 +1,8 @@
 #include "cli/model_flags.h"
 
+#include "model/registry.h"
+#include "model/speculative_decode.h"
+
 namespace xds::cli {
 
 Status parse_dtype_flags(const std::string& compute, const std::string& kv_cache,
@@ -19,6 +22,34 @@ Status parse_dtype_flags(const std::string& compute, const std::string& kv_cache
     mo.kv_cache = KvCacheDType::kBF16;
   } else {
     return invalid_argument("--kv-cache-dtype must be auto, f32 or bf16, got '{}'", kv_cache);
+  }
+  return {};
+}
+
+void add_speculative_flags(CLI::App* cmd, SpeculativeFlags& f) {
+  cmd->add_option("--speculative-tokens", f.tokens,
+                  "MTP speculative decoding: k draft tokens per step, verified by the main model "
+                  "in one pass (0: off)")
+      ->check(CLI::Range(int64_t{0}, int64_t{16}));
+  cmd->add_option("--speculative-mtp-layers", f.mtp_layers,
+                  "MTP layers the drafts use: draft i runs layer min(i, N) and reuses the last "
+                  "after that (0: all the checkpoint has)")
+      ->check(CLI::NonNegativeNumber);
+}
+
+Status check_speculative_flags(const SpeculativeFlags& f, const std::string& model_dir) {
+  if (f.tokens == 0) {
+    if (f.mtp_layers > 0) {
+      return invalid_argument("--speculative-mtp-layers {} needs --speculative-tokens k > 0",
+                              f.mtp_layers);
+    }
+    return {};
+  }
+  XDS_ASSIGN_OR_RETURN(const ModelInfo info, load_model_info(model_dir));
+  auto spec = mtp_spec_config(f.tokens, f.mtp_layers, info.n_mtp_layers);
+  if (!spec.ok()) {
+    return invalid_argument("--speculative-tokens {} with the model in {}: {}", f.tokens,
+                            model_dir, spec.status().message());
   }
   return {};
 }

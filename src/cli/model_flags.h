@@ -1,7 +1,12 @@
-// The model flags that generate and perplexity share: --compute-dtype and --kv-cache-dtype.
+// The model flags that several commands share: --compute-dtype and --kv-cache-dtype
+// (generate, perplexity, serve, instance), --speculative-tokens and --speculative-mtp-layers
+// (generate, serve, instance).
 #pragma once
 
+#include <cstdint>
 #include <string>
+
+#include <CLI/CLI.hpp>
 
 #include "base/status.h"
 #include "model/deepseek_v3.h"
@@ -16,5 +21,15 @@ inline constexpr const char* kKvCacheDTypeHelp =
 // Sets mo.compute and mo.kv_cache from the flags' text; InvalidArgument naming the flag and
 // the value otherwise. (Combinations the model cannot run are refused by its load().)
 Status parse_dtype_flags(const std::string& compute, const std::string& kv_cache, ModelOptions& mo);
+
+// MTP speculative decoding: k drafts per step (0: off) and the MTP layers they use (0: all).
+struct SpeculativeFlags {
+  int64_t tokens = 0;
+  int64_t mtp_layers = 0;
+};
+void add_speculative_flags(CLI::App* cmd, SpeculativeFlags& f);
+// InvalidArgument, naming the flag, when the flags do not fit the model in `model_dir` (no
+// MTP layers, k or the layer cap out of range, a layer cap without k). Reads config.json only.
+Status check_speculative_flags(const SpeculativeFlags& f, const std::string& model_dir);
 
 }  // namespace xds::cli

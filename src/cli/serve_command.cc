@@ -54,6 +54,7 @@ struct EngineArgs {
   bool no_prefix_cache = false;
   bool no_chunked_prefill = false;
   double kv_reserve_ratio = 1.0;
+  SpeculativeFlags speculative;
 };
 
 struct GatewayArgs {
@@ -92,6 +93,7 @@ void add_engine_flags(CLI::App* cmd, EngineArgs& a) {
       ->check(finite_range(0.01, 1.0));
   cmd->add_flag("--no-chunked-prefill", a.no_chunked_prefill,
                 "Prefill each prompt whole in one step (stalls the other streams)");
+  add_speculative_flags(cmd, a.speculative);
 }
 
 void add_gateway_flags(CLI::App* cmd, GatewayArgs& a) {
@@ -125,6 +127,9 @@ Result<serve::InstanceOptions> instance_options(const EngineArgs& a, const std::
   g.prefix_cache = !a.no_prefix_cache;
   XDS_ASSIGN_OR_RETURN(g.kv_memory_bytes, parse_size("--kv-memory", a.kv_memory));
   g.max_model_len = a.max_model_len;
+  XDS_RETURN_IF_ERROR(check_speculative_flags(a.speculative, a.model));
+  g.speculative_tokens = a.speculative.tokens;
+  g.speculative_mtp_layers = a.speculative.mtp_layers;
   return o;
 }
 

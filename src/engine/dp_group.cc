@@ -15,8 +15,10 @@
 #include "engine/dp_group_state.h"
 #include "engine/ep_moe_exchange.h"
 #include "engine/kv_manager.h"
+#include "engine/mtp_drafter.h"
 #include "engine/sampler.h"
 #include "engine/scheduler.h"
+#include "engine/speculative.h"
 #include "engine/step_sync.h"
 #include "engine/zmq_io.h"
 #include "model/causal_lm.h"
@@ -24,6 +26,7 @@
 #include "model/deepseek_v3.h"
 #include "model/kv_storage.h"
 #include "model/registry.h"
+#include "model/speculative_decode.h"
 #include "tokenizer/tokenizer.h"
 #include "xccl/fabric.h"
 #include "xccl/mailbox.h"
@@ -63,6 +66,17 @@ class DpGroup {
   Status apply_plan();
   Status run_forward(uint64_t step);
   Status commit_step();
+  // A prefill chunk's commit (chunk i; `row` its last token's logits, `hidden` its tokens'
+  // final-normed hidden [count, D]): lengths advance, and once the prompt is in, every choice
+  // samples its first token.
+  Status commit_prefill(size_t i, const float* row, const float* hidden);
+  // A speculative decode's commit: the acceptance rule over the verify rows ([1 + drafts,
+  // vocab]), the accepted run emitted (cut at a stop or the length), the KV past it given back.
+  Status commit_verify(size_t i, const float* rows, const float* hidden);
+  // The step's MTP passes (speculation on): drafts for the next step, draft-extend rows.
+  Status propose();
+  // Appends `token` to t's output and to its delta; false once the choice has finished.
+  bool emit_token(Sequence& t, int32_t token, TokenDelta& d);
   // Ends a choice: frees its KV; with `emit`, queues a final delta with the reason.
   void finish(Sequence& s, const std::string& reason, bool emit = true);
   void release_finished();
@@ -86,6 +100,13 @@ class DpGroup {
   int64_t max_model_len_ = 0;
   int64_t valid_vocab_ = 0;
   std::vector<int32_t> eos_ids_;
+  std::optional<MtpDrafter> drafter_;  // speculative decoding (--speculative-tokens > 0)
+  std::vector<MtpDraftWork> draft_work_;
+  SpecVerifyResult verdict_;
+  // Speculation counters, cumulative: verify steps that had drafts, the tokens they gave, and
+  // per draft position the drafts verified and accepted.
+  int64_t spec_steps_ = 0, spec_tokens_ = 0;
+  std::vector<int64_t> spec_drafted_, spec_accepted_;
   int64_t prefix_hits_ = 0, prefix_queries_ = 0;  // blocks
   int64_t preemptions_ = 0;
 
@@ -128,6 +149,17 @@ Status DpGroup::init() {
     valid_vocab_ = std::min<int64_t>(valid_vocab_, tok.vocab_size());
   }
   for (int64_t id : info.eos_token_ids) eos_ids_.push_back(static_cast<int32_t>(id));
+  if (o_.speculative_tokens > 0) {
+    XDS_ASSIGN_OR_RETURN(const MtpSpecConfig spec,
+                         mtp_spec_config(o_.speculative_tokens, o_.speculative_mtp_layers,
+                                         info.n_mtp_layers));
+    drafter_.emplace(*model_, spec, valid_vocab_);
+    spec_drafted_.assign(static_cast<size_t>(spec.draft_tokens), 0);
+    spec_accepted_.assign(static_cast<size_t>(spec.draft_tokens), 0);
+  } else if (o_.speculative_mtp_layers > 0) {
+    return invalid_argument("--speculative-mtp-layers {} needs --speculative-tokens k > 0",
+                            o_.speculative_mtp_layers);
+  }
 
   KvStorageShape shape;
   shape.layout = model_->kv_layout();
@@ -147,6 +179,8 @@ Status DpGroup::init() {
   ko.num_blocks = static_cast<int32_t>(blocks);
   ko.block_size = o_.block_size;
   ko.prefix_cache = o_.prefix_cache;
+  // A cached block's last MTP row depends on the token after it (prefix_cache.h).
+  ko.mtp_drop_last_hit = drafter_.has_value();
   XDS_ASSIGN_OR_RETURN(KvManager kv, KvManager::create(ko));
   kv_.emplace(std::move(kv));
 
@@ -300,6 +334,7 @@ void DpGroup::preempt(Sequence& s) {
   s.kv = -1;
   s.computed = 0;
   s.cached_tokens = 0;
+  s.spec = {};
   s.target = static_cast<int64_t>(s.tokens.size());
   // The last sampled token is an input of the next decode, not part of the prefill target:
   // recompute everything before it, then decode it as usual.
@@ -357,6 +392,7 @@ Status DpGroup::plan_step() {
   lim.total_blocks = storage_->num_blocks();
   lim.block_size = o_.block_size;
   lim.chunked_prefill = o_.chunked_prefill;
+  lim.lookahead = drafter_ ? drafter_->config().draft_tokens : 0;
   return schedule(sched_in_, lim, &plan_);
 }
 
@@ -378,6 +414,9 @@ Status DpGroup::apply_plan() {
     prefix_hits_ += attached / o_.block_size;
     prefix_queries_ += (s.target - 1) / o_.block_size;
     s.computed = attached;
+    // The attached blocks' MTP rows are final (the hit stops a block short: prefix_cache.h).
+    s.spec = {};
+    s.spec.length = s.spec.mtp_length = attached;
     if (s.output_len() == 0 || s.state == SeqState::kWaiting) {
       s.cached_tokens = static_cast<int32_t>(std::min(s.computed, s.prompt_len()));
     }
@@ -394,12 +433,21 @@ Status DpGroup::apply_plan() {
     Sequence& s = *seqs_.at(c.seq);
     XDS_CHECK(c.start == s.computed, "chunk of seq {} starts at {}, computed {}", c.seq, c.start,
               s.computed);
-    XDS_RETURN_IF_ERROR(kv_->reserve(s.kv, c.start + c.count));
     TokenChunk tc;
     tc.start_pos = c.start;
-    tc.tokens = std::span<const int32_t>(s.tokens).subspan(static_cast<size_t>(c.start),
-                                                           static_cast<size_t>(c.count));
-    tc.all_logits = false;
+    if (drafter_ && c.decode) {  // verify [x_L, drafts] (the budget counted k drafts)
+      XDS_CHECK(s.spec.length == s.computed, "seq {}: speculative length {}, computed {}", c.seq,
+                s.spec.length, s.computed);
+      mtp_spec_verify_tokens(s.spec, s.tokens.back(), s.verify);
+      tc.tokens = s.verify;
+      tc.all_logits = true;
+    } else {
+      tc.tokens = std::span<const int32_t>(s.tokens).subspan(static_cast<size_t>(c.start),
+                                                             static_cast<size_t>(c.count));
+      tc.all_logits = false;
+    }
+    XDS_RETURN_IF_ERROR(
+        kv_->reserve(s.kv, c.start + static_cast<int64_t>(tc.tokens.size())));
     tc.blocks = kv_->table(s.kv);
     chunks_.push_back(tc);
     chunk_seqs_.push_back(&s);
@@ -413,55 +461,172 @@ Status DpGroup::run_forward(uint64_t step) {
 }
 
 Status DpGroup::commit_step() {
-  // out_.logits: one row per chunk (its last token), in chunk order.
+  // out_.logits: per chunk one row (its last token), or one per token for a verify chunk
+  // (all_logits); out_.hidden: every token's final-normed hidden, in chunk order.
   const int64_t vocab = model_->info().vocab_size;
+  const int64_t d = model_->info().hidden_size;
+  int64_t logit_row = 0, token_row = 0;
   for (size_t i = 0; i < plan_.chunks.size(); ++i) {
-    const StepChunk& c = plan_.chunks[i];
-    Sequence& s = *chunk_seqs_[i];
-    if (s.state != SeqState::kRunning) continue;  // cancelled during the step
-    s.computed = c.start + c.count;
-    XDS_RETURN_IF_ERROR(
-        kv_->commit(s.kv, std::span<const int32_t>(s.tokens).first(static_cast<size_t>(s.computed))));
-    // Sample only once every known token has KV: a recomputed (preempted) sequence's last
-    // prefill chunk stops before its last sampled token, which its next decode feeds.
-    if (s.computed < static_cast<int64_t>(s.tokens.size())) continue;
-    if (s.computed == s.target && s.output_len() == 0 && s.index == 0 &&
-        s.request->req.sampling.n > 1 && !s.forked) {
-      XDS_RETURN_IF_ERROR(fork_choices(s));
+    const int64_t count = static_cast<int64_t>(chunks_[i].tokens.size());
+    const int64_t rows = chunks_[i].all_logits ? count : 1;
+    const float* logits = out_.logits.data() + logit_row * vocab;
+    const float* hidden = drafter_ ? out_.hidden.data() + token_row * d : nullptr;
+    logit_row += rows;
+    token_row += count;
+    if (chunk_seqs_[i]->state != SeqState::kRunning) continue;  // cancelled during the step
+    if (chunks_[i].all_logits) {
+      XDS_RETURN_IF_ERROR(commit_verify(i, logits, hidden));
+    } else {
+      XDS_RETURN_IF_ERROR(commit_prefill(i, logits, hidden));
     }
-    const float* row = out_.logits.data() + static_cast<int64_t>(i) * vocab;
-    // Every choice that shares this prefill samples its first token from the same row.
-    samplers_.assign(1, &s);
-    if (s.forked && s.output_len() == 0) {
-      for (size_t k = 1; k < s.request->choices.size(); ++k) {
-        if (s.request->choices[k]->output_len() == 0) samplers_.push_back(s.request->choices[k]);
-      }
+  }
+  return drafter_ ? propose() : Status{};
+}
+
+bool DpGroup::emit_token(Sequence& t, int32_t token, TokenDelta& d) {
+  t.tokens.push_back(token);
+  d.tokens.push_back(token);
+  d.finish_reason = finish_reason_after(t, token, eos_ids_, max_model_len_);
+  return d.finish_reason.empty();
+}
+
+Status DpGroup::commit_prefill(size_t i, const float* row, const float* hidden) {
+  const StepChunk& c = plan_.chunks[i];
+  Sequence& s = *chunk_seqs_[i];
+  s.computed = c.start + c.count;
+  XDS_RETURN_IF_ERROR(
+      kv_->commit(s.kv, std::span<const int32_t>(s.tokens).first(static_cast<size_t>(s.computed))));
+  if (drafter_) {
+    mtp_spec_commit(s.spec, hidden, c.count, model_->info().hidden_size);
+    s.spec_committed = true;
+  }
+  // Sample only once every known token has KV: a recomputed (preempted) sequence's last
+  // prefill chunk stops before its last sampled token, which its next decode feeds.
+  if (s.computed < static_cast<int64_t>(s.tokens.size())) return {};
+  if (s.computed == s.target && s.output_len() == 0 && s.index == 0 &&
+      s.request->req.sampling.n > 1 && !s.forked) {
+    XDS_RETURN_IF_ERROR(fork_choices(s));
+  }
+  // Every choice that shares this prefill samples its first token from the same row.
+  samplers_.assign(1, &s);
+  if (s.forked && s.output_len() == 0) {
+    for (size_t k = 1; k < s.request->choices.size(); ++k) {
+      if (s.request->choices[k]->output_len() == 0) samplers_.push_back(s.request->choices[k]);
     }
-    for (Sequence* t : samplers_) {
-      SampleInput in;
-      in.logits = row;
-      in.valid_vocab = valid_vocab_;
-      const SamplingOptions& opts = t->sampling;
-      in.options = &opts;
-      in.prompt = t->request->req.prompt;
-      in.output = std::span<const int32_t>(t->tokens).subspan(static_cast<size_t>(t->prompt_len()));
-      in.position = static_cast<int64_t>(t->tokens.size());
-      in.draw = 0;
+  }
+  for (Sequence* t : samplers_) {
+    SampleInput in;
+    in.logits = row;
+    in.valid_vocab = valid_vocab_;
+    const SamplingOptions& opts = t->sampling;
+    in.options = &opts;
+    in.prompt = t->request->req.prompt;
+    in.output = std::span<const int32_t>(t->tokens).subspan(static_cast<size_t>(t->prompt_len()));
+    in.position = static_cast<int64_t>(t->tokens.size());
+    in.draw = 0;
+    TokenLogprob lp;
+    XDS_ASSIGN_OR_RETURN(int32_t token, sampler_.sample(in, opts.logprobs >= 0 ? &lp : nullptr));
+    TokenDelta d;
+    d.request_id = t->request->req.id;
+    d.index = t->index;
+    if (opts.logprobs >= 0) d.logprobs.push_back(std::move(lp));
+    d.prompt_tokens = static_cast<int32_t>(t->prompt_len());
+    d.cached_tokens = t->cached_tokens;
+    emit_token(*t, token, d);
+    const std::string reason = d.finish_reason;
+    deltas_.push_back(std::move(d));
+    if (!reason.empty()) finish(*t, reason, /*emit=*/false);
+  }
+  return {};
+}
+
+Status DpGroup::commit_verify(size_t i, const float* rows, const float* hidden) {
+  const StepChunk& c = plan_.chunks[i];
+  Sequence& s = *chunk_seqs_[i];
+  const SamplingOptions& opts = s.sampling;
+  const std::vector<int32_t>& drafts = s.spec.drafts;
+  const int64_t n = static_cast<int64_t>(drafts.size());
+  SpecVerifyInput in;
+  in.logits = rows;
+  in.row_stride = model_->info().vocab_size;
+  in.valid_vocab = valid_vocab_;
+  in.drafts = drafts;
+  in.options = &opts;
+  in.prompt = s.request->req.prompt;
+  in.output = std::span<const int32_t>(s.tokens).subspan(static_cast<size_t>(s.prompt_len()));
+  in.position = static_cast<int64_t>(s.tokens.size());
+  XDS_RETURN_IF_ERROR(speculative_accept(sampler_, in, verdict_));
+  const int64_t accepted = verdict_.accepted;
+  if (n > 0) {
+    ++spec_steps_;
+    spec_tokens_ += accepted + 1;
+    for (int64_t r = 0; r < n; ++r) {
+      ++spec_drafted_[static_cast<size_t>(r)];
+      if (r < accepted) ++spec_accepted_[static_cast<size_t>(r)];
+    }
+  }
+  // Rows [x_L, d_1 .. d_accepted] are final; the run's tokens go out one by one, up to a stop.
+  s.computed = c.start + accepted + 1;
+  TokenDelta d;
+  d.request_id = s.request->req.id;
+  d.index = s.index;
+  d.prompt_tokens = static_cast<int32_t>(s.prompt_len());
+  d.cached_tokens = s.cached_tokens;
+  for (size_t r = 0; r < verdict_.tokens.size(); ++r) {
+    const int32_t token = verdict_.tokens[r];
+    if (opts.logprobs >= 0) {
       TokenLogprob lp;
-      XDS_ASSIGN_OR_RETURN(int32_t token,
-                           sampler_.sample(in, opts.logprobs >= 0 ? &lp : nullptr));
-      t->tokens.push_back(token);
-      TokenDelta d;
-      d.request_id = t->request->req.id;
-      d.index = t->index;
-      d.tokens.push_back(token);
-      if (opts.logprobs >= 0) d.logprobs.push_back(std::move(lp));
-      d.prompt_tokens = static_cast<int32_t>(t->prompt_len());
-      d.cached_tokens = t->cached_tokens;
-      d.finish_reason = finish_reason_after(*t, token, eos_ids_, max_model_len_);
-      const std::string reason = d.finish_reason;
-      deltas_.push_back(std::move(d));
-      if (!reason.empty()) finish(*t, reason, /*emit=*/false);
+      XDS_RETURN_IF_ERROR(sampler_.raw_logprobs(rows + static_cast<int64_t>(r) * in.row_stride,
+                                                valid_vocab_, token, opts.logprobs, &lp));
+      d.logprobs.push_back(std::move(lp));
+    }
+    if (!emit_token(s, token, d)) break;
+  }
+  const std::string reason = d.finish_reason;
+  deltas_.push_back(std::move(d));
+  if (!reason.empty()) {
+    finish(s, reason, /*emit=*/false);
+    return {};
+  }
+  XDS_RETURN_IF_ERROR(
+      kv_->commit(s.kv, std::span<const int32_t>(s.tokens).first(static_cast<size_t>(s.computed))));
+  XDS_RETURN_IF_ERROR(kv_->truncate(s.kv, s.computed));  // the rejected drafts' rows
+  mtp_spec_commit(s.spec, hidden, accepted + 1, model_->info().hidden_size);
+  s.spec_committed = true;
+  return {};
+}
+
+Status DpGroup::propose() {
+  const MtpSpecConfig& cfg = drafter_->config();
+  draft_work_.clear();
+  for (Sequence* s : running_) {
+    if (!s->spec_committed) continue;
+    s->spec_committed = false;
+    MtpDraftWork w;
+    w.state = &s->spec;
+    const int64_t length = s->spec.length;
+    w.tokens = std::span<const int32_t>(s->tokens).first(static_cast<size_t>(length + 1));
+    w.extend_only = static_cast<int64_t>(s->tokens.size()) > length + 1;  // prefilling
+    if (!w.extend_only) {
+      // Drafts past max_tokens or the context could never be emitted (a verify of n drafts
+      // gives at most n + 1 tokens and writes positions up to length + n).
+      const int64_t remaining = s->sampling.max_tokens - s->output_len();
+      const int64_t room = max_model_len_ - 1 - length;
+      w.passes = std::max<int64_t>(0, std::min({cfg.draft_tokens, remaining - 1, room}));
+      // The chain rows' blocks; with none to be had, fewer drafts.
+      if (!kv_->reserve(s->kv, mtp_spec_propose_end(s->spec, w.passes)).ok()) {
+        w.passes = std::min(w.passes, kv_->capacity(s->kv) - length + 1);
+      }
+      if (w.passes == 0) continue;
+    }
+    w.blocks = kv_->table(s->kv);
+    draft_work_.push_back(w);
+  }
+  XDS_RETURN_IF_ERROR(drafter_->propose(draft_work_, *storage_, /*run_empty=*/exchange_ != nullptr));
+  // The chain rows are provisional: their blocks go back (the next verify reserves again).
+  for (Sequence* s : running_) {
+    if (s->kv >= 0 && kv_->capacity(s->kv) > s->computed) {
+      XDS_RETURN_IF_ERROR(kv_->truncate(s->kv, s->computed));
     }
   }
   return {};
@@ -482,6 +647,8 @@ Status DpGroup::fork_choices(Sequence& parent) {
     child->computed = parent.computed;
     child->target = parent.target;
     child->cached_tokens = parent.cached_tokens;
+    child->spec = parent.spec;
+    child->spec_committed = parent.spec_committed;
     copies_.clear();
     XDS_ASSIGN_OR_RETURN(child->kv, kv_->fork(parent.kv, copies_));
     for (const BlockCopy& c : copies_) storage_->copy_block(c.src, c.dst);
@@ -531,6 +698,10 @@ void DpGroup::send_load(bool force) {
   l.preemptions = preemptions_;
   l.steps = steps_;
   l.last_batch_size = last_batch_;
+  l.spec_steps = spec_steps_;
+  l.spec_tokens = spec_tokens_;
+  l.spec_drafted = spec_drafted_;
+  l.spec_accepted = spec_accepted_;
   if (force || now - last_expert_load_ns_ >= kExpertLoadPeriodNs) {
     last_expert_load_ns_ = now;
     const std::span<const int64_t> counts = model_->routed_token_counts();
@@ -557,7 +728,7 @@ Status DpGroup::run() {
     StepHeader mine;
     mine.epoch = fabric_.epoch();
     mine.step = step;
-    mine.moe_passes = 1;
+    mine.moe_passes = static_cast<uint16_t>(1 + (drafter_ ? drafter_->config().draft_tokens : 0));
     mine.requests = static_cast<uint32_t>(requests_.size());
     mine.stop = draining_ && !has_work();
     mine.wake_seq = wake_seen_;

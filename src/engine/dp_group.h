@@ -35,6 +35,8 @@ struct DpGroupOptions {
   std::string shell_address;           // this group -> shell (connect a PUSH)
   std::string output_address;          // this group -> its output process (connect a PUSH)
   int32_t cpu = -1;                    // pin the device's threads from this core (-1: no)
+  int64_t speculative_tokens = 0;      // MTP drafts per decode step (0: off)
+  int64_t speculative_mtp_layers = 0;  // MTP layers the drafts use (0: all the model has)
 };
 
 // XCCL staging bytes each device's arena needs for the expert-parallel exchange of `dp`

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "engine/request.h"
+#include "model/speculative_decode.h"
 
 namespace xds::engine {
 
@@ -45,6 +46,12 @@ struct Sequence {
   int32_t cached_tokens = 0;    // prompt tokens attached from the prefix cache
   bool forked = false;          // n > 1 children exist (choice 0 only)
   std::string finish_reason;
+  // MTP speculative decoding (k > 0): drafts and the rows waiting for the draft-extend
+  // (spec.length == computed between steps), this step's verify chunk [x_L, drafts], and
+  // whether rows were committed this step (it then joins this step's MTP passes).
+  MtpSpecState spec;
+  std::vector<int32_t> verify;
+  bool spec_committed = false;
 
   int64_t prompt_len() const;
   int64_t output_len() const { return static_cast<int64_t>(tokens.size()) - prompt_len(); }

@@ -114,6 +114,12 @@ struct GroupLoad {
   int64_t steps = 0;
   double last_batch_size = 0;
   int64_t preemptions = 0;  // cumulative
+  // MTP speculative decoding, cumulative: verify steps that had drafts, the tokens those steps
+  // gave (accepted drafts + 1 each), and per draft position i the drafts verified and accepted.
+  int64_t spec_steps = 0;
+  int64_t spec_tokens = 0;
+  std::vector<int64_t> spec_drafted;   // [k]
+  std::vector<int64_t> spec_accepted;  // [k]
   // Tokens this group routed to each logical expert, cumulative (CausalLm::
   // routed_token_counts): [moe_layers.size(), n_experts] row-major. Sent about once a second;
   // empty in the loads between (the shell keeps the last one it got).
@@ -182,6 +188,7 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(GroupLoad, group, running, waiti
                                                 kv_blocks_total, kv_blocks_used,
                                                 kv_blocks_reserved, block_size, prefix_hits,
                                                 prefix_queries, steps, last_batch_size,
-                                                preemptions, expert_tokens, moe_layers, n_experts)
+                                                preemptions, spec_steps, spec_tokens, spec_drafted,
+                                                spec_accepted, expert_tokens, moe_layers, n_experts)
 
 }  // namespace xds::engine

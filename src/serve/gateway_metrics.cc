@@ -1,8 +1,10 @@
 #include "serve/gateway_metrics.h"
 
+#include <algorithm>
 #include <map>
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace xds::serve {
 namespace {
@@ -73,6 +75,47 @@ void GatewayMetrics::render_expert_tokens(std::span<const engine::GroupLoad> loa
   }
 }
 
+// MTP speculative decoding, summed over the DP groups (vLLM's spec_decode counters): verify
+// steps with drafts, the tokens they gave, and per draft position (1-based) the drafts
+// verified and accepted, with their ratio. Nothing when no group speculates.
+void GatewayMetrics::render_speculation(std::span<const engine::GroupLoad> loads) {
+  double steps = 0, tokens = 0;
+  std::vector<double> drafted, accepted;
+  for (const engine::GroupLoad& l : loads) {
+    if (l.spec_drafted.empty() || l.spec_accepted.size() != l.spec_drafted.size()) continue;
+    steps += static_cast<double>(l.spec_steps);
+    tokens += static_cast<double>(l.spec_tokens);
+    drafted.resize(std::max(drafted.size(), l.spec_drafted.size()), 0.0);
+    accepted.resize(drafted.size(), 0.0);
+    for (size_t i = 0; i < l.spec_drafted.size(); ++i) {
+      drafted[i] += static_cast<double>(l.spec_drafted[i]);
+      accepted[i] += static_cast<double>(l.spec_accepted[i]);
+    }
+  }
+  if (drafted.empty()) return;
+  reg_.gauge("xdeepserve_spec_decode_verify_steps",
+             "Decode steps that verified MTP drafts, cumulative, all DP groups.")
+      .set(steps);
+  reg_.gauge("xdeepserve_spec_decode_step_tokens",
+             "Tokens those steps gave (accepted drafts + 1 each), cumulative, all DP groups.")
+      .set(tokens);
+  reg_.gauge("xdeepserve_spec_decode_tokens_per_step",
+             "Mean tokens per verify step (step_tokens / verify_steps).")
+      .set(steps > 0 ? tokens / steps : 0.0);
+  for (size_t i = 0; i < drafted.size(); ++i) {
+    const MetricLabels pos{{"position", std::to_string(i + 1)}};
+    reg_.gauge("xdeepserve_spec_decode_draft_tokens",
+               "Drafts verified at each draft position, cumulative, all DP groups.", pos)
+        .set(drafted[i]);
+    reg_.gauge("xdeepserve_spec_decode_accepted_tokens",
+               "Drafts accepted at each draft position, cumulative, all DP groups.", pos)
+        .set(accepted[i]);
+    reg_.gauge("xdeepserve_spec_decode_acceptance_rate",
+               "accepted_tokens / draft_tokens at each draft position.", pos)
+        .set(drafted[i] > 0 ? accepted[i] / drafted[i] : 0.0);
+  }
+}
+
 std::string GatewayMetrics::render(std::span<const engine::GroupLoad> loads) {
   double running = 0, waiting = 0;
   for (const engine::GroupLoad& l : loads) {
@@ -103,6 +146,7 @@ std::string GatewayMetrics::render(std::span<const engine::GroupLoad> loads) {
     waiting += l.waiting;
   }
   render_expert_tokens(loads);
+  render_speculation(loads);
   reg_.gauge("xdeepserve_requests_running", "Requests holding KV, all DP groups.").set(running);
   reg_.gauge("xdeepserve_requests_waiting", "Requests placed and waiting, all DP groups.")
       .set(waiting);

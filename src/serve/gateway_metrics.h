@@ -37,6 +37,7 @@ class GatewayMetrics {
 
  private:
   void render_expert_tokens(std::span<const engine::GroupLoad> loads);
+  void render_speculation(std::span<const engine::GroupLoad> loads);
 
   MetricsRegistry reg_;
   Counter &prompt_tokens_, &generation_tokens_;
