@@ -96,6 +96,40 @@ class Attention(nn.Module):
         o = (p @ v).transpose(1, 2).reshape(b, t, self.h * self.dv)
         return self.o_proj(o)
 
+    def qkv(self, x, positions):
+        """x: [B, T, D] rows at rope positions [T] -> (q_nope, q_pe, k_nope, k_pe, v), each
+        [B, H, T, Dn|Dr|Dv] (k_pe broadcast over heads as [B, 1, T, Dr])."""
+        b, t, _ = x.shape
+        q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x))).view(b, t, self.h, -1)
+        q = q.transpose(1, 2)
+        kv_a = self.kv_a_proj_with_mqa(x)
+        c_lat = self.kv_a_layernorm(kv_a[..., :self.kvr])
+        k_pe = kv_a[..., self.kvr:].unsqueeze(1)
+        kv = self.kv_b_proj(c_lat).view(b, t, self.h, -1).transpose(1, 2)
+        theta = self.c["rope_theta"]
+        return (q[..., :self.dn], rope_interleaved(q[..., self.dn:], positions, theta),
+                kv[..., :self.dn], rope_interleaved(k_pe, positions, theta), kv[..., self.dn:])
+
+    def forward_chain(self, x_past, x_chain, q_pos):
+        """The attention of chained draft rows, as speculative decoding runs them.
+
+        x_past: [B, S, D] the layer's teacher-forced rows at positions 0..S-1 (their keys and
+        values only). x_chain: [B, Q, D] chained rows at positions q_pos [Q] (each in 1..S);
+        row j attends the past rows 0..q_pos[j]-1 and itself (its own key takes the place of
+        the past row at q_pos[j]). Returns [B, Q, D]."""
+        b, q_len, _ = x_chain.shape
+        s_len = x_past.shape[1]
+        dev = x_chain.device
+        _, _, k_nope, k_pe, v = self.qkv(x_past, torch.arange(s_len, device=dev))
+        q_nope, q_pe, ks_nope, ks_pe, vs = self.qkv(x_chain, q_pos)
+        past = (q_nope @ k_nope.transpose(-1, -2) + q_pe @ k_pe.transpose(-1, -2)) * self.scale
+        mask = torch.arange(s_len, device=dev)[None, :] >= q_pos[:, None]      # [Q, S]
+        past = past.masked_fill(mask, float("-inf"))                            # [B, H, Q, S]
+        own = ((q_nope * ks_nope).sum(-1) + (q_pe * ks_pe).sum(-1)) * self.scale  # [B, H, Q]
+        p = torch.softmax(acc(torch.cat([past, own[..., None]], dim=-1)), dim=-1).to(v.dtype)
+        o = p[..., :s_len] @ v + p[..., s_len:] * vs                            # [B, H, Q, Dv]
+        return self.o_proj(o.transpose(1, 2).reshape(b, q_len, self.h * self.dv))
+
 
 class Gate(nn.Module):
     def __init__(self, c):
@@ -199,6 +233,21 @@ class MTPLayer(DecoderLayer):
         self.shared_head = SharedHead(c)
 
 
+def mtp_input(m, emb, hidden):
+    """The rows of MTP layer m (an MTPLayer) from (hidden, token) pairs: eh_proj([enorm(emb),
+    hnorm(hidden)]). emb: [B, R, D] embeddings of the rows' tokens; hidden: [B, R, D]."""
+    return m.eh_proj(torch.cat([m.enorm(emb), m.hnorm(hidden)], dim=-1))
+
+
+def mtp_chain_forward(m, x_past, x_chain, q_pos):
+    """Decoder layer m over chained rows x_chain [B, Q, D] at positions q_pos [Q] with the
+    layer's teacher-forced rows x_past [B, S, D] (positions 0..S-1) as attention context.
+    Returns the residual output [B, Q, D] (before shared_head.norm)."""
+    h = x_chain + m.self_attn.forward_chain(m.input_layernorm(x_past),
+                                            m.input_layernorm(x_chain), q_pos)
+    return h + m.mlp(m.post_attention_layernorm(h))
+
+
 class Inner(nn.Module):
     def __init__(self, c):
         super().__init__()
@@ -254,6 +303,53 @@ class DeepseekV3(nn.Module):
         x = m(x, pos[:-1])
         mtp_logits = self.lm_head(m.shared_head.norm(x))
         return logits, mtp_logits
+
+    def main_hidden(self, ids):
+        """ids: [B, T] -> (emb [B, T, D], final-normed hidden [B, T, D], logits [B, T, V])."""
+        pos = torch.arange(ids.shape[1], device=ids.device)
+        emb = self.model.embed_tokens(ids)
+        h = emb
+        for i in range(self.c["num_hidden_layers"]):
+            h = self.model.layers[i](h, pos)
+        hmain = self.model.norm(h)
+        return emb, hmain, self.lm_head(hmain)
+
+    def mtp_layer(self, k):
+        """MTP layer k (0-based) of the checkpoint."""
+        return self.model.layers[self.c["num_hidden_layers"] + k]
+
+    def mtp_head(self, k, residual):
+        """Logits [.., V] of MTP layer k's residual output [.., D]."""
+        return self.lm_head(self.mtp_layer(k).shared_head.norm(residual))
+
+    def draft1_residual(self, emb, hmain):
+        """MTP layer 0's teacher-forced rows: row t (position t) = (hmain[t], token t+1), which
+        predicts token t+2. emb, hmain: [B, T, D] -> residual output [B, T-1, D]."""
+        m = self.mtp_layer(0)
+        pos = torch.arange(emb.shape[1] - 1, device=emb.device)
+        return m(mtp_input(m, emb[:, 1:], hmain[:, :-1]), pos)
+
+    def draft2_residual(self, k, emb, hmain, g1, rows=None):
+        """Draft 2 chained as speculative decoding runs it (model/speculative_decode.h), in MTP
+        layer k (k = 0: layer 0 reused). Row t sits at position t+1 and is (g1[t], token t+2),
+        g1 = draft1_residual (the residual output before shared_head.norm); it attends layer
+        k's teacher-forced rows (hmain[s], token s+1) at positions s = 0..t, and predicts token
+        t+3. emb, hmain: [B, T, D]; g1: [B, T-1, D] -> residual output [B, T-2, D], or
+        [B, R, D] for only the rows t in `rows` [R] (each in 0..T-3) when given."""
+        m = self.mtp_layer(k)
+        if rows is None:
+            rows = torch.arange(emb.shape[1] - 2, device=emb.device)
+        x_past = mtp_input(m, emb[:, 1:], hmain[:, :-1])                 # [B, T-1, D]
+        x_chain = mtp_input(m, emb[:, rows + 2], g1[:, rows])            # [B, R, D]
+        return mtp_chain_forward(m, x_past, x_chain, rows + 1)
+
+    def forward_drafts(self, ids, k2):
+        """ids: [B, T] -> (main logits [B, T, V], draft-1 logits [B, T-1, V] (row t predicts
+        token t+2), draft-2 logits [B, T-2, V] (row t predicts token t+3, MTP layer k2))."""
+        emb, hmain, logits = self.main_hidden(ids)
+        g1 = self.draft1_residual(emb, hmain)
+        g2 = self.draft2_residual(k2, emb, hmain, g1)
+        return logits, self.mtp_head(0, g1), self.mtp_head(k2, g2)
 
     def num_params(self):
         return sum(p.numel() for p in self.parameters())
