@@ -81,8 +81,10 @@ void PrefixCache::lru_remove(int32_t b) {
 
 PrefixCache::Match PrefixCache::match(const BlockAllocator& alloc, std::span<const int32_t> tokens,
                                       int64_t max_blocks) const {
+  // With mtp_drop_last_hit the block after the last one returned must match too: look one
+  // further, then drop the last found.
   int64_t full = static_cast<int64_t>(tokens.size()) / block_size_;
-  if (max_blocks >= 0) full = std::min(full, max_blocks);
+  if (max_blocks >= 0) full = std::min(full, max_blocks + (mtp_drop_last_hit_ ? 1 : 0));
   Match m;
   uint64_t before_last = kRootHash;
   int64_t last_evictable = 0;

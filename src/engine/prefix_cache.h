@@ -17,8 +17,10 @@
 // Holders of blocks that may be cached (sequences) release through the cache, never by a
 // bare BlockAllocator::unref, so that the LRU order is kept.
 //
-// With MTP layers (mtp_drop_last_hit), a hit of m blocks attaches m - 1: the MTP row at the
-// last cached position needs the main model's hidden state there, which is not cached.
+// With MTP layers (mtp_drop_last_hit), a block is a hit only when the block after it is one
+// too (a chain of m cached blocks gives m - 1, at most max_blocks): the MTP row at a block's
+// last position pairs that position's hidden state with the next token, which only the next
+// block's hash covers (and the main model's hidden state there is not cached).
 //
 // Memory: per block [num_blocks] arrays (hash, parent hash, LRU links, tokens [num_blocks,
 // block_size]) and an open-addressing table of 2^k >= 2 * num_blocks slots, all sized at

@@ -176,6 +176,26 @@ TEST(PrefixCache, WithMtpAHitOfMBlocksReusesMMinusOne) {
             0);
 }
 
+TEST(PrefixCache, WithMtpACappedHitCountsTheBlockAfterTheCap) {
+  // Three cached blocks: capped at 2 (or 1), the block after the cap matches, so nothing is
+  // dropped, and attaching the count a lookup gave attaches exactly that many (the scheduler
+  // looks up, the DP group attaches what it was told).
+  BlockAllocator alloc(8);
+  PrefixCache cache({.num_blocks = 8, .block_size = kBs, .mtp_drop_last_hit = true});
+  const auto prompt = iota_tokens(12);
+  prefill_and_cache(alloc, cache, prompt);
+  EXPECT_EQ(cache.match(alloc, prompt, 2).blocks, 2);
+  EXPECT_EQ(cache.match(alloc, prompt, 1).blocks, 1);
+  EXPECT_EQ(cache.match(alloc, prompt, 0).blocks, 0);
+  const PrefixCache::Match looked = cache.match(alloc, prompt, 2);
+  std::vector<int32_t> t;
+  EXPECT_EQ(cache.attach(alloc, prompt, looked.blocks, t).blocks, looked.blocks);
+  EXPECT_EQ(t, (std::vector<int32_t>{0, 1}));
+  // Only two of the prompt's blocks given: the second has no cached successor in `tokens`.
+  EXPECT_EQ(cache.match(alloc, std::vector<int32_t>(prompt.begin(), prompt.begin() + 8), 2).blocks,
+            1);
+}
+
 TEST(PrefixCache, ManyEntriesSurviveDeletionsInTheTable) {
   // Fill and drain the open-addressing table in an interleaved order (backward-shift deletes).
   const int32_t n = 64;
