@@ -30,6 +30,8 @@ def main():
     ap.add_argument("--xdeepserve", required=True)
     ap.add_argument("--model", required=True)
     ap.add_argument("--kv-memory", default="1200K")
+    ap.add_argument("--speculative-tokens", default="0",
+                    help="MTP drafts per step (their lookahead blocks make preemption likelier)")
     args = ap.parse_args()
     failures = []
 
@@ -57,7 +59,7 @@ def main():
          # Placement counts a quarter of max_tokens: all 12 requests are placed at once
          # (12 x ceil((5 + 12) / 16) = 24 of the 33 blocks of 1200K); from position 33 on
          # they hold 3 blocks each (36 > 33), so the newest are preempted.
-         "--kv-reserve-ratio", "0.25"],
+         "--kv-reserve-ratio", "0.25", "--speculative-tokens", args.speculative_tokens],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.time() + 120
