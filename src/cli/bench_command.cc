@@ -22,8 +22,10 @@
 #include <nlohmann/json.hpp>
 
 #include "base/atomic_file.h"
+#include "base/read_file.h"
 #include "cli/commands.h"
 #include "loadgen/report.h"
+#include "loadgen/server_metrics.h"
 #include "loadgen/runner.h"
 
 namespace xds::cli {
@@ -46,6 +48,7 @@ struct BenchArgs {
   std::string output_len_dist;
   std::string mix;
   std::string token_ids;
+  std::string prompts_file;
   uint64_t seed = 0;
   bool ignore_eos = false;
   double temperature = 0;
@@ -123,6 +126,23 @@ Result<LengthDist> lengths(int64_t fixed, const std::string& dist, const char* d
   return d;
 }
 
+// --prompts FILE: one prompt per non-empty line.
+Result<std::vector<std::string>> read_prompts(const std::string& path) {
+  XDS_ASSIGN_OR_RETURN(const std::string text, read_whole_file(path));
+  std::vector<std::string> prompts;
+  size_t pos = 0;
+  while (pos < text.size()) {
+    size_t end = text.find('\n', pos);
+    if (end == std::string::npos) end = text.size();
+    std::string line = text.substr(pos, end - pos);
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (!line.empty()) prompts.push_back(std::move(line));
+    pos = end + 1;
+  }
+  if (prompts.empty()) return invalid_argument("--prompts {}: no prompt (one per line)", path);
+  return prompts;
+}
+
 // The workload of a run; `rate` > 0 makes it Poisson (the sweep), else --request-rate,
 // --mix or the closed loop decide.
 Result<WorkloadSpec> build_workload(const BenchArgs& a, double rate) {
@@ -132,6 +152,9 @@ Result<WorkloadSpec> build_workload(const BenchArgs& a, double rate) {
   w.seed = a.seed;
   w.prompt.token_ids = false;
   if (!a.token_ids.empty()) XDS_RETURN_IF_ERROR(parse_id_range(a.token_ids, w.prompt));
+  if (!a.prompts_file.empty()) {
+    XDS_ASSIGN_OR_RETURN(w.prompt.texts, read_prompts(a.prompts_file));
+  }
   if (!a.mix.empty()) {
     XDS_ASSIGN_OR_RETURN(w.classes, parse_mix(a.mix));
   } else {
@@ -195,14 +218,34 @@ Status all_failed(const RunSummary& s) {
                      s.first_errors.empty() ? "" : s.first_errors.front());
 }
 
+// The server's speculative-decoding counters before a run (none from a server that does not
+// speculate or has no such /metrics, e.g. a peer engine: then nothing is reported).
+std::optional<SpecCounters> spec_before(const RunnerOptions& ro) {
+  auto c = fetch_spec_counters(ro.url, ro.api_key);
+  if (!c.ok() || !c->present()) return std::nullopt;
+  return *c;
+}
+
+// Their difference over the run: a line, and root["speculative"].
+void report_spec(const std::optional<SpecCounters>& before, const RunnerOptions& ro, json& root) {
+  if (!before) return;
+  auto after = fetch_spec_counters(ro.url, ro.api_key);
+  if (!after.ok()) return;
+  const SpecCounters d = spec_difference(*after, *before);
+  std::printf("%s", spec_line(d).c_str());
+  root["speculative"] = spec_json(d);
+}
+
 Status run_single(const BenchArgs& a, RunnerOptions ro, json& root) {
   XDS_ASSIGN_OR_RETURN(WorkloadSpec w, build_workload(a, a.rate_given ? a.request_rate : 0));
+  const std::optional<SpecCounters> spec = spec_before(ro);
   XDS_ASSIGN_OR_RETURN(RunResult r, run_workload(w, ro));
   const RunSummary s = summarize_run(r.records, r.duration_s);
   std::printf(
       "%s",
       summary_table(s, ro.label.empty() ? std::string("bench") : "bench " + ro.label).c_str());
   print_client_line(r);
+  report_spec(spec, ro, root);
   root["summary"] = run_json(r, s);
   if (w.classes.size() > 1) {
     const std::vector<RunSummary> per =
@@ -282,10 +325,12 @@ Status run_peak_decode(const BenchArgs& a, RunnerOptions ro, json& root) {
   XDS_ASSIGN_OR_RETURN(WorkloadSpec w, build_workload(a, 0));
   ro.ignore_eos = true;
   ro.temperature = 0.0;
+  const std::optional<SpecCounters> spec = spec_before(ro);
   XDS_ASSIGN_OR_RETURN(RunResult r, run_workload(w, ro));
   const RunSummary s = summarize_run(r.records, r.duration_s);
   std::printf("%s", summary_table(s, fmt::format("peak decode, {} streams", a.streams)).c_str());
   print_client_line(r);
+  report_spec(spec, ro, root);
   root["summary"] = run_json(r, s);
   XDS_RETURN_IF_ERROR(all_failed(s));
   if (s.failed > 0) {
@@ -374,6 +419,7 @@ Status run_bench(BenchArgs a) {
       {"output_len", a.output_len_dist.empty() ? json(a.output_len) : json(a.output_len_dist)},
       {"mix", a.mix},
       {"token_ids", a.token_ids},
+      {"prompts", a.prompts_file},
       {"seed", a.seed},
       {"ignore_eos", a.ignore_eos || a.peak_decode},
       {"temperature", a.peak_decode ? 0.0 : a.temperature},
@@ -429,6 +475,9 @@ void add_bench_command(CLI::App& app, int* exit_code) {
   mix->excludes(conc)->excludes(rate)->excludes(in)->excludes(in_d)->excludes(out)->excludes(out_d);
   cmd->add_option("--token-ids", a->token_ids,
                   "Prompts of random token ids in [LO, HI) (\"LO,HI\"); default: text prompts");
+  cmd->add_option("--prompts", a->prompts_file,
+                  "Prompts from a text file, one per line, used in turn (excludes --token-ids)")
+      ->excludes("--token-ids");
   cmd->add_option("--seed", a->seed, "Seed of arrivals, lengths and prompts");
   cmd->add_flag("--ignore-eos", a->ignore_eos, "Ask for exactly max_tokens tokens");
   cmd->add_option("--temperature", a->temperature, "Sampling temperature (default 0: greedy)")

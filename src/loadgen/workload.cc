@@ -332,6 +332,8 @@ RequestSpec make_request(const WorkloadSpec& spec, int class_id, int64_t index, 
     for (int32_t& id : r.prompt_ids) {
       id = static_cast<int32_t>(rng.uniform_int(spec.prompt.id_lo, spec.prompt.id_hi));
     }
+  } else if (!spec.prompt.texts.empty()) {
+    r.prompt_text = spec.prompt.texts[static_cast<size_t>(index) % spec.prompt.texts.size()];
   } else {
     r.prompt_text.reserve(static_cast<size_t>(r.input_len) * 6);
     for (int64_t i = 0; i < r.input_len; ++i) {

@@ -79,6 +79,9 @@ struct PromptSpec {
   bool token_ids = true;  // ids in [id_lo, id_hi); otherwise text of input_len words
   int32_t id_lo = 0;
   int32_t id_hi = 1000;
+  // Given prompts (not token ids): request i sends texts[i mod size] instead of random words
+  // (its input_len then only records the drawn length).
+  std::vector<std::string> texts;
 };
 
 struct WorkloadSpec {

@@ -196,6 +196,15 @@ TEST(Requests, TextPromptHasInputLenWords) {
   EXPECT_EQ(spaces, 11);
 }
 
+TEST(Requests, GivenPromptsAreUsedInTurn) {
+  WorkloadSpec w = poisson(1.0, 10, 5);
+  w.prompt.token_ids = false;
+  w.prompt.texts = {"In the beginning", "And God said", "Blessed is the man"};
+  for (int64_t i = 0; i < 7; ++i) {
+    EXPECT_EQ(make_request(w, 0, i, 0.0).prompt_text, w.prompt.texts[static_cast<size_t>(i % 3)]);
+  }
+}
+
 TEST(Validate, RefusesUnboundedAndBadSpecs) {
   WorkloadSpec w = poisson(1.0, 0, 1);
   EXPECT_FALSE(validate_workload(w).ok());  // neither a count nor a duration
