@@ -13,7 +13,9 @@
 //     (--devices N) and as TPOT.
 #include <cstdio>
 #include <memory>
+#include <chrono>
 #include <optional>
+#include <thread>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -218,19 +220,20 @@ Status all_failed(const RunSummary& s) {
                      s.first_errors.empty() ? "" : s.first_errors.front());
 }
 
-// The server's speculative-decoding counters before a run (none from a server that does not
-// speculate or has no such /metrics, e.g. a peer engine: then nothing is reported).
+// The server's speculative-decoding counters before a run (none before its first verify
+// step; nullopt from a server without a readable /metrics, e.g. some peer engines).
 std::optional<SpecCounters> spec_before(const RunnerOptions& ro) {
   auto c = fetch_spec_counters(ro.url, ro.api_key);
-  if (!c.ok() || !c->present()) return std::nullopt;
+  if (!c.ok()) return std::nullopt;
   return *c;
 }
 
-// Their difference over the run: a line, and root["speculative"].
+// Their difference over the run, when the server speculated: a line, and root["speculative"].
 void report_spec(const std::optional<SpecCounters>& before, const RunnerOptions& ro, json& root) {
   if (!before) return;
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // the groups' next report
   auto after = fetch_spec_counters(ro.url, ro.api_key);
-  if (!after.ok()) return;
+  if (!after.ok() || !after->present()) return;
   const SpecCounters d = spec_difference(*after, *before);
   std::printf("%s", spec_line(d).c_str());
   root["speculative"] = spec_json(d);
