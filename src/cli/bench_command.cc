@@ -11,13 +11,13 @@
 //     once and decode tokens/s is measured over the window in which all B streams decode
 //     (from the last stream's first token to the first stream's last token), per device
 //     (--devices N) and as TPOT.
+#include <chrono>
 #include <cstdio>
 #include <memory>
-#include <chrono>
 #include <optional>
-#include <thread>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
