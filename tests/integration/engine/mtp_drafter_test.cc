@@ -16,6 +16,7 @@
 
 #include "engine/mtp_drafter.h"
 #include "mkmodel/mkmodel.h"
+#include "test_models.h"
 #include "model/deepseek_v3.h"
 #include "model/kv_cache.h"
 #include "model/speculative_decode.h"
@@ -23,34 +24,8 @@
 namespace xds::engine {
 namespace {
 
-std::unique_ptr<DeepseekV3Model> load(const std::string& dir) {
-  ModelOptions mo;
-  mo.threads = 2;
-  auto m = DeepseekV3Model::load(dir, mo);
-  EXPECT_TRUE(m.ok()) << m.status().to_string();
-  return m.ok() ? std::move(*m) : nullptr;
-}
-
 std::string checkpoint(int mtp_layers) {
-  const std::string dir =
-      (std::filesystem::temp_directory_path() / ("xds_drafter_" + std::to_string(mtp_layers)))
-          .string();
-  MkModelOptions o;
-  o.out_dir = dir;
-  o.seed = 77;
-  o.mtp_layers = mtp_layers;
-  o.progress = false;
-  const Status s = write_random_checkpoint(o);
-  EXPECT_TRUE(s.ok()) << s.to_string();
-  return dir;
-}
-
-std::vector<int32_t> random_tokens(int64_t n, int64_t vocab, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_int_distribution<int32_t> d(0, static_cast<int32_t>(vocab - 1));
-  std::vector<int32_t> v(static_cast<size_t>(n));
-  for (auto& x : v) x = d(rng);
-  return v;
+  return fixtures::random_checkpoint("drafter_" + std::to_string(mtp_layers), 77, mtp_layers);
 }
 
 // One request: its tokens (prompt, plus a first token when its prefill is done) and the
@@ -96,7 +71,7 @@ void expect_near(const std::vector<float>& a, const std::vector<float>& b, const
 }
 
 void check_batch_equals_alone(const std::string& dir, int64_t k) {
-  auto model = load(dir);
+  auto model = fixtures::load_deepseek(dir);
   ASSERT_NE(model, nullptr);
   const int64_t vocab = model->info().vocab_size;
   auto spec = mtp_spec_config(k, 0, model->info().n_mtp_layers);
@@ -104,11 +79,11 @@ void check_batch_equals_alone(const std::string& dir, int64_t k) {
   // Ready to draft: 23 and 9 prompt tokens plus a first token. Part-way: 40 of 70 prompt tokens.
   auto make = [&]() {
     std::vector<Req> reqs(3);
-    reqs[0].tokens = random_tokens(24, vocab, 1);
+    reqs[0].tokens = fixtures::random_ids(24, vocab, 1);
     reqs[0].computed = 23;
-    reqs[1].tokens = random_tokens(10, vocab, 2);
+    reqs[1].tokens = fixtures::random_ids(10, vocab, 2);
     reqs[1].computed = 9;
-    reqs[2].tokens = random_tokens(70, vocab, 3);
+    reqs[2].tokens = fixtures::random_ids(70, vocab, 3);
     reqs[2].computed = 40;
     return reqs;
   };

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "mkmodel/mkmodel.h"
+#include "test_models.h"
 #include "model/block_allocator.h"
 #include "model/deepseek_v3.h"
 #include "model/kv_storage.h"
@@ -46,13 +47,7 @@ std::unique_ptr<CausalLm> load_tiny() {
   return m.ok() ? std::move(*m) : nullptr;
 }
 
-std::vector<int32_t> random_ids(int64_t n, int64_t vocab, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_int_distribution<int32_t> d(0, static_cast<int32_t>(vocab - 1));
-  std::vector<int32_t> v(static_cast<size_t>(n));
-  for (auto& x : v) x = d(rng);
-  return v;
-}
+using fixtures::random_ids;
 
 KvStorage owned_storage(const CausalLm& m, int64_t blocks) {
   return KvStorage::create({m.kv_layout(), blocks, 16}, -1).value();

@@ -13,30 +13,17 @@
 
 #include "kernels/cpu/mla_attention.h"
 #include "mkmodel/mkmodel.h"
+#include "test_models.h"
 #include "model/deepseek_v3.h"
 
 namespace xds {
 namespace {
 
 std::string make_tiny(const std::string& name, uint64_t seed) {
-  const std::string dir =
-      (std::filesystem::temp_directory_path() / ("xds_forward_" + name)).string();
-  MkModelOptions o;
-  o.out_dir = dir;
-  o.seed = seed;
-  o.progress = false;
-  const Status s = write_random_checkpoint(o);
-  EXPECT_TRUE(s.ok()) << s.to_string();
-  return dir;
+  return fixtures::random_checkpoint("forward_" + name, seed);
 }
 
-std::vector<int32_t> random_ids(int64_t n, int64_t vocab, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_int_distribution<int32_t> d(0, static_cast<int32_t>(vocab - 1));
-  std::vector<int32_t> v(static_cast<size_t>(n));
-  for (auto& x : v) x = d(rng);
-  return v;
-}
+using fixtures::random_ids;
 
 // The tiny model of `make_tiny(name, seed)`, loaded with 2 threads.
 std::unique_ptr<DeepseekV3Model> load_tiny(const std::string& name, uint64_t seed) {

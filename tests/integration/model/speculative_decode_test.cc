@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "mkmodel/mkmodel.h"
+#include "test_models.h"
 #include "model/deepseek_v3.h"
 #include "model/speculative_decode.h"
 
@@ -32,26 +33,11 @@ std::string shipped_dir() {
   return std::string(XDS_SOURCE_DIR) + "/models/kjv-moe-tiny";
 }
 
-std::unique_ptr<DeepseekV3Model> load(const std::string& dir) {
-  ModelOptions mo;
-  mo.threads = 2;
-  auto m = DeepseekV3Model::load(dir, mo);
-  EXPECT_TRUE(m.ok()) << m.status().to_string();
-  return m.ok() ? std::move(*m) : nullptr;
-}
+using fixtures::load_deepseek;
 
-// A random tiny checkpoint with `mtp_layers` MTP layers, in a directory of its own per test
-// (CTest may run the tests of this binary at once).
+// A random tiny checkpoint with `mtp_layers` MTP layers, in a directory of its own per test.
 std::string tiny_dir(const std::string& name, int mtp_layers, uint64_t seed) {
-  const std::string dir = (std::filesystem::temp_directory_path() / ("xds_spec_" + name)).string();
-  MkModelOptions o;
-  o.out_dir = dir;
-  o.seed = seed;
-  o.mtp_layers = mtp_layers;
-  o.progress = false;
-  const Status s = write_random_checkpoint(o);
-  EXPECT_TRUE(s.ok()) << s.to_string();
-  return dir;
+  return fixtures::random_checkpoint("spec_" + name, seed, mtp_layers);
 }
 
 // Prompts of real text: the first `n` tokens of the recipe's conformance sequences.
@@ -63,14 +49,6 @@ std::vector<int32_t> kjv_prompt(int64_t row, int64_t n) {
   f.read(reinterpret_cast<char*>(all.data()), static_cast<std::streamsize>(all.size() * 4));
   EXPECT_TRUE(f.good()) << path;
   return std::vector<int32_t>(all.begin() + row * 64, all.begin() + row * 64 + n);
-}
-
-std::vector<int32_t> random_prompt(int64_t n, int64_t vocab, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_int_distribution<int32_t> d(0, static_cast<int32_t>(vocab - 1));
-  std::vector<int32_t> v(static_cast<size_t>(n));
-  for (auto& x : v) x = d(rng);
-  return v;
 }
 
 int32_t argmax(const float* row, int64_t n) {
@@ -197,7 +175,7 @@ size_t comparable_prefix(const Plain& p) {
 }
 
 TEST(SpeculativeDecode, GreedyOutputEqualsPlainDecodingOnTheShippedModel) {
-  const auto m = load(shipped_dir());
+  const auto m = load_deepseek(shipped_dir());
   ASSERT_NE(m, nullptr);
   const int64_t v = m->config().vocab_size, max_tokens = 40;
   size_t compared = 0;
@@ -226,12 +204,12 @@ TEST(SpeculativeDecode, GreedyOutputEqualsPlainDecodingOnTheShippedModel) {
 }
 
 TEST(SpeculativeDecode, GreedyOutputEqualsPlainDecodingWithSeveralMtpLayers) {
-  const auto m = load(tiny_dir("three_layers_greedy", 3, 7));
+  const auto m = load_deepseek(tiny_dir("three_layers_greedy", 3, 7));
   ASSERT_NE(m, nullptr);
   const int64_t v = m->config().vocab_size, max_tokens = 24;
   size_t compared = 0;
   for (const uint32_t seed : {1u, 2u}) {
-    const std::vector<int32_t> prompt = random_prompt(10 + seed, v, seed);
+    const std::vector<int32_t> prompt = fixtures::random_ids(10 + seed, v, seed);
     const Plain plain = plain_greedy(*m, prompt, max_tokens);
     const size_t n = comparable_prefix(plain);
     compared += n;
@@ -325,21 +303,21 @@ void expect_drafts_match_scratch(DeepseekV3Model& m, int64_t k, int64_t layers,
 }
 
 TEST(SpeculativeDecode, DraftsAfterPartialAcceptanceEqualDraftsFromScratchShippedModel) {
-  const auto m = load(shipped_dir());
+  const auto m = load_deepseek(shipped_dir());
   ASSERT_NE(m, nullptr);
   expect_drafts_match_scratch(*m, 3, 1, kjv_prompt(1, 17), 8);
 }
 
 TEST(SpeculativeDecode, DraftsAfterPartialAcceptanceEqualDraftsFromScratchSeveralLayers) {
-  const auto m = load(tiny_dir("three_layers_drafts", 3, 7));
+  const auto m = load_deepseek(tiny_dir("three_layers_drafts", 3, 7));
   ASSERT_NE(m, nullptr);
-  const std::vector<int32_t> prompt = random_prompt(13, m->config().vocab_size, 5);
+  const std::vector<int32_t> prompt = fixtures::random_ids(13, m->config().vocab_size, 5);
   expect_drafts_match_scratch(*m, 3, 3, prompt, 6);
   expect_drafts_match_scratch(*m, 4, 2, prompt, 6);
 }
 
 TEST(SpeculativeDecode, RollbackKeepsExactlyTheAcceptedPositions) {
-  const auto m = load(shipped_dir());
+  const auto m = load_deepseek(shipped_dir());
   ASSERT_NE(m, nullptr);
   const int64_t v = m->config().vocab_size, bs = 4, k = 3;
   const std::vector<int32_t> prompt = kjv_prompt(2, 13);
@@ -381,7 +359,7 @@ TEST(SpeculativeDecode, RollbackKeepsExactlyTheAcceptedPositions) {
 }
 
 TEST(SpeculativeDecode, StopAndMaxTokensCutInsideAnAcceptedRun) {
-  const auto m = load(shipped_dir());
+  const auto m = load_deepseek(shipped_dir());
   ASSERT_NE(m, nullptr);
   const int64_t v = m->config().vocab_size, k = 3;
   const std::vector<int32_t> prompt = kjv_prompt(0, 9);
