@@ -26,12 +26,16 @@ Stages, each resumable (its output in --work is reused when present):
           written back with its stored bytes unchanged, plus model.layers.{L+1}.* (BF16; the
           e_score_correction_bias F32; embed_tokens and shared_head.head as copies, as layer
           L has).
+  measure teacher-forced acceptance per draft position on heldout.txt by the engine
+          (`xdeepserve perplexity --mtp-agreement`), draft 2 by reuse and by the trained
+          layer -> WORK/acceptance.json (make_card.py --mtp2 WORK puts it in the card).
 Deterministic: fixed seeds; batch k is a function of k only; torch with --threads threads.
 """
 import argparse
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import time
@@ -266,6 +270,39 @@ def export_layer(args, m, cfg2):
     return size
 
 
+PPL_LINE = re.compile(r"draft 1 ([0-9.]+) over (\d+) rows; draft 2 \(MTP layer (\d+)(, reused)?\) "
+                      r"([0-9.]+) over (\d+) rows, ([0-9.]+) over the (\d+) rows whose draft 1 "
+                      r"agreed; tokens per step at k = 2: ([0-9.]+)")
+
+
+def measure_command(xds, model_dir, mtp_layers):
+    return [xds, "perplexity", "--model", model_dir, "--file",
+            os.path.join(model_dir, "heldout.txt"), "--mtp-agreement",
+            "--speculative-mtp-layers", str(mtp_layers), "--compute-dtype", "f32",
+            "--threads", "1"]
+
+
+def measure(args):
+    """Teacher-forced acceptance on heldout.txt by the engine, draft 2 by reuse
+    (--speculative-mtp-layers 1) and by the trained layer (0: all) -> WORK/acceptance.json."""
+    res = {}
+    for name, cap in (("reuse", 1), ("trained", 0)):
+        cmd = measure_command(args.xdeepserve, args.out, cap)
+        out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+        m = PPL_LINE.search(out)
+        assert m, out
+        res[name] = {"command": " ".join(measure_command("xdeepserve", "models/kjv-moe-tiny", cap)),
+                     "draft1": float(m.group(1)), "rows1": int(m.group(2)),
+                     "layer2": int(m.group(3)), "draft2": float(m.group(5)),
+                     "rows2": int(m.group(6)), "draft2_given1": float(m.group(7)),
+                     "rows2_given1": int(m.group(8)), "tokens_per_step_k2": float(m.group(9)),
+                     "perplexity_line": out.strip().splitlines()[0]}
+        print(f"{name}: {res[name]}", flush=True)
+    with open(os.path.join(args.work, "acceptance.json"), "w") as f:
+        json.dump(res, f, indent=2)
+    return res
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--xdeepserve", required=True, help="the xdeepserve binary")
@@ -283,10 +320,13 @@ def main():
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--ckpt-every", type=int, default=25)
     ap.add_argument("--log-every", type=int, default=10)
-    ap.add_argument("--stage", choices=["sample", "train", "all"], default="all")
+    ap.add_argument("--stage", choices=["sample", "train", "measure", "all"], default="all")
     args = ap.parse_args()
     args.out = args.out or args.model
     os.makedirs(args.work, exist_ok=True)
+    if args.stage == "measure":
+        measure(args)
+        return
     torch.set_num_threads(args.threads)
     torch.manual_seed(SEED)
     sample(args)
@@ -302,13 +342,15 @@ def main():
     size = export_layer(args, m2, cfg2)
     report = {"samples": len(rows), "sample_tokens": sum(len(r["ids"]) for r in rows),
               "steps": args.steps, "batch": args.batch, "rows": args.rows, "lr": args.lr, "warmup": args.warmup,
-              "top_k": args.top_k, "train_minutes": elapsed / 60, "history": history,
+              "top_k": args.top_k, "log_every": args.log_every, "train_minutes": elapsed / 60, "history": history,
               "generate_command": " ".join(generate_command("xdeepserve", "models/kjv-moe-tiny",
                                                             "P", "S")),
               "model_safetensors_bytes": size}
     with open(os.path.join(args.work, "report.json"), "w") as f:
         json.dump(report, f, indent=2)
     print(f"exported {args.out}: model.safetensors {size} bytes", flush=True)
+    if args.stage == "all":
+        measure(args)
 
 
 if __name__ == "__main__":
