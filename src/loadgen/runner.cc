@@ -360,24 +360,29 @@ Result<RunResult> run_workload(const WorkloadSpec& workload, const RunnerOptions
   return result;
 }
 
-Result<std::string> first_model(const Url& url, const std::string& api_key) {
+Result<std::string> get_body(const Url& url, const std::string& path, const std::string& api_key) {
   HttpClientOptions o;
   o.idle_timeout = std::chrono::milliseconds(30'000);
   XDS_ASSIGN_OR_RETURN(std::unique_ptr<HttpClient> client, HttpClient::create(url, o));
   ClientRequest req;
   req.method = "GET";
-  req.path = "/v1/models";
+  req.path = path;
   req.api_key = api_key;
   const HttpExchange ex = client->fetch(req);
-  if (!ex.error.ok()) return ex.error.with_context("GET /v1/models");
+  if (!ex.error.ok()) return ex.error.with_context("GET " + path);
   if (ex.status != 200) {
-    return unavailable("GET /v1/models: HTTP {}: {}", ex.status, error_message(ex.body));
+    return unavailable("GET {}: HTTP {}: {}", path, ex.status, error_message(ex.body));
   }
-  const json j = json::parse(ex.body, nullptr, false);
+  return ex.body;
+}
+
+Result<std::string> first_model(const Url& url, const std::string& api_key) {
+  XDS_ASSIGN_OR_RETURN(const std::string body, get_body(url, "/v1/models", api_key));
+  const json j = json::parse(body, nullptr, false);
   if (!j.is_object() || !j.contains("data") || !j["data"].is_array() || j["data"].empty() ||
       !j["data"][0].is_object() || !j["data"][0].contains("id") ||
       !j["data"][0]["id"].is_string()) {
-    return data_loss("GET /v1/models: no data[0].id in '{}'", prefix_of(ex.body, 200));
+    return data_loss("GET /v1/models: no data[0].id in '{}'", prefix_of(body, 200));
   }
   return j["data"][0]["id"].get<std::string>();
 }

@@ -71,6 +71,10 @@ struct RunResult {
 };
 Result<RunResult> run_workload(const WorkloadSpec& workload, const RunnerOptions& options);
 
+// GET `path` (one connection, 30 s of silence allowed): the body of a 200 answer; Unavailable
+// naming the path and the status (and the server's error message) otherwise.
+Result<std::string> get_body(const Url& url, const std::string& path, const std::string& api_key);
+
 // GET /v1/models: the first model's id (for a bench without --model).
 Result<std::string> first_model(const Url& url, const std::string& api_key);
 

@@ -2,10 +2,10 @@
 
 #include <algorithm>
 #include <charconv>
-#include <chrono>
-#include <memory>
 
 #include <fmt/format.h>
+
+#include "loadgen/runner.h"
 
 namespace xds::loadgen {
 namespace {
@@ -105,17 +105,8 @@ std::string spec_line(const SpecCounters& d) {
 }
 
 Result<SpecCounters> fetch_spec_counters(const Url& url, const std::string& api_key) {
-  HttpClientOptions o;
-  o.idle_timeout = std::chrono::milliseconds(30'000);
-  XDS_ASSIGN_OR_RETURN(std::unique_ptr<HttpClient> client, HttpClient::create(url, o));
-  ClientRequest req;
-  req.method = "GET";
-  req.path = "/metrics";
-  req.api_key = api_key;
-  const HttpExchange ex = client->fetch(req);
-  if (!ex.error.ok()) return ex.error.with_context("GET /metrics");
-  if (ex.status != 200) return unavailable("GET /metrics: HTTP {}", ex.status);
-  return parse_spec_counters(ex.body);
+  XDS_ASSIGN_OR_RETURN(const std::string body, get_body(url, "/metrics", api_key));
+  return parse_spec_counters(body);
 }
 
 }  // namespace xds::loadgen
