@@ -16,31 +16,12 @@
 #include <cstdio>
 #include <cstring>
 
+#include "xccl/process_fabric.h"
+
 namespace xds::xccl {
 namespace {
 
 constexpr int kMaxFdsPerMessage = 253;  // SCM_MAX_FD
-
-class ProcessFabric final : public Fabric {
- public:
-  ProcessFabric(int rank, uint32_t epoch, const ArenaLayout& lay, std::vector<std::byte*> arenas,
-                std::vector<int> pidfds)
-      : Fabric(rank, epoch, lay, std::move(arenas)), pidfds_(std::move(pidfds)) {}
-  ~ProcessFabric() override {
-    for (int r = 0; r < world_size(); ++r) munmap(arena(r), layout().total);
-    for (int fd : pidfds_)
-      if (fd >= 0) close(fd);
-  }
-  bool peer_alive(int r) override {
-    const int fd = pidfds_[static_cast<size_t>(r)];
-    if (fd < 0) return true;
-    pollfd p{fd, POLLIN, 0};
-    return poll(&p, 1, 0) == 0;  // a pidfd turns readable when its process exits
-  }
-
- private:
-  std::vector<int> pidfds_;  // [world_size], -1 for self
-};
 
 // Fixed part of the message each child receives; followed by world_size pids.
 struct Hello {

@@ -1,0 +1,274 @@
+#include "xccl/link.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <vector>
+
+#include "base/clock.h"
+#include "xccl/process_fabric.h"
+
+namespace xds::xccl {
+namespace {
+
+constexpr uint64_t kHelloMagic = 0x4b4e494c53445858ull;  // "XXDSLINK"
+constexpr uint32_t kHelloVersion = 1;
+
+struct Hello {
+  uint64_t magic;
+  uint32_t version;
+  int32_t rank;
+  uint32_t epoch;
+  uint32_t pad;
+  ArenaConfig config;
+};
+
+Status errno_status(const char* what) {
+  return internal_error("xccl link: {} failed: {}", what, std::strerror(errno));
+}
+
+// The abstract address of `name` and its length.
+sockaddr_un address_of(const std::string& name, socklen_t& len) {
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  const std::string path = "xdeepserve-link-" + name;
+  const size_t n = std::min(path.size(), sizeof(a.sun_path) - 1);
+  std::memcpy(a.sun_path + 1, path.data(), n);  // sun_path[0] = 0: the abstract namespace
+  len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + n);
+  return a;
+}
+
+// Waits until `fd` is readable; DeadlineExceeded naming `what` after the deadline.
+Status wait_readable(int fd, int64_t deadline_ns, const char* what) {
+  while (true) {
+    const int64_t left_ms = (deadline_ns - now_ns()) / 1'000'000;
+    if (left_ms <= 0) return deadline_exceeded("xccl link: no {} in time", what);
+    pollfd p{fd, POLLIN, 0};
+    const int r = poll(&p, 1, static_cast<int>(std::min<int64_t>(left_ms, 1000)));
+    if (r > 0) return {};
+    if (r < 0 && errno != EINTR) return errno_status("poll");
+  }
+}
+
+Status check_config(const ArenaConfig& ours, const ArenaConfig& theirs) {
+  auto differ = [](const char* field, uint64_t a, uint64_t b) {
+    return invalid_argument("xccl link: the peer's arena {} is {}, this side's {}", field, b, a);
+  };
+  if (ours.world_size != theirs.world_size) return differ("world_size", ours.world_size, theirs.world_size);
+  if (ours.lanes != theirs.lanes) return differ("lanes", ours.lanes, theirs.lanes);
+  if (ours.ring_slots != theirs.ring_slots) return differ("ring_slots", ours.ring_slots, theirs.ring_slots);
+  if (ours.slot_bytes != theirs.slot_bytes) return differ("slot_bytes", ours.slot_bytes, theirs.slot_bytes);
+  if (ours.signals_per_peer != theirs.signals_per_peer) {
+    return differ("signals_per_peer", ours.signals_per_peer, theirs.signals_per_peer);
+  }
+  if (ours.staging_bytes != theirs.staging_bytes) {
+    return differ("staging_bytes", ours.staging_bytes, theirs.staging_bytes);
+  }
+  if (ours.app_bytes != theirs.app_bytes) return differ("app_bytes", ours.app_bytes, theirs.app_bytes);
+  return {};
+}
+
+// This side's arena: a memfd sized up front and initialised. Returns the fd and the mapping.
+Status make_arena(const ArenaLayout& lay, int rank, uint32_t epoch, int& fd, std::byte*& base) {
+  fd = memfd_create(rank == 0 ? "xccl-link-r0" : "xccl-link-r1", MFD_CLOEXEC);
+  if (fd < 0) return errno_status("memfd_create");
+  if (fallocate(fd, 0, 0, static_cast<off_t>(lay.total)) != 0) {
+    const Status st = resource_exhausted("xccl link: cannot reserve {} bytes for the arena: {}",
+                                         lay.total, std::strerror(errno));
+    close(fd);
+    return st;
+  }
+  void* p = mmap(nullptr, lay.total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) {
+    const Status st = errno_status("mmap");
+    close(fd);
+    return st;
+  }
+  init_arena(p, lay, rank, epoch);
+  base = static_cast<std::byte*>(p);
+  return {};
+}
+
+Status send_hello(int sock, const Hello& h, int arena_fd) {
+  iovec iov{const_cast<Hello*>(&h), sizeof(h)};
+  char ctrl[CMSG_SPACE(sizeof(int))] = {};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = ctrl;
+  msg.msg_controllen = sizeof(ctrl);
+  cmsghdr* c = CMSG_FIRSTHDR(&msg);
+  c->cmsg_level = SOL_SOCKET;
+  c->cmsg_type = SCM_RIGHTS;
+  c->cmsg_len = CMSG_LEN(sizeof(int));
+  std::memcpy(CMSG_DATA(c), &arena_fd, sizeof(int));
+  if (sendmsg(sock, &msg, MSG_NOSIGNAL) != static_cast<ssize_t>(sizeof(h))) {
+    return errno_status("sendmsg(hello)");
+  }
+  return {};
+}
+
+Status recv_hello(int sock, int64_t deadline_ns, Hello& h, int& arena_fd) {
+  XDS_RETURN_IF_ERROR(wait_readable(sock, deadline_ns, "hello from the peer"));
+  iovec iov{&h, sizeof(h)};
+  char ctrl[CMSG_SPACE(sizeof(int))] = {};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = ctrl;
+  msg.msg_controllen = sizeof(ctrl);
+  ssize_t n;
+  do n = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
+  while (n < 0 && errno == EINTR);
+  if (n < 0) return errno_status("recvmsg(hello)");
+  cmsghdr* c = CMSG_FIRSTHDR(&msg);
+  const bool has_fd = c != nullptr && c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS &&
+                      c->cmsg_len == CMSG_LEN(sizeof(int));
+  if (has_fd) std::memcpy(&arena_fd, CMSG_DATA(c), sizeof(int));
+  if (n != static_cast<ssize_t>(sizeof(h)) || !has_fd || h.magic != kHelloMagic) {
+    if (has_fd) close(arena_fd);
+    return failed_precondition("xccl link: the peer's hello is not an xccl link hello ({} bytes)",
+                               n);
+  }
+  return {};
+}
+
+// Both sides: arenas, hellos, checks, mappings, the peer's pidfd.
+Result<std::unique_ptr<Fabric>> handshake(int sock, int rank, const ArenaConfig& config,
+                                          uint32_t epoch, int64_t deadline_ns) {
+  ArenaConfig cfg = config;
+  cfg.world_size = 2;
+  XDS_RETURN_IF_ERROR(validate(cfg));
+  const ArenaLayout lay = arena_layout(cfg);
+  int own_fd = -1;
+  std::byte* own = nullptr;
+  XDS_RETURN_IF_ERROR(make_arena(lay, rank, epoch, own_fd, own));
+  std::vector<std::byte*> arenas(2, nullptr);
+  arenas[static_cast<size_t>(rank)] = own;
+  auto unmap_all = [&] {
+    for (std::byte* a : arenas)
+      if (a != nullptr) munmap(a, lay.total);
+  };
+  Hello mine{kHelloMagic, kHelloVersion, rank, epoch, 0, cfg};
+  Status st = send_hello(sock, mine, own_fd);
+  close(own_fd);
+  Hello theirs{};
+  int peer_fd = -1;
+  if (st.ok()) st = recv_hello(sock, deadline_ns, theirs, peer_fd);
+  if (st.ok() && theirs.version != kHelloVersion) {
+    st = failed_precondition("xccl link: the peer speaks link version {}, this side {}",
+                             theirs.version, kHelloVersion);
+  }
+  if (st.ok() && theirs.rank != 1 - rank) {
+    st = failed_precondition("xccl link: the peer says it is rank {}, expected {}", theirs.rank,
+                             1 - rank);
+  }
+  if (st.ok() && theirs.epoch != epoch) {
+    st = invalid_argument("xccl link: the peer's epoch is {}, this side's {}", theirs.epoch, epoch);
+  }
+  if (st.ok()) st = check_config(cfg, theirs.config);
+  if (st.ok()) {
+    void* p = mmap(nullptr, lay.total, PROT_READ | PROT_WRITE, MAP_SHARED, peer_fd, 0);
+    if (p == MAP_FAILED) {
+      st = errno_status("mmap(peer arena)");
+    } else {
+      arenas[static_cast<size_t>(1 - rank)] = static_cast<std::byte*>(p);
+      st = check_arena(p, lay, 1 - rank);
+    }
+  }
+  if (peer_fd >= 0) close(peer_fd);
+  ucred cred{};
+  socklen_t cred_len = sizeof(cred);
+  if (st.ok() && getsockopt(sock, SOL_SOCKET, SO_PEERCRED, &cred, &cred_len) != 0) {
+    st = errno_status("getsockopt(SO_PEERCRED)");
+  }
+  int pidfd = -1;
+  if (st.ok()) {
+    pidfd = static_cast<int>(syscall(SYS_pidfd_open, cred.pid, 0));
+    if (pidfd < 0) st = errno_status("pidfd_open(peer)");
+  }
+  if (!st.ok()) {
+    unmap_all();
+    return st;
+  }
+  std::vector<int> pidfds(2, -1);
+  pidfds[static_cast<size_t>(1 - rank)] = pidfd;
+  return std::unique_ptr<Fabric>(
+      std::make_unique<ProcessFabric>(rank, epoch, lay, std::move(arenas), std::move(pidfds)));
+}
+
+}  // namespace
+
+Result<LinkListener> LinkListener::listen(const std::string& name) {
+  const int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  if (fd < 0) return errno_status("socket");
+  socklen_t len = 0;
+  const sockaddr_un a = address_of(name, len);
+  if (bind(fd, reinterpret_cast<const sockaddr*>(&a), len) != 0) {
+    const int e = errno;
+    close(fd);
+    if (e == EADDRINUSE) {
+      return failed_precondition("xccl link: another process listens on @xdeepserve-link-{}", name);
+    }
+    errno = e;
+    return errno_status("bind");
+  }
+  if (::listen(fd, 1) != 0) {
+    const Status st = errno_status("listen");
+    close(fd);
+    return st;
+  }
+  return LinkListener(fd);
+}
+
+LinkListener::LinkListener(LinkListener&& o) noexcept : fd_(o.fd_) { o.fd_ = -1; }
+LinkListener& LinkListener::operator=(LinkListener&& o) noexcept {
+  std::swap(fd_, o.fd_);
+  return *this;
+}
+LinkListener::~LinkListener() {
+  if (fd_ >= 0) close(fd_);
+}
+
+Result<std::unique_ptr<Fabric>> LinkListener::accept(const ArenaConfig& config, uint32_t epoch,
+                                                     int timeout_ms) {
+  const int64_t deadline = now_ns() + int64_t{timeout_ms} * 1'000'000;
+  XDS_RETURN_IF_ERROR(wait_readable(fd_, deadline, "peer connecting"));
+  const int sock = accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC);
+  if (sock < 0) return errno_status("accept");
+  auto fabric = handshake(sock, /*rank=*/0, config, epoch, deadline);
+  close(sock);
+  return fabric;
+}
+
+Result<std::unique_ptr<Fabric>> link_connect(const std::string& name, const ArenaConfig& config,
+                                             uint32_t epoch, int timeout_ms) {
+  const int64_t deadline = now_ns() + int64_t{timeout_ms} * 1'000'000;
+  socklen_t len = 0;
+  const sockaddr_un a = address_of(name, len);
+  while (true) {
+    const int sock = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    if (sock < 0) return errno_status("socket");
+    if (connect(sock, reinterpret_cast<const sockaddr*>(&a), len) == 0) {
+      auto fabric = handshake(sock, /*rank=*/1, config, epoch, deadline);
+      close(sock);
+      return fabric;
+    }
+    const int e = errno;
+    close(sock);
+    if ((e != ECONNREFUSED && e != ENOENT && e != EAGAIN) || now_ns() >= deadline) {
+      return unavailable("xccl link: nobody listens on @xdeepserve-link-{} ({})", name,
+                         std::strerror(e));
+    }
+    usleep(10'000);  // the listener may not be up yet
+  }
+}
+
+}  // namespace xds::xccl

@@ -1,0 +1,26 @@
+#include "xccl/process_fabric.h"
+
+#include <poll.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+namespace xds::xccl {
+
+ProcessFabric::ProcessFabric(int rank, uint32_t epoch, const ArenaLayout& layout,
+                             std::vector<std::byte*> arenas, std::vector<int> pidfds)
+    : Fabric(rank, epoch, layout, std::move(arenas)), pidfds_(std::move(pidfds)) {}
+
+ProcessFabric::~ProcessFabric() {
+  for (int r = 0; r < world_size(); ++r) munmap(arena(r), layout().total);
+  for (int fd : pidfds_)
+    if (fd >= 0) close(fd);
+}
+
+bool ProcessFabric::peer_alive(int r) {
+  const int fd = pidfds_[static_cast<size_t>(r)];
+  if (fd < 0) return true;
+  pollfd p{fd, POLLIN, 0};
+  return poll(&p, 1, 0) == 0;  // a pidfd turns readable when its process exits
+}
+
+}  // namespace xds::xccl

@@ -1,0 +1,173 @@
+// Links (xccl/link.h) between two processes that did not fork from one launcher: each test's
+// child forks from the test process but forms the fabric only through the rendezvous socket,
+// as a separately started process does. Checked: one-sided gets, puts and signals in both
+// directions, the peer's death seen through its pidfd, a mismatched arena config refused on
+// both sides naming the field, the timeouts, and one listener per name.
+#include <gtest/gtest.h>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "base/clock.h"
+#include "xccl/link.h"
+#include "xccl/transport.h"
+
+namespace xds::xccl {
+namespace {
+
+constexpr uint64_t kBytes = 256 * 1024;
+
+ArenaConfig config_with_lanes(int lanes) {
+  ArenaConfig c;
+  c.lanes = lanes;
+  c.app_bytes = 1 << 20;
+  return c;
+}
+
+std::string unique_name(const char* what) {
+  return std::string(what) + "-" + std::to_string(getpid());
+}
+
+std::vector<uint8_t> pattern(size_t n, uint8_t seed) {
+  std::vector<uint8_t> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = static_cast<uint8_t>(seed + i * 7 + (i >> 8));
+  return v;
+}
+
+template <typename Fn>
+pid_t fork_child(Fn fn) {
+  const pid_t pid = fork();
+  if (pid == 0) _exit(fn());
+  return pid;
+}
+
+// The child's exit code, or 128 + the signal that killed it.
+int wait_child(pid_t pid) {
+  int st = 0;
+  while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {
+  }
+  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+// Polls a local signal word until it holds `value`; false after 10 s.
+bool wait_signal(Transport& t, const SignalRef& sig, uint64_t value) {
+  const int64_t deadline = now_ns() + 10'000'000'000;
+  while (t.test_signal(sig, value) != OpState::kDone) {
+    if (now_ns() > deadline) return false;
+    usleep(200);
+  }
+  return true;
+}
+
+// Sets signal `sig` on the peer (an 8-byte put into its app area carries it).
+bool signal_peer(Transport& t, const Fabric& f, const SignalRef& sig, uint64_t value) {
+  const uint64_t word = value;
+  const MemDesc dst{sig.rank, f.layout().app + (1 << 19), 8};
+  return t.put_with_signal(dst, 0, &word, 8, sig, value) != OpState::kFailed &&
+         t.flush() != OpState::kFailed;
+}
+
+TEST(XcclLink, GetsPutsAndSignalsCrossBetweenSeparateProcesses) {
+  const std::string name = unique_name("data");
+  auto listener = LinkListener::listen(name);
+  ASSERT_TRUE(listener.ok()) << listener.status().to_string();
+  // Signals: "go" (rank 0 -> 1) once A is written; "put" (1 -> 0) once B is; "done" (0 -> 1).
+  const pid_t child = fork_child([&] {
+    auto fabric = link_connect(name, config_with_lanes(2), 7, 10'000);
+    if (!fabric.ok()) return 10;
+    Fabric& f = **fabric;
+    if (f.rank() != 1 || f.world_size() != 2 || f.epoch() != 7) return 11;
+    auto t = make_transport("shm", f);
+    if (!t.ok()) return 12;
+    const ArenaLayout& lay = f.layout();
+    if (!wait_signal(**t, {1, lay.signal_off(0, 0)}, 1)) return 13;
+    std::vector<uint8_t> got(kBytes);
+    const MemDesc remote{0, lay.app, kBytes * 2};
+    if ((*t)->get(got.data(), remote, 0, kBytes) != OpState::kDone) return 14;
+    if (got != pattern(kBytes, 1)) return 15;
+    const std::vector<uint8_t> b = pattern(kBytes, 2);
+    if ((*t)->put_with_signal(remote, kBytes, b.data(), kBytes, {0, lay.signal_off(1, 0)}, 1) ==
+        OpState::kFailed) {
+      return 16;
+    }
+    if ((*t)->flush() == OpState::kFailed) return 17;
+    if (!wait_signal(**t, {1, lay.signal_off(0, 1)}, 1)) return 18;
+    return 0;
+  });
+  auto fabric = listener->accept(config_with_lanes(2), 7, 10'000);
+  ASSERT_TRUE(fabric.ok()) << fabric.status().to_string();
+  Fabric& f = **fabric;
+  EXPECT_EQ(f.rank(), 0);
+  EXPECT_EQ(f.world_size(), 2);
+  auto t = make_transport("shm", f);
+  ASSERT_TRUE(t.ok());
+  const ArenaLayout& lay = f.layout();
+  const std::vector<uint8_t> a = pattern(kBytes, 1);
+  std::memcpy(f.local() + lay.app, a.data(), kBytes);
+  ASSERT_TRUE(signal_peer(**t, f, {1, lay.signal_off(0, 0)}, 1));
+  ASSERT_TRUE(wait_signal(**t, {0, lay.signal_off(1, 0)}, 1));
+  const auto* got = reinterpret_cast<const uint8_t*>(f.local() + lay.app + kBytes);
+  const std::vector<uint8_t> b(got, got + kBytes);
+  EXPECT_EQ(b, pattern(kBytes, 2));
+  ASSERT_TRUE(signal_peer(**t, f, {1, lay.signal_off(0, 1)}, 1));
+  EXPECT_EQ(wait_child(child), 0);
+  EXPECT_FALSE(f.peer_alive(1));  // exited: its pidfd says so
+}
+
+TEST(XcclLink, APeerThatDiesIsSeenThroughItsPidfd) {
+  const std::string name = unique_name("death");
+  auto listener = LinkListener::listen(name);
+  ASSERT_TRUE(listener.ok());
+  const pid_t child = fork_child([&] {
+    auto fabric = link_connect(name, config_with_lanes(2), 1, 10'000);
+    if (!fabric.ok()) return 10;
+    pause();  // until killed
+    return 0;
+  });
+  auto fabric = listener->accept(config_with_lanes(2), 1, 10'000);
+  ASSERT_TRUE(fabric.ok()) << fabric.status().to_string();
+  EXPECT_TRUE((*fabric)->peer_alive(1));
+  kill(child, SIGKILL);
+  EXPECT_EQ(wait_child(child), 128 + SIGKILL);
+  EXPECT_FALSE((*fabric)->peer_alive(1));
+}
+
+TEST(XcclLink, AMismatchedArenaConfigFailsBothSidesNamingTheField) {
+  const std::string name = unique_name("config");
+  auto listener = LinkListener::listen(name);
+  ASSERT_TRUE(listener.ok());
+  const pid_t child = fork_child([&] {
+    auto fabric = link_connect(name, config_with_lanes(4), 1, 10'000);
+    if (fabric.ok()) return 10;
+    return fabric.status().message().find("lanes is 2, this side's 4") != std::string::npos ? 0 : 11;
+  });
+  auto fabric = listener->accept(config_with_lanes(2), 1, 10'000);
+  ASSERT_FALSE(fabric.ok());
+  EXPECT_NE(fabric.status().message().find("lanes is 4, this side's 2"), std::string::npos)
+      << fabric.status().to_string();
+  EXPECT_EQ(wait_child(child), 0);
+}
+
+TEST(XcclLink, TimeoutsAndOneListenerPerName) {
+  const std::string name = unique_name("alone");
+  auto listener = LinkListener::listen(name);
+  ASSERT_TRUE(listener.ok());
+  const auto second = LinkListener::listen(name);
+  ASSERT_FALSE(second.ok());
+  EXPECT_EQ(second.status().code(), StatusCode::kFailedPrecondition);
+  const auto nobody = listener->accept(config_with_lanes(2), 1, 100);
+  ASSERT_FALSE(nobody.ok());
+  EXPECT_EQ(nobody.status().code(), StatusCode::kDeadlineExceeded);
+  const auto no_listener = link_connect(unique_name("nobody"), config_with_lanes(2), 1, 100);
+  ASSERT_FALSE(no_listener.ok());
+  EXPECT_EQ(no_listener.status().code(), StatusCode::kUnavailable);
+  EXPECT_NE(no_listener.status().message().find("xdeepserve-link-nobody"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace xds::xccl
