@@ -154,7 +154,8 @@ def lr_at(step, steps, peak, warmup):
 
 
 def mtp2_model(m1, cfg):
-    """A model with two MTP layers: m1's weights, layer L+1 a copy of layer L."""
+    """A model with two MTP layers: m1's weights, layer L+1 a copy of layer L (m1 may have a
+    layer L+1; it is replaced)."""
     cfg2 = dict(cfg, num_nextn_predict_layers=2)
     m2 = model.DeepseekV3(cfg2)
     state = m1.state_dict()
@@ -231,8 +232,9 @@ def train(args, m, cfg, rows):
                  "elapsed": elapsed}
             history.append(h)
             acc = {"loss": 0.0, "agree": 0.0, "n": 0}
+            balance = (load.max() / load.mean()).item()
             print(f"step {step}/{args.steps} loss {h['loss']:.4f} batch agreement "
-                  f"{h['agree']:.3f} lr {lr:.2e} load max/mean {(load.max() / load.mean()).item():.2f} "
+                  f"{h['agree']:.3f} lr {lr:.2e} load max/mean {balance:.2f} "
                   f"elapsed {elapsed / 60:.1f} min", flush=True)
         if step % args.ckpt_every == 0 or step == args.steps:
             tmp = ckpt + ".tmp"
@@ -250,7 +252,7 @@ def export_layer(args, m, cfg2):
     tensors, meta = safetensors_io.read(os.path.join(args.model, "model.safetensors"))
     n = cfg2["num_hidden_layers"]
     pre = f"model.layers.{n + 1}."
-    assert not any(k.startswith(pre) for k in tensors), f"{args.model} already has {pre}*"
+    tensors = {k: v for k, v in tensors.items() if not k.startswith(pre)}
     state = m.state_dict()
     new = {}
     for k, v in state.items():
@@ -333,7 +335,9 @@ def main():
     if args.stage == "sample":
         return
     m1, cfg = export.load_exported(args.model)
-    assert cfg["num_nextn_predict_layers"] == 1, "train_mtp2 starts from a one-MTP-layer model"
+    # A model that has a second layer already (this stage run before) gets it trained afresh
+    # from layer L: only layer L+1 is written, so the rest stays as it was.
+    assert cfg["num_nextn_predict_layers"] in (1, 2), cfg["num_nextn_predict_layers"]
     with open(os.path.join(args.model, "tokenizer.json"), encoding="utf-8") as f:
         tok = bpe.load_tokenizer_json(f.read())
     rows = build_cache(args, m1, cfg, tok)
@@ -341,8 +345,10 @@ def main():
     history, elapsed = train(args, m2, cfg2, rows)
     size = export_layer(args, m2, cfg2)
     report = {"samples": len(rows), "sample_tokens": sum(len(r["ids"]) for r in rows),
-              "steps": args.steps, "batch": args.batch, "rows": args.rows, "lr": args.lr, "warmup": args.warmup,
-              "top_k": args.top_k, "log_every": args.log_every, "train_minutes": elapsed / 60, "history": history,
+              "steps": args.steps, "batch": args.batch, "rows": args.rows, "lr": args.lr,
+              "warmup": args.warmup,
+              "top_k": args.top_k, "log_every": args.log_every, "train_minutes": elapsed / 60,
+              "history": history,
               "generate_command": " ".join(generate_command("xdeepserve", "models/kjv-moe-tiny",
                                                             "P", "S")),
               "model_safetensors_bytes": size}
