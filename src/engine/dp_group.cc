@@ -2,6 +2,7 @@
 
 #include <pthread.h>
 #include <sched.h>
+#include <sys/prctl.h>
 
 #include <algorithm>
 #include <optional>
@@ -817,6 +818,9 @@ Result<uint64_t> ep_staging_bytes(const std::string& model_dir, const ModelOptio
 }
 
 int run_dp_group(xccl::Fabric& fabric, const DpGroupOptions& options) {
+  // "xds-dp<rank>" in ps and /proc/PID/comm (the threads made later inherit it).
+  const std::string name = fmt::format("xds-dp{}", fabric.rank());
+  ::prctl(PR_SET_NAME, name.c_str());
   pin_threads(options.cpu);
   DpGroup group(fabric, options);
   Status st = group.init();

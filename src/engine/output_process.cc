@@ -1,11 +1,16 @@
 #include "engine/output_process.h"
 
+#include <sys/prctl.h>
+
 #include <functional>
 #include <map>
 #include <memory>
 #include <optional>
 #include <random>
+#include <string>
 #include <vector>
+
+#include <fmt/format.h>
 
 #include <zmq.hpp>
 
@@ -199,6 +204,8 @@ class OutputLoop {
 }  // namespace
 
 int run_output_process(const OutputProcessOptions& options) {
+  const std::string name = fmt::format("xds-out{}", options.group);
+  ::prctl(PR_SET_NAME, name.c_str());  // "xds-out<group>" in ps and /proc/PID/comm
   std::optional<Tokenizer> tokenizer;
   if (!options.model_dir.empty() && Tokenizer::has_tokenizer_files(options.model_dir)) {
     Result<Tokenizer> t = Tokenizer::load(options.model_dir);

@@ -29,7 +29,7 @@ Result<Message> decode(const void* data, size_t size) {
   try {
     const int kind = j.at("kind").get<int>();
     if (kind < static_cast<int>(MessageKind::kRequest) ||
-        kind > static_cast<int>(MessageKind::kRejected)) {
+        kind > static_cast<int>(MessageKind::kFailed)) {
       return invalid_argument("control message: unknown kind {}", kind);
     }
     m.kind = static_cast<MessageKind>(kind);

@@ -139,6 +139,7 @@ enum class MessageKind : uint8_t {
   kPing = 8,      // health: gateway -> shell -> groups; kPong back with the same id
   kPong = 9,
   kRejected = 10, // shell -> gateway: request could not be placed now (retry later)
+  kFailed = 11,   // shell -> gateway: the instance cannot serve any more (text: why)
 };
 
 // The envelope. Exactly the fields of its kind are set.

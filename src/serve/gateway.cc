@@ -92,6 +92,7 @@ struct Gateway::Impl {
     int64_t deadline_ns = 0;
   };
   std::unordered_map<std::string, Probe> probes;  // /health probes in flight
+  std::string failure;  // the instance failed (kFailed): why
 
   Status init();
   void routes();
@@ -99,6 +100,8 @@ struct Gateway::Impl {
   void on_message(Message m);
   void on_output(const OutputDelta& d);
   void on_rejected(const Message& m);
+  // kFailed: every request in flight or queued fails with 503 and the gateway stops.
+  void on_instance_failed(const std::string& why);
   void finish_pending(const std::shared_ptr<Pending>& p, std::unique_lock<std::mutex>& lock);
   void submit(const std::shared_ptr<Pending>& p);
   bool authorized(const HttpRequest& r, Responder& responder);
@@ -376,6 +379,9 @@ void Gateway::Impl::on_message(Message m) {
     case MessageKind::kRejected:
       on_rejected(m);
       break;
+    case MessageKind::kFailed:
+      on_instance_failed(m.text);
+      break;
     case MessageKind::kLoad: {
       std::shared_ptr<Pending> head;
       {
@@ -416,6 +422,35 @@ void Gateway::Impl::on_message(Message m) {
     default:
       break;
   }
+}
+
+void Gateway::Impl::on_instance_failed(const std::string& why) {
+  XDS_LOG_ERROR("gateway: the instance failed: {}", why);
+  std::vector<std::shared_ptr<Pending>> failed;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    failure = why;
+    for (auto& [id, p] : live) {
+      p->done = true;
+      failed.push_back(p);
+    }
+    live.clear();
+    queue.clear();
+    retry_in_flight = false;
+  }
+  stopping.store(true);
+  const ApiError err =
+      api_error(503, "the instance failed: " + why, "server_error", "instance_failed");
+  for (const std::shared_ptr<Pending>& p : failed) {
+    metrics.count_outcome("error");
+    if (p->stream) {
+      p->stream->send_event(to_json_text(make_error(err)));
+      p->stream->close();
+    } else {
+      p->responder->send(make_error_response(err));
+    }
+  }
+  idle_cv.notify_all();
 }
 
 void Gateway::Impl::on_rejected(const Message& m) {
@@ -581,6 +616,8 @@ Status Gateway::run(bool shutdown_instance, int drain_s) {
     g.link->post(std::move(m));
   }
   g.link->stop();
+  std::lock_guard<std::mutex> lock(g.mu);
+  if (!g.failure.empty()) return unavailable("the instance failed: {}", g.failure);
   return {};
 }
 

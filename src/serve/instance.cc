@@ -15,6 +15,7 @@
 #include "base/log.h"
 #include "engine/output_process.h"
 #include "engine/zmq_io.h"
+#include "serve/process_watch.h"
 #include "serve/shell.h"
 #include "xccl/launcher.h"
 
@@ -102,6 +103,14 @@ Status run_instance(const InstanceOptions& options) {
   so.max_num_seqs = options.group.max_num_seqs;
   so.block_size = options.group.block_size;
   so.placement = options.placement;
+  ProcessWatch watch;
+  for (size_t g = 0; g < devices.pids().size(); ++g) {
+    XDS_RETURN_IF_ERROR(watch.add(devices.pids()[g], fmt::format("DP group {}", g)));
+  }
+  for (size_t g = 0; g < outputs.size(); ++g) {
+    XDS_RETURN_IF_ERROR(watch.add(outputs[g], fmt::format("the output process of DP group {}", g)));
+  }
+  so.process_failure = [&watch] { return watch.deaths(); };
   Shell shell(so);
   g_shell = &shell;
   struct sigaction sa = {};
@@ -112,6 +121,14 @@ Status run_instance(const InstanceOptions& options) {
                options.dp, threads);
   Status st = shell.run();
   g_shell = nullptr;
+  if (!st.ok()) {
+    // A process died (or the shell failed): the survivors may wait on it forever; the device
+    // group's destructor kills and reaps them.
+    XDS_LOG_ERROR("{}", st.message());
+    for (pid_t pid : outputs) ::kill(pid, SIGKILL);
+    for (pid_t pid : outputs) ::waitpid(pid, nullptr, 0);
+    return st;
+  }
 
   // The groups drain and exit after kShutdown; the output processes after theirs.
   auto exits = devices.wait();

@@ -187,6 +187,16 @@ Status Shell::run() {
 
   bool running = true;
   while (running && !stop_.load(std::memory_order_relaxed)) {
+    if (options_.process_failure) {
+      if (std::string failure = options_.process_failure(); !failure.empty()) {
+        Message failed;
+        failed.kind = MessageKind::kFailed;
+        failed.text = failure;
+        for (const auto& [identity, seen] : gateways) to_gateway(identity, failed);
+        // No kShutdown: a PUSH to a dead group would block; the caller kills the rest.
+        return unavailable("instance: {}", failure);
+      }
+    }
     zmq::pollitem_t items[] = {{router.handle(), 0, ZMQ_POLLIN, 0},
                                {input.handle(), 0, ZMQ_POLLIN, 0}};
     try {

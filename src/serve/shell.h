@@ -8,6 +8,7 @@
 //           ◀─kRejected──       (no group fits now: the gateway keeps it queued)
 //           ◀─kLoad──────       (every group's load, at most every load_period_ms)
 //   output processes ──kCancel (a stop string matched)──▶ shell ──▶ every group
+//           ◀─kFailed────       (a device process died: every gateway fails its requests)
 //
 // Sockets: ROUTER bound on `listen` (gateways), one PUSH per group bound on
 // group_inputs[k], one PULL bound on `shell_input` (groups and output processes).
@@ -17,6 +18,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -39,6 +41,9 @@ struct ShellOptions {
   int64_t block_size = 16;
   int64_t load_period_ms = 50;
   PlacementPolicy placement;
+  // Polled every loop: empty while every process of the instance lives, else what died. A
+  // death ends run() with that error after kFailed to every gateway (no failover yet).
+  std::function<std::string()> process_failure;
 };
 
 // The decision log of run(), for tests and /metrics.
@@ -51,7 +56,8 @@ class Shell {
  public:
   explicit Shell(ShellOptions options);
   // Serves until a gateway sends kShutdown or stop() is called, then tells every group to
-  // drain (kShutdown) and returns. Errors: a socket that cannot bind.
+  // drain (kShutdown) and returns. Errors: a socket that cannot bind; a process that died
+  // (process_failure).
   Status run();
   // Async-signal-safe.
   void stop() { stop_.store(true, std::memory_order_relaxed); }
