@@ -362,17 +362,28 @@ TEST(SpeculativeDecode, StopAndMaxTokensCutInsideAnAcceptedRun) {
   const auto m = load_deepseek(shipped_dir());
   ASSERT_NE(m, nullptr);
   const int64_t v = m->config().vocab_size, k = 3;
-  const std::vector<int32_t> prompt = kjv_prompt(0, 9);
-  const SpecRun full = spec_run(*m, prompt, decode_options(*m, k, 0, 60), greedy_accept(v));
-  ASSERT_EQ(full.output.size(), 60u);
-  // The middle token of a run of three or more that does not occur before it.
-  size_t at = 0, pos = full.step_sizes[0];
-  for (size_t s = 1; s < full.step_sizes.size() && at == 0; ++s) {
-    if (full.step_sizes[s] >= 3) {
-      const auto begin = full.output.begin();
-      if (std::find(begin, begin + pos + 1, full.output[pos + 1]) == begin + pos + 1) at = pos + 1;
+  // The middle token of a run of three or more that does not occur before it, in the greedy
+  // output of the first prompt (of real text) that has one.
+  std::vector<int32_t> prompt;
+  SpecRun full;
+  size_t at = 0;
+  for (int64_t row = 0; row < 3 && at == 0; ++row) {
+    for (int64_t len : {9, 17, 33}) {
+      prompt = kjv_prompt(row, len);
+      full = spec_run(*m, prompt, decode_options(*m, k, 0, 60), greedy_accept(v));
+      ASSERT_EQ(full.output.size(), 60u);
+      size_t pos = full.step_sizes[0];
+      for (size_t s = 1; s < full.step_sizes.size() && at == 0; ++s) {
+        if (full.step_sizes[s] >= 3) {
+          const auto begin = full.output.begin();
+          if (std::find(begin, begin + pos + 1, full.output[pos + 1]) == begin + pos + 1) {
+            at = pos + 1;
+          }
+        }
+        pos += full.step_sizes[s];
+      }
+      if (at > 0) break;
     }
-    pos += full.step_sizes[s];
   }
   ASSERT_GT(at, 0u) << "no run of three tokens with a fresh middle one";
   const std::vector<int32_t> want(full.output.begin(), full.output.begin() + at + 1);
