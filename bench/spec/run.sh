@@ -67,13 +67,13 @@ flags_of() {  # k:layers -> generate/serve flags
 }
 name_of() { local k=${1%%:*} l=${1##*:}; echo "k${k}$([[ $l != 0 ]] && echo "_layers${l}")"; }
 
-# generate: rounds alternate the runs; every prompt of the first 8, 200 tokens each.
+# generate: rounds alternate the runs; every prompt of the first 8, 400 tokens each.
 : >"$out/generate.jsonl"
 for ((r = 0; r < rounds; ++r)); do
   for run in "${runs[@]}"; do
     while read -r p; do
       # shellcheck disable=SC2046
-      line=$("$xds" generate --model "$model" --prompt "$p" --max-tokens 200 --ignore-eos \
+      line=$("$xds" generate --model "$model" --prompt "$p" --max-tokens 400 --ignore-eos \
         --temperature 0.7 --seed "$r" --compute-dtype "$dtype" $(flags_of "$run") 2>&1 >/dev/null |
         grep '^prefill:')
       tps=$(sed -E 's/.*decode: [0-9]+ tokens in [0-9.]+ s \(([0-9.]+) tokens\/s\).*/\1/' <<<"$line")
