@@ -6,7 +6,8 @@
 //                [--verify K]
 //
 // Writes JSON and the printed table to bench-out/bench_decode.* (bench_decode-bf16.* in the
-// bf16 mode; --json FILE elsewhere; --save also to bench/results/: run_output.h).
+// bf16 mode; bench_decode-w8a8*.* for a W8A8 checkpoint; --json FILE elsewhere; --save also
+// to bench/results/: run_output.h).
 //
 // Roofline of a step = max(bytes the step must read / read bandwidth, FLOPs / compute peak),
 // the peak being the fp32 FMA loop's, or with --compute-dtype bf16 the faster of that and the
@@ -16,7 +17,10 @@
 // over minutes, and a slow moment during one measurement must not lower a row's limit).
 // Bytes: every non-expert weight once, plus the routed experts the step actually touched
 // (counted from the routing), plus the latent KV cache of every sequence. FLOPs: 2 per
-// multiply-add of the linear layers actually run (routed experts per token), plus attention.
+// multiply-add of the linear layers actually run (routed experts per token), plus attention;
+// W8A8 checkpoints' int8 products count as fp-equivalent FLOPs (float peak ÷ int8 peak,
+// measured at the start, per multiply-add: params_of), so the compute roofline holds them to
+// the int8 peak.
 //
 // --verify K (MTP speculative decoding, model/speculative_decode.h): per batch, beside the
 // one-token decode step, the step that verifies K+1 tokens per sequence (logits of every
@@ -40,6 +44,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/clock.h"
+#include "int8_peak.h"
 #include "json_out.h"
 #include "kernels/cpu/blas_core.h"
 #include "kernels/cpu/linear_panels.h"
@@ -60,26 +65,33 @@ int fail(const xds::Status& s) {
 int64_t mlp_bytes(const MlpWeights& m) {
   return m.gate_proj.read_bytes() + m.up_proj.read_bytes() + m.down_proj.read_bytes();
 }
-int64_t mlp_params(const MlpWeights& m) {
-  return m.gate_proj.rows * m.gate_proj.cols + m.up_proj.rows * m.up_proj.cols +
-         m.down_proj.rows * m.down_proj.cols;
+// W8A8 weights (MatrixLayout::kInt8Panels) run at the int8 peak, not the float one: their
+// multiply-adds count as float_peak / int8_peak float ones ("fp-equivalent" FLOPs), so that
+// FLOPs / float peak is the time the step's products need at the two peaks.
+double params_of(const MatrixRef& m, double int8_weight) {
+  const double w = m.layout == MatrixLayout::kInt8Panels ? int8_weight : 1.0;
+  return w * static_cast<double>(m.rows * m.cols);
+}
+double mlp_params(const MlpWeights& m, double int8_weight) {
+  return params_of(m.gate_proj, int8_weight) + params_of(m.up_proj, int8_weight) +
+         params_of(m.down_proj, int8_weight);
 }
 
 struct StaticCost {
-  int64_t dense_bytes = 0;     // weights read once per step whatever the batch
-  int64_t dense_params = 0;    // multiply-adds per token through them (kv_b_proj and lm_head
-                               // not included: their use depends on the step, see below)
-  int64_t lm_head_params = 0;  // per token that gets logits
-  int64_t expert_bytes = 0;    // one routed expert
-  int64_t expert_params = 0;
+  int64_t dense_bytes = 0;    // weights read once per step whatever the batch
+  double dense_params = 0;    // multiply-adds per token through them (kv_b_proj and lm_head
+                              // not included: their use depends on the step, see below)
+  double lm_head_params = 0;  // per token that gets logits
+  int64_t expert_bytes = 0;   // one routed expert
+  double expert_params = 0;   // (int8 ones weighted: params_of)
 };
 
 // Adds one decoder layer (attention, dense MLP or router + shared experts + one routed
 // expert's size) to `s`.
-void add_layer_cost(const LayerWeights& l, StaticCost& s) {
+void add_layer_cost(const LayerWeights& l, double int8_weight, StaticCost& s) {
   auto add = [&](const MatrixRef& m) {
     s.dense_bytes += m.read_bytes();
-    s.dense_params += m.rows * m.cols;
+    s.dense_params += params_of(m, int8_weight);
   };
   {
     const MlaWeights& a = l.attn;
@@ -95,30 +107,30 @@ void add_layer_cost(const LayerWeights& l, StaticCost& s) {
       if (l.moe->shared)
         add(l.moe->shared->gate_proj), add(l.moe->shared->up_proj), add(l.moe->shared->down_proj);
       s.expert_bytes = mlp_bytes(l.moe->experts[0]);
-      s.expert_params = mlp_params(l.moe->experts[0]);
+      s.expert_params = mlp_params(l.moe->experts[0], int8_weight);
     }
   }
 }
 
-StaticCost static_cost(const DeepseekV3Model& model) {
+StaticCost static_cost(const DeepseekV3Model& model, double int8_weight) {
   StaticCost s;
   const auto& w = model.weights();
-  for (const LayerWeights& l : w.layers) add_layer_cost(l, s);
+  for (const LayerWeights& l : w.layers) add_layer_cost(l, int8_weight, s);
   s.dense_bytes += w.lm_head.read_bytes();
-  s.lm_head_params = w.lm_head.rows * w.lm_head.cols;
+  s.lm_head_params = params_of(w.lm_head, int8_weight);
   return s;
 }
 
 // One pass of MTP layer 0: eh_proj, its decoder layer, shared_head.head (the embedding rows
 // read are negligible).
-StaticCost mtp_static_cost(const DeepseekV3Model& model) {
+StaticCost mtp_static_cost(const DeepseekV3Model& model, double int8_weight) {
   StaticCost s;
   const MtpWeights& m = model.weights().mtp.at(0);
   s.dense_bytes += m.eh_proj.read_bytes();
-  s.dense_params += m.eh_proj.rows * m.eh_proj.cols;
-  add_layer_cost(m.layer, s);
+  s.dense_params += params_of(m.eh_proj, int8_weight);
+  add_layer_cost(m.layer, int8_weight, s);
   s.dense_bytes += m.head.read_bytes();
-  s.lm_head_params = m.head.rows * m.head.cols;
+  s.lm_head_params = params_of(m.head, int8_weight);
   return s;
 }
 
@@ -257,7 +269,14 @@ int main(int argc, char** argv) {
                "GFLOP/s (vdpbf16ps loop; 0: not built)\n",
                lim.read_gbps, lim.read_plain_gbps, lim.read_prefetch_gbps, lim.f32_gflops,
                lim.f32_isa, model.pool().num_threads(), lim.bf16_gflops);
-  const StaticCost sc = static_cost(model);
+  // The int8 peak of the selected path (W8A8 checkpoints' products), measured once here.
+  const double int8_gops = int8_peak_gops(model.pool(), kernels::int8_isa());
+  const double int8_weight = compute_peak_gflops(lim, dtype) / int8_gops;
+  std::fprintf(stderr,
+               "int8 peak %.1f GOP/s (%s loop): an int8 multiply-add counts as %.3f "
+               "fp-equivalent ones in the W8A8 rows' FLOPs\n",
+               int8_gops, kernels::int8_isa_name(kernels::int8_isa()), int8_weight);
+  const StaticCost sc = static_cost(model, int8_weight);
   const int64_t moe_layers = [&] {
     int64_t n = 0;
     for (const auto& l : model.weights().layers) n += l.moe ? 1 : 0;
@@ -268,7 +287,7 @@ int main(int argc, char** argv) {
     return fail(invalid_argument("--verify {}: {} has no MTP layer to draft with", verify,
                                  model_dir));
   }
-  const StaticCost mtp_sc = verify > 0 ? mtp_static_cost(model) : StaticCost{};
+  const StaticCost mtp_sc = verify > 0 ? mtp_static_cost(model, int8_weight) : StaticCost{};
 
   // Touched experts per MoE layer (the MTP layers after the main ones), collected by the
   // routing observer during a step.
@@ -519,6 +538,12 @@ int main(int argc, char** argv) {
       panel_isa.c_str(), kernels::blas_core_name().c_str(), static_cast<long long>(context),
       lim.read_gbps, lim.f32_gflops, lim.f32_isa, lim.bf16_gflops,
       dtype == "bf16" ? "the faster of the two" : "fp32");
+  if (c.w8a8) {
+    std::printf(
+        "W8A8 checkpoint: int8 peak %.1f GOP/s (%s loop); GFLOP below are fp-equivalent (an int8 "
+        "multiply-add counts %.3f, the float peak over the int8 one)\n",
+        int8_gops, kernels::int8_isa_name(kernels::int8_isa()), int8_weight);
+  }
   std::printf("%-8s %6s %12s %10s %12s %9s %9s %9s %8s %8s %8s  %s\n", "phase", "batch", "tokens/s",
               "step ms", "roofline ms", "% roof", "GB read", "GFLOP", "bound", "row GB/s",
               "row GF/s", "read before/after");
@@ -529,7 +554,10 @@ int main(int argc, char** argv) {
                   {"f32_gflops", lim.f32_gflops},
                   {"f32_isa", lim.f32_isa},
                   {"bf16_gflops", lim.bf16_gflops},
+                  {"int8_gops", int8_gops},
+                  {"int8_isa", kernels::int8_isa_name(kernels::int8_isa())},
                   {"threads", model.pool().num_threads()}};
+  j["int8_fp_equivalent"] = int8_weight;
   j["model"] = model_dir;
   j["compute_dtype"] = dtype;
   j["kv_cache_dtype"] = std::string(dtype_name(model.kv_cache_dtype()));
@@ -701,6 +729,8 @@ int main(int argc, char** argv) {
                              {"projections", proj}});
     }
   }
-  const std::string name = dtype == "bf16" ? "bench_decode-bf16" : "bench_decode";
+  // W8A8 checkpoints' runs are kept apart from the float model's.
+  const std::string name = std::string(c.w8a8 ? "bench_decode-w8a8" : "bench_decode") +
+                           (dtype == "bf16" ? "-bf16" : "");
   return run_output.finish(output, name, j) ? 0 : 1;
 }

@@ -42,11 +42,12 @@
 
 #include "base/bf16.h"
 #include "base/clock.h"
+#include "counts.h"
+#include "int8_peak.h"
 #include "kernels/cpu/blas_core.h"
 #include "kernels/cpu/int8_linear.h"
 #include "kernels/cpu/linear.h"
 #include "kernels/cpu/linear_panels.h"
-#include "counts.h"
 #include "machine_limits.h"
 #include "run_output.h"
 
@@ -207,69 +208,6 @@ Timing measure(const Shape& s, int64_t m, int reps, int64_t copy_bytes, ThreadPo
   return t;
 }
 
-// The int8 peak of a path, in int ops (2 per multiply-add) a second on every thread: 16
-// independent chains of vpdpbusd (64 multiply-adds each) or, for AVX2, 12 of vpmaddwd +
-// vpaddd (16 each), with no memory traffic. The products are inline assembly: from the
-// intrinsics GCC 12 copied every accumulator twice an iteration (vpdpbusd) or hoisted the
-// loop-invariant product out of the loop (vpmaddwd).
-#if defined(__AVX512F__) && defined(__AVX512VNNI__)
-int32_t vnni_loop(int64_t iters, int seed) {
-  __m512i acc[16];
-#pragma GCC unroll 16
-  for (int i = 0; i < 16; ++i) acc[i] = _mm512_set1_epi32(seed + i);
-  const __m512i a = _mm512_set1_epi8(3), b = _mm512_set1_epi8(-2);
-  for (int64_t it = 0; it < iters; ++it) {
-#pragma GCC unroll 16
-    for (int i = 0; i < 16; ++i) asm("vpdpbusd %2, %1, %0" : "+v"(acc[i]) : "v"(a), "v"(b));
-  }
-  __m512i s = acc[0];
-#pragma GCC unroll 16
-  for (int i = 1; i < 16; ++i) s = _mm512_add_epi32(s, acc[i]);
-  int32_t out[16];
-  _mm512_storeu_si512(out, s);
-  return out[0];
-}
-#endif
-int32_t avx2_loop(int64_t iters, int seed) {
-  __m256i acc[12];
-#pragma GCC unroll 12
-  for (int i = 0; i < 12; ++i) acc[i] = _mm256_set1_epi32(seed + i);
-  const __m256i a = _mm256_set1_epi16(3), b = _mm256_set1_epi16(-2);
-  for (int64_t it = 0; it < iters; ++it) {
-#pragma GCC unroll 12
-    for (int i = 0; i < 12; ++i) {
-      __m256i p;
-      asm("vpmaddwd %3, %2, %1\n\tvpaddd %1, %0, %0" : "+v"(acc[i]), "=&v"(p) : "v"(a), "v"(b));
-    }
-  }
-  __m256i s = acc[0];
-#pragma GCC unroll 12
-  for (int i = 1; i < 12; ++i) s = _mm256_add_epi32(s, acc[i]);
-  return _mm256_extract_epi32(s, 0);
-}
-
-double int8_peak_gops(ThreadPool& pool, kernels::Int8Isa isa) {
-  const int64_t iters = 10'000'000;
-  std::vector<double> v;
-  volatile int32_t sink = 0;
-  for (int r = 0; r < 6; ++r) {
-    const auto t0 = Clock::now();
-    double ops = 0;
-#if defined(__AVX512F__) && defined(__AVX512VNNI__)
-    if (isa == kernels::Int8Isa::kAvx512Vnni) {
-      pool.run_on_all([&](int t) { sink = sink + vnni_loop(iters, t); });
-      ops = 16.0 * 64 * 2 * static_cast<double>(iters);
-    }
-#endif
-    if (ops == 0) {
-      pool.run_on_all([&](int t) { sink = sink + avx2_loop(iters, t); });
-      ops = 12.0 * 16 * 2 * static_cast<double>(iters);
-    }
-    if (r > 0) v.push_back(ops * pool.num_threads() / seconds_since(t0) / 1e9);
-  }
-  return bench::median(v);
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -325,7 +263,7 @@ int main(int argc, char** argv) {
   };
   std::vector<Row> rows;
   const bench::MachineLimits before = bench::measure_machine_limits(pool);
-  const double peak_before = int8_peak_gops(pool, kernels::int8_isa());
+  const double peak_before = bench::int8_peak_gops(pool, kernels::int8_isa());
   std::vector<const Shape*> shapes;
   for (const Shape& s : kShapes)
     if (shapes_arg.empty() ||
@@ -344,7 +282,7 @@ int main(int argc, char** argv) {
   }
   std::fprintf(stderr, "\n");
   const bench::MachineLimits lim = bench::faster_of(before, bench::measure_machine_limits(pool));
-  const double peak = std::max(peak_before, int8_peak_gops(pool, kernels::int8_isa()));
+  const double peak = std::max(peak_before, bench::int8_peak_gops(pool, kernels::int8_isa()));
   const char* isa = kernels::int8_isa_name(kernels::int8_isa());
   std::printf(
       "machine: read %.1f GB/s, int8 peak %.1f GOP/s (%s), fp32 peak %.1f, bf16 dot peak %.1f "

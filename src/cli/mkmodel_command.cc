@@ -12,9 +12,17 @@ void add_mkmodel_command(CLI::App& app, int* exit_code) {
   CLI::App* cmd =
       app.add_subcommand("mkmodel", "Write a random-weight DeepSeek-V3 checkpoint (HF layout)");
   cmd->add_option("--out", opts->out_dir, "Output directory")->required();
-  cmd->add_option("--preset", opts->preset, "tiny (a few MB) or bench-2.6b (~5.9 GB in bf16)")
-      ->required()
-      ->check(CLI::IsMember({"tiny", "bench-2.6b"}));
+  CLI::Option* preset =
+      cmd->add_option("--preset", opts->preset, "tiny (a few MB) or bench-2.6b (~5.9 GB in bf16)")
+          ->check(CLI::IsMember({"tiny", "bench-2.6b"}));
+  cmd->add_flag("--weights-int8", opts->weights_int8,
+                "W8A8 (compressed-tensors, round to nearest per output channel): attention and "
+                "MLP projections as I8 + weight_scale");
+  CLI::Option* from = cmd->add_option(
+      "--from", opts->from_dir,
+      "With --weights-int8: an RTN W8A8 copy of this (BF16/F16/F32) checkpoint instead of a "
+      "random model");
+  from->excludes(preset);
   cmd->add_option("--dtype", opts->dtype, "bf16, f16, or fp8 (128x128 block scales as published)")
       ->check(CLI::IsMember({"bf16", "f16", "fp8"}));
   cmd->add_option("--seed", opts->seed, "Seed of the weights");
@@ -40,18 +48,28 @@ void add_mkmodel_command(CLI::App& app, int* exit_code) {
       ->needs(skew);
   cmd->add_option("--threads", opts->threads, "Worker threads (0: all cores)")
       ->check(CLI::Range(0, kMaxThreads));
-  cmd->callback([opts, exit_code] {
+  cmd->callback([opts, exit_code, preset, from] {
+    if (preset->count() == 0 && from->count() == 0) {
+      std::fprintf(stderr, "error: mkmodel: --preset or --from is required\n");
+      *exit_code = 1;
+      return;
+    }
     const Status s = write_random_checkpoint(*opts);
     if (!s.ok()) {
       std::fprintf(stderr, "error: %s\n", s.to_string().c_str());
       *exit_code = 1;
       return;
     }
-    std::fprintf(stderr, "wrote %s (preset %s, %s, seed %llu, %d shard%s%s%s)\n",
+    if (!opts->from_dir.empty()) {
+      std::fprintf(stderr, "wrote %s (W8A8 RTN copy of %s, %d shard%s)\n", opts->out_dir.c_str(),
+                   opts->from_dir.c_str(), opts->shards, opts->shards == 1 ? "" : "s");
+      return;
+    }
+    std::fprintf(stderr, "wrote %s (preset %s, %s%s, seed %llu, %d shard%s%s%s)\n",
                  opts->out_dir.c_str(), opts->preset.c_str(), opts->dtype.c_str(),
-                 static_cast<unsigned long long>(opts->seed), opts->shards,
-                 opts->shards == 1 ? "" : "s", opts->router_skew.empty() ? "" : ", router skew ",
-                 opts->router_skew.c_str());
+                 opts->weights_int8 ? " + W8A8" : "", static_cast<unsigned long long>(opts->seed),
+                 opts->shards, opts->shards == 1 ? "" : "s",
+                 opts->router_skew.empty() ? "" : ", router skew ", opts->router_skew.c_str());
   });
 }
 

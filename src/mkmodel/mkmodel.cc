@@ -20,9 +20,13 @@
 #include "base/atomic_file.h"
 #include "base/bf16.h"
 #include "base/hash.h"
+#include "base/read_file.h"
 #include "base/thread_pool.h"
 #include "mkmodel/router_skew.h"
+#include "mkmodel/w8a8_rtn.h"
 #include "model/moe_routing.h"
+#include "model/quant_config.h"
+#include "model/safetensors.h"
 #include "tensor/dtype.h"
 
 namespace xds {
@@ -49,7 +53,8 @@ inline float uniform(uint64_t key, uint64_t i) {
 
 enum class Init { kLinear, kEmbed, kNorm, kRouter, kBias };
 
-// One tensor to write. A FP8 weight is followed by its `_scale_inv` (is_scale).
+// One tensor to write. A FP8 weight is followed by its `_scale_inv`, an I8 one by its
+// `_scale` (is_scale).
 struct Spec {
   std::string name;
   std::vector<int64_t> shape;
@@ -57,6 +62,8 @@ struct Spec {
   Init init = Init::kLinear;
   bool is_scale = false;
   std::vector<float> values;  // [numel] F32 written as they are (a fitted bias); empty: generated
+  const TensorView* src = nullptr;   // --from: the values are this tensor's (not generated)
+  DType float_dtype = DType::kBF16;  // I8 weights: the float model's dtype (and the scale's)
 
   int64_t numel() const {
     int64_t n = 1;
@@ -71,10 +78,20 @@ struct Gen {
   uint64_t key;
   float scale;  // uniform amplitude
   float offset;
-  float at(int64_t i) const { return offset + scale * uniform(key, static_cast<uint64_t>(i)); }
+  const TensorView* src = nullptr;  // BF16, F16 or F32: element i read from it instead
+  float at(int64_t i) const {
+    if (src != nullptr) return source_value(i);
+    return offset + scale * uniform(key, static_cast<uint64_t>(i));
+  }
+  float source_value(int64_t i) const {
+    if (src->dtype == DType::kF32) return reinterpret_cast<const float*>(src->data)[i];
+    const uint16_t h = reinterpret_cast<const uint16_t*>(src->data)[i];
+    return src->dtype == DType::kBF16 ? bf16_to_f32(h) : f16_to_f32(h);
+  }
 };
 
 Gen make_gen(const Spec& s, uint64_t seed) {
+  if (s.src != nullptr) return {0, 0.0f, 0.0f, s.src};
   const uint64_t key = splitmix64(seed ^ fnv1a64(s.name));
   const int64_t fan_in = s.shape.size() == 2 ? s.shape[1] : 1;
   const float sqrt3 = std::sqrt(3.0f);  // U(-a, a) has std a / sqrt(3)
@@ -99,14 +116,22 @@ struct Builder {
   const DeepseekV3Config& c;
   bool fp8;
   DType plain;  // BF16 or F16: every tensor not FP8 or F32
+  bool int8;    // W8A8 (w8a8_rtn.h)
   std::vector<Spec> specs;
 
   void add(std::string name, std::vector<int64_t> shape, Init init,
            std::optional<DType> dt = std::nullopt) {
     specs.push_back({std::move(name), std::move(shape), dt.value_or(plain), init, false, {}});
   }
+  // I8 [rows, cols] and `<name>_scale` [rows, 1] in the float model's dtype (w8a8_rtn.h).
+  void int8_proj(const std::string& name, int64_t rows, int64_t cols) {
+    add(name, {rows, cols}, Init::kLinear, DType::kI8);
+    specs.back().float_dtype = plain;
+    specs.push_back({name + "_scale", {rows, 1}, plain, Init::kLinear, true, {}});
+  }
   // An attention / MLP projection: FP8 + scales in fp8 mode.
   void proj(const std::string& name, int64_t rows, int64_t cols) {
+    if (int8 && w8a8_rtn_target(name)) return int8_proj(name, rows, cols);
     if (!fp8) {
       add(name, {rows, cols}, Init::kLinear);
       return;
@@ -157,8 +182,8 @@ struct Builder {
   }
 };
 
-std::vector<Spec> tensor_specs(const DeepseekV3Config& c, bool fp8, DType plain) {
-  Builder b{c, fp8, plain, {}};
+std::vector<Spec> tensor_specs(const DeepseekV3Config& c, bool fp8, DType plain, bool int8) {
+  Builder b{c, fp8, plain, int8, {}};
   const int64_t d = c.hidden_size, v = c.vocab_size;
   b.add("model.embed_tokens.weight", {v, d}, Init::kEmbed);
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) b.decoder_layer(i);
@@ -286,7 +311,8 @@ struct TensorWriter {
   ThreadPool& pool;
   uint64_t seed;
   Progress& progress;
-  std::vector<float> last_scales;  // scales of the last FP8 weight, [ceil(r/128)*ceil(c/128)]
+  std::vector<float> last_scales;  // scales of the last FP8 weight, [ceil(r/128)*ceil(c/128)],
+                                   // or of the last I8 weight, [rows]
   std::vector<std::byte> buf;
 
   // Writes tensor `s` at file offset `off`.
@@ -294,6 +320,14 @@ struct TensorWriter {
     if (s.is_scale) {
       XDS_CHECK(last_scales.size() == static_cast<size_t>(s.numel()), "scales out of order: {}",
                 s.name);
+      if (s.dtype != DType::kF32) {  // I8 weights' scales: exact in their dtype
+        std::vector<uint16_t> h(last_scales.size());
+        for (size_t i = 0; i < h.size(); ++i)
+          h[i] = s.dtype == DType::kBF16 ? f32_to_bf16(last_scales[i]) : f32_to_f16(last_scales[i]);
+        XDS_RETURN_IF_ERROR(pwrite_all(fd, path, h.data(), s.nbytes(), off));
+        progress.add(s.nbytes());
+        return {};
+      }
       XDS_RETURN_IF_ERROR(pwrite_all(fd, path, last_scales.data(), s.nbytes(), off));
       progress.add(s.nbytes());
       return {};
@@ -316,11 +350,14 @@ struct TensorWriter {
       const int64_t sc = (cols + kBlock - 1) / kBlock;
       last_scales.assign(static_cast<size_t>(((rows + kBlock - 1) / kBlock) * sc), 0.0f);
     }
+    if (s.dtype == DType::kI8) last_scales.assign(static_cast<size_t>(rows), 0.0f);
     for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
       const int64_t r1 = std::min(rows, r0 + chunk);
       buf.resize(static_cast<size_t>(r1 - r0) * row_bytes);
       if (s.dtype == DType::kF8E4M3) {
         fill_fp8(g, rows, cols, r0, r1);
+      } else if (s.dtype == DType::kI8) {
+        fill_int8(g, s.float_dtype, cols, r0, r1);
       } else {
         fill_plain(g, s.dtype, cols, r0, r1);
       }
@@ -344,6 +381,26 @@ struct TensorWriter {
       } else {
         auto* o = reinterpret_cast<uint16_t*>(out);
         for (int64_t i = b; i < e; ++i) o[i] = f32_to_bf16(g.at(base + i));
+      }
+    });
+  }
+
+  // Rows [r0, r1) of an I8 weight: each row's values rounded to the float model's dtype
+  // (what its checkpoint holds), then RTN per row (w8a8_rtn.h).
+  void fill_int8(const Gen& g, DType float_dtype, int64_t cols, int64_t r0, int64_t r1) {
+    auto* out = reinterpret_cast<int8_t*>(buf.data());
+    pool.parallel_for(r1 - r0, [&](int64_t b, int64_t e, int) {
+      std::vector<float> w(static_cast<size_t>(cols));
+      for (int64_t i = b; i < e; ++i) {
+        const int64_t r = r0 + i;
+        for (int64_t c = 0; c < cols; ++c) {
+          const float v = g.at(r * cols + c);
+          w[c] = float_dtype == DType::kBF16  ? bf16_to_f32(f32_to_bf16(v))
+                 : float_dtype == DType::kF16 ? f16_to_f32(f32_to_f16(v))
+                                              : v;
+        }
+        last_scales[static_cast<size_t>(r)] =
+            rtn_quantize_row(w.data(), cols, float_dtype, out + i * cols);
       }
     });
   }
@@ -588,28 +645,14 @@ Result<DeepseekV3Config> mkmodel_config(const MkModelOptions& o) {
   return c;
 }
 
-Status write_random_checkpoint(const MkModelOptions& o) {
-  if (o.out_dir.empty()) return invalid_argument("mkmodel: --out is required");
-  XDS_ASSIGN_OR_RETURN(DeepseekV3Config c, mkmodel_config(o));
-  std::error_code ec;
-  std::filesystem::create_directories(o.out_dir, ec);
-  if (ec) return internal_error("{}: cannot create the directory: {}", o.out_dir, ec.message());
+namespace {
 
-  const bool f16 = o.dtype == "f16";
-  ojson config = config_json(c);
-  if (f16) config["torch_dtype"] = "float16";
-  const std::string config_text = config.dump(2) + "\n";
-  // The config must read back as the same model (guards the key names above).
-  XDS_RETURN_IF_ERROR(parse_deepseek_v3_config(config_text, o.out_dir + "/config.json").status());
-  XDS_RETURN_IF_ERROR(write_text(o.out_dir + "/config.json", config_text));
-  ojson gen = {{"_from_model_config", true}, {"bos_token_id", 0}, {"eos_token_id", 1}};
-  XDS_RETURN_IF_ERROR(write_text(o.out_dir + "/generation_config.json", gen.dump(2) + "\n"));
-
-  std::vector<Spec> specs = tensor_specs(c, c.fp8.has_value(), f16 ? DType::kF16 : DType::kBF16);
+// Writes `specs` into o.out_dir as o.shards safetensors files (+ the index when sharded):
+// contiguous runs of ~total/shards bytes, a weight and its scales together.
+Status write_tensor_files(const MkModelOptions& o, const std::vector<Spec>& specs,
+                          ThreadPool& pool) {
   size_t total = 0;
   for (const Spec& s : specs) total += s.nbytes();
-
-  // Shards: contiguous runs of ~total/shards bytes; a weight and its scales stay together.
   const int n = o.shards;
   std::vector<std::vector<const Spec*>> shards(static_cast<size_t>(n));
   size_t acc = 0, k = 0;
@@ -630,15 +673,6 @@ Status write_random_checkpoint(const MkModelOptions& o) {
       names.push_back(fmt::format("model-{:05d}-of-{:05d}.safetensors", i + 1, n));
     }
   }
-
-  const int threads = o.threads > 0
-                          ? o.threads
-                          : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
-  ThreadPool pool(threads);
-  if (!o.router_skew.empty()) {
-    XDS_ASSIGN_OR_RETURN(const double zipf_a, parse_router_skew(o.router_skew));
-    fit_router_skew(o, c, specs, pool, zipf_a);
-  }
   Progress progress;
   progress.total = total;
   progress.enabled = o.progress && total > kProgressBytes;
@@ -649,6 +683,7 @@ Status write_random_checkpoint(const MkModelOptions& o) {
   if (progress.enabled) std::fprintf(stderr, "\n");
 
   // A stale single file or index from an earlier run would shadow or contradict this one.
+  std::error_code ec;
   const std::string index_path = o.out_dir + "/model.safetensors.index.json";
   if (n == 1) {
     std::filesystem::remove(index_path, ec);
@@ -662,6 +697,107 @@ Status write_random_checkpoint(const MkModelOptions& o) {
     XDS_RETURN_IF_ERROR(write_text(index_path, index.dump(2) + "\n"));
   }
   return {};
+}
+
+int thread_count(const MkModelOptions& o) {
+  return o.threads > 0 ? o.threads
+                       : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+}
+
+// --from: the specs of an RTN W8A8 copy of `ckpt` (every tensor, in name order).
+Result<std::vector<Spec>> copy_specs(const Checkpoint& ckpt) {
+  std::vector<Spec> specs;
+  for (const std::string& name : ckpt.names()) {
+    const TensorView* t = ckpt.find(name);
+    if (t->dtype != DType::kBF16 && t->dtype != DType::kF16 && t->dtype != DType::kF32) {
+      return invalid_argument("{}: tensor '{}': dtype {}: the W8A8 copy reads BF16, F16 or F32",
+                              t->file, name, dtype_name(t->dtype));
+    }
+    Spec s{name, t->shape, t->dtype, Init::kLinear, false, {}, t, t->dtype};
+    if (!w8a8_rtn_target(name) || t->shape.size() != 2) {
+      specs.push_back(std::move(s));
+      continue;
+    }
+    s.dtype = DType::kI8;
+    const int64_t rows = t->shape[0];
+    specs.push_back(std::move(s));
+    specs.push_back({name + "_scale", {rows, 1}, t->dtype, Init::kLinear, true, {}});
+  }
+  return specs;
+}
+
+// The source's other files (tokenizer, generation config, ...) copied beside the new ones.
+Status copy_side_files(const std::string& from, const std::string& to) {
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(from, ec)) {
+    const std::string name = e.path().filename().string();
+    if (!e.is_regular_file() || name == "config.json" || name.ends_with(".safetensors") ||
+        name == "model.safetensors.index.json") {
+      continue;
+    }
+    std::filesystem::copy_file(e.path(), to + "/" + name,
+                               std::filesystem::copy_options::overwrite_existing, ec);
+    if (ec) return internal_error("{}: cannot copy to {}: {}", e.path().string(), to, ec.message());
+  }
+  if (ec) return internal_error("{}: cannot list: {}", from, ec.message());
+  return {};
+}
+
+Status write_w8a8_copy(const MkModelOptions& o) {
+  if (!o.weights_int8) return invalid_argument("mkmodel: --from needs --weights-int8");
+  if (!o.router_skew.empty()) return invalid_argument("mkmodel: --from takes no --router-skew");
+  const std::string src_config = o.from_dir + "/config.json";
+  XDS_ASSIGN_OR_RETURN(const DeepseekV3Config src_c, load_deepseek_v3_config(o.from_dir));
+  if (src_c.fp8 || src_c.w8a8) {
+    return invalid_argument("{}: field 'quantization_config': expected none (a float model)",
+                            src_config);
+  }
+  XDS_ASSIGN_OR_RETURN(const std::string text, read_whole_file(src_config));
+  ojson config = ojson::parse(text);
+  config["quantization_config"] = w8a8_quantization_json(w8a8_rtn_ignore());
+  const std::string config_text = config.dump(2) + "\n";
+  XDS_ASSIGN_OR_RETURN(Checkpoint ckpt, Checkpoint::open(o.from_dir));
+  XDS_ASSIGN_OR_RETURN(std::vector<Spec> specs, copy_specs(ckpt));
+  std::error_code ec;
+  std::filesystem::create_directories(o.out_dir, ec);
+  if (ec) return internal_error("{}: cannot create the directory: {}", o.out_dir, ec.message());
+  XDS_RETURN_IF_ERROR(parse_deepseek_v3_config(config_text, o.out_dir + "/config.json").status());
+  XDS_RETURN_IF_ERROR(copy_side_files(o.from_dir, o.out_dir));
+  XDS_RETURN_IF_ERROR(write_text(o.out_dir + "/config.json", config_text));
+  ThreadPool pool(thread_count(o));
+  return write_tensor_files(o, specs, pool);
+}
+
+}  // namespace
+
+Status write_random_checkpoint(const MkModelOptions& o) {
+  if (o.out_dir.empty()) return invalid_argument("mkmodel: --out is required");
+  if (!o.from_dir.empty()) return write_w8a8_copy(o);
+  XDS_ASSIGN_OR_RETURN(DeepseekV3Config c, mkmodel_config(o));
+  if (o.weights_int8 && c.fp8) return invalid_argument("mkmodel: --weights-int8 with dtype fp8");
+  std::error_code ec;
+  std::filesystem::create_directories(o.out_dir, ec);
+  if (ec) return internal_error("{}: cannot create the directory: {}", o.out_dir, ec.message());
+
+  const bool f16 = o.dtype == "f16";
+  ojson config = config_json(c);
+  if (f16) config["torch_dtype"] = "float16";
+  if (o.weights_int8) config["quantization_config"] = w8a8_quantization_json(w8a8_rtn_ignore());
+  const std::string config_text = config.dump(2) + "\n";
+  // The config must read back as the same model (guards the key names above).
+  XDS_RETURN_IF_ERROR(parse_deepseek_v3_config(config_text, o.out_dir + "/config.json").status());
+  XDS_RETURN_IF_ERROR(write_text(o.out_dir + "/config.json", config_text));
+  ojson gen = {{"_from_model_config", true}, {"bos_token_id", 0}, {"eos_token_id", 1}};
+  XDS_RETURN_IF_ERROR(write_text(o.out_dir + "/generation_config.json", gen.dump(2) + "\n"));
+
+  std::vector<Spec> specs =
+      tensor_specs(c, c.fp8.has_value(), f16 ? DType::kF16 : DType::kBF16, o.weights_int8);
+  ThreadPool pool(thread_count(o));
+  if (!o.router_skew.empty()) {
+    XDS_ASSIGN_OR_RETURN(const double zipf_a, parse_router_skew(o.router_skew));
+    fit_router_skew(o, c, specs, pool, zipf_a);
+  }
+  return write_tensor_files(o, specs, pool);
 }
 
 }  // namespace xds

@@ -40,6 +40,15 @@ struct MkModelOptions {
   // router_skew_seed and the layer (mkmodel/router_skew.h); "": U(-0.05, 0.05) as above.
   std::string router_skew;
   uint64_t router_skew_seed = 0;
+  // W8A8 (compressed-tensors, round to nearest per output channel: mkmodel/w8a8_rtn.h):
+  // the random model's attention and MLP projections written as I8 + weight_scale, the
+  // values rounded to `dtype` first, so that the same seed without it gives the float model
+  // they were quantized from.
+  bool weights_int8 = false;
+  // With weights_int8: instead of a random model, an RTN W8A8 copy of the (BF16, F16 or
+  // F32) checkpoint in this directory: its config.json with quantization_config added, its
+  // other files copied; preset, dtype, seed and router skew unused.
+  std::string from_dir;
   int threads = 0;       // 0: all hardware threads
   bool progress = true;  // a progress line on stderr for outputs > ~1 GB
 };
@@ -50,7 +59,7 @@ struct MkModelOptions {
 Result<DeepseekV3Config> mkmodel_config(const MkModelOptions& opts);
 
 // Writes the checkpoint into opts.out_dir (created if needed; existing files of the same
-// names are replaced).
+// names are replaced); with from_dir set, the W8A8 copy described above.
 Status write_random_checkpoint(const MkModelOptions& opts);
 
 // f32 -> E4M3 (e4m3fn), round to nearest even, saturating to +-448, NaN -> 0x7f; the same

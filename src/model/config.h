@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "base/status.h"
+#include "model/quant_config.h"
 
 namespace xds {
 
@@ -73,7 +74,8 @@ struct DeepseekV3Config {
   std::optional<RopeScaling> rope_scaling;
   int64_t max_position_embeddings = 4096;
   bool tie_word_embeddings = false;
-  std::optional<Fp8Quantization> fp8;   // present when the checkpoint is block-FP8
+  std::optional<Fp8Quantization> fp8;    // present when the checkpoint is block-FP8
+  std::optional<W8A8Quantization> w8a8;  // compressed-tensors W8A8 (quant_config.h)
   std::optional<int64_t> bos_token_id;
   std::vector<int64_t> eos_token_ids;   // from generation_config.json (else config.json)
 

@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "base/grow.h"
+#include "kernels/cpu/int8_matrix.h"
 #include "kernels/cpu/linear.h"
 #include "kernels/cpu/mla_attention.h"
 #include "kernels/cpu/ops.h"
@@ -172,6 +173,11 @@ void DeepseekV3Model::embed_rows(const MatrixRef& table, std::span<const int32_t
 
 void DeepseekV3Model::run_mlp(const MlpWeights& w, const float* xn, int64_t n, float* out) {
   const int64_t d = config_.hidden_size, width = w.gate_proj.rows;
+  if (is_int8_mlp(w)) {  // W8A8: x quantized once, gate and up in one kernel (int8_mlp.h)
+    kernels::quantize_rows_int8_on_pool(xn, n, d, d, s_int8_mlp_.x, *pool_);
+    int8_mlp(w, s_int8_mlp_.x.ref(), out, d, s_int8_mlp_, pool_.get());
+    return;
+  }
   float* gate = grow(s_gate_, n * width);
   float* up = grow(s_up_, n * width);
   const kernels::LinearOutput gate_up[] = {{&w.gate_proj, gate, width}, {&w.up_proj, up, width}};

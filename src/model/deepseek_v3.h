@@ -25,6 +25,7 @@
 #include "model/compute_dtype.h"
 #include "model/config.h"
 #include "model/deepseek_v3_weights.h"
+#include "model/int8_mlp.h"
 #include "model/kv_cache.h"
 #include "model/moe_exchange.h"
 #include "model/rope.h"
@@ -124,6 +125,7 @@ class DeepseekV3Model final : public CausalLm {
   std::unique_ptr<Batch> batch_;  // the step's chunks and positions
   std::vector<float> s_x_, s_xn_, s_tmp_, s_q_, s_qa_, s_kva_, s_qabs_, s_lat_, s_attn_;
   std::vector<float> s_gather_, s_kvfull_, s_rope_, s_gate_, s_up_, s_scores_, s_routed_, s_router_;
+  Int8MlpScratch s_int8_mlp_;  // W8A8 dense and shared MLPs
   std::vector<int32_t> s_ids_, s_token_chunk_;
   std::vector<int64_t> s_absorbed_;
   std::vector<std::pair<int64_t, int64_t>> s_runs_;

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include "model/int8_weights.h"
 #include "model/safetensors.h"
 #include "model/weights.h"
 
@@ -23,7 +24,24 @@ class Binder {
     return bind_matrix(ckpt_, name, rows, cols, store_, br_, bc_);
   }
   // A weight used only as y = x · Wᵀ: panels when BF16 (bind_linear).
+  // W8A8 checkpoints: int8 panels where quantization_config quantizes the module
+  // (int8_weights.h), the module's float dtype where it is ignored.
   Result<MatrixRef> linear(const std::string& name, int64_t rows, int64_t cols) {
+    if (c_.w8a8) return bind_w8a8_linear(ckpt_, *c_.w8a8, name, rows, cols, store_);
+    return bind_linear(ckpt_, name, rows, cols, store_, br_, bc_);
+  }
+  // kv_b_proj, which attention slices by heads: a quantized one is dequantized to F32 rows.
+  Result<MatrixRef> sliced_linear(const std::string& name, int64_t rows, int64_t cols) {
+    if (c_.w8a8) {
+      XDS_ASSIGN_OR_RETURN(const bool quantized, w8a8_quantized(ckpt_, *c_.w8a8, name));
+      if (quantized) {
+        return bind_int8_as_f32_rows(ckpt_, name.substr(0, name.size() - 7), rows, cols, store_);
+      }
+    }
+    return matrix(name, rows, cols);
+  }
+  // The embedding table as the tied lm_head: never quantized (not a Linear module).
+  Result<MatrixRef> embedding_linear(const std::string& name, int64_t rows, int64_t cols) {
     return bind_linear(ckpt_, name, rows, cols, store_, br_, bc_);
   }
   Result<std::span<const float>> vec(const std::string& name, int64_t n) {
@@ -61,7 +79,7 @@ class Binder {
     XDS_ASSIGN_OR_RETURN(l.attn.kv_a_norm, vec(a + ".kv_a_layernorm.weight", c_.kv_lora_rank));
     const int64_t kv_b_rows = h * (c_.qk_nope_head_dim + c_.v_head_dim);
     XDS_ASSIGN_OR_RETURN(l.attn.kv_b_proj,
-                         matrix(a + ".kv_b_proj.weight", kv_b_rows, c_.kv_lora_rank));
+                         sliced_linear(a + ".kv_b_proj.weight", kv_b_rows, c_.kv_lora_rank));
     XDS_ASSIGN_OR_RETURN(AbsorbedHeads heads,
                          bind_absorbed_heads(ckpt_, a + ".kv_b_proj.weight", l.attn.kv_b_proj, h,
                                              c_.qk_nope_head_dim, c_.v_head_dim, store_));
@@ -120,7 +138,7 @@ Result<DeepseekV3Weights> bind_deepseek_v3_weights(const DeepseekV3Config& c,
   }
   XDS_ASSIGN_OR_RETURN(w.final_norm, b.vec("model.norm.weight", d));
   if (c.tie_word_embeddings && !b.has("lm_head.weight")) {
-    XDS_ASSIGN_OR_RETURN(w.lm_head, b.linear("model.embed_tokens.weight", v, d));
+    XDS_ASSIGN_OR_RETURN(w.lm_head, b.embedding_linear("model.embed_tokens.weight", v, d));
   } else {
     XDS_ASSIGN_OR_RETURN(w.lm_head, b.linear("lm_head.weight", v, d));
   }

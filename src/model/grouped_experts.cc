@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "base/grow.h"
+#include "kernels/cpu/int8_quant.h"
 #include "kernels/cpu/linear.h"
 #include "kernels/cpu/ops.h"
 
@@ -111,10 +112,23 @@ void GroupedExperts::run_slot(const GroupedExpertsInput& in, const MlpWeights& m
     const int64_t r = in.gather != nullptr ? in.gather[begin + i] : begin + i;
     return static_cast<const char*>(in.rows) + r * in.row_stride * (bf16_rows ? 2 : 4);
   };
-  float* gate = grow(s.gate, m * inter);
-  float* up = grow(s.up, m * inter);
   float* out = in.out + begin * d;  // [m, D]
-  if (compute_ == ComputeDType::kF32) {
+  if (is_int8_mlp(mlp)) {
+    // W8A8 in either compute mode: each row quantized per token from its own values (bf16
+    // rows widened exactly), then gate+up in one kernel and down on int8 (int8_mlp.h).
+    s.int8.x.resize(m, d);
+    for (int64_t i = 0; i < m; ++i) {
+      const kernels::Int8RowsOut row{s.int8.x.q.data() + i * d, s.int8.x.scale.data() + i, d};
+      if (bf16_rows) {
+        kernels::quantize_rows_int8(reinterpret_cast<const uint16_t*>(input_row(i)), 1, d, d, row);
+      } else {
+        kernels::quantize_rows_int8(reinterpret_cast<const float*>(input_row(i)), 1, d, d, row);
+      }
+    }
+    int8_mlp(mlp, s.int8.x.ref(), out, d, s.int8, nullptr);
+  } else if (compute_ == ComputeDType::kF32) {
+    float* gate = grow(s.gate, m * inter);
+    float* up = grow(s.up, m * inter);
     float* xe = grow(s.xe, m * d);  // [m, D]
     for (int64_t i = 0; i < m; ++i) {
       if (bf16_rows) {
@@ -129,6 +143,8 @@ void GroupedExperts::run_slot(const GroupedExpertsInput& in, const MlpWeights& m
     kernels::silu_mul(gate, up, m * inter, gate);
     kernels::linear_f32(gate, m, inter, mlp.down_proj, out, d, inline_pool_, kExpertSgemmMinTokens);
   } else {
+    float* gate = grow(s.gate, m * inter);
+    float* up = grow(s.up, m * inter);
     uint16_t* xb = grow(s.bf16, m * std::max(d, inter));  // [m, D], then [m, I]
     for (int64_t i = 0; i < m; ++i) {
       if (bf16_rows) {

@@ -15,8 +15,9 @@
 // Each slot runs one batched MLP over its rows, [m, D] -> [m, I] (gate, up) -> [m, D]
 // (down), in the compute dtype: kF32 widens bf16 rows exactly; kBF16 rounds the inputs of
 // each product to bf16 (bf16 rows are taken as they are: the same values). Slots run in
-// parallel, one per pool thread at a time, largest first; each writes only its own rows, so
-// the result does not depend on the thread count, the other slots or the batch.
+// parallel, one per pool thread at a time, largest first (W8A8 experts: int8_mlp.h, each row
+// quantized per token from its own values in either compute mode); each writes only its own rows,
+// so the result does not depend on the thread count, the other slots or the batch.
 //
 // Thread-safety: one run() at a time; it uses the whole pool. Scratch grows to the largest
 // slot seen and is reused (no allocation once grown).
@@ -30,6 +31,7 @@
 #include "base/thread_pool.h"
 #include "model/compute_dtype.h"
 #include "model/deepseek_v3_weights.h"
+#include "model/int8_mlp.h"
 #include "model/moe_exchange.h"
 #include "tensor/dtype.h"
 
@@ -61,6 +63,7 @@ class GroupedExperts {
   struct ThreadScratch {
     std::vector<float> xe, gate, up;  // [m, D], [m, I], [m, I]
     std::vector<uint16_t> bf16;       // [m, max(D, I)] rounded inputs (bf16 compute)
+    Int8MlpScratch int8;              // W8A8 experts: x [m, D], h [m, I] (int8_mlp.h)
   };
   void run_slot(const GroupedExpertsInput& in, const MlpWeights& mlp, int64_t begin, int64_t m,
                 ThreadScratch& s);

@@ -1,6 +1,7 @@
 #include "model/linear_runner.h"
 
 #include "base/check.h"
+#include "kernels/cpu/int8_matrix.h"
 #include "kernels/cpu/linear.h"
 #include "model/deepseek_v3.h"
 
@@ -8,7 +9,8 @@ namespace xds {
 
 void LinearRunner::operator()(const float* x, int64_t n, int64_t ldx, const MatrixRef& w, float* y,
                               int64_t ldy) {
-  if (compute_ == ComputeDType::kF32) {
+  // Int8 weights quantize the fp32 rows per token in either mode (the same arithmetic).
+  if (compute_ == ComputeDType::kF32 || kernels::is_int8_matrix(w)) {
     kernels::linear_f32(x, n, ldx, w, y, ldy, pool_);
     return;
   }
@@ -21,7 +23,7 @@ void LinearRunner::operator()(const float* x, int64_t n, int64_t ldx, const Matr
 void LinearRunner::group(const float* x, int64_t n, int64_t ldx,
                          std::span<const kernels::LinearOutput> outs) {
   if (outs.empty()) return;
-  if (compute_ == ComputeDType::kF32) {
+  if (compute_ == ComputeDType::kF32 || kernels::is_int8_matrix(*outs[0].w)) {
     kernels::linear_f32_group(x, n, ldx, outs, pool_);
     return;
   }

@@ -1,7 +1,9 @@
 // LinearRunner: y = x · Wᵀ in the model's compute dtype.
 //
 // kF32: kernels::linear_f32. kBF16: the inputs are first rounded to bf16 (the stated
-// rounding point of the fast mode), then kernels::linear_bf16.
+// rounding point of the fast mode), then kernels::linear_bf16. Int8 weights (W8A8
+// checkpoints) take the fp32 rows in both modes: quantized per token, int8 products
+// (kernels/cpu/int8_matrix.h), the same integer arithmetic whatever the compute dtype.
 // Thread-safety: one caller at a time (owns a bf16 scratch buffer).
 #pragma once
 

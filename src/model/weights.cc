@@ -250,16 +250,6 @@ Status check_shape_2d(const TensorView& t, int64_t rows, int64_t cols) {
   return {};
 }
 
-std::string repack_key(const TensorView& t, const TensorView* scale, std::string_view target,
-                       int64_t br, int64_t bc) {
-  std::string key = fmt::format("v1|{}|{}|{}|{}|{}", file_identity(t.file), t.name,
-                                dtype_name(t.dtype), t.shape_string(), target);
-  if (scale != nullptr) {
-    key += fmt::format("|{}|{}|{}x{}", file_identity(scale->file), scale->name, br, bc);
-  }
-  return key;
-}
-
 // The F32 block scales `<name>_scale_inv` of the F8_E4M3 tensor t [rows, cols].
 Result<const TensorView*> find_fp8_scales(const Checkpoint& ckpt, const TensorView& t, int64_t rows,
                                           int64_t cols, int64_t block_rows, int64_t block_cols) {
@@ -374,6 +364,16 @@ Result<MatrixRef> bind_panels16(const TensorView& t, int64_t rows, int64_t cols,
 }
 
 }  // namespace
+
+std::string repack_key(const TensorView& t, const TensorView* scale, std::string_view target,
+                       int64_t br, int64_t bc) {
+  std::string key = fmt::format("v1|{}|{}|{}|{}|{}", file_identity(t.file), t.name,
+                                dtype_name(t.dtype), t.shape_string(), target);
+  if (scale != nullptr) {
+    key += fmt::format("|{}|{}|{}x{}", file_identity(scale->file), scale->name, br, bc);
+  }
+  return key;
+}
 
 Result<MatrixRef> bind_matrix(const Checkpoint& ckpt, const std::string& name, int64_t rows,
                               int64_t cols, RepackCache& cache, int64_t block_rows,

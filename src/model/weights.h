@@ -136,6 +136,11 @@ Result<AbsorbedHeads> bind_absorbed_heads(const Checkpoint& ckpt, const std::str
 Result<std::span<const float>> bind_vector_f32(const Checkpoint& ckpt, const std::string& name,
                                                int64_t n, RepackCache& cache);
 
+// The repack-cache key of a tensor converted to `target` (with its scale tensor, if any):
+// the files' identities (path, size, mtime), names, dtypes and shapes.
+std::string repack_key(const TensorView& t, const TensorView* scale, std::string_view target,
+                       int64_t br, int64_t bc);
+
 // weight[r][c] = f32(fp8[r*cols + c]) * scale_inv[(r/br)*ceil(cols/bc) + c/bc] for rows
 // [row_begin, row_end). Exposed for tests and mkmodel.
 void dequantize_fp8_block_rows(const uint8_t* fp8, const float* scale_inv, int64_t rows,

@@ -31,6 +31,14 @@
 // its value times 2^-8; the product with the stored scale is the dequantized weight,
 // rounded once, as a dequantization to F32 computes it).
 //
+// kInt8Panels (dtype kI8: W8A8 checkpoints, model/quant_config.h): int8 weights with one fp32
+// scale per output row, in the int8 kernels' layout (kernels/cpu/int8_linear.h: pairs of
+// 16-row panels, k in groups of 4, rows padded to a multiple of 32):
+//   data [pairs][groups][2][16][4] int8, scales [stored rows] fp32 (W[r][c] = data · scales[r]),
+//   correction [stored rows] int32 (-128 · Σ_c W[r][c], for the vpdpbusd path)
+// written once at load into the repack cache. The linear kernels run them as W8A8 products
+// (per-token int8 activations, int32 sums; kernels/cpu/int8_matrix.h).
+//
 // Not owning; the Checkpoint / repack mapping outlives it.
 #pragma once
 
@@ -40,7 +48,7 @@
 
 namespace xds {
 
-enum class MatrixLayout { kRows, kPanels16 };
+enum class MatrixLayout { kRows, kPanels16, kInt8Panels };
 
 inline constexpr int64_t kPanelRows = 16;
 inline constexpr int64_t kPairStride = 2 * kPanelRows;  // elements per column of a panel pair
@@ -51,8 +59,9 @@ struct MatrixRef {
   int64_t rows = 0;  // out_features
   int64_t cols = 0;  // in_features
   MatrixLayout layout = MatrixLayout::kRows;
-  const float* scales = nullptr;  // F8_E4M3 panels only: see above
-  int scale_shift = 0;            // log2(block_cols) of those scales
+  const float* scales = nullptr;        // F8_E4M3 panels only: see above
+  int scale_shift = 0;                  // log2(block_cols) of those scales
+  const int32_t* correction = nullptr;  // kInt8Panels only: see above
 
   int64_t scale_blocks() const { return (cols + (int64_t{1} << scale_shift) - 1) >> scale_shift; }
 
@@ -66,19 +75,23 @@ struct MatrixRef {
   }
   // Bytes of the payload, padding of the last panel and pair included.
   int64_t bytes() const {
+    if (layout == MatrixLayout::kInt8Panels) return (rows + 31) / 32 * 32 * ((cols + 3) / 4 * 4);
     return layout == MatrixLayout::kRows ? rows * row_bytes()
                                          : stored_panels() * kPanelRows * row_bytes();
   }
   // Bytes a product over the whole matrix reads: the payload and, for FP8 panels, their
-  // scales (fp32, stored_panels() × scale_blocks()).
+  // scales (fp32, stored_panels() × scale_blocks()); int8 panels: their scales and
+  // corrections (8 bytes a stored row).
   int64_t read_bytes() const {
+    if (layout == MatrixLayout::kInt8Panels) return bytes() + (rows + 31) / 32 * 32 * 8;
     return bytes() + (scales != nullptr ? stored_panels() * scale_blocks() * int64_t{4} : 0);
   }
   // A view of rows [begin, begin + count); kRows only.
   MatrixRef row_slice(int64_t begin, int64_t count) const {
-    return {
-        dtype, static_cast<const char*>(data) + begin * row_bytes(), count, cols, layout, nullptr,
-        0};
+    return {dtype,  static_cast<const char*>(data) + begin * row_bytes(),
+            count,  cols,
+            layout, nullptr,
+            0,      nullptr};
   }
 };
 

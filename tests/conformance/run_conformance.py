@@ -73,6 +73,21 @@ CASES = [
      "variants": ["oneshot", "chunked"]},
     {"name": "indep_softmax_greedy", "maker": "python", "args": ["--gating", "softmax"],
      "variants": ["oneshot"]},
+    # W8A8 (compressed-tensors): an RTN copy of the shipped model (mkmodel --from
+    # --weights-int8; the seed only picks the prompt). The oracle runs the quantized linears
+    # in the stated integer arithmetic (ds3_oracle.w8a8_linear), the rest in float64. Its
+    # activations differ from the engine's fp32 ones by ~1e-7 relative, which can move an
+    # element across a rounding boundary of the per-token quantization (one step of sx · w,
+    # 1-3e-3 of a row's largest logit here where the absorbed attention's sums run in another
+    # order; the one-shot run agrees to ~1e-6): hence 5e-3 rather than 1e-4, far below what a
+    # wrong scale, offset or packing gives.
+    # (A random model amplifies such a step into percents of its logits: the trained one.)
+    {"name": "w8a8_kjv", "maker": "engine",
+     "args": ["--from", os.path.join(HERE, "..", "..", "models", "kjv-moe-tiny"),
+              "--weights-int8"],
+     "logit_rtol": 5e-3, "argmax_margin": 1e-2, "routing_margin": 1e-3,
+     "drop_files": ["tokenizer.json", "tokenizer_config.json"],  # generate prints ids
+     "variants": ["oneshot", "chunked", "absorbed", "expanded"]},
 ]
 
 # Engine runs: extra generate args, and the generate --help flag each needs.
@@ -119,6 +134,8 @@ def make_checkpoint(xds, case, seed, out):
         cmd = [sys.executable, os.path.join(HERE, "oracle", "make_tiny.py"), "--out", out,
                "--seed", str(seed)] + args
     run(cmd)
+    for name in case.get("drop_files", []):
+        os.remove(os.path.join(out, name))
 
 
 def argmax(row, vocab):
@@ -154,6 +171,8 @@ def margins(result, prompt_len, n, vocab):
 def pick_seed_and_prompt(xds, case, workdir):
     """Scan seeds 1.. and a few prompts per seed with the oracle only."""
     best = None
+    amargin = case.get("argmax_margin", ARGMAX_MARGIN)
+    rmargin = case.get("routing_margin", ROUTING_MARGIN)
     for seed in SEEDS:
         model = os.path.join(workdir, f"{case['name']}_seed{seed}")
         make_checkpoint(xds, case, seed, model)
@@ -164,9 +183,9 @@ def pick_seed_and_prompt(xds, case, workdir):
             prompt = [int(v) for v in rng.integers(2, vocab, case.get("prompt_len", PROMPT_LEN))]
             generated, result = oracle_greedy(oracle, prompt, MAX_TOKENS)
             amin, rmin = margins(result, len(prompt), MAX_TOKENS, vocab)
-            if best is None or min(amin / ARGMAX_MARGIN, rmin / ROUTING_MARGIN) > best[0]:
-                best = (min(amin / ARGMAX_MARGIN, rmin / ROUTING_MARGIN), seed, k)
-            if amin >= ARGMAX_MARGIN and rmin >= ROUTING_MARGIN:
+            if best is None or min(amin / amargin, rmin / rmargin) > best[0]:
+                best = (min(amin / amargin, rmin / rmargin), seed, k)
+            if amin >= amargin and rmin >= rmargin:
                 return {"model": model, "seed": seed, "prompt": prompt, "oracle": oracle,
                         "generated": generated, "argmax_margin": amin, "routing_margin": rmin}
         shutil.rmtree(model)
@@ -219,7 +238,7 @@ def run_engine(xds, model, prompt, extra, tmp, tag, want_routing):
             "routing": read_routing(routing_path) if want_routing else None}
 
 
-def compare(oracle, prompt, eng, label):
+def compare(oracle, prompt, eng, label, rtol=LOGIT_RTOL):
     """Checks one engine run against the oracle on prompt + the engine's ids."""
     cfg = oracle.cfg
     vocab = cfg.vocab_size
@@ -236,9 +255,9 @@ def compare(oracle, prompt, eng, label):
     rel = np.max(np.abs(logits - ref["logits"][:rows]), axis=1) / np.max(
         np.abs(ref["logits"][:rows]), axis=1)
     worst = int(np.argmax(rel))
-    if rel[worst] > LOGIT_RTOL:
-        bad = [int(r) for r in np.nonzero(rel > LOGIT_RTOL)[0]]
-        errors.append(f"logits: rows {bad} exceed {LOGIT_RTOL} (worst row {worst}: "
+    if rel[worst] > rtol:
+        bad = [int(r) for r in np.nonzero(rel > rtol)[0]]
+        errors.append(f"logits: rows {bad} exceed {rtol} (worst row {worst}: "
                       f"{rel[worst]:.3e}; first bad row {bad[0]}: {rel[bad[0]]:.3e})")
     for j, tok in enumerate(eng["generated"]):
         want = argmax(ref["logits"][len(prompt) - 1 + j], vocab)
@@ -299,7 +318,8 @@ def run_case(xds, case, workdir, gen_help, log):
             failed.append(label)
             log(f"[{label}] FAIL: {e}")
             continue
-        errors, stats = compare(pick["oracle"], pick["prompt"], eng, label)
+        errors, stats = compare(pick["oracle"], pick["prompt"], eng, label,
+                                case.get("logit_rtol", LOGIT_RTOL))
         if oneshot is not None:
             if eng["generated"] != oneshot["generated"]:
                 errors.append(f"tokens differ from the one-shot run: {eng['generated']} vs "

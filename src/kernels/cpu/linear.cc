@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "base/check.h"
+#include "kernels/cpu/int8_matrix.h"
 #include "kernels/cpu/linear_panels.h"
 #include "kernels/cpu/static_dispatch.h"
 
@@ -343,6 +344,8 @@ void linear_f32(const float* x, int64_t n, int64_t ldx, const MatrixRef& w, floa
   if (w.layout == MatrixLayout::kPanels16) {
     return one_weight_on_pool(x, n, ldx, w, y, ldy, pool, panels_linear, linear_panels_group);
   }
+  if (is_int8_matrix(w))
+    return int8_linear_f32(x, n, ldx, int8_panels_of(w), {y, nullptr, ldy}, pool);
   if (n >= sgemm_min_tokens) return linear_sgemm(x, n, ldx, w, y, ldy, pool);
   if (w.dtype == DType::kBF16) return linear_impl<float, uint16_t>(x, n, ldx, w, y, ldy, pool);
   XDS_CHECK(w.dtype == DType::kF32, "linear: weight dtype {}", dtype_name(w.dtype));
@@ -373,6 +376,15 @@ bool runs_as_group(int64_t n, std::span<const LinearOutput> outs, const ThreadPo
 void linear_f32_group(const float* x, int64_t n, int64_t ldx, std::span<const LinearOutput> outs,
                       ThreadPool& pool) {
   if (n == 0 || outs.empty()) return;
+  const bool all_int8 = std::all_of(outs.begin(), outs.end(),
+                                    [](const LinearOutput& o) { return is_int8_matrix(*o.w); });
+  if (all_int8) {  // x quantized once for all of them (q_a with kv_a)
+    thread_local Int8Rows xq;
+    quantize_rows_int8_on_pool(x, n, outs[0].w->cols, ldx, xq, pool);
+    for (const LinearOutput& o : outs)
+      int8_linear(xq.ref(), int8_panels_of(*o.w), {o.y, nullptr, o.ldy}, pool);
+    return;
+  }
   if (!runs_as_group(n, outs, pool, [](const MatrixRef& w) { return is_panel_matrix(w); })) {
     for (const LinearOutput& o : outs) linear_f32(x, n, ldx, *o.w, o.y, o.ldy, pool);
     return;
@@ -385,6 +397,12 @@ void linear_f32_serial(const float* x, int64_t n, int64_t ldx, const MatrixRef& 
   if (n == 0 || w.rows == 0) return;
   if (w.layout == MatrixLayout::kPanels16)
     return panels_linear(x, n, ldx, w, 0, w.panels(), y, ldy);
+  if (is_int8_matrix(w)) {
+    thread_local Int8Rows xq;
+    xq.resize(n, w.cols);
+    quantize_rows_int8(x, n, w.cols, ldx, xq.out());
+    return int8_linear_on_thread(xq.ref(), int8_panels_of(w), {y, nullptr, ldy});
+  }
   const int64_t k = w.cols;
   for (int64_t t = 0; t < n; t += kTokenBlock) {
     const int tb = static_cast<int>(std::min<int64_t>(kTokenBlock, n - t));
@@ -405,6 +423,12 @@ void linear_f32_serial(const float* x, int64_t n, int64_t ldx, const MatrixRef& 
 void linear_bf16(const uint16_t* x, int64_t n, int64_t ldx, const MatrixRef& w, float* y,
                  int64_t ldy, ThreadPool& pool) {
   if (n == 0 || w.rows == 0) return;
+  if (is_int8_matrix(w)) {  // the bf16 rows quantized per token (widened exactly)
+    thread_local Int8Rows xq;
+    xq.resize(n, w.cols);
+    quantize_rows_int8(x, n, w.cols, ldx, xq.out());
+    return int8_linear(xq.ref(), int8_panels_of(w), {y, nullptr, ldy}, pool);
+  }
   if (panels_dot_for(w)) {
     return one_weight_on_pool(x, n, ldx, w, y, ldy, pool, panels_linear_bf16,
                               linear_panels_dot_group);

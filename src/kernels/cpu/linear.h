@@ -4,6 +4,9 @@
 //   W: MatrixRef [rows, k]: BF16 or F32 in the Hugging Face [out, in] layout (kRows), or
 //      BF16 panels (kPanels16, the loaded model's linears: kernels/cpu/linear_panels.h)
 //   y: [n, rows] fp32, row stride ldy
+//   W8A8 weights (kInt8Panels) run on the int8 kernels in every entry point below: x
+//   quantized per token (from fp32, or from the bf16 values widened exactly), int32 sums,
+//   the scales (kernels/cpu/int8_matrix.h, int8_linear.h).
 //
 // Work is split across the pool by output rows, so every thread streams its own slice of
 // W exactly once per call while the activations stay in cache (decode is memory-bound on

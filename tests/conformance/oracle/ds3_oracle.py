@@ -41,7 +41,7 @@ def fp8_e4m3fn_value(byte):
 
 FP8_E4M3FN_TABLE = np.array([fp8_e4m3fn_value(b) for b in range(256)], dtype=np.float64)
 
-DTYPE_BYTES = {"F64": 8, "F32": 4, "BF16": 2, "F16": 2, "F8_E4M3": 1}
+DTYPE_BYTES = {"F64": 8, "F32": 4, "BF16": 2, "F16": 2, "F8_E4M3": 1, "I8": 1}
 
 
 def decode_tensor(dtype, raw, shape):
@@ -56,6 +56,8 @@ def decode_tensor(dtype, raw, shape):
         values = (raw.view("<u2").astype(np.uint32) << 16).view(np.float32)
     elif dtype == "F8_E4M3":
         values = FP8_E4M3FN_TABLE[raw]
+    elif dtype == "I8":
+        values = raw.view(np.int8)
     else:
         raise ValueError(f"unknown dtype {dtype}")
     return values.astype(np.float64).reshape(shape)
@@ -138,10 +140,22 @@ class Checkpoint:
     def has(self, name):
         return name in self.where
 
+    def get_int8(self, name):
+        """A W8A8 weight (compressed-tensors: `name` I8 [out, in], `name`_scale [out, 1]) ->
+        (int64 weights, float32 per-row scales), or None when `name` is not I8."""
+        if name not in self.where or self.where[name].entries[name]["dtype"] != "I8":
+            return None
+        q, _ = self.where[name].read(name)
+        scale, _ = self.where[name + "_scale"].read(name + "_scale")
+        return q.astype(np.int64), scale.reshape(-1).astype(np.float32)
+
     def get(self, name):
         if name not in self.where:
             raise KeyError(f"missing tensor {name}")
         value, dtype = self.where[name].read(name)
+        if dtype == "I8":  # W8A8 weight used as floats (dequantized exactly)
+            scale, _ = self.where[name + "_scale"].read(name + "_scale")
+            return value * scale.reshape(-1, 1)
         if dtype == "F8_E4M3":
             scale_name = name + "_scale_inv"
             if scale_name not in self.where:
@@ -337,6 +351,21 @@ def select_experts(scores, bias, cfg):
 # ----------------------------------------------------------------------------------------
 
 
+def w8a8_linear(x, q, sw):
+    """W8A8 (per-token dynamic int8 activations, per-channel int8 weights), in the engine's
+    stated arithmetic: per token, in float32, s = absmax / 127 and xq = round-half-even(x / s)
+    (a zero row: s = 0, xq = 0); exact integer sums; y = (float32(sum) * sw) * s in float32.
+    x [..., in] (float64, taken as float32), q [out, in] int64, sw [out] float32."""
+    shape = x.shape
+    x32 = np.asarray(x, dtype=np.float32).reshape(-1, shape[-1])
+    s = (np.max(np.abs(x32), axis=1) / np.float32(127)).astype(np.float32)
+    safe = np.where(s > 0, s, np.float32(1))
+    xq = np.where(s[:, None] > 0, np.rint(x32 / safe[:, None]), 0).astype(np.int64)
+    sums = xq @ q.T
+    y = (sums.astype(np.float32) * sw[None, :]) * s[:, None]
+    return y.astype(np.float64).reshape(shape[:-1] + (q.shape[0],))
+
+
 class ArrayCheckpoint:
     """In-memory tensors (name -> float64 array), for hand-built models in tests."""
 
@@ -364,6 +393,7 @@ class Oracle:
             self.ckpt = ArrayCheckpoint(arrays)
         self.freqs, self.rope_mult, self.softmax_scale = rope_frequencies(self.cfg)
         self._cache = {}
+        self._int8 = {}
 
     def w(self, name):
         if name not in self._cache:
@@ -371,7 +401,13 @@ class Oracle:
         return self._cache[name]
 
     def linear(self, x, name):
-        """x [..., in] @ weight[out, in]^T -> [..., out]."""
+        """x [..., in] @ weight[out, in]^T -> [..., out]. A W8A8 weight (I8 + per-row scale)
+        takes the integer arithmetic instead: w8a8_linear."""
+        if name not in self._int8:
+            get_int8 = getattr(self.ckpt, "get_int8", None)
+            self._int8[name] = get_int8(name) if get_int8 else None
+        if self._int8[name] is not None:
+            return w8a8_linear(x, *self._int8[name])
         return x @ self.w(name).T
 
     def mlp(self, x, prefix):

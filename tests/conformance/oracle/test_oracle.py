@@ -310,5 +310,23 @@ class Model(unittest.TestCase):
         self.assertAlmostEqual(routing[0][1], s2 - 1 / (1 + math.exp(-1)), places=15)
 
 
+class W8A8Test(unittest.TestCase):
+    def test_linear_by_hand(self):
+        # Token 0: absmax 254 -> s = 2; x / s = 63.5, -127, 31.75 -> 64 (half to even), -127,
+        # 32. Row 0: 64 - 254 + 96 = -94 -> -94 * 0.5 * 2 = -94. Row 1: -64 + 0 + 32 * 127 =
+        # 4000 -> 4000 * 0.25 * 2 = 2000. Token 1 is zero: s = 0, outputs 0.
+        x = np.array([[127.0, -254.0, 63.5], [0.0, 0.0, 0.0]])
+        q = np.array([[1, 2, 3], [-1, 0, 127]], dtype=np.int64)
+        sw = np.array([0.5, 0.25], dtype=np.float32)
+        y = o.w8a8_linear(x, q, sw)
+        np.testing.assert_array_equal(y, [[-94.0, 2000.0], [0.0, 0.0]])
+
+    def test_half_rounds_to_even_both_ways(self):
+        # s = 1: 2.5 -> 2, -1.5 -> -2, 0.5 -> 0; sum against ones = 0 with the max 127.
+        x = np.array([[2.5, -1.5, 0.5, 127.0]])
+        y = o.w8a8_linear(x, np.array([[1, 1, 1, 0]], dtype=np.int64), np.ones(1, np.float32))
+        np.testing.assert_array_equal(y, [[0.0]])
+
+
 if __name__ == "__main__":
     unittest.main()

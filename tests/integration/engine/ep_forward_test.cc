@@ -20,8 +20,8 @@
 
 #include "engine/ep_moe_exchange.h"
 #include "engine/step_sync.h"
-#include "model/deepseek_v3.h"
 #include "mkmodel/mkmodel.h"
+#include "model/deepseek_v3.h"
 #include "xccl/launcher.h"
 #include "xccl/thread_fabric.h"
 #include "xccl/transport.h"
@@ -43,6 +43,7 @@ struct GroupCase {
   // Compare with a local model run in the device on the same chunks (same batches, same
   // attention paths), instead of with the single-process prefill of each prompt.
   bool lockstep = false;
+  bool int8 = false;  // a W8A8 copy of the model (mkmodel weights_int8): INT8 experts
 };
 
 struct Prompt {
@@ -50,10 +51,12 @@ struct Prompt {
   std::vector<float> ref;  // [len, vocab] teacher-forced logits of the single-process run
 };
 
-std::string make_model() {
-  const std::string dir =
-      (std::filesystem::temp_directory_path() / "xds_ep_forward_tiny").string();
+std::string make_model(bool int8 = false) {
+  const std::string dir = (std::filesystem::temp_directory_path() /
+                           (int8 ? "xds_ep_forward_tiny_w8a8" : "xds_ep_forward_tiny"))
+                              .string();
   MkModelOptions o;
+  o.weights_int8 = int8;
   o.out_dir = dir;
   o.seed = 29;
   o.progress = false;
@@ -283,7 +286,7 @@ int run_device(xccl::Fabric& f, const std::string& dir, const std::vector<Prompt
 
 void run_group(const GroupCase& gc) {
   const int devices = gc.devices;
-  const std::string dir = make_model();
+  const std::string dir = make_model(gc.int8);
   auto reference = DeepseekV3Model::load(dir, model_options(gc.compute));
   ASSERT_TRUE(reference.ok()) << reference.status().to_string();
   const ModelInfo info = (*reference)->info();
@@ -326,6 +329,15 @@ TEST(EpForward, Bf16RowsStayCloseToTheLocalBf16Logits) {
              .compute = ComputeDType::kBF16,
              .tolerance = kBf16Tolerance,
              .lockstep = true});
+}
+
+// INT8 (W8A8) experts: each device quantizes the rows it receives per token, as the local
+// run does, so f32 keeps the f32 contract. (With bf16 rows on the wire a row's rounding
+// moves its quantization by up to 127 · 2^-9 of a step, and the random tiny model amplifies
+// such steps into tens of percents of a logit: no tight bound holds there, see
+// tests/integration/model/w8a8_kjv_test.cc for the bf16 mode on a trained model.)
+TEST(EpForward, W8A8ExpertsMatchTheSingleProcessLogits) {
+  run_group({.devices = 2, .int8 = true});
 }
 
 // Set-up errors name what is wrong (devices as threads; the DeepSeek-V3 config + weights form

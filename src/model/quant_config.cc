@@ -1,0 +1,145 @@
+#include "model/quant_config.h"
+
+#include <fmt/format.h>
+
+#include "model/config_json.h"
+
+namespace xds {
+namespace {
+
+using json = nlohmann::json;
+using config_json::field_error;
+
+// obj[field] must equal `want` (absent: `absent_ok` decides; null counts as absent only
+// where want is null). `what` describes the expected value.
+Status expect_value(std::string_view source, const std::string& path, const json& obj,
+                    const char* field, const json& want, bool absent_ok) {
+  const std::string key = path + "." + field;
+  auto it = obj.find(field);
+  if (it == obj.end()) {
+    if (absent_ok) return {};
+    return field_error(source, key, want.dump(), json());
+  }
+  if (*it != want) return field_error(source, key, want.dump(), *it);
+  return {};
+}
+
+// weights or input_activations of the one config group.
+Status check_args(std::string_view source, const std::string& path, const json& v,
+                  const char* strategy, bool dynamic) {
+  if (!v.is_object()) return field_error(source, path, "an object", v);
+  XDS_RETURN_IF_ERROR(expect_value(source, path, v, "num_bits", 8, false));
+  XDS_RETURN_IF_ERROR(expect_value(source, path, v, "type", "int", false));
+  XDS_RETURN_IF_ERROR(expect_value(source, path, v, "symmetric", true, true));
+  XDS_RETURN_IF_ERROR(expect_value(source, path, v, "strategy", strategy, false));
+  // Activations: dynamic must be stated (compressed-tensors' default is static).
+  XDS_RETURN_IF_ERROR(expect_value(source, path, v, "dynamic", dynamic, !dynamic));
+  for (const char* f : {"group_size", "block_structure", "actorder"}) {
+    XDS_RETURN_IF_ERROR(expect_value(source, path, v, f, nullptr, true));
+  }
+  return {};
+}
+
+Status check_group(std::string_view source, const std::string& path, const json& g) {
+  if (!g.is_object()) return field_error(source, path, "an object", g);
+  XDS_RETURN_IF_ERROR(expect_value(source, path, g, "targets", json::array({"Linear"}), false));
+  if (!g.contains("weights")) return field_error(source, path + ".weights", "an object", json());
+  XDS_RETURN_IF_ERROR(check_args(source, path + ".weights", g["weights"], "channel", false));
+  if (!g.contains("input_activations")) {
+    return field_error(source, path + ".input_activations",
+                       "an object (W8A8: per-token dynamic int8 activations)", json());
+  }
+  XDS_RETURN_IF_ERROR(
+      check_args(source, path + ".input_activations", g["input_activations"], "token", true));
+  return expect_value(source, path, g, "output_activations", nullptr, true);
+}
+
+Status parse_ignore(std::string_view source, const std::string& path, const json& v,
+                    W8A8Quantization& q) {
+  if (!v.is_array()) return field_error(source, path, "a list of module names", v);
+  for (size_t i = 0; i < v.size(); ++i) {
+    const std::string key = fmt::format("{}[{}]", path, i);
+    if (!v[i].is_string()) return field_error(source, key, "a module name or \"re:<regex>\"", v[i]);
+    const std::string s = v[i].get<std::string>();
+    if (!s.starts_with("re:")) {
+      q.ignore_names.push_back(s);
+      continue;
+    }
+    try {
+      q.ignore_patterns.push_back({s.substr(3), std::regex(s.substr(3), std::regex::ECMAScript)});
+    } catch (const std::regex_error& e) {
+      return field_error(source, key, fmt::format("a valid regular expression ({})", e.what()),
+                         v[i]);
+    }
+  }
+  return {};
+}
+
+}  // namespace
+
+bool W8A8Quantization::quantizes(std::string_view module) const {
+  for (const std::string& n : ignore_names) {
+    if (n == module) return false;
+  }
+  for (const IgnorePattern& p : ignore_patterns) {
+    // re.match: anchored at the start, not at the end.
+    if (std::regex_search(module.begin(), module.end(), p.re,
+                          std::regex_constants::match_continuous)) {
+      return false;
+    }
+  }
+  return true;
+}
+
+Result<W8A8Quantization> parse_w8a8_quantization(std::string_view source, std::string_view key,
+                                                 const json& v) {
+  const std::string k(key);
+  if (!v.is_object()) return field_error(source, k, "an object", v);
+  XDS_RETURN_IF_ERROR(expect_value(source, k, v, "quant_method", "compressed-tensors", false));
+  XDS_RETURN_IF_ERROR(expect_value(source, k, v, "format", "int-quantized", false));
+  XDS_RETURN_IF_ERROR(expect_value(source, k, v, "quantization_status", "compressed", true));
+  XDS_RETURN_IF_ERROR(expect_value(source, k, v, "kv_cache_scheme", nullptr, true));
+  if (v.contains("sparsity_config")) {
+    const json& s = v["sparsity_config"];
+    if (!s.is_null() && !(s.is_object() && s.empty())) {
+      return field_error(source, k + ".sparsity_config", "null or {} (no sparsity)", s);
+    }
+  }
+  const std::string groups_key = k + ".config_groups";
+  const json groups = v.value("config_groups", json());
+  if (!groups.is_object() || groups.size() != 1) {
+    return field_error(source, groups_key, "an object with exactly one group", groups);
+  }
+  XDS_RETURN_IF_ERROR(
+      check_group(source, groups_key + "." + groups.begin().key(), groups.begin().value()));
+  W8A8Quantization q;
+  if (v.contains("ignore") && !v["ignore"].is_null()) {
+    XDS_RETURN_IF_ERROR(parse_ignore(source, k + ".ignore", v["ignore"], q));
+  }
+  return q;
+}
+
+nlohmann::ordered_json w8a8_quantization_json(const std::vector<std::string>& ignore) {
+  using ojson = nlohmann::ordered_json;
+  auto args = [](const char* strategy, bool dynamic) {
+    return ojson{{"num_bits", 8},        {"type", "int"},
+                 {"symmetric", true},    {"group_size", nullptr},
+                 {"strategy", strategy}, {"block_structure", nullptr},
+                 {"dynamic", dynamic},   {"actorder", nullptr},
+                 {"observer", "minmax"}, {"observer_kwargs", ojson::object()}};
+  };
+  ojson group = {{"targets", {"Linear"}},
+                 {"weights", args("channel", false)},
+                 {"input_activations", args("token", true)},
+                 {"output_activations", nullptr}};
+  return {{"quant_method", "compressed-tensors"},
+          {"format", "int-quantized"},
+          {"quantization_status", "compressed"},
+          {"config_groups", {{"group_0", group}}},
+          {"ignore", ignore},
+          {"kv_cache_scheme", nullptr},
+          {"sparsity_config", ojson::object()},
+          {"global_compression_ratio", nullptr}};
+}
+
+}  // namespace xds

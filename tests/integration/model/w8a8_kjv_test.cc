@@ -1,0 +1,147 @@
+// The shipped model's RTN W8A8 copy (mkmodel --from --weights-int8) against the float model
+// it was quantized from, teacher-forced on the three held-out rows of
+// tests/conformance/kjv_moe_tiny: a sanity bound on the quantization error (the integer
+// arithmetic itself is checked against the oracle's: the conformance case w8a8_kjv), the
+// next-token cross-entropy within a few percent of the float model's, and the bf16 mode of
+// the W8A8 model within the fast mode's usual distance of its f32 mode.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <vector>
+
+#include "mkmodel/mkmodel.h"
+#include "model/deepseek_v3.h"
+
+namespace xds {
+namespace {
+
+constexpr int64_t kRows = 3, kLen = 64;
+
+std::vector<int32_t> heldout_rows() {
+  const std::string path =
+      std::string(XDS_SOURCE_DIR) + "/tests/conformance/kjv_moe_tiny/tokens.i32";
+  std::vector<int32_t> v(static_cast<size_t>(kRows * kLen));
+  std::ifstream f(path, std::ios::binary);
+  f.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(v.size() * 4));
+  EXPECT_TRUE(f.good()) << path;
+  return v;
+}
+
+// Teacher-forced logits [kRows * kLen, vocab] of the rows, each prefilled alone.
+std::vector<float> logits_of(const std::string& dir, ComputeDType compute,
+                             const std::vector<int32_t>& tokens) {
+  ModelOptions mo;
+  mo.threads = 2;
+  mo.compute = compute;
+  auto m = DeepseekV3Model::load(dir, mo);
+  EXPECT_TRUE(m.ok()) << m.status().to_string();
+  if (!m.ok()) return {};
+  std::vector<float> all;
+  for (int64_t r = 0; r < kRows; ++r) {
+    KvCache cache = (*m)->make_cache(kLen + 16).value();
+    const int64_t seq = cache.add_sequence();
+    const TokenChunk ch =
+        cache.chunk(seq, 0, std::span<const int32_t>(tokens).subspan(r * kLen, kLen), true).value();
+    StepOutput out;
+    EXPECT_TRUE((*m)->forward({&ch, 1}, cache.storage(), out).ok());
+    all.insert(all.end(), out.logits.begin(), out.logits.end());
+  }
+  return all;
+}
+
+// Mean -log p(next token) over every position with a next token.
+double cross_entropy(const std::vector<float>& logits, const std::vector<int32_t>& tokens,
+                     int64_t v) {
+  double sum = 0;
+  int64_t n = 0;
+  for (int64_t r = 0; r < kRows; ++r) {
+    for (int64_t t = 0; t + 1 < kLen; ++t) {
+      const float* row = logits.data() + (r * kLen + t) * v;
+      const double mx = *std::max_element(row, row + v);
+      double z = 0;
+      for (int64_t i = 0; i < v; ++i) z += std::exp(double(row[i]) - mx);
+      sum += mx + std::log(z) - double(row[tokens[r * kLen + t + 1]]);
+      ++n;
+    }
+  }
+  return sum / static_cast<double>(n);
+}
+
+struct Distance {
+  double worst_rel = 0;     // max over rows of max |a - b| / max |b|
+  double argmax_agree = 0;  // share of rows with the same argmax
+};
+
+Distance distance(const std::vector<float>& a, const std::vector<float>& b, int64_t v) {
+  Distance d;
+  const int64_t rows = static_cast<int64_t>(b.size()) / v;
+  int64_t agree = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* x = a.data() + r * v;
+    const float* y = b.data() + r * v;
+    double mx = 0, err = 0;
+    for (int64_t i = 0; i < v; ++i) {
+      mx = std::max(mx, std::fabs(double(y[i])));
+      err = std::max(err, std::fabs(double(x[i]) - double(y[i])));
+    }
+    d.worst_rel = std::max(d.worst_rel, err / mx);
+    agree += std::max_element(x, x + v) - x == std::max_element(y, y + v) - y;
+  }
+  d.argmax_agree = double(agree) / double(rows);
+  return d;
+}
+
+TEST(W8A8Kjv, RtnCopyStaysCloseToTheFloatModel) {
+  const std::string src = std::string(XDS_SOURCE_DIR) + "/models/kjv-moe-tiny";
+  const std::string dir =
+      (std::filesystem::temp_directory_path() / ("xds_w8a8_kjv_" + std::to_string(::getpid())))
+          .string();
+  MkModelOptions o;
+  o.from_dir = src;
+  o.out_dir = dir;
+  o.weights_int8 = true;
+  o.progress = false;
+  o.threads = 2;
+  const Status s = write_random_checkpoint(o);
+  ASSERT_TRUE(s.ok()) << s.to_string();
+  const std::vector<int32_t> tokens = heldout_rows();
+  const int64_t v = 4096;
+  const auto fl = logits_of(src, ComputeDType::kF32, tokens);
+  const auto i8 = logits_of(dir, ComputeDType::kF32, tokens);
+  const auto i8_bf16 = logits_of(dir, ComputeDType::kBF16, tokens);
+  const auto fl_bf16 = logits_of(src, ComputeDType::kBF16, tokens);
+  std::filesystem::remove_all(dir);
+  ASSERT_EQ(fl.size(), static_cast<size_t>(kRows * kLen * v));
+  ASSERT_EQ(i8.size(), fl.size());
+  ASSERT_EQ(i8_bf16.size(), fl.size());
+  const Distance q = distance(i8, fl, v), m = distance(i8_bf16, i8, v),
+                 mf = distance(fl_bf16, fl, v);
+  const double ce_float = cross_entropy(fl, tokens, v), ce_int8 = cross_entropy(i8, tokens, v),
+               ce_int8_bf16 = cross_entropy(i8_bf16, tokens, v);
+  std::fprintf(stderr,
+               "W8A8 vs float: worst row %.3e, argmax agree %.3f; cross-entropy %.4f vs %.4f "
+               "(%+.2f%%); W8A8 bf16 vs f32 mode: worst row %.3e, argmax agree %.3f, "
+               "cross-entropy %.4f; float bf16 vs f32 mode: worst row %.3e\n",
+               q.worst_rel, q.argmax_agree, ce_int8, ce_float, 100 * (ce_int8 / ce_float - 1),
+               m.worst_rel, m.argmax_agree, ce_int8_bf16, mf.worst_rel);
+  // Sanity bounds (a wrong scale or packing moves logits by O(1) and the argmax everywhere).
+  EXPECT_GT(q.worst_rel, 0.0);  // it is quantized
+  EXPECT_LT(q.worst_rel, 0.1);
+  EXPECT_GT(q.argmax_agree, 0.9);
+  EXPECT_LT(std::fabs(ce_int8 / ce_float - 1), 0.03);
+  // The fast mode rounds the float parts' inputs to bf16 (2^-9), which moves a quantized
+  // input by up to 127 · 2^-9 of a step: many more rounding flips than between f32 and
+  // float64, so its distance to the f32 mode is larger than a float model's (the float
+  // model's printed beside it); its prediction quality must stay.
+  EXPECT_LT(m.worst_rel, 0.2);
+  EXPECT_GT(m.argmax_agree, 0.95);
+  EXPECT_LT(std::fabs(ce_int8_bf16 / ce_float - 1), 0.03);
+}
+
+}  // namespace
+}  // namespace xds
