@@ -35,6 +35,8 @@ struct DpGroupOptions {
   std::string shell_address;           // this group -> shell (connect a PUSH)
   std::string output_address;          // this group -> its output process (connect a PUSH)
   int32_t cpu = -1;                    // pin the device's threads from this core (-1: no)
+  int32_t redundant_slots = 0;         // EPLB: S spare expert slots per device and MoE layer
+  int64_t eplb_window_ns = 60'000'000'000;  // EPLB collect window (engine/eplb_agent.h)
 };
 
 // XCCL staging bytes each device's arena needs for the expert-parallel exchange of `dp`
@@ -42,7 +44,8 @@ struct DpGroupOptions {
 // only (load_model_info). InvalidArgument, naming --dp and the model, when dp > 1 and the model has
 // no MoE layers (nothing for expert parallelism to spread).
 Result<uint64_t> ep_staging_bytes(const std::string& model_dir, const ModelOptions& model,
-                                  int32_t max_num_batched_tokens, int dp);
+                                  int32_t max_num_batched_tokens, int dp,
+                                  int32_t redundant_slots = 0);
 
 // The device process's main: serves until kShutdown (after draining) and returns the exit
 // code (0 ok). `fabric` is this device's view of the instance (world = n_groups).

@@ -8,6 +8,10 @@
 //           ◀─kRejected──       (no group fits now: the gateway keeps it queued)
 //           ◀─kLoad──────       (every group's load, at most every load_period_ms)
 //   output processes ──kCancel (a stop string matched)──▶ shell ──▶ every group
+//           ──kAdmin─────▶ (GET /admin/eplb, POST /admin/eplb/rebalance) ─▶ kAdmin answer
+//           ◀─kAdmin──────  (no request id: EPLB metrics, about once a second)
+//   EPLB (serve/eplb_control.h): ──kEplb command──▶ every group (then a kWake);
+//                                ◀─kEplb report─── each group
 //
 // Sockets: ROUTER bound on `listen` (gateways), one PUSH per group bound on
 // group_inputs[k], one PULL bound on `shell_input` (groups and output processes).
@@ -22,6 +26,7 @@
 
 #include "base/status.h"
 #include "engine/request.h"
+#include "serve/eplb_control.h"
 #include "serve/placement.h"
 
 namespace xds::serve {
@@ -39,6 +44,7 @@ struct ShellOptions {
   int64_t block_size = 16;
   int64_t load_period_ms = 50;
   PlacementPolicy placement;
+  EplbControlOptions eplb;  // n_groups is filled from group_inputs
 };
 
 // The decision log of run(), for tests and /metrics.
