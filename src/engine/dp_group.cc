@@ -639,11 +639,22 @@ Status DpGroup::run() {
         // Sleep until the shell wakes every group with a sequence number nobody had seen.
         wake_slept_ = std::max(wake_slept_, decision.wake_seq);
         send_load(/*force=*/true);
+        bool asked = false;
         while (wake_seen_ <= wake_slept_ && !draining_) {
           XDS_RETURN_IF_ERROR(poll_control(-1));
           release_finished();
           send_tokens();  // cancellations of waiting requests
           if (!sync_ && has_work()) break;
+          if (sync_ && has_work() && !asked) {
+            // A request that arrived after the header exchange, whose wake another group had
+            // already seen there (the sockets of different groups are not ordered): ask the
+            // shell for a newer wake, which reaches every group.
+            Message w;
+            w.kind = MessageKind::kWake;
+            w.group = fabric_.rank();
+            (void)send_message(shell_, w);
+            asked = true;
+          }
         }
         continue;
       }

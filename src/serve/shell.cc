@@ -220,6 +220,13 @@ Status Shell::run() {
       case MessageKind::kCancel:  // an output process saw a stop string
         to_groups(m);
         break;
+      case MessageKind::kWake: {  // a sleeping group holds work: wake every group anew
+        Message wake;
+        wake.kind = MessageKind::kWake;
+        wake.seq = ++wake_seq;
+        to_groups(wake);
+        break;
+      }
       case MessageKind::kEplb:
         if (m.eplb_report) {
           if (auto next = eplb.on_report(*m.eplb_report)) eplb_broadcast(std::move(*next));

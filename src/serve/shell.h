@@ -8,6 +8,7 @@
 //           ◀─kRejected──       (no group fits now: the gateway keeps it queued)
 //           ◀─kLoad──────       (every group's load, at most every load_period_ms)
 //   output processes ──kCancel (a stop string matched)──▶ shell ──▶ every group
+//   a sleeping group that holds work ──kWake──▶ shell ──kWake(new seq)──▶ every group
 //           ──kAdmin─────▶ (GET /admin/eplb, POST /admin/eplb/rebalance) ─▶ kAdmin answer
 //           ◀─kAdmin──────  (no request id: EPLB metrics, about once a second)
 //   EPLB (serve/eplb_control.h): ──kEplb command──▶ every group (then a kWake);
