@@ -25,6 +25,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.error
@@ -51,6 +52,19 @@ def http(method, url, body=None, timeout=600):
         return e.code, e.read().decode()
     except (urllib.error.URLError, OSError) as e:
         return -1, str(e)
+
+
+def machine():
+    model = platform.processor() or "?"
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return f"{model}, {os.cpu_count()} cpus, {platform.system()} {platform.release()}"
 
 
 def metric_by_group(text, name):
@@ -156,13 +170,14 @@ def main():
            "--served-model-name", "m"]
     if args.threads_per_device:
         cmd += ["--threads-per-device", str(args.threads_per_device)]
-    log = open(args.out + ".log", "w")
+    # The server's log goes to a temporary file (it names local paths): printed on failure.
+    log = tempfile.NamedTemporaryFile("w+", prefix="eplb_bench_", suffix=".log", delete=False)
     server = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     result = {"mode": args.mode, "dp": args.dp, "redundant_slots": args.redundant_slots,
               "window_s": args.window, "slices": args.slices, "streams": args.streams,
               "prompt_len": args.prompt_len, "max_tokens": args.max_tokens,
               "compute_dtype": args.compute_dtype, "model": os.path.basename(args.model.rstrip("/")),
-              "skew": args.skew, "machine": f"{platform.node()} {os.cpu_count()} cpus"}
+              "skew": args.skew, "machine": machine()}
     try:
         wait_until(lambda: http("GET", base + "/health", timeout=5)[0] == 200, 600, "health")
         load = Load(base, args.streams, args.prompt_len, args.max_tokens, vocab, 1)
@@ -190,14 +205,24 @@ def main():
             result["after_moe_s_per_step"], result["after_steps"] = moe_per_step(base, args.measure_s)
         load.finish()
         result["requests_done"], result["request_errors"] = load.done, load.errors[:5]
-        rows = []
+        rows, idle = [], []
         for i, l in enumerate(after_state["layers"]):
+            if sum(l["expert_tokens"]) == 0:  # e.g. the MTP layer without speculative decoding
+                idle.append(l["layer"])
+                continue
             rows.append({"layer": l["layer"],
                          "before": plan["before_max_mean"][i],
                          "predicted": plan["predicted_max_mean"][i],
                          "after": l["max_mean"]["current"],
+                         "after_predicted": l["max_mean"].get("current_predicted"),
                          "copies": sum(len(r) for r in l["replicas"])})
         result["layers"] = rows
+        result["layers_without_tokens"] = idle
+    except Exception:
+        log.flush()
+        log.seek(0)
+        print(log.read()[-4000:], file=sys.stderr)
+        raise
     finally:
         server.send_signal(signal.SIGTERM)
         try:
@@ -207,15 +232,25 @@ def main():
     lines = [f"EPLB {args.mode}: {result['model']} {args.skew} --dp {args.dp} "
              f"--redundant-slots {args.redundant_slots}, {args.streams} streams, "
              f"windows {args.window} s x {args.slices}"]
-    lines.append(f"{'layer':>5} {'before':>8} {'predicted':>9} {'after':>8} {'|a-p|':>7}")
+    lines.append("before: measured under the identity map; predicted: the planner's prediction "
+                 "from those counts; after: measured under the new map; same-counts: the new "
+                 "map's prediction from the after windows' own counts")
+    lines.append(f"{'layer':>5} {'before':>8} {'predicted':>9} {'after':>8} {'|a-p|':>7} "
+                 f"{'same-counts':>11} {'|a-s|':>7}")
     for r in result["layers"]:
+        sp = r["after_predicted"] if r["after_predicted"] is not None else float("nan")
         lines.append(f"{r['layer']:>5} {r['before']:8.3f} {r['predicted']:9.3f} {r['after']:8.3f} "
-                     f"{abs(r['after'] - r['predicted']):7.3f}")
+                     f"{abs(r['after'] - r['predicted']):7.3f} {sp:11.3f} {abs(r['after'] - sp):7.3f}")
+    if result.get("layers_without_tokens"):
+        lines.append(f"(MoE layers without tokens, left out: {result['layers_without_tokens']})")
     n = len(result["layers"])
     mean = lambda k: sum(r[k] for r in result["layers"]) / n
     result["mean"] = {k: mean(k) for k in ("before", "predicted", "after")}
     result["max_abs_after_minus_predicted"] = max(abs(r["after"] - r["predicted"])
                                                   for r in result["layers"])
+    result["max_abs_after_minus_same_counts"] = max(
+        abs(r["after"] - r["after_predicted"]) for r in result["layers"]
+        if r["after_predicted"] is not None)
     lines.append(f"{'mean':>5} {mean('before'):8.3f} {mean('predicted'):9.3f} {mean('after'):8.3f} "
                  f"{result['max_abs_after_minus_predicted']:7.3f} (max)")
     if args.mode == "moe-time":
@@ -223,9 +258,15 @@ def main():
         a = max(result["after_moe_s_per_step"].values())
         result["moe_ms_per_step"] = {"before": b * 1e3, "after": a * 1e3,
                                      "reduction": 1 - a / b if b > 0 else 0}
+        sb = args.measure_s / result["before_steps"] if result["before_steps"] else 0
+        sa = args.measure_s / result["after_steps"] if result["after_steps"] else 0
+        result["step_wall_ms"] = {"before": sb * 1e3, "after": sa * 1e3}
         lines.append(f"MoE phase per step (slowest device): before {b*1e3:.1f} ms "
                      f"({result['before_steps']} steps), after {a*1e3:.1f} ms "
                      f"({result['after_steps']} steps): {100*(1-a/b):.1f}% lower")
+        lines.append(f"wall time per step: before {sb*1e3:.0f} ms (MoE {100*b/sb if sb else 0:.0f}%), "
+                     f"after {sa*1e3:.0f} ms (MoE {100*a/sa if sa else 0:.0f}%); "
+                     f"load average {os.getloadavg()[0]:.1f} at the end")
     text = "\n".join(lines)
     print(text)
     with open(args.out, "w") as f:

@@ -80,6 +80,36 @@ std::vector<double> EplbControl::layer_ratio_measured(bool after) const {
   return out;
 }
 
+std::vector<double> EplbControl::layer_ratio_predicted_now() const {
+  const size_t rows = moe_layers_.size(), e_n = size_t(n_experts_);
+  std::vector<double> sum(rows * e_n, 0.0);
+  bool any = false;
+  for (const Slice& s : done_) {
+    if (!s.uniform || s.version != version_) continue;
+    any = true;
+    for (size_t i = 0; i < sum.size(); ++i) sum[i] += s.experts[i];
+  }
+  std::vector<double> out;
+  if (!any) return out;
+  const eplb::Shape shape{int(n_experts_), o_.n_groups, o_.redundant_slots};
+  const auto identity = engine::primary_replicas(shape);
+  for (size_t r = 0; r < rows; ++r) {
+    const auto& reps = replicas_.empty() ? identity : replicas_[r];
+    std::vector<double> load(size_t(o_.n_groups), 0.0);
+    for (size_t e = 0; e < e_n && e < reps.size(); ++e)
+      for (int32_t p : reps[e])
+        load[size_t(p / spd_)] += sum[r * e_n + e] / double(reps[e].size());
+    double mx = 0, mean = 0;
+    for (double v : load) {
+      mx = std::max(mx, v);
+      mean += v;
+    }
+    mean /= o_.n_groups;
+    out.push_back(mean > 0 ? mx / mean : 1.0);
+  }
+  return out;
+}
+
 EplbAnswer EplbControl::rebalance(int64_t now_ns, std::optional<EplbCommand>& command) {
   command.reset();
   if (!enabled())
@@ -213,6 +243,7 @@ nlohmann::json EplbControl::state() const {
   if (!last_error_.empty()) j["last_error"] = last_error_;
   j["slices"] = done_.size();
   const std::vector<double> after = layer_ratio_measured(/*after=*/true);
+  const std::vector<double> after_predicted = layer_ratio_predicted_now();
   const size_t width = size_t(o_.n_groups * spd_);
   eplb::Shape shape{int(n_experts_), o_.n_groups, o_.redundant_slots};
   nlohmann::json layers = nlohmann::json::array();
@@ -232,6 +263,7 @@ nlohmann::json EplbControl::state() const {
     if (r < before_.size()) ratio["before"] = before_[r];
     if (r < predicted_.size()) ratio["predicted"] = predicted_[r];
     if (r < after.size()) ratio["current"] = after[r];
+    if (r < after_predicted.size()) ratio["current_predicted"] = after_predicted[r];
     l["max_mean"] = ratio;
     layers.push_back(std::move(l));
   }

@@ -71,6 +71,9 @@ class EplbControl {
   };
   bool shape_known() const { return n_experts_ > 0; }
   std::vector<double> layer_ratio_measured(bool after) const;  // [rows] max/mean of devices
+  // [rows] max/mean the map in force predicts from the expert counts of the same windows as
+  // layer_ratio_measured(true) (each expert's tokens split evenly over its copies).
+  std::vector<double> layer_ratio_predicted_now() const;
 
   EplbControlOptions o_;
   // The model's shape, from the first window.

@@ -109,6 +109,10 @@ TEST(EplbControl, OneHotExpertGetsAReplicaOnTheOtherDevice) {
   e.on_window(window(0, 2, {10, 0, 0, 0}, {10, 0, 0}, 3));
   e.on_window(window(1, 2, {10, 0, 0, 2}, {0, 2, 10}, 3));
   EXPECT_NEAR(e.state()["layers"][0]["max_mean"]["current"].get<double>(), 12.0 / 11.0, 1e-12);
+  // The map's prediction from window 2's counts [20, 0, 0, 2]: expert 0's 20 split over
+  // physical 0 (device 0) and 5 (device 1): 10 and 10 + 2 -> 12 / 11 as well.
+  EXPECT_NEAR(e.state()["layers"][0]["max_mean"]["current_predicted"].get<double>(), 12.0 / 11.0,
+              1e-12);
   const std::string metrics = e.metrics_text();
   EXPECT_NE(metrics.find("xdeepserve_eplb_map_version 3"), std::string::npos);
   EXPECT_NE(metrics.find("xdeepserve_eplb_rebalances_total{result=\"done\"} 1"), std::string::npos);
