@@ -97,8 +97,7 @@ std::vector<double> EplbControl::layer_ratio_predicted_now() const {
     const auto& reps = replicas_.empty() ? identity : replicas_[r];
     std::vector<double> load(size_t(o_.n_groups), 0.0);
     for (size_t e = 0; e < e_n && e < reps.size(); ++e)
-      for (int32_t p : reps[e])
-        load[size_t(p / spd_)] += sum[r * e_n + e] / double(reps[e].size());
+      for (int32_t p : reps[e]) load[size_t(p / spd_)] += sum[r * e_n + e] / double(reps[e].size());
     double mx = 0, mean = 0;
     for (double v : load) {
       mx = std::max(mx, v);

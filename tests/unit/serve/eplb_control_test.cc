@@ -158,3 +158,37 @@ TEST(EplbControl, SlicesAreKeptUpToTheLimit) {
 
 }  // namespace
 }  // namespace xds::serve
+
+namespace xds::serve {
+namespace {
+
+// --eplb-interval 10: due once 10 s passed since the last start, never while one runs, and
+// never without a complete window or with EPLB off.
+TEST(EplbControl, IntervalStartsARebalanceOnlyWhenDue) {
+  EplbControlOptions o;
+  o.n_groups = 2;
+  o.redundant_slots = 1;
+  o.interval_s = 10;
+  EplbControl e(o);
+  constexpr int64_t kS = 1'000'000'000;
+  EXPECT_FALSE(e.due(11 * kS));  // no window yet
+  e.on_window(window(0, 1, {4, 0, 0, 0}, {4, 0, 0}));
+  e.on_window(window(1, 1, {4, 0, 0, 0}, {4, 0, 0}));
+  EXPECT_FALSE(e.due(9 * kS));
+  EXPECT_TRUE(e.due(11 * kS));
+  std::optional<EplbCommand> c;
+  ASSERT_EQ(e.rebalance(11 * kS, c).status, 202);
+  EXPECT_FALSE(e.due(30 * kS));  // preparing
+  ASSERT_TRUE(e.on_report(report(0, 3, EplbState::kFailed)));
+  EXPECT_FALSE(e.due(20 * kS));  // 9 s after the last start
+  EXPECT_TRUE(e.due(21 * kS));
+  EplbControlOptions off = o;
+  off.interval_s = 0;
+  EplbControl never(off);
+  never.on_window(window(0, 1, {4, 0, 0, 0}, {4, 0, 0}));
+  never.on_window(window(1, 1, {4, 0, 0, 0}, {4, 0, 0}));
+  EXPECT_FALSE(never.due(1000 * kS));
+}
+
+}  // namespace
+}  // namespace xds::serve
