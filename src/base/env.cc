@@ -2,6 +2,7 @@
 
 #include <array>
 #include <cstdlib>
+#include <stdexcept>
 
 namespace xds::env {
 
@@ -9,7 +10,8 @@ namespace {
 
 constexpr std::string_view kLogLevel = "XDS_LOG_LEVEL", kWeightLayout = "XDS_WEIGHT_LAYOUT",
                            kCacheDir = "XDS_CACHE_DIR", kHome = "HOME",
-                           kOpenblasCoretype = "OPENBLAS_CORETYPE";
+                           kOpenblasCoretype = "OPENBLAS_CORETYPE",
+                           kEplbFailLoad = "XDS_EPLB_FAIL_LOAD";
 
 constexpr std::array kVariables = {
     Variable{kLogLevel, "info", "log level on stderr: debug, info, warn or error"},
@@ -22,6 +24,9 @@ constexpr std::array kVariables = {
     Variable{kOpenblasCoretype, "(OpenBLAS's own choice)",
              "OpenBLAS kernel family; where unset, a CPU that OpenBLAS under-detects is re-run "
              "with the family its vector ISA supports"},
+    Variable{kEplbFailLoad, "(none)",
+             "test only: the device of this rank fails loading a replica's weights in every "
+             "EPLB reconfiguration"},
 };
 
 // The variable's value, nullopt where unset.
@@ -69,6 +74,19 @@ bool set_openblas_coretype(const std::string& core) {
 
 void unset_openblas_coretype() {
   unsetenv(std::string(kOpenblasCoretype).c_str());
+}
+
+std::optional<int> eplb_fail_load_rank() {
+  const std::optional<std::string> v = read_non_empty(kEplbFailLoad);
+  if (!v) return std::nullopt;
+  try {
+    size_t used = 0;
+    const int r = std::stoi(*v, &used);
+    if (used != v->size()) return std::nullopt;
+    return r;
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
 }
 
 }  // namespace xds::env

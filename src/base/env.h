@@ -45,4 +45,9 @@ std::optional<std::string> openblas_coretype();
 bool set_openblas_coretype(const std::string& core);
 void unset_openblas_coretype();
 
+// XDS_EPLB_FAIL_LOAD: test only. The device of this rank fails loading its first new replica's
+// weights in every EPLB reconfiguration (a fault-injecting ReplicaLoader), which must abort
+// the reconfiguration on every device. Unset or not a number: no failure.
+std::optional<int> eplb_fail_load_rank();
+
 }  // namespace xds::env

@@ -55,6 +55,10 @@ struct EngineArgs {
   bool no_chunked_prefill = false;
   double kv_reserve_ratio = 1.0;
   SpeculativeFlags speculative;
+  int redundant_slots = 0;
+  double eplb_window_s = 60;
+  int eplb_slices = 8;
+  double eplb_interval_s = 0;
 };
 
 struct GatewayArgs {
@@ -94,6 +98,19 @@ void add_engine_flags(CLI::App* cmd, EngineArgs& a) {
   cmd->add_flag("--no-chunked-prefill", a.no_chunked_prefill,
                 "Prefill each prompt whole in one step (stalls the other streams)");
   add_speculative_flags(cmd, a.speculative);
+  cmd->add_option("--redundant-slots", a.redundant_slots,
+                  "EPLB: spare expert slots per device and MoE layer, reserved at start (needs "
+                  "--dp > 1)")
+      ->check(CLI::Range(0, 64));
+  cmd->add_option("--eplb-window", a.eplb_window_s,
+                  "EPLB: seconds per collect window (expert token counts sent to the shell)")
+      ->check(finite_range(0.01, 86400.0));
+  cmd->add_option("--eplb-slices", a.eplb_slices,
+                  "EPLB: collect windows the shell keeps for the planner")
+      ->check(CLI::Range(1, 1024));
+  cmd->add_option("--eplb-interval", a.eplb_interval_s,
+                  "EPLB: seconds between rebalances (0: only on POST /admin/eplb/rebalance)")
+      ->check(finite_range(0.0, 1e7));
 }
 
 void add_gateway_flags(CLI::App* cmd, GatewayArgs& a) {
@@ -130,6 +147,14 @@ Result<serve::InstanceOptions> instance_options(const EngineArgs& a, const std::
   XDS_RETURN_IF_ERROR(check_speculative_flags(a.speculative, a.model));
   g.speculative_tokens = a.speculative.tokens;
   g.speculative_mtp_layers = a.speculative.mtp_layers;
+  if (a.redundant_slots > 0 && a.dp < 2)
+    return invalid_argument("--redundant-slots {} needs expert parallelism (--dp > 1, got {})",
+                            a.redundant_slots, a.dp);
+  g.redundant_slots = a.redundant_slots;
+  g.eplb_window_ns = static_cast<int64_t>(a.eplb_window_s * 1e9);
+  o.eplb.redundant_slots = a.redundant_slots;
+  o.eplb.slices = a.eplb_slices;
+  o.eplb.interval_s = a.eplb_interval_s;
   return o;
 }
 
@@ -198,7 +223,8 @@ void add_serve_commands(CLI::App& app, int* exit_code) {
       // What the instance refuses before it starts (a model that --dp cannot spread), refused
       // here: the gateway would otherwise serve with no instance behind it.
       if (auto staging = engine::ep_staging_bytes(io->group.model_dir, io->group.model,
-                                                  io->group.max_num_batched_tokens, io->dp);
+                                                  io->group.max_num_batched_tokens, io->dp,
+                                                  io->group.redundant_slots);
           !staging.ok()) {
         return report(staging.status(), exit_code);
       }

@@ -12,8 +12,10 @@
 #include <zmq.hpp>
 
 #include "base/clock.h"
+#include "base/env.h"
 #include "base/log.h"
 #include "engine/dp_group_state.h"
+#include "engine/eplb_agent.h"
 #include "engine/ep_moe_exchange.h"
 #include "engine/kv_manager.h"
 #include "engine/mtp_drafter.h"
@@ -40,11 +42,25 @@ constexpr int64_t kLoadPeriodNs = 20'000'000;  // a kLoad to the shell at most e
 constexpr int64_t kExpertLoadPeriodNs = 1'000'000'000;  // expert counts in it about every 1 s
 
 // The exchange's round size: a step's tokens (decodes + prefill chunks) in at most a few rounds.
-EpMoeOptions ep_options(int32_t max_num_batched_tokens) {
+EpMoeOptions ep_options(int32_t max_num_batched_tokens, int32_t redundant_slots) {
   EpMoeOptions o;
+  o.redundant_slots = redundant_slots;
   o.max_tokens = std::clamp(max_num_batched_tokens, 16, 512);
   o.timeout_ms = 600'000;  // a peer's long prefill chunk is not a dead peer
   return o;
+}
+
+// The device's EPLB agent; XDS_EPLB_FAIL_LOAD (tests) wraps its loader to fail on one rank.
+Result<std::unique_ptr<EplbAgent>> make_eplb_agent(CausalLm& model, EpMoeExchange& ex,
+                                                   const DpGroupOptions& o) {
+  EplbAgentSetup a;
+  a.model = &model;
+  a.exchange = &ex;
+  a.redundant_slots = o.redundant_slots;
+  a.window_ns = o.eplb_window_ns;
+  if (env::eplb_fail_load_rank() == ex.rank())
+    a.loader = std::make_unique<FailingReplicaLoader>(std::make_unique<CopyReplicaLoader>());
+  return EplbAgent::create(std::move(a));
 }
 
 class DpGroup {
@@ -85,6 +101,7 @@ class DpGroup {
   Status fork_choices(Sequence& parent);
   void send_tokens();
   void send_load(bool force);
+  void report_eplb(std::optional<EplbReport> r);
   void remove_from(std::vector<Sequence*>& list, const Sequence* s);
 
   xccl::Fabric& fabric_;
@@ -97,6 +114,7 @@ class DpGroup {
   std::unique_ptr<xccl::Mailbox> mailbox_;
   std::unique_ptr<StepSync> sync_;
   std::unique_ptr<EpMoeExchange> exchange_;
+  std::unique_ptr<EplbAgent> eplb_;  // with expert parallelism
   Sampler sampler_;
   int64_t max_model_len_ = 0;
   int64_t valid_vocab_ = 0;
@@ -194,9 +212,10 @@ Status DpGroup::init() {
     EpMoeSetup setup;
     setup.model = model_.get();
     setup.mailbox = mailbox_.get();
-    setup.options = ep_options(o_.max_num_batched_tokens);
+    setup.options = ep_options(o_.max_num_batched_tokens, o_.redundant_slots);
     XDS_ASSIGN_OR_RETURN(exchange_, EpMoeExchange::create(setup));
     model_->set_moe_exchange(exchange_.get());
+    XDS_ASSIGN_OR_RETURN(eplb_, make_eplb_agent(*model_, *exchange_, o_));
   }
 
   try {
@@ -209,6 +228,10 @@ Status DpGroup::init() {
   } catch (const zmq::error_t& e) {
     return unavailable("DP group {}: cannot connect its sockets: {}", fabric_.rank(), e.what());
   }
+  if (eplb_)
+    XDS_LOG_INFO("DP group {}: {} redundant expert slots per MoE layer, {:.1f} MiB reserved "
+                 "(slots and their staging)",
+                 fabric_.rank(), o_.redundant_slots, double(eplb_->reserved_bytes()) / (1 << 20));
   XDS_LOG_INFO("DP group {}: {} KV blocks of {} tokens ({:.1f} MiB), max model len {}",
                fabric_.rank(), blocks, o_.block_size,
                static_cast<double>(blocks * block_bytes) / (1 << 20), max_model_len_);
@@ -262,6 +285,9 @@ void DpGroup::on_message(Message m) {
     }
     case MessageKind::kShutdown:
       draining_ = true;
+      break;
+    case MessageKind::kEplb:
+      if (eplb_ && m.eplb) report_eplb(eplb_->on_command(*m.eplb, fabric_.rank()));
       break;
     default:
       XDS_LOG_WARN("DP group {}: unexpected message kind {}", fabric_.rank(),
@@ -674,6 +700,16 @@ void DpGroup::send_tokens() {
   if (!st.ok()) XDS_LOG_WARN("DP group {}: {}", fabric_.rank(), st.message());
 }
 
+void DpGroup::report_eplb(std::optional<EplbReport> r) {
+  if (!r) return;
+  Message m;
+  m.kind = MessageKind::kEplb;
+  m.group = fabric_.rank();
+  m.eplb_report = std::move(*r);
+  Status st = send_message(shell_, m);
+  if (!st.ok()) XDS_LOG_WARN("DP group {}: {}", fabric_.rank(), st.message());
+}
+
 void DpGroup::send_load(bool force) {
   const int64_t now = now_ns();
   if (!force && now - last_load_ns_ < kLoadPeriodNs) return;
@@ -710,6 +746,11 @@ void DpGroup::send_load(bool force) {
     l.moe_layers = model_->info().moe_layers;
     l.n_experts = model_->info().n_routed_experts;
   }
+  if (exchange_) {
+    const EpMoeExchange::Times& t = exchange_->times();
+    l.moe_ns = t.dispatch_ns + t.experts_ns + t.combine_ns;
+  }
+  if (eplb_) eplb_->fill_window(now, /*force=*/false, l);
   Message m;
   m.kind = MessageKind::kLoad;
   m.group = fabric_.rank();
@@ -738,8 +779,15 @@ Status DpGroup::run() {
       int64_t tokens = 0;
       for (const StepChunk& c : plan_.chunks) tokens += c.count;
       mine.tokens = static_cast<uint32_t>(has_work() ? tokens : 0);
-      mine.busy = has_work() && tokens == 0;
+      mine.busy = (has_work() && tokens == 0) || eplb_->busy();
+      mine.map_version = eplb_->loaded_version();
       XDS_ASSIGN_OR_RETURN(decision, sync_->exchange(mine));
+      if (decision.action != StepAction::kAbort) {  // EPLB: maps switch at this boundary
+        XDS_ASSIGN_OR_RETURN(auto switched,
+                             eplb_->at_step_boundary(decision.map_version, decision.step,
+                                                     fabric_.rank()));
+        report_eplb(std::move(switched));
+      }
     } else {
       decision.action = local_work ? StepAction::kRun
                         : mine.stop ? StepAction::kStop
@@ -763,11 +811,22 @@ Status DpGroup::run() {
         // Sleep until the shell wakes every group with a sequence number nobody had seen.
         wake_slept_ = std::max(wake_slept_, decision.wake_seq);
         send_load(/*force=*/true);
+        bool asked = false;
         while (wake_seen_ <= wake_slept_ && !draining_) {
           XDS_RETURN_IF_ERROR(poll_control(-1));
           release_finished();
           send_tokens();  // cancellations of waiting requests
           if (!sync_ && has_work()) break;
+          if (sync_ && has_work() && !asked) {
+            // A request that arrived after the header exchange, whose wake another group had
+            // already seen there (the sockets of different groups are not ordered): ask the
+            // shell for a newer wake, which reaches every group.
+            Message w;
+            w.kind = MessageKind::kWake;
+            w.group = fabric_.rank();
+            (void)send_message(shell_, w);
+            asked = true;
+          }
         }
         continue;
       }
@@ -805,7 +864,8 @@ void pin_threads(int cpu) {
 }  // namespace
 
 Result<uint64_t> ep_staging_bytes(const std::string& model_dir, const ModelOptions& model,
-                                  int32_t max_num_batched_tokens, int dp) {
+                                  int32_t max_num_batched_tokens, int dp,
+                                  int32_t redundant_slots) {
   if (dp <= 1) return uint64_t{1} << 20;
   XDS_ASSIGN_OR_RETURN(const ModelInfo info, load_model_info(model_dir));
   if (info.moe_layers.empty()) {
@@ -814,7 +874,8 @@ Result<uint64_t> ep_staging_bytes(const std::string& model_dir, const ModelOptio
         "parallelism), and the model in {} ({}) has no MoE layers: serve it with --dp 1",
         dp, model_dir, info.model_type);
   }
-  return EpMoeExchange::staging_bytes(info, dp, model.compute, ep_options(max_num_batched_tokens));
+  return EpMoeExchange::staging_bytes(info, dp, model.compute,
+                                      ep_options(max_num_batched_tokens, redundant_slots));
 }
 
 int run_dp_group(xccl::Fabric& fabric, const DpGroupOptions& options) {

@@ -37,6 +37,8 @@ struct DpGroupOptions {
   int32_t cpu = -1;                    // pin the device's threads from this core (-1: no)
   int64_t speculative_tokens = 0;      // MTP drafts per decode step (0: off)
   int64_t speculative_mtp_layers = 0;  // MTP layers the drafts use (0: all the model has)
+  int32_t redundant_slots = 0;         // EPLB: S spare expert slots per device and MoE layer
+  int64_t eplb_window_ns = 60'000'000'000;  // EPLB collect window (engine/eplb_agent.h)
 };
 
 // XCCL staging bytes each device's arena needs for the expert-parallel exchange of `dp`
@@ -44,7 +46,8 @@ struct DpGroupOptions {
 // only (load_model_info). InvalidArgument, naming --dp and the model, when dp > 1 and the model has
 // no MoE layers (nothing for expert parallelism to spread).
 Result<uint64_t> ep_staging_bytes(const std::string& model_dir, const ModelOptions& model,
-                                  int32_t max_num_batched_tokens, int dp);
+                                  int32_t max_num_batched_tokens, int dp,
+                                  int32_t redundant_slots = 0);
 
 // The device process's main: serves until kShutdown (after draining) and returns the exit
 // code (0 ok). `fabric` is this device's view of the instance (world = n_groups).

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "base/clock.h"
+#include "engine/eplb_maps.h"
 #include "kernels/cpu/linear.h"
 #include "tensor/dtype.h"
 #include "xccl/rowops.h"
@@ -130,6 +131,14 @@ EpMoeExchange::EpMoeExchange(const EpMoeSetup& setup, const ModelInfo& info,
       experts_(setup.compute, *setup.pool) {
   slot_weights_.resize(size_t(n_layers_));
   pass_.assign(size_t(n_layers_), 0);
+  moe_row_.assign(size_t(n_layers_), -1);
+  for (size_t i = 0; i < moe_layers_.size(); ++i)
+    if (moe_layers_[i] >= 0 && moe_layers_[i] < n_layers_) moe_row_[size_t(moe_layers_[i])] = int64_t(i);
+  slot_rows_.assign(moe_layers_.size() * size_t(slots), 0);
+  const int redundant = setup.options.redundant_slots;
+  redundant_.assign(size_t(n_layers_), std::vector<std::pair<int, const MlpWeights*>>(
+                                           size_t(std::max(redundant, 0)), {-1, nullptr}));
+  spread_.resize(size_t(setup.options.max_tokens));
   out16_.resize(size_t(setup.options.max_tokens) * size_t(info.hidden_size));
 }
 
@@ -164,21 +173,57 @@ Status EpMoeExchange::set_expert_maps(std::vector<xccl::ExpertMap> maps) {
                               m.version, moe_layers_.front(), version);
     version = m.version;
   }
+  // Bind every layer first: a map that names a slot not loaded changes nothing.
+  std::vector<std::vector<const MlpWeights*>> bound(static_cast<size_t>(n_layers_));
+  for (int64_t l : moe_layers_)
+    XDS_RETURN_IF_ERROR(bind_layer(l, maps[size_t(l)], bound[size_t(l)]));
   maps_ = std::move(maps);
   map_version_ = version;
-  for (int64_t l : moe_layers_) XDS_RETURN_IF_ERROR(bind_layer(l));
+  slot_weights_ = std::move(bound);
   return Status::ok_status();
 }
 
-Status EpMoeExchange::bind_layer(int64_t layer) {
+Status EpMoeExchange::set_redundant_slot(int64_t layer, int slot, int logical,
+                                         const MlpWeights* weights) {
+  const int primary = slots_ - setup_.options.redundant_slots;
+  if (layer < 0 || layer >= n_layers_ || moe_row_[size_t(layer)] < 0 || slot < primary ||
+      slot >= slots_ || logical < -1 || logical >= info_.n_routed_experts ||
+      (logical >= 0) != (weights != nullptr))
+    return invalid_argument(
+        "redundant slot: layer {} slot {} (redundant slots [{}, {})) expert {} weights {}",
+        layer, slot, primary, slots_, logical, weights != nullptr ? "given" : "none");
+  redundant_declared_ = true;
+  redundant_[size_t(layer)][size_t(slot - primary)] = {logical, weights};
+  return Status::ok_status();
+}
+
+Status EpMoeExchange::bind_layer(int64_t layer, const xccl::ExpertMap& m,
+                                 std::vector<const MlpWeights*>& out) {
   const int rank = setup_.mailbox->fabric().rank();
-  const xccl::ExpertMap& m = maps_[size_t(layer)];
+  const int primary = slots_ - setup_.options.redundant_slots;
   logical_.assign(size_t(slots_), -1);
   for (int e = 0; e < m.n_logical(); ++e)
     for (int32_t p : m.replicas[size_t(e)])
       if (p / slots_ == rank) logical_[size_t(p % slots_)] = e;
-  return bind_expert_slots(*moe_weights(layer), logical_,
-                           slot_weights_[size_t(layer)])
+  if (redundant_declared_) {
+    // Redundant slots from what was loaded into them, checked against the map.
+    for (int s = primary; s < slots_; ++s) {
+      const auto& [held, w] = redundant_[size_t(layer)][size_t(s - primary)];
+      if (logical_[size_t(s)] >= 0 && logical_[size_t(s)] != held)
+        return invalid_argument(
+            "expert map v{} of layer {}: redundant slot {} of device {} serves expert {} but "
+            "holds {}",
+            m.version, layer, s, rank, logical_[size_t(s)], held);
+    }
+    std::vector<int32_t> primaries(logical_.begin(), logical_.begin() + primary);
+    primaries.resize(size_t(slots_), -1);
+    XDS_RETURN_IF_ERROR(bind_expert_slots(*moe_weights(layer), primaries, out)
+                            .with_context(fmt::format("layer {}", layer)));
+    for (int s = primary; s < slots_; ++s)
+      if (logical_[size_t(s)] >= 0) out[size_t(s)] = redundant_[size_t(layer)][size_t(s - primary)].second;
+    return Status::ok_status();
+  }
+  return bind_expert_slots(*moe_weights(layer), logical_, out)
       .with_context(fmt::format("layer {}", layer));
 }
 
@@ -239,12 +284,22 @@ Status EpMoeExchange::run_round(const MoeExchangeInput& in, int64_t begin, int64
   // 2. Dispatch.
   const std::span<const int32_t> ids(in.ids + begin * k, size_t(n * k));
   const std::span<const float> weights(in.weights + begin * k, size_t(n * k));
-  XDS_RETURN_IF_ERROR(
-      ex_->dispatch(int(n), ids, weights, maps_[size_t(in.layer)], key, more));
+  // Spread keys: a token meets copy (position + rank) mod |copies| of a replicated expert.
+  const int rank = setup_.mailbox->fabric().rank();
+  for (int64_t i = 0; i < n; ++i)
+    spread_[size_t(i)] =
+        spread_key(in.positions != nullptr ? in.positions[begin + i] : begin + i, rank);
+  XDS_RETURN_IF_ERROR(ex_->dispatch(int(n), ids, weights, maps_[size_t(in.layer)], key, more,
+                                    xccl::SenderRows::kBf16,
+                                    std::span<const uint32_t>(spread_.data(), size_t(n))));
   const int64_t t1 = now_ns();
   // 3. This device's slots over the received rows (unweighted outputs; combine weights them).
   const xccl::RecvLayout& l = ex_->received();
   const int64_t rows = l.n_rows();
+  if (const int64_t row = moe_row_[size_t(in.layer)]; row >= 0) {
+    int64_t* counts = slot_rows_.data() + row * slots_;
+    for (int s = 0; s < slots_; ++s) counts[s] += l.expert_offset[size_t(s) + 1] - l.expert_offset[size_t(s)];
+  }
   float* out = nullptr;
   if (c.vector_dtype == xccl::RowDType::kF32) {
     out = ex_->expert_out_f32();

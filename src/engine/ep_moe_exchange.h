@@ -14,7 +14,9 @@
 //     1. x rows -> the exchange's input staging, as f32 (ComputeDType::kF32: the reference,
 //        bit for bit) or rounded to bf16 (kBF16: the expert products round their inputs
 //        anyway);
-//     2. dispatch (routes through the layer's map; receivers check every sender's version);
+//     2. dispatch (routes through the layer's map; receivers check every sender's version; an
+//        expert with several copies serves a token by spread_key(position, rank),
+//        engine/eplb_maps.h);
 //     3. this device's slots run on the rows it received (GroupedExperts, f32 out);
 //     4. combine: each expert side pre-sums per (token, source) in f32 and the source sums one
 //        vector per (token, device) in ascending device order; vectors are f32 (kF32) or bf16
@@ -93,11 +95,25 @@ class EpMoeExchange final : public MoeExchange {
   // entries of dense layers are ignored), all MoE layers under one version. Call at a step
   // boundary, with the version every device agreed on (step_sync.h). InvalidArgument for a
   // map of the wrong shape or mixed versions; the maps in force then stay.
+  // A redundant slot (index >= E / N) that a map fills is bound to the weights given by
+  // set_redundant_slot for that (layer, slot) and expert, never to anything else: a map that
+  // names a redundant slot holding another expert (or nothing) is InvalidArgument. Without
+  // any set_redundant_slot call (tests of the exchange alone) such slots bind the model's
+  // own weights of the expert.
   Status set_expert_maps(std::vector<xccl::ExpertMap> maps);
+  // Declares what redundant slot `slot` (in [E / N, E / N + S)) of `layer` holds: `logical`'s
+  // weights at `weights` (owned by the caller, alive while bound), or nothing (logical -1).
+  // Call only while no map in force uses that slot (the caller's EPLB protocol).
+  Status set_redundant_slot(int64_t layer, int slot, int logical, const MlpWeights* weights);
+  const std::vector<xccl::ExpertMap>& expert_maps() const { return maps_; }
   uint64_t map_version() const { return map_version_; }
   // Layer indices (MTP layers included) that are MoE layers, ascending.
   const std::vector<int64_t>& moe_layers() const { return moe_layers_; }
   int slots_per_device() const { return slots_; }
+  int rank() const { return setup_.mailbox->fabric().rank(); }
+  // Token-expert pairs this device's slots computed, cumulative: [moe_layers().size(), slots]
+  // row-major (rows in moe_layers() order).
+  std::span<const int64_t> slot_rows() const { return slot_rows_; }
 
   // One MoE layer of the step (see above). Every device must make the same sequence of calls;
   // an error before the first collective (a layer that is not MoE, a top-k other than the
@@ -117,7 +133,9 @@ class EpMoeExchange final : public MoeExchange {
   EpMoeExchange(const EpMoeSetup& setup, const ModelInfo& info, std::unique_ptr<xccl::Exchange> ex,
                 int slots);
   const MoeWeights* moe_weights(int64_t layer) const;
-  Status bind_layer(int64_t layer);  // slot weights of one layer from its map
+  // Slot weights of one layer from `map` into `out` (nothing else changes).
+  Status bind_layer(int64_t layer, const xccl::ExpertMap& map,
+                    std::vector<const MlpWeights*>& out);
   Status run_round(const MoeExchangeInput& in, int64_t begin, int64_t n, bool more,
                    uint64_t key, bool first);
 
@@ -136,6 +154,12 @@ class EpMoeExchange final : public MoeExchange {
   std::vector<float> expert_out_;        // [n_rows, D] f32 (kBF16 vectors: rounded after)
   std::vector<uint16_t> out16_;          // [max_tokens, D] bf16 combine output (kBF16)
   std::vector<int32_t> logical_;         // [slots] scratch of bind_layer
+  std::vector<int64_t> moe_row_;         // [n_layers_] row of a MoE layer in slot_rows_, or -1
+  std::vector<int64_t> slot_rows_;       // [moe layers, slots] cumulative
+  bool redundant_declared_ = false;      // set_redundant_slot was called
+  // [n_layers_][S]: what each redundant slot holds (expert, weights); expert -1: nothing.
+  std::vector<std::vector<std::pair<int, const MlpWeights*>>> redundant_;
+  std::vector<uint32_t> spread_;         // [max_tokens] spread keys of a round
   Times times_;
 };
 

@@ -14,6 +14,8 @@ std::string encode(const Message& m) {
   if (m.seq != 0) j["seq"] = m.seq;
   if (m.group >= 0) j["group"] = m.group;
   if (m.index >= 0) j["index"] = m.index;
+  if (m.eplb) j["eplb"] = *m.eplb;
+  if (m.eplb_report) j["eplb_report"] = *m.eplb_report;
   const std::vector<uint8_t> bytes = nlohmann::json::to_msgpack(j);
   return std::string(bytes.begin(), bytes.end());
 }
@@ -43,6 +45,8 @@ Result<Message> decode(const void* data, size_t size) {
     if (auto it = j.find("seq"); it != j.end()) m.seq = it->get<uint64_t>();
     if (auto it = j.find("group"); it != j.end()) m.group = it->get<int32_t>();
     if (auto it = j.find("index"); it != j.end()) m.index = it->get<int32_t>();
+    if (auto it = j.find("eplb"); it != j.end()) m.eplb = it->get<EplbCommand>();
+    if (auto it = j.find("eplb_report"); it != j.end()) m.eplb_report = it->get<EplbReport>();
   } catch (const nlohmann::json::exception& e) {
     return invalid_argument("control message: {}", e.what());
   }
@@ -55,6 +59,10 @@ void merge_load(GroupLoad& kept, GroupLoad incoming) {
     incoming.moe_layers = std::move(kept.moe_layers);
     incoming.n_experts = kept.n_experts;
   }
+  // Windows are consumed where they arrive (the shell's EPLB collector), not kept.
+  incoming.window_seq = 0;
+  incoming.window_expert_tokens.clear();
+  incoming.window_slot_tokens.clear();
   kept = std::move(incoming);
 }
 

@@ -120,12 +120,52 @@ struct GroupLoad {
   int64_t spec_tokens = 0;
   std::vector<int64_t> spec_drafted;   // [k]
   std::vector<int64_t> spec_accepted;  // [k]
+  int64_t moe_ns = 0;       // expert-parallel MoE phase (dispatch to combine done), cumulative
   // Tokens this group routed to each logical expert, cumulative (CausalLm::
   // routed_token_counts): [moe_layers.size(), n_experts] row-major. Sent about once a second;
   // empty in the loads between (the shell keeps the last one it got).
   std::vector<int64_t> expert_tokens;
   std::vector<int64_t> moe_layers;  // the cache-layer id of each row of expert_tokens
   int64_t n_experts = 0;
+  // EPLB collect windows (--eplb-window): the counts of the window that just closed, sent
+  // once per window (window_seq > 0; 0: no window in this load). Rows follow moe_layers.
+  int64_t window_seq = 0;                    // this group's window number, from 1
+  std::vector<int64_t> window_expert_tokens;  // [moe_layers, n_experts] routed by this group
+  std::vector<int64_t> window_slot_tokens;    // [moe_layers, slots_per_device] computed by
+                                              // this device's slots (token-expert pairs)
+  int64_t slots_per_device = 0;               // E / N + S
+  uint64_t window_map_version = 0;  // the map in force when the window closed
+  bool window_uniform = false;      // that map was in force for the whole window
+};
+
+// EPLB reconfiguration (P077), shell -> every DP group. The shell plans a map (version
+// `version`); the map with the redundant slots disabled is version - 1; base_version =
+// version - 2 is the map in force when planned.
+//   kPrepare: the new maps; each device prefetches its new replicas' weights into staging
+//             memory and reports kPrepared or kFailed.
+//   kCommit:  every device prepared: advertise version - 1 in the step header (the disabled
+//             map needs no weights), switch when every device has, load the slots, advertise
+//             `version`, switch when every device has (the same step boundary everywhere).
+//   kAbort:   some device failed: drop the staging, the map in force stays.
+enum class EplbOp : int32_t { kPrepare = 1, kCommit = 2, kAbort = 3 };
+struct EplbCommand {
+  int32_t op = 0;  // EplbOp
+  uint64_t version = 0;
+  // [moe_layers][n_experts] -> physical slot ids (primary first); kPrepare only.
+  std::vector<int64_t> moe_layers;
+  std::vector<std::vector<std::vector<int32_t>>> replicas;
+};
+
+// DP group -> shell: where its side of a reconfiguration stands.
+enum class EplbState : int32_t { kPrepared = 1, kSwitched = 2, kFailed = 3, kAborted = 4 };
+struct EplbReport {
+  int32_t group = -1;
+  uint64_t version = 0;
+  int32_t state = 0;            // EplbState
+  std::string error;            // kFailed: what failed
+  uint64_t disable_step = 0;    // kSwitched: the step the disabled map took effect
+  uint64_t switch_step = 0;     // kSwitched: the step the new map took effect
+  int64_t loaded_bytes = 0;     // kSwitched: bytes copied into this device's slots
 };
 
 enum class MessageKind : uint8_t {
@@ -139,7 +179,11 @@ enum class MessageKind : uint8_t {
   kPing = 8,      // health: gateway -> shell -> groups; kPong back with the same id
   kPong = 9,
   kRejected = 10, // shell -> gateway: request could not be placed now (retry later)
-  kFailed = 11,   // shell -> gateway: the instance cannot serve any more (text: why)
+  kEplb = 11,     // EplbCommand: shell -> every DP group; EplbReport: DP group -> shell
+  kAdmin = 12,    // gateway -> shell: text = "eplb" | "eplb/rebalance", request_id = call id;
+                  // shell -> gateway: the same request_id, index = HTTP status, text = JSON
+                  // body (request_id empty: the shell's EPLB state pushed for /metrics)
+  kFailed = 13,   // shell -> gateway: the instance cannot serve any more (text: why)
 };
 
 // The envelope. Exactly the fields of its kind are set.
@@ -154,6 +198,8 @@ struct Message {
   uint64_t seq = 0;                       // kWake: the shell's wake sequence number
   int32_t group = -1;                     // kLoad / kPong: the sending DP group
   int32_t index = -1;                     // kCancel: the choice to stop (-1: every choice)
+  std::optional<EplbCommand> eplb;        // kEplb, shell -> group
+  std::optional<EplbReport> eplb_report;  // kEplb, group -> shell
 };
 
 // Stores `incoming` in `kept` (the same group's previous load), keeping kept's expert counts
@@ -190,6 +236,13 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(GroupLoad, group, running, waiti
                                                 kv_blocks_reserved, block_size, prefix_hits,
                                                 prefix_queries, steps, last_batch_size,
                                                 preemptions, spec_steps, spec_tokens, spec_drafted,
-                                                spec_accepted, expert_tokens, moe_layers, n_experts)
+                                                spec_accepted, moe_ns, expert_tokens, moe_layers,
+                                                n_experts,
+                                                window_seq, window_expert_tokens,
+                                                window_slot_tokens, slots_per_device,
+                                                window_map_version, window_uniform)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(EplbCommand, op, version, moe_layers, replicas)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(EplbReport, group, version, state, error,
+                                                disable_step, switch_step, loaded_bytes)
 
 }  // namespace xds::engine

@@ -232,6 +232,7 @@ Status DeepseekV3Model::run_moe(const MoeWeights& w, int64_t layer, const Batch&
   }
   float* routed = grow(s_routed_, n * d);
   MoeExchangeInput in{layer, xn, n, ids, weights, k, routed};
+  if (static_cast<int64_t>(b.pos.size()) == n) in.positions = b.pos.data();
   // The shared experts (compute-bound from a few tokens on) between the routed ones
   // (memory-bound at decode), when they can run in slices; else after them.
   std::optional<SharedMlpOverlap> shared;

@@ -40,6 +40,9 @@ struct MoeExchangeInput {
   float* out = nullptr;  // [n, hidden] overwritten with the routed experts' sum
   // Optional: when run() returns, every slice of it has run (to completion).
   OverlapWork* overlap = nullptr;
+  // Optional: [n] each token's position in its sequence. An expert with several copies
+  // (EPLB's replicas) serves a token by its position (P078); null: by its index in the batch.
+  const int64_t* positions = nullptr;
 };
 
 class MoeExchange {

@@ -91,8 +91,9 @@ struct Gateway::Impl {
     Responder responder;
     int64_t deadline_ns = 0;
   };
-  std::unordered_map<std::string, Probe> probes;  // /health probes in flight
+  std::unordered_map<std::string, Probe> probes;  // /health probes and /admin calls in flight
   std::string failure;  // the instance failed (kFailed): why
+  std::string eplb_metrics;  // the shell's EPLB lines for /metrics (pushed about once a second)
 
   Status init();
   void routes();
@@ -104,6 +105,8 @@ struct Gateway::Impl {
   void on_instance_failed(const std::string& why);
   void finish_pending(const std::shared_ptr<Pending>& p, std::unique_lock<std::mutex>& lock);
   void submit(const std::shared_ptr<Pending>& p);
+  // /admin/<call>: asks the shell, answers with its status and JSON body (503 after 5 s).
+  void admin(const std::string& call, Responder resp);
   bool authorized(const HttpRequest& r, Responder& responder);
 };
 
@@ -201,8 +204,31 @@ void Gateway::Impl::routes() {
       l = loads;
     }
     out.body = metrics.render(l);
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      out.body += eplb_metrics;
+    }
     resp.send(std::move(out));
   });
+  http->route("GET", "/admin/eplb", [this](HttpRequest r, Responder resp) {
+    if (authorized(r, resp)) admin("eplb", std::move(resp));
+  });
+  http->route("POST", "/admin/eplb/rebalance", [this](HttpRequest r, Responder resp) {
+    if (authorized(r, resp)) admin("eplb/rebalance", std::move(resp));
+  });
+}
+
+void Gateway::Impl::admin(const std::string& call, Responder resp) {
+  const std::string id = fmt::format("admin-{}", next_id.fetch_add(1));
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    probes.emplace(id, Probe{resp, now_ns() + int64_t{5'000'000'000}});
+  }
+  Message m;
+  m.kind = MessageKind::kAdmin;
+  m.request_id = id;
+  m.text = call;
+  link->post(std::move(m));
 }
 
 void Gateway::Impl::on_completion(HttpRequest r, Responder responder, bool chat) {
@@ -416,6 +442,28 @@ void Gateway::Impl::on_message(Message m) {
         HttpResponse ok;
         ok.body = "{\"status\":\"ok\"}";
         r->send(std::move(ok));
+      }
+      break;
+    }
+    case MessageKind::kAdmin: {
+      std::optional<Responder> r;
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        if (m.request_id.empty()) {  // the shell's EPLB metrics
+          eplb_metrics = std::move(m.text);
+          break;
+        }
+        auto it = probes.find(m.request_id);
+        if (it != probes.end()) {
+          r = it->second.responder;
+          probes.erase(it);
+        }
+      }
+      if (r) {
+        HttpResponse out;
+        out.status = m.index > 0 ? m.index : 200;
+        out.body = std::move(m.text);
+        r->send(std::move(out));
       }
       break;
     }

@@ -142,6 +142,9 @@ std::string GatewayMetrics::render(std::span<const engine::GroupLoad> loads) {
         .set(static_cast<double>(l.preemptions));
     reg_.gauge("xdeepserve_steps", "Forward steps run, cumulative, per DP group.", g)
         .set(static_cast<double>(l.steps));
+    reg_.gauge("xdeepserve_moe_seconds", "Time in the expert-parallel MoE phase (dispatch "
+               "to combine done, every MoE layer), cumulative, per DP group.", g)
+        .set(static_cast<double>(l.moe_ns) * 1e-9);
     running += l.running;
     waiting += l.waiting;
   }

@@ -75,7 +75,8 @@ Status run_instance(const InstanceOptions& options) {
   lo.devices = options.dp;
   XDS_ASSIGN_OR_RETURN(lo.arena.staging_bytes,
                        engine::ep_staging_bytes(options.group.model_dir, options.group.model,
-                                                options.group.max_num_batched_tokens, options.dp));
+                                                options.group.max_num_batched_tokens, options.dp,
+                                                options.group.redundant_slots));
   if (options.pin && threads * options.dp <= cores) {
     // Device g on cores [g x threads, (g + 1) x threads): its pool's threads share them.
     for (int g = 0; g < options.dp; ++g) lo.cpus.push_back(g * threads);
@@ -103,6 +104,7 @@ Status run_instance(const InstanceOptions& options) {
   so.max_num_seqs = options.group.max_num_seqs;
   so.block_size = options.group.block_size;
   so.placement = options.placement;
+  so.eplb = options.eplb;
   ProcessWatch watch;
   for (size_t g = 0; g < devices.pids().size(); ++g) {
     XDS_RETURN_IF_ERROR(watch.add(devices.pids()[g], fmt::format("DP group {}", g)));

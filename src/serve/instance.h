@@ -14,6 +14,7 @@
 
 #include "base/status.h"
 #include "engine/dp_group.h"
+#include "serve/eplb_control.h"
 #include "serve/placement.h"
 
 namespace xds::serve {
@@ -24,6 +25,7 @@ struct InstanceOptions {
   engine::DpGroupOptions group;  // addresses are filled per group by run_instance
   int threads_per_device = 0;    // 0: the machine's cores / dp (at least 1)
   PlacementPolicy placement;
+  EplbControlOptions eplb;       // the shell's EPLB (n_groups = dp)
   bool pin = true;               // pin device k's threads from core k * threads where cores allow
 };
 

@@ -62,6 +62,10 @@ Status Shell::run() {
                        e.what());
   }
 
+  EplbControlOptions eo = options_.eplb;
+  eo.n_groups = static_cast<int>(n_groups);
+  EplbControl eplb(eo);
+  int64_t last_eplb_push_ns = 0;
   uint64_t wake_seq = 0;
   uint64_t ping_seq = 0;
   std::map<uint64_t, PendingPing> pings;
@@ -84,6 +88,24 @@ Status Shell::run() {
     } catch (const zmq::error_t& e) {
       XDS_LOG_WARN("shell: reply to a gateway failed: {}", e.what());
     }
+  };
+
+  // An EPLB command to every group, then a wake so that sleeping groups exchange headers.
+  auto eplb_broadcast = [&](engine::EplbCommand c) {
+    Message em;
+    em.kind = MessageKind::kEplb;
+    em.eplb = std::move(c);
+    to_groups(em);
+    Message wake;
+    wake.kind = MessageKind::kWake;
+    wake.seq = ++wake_seq;
+    to_groups(wake);
+  };
+  auto eplb_rebalance = [&]() {
+    std::optional<engine::EplbCommand> command;
+    EplbAnswer a = eplb.rebalance(now_ns(), command);
+    if (command) eplb_broadcast(std::move(*command));
+    return a;
   };
 
   auto handle_gateway = [&](const std::string& identity, Message m) -> bool {
@@ -145,6 +167,23 @@ Status Shell::run() {
       }
       case MessageKind::kShutdown:
         return false;
+      case MessageKind::kAdmin: {
+        Message reply;
+        reply.kind = MessageKind::kAdmin;
+        reply.request_id = m.request_id;
+        EplbAnswer a;
+        if (m.text == "eplb") {
+          a.body = eplb.state();
+        } else if (m.text == "eplb/rebalance") {
+          a = eplb_rebalance();
+        } else {
+          a = {404, {{"error", fmt::format("unknown admin call '{}'", m.text)}}};
+        }
+        reply.index = a.status;
+        reply.text = a.body.dump();
+        to_gateway(identity, reply);
+        return true;
+      }
       default:
         XDS_LOG_WARN("shell: unexpected message kind {} from a gateway", static_cast<int>(m.kind));
         return true;
@@ -157,6 +196,7 @@ Status Shell::run() {
         for (const GroupLoad& l : m.loads) {
           if (l.group >= 0 && static_cast<size_t>(l.group) < n_groups) {
             if (!l.expert_tokens.empty()) experts_dirty = true;
+            eplb.on_window(l);
             engine::merge_load(loads[static_cast<size_t>(l.group)], l);
             loads_dirty = true;
           }
@@ -179,6 +219,18 @@ Status Shell::run() {
       }
       case MessageKind::kCancel:  // an output process saw a stop string
         to_groups(m);
+        break;
+      case MessageKind::kWake: {  // a sleeping group holds work: wake every group anew
+        Message wake;
+        wake.kind = MessageKind::kWake;
+        wake.seq = ++wake_seq;
+        to_groups(wake);
+        break;
+      }
+      case MessageKind::kEplb:
+        if (m.eplb_report) {
+          if (auto next = eplb.on_report(*m.eplb_report)) eplb_broadcast(std::move(*next));
+        }
         break;
       default:
         XDS_LOG_WARN("shell: unexpected message kind {} on its input", static_cast<int>(m.kind));
@@ -227,6 +279,14 @@ Status Shell::run() {
       handle_input(std::move(**m));
     }
     const int64_t now = now_ns();
+    if (eplb.due(now)) (void)eplb_rebalance();
+    if (eplb.enabled() && now - last_eplb_push_ns >= int64_t{1'000'000'000}) {
+      Message em;
+      em.kind = MessageKind::kAdmin;
+      em.text = eplb.metrics_text();
+      for (const auto& [identity, seen] : gateways) to_gateway(identity, em);
+      last_eplb_push_ns = now;
+    }
     for (auto it = pings.begin(); it != pings.end();) {
       it = it->second.deadline_ns < now ? pings.erase(it) : std::next(it);
     }

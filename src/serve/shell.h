@@ -9,6 +9,11 @@
 //           ◀─kLoad──────       (every group's load, at most every load_period_ms)
 //   output processes ──kCancel (a stop string matched)──▶ shell ──▶ every group
 //           ◀─kFailed────       (a device process died: every gateway fails its requests)
+//   a sleeping group that holds work ──kWake──▶ shell ──kWake(new seq)──▶ every group
+//           ──kAdmin─────▶ (GET /admin/eplb, POST /admin/eplb/rebalance) ─▶ kAdmin answer
+//           ◀─kAdmin──────  (no request id: EPLB metrics, about once a second)
+//   EPLB (serve/eplb_control.h): ──kEplb command──▶ every group (then a kWake);
+//                                ◀─kEplb report─── each group
 //
 // Sockets: ROUTER bound on `listen` (gateways), one PUSH per group bound on
 // group_inputs[k], one PULL bound on `shell_input` (groups and output processes).
@@ -24,6 +29,7 @@
 
 #include "base/status.h"
 #include "engine/request.h"
+#include "serve/eplb_control.h"
 #include "serve/placement.h"
 
 namespace xds::serve {
@@ -44,6 +50,7 @@ struct ShellOptions {
   // Polled every loop: empty while every process of the instance lives, else what died. A
   // death ends run() with that error after kFailed to every gateway (no failover yet).
   std::function<std::string()> process_failure;
+  EplbControlOptions eplb;  // n_groups is filled from group_inputs
 };
 
 // The decision log of run(), for tests and /metrics.

@@ -42,7 +42,8 @@ Result<RoutePlan> plan_routes(const ExpertMap& map, std::span<const int32_t> top
 }
 
 Status plan_routes_into(const ExpertMap& map, std::span<const int32_t> topk_ids,
-                        std::span<const float> weights, int n_tokens, int k, RoutePlan& plan) {
+                        std::span<const float> weights, int n_tokens, int k, RoutePlan& plan,
+                        std::span<const uint32_t> spread) {
   if (k < 1 || k > kMaxTopk)
     return invalid_argument("plan_routes: top-k {} outside [1, {}]", k, kMaxTopk);
   if (n_tokens < 0) return invalid_argument("plan_routes: n_tokens {} < 0", n_tokens);
@@ -51,6 +52,8 @@ Status plan_routes_into(const ExpertMap& map, std::span<const int32_t> topk_ids,
     return invalid_argument(
         "plan_routes: {} tokens x top-{} need {} ids and weights, got {} and {}", n_tokens, k, need,
         topk_ids.size(), weights.size());
+  if (!spread.empty() && spread.size() < size_t(n_tokens))
+    return invalid_argument("plan_routes: {} spread keys for {} tokens", spread.size(), n_tokens);
   // Every list gets room for every token, blanked in one memset (RouteEntry is trivially
   // copyable and all-zero bytes are its default value); entries are then filled in place and
   // the lists cut to what was used. This loop runs on the dispatch path, per token and expert:
@@ -71,7 +74,7 @@ Status plan_routes_into(const ExpertMap& map, std::span<const int32_t> topk_ids,
       if (e >= n_logical)
         return invalid_argument("plan_routes: token {} expert {} outside the map's {} experts", t,
                                 e, n_logical);
-      const int32_t p = map.physical(e, uint32_t(t));
+      const int32_t p = map.physical(e, spread.empty() ? uint32_t(t) : spread[size_t(t)]);
       const int32_t dev = p / spd, slot = p - dev * spd;
       const size_t d = size_t(dev);
       if (last_token[d] != t) {

@@ -28,9 +28,10 @@ struct ExpertMap {
                             uint64_t version = 1);
   int n_logical() const { return static_cast<int>(replicas.size()); }
   Status validate() const;
-  // Which slot serves (token, logical e): replicas are used round-robin by token index.
-  // A single replica (the common case, on the dispatch path per token and expert) skips the
-  // 64-bit modulo.
+  // Which slot serves (token, logical e): replicas are used round-robin by `token`, the
+  // token's spread key (its index in the batch, or what the caller chose: EPLB spreads by
+  // position + rank, see plan_routes_into). A single replica (the common case, on the
+  // dispatch path per token and expert) skips the modulo.
   int32_t physical(int logical, uint32_t token) const {
     const auto& r = replicas[static_cast<size_t>(logical)];
     return r.size() == 1 ? r[0] : r[token % r.size()];
@@ -56,9 +57,12 @@ struct RoutePlan {
 Result<RoutePlan> plan_routes(const ExpertMap& map, std::span<const int32_t> topk_ids,
                               std::span<const float> weights, int n_tokens, int k);
 // Same, into `plan`, reusing its lists' storage (the per-step form: no allocation once warm).
-// On error `plan` is left in an unspecified but valid state.
+// spread: [n_tokens] the key each token's replica is chosen by (ExpertMap::physical: copy
+// key mod |copies|); empty: the token's index. On error `plan` is left in an unspecified but
+// valid state.
 Status plan_routes_into(const ExpertMap& map, std::span<const int32_t> topk_ids,
-                        std::span<const float> weights, int n_tokens, int k, RoutePlan& plan);
+                        std::span<const float> weights, int n_tokens, int k, RoutePlan& plan,
+                        std::span<const uint32_t> spread = {});
 
 // Where each received (source, entry, expert) lands on the receiver: rows are grouped by local
 // expert; inside a group, by source position then entry order.

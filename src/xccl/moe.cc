@@ -491,7 +491,7 @@ Status Exchange::gather_into(std::byte* out, RowDType out_dtype, uint64_t key) {
 
 Status Exchange::dispatch(int n_tokens, std::span<const int32_t> topk_ids,
                           std::span<const float> weights, const ExpertMap& map, uint64_t key,
-                          bool more, SenderRows rows) {
+                          bool more, SenderRows rows, std::span<const uint32_t> spread) {
   if (map.n_devices != int(roles_.receivers.size()) ||
       map.slots_per_device != cfg_.slots_per_device)
     return invalid_argument(
@@ -499,7 +499,8 @@ Status Exchange::dispatch(int n_tokens, std::span<const int32_t> topk_ids,
         map.n_devices, map.slots_per_device, roles_.receivers.size(), cfg_.slots_per_device);
   // Planned straight into plan_ (its lists' storage is reused from step to step); nothing of
   // the previous round reads plan_ any more (combine uses refs_ / from_).
-  XDS_RETURN_IF_ERROR(plan_routes_into(map, topk_ids, weights, n_tokens, cfg_.topk, plan_));
+  XDS_RETURN_IF_ERROR(plan_routes_into(map, topk_ids, weights, n_tokens, cfg_.topk, plan_,
+                                       spread));
   XDS_RETURN_IF_ERROR(send_tokens(plan_, map.version, n_tokens, key, more, rows));
   return recv_tokens(key);
 }

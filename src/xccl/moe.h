@@ -201,7 +201,7 @@ class Exchange {
   // ---- symmetric helpers (this device is sender and receiver) ----
   Status dispatch(int n_tokens, std::span<const int32_t> topk_ids, std::span<const float> weights,
                   const ExpertMap& map, uint64_t key, bool more = false,
-                  SenderRows rows = SenderRows::kBf16);
+                  SenderRows rows = SenderRows::kBf16, std::span<const uint32_t> spread = {});
   Status combine(uint16_t* out, uint64_t key);  // out of vector_dtype (bf16 or f32 form)
   Status combine(float* out, uint64_t key);
   Status combine_presummed(uint16_t* out, uint64_t key);  // send_presummed + gather_vectors

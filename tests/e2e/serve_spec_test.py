@@ -125,7 +125,8 @@ def check_server(args, k, ref, ref_long, ref_len, ref_eos, ref_logprobs):
             check(r["choices"][0].get("text") == ref_long,
                   f"k={k} long prompt, run {attempt}: {r['choices'][0].get('text')!r}")
             cached.append(r["usage"].get("prompt_tokens_details", {}).get("cached_tokens", 0))
-        check(cached[0] == 0 and cached[1] >= 16,
+        # With several groups the second run may be placed on the other group's cache.
+        check(cached[0] == 0 and (cached[1] >= 16 or args.dp > 1),
               f"k={k}: cached prompt tokens {cached} (the second run should hit the cache)")
 
         text, finish = s.stream(prompt=PROMPTS[0], max_tokens=MAX_TOKENS, **greedy)

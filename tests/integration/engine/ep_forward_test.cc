@@ -18,6 +18,8 @@
 #include <random>
 #include <vector>
 
+#include "engine/eplb_agent.h"
+#include "engine/eplb_maps.h"
 #include "engine/ep_moe_exchange.h"
 #include "engine/step_sync.h"
 #include "mkmodel/mkmodel.h"
@@ -44,7 +46,16 @@ struct GroupCase {
   // attention paths), instead of with the single-process prefill of each prompt.
   bool lockstep = false;
   bool int8 = false;  // a W8A8 copy of the model (mkmodel weights_int8): INT8 experts
+  // EPLB (engine/eplb_agent.h) reconfigures to replica_maps' assignment at step kEplbStep,
+  // with the replicas' weights copied into the agent's slot memory.
+  bool eplb = false;
 };
+
+// The step at which the test's EPLB command arrives (prepare and commit together). The
+// header of that step advertises the disabled map (v2), so every device switches to it at
+// kEplbStep and loads its slots; the next header advertises v3: the new map from step
+// kEplbStep + 1 on, on every device (derived from the protocol, not read from the agent).
+constexpr uint64_t kEplbStep = 3;
 
 struct Prompt {
   std::vector<int32_t> ids;
@@ -177,6 +188,17 @@ int run_device(xccl::Fabric& f, const std::string& dir, const std::vector<Prompt
         replica_maps(**ep, m.info().n_routed_experts, f.world_size()));
     if (!st.ok()) return fail(st.to_string());
   }
+  std::unique_ptr<EplbAgent> agent;
+  if (gc.eplb) {
+    EplbAgentSetup as;
+    as.model = &m;
+    as.exchange = ep->get();
+    as.redundant_slots = ep_options.redundant_slots;
+    auto a = EplbAgent::create(std::move(as));
+    if (!a.ok()) return fail(a.status().to_string());
+    agent = std::move(*a);
+  }
+  std::optional<EplbReport> switched;
   std::vector<int> ranks;
   for (int r = 0; r < f.world_size(); ++r) ranks.push_back(r);
   StepSync sync(mb, ranks, 60'000);
@@ -235,9 +257,38 @@ int run_device(xccl::Fabric& f, const std::string& dir, const std::vector<Prompt
     for (const TokenChunk& c : chunks) h.tokens += uint32_t(c.tokens.size());
     h.moe_passes = h.tokens > 0 ? 1 : 0;
     h.map_version = (*ep)->map_version();
+    if (agent && step == kEplbStep) {
+      // What the shell sends: kPrepare of v3 (v1, the identity, is in force; v2 is v3 with
+      // the spare slots disabled), and kCommit once every device prepared.
+      EplbCommand c;
+      c.op = int32_t(EplbOp::kPrepare);
+      c.version = (*ep)->map_version() + 2;
+      const std::vector<xccl::ExpertMap> maps =
+          replica_maps(**ep, m.info().n_routed_experts, f.world_size());
+      for (int64_t l : (*ep)->moe_layers()) {
+        c.moe_layers.push_back(l);
+        c.replicas.push_back(maps[size_t(l)].replicas);
+      }
+      auto r = agent->on_command(c, me);
+      if (!r || r->state != int32_t(EplbState::kPrepared))
+        return fail("EPLB prepare: " + (r ? r->error : std::string("no report")));
+      c.op = int32_t(EplbOp::kCommit);
+      if (agent->on_command(c, me)) return fail("EPLB commit answered");
+    }
+    if (agent) {
+      h.map_version = agent->loaded_version();
+      h.busy = agent->busy();
+    }
     auto d = sync.exchange(h);
     if (!d.ok()) return fail(d.status().to_string());
-    if (d->action == StepAction::kSleep) break;  // every device done
+    if (agent) {
+      auto r = agent->at_step_boundary(d->map_version, d->step, me);
+      if (!r.ok()) return fail(r.status().to_string());
+      if (*r) switched = **r;
+    }
+    if (d->action == StepAction::kSleep && (!agent || !agent->busy()))
+      break;  // every device done
+    if (d->action == StepAction::kSkip) continue;  // EPLB still switching, nobody has tokens
     if (d->action != StepAction::kRun)
       return fail(fmt::format("step {}: unexpected decision {}", step,
                               step_action_name(d->action)));
@@ -273,6 +324,20 @@ int run_device(xccl::Fabric& f, const std::string& dir, const std::vector<Prompt
   }
   if (rows_checked != total)
     return fail(fmt::format("{} rows checked, {} expected", rows_checked, total));
+  if (agent) {
+    if (!switched) return fail("EPLB: the new map never took effect");
+    if (switched->disable_step != kEplbStep || switched->switch_step != kEplbStep + 1)
+      return fail(fmt::format("EPLB: disabled at step {}, switched at {}; expected {} and {}",
+                              switched->disable_step, switched->switch_step, kEplbStep,
+                              kEplbStep + 1));
+    if ((*ep)->map_version() != 3) return fail("EPLB: map version is not 3");
+    // The replica in this device's first spare slot served tokens after the switch.
+    const int spd = (*ep)->slots_per_device(), primary = spd - ep_options.redundant_slots;
+    int64_t spare = 0;
+    for (size_t r = 0; r < (*ep)->moe_layers().size(); ++r)
+      spare += (*ep)->slot_rows()[r * size_t(spd) + size_t(primary)];
+    if (spare <= 0) return fail("EPLB: no token reached a replica");
+  }
   const auto& tm = (*ep)->times();
   std::fprintf(stderr,
                "device %d: %d rows, %d idle steps, %d errors, worst |diff| / max|logit| %.2e; "
@@ -320,6 +385,17 @@ TEST(EpForward, FourDevicesMatchTheSingleProcessLogits) { run_group({.devices = 
 // are the reference's as well.
 TEST(EpForward, ReplicasInSpareSlotsMatchTheSingleProcessLogits) {
   run_group({.devices = 2, .replicas = true});
+}
+
+// EPLB's four phases while prompts are in flight: the replicas' weights are copied into the
+// agent's slots and the map switches at the same, hand-derived steps on every device; the
+// logits stay the single-process ones throughout (the copies hold the same weights).
+TEST(EpForward, EplbReconfigurationMidRunMatchesTheSingleProcessLogits) {
+  run_group({.devices = 2, .eplb = true});
+}
+
+TEST(EpForward, EplbReconfigurationOnFourDevicesMatchesTheSingleProcessLogits) {
+  run_group({.devices = 4, .eplb = true});
 }
 
 // The fast mode carries bf16 rows and vectors: close to a local bf16 run of the same chunks

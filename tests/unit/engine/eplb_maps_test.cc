@@ -1,0 +1,134 @@
+// EPLB's map and slot logic in the engine (engine/eplb_maps.h) against hand-derived cases:
+// physical ids of a plan's copies, the disabled map, the redundant slots a device must hold,
+// the position spread as the dispatcher sees it (xccl plan_routes with spread keys) against
+// eplb::spread_slot, and device loads from slot counts.
+#include "engine/eplb_maps.h"
+
+#include <gtest/gtest.h>
+
+#include "eplb/planner.h"
+#include "xccl/expert_map.h"
+
+namespace xds::engine {
+namespace {
+
+// 8 experts over 2 devices, 2 redundant slots each: 4 + 2 = 6 slots per device.
+const eplb::Shape kShape{8, 2, 2};
+
+eplb::LayerPlan two_replicas() {
+  // Expert 1 (device 0) copied to device 1, expert 6 (device 1) copied to device 0.
+  eplb::LayerPlan p;
+  p.replicas = {1, 6};
+  p.placement = {{1, 1}, {6, 0}};
+  return p;
+}
+
+TEST(EplbMaps, ReplicasOfAPlanAreHandDerivedPhysicalIds) {
+  auto slots = eplb::plan_slots(kShape, two_replicas());
+  ASSERT_TRUE(slots.ok()) << slots.status().to_string();
+  auto reps = replicas_of_slots(kShape, *slots);
+  ASSERT_TRUE(reps.ok()) << reps.status().to_string();
+  // Device 0: slots 0-3 experts 0-3 (physical 0-3), slot 4 first replica (physical 4).
+  // Device 1: slots 0-3 experts 4-7 (physical 6-9), slot 4 first replica (physical 10).
+  const std::vector<std::vector<int32_t>> want = {{0}, {1, 10}, {2}, {3}, {6}, {7}, {8, 4}, {9}};
+  EXPECT_EQ(*reps, want);
+}
+
+TEST(EplbMaps, PrimaryReplicasAreTheIdentityMapOfTheExchange) {
+  const auto p = primary_replicas(kShape);
+  const xccl::ExpertMap id = xccl::ExpertMap::identity(8, 2, 6, 1);
+  EXPECT_EQ(p, id.replicas);
+  EXPECT_EQ(p[5], std::vector<int32_t>({7}));  // expert 5: device 1 slot 1 = 6 + 1
+}
+
+TEST(EplbMaps, RedundantSlotExpertsPerDevice) {
+  const std::vector<std::vector<int32_t>> reps = {{0}, {1, 10}, {2}, {3}, {6}, {7}, {8, 4}, {9}};
+  auto d0 = redundant_slot_experts(kShape, 0, reps);
+  auto d1 = redundant_slot_experts(kShape, 1, reps);
+  ASSERT_TRUE(d0.ok() && d1.ok());
+  EXPECT_EQ(*d0, std::vector<int32_t>({6, -1}));  // physical 4 = device 0 redundant slot 0
+  EXPECT_EQ(*d1, std::vector<int32_t>({1, -1}));  // physical 10 = device 1 redundant slot 0
+  // A primary slot that holds another expert, and an id beyond the 12 slots: errors.
+  std::vector<std::vector<int32_t>> bad = reps;
+  bad[0] = {1};
+  EXPECT_FALSE(redundant_slot_experts(kShape, 0, bad).ok());
+  bad = reps;
+  bad[2].push_back(12);
+  EXPECT_FALSE(redundant_slot_experts(kShape, 0, bad).ok());
+}
+
+TEST(EplbMaps, LayerMapsCoverOnlyTheMoeLayersUnderOneVersion) {
+  const std::vector<int64_t> moe = {1, 3};
+  std::vector<std::vector<std::vector<int32_t>>> reps = {primary_replicas(kShape),
+                                                         primary_replicas(kShape)};
+  reps[1][1].push_back(10);
+  auto maps = layer_maps(kShape, 4, moe, reps, 7);
+  ASSERT_TRUE(maps.ok()) << maps.status().to_string();
+  ASSERT_EQ(maps->size(), 4u);
+  EXPECT_TRUE((*maps)[0].replicas.empty());
+  EXPECT_TRUE((*maps)[2].replicas.empty());
+  EXPECT_EQ((*maps)[1].version, 7u);
+  EXPECT_EQ((*maps)[3].version, 7u);
+  EXPECT_EQ((*maps)[3].slots_per_device, 6);
+  EXPECT_EQ((*maps)[3].replicas[1], std::vector<int32_t>({1, 10}));
+  EXPECT_FALSE(layer_maps(kShape, 4, moe, {primary_replicas(kShape)}, 7).ok());  // 1 of 2
+  EXPECT_FALSE(layer_maps(kShape, 3, moe, reps, 7).ok());  // layer 3 outside 3 layers
+}
+
+// The dispatcher's choice of copy (ExpertMap::physical with spread_key) is eplb::spread_slot's:
+// copies[(position + rank) mod |copies|], for 2 and 3 copies, ranks 0-3, positions 0-40.
+TEST(EplbMaps, SpreadKeyPicksTheCopyOfSpreadSlot) {
+  xccl::ExpertMap m = xccl::ExpertMap::identity(8, 2, 6, 1);
+  m.replicas[1] = {1, 10};
+  m.replicas[6] = {8, 4, 11};
+  auto slots = eplb::plan_slots(kShape, two_replicas());
+  ASSERT_TRUE(slots.ok());
+  std::vector<eplb::Slot> three = {{1, 2}, {0, 4}, {1, 5}};  // physical 8, 4, 11
+  for (int rank = 0; rank < 4; ++rank)
+    for (int64_t pos = 0; pos <= 40; ++pos) {
+      const uint32_t key = spread_key(pos, rank);
+      EXPECT_EQ(m.physical(1, key),
+                eplb::spread_slot((*slots)[1], uint64_t(pos), uint64_t(rank)).physical(kShape));
+      EXPECT_EQ(m.physical(6, key),
+                eplb::spread_slot(three, uint64_t(pos), uint64_t(rank)).physical(kShape));
+    }
+  // By hand: position 5, rank 1 -> copy 6 mod 2 = 0 (physical 1); rank 2 -> copy 1 (10).
+  EXPECT_EQ(m.physical(1, spread_key(5, 1)), 1);
+  EXPECT_EQ(m.physical(1, spread_key(5, 2)), 10);
+}
+
+// plan_routes with spread keys: tokens at positions 4, 5, 6 (rank 0) all pick expert 1; its
+// copies are physical 1 (device 0 slot 1) and 10 (device 1 slot 4): positions 4 and 6 go to
+// device 0, position 5 to device 1.
+TEST(EplbMaps, RoutesFollowThePositionSpread) {
+  xccl::ExpertMap m = xccl::ExpertMap::identity(8, 2, 6, 1);
+  m.replicas[1] = {1, 10};
+  const std::vector<int32_t> ids = {1, 1, 1};
+  const std::vector<float> w = {1.f, 1.f, 1.f};
+  const std::vector<uint32_t> keys = {spread_key(4, 0), spread_key(5, 0), spread_key(6, 0)};
+  xccl::RoutePlan plan;
+  ASSERT_TRUE(xccl::plan_routes_into(m, ids, w, 3, 1, plan, keys).ok());
+  ASSERT_EQ(plan.per_device[0].size(), 2u);
+  ASSERT_EQ(plan.per_device[1].size(), 1u);
+  EXPECT_EQ(plan.per_device[0][0].token, 0u);
+  EXPECT_EQ(plan.per_device[0][1].token, 2u);
+  EXPECT_EQ(plan.per_device[0][0].local_expert[0], 1);
+  EXPECT_EQ(plan.per_device[1][0].token, 1u);
+  EXPECT_EQ(plan.per_device[1][0].local_expert[0], 4);
+  // Too few keys: an error, not a read past the end.
+  EXPECT_FALSE(xccl::plan_routes_into(m, ids, w, 3, 1, plan, std::span(keys).first(2)).ok());
+}
+
+TEST(EplbMaps, DeviceLoadFromSlotCounts) {
+  // 2 devices x 3 slots: device 0 = 5 + 1 + 0 = 6, device 1 = 1 + 1 + 0 = 2; mean 4, max 6.
+  const std::vector<double> counts = {5, 1, 0, 1, 1, 0};
+  const DeviceLoad d = device_load(2, 3, counts);
+  EXPECT_EQ(d.load, std::vector<double>({6, 2}));
+  EXPECT_DOUBLE_EQ(d.max, 6);
+  EXPECT_DOUBLE_EQ(d.mean, 4);
+  EXPECT_DOUBLE_EQ(d.ratio(), 1.5);
+  EXPECT_DOUBLE_EQ(device_load(2, 3, std::vector<double>(6, 0.0)).ratio(), 1.0);
+}
+
+}  // namespace
+}  // namespace xds::engine
