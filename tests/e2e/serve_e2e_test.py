@@ -51,6 +51,20 @@ def http(method, url, body=None, key=None, raw=None, timeout=60):
         return e.code, e.read().decode(), dict(e.headers)
 
 
+def wait_healthy(base, server, timeout_s=120):
+    """True once GET base/health answers 200; False when `server` (a Popen) exits first or
+    timeout_s passes."""
+    deadline = time.time() + timeout_s
+    while time.time() < deadline and server.poll() is None:
+        try:
+            if http("GET", base + "/health", timeout=5)[0] == 200:
+                return True
+        except OSError:
+            pass
+        time.sleep(0.3)
+    return False
+
+
 def metric(text, name):
     """Sum of every sample of `name` (any labels)."""
     total = 0.0
@@ -112,17 +126,7 @@ def main():
     shm_before = set(os.listdir("/dev/shm"))
     server = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        deadline = time.time() + 120
-        healthy = False
-        while time.time() < deadline and server.poll() is None:
-            try:
-                status, _, _ = http("GET", base + "/health", timeout=5)
-                if status == 200:
-                    healthy = True
-                    break
-            except OSError:
-                pass
-            time.sleep(0.3)
+        healthy = wait_healthy(base, server)
         check(healthy, "server became healthy")
         if not healthy:
             return 1

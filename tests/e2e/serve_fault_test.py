@@ -19,7 +19,7 @@ import time
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from serve_e2e_test import descendants, free_port, http  # noqa: E402
+from serve_e2e_test import descendants, free_port, wait_healthy  # noqa: E402
 
 failures = []
 
@@ -55,14 +55,7 @@ def main():
     reader = threading.Thread(target=lambda: output.extend(server.stdout), daemon=True)
     reader.start()
     try:
-        deadline = time.time() + 120
-        while time.time() < deadline and server.poll() is None:
-            try:
-                if http("GET", base + "/health", timeout=5)[0] == 200:
-                    break
-            except OSError:
-                pass
-            time.sleep(0.3)
+        check(wait_healthy(base, server), "the server did not become healthy")
         started = descendants(server.pid)
         victims = [p for p in started if comm(p) == "xds-dp1"]
         check(len(victims) == 1, f"one process named xds-dp1 among {[comm(p) for p in started]}")

@@ -17,7 +17,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from serve_e2e_test import free_port, http, metric  # noqa: E402
+from serve_e2e_test import free_port, http, metric, wait_healthy  # noqa: E402
 
 PROMPTS = ["In the beginning", "And God said", "The LORD is my shepherd", "Blessed is the man",
            "And it came to pass", "Now the serpent", "Thou shalt not", "Hear, O Israel",
@@ -62,14 +62,7 @@ def main():
          "--kv-reserve-ratio", "0.25", "--speculative-tokens", args.speculative_tokens],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        deadline = time.time() + 120
-        while time.time() < deadline and server.poll() is None:
-            try:
-                if http("GET", base + "/health", timeout=5)[0] == 200:
-                    break
-            except OSError:
-                pass
-            time.sleep(0.3)
+        check(wait_healthy(base, server), "the server did not become healthy")
 
         def ask(p):
             status, body, _ = http("POST", base + "/v1/completions",

@@ -20,7 +20,7 @@ import time
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from serve_e2e_test import free_port, http, metric  # noqa: E402
+from serve_e2e_test import free_port, http, metric, wait_healthy  # noqa: E402
 
 PROMPTS = ["In the beginning", "And God said", "The LORD is my shepherd", "Blessed is the man",
            "And it came to pass", "Now the serpent", "Thou shalt not", "Hear, O Israel"]
@@ -62,15 +62,7 @@ class Server:
             cmd += ["--speculative-tokens", str(k)]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      text=True)
-        deadline = time.time() + 120
-        while time.time() < deadline and self.proc.poll() is None:
-            try:
-                if http("GET", self.base + "/health", timeout=5)[0] == 200:
-                    return
-            except OSError:
-                pass
-            time.sleep(0.3)
-        check(False, f"k={k}: the server did not become healthy")
+        check(wait_healthy(self.base, self.proc), f"k={k}: the server did not become healthy")
 
     def complete(self, **body):
         status, text, _ = http("POST", self.base + "/v1/completions", body=body, timeout=600)
