@@ -105,8 +105,9 @@ struct Gateway::Impl {
   void on_instance_failed(const std::string& why);
   void finish_pending(const std::shared_ptr<Pending>& p, std::unique_lock<std::mutex>& lock);
   void submit(const std::shared_ptr<Pending>& p);
-  // /admin/<call>: asks the shell, answers with its status and JSON body (503 after 5 s).
-  void admin(const std::string& call, Responder resp);
+  // Sends the shell a `kind` message (kPing: /health; kAdmin: text = the /admin call) whose
+  // answer goes to `resp`; unanswered after 5 s, the messaging thread's sweep answers 503.
+  void probe(MessageKind kind, const char* prefix, std::string text, Responder resp);
   bool authorized(const HttpRequest& r, Responder& responder);
 };
 
@@ -184,16 +185,7 @@ void Gateway::Impl::routes() {
     resp.send(std::move(out));
   });
   http->route("GET", "/health", [this](HttpRequest, Responder resp) {
-    const std::string probe = fmt::format("health-{}", next_id.fetch_add(1));
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      probes.emplace(probe, Probe{resp, now_ns() + int64_t{5'000'000'000}});
-    }
-    Message m;
-    m.kind = MessageKind::kPing;
-    m.request_id = probe;
-    link->post(std::move(m));
-    // Unanswered probes are failed by the messaging thread's sweep (see on_message).
+    probe(MessageKind::kPing, "health", "", std::move(resp));
   });
   http->route("GET", "/metrics", [this](HttpRequest, Responder resp) {
     HttpResponse out;
@@ -211,23 +203,26 @@ void Gateway::Impl::routes() {
     resp.send(std::move(out));
   });
   http->route("GET", "/admin/eplb", [this](HttpRequest r, Responder resp) {
-    if (authorized(r, resp)) admin("eplb", std::move(resp));
+    if (authorized(r, resp)) probe(MessageKind::kAdmin, "admin", "eplb", std::move(resp));
   });
   http->route("POST", "/admin/eplb/rebalance", [this](HttpRequest r, Responder resp) {
-    if (authorized(r, resp)) admin("eplb/rebalance", std::move(resp));
+    if (authorized(r, resp)) {
+      probe(MessageKind::kAdmin, "admin", "eplb/rebalance", std::move(resp));
+    }
   });
 }
 
-void Gateway::Impl::admin(const std::string& call, Responder resp) {
-  const std::string id = fmt::format("admin-{}", next_id.fetch_add(1));
+void Gateway::Impl::probe(MessageKind kind, const char* prefix, std::string text,
+                          Responder resp) {
+  const std::string id = fmt::format("{}-{}", prefix, next_id.fetch_add(1));
   {
     std::lock_guard<std::mutex> lock(mu);
     probes.emplace(id, Probe{resp, now_ns() + int64_t{5'000'000'000}});
   }
   Message m;
-  m.kind = MessageKind::kAdmin;
+  m.kind = kind;
   m.request_id = id;
-  m.text = call;
+  m.text = std::move(text);
   link->post(std::move(m));
 }
 

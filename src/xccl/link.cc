@@ -96,14 +96,24 @@ Status make_arena(const ArenaLayout& lay, int rank, uint32_t epoch, int& fd, std
   return {};
 }
 
-Status send_hello(int sock, const Hello& h, int arena_fd) {
-  iovec iov{const_cast<Hello*>(&h), sizeof(h)};
+// One hello and room for the one fd that travels with it (SCM_RIGHTS).
+struct HelloMessage {
+  iovec iov;
   char ctrl[CMSG_SPACE(sizeof(int))] = {};
   msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = ctrl;
-  msg.msg_controllen = sizeof(ctrl);
+  explicit HelloMessage(Hello* h) : iov{h, sizeof(Hello)} {
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = ctrl;
+    msg.msg_controllen = sizeof(ctrl);
+  }
+  HelloMessage(const HelloMessage&) = delete;
+  HelloMessage& operator=(const HelloMessage&) = delete;
+};
+
+Status send_hello(int sock, Hello h, int arena_fd) {
+  HelloMessage m(&h);
+  msghdr& msg = m.msg;
   cmsghdr* c = CMSG_FIRSTHDR(&msg);
   c->cmsg_level = SOL_SOCKET;
   c->cmsg_type = SCM_RIGHTS;
@@ -117,13 +127,8 @@ Status send_hello(int sock, const Hello& h, int arena_fd) {
 
 Status recv_hello(int sock, int64_t deadline_ns, Hello& h, int& arena_fd) {
   XDS_RETURN_IF_ERROR(wait_readable(sock, deadline_ns, "hello from the peer"));
-  iovec iov{&h, sizeof(h)};
-  char ctrl[CMSG_SPACE(sizeof(int))] = {};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = ctrl;
-  msg.msg_controllen = sizeof(ctrl);
+  HelloMessage m(&h);
+  msghdr& msg = m.msg;
   ssize_t n;
   do n = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
   while (n < 0 && errno == EINTR);
