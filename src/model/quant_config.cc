@@ -1,5 +1,8 @@
 #include "model/quant_config.h"
 
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
+
 #include <fmt/format.h>
 
 #include "model/config_json.h"
@@ -65,12 +68,23 @@ Status parse_ignore(std::string_view source, const std::string& path, const json
       q.ignore_names.push_back(s);
       continue;
     }
-    try {
-      q.ignore_patterns.push_back({s.substr(3), std::regex(s.substr(3), std::regex::ECMAScript)});
-    } catch (const std::regex_error& e) {
-      return field_error(source, key, fmt::format("a valid regular expression ({})", e.what()),
+    const std::string pattern = s.substr(3);
+    int error = 0;
+    PCRE2_SIZE offset = 0;
+    pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()),
+                                     pattern.size(), PCRE2_UTF, &error, &offset, nullptr);
+    if (code == nullptr) {
+      PCRE2_UCHAR message[256];
+      pcre2_get_error_message(error, message, sizeof(message));
+      return field_error(source, key,
+                         fmt::format("a valid regular expression ({} at offset {})",
+                                     reinterpret_cast<const char*>(message), offset),
                          v[i]);
     }
+    q.ignore_patterns.push_back(
+        {pattern, std::shared_ptr<const void>(code, [](const void* c) {
+           pcre2_code_free(static_cast<pcre2_code*>(const_cast<void*>(c)));
+         })});
   }
   return {};
 }
@@ -83,10 +97,12 @@ bool W8A8Quantization::quantizes(std::string_view module) const {
   }
   for (const IgnorePattern& p : ignore_patterns) {
     // re.match: anchored at the start, not at the end.
-    if (std::regex_search(module.begin(), module.end(), p.re,
-                          std::regex_constants::match_continuous)) {
-      return false;
-    }
+    const auto* code = static_cast<const pcre2_code*>(p.re.get());
+    pcre2_match_data* md = pcre2_match_data_create_from_pattern(code, nullptr);
+    const int rc = pcre2_match(code, reinterpret_cast<PCRE2_SPTR>(module.data()), module.size(),
+                               0, PCRE2_ANCHORED, md, nullptr);
+    pcre2_match_data_free(md);
+    if (rc >= 0) return false;
   }
   return true;
 }

@@ -22,12 +22,12 @@
 // A quantized linear `<module>` stores `<module>.weight` I8 [out, in] and
 // `<module>.weight_scale` [out, 1] (BF16, F16 or F32):  W[r][c] = weight[r][c] · scale[r].
 // A module is quantized unless `ignore` names it: an entry is either the module's exact name
-// ("lm_head") or "re:" and a regular expression (ECMAScript) that matches from the start of
+// ("lm_head") or "re:" and a regular expression (PCRE2, which reads Python's re syntax for these) that matches from the start of
 // the name, as Python's re.match does ("re:.*mlp\\.gate$"). The router gates are treated as
 // Linear modules (they are in the published checkpoints' ignore lists).
 #pragma once
 
-#include <regex>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -40,8 +40,8 @@ namespace xds {
 
 struct W8A8Quantization {
   struct IgnorePattern {
-    std::string text;  // as written, without "re:"
-    std::regex re;
+    std::string text;               // as written, without "re:"
+    std::shared_ptr<const void> re;  // the compiled PCRE2 pattern (pcre2_code_8)
   };
   std::vector<std::string> ignore_names;       // exact module names
   std::vector<IgnorePattern> ignore_patterns;  // "re:" entries
