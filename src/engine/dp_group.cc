@@ -121,6 +121,7 @@ class DpGroup {
   std::vector<int32_t> eos_ids_;
   std::optional<MtpDrafter> drafter_;  // speculative decoding (--speculative-tokens > 0)
   std::vector<MtpDraftWork> draft_work_;
+  std::vector<Sequence*> draft_seqs_;  // [draft_work_] whose rows each work item carries
   SpecVerifyResult verdict_;
   // Speculation counters, cumulative: verify steps that had drafts, the tokens they gave, and
   // per draft position the drafts verified and accepted.
@@ -626,6 +627,7 @@ Status DpGroup::commit_verify(size_t i, const float* rows, const float* hidden) 
 Status DpGroup::propose() {
   const MtpSpecConfig& cfg = drafter_->config();
   draft_work_.clear();
+  draft_seqs_.clear();
   for (Sequence* s : running_) {
     if (!s->spec_committed) continue;
     s->spec_committed = false;
@@ -648,13 +650,13 @@ Status DpGroup::propose() {
     }
     w.blocks = kv_->table(s->kv);
     draft_work_.push_back(w);
+    draft_seqs_.push_back(s);
   }
   XDS_RETURN_IF_ERROR(drafter_->propose(draft_work_, *storage_, /*run_empty=*/exchange_ != nullptr));
   // The chain rows are provisional: their blocks go back (the next verify reserves again).
-  for (Sequence* s : running_) {
-    if (s->kv >= 0 && kv_->capacity(s->kv) > s->computed) {
-      XDS_RETURN_IF_ERROR(kv_->truncate(s->kv, s->computed));
-    }
+  // Only the passes' sequences reserved past `computed` (a verify already gave its rest back).
+  for (Sequence* s : draft_seqs_) {
+    if (kv_->capacity(s->kv) > s->computed) XDS_RETURN_IF_ERROR(kv_->truncate(s->kv, s->computed));
   }
   return {};
 }
