@@ -8,9 +8,9 @@ packages=(
   build-essential cmake ninja-build pkg-config clang-format clang-tidy
   # libraries
   libopenblas-dev libdnnl-dev nlohmann-json3-dev libcli11-dev libfmt-dev libpcre2-dev libutf8proc-dev
-  libzmq3-dev cppzmq-dev libboost-dev
+  libzmq3-dev cppzmq-dev libboost-dev liblapacke-dev libucx-dev
   # tests and benchmarks
-  libgtest-dev libgmock-dev libbenchmark-dev libopenmpi-dev openmpi-bin
+  libgtest-dev libgmock-dev libbenchmark-dev libopenmpi-dev openmpi-bin ucx-utils iproute2
   # oracle, fixtures and the training recipe
   python3 python3-numpy python3-torch bible-kjv bible-kjv-text nodejs
 )
