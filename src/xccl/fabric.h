@@ -79,6 +79,15 @@ class Fabric {
   std::byte* local() const { return arenas_[static_cast<size_t>(rank_)]; }
   ArenaHeader& header(int r) const { return *reinterpret_cast<ArenaHeader*>(arena(r)); }
 
+  // Rank r's exported region (SharedRegion passed over a link, link.h): where
+  // MemDesc::region == kExportRegion points. {nullptr, 0} when r exports none; only links
+  // carry regions.
+  struct Region {
+    std::byte* base = nullptr;
+    uint64_t bytes = 0;
+  };
+  const Region& region(int r) const { return regions_[static_cast<size_t>(r)]; }
+
   // False once peer r is known to be gone. Costs a syscall; call it only on slow paths.
   virtual bool peer_alive(int r) = 0;
 
@@ -114,13 +123,16 @@ class Fabric {
         epoch_(epoch),
         layout_(layout),
         arenas_(std::move(arenas)),
+        regions_(arenas_.size()),
         light_publish_(register_asymmetric_fence()) {}
+  void set_region(int r, Region region) { regions_[static_cast<size_t>(r)] = region; }
 
  private:
   int rank_;
   uint32_t epoch_;
   ArenaLayout layout_;
   std::vector<std::byte*> arenas_;  // [world_size] mapped bases, arenas_[rank_] is local
+  std::vector<Region> regions_;     // [world_size] exported regions
   bool light_publish_;
 };
 

@@ -19,7 +19,7 @@ namespace xds::xccl {
 namespace {
 
 constexpr uint64_t kHelloMagic = 0x4b4e494c53445858ull;  // "XXDSLINK"
-constexpr uint32_t kHelloVersion = 1;
+constexpr uint32_t kHelloVersion = 2;
 
 struct Hello {
   uint64_t magic;
@@ -28,6 +28,7 @@ struct Hello {
   uint32_t epoch;
   uint32_t pad;
   ArenaConfig config;
+  uint64_t region_bytes;  // the exported region's size, 0 for none (then one fd travels, not two)
 };
 
 Status errno_status(const char* what) {
@@ -96,10 +97,11 @@ Status make_arena(const ArenaLayout& lay, int rank, uint32_t epoch, int& fd, std
   return {};
 }
 
-// One hello and room for the one fd that travels with it (SCM_RIGHTS).
+// One hello and room for the fds that travel with it (SCM_RIGHTS): the arena's, then the
+// exported region's when there is one.
 struct HelloMessage {
   iovec iov;
-  char ctrl[CMSG_SPACE(sizeof(int))] = {};
+  char ctrl[CMSG_SPACE(2 * sizeof(int))] = {};
   msghdr msg{};
   explicit HelloMessage(Hello* h) : iov{h, sizeof(Hello)} {
     msg.msg_iov = &iov;
@@ -111,21 +113,24 @@ struct HelloMessage {
   HelloMessage& operator=(const HelloMessage&) = delete;
 };
 
-Status send_hello(int sock, Hello h, int arena_fd) {
+Status send_hello(int sock, Hello h, int arena_fd, int region_fd) {
   HelloMessage m(&h);
   msghdr& msg = m.msg;
+  const int fds[2] = {arena_fd, region_fd};
+  const size_t nfds = region_fd >= 0 ? 2 : 1;
+  msg.msg_controllen = CMSG_SPACE(nfds * sizeof(int));
   cmsghdr* c = CMSG_FIRSTHDR(&msg);
   c->cmsg_level = SOL_SOCKET;
   c->cmsg_type = SCM_RIGHTS;
-  c->cmsg_len = CMSG_LEN(sizeof(int));
-  std::memcpy(CMSG_DATA(c), &arena_fd, sizeof(int));
+  c->cmsg_len = CMSG_LEN(nfds * sizeof(int));
+  std::memcpy(CMSG_DATA(c), fds, nfds * sizeof(int));
   if (sendmsg(sock, &msg, MSG_NOSIGNAL) != static_cast<ssize_t>(sizeof(h))) {
     return errno_status("sendmsg(hello)");
   }
   return {};
 }
 
-Status recv_hello(int sock, int64_t deadline_ns, Hello& h, int& arena_fd) {
+Status recv_hello(int sock, int64_t deadline_ns, Hello& h, int& arena_fd, int& region_fd) {
   XDS_RETURN_IF_ERROR(wait_readable(sock, deadline_ns, "hello from the peer"));
   HelloMessage m(&h);
   msghdr& msg = m.msg;
@@ -134,20 +139,26 @@ Status recv_hello(int sock, int64_t deadline_ns, Hello& h, int& arena_fd) {
   while (n < 0 && errno == EINTR);
   if (n < 0) return errno_status("recvmsg(hello)");
   cmsghdr* c = CMSG_FIRSTHDR(&msg);
-  const bool has_fd = c != nullptr && c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS &&
-                      c->cmsg_len == CMSG_LEN(sizeof(int));
-  if (has_fd) std::memcpy(&arena_fd, CMSG_DATA(c), sizeof(int));
-  if (n != static_cast<ssize_t>(sizeof(h)) || !has_fd || h.magic != kHelloMagic) {
-    if (has_fd) close(arena_fd);
+  const bool rights = c != nullptr && c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS;
+  const size_t nfds = rights ? (c->cmsg_len - CMSG_LEN(0)) / sizeof(int) : 0;
+  int fds[2] = {-1, -1};
+  if (nfds == 1 || nfds == 2) std::memcpy(fds, CMSG_DATA(c), nfds * sizeof(int));
+  const size_t want = h.region_bytes != 0 ? 2 : 1;
+  if (n != static_cast<ssize_t>(sizeof(h)) || nfds != want || h.magic != kHelloMagic) {
+    for (int fd : fds)
+      if (fd >= 0) close(fd);
     return failed_precondition("xccl link: the peer's hello is not an xccl link hello ({} bytes)",
                                n);
   }
+  arena_fd = fds[0];
+  region_fd = fds[1];
   return {};
 }
 
 // Both sides: arenas, hellos, checks, mappings, the peer's pidfd.
 Result<std::unique_ptr<Fabric>> handshake(int sock, int rank, const ArenaConfig& config,
-                                          uint32_t epoch, int64_t deadline_ns) {
+                                          uint32_t epoch, int64_t deadline_ns,
+                                          const SharedRegion* exported) {
   ArenaConfig cfg = config;
   cfg.world_size = 2;
   XDS_RETURN_IF_ERROR(validate(cfg));
@@ -161,12 +172,13 @@ Result<std::unique_ptr<Fabric>> handshake(int sock, int rank, const ArenaConfig&
     for (std::byte* a : arenas)
       if (a != nullptr) munmap(a, lay.total);
   };
-  Hello mine{kHelloMagic, kHelloVersion, rank, epoch, 0, cfg};
-  Status st = send_hello(sock, mine, own_fd);
+  Hello mine{kHelloMagic, kHelloVersion, rank, epoch, 0, cfg,
+             exported != nullptr ? exported->bytes() : 0};
+  Status st = send_hello(sock, mine, own_fd, exported != nullptr ? exported->fd() : -1);
   close(own_fd);
   Hello theirs{};
-  int peer_fd = -1;
-  if (st.ok()) st = recv_hello(sock, deadline_ns, theirs, peer_fd);
+  int peer_fd = -1, peer_region_fd = -1;
+  if (st.ok()) st = recv_hello(sock, deadline_ns, theirs, peer_fd, peer_region_fd);
   if (st.ok() && theirs.version != kHelloVersion) {
     st = failed_precondition("xccl link: the peer speaks link version {}, this side {}",
                              theirs.version, kHelloVersion);
@@ -189,6 +201,17 @@ Result<std::unique_ptr<Fabric>> handshake(int sock, int rank, const ArenaConfig&
     }
   }
   if (peer_fd >= 0) close(peer_fd);
+  Fabric::Region peer_region;
+  if (st.ok() && peer_region_fd >= 0) {
+    void* p = mmap(nullptr, theirs.region_bytes, PROT_READ | PROT_WRITE, MAP_SHARED,
+                   peer_region_fd, 0);
+    if (p == MAP_FAILED) {
+      st = errno_status("mmap(peer region)");
+    } else {
+      peer_region = {static_cast<std::byte*>(p), theirs.region_bytes};
+    }
+  }
+  if (peer_region_fd >= 0) close(peer_region_fd);
   ucred cred{};
   socklen_t cred_len = sizeof(cred);
   if (st.ok() && getsockopt(sock, SOL_SOCKET, SO_PEERCRED, &cred, &cred_len) != 0) {
@@ -201,12 +224,16 @@ Result<std::unique_ptr<Fabric>> handshake(int sock, int rank, const ArenaConfig&
   }
   if (!st.ok()) {
     unmap_all();
+    if (peer_region.base != nullptr) munmap(peer_region.base, peer_region.bytes);
     return st;
   }
   std::vector<int> pidfds(2, -1);
   pidfds[static_cast<size_t>(1 - rank)] = pidfd;
-  return std::unique_ptr<Fabric>(
-      std::make_unique<ProcessFabric>(rank, epoch, lay, std::move(arenas), std::move(pidfds)));
+  auto fabric =
+      std::make_unique<ProcessFabric>(rank, epoch, lay, std::move(arenas), std::move(pidfds));
+  if (exported != nullptr) fabric->attach_region(rank, {exported->data(), exported->bytes()}, false);
+  if (peer_region.base != nullptr) fabric->attach_region(1 - rank, peer_region, true);
+  return std::unique_ptr<Fabric>(std::move(fabric));
 }
 
 }  // namespace
@@ -243,18 +270,19 @@ LinkListener::~LinkListener() {
 }
 
 Result<std::unique_ptr<Fabric>> LinkListener::accept(const ArenaConfig& config, uint32_t epoch,
-                                                     int timeout_ms) {
+                                                     int timeout_ms, const SharedRegion* exported) {
   const int64_t deadline = now_ns() + int64_t{timeout_ms} * 1'000'000;
   XDS_RETURN_IF_ERROR(wait_readable(fd_, deadline, "peer connecting"));
   const int sock = accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC);
   if (sock < 0) return errno_status("accept");
-  auto fabric = handshake(sock, /*rank=*/0, config, epoch, deadline);
+  auto fabric = handshake(sock, /*rank=*/0, config, epoch, deadline, exported);
   close(sock);
   return fabric;
 }
 
 Result<std::unique_ptr<Fabric>> link_connect(const std::string& name, const ArenaConfig& config,
-                                             uint32_t epoch, int timeout_ms) {
+                                             uint32_t epoch, int timeout_ms,
+                                             const SharedRegion* exported) {
   const int64_t deadline = now_ns() + int64_t{timeout_ms} * 1'000'000;
   socklen_t len = 0;
   const sockaddr_un a = address_of(name, len);
@@ -262,7 +290,7 @@ Result<std::unique_ptr<Fabric>> link_connect(const std::string& name, const Aren
     const int sock = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
     if (sock < 0) return errno_status("socket");
     if (connect(sock, reinterpret_cast<const sockaddr*>(&a), len) == 0) {
-      auto fabric = handshake(sock, /*rank=*/1, config, epoch, deadline);
+      auto fabric = handshake(sock, /*rank=*/1, config, epoch, deadline, exported);
       close(sock);
       return fabric;
     }

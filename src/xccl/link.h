@@ -12,6 +12,10 @@
 // SO_PEERCRED (not from anything the peer says). Rank 0's arena holds the link's poison word,
 // as in every fabric.
 //
+// Either side may also export a SharedRegion (e.g. a prefill DP group's KV cache): its fd
+// travels with the hello, the peer maps it, and both see it as Fabric::region(rank), addressed
+// by MemDesc{rank, offset, bytes, kExportRegion}. One region can be exported over many links.
+//
 // Thread-safety: a LinkListener is used by one thread at a time; links are independent.
 #pragma once
 
@@ -21,6 +25,7 @@
 
 #include "base/status.h"
 #include "xccl/fabric.h"
+#include "xccl/shared_region.h"
 
 namespace xds::xccl {
 
@@ -34,8 +39,9 @@ class LinkListener {
 
   // Waits up to timeout_ms for one peer and forms the link (this side rank 0).
   // DeadlineExceeded when nobody connects in time; the handshake's errors otherwise.
+  // `exported`, when given, must outlive the fabric.
   Result<std::unique_ptr<Fabric>> accept(const ArenaConfig& config, uint32_t epoch,
-                                         int timeout_ms);
+                                         int timeout_ms, const SharedRegion* exported = nullptr);
 
  private:
   explicit LinkListener(int fd) : fd_(fd) {}
@@ -46,6 +52,7 @@ class LinkListener {
 // timeout_ms for the listener and its hello. Unavailable naming the address when nobody
 // listens.
 Result<std::unique_ptr<Fabric>> link_connect(const std::string& name, const ArenaConfig& config,
-                                             uint32_t epoch, int timeout_ms);
+                                             uint32_t epoch, int timeout_ms,
+                                             const SharedRegion* exported = nullptr);
 
 }  // namespace xds::xccl

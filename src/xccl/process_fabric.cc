@@ -12,8 +12,14 @@ ProcessFabric::ProcessFabric(int rank, uint32_t epoch, const ArenaLayout& layout
 
 ProcessFabric::~ProcessFabric() {
   for (int r = 0; r < world_size(); ++r) munmap(arena(r), layout().total);
+  for (const Region& g : owned_regions_) munmap(g.base, g.bytes);
   for (int fd : pidfds_)
     if (fd >= 0) close(fd);
+}
+
+void ProcessFabric::attach_region(int r, Region region, bool owned) {
+  set_region(r, region);
+  if (owned) owned_regions_.push_back(region);
 }
 
 bool ProcessFabric::peer_alive(int r) {

@@ -20,9 +20,12 @@ class ProcessFabric final : public Fabric {
                 std::vector<int> pidfds);
   ~ProcessFabric() override;
   bool peer_alive(int r) override;
+  // Rank r's exported region (link.h); with `owned` the mapping is unmapped with the fabric.
+  void attach_region(int r, Region region, bool owned);
 
  private:
   std::vector<int> pidfds_;
+  std::vector<Region> owned_regions_;
 };
 
 }  // namespace xds::xccl

@@ -106,13 +106,13 @@ class ShmTransport final : public Transport {
 
   OpState put(const MemDesc& dst, uint64_t off, const void* src, uint64_t n) override {
     XDS_DCHECK(off + n <= dst.bytes, "put past descriptor: {} + {} > {}", off, n, dst.bytes);
-    copy_bytes(f_.arena(dst.rank) + dst.offset + off, src, n);
+    copy_bytes(base(dst) + dst.offset + off, src, n);
     return OpState::kDone;
   }
 
   OpState get(void* dst, const MemDesc& src, uint64_t off, uint64_t n) override {
     XDS_DCHECK(off + n <= src.bytes, "get past descriptor: {} + {} > {}", off, n, src.bytes);
-    copy_bytes(dst, f_.arena(src.rank) + src.offset + off, n);
+    copy_bytes(dst, base(src) + src.offset + off, n);
     return OpState::kDone;
   }
 
@@ -141,6 +141,13 @@ class ShmTransport final : public Transport {
   }
 
  private:
+  std::byte* base(const MemDesc& d) const {
+    if (d.region == kArenaRegion) return f_.arena(d.rank);
+    const Fabric::Region& r = f_.region(d.rank);
+    XDS_DCHECK(d.region == kExportRegion && r.base != nullptr && d.offset + d.bytes <= r.bytes,
+               "descriptor outside rank {}'s exported region ({} bytes)", d.rank, r.bytes);
+    return r.base;
+  }
   std::atomic<uint64_t>& word(const SignalRef& s) const {
     return *reinterpret_cast<std::atomic<uint64_t>*>(f_.arena(s.rank) + s.offset);
   }

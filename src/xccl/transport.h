@@ -1,6 +1,6 @@
 // Transport: the one-sided primitives everything else in XCCL is written against.
 //
-// A MemDesc names bytes of some device's arena (rank, offset, length); register_memory() makes
+// A MemDesc names bytes of some device's arena or exported region (rank, offset, length); register_memory() makes
 // one for local memory so that peers can address it. A SignalRef names a 64-bit word in some
 // arena. Each primitive returns an OpState: the shared-memory transport completes put/get at
 // once (kDone); a transport with asynchronous completion (UCX, CUDA IPC) may return
@@ -28,10 +28,16 @@ namespace xds::xccl {
 enum class OpState : uint8_t { kInProgress, kDone, kFailed, kCancelled };
 std::string_view op_state_name(OpState s);
 
+// Which memory of a rank a MemDesc points into: its arena, or the region it exports over a
+// link (Fabric::region, e.g. a prefill DP group's KV cache).
+inline constexpr uint32_t kArenaRegion = 0;
+inline constexpr uint32_t kExportRegion = 1;
+
 struct MemDesc {
   int32_t rank = -1;
-  uint64_t offset = 0;  // from the start of rank's arena
+  uint64_t offset = 0;  // from the start of rank's arena (or exported region)
   uint64_t bytes = 0;
+  uint32_t region = kArenaRegion;
 };
 
 struct SignalRef {

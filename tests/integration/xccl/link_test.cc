@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -117,6 +118,42 @@ TEST(XcclLink, GetsPutsAndSignalsCrossBetweenSeparateProcesses) {
   ASSERT_TRUE(signal_peer(**t, f, {1, lay.signal_off(0, 1)}, 1));
   EXPECT_EQ(wait_child(child), 0);
   EXPECT_FALSE(f.peer_alive(1));  // exited: its pidfd says so
+}
+
+// DistFlow's shape: one side exports a region (its KV cache) over two links in turn; each
+// peer pulls a slice one-sidedly and checks it byte for byte against the pattern.
+TEST(XcclLink, AnExportedRegionIsPulledByEachPeerItIsLinkedTo) {
+  const std::string name = unique_name("region");
+  auto listener = LinkListener::listen(name);
+  ASSERT_TRUE(listener.ok()) << listener.status().to_string();
+  constexpr uint64_t kRegion = 3 * 1024 * 1024 + 4096;
+  auto region = SharedRegion::create("test-region", kRegion);
+  ASSERT_TRUE(region.ok()) << region.status().to_string();
+  const std::vector<uint8_t> whole = pattern(kRegion, 9);
+  std::memcpy(region->data(), whole.data(), kRegion);
+  for (uint64_t peer = 0; peer < 2; ++peer) {
+    const uint64_t off = 12345 + peer * 1'000'000, n = 1'500'000;
+    const pid_t child = fork_child([&] {
+      auto fabric = link_connect(name, config_with_lanes(1), 3, 10'000);
+      if (!fabric.ok()) return 10;
+      Fabric& f = **fabric;
+      if (f.region(0).bytes != kRegion || f.region(1).base != nullptr) return 11;
+      auto t = make_transport("shm", f);
+      if (!t.ok()) return 12;
+      std::vector<uint8_t> got(n);
+      const MemDesc remote{0, off, n, kExportRegion};
+      if ((*t)->get(got.data(), remote, 0, n) != OpState::kDone) return 13;
+      if (!std::equal(got.begin(), got.end(), whole.begin() + static_cast<ptrdiff_t>(off))) {
+        return 14;
+      }
+      return 0;
+    });
+    auto fabric = listener->accept(config_with_lanes(1), 3, 10'000, &*region);
+    ASSERT_TRUE(fabric.ok()) << fabric.status().to_string();
+    EXPECT_EQ((*fabric)->region(0).base, region->data());
+    EXPECT_EQ((*fabric)->region(1).bytes, 0u);
+    EXPECT_EQ(wait_child(child), 0) << "peer " << peer;
+  }
 }
 
 TEST(XcclLink, APeerThatDiesIsSeenThroughItsPidfd) {
