@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
@@ -159,7 +160,8 @@ Result<serve::InstanceOptions> instance_options(const EngineArgs& a, const std::
 }
 
 serve::GatewayOptions gateway_options(const GatewayArgs& a, const std::string& model,
-                                      int64_t max_model_len, const std::string& instance) {
+                                      int64_t max_model_len,
+                                      const std::vector<std::string>& instances) {
   serve::GatewayOptions o;
   o.host = a.host;
   o.port = a.port;
@@ -167,7 +169,7 @@ serve::GatewayOptions gateway_options(const GatewayArgs& a, const std::string& m
   o.served_model_name = a.served_model_name;
   o.model_dir = model;
   o.chat_template = a.chat_template;
-  o.instance = instance;
+  o.instances = instances;
   o.max_model_len = max_model_len;
   o.max_queue = a.max_queue;
   o.reasoning_parser = a.reasoning_parser;
@@ -194,6 +196,66 @@ Status run_gateway(const serve::GatewayOptions& o, bool shutdown_instance) {
   return st;
 }
 
+struct DisaggArgs {
+  int prefill = 0, decode = 0;
+  int prefill_dp = 0, decode_dp = 0;
+};
+
+// `serve --prefill-instances P --decode-instances D`: P + D instances as children (each dies
+// with this process), on the ports after `first_port`, the cores shared out evenly, then the
+// gateway in front of all of them.
+Status serve_disaggregated(const EngineArgs& e, const GatewayArgs& g, const DisaggArgs& pd,
+                           int first_port) {
+  struct Child {
+    serve::InstanceOptions options;
+    pid_t pid = -1;
+  };
+  std::vector<Child> children;
+  std::vector<std::string> addresses;
+  const int devices = pd.prefill * (pd.prefill_dp > 0 ? pd.prefill_dp : e.dp) +
+                      pd.decode * (pd.decode_dp > 0 ? pd.decode_dp : e.dp);
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  for (int i = 0; i < pd.prefill + pd.decode; ++i) {
+    const bool prefill = i < pd.prefill;
+    EngineArgs a = e;
+    a.dp = prefill ? (pd.prefill_dp > 0 ? pd.prefill_dp : e.dp)
+                   : (pd.decode_dp > 0 ? pd.decode_dp : e.dp);
+    if (a.threads_per_device == 0) a.threads_per_device = std::max(1, cores / devices);
+    const std::string listen = fmt::format("tcp://127.0.0.1:{}", (first_port + i) % 65536);
+    XDS_ASSIGN_OR_RETURN(serve::InstanceOptions io, instance_options(a, listen));
+    XDS_RETURN_IF_ERROR(engine::ep_staging_bytes(io.group.model_dir, io.group.model,
+                                                 io.group.max_num_batched_tokens, io.dp,
+                                                 io.group.redundant_slots)
+                            .status());
+    io.role = prefill ? "prefill" : "decode";
+    io.pin = false;  // the instances share the machine's cores
+    addresses.push_back(listen);
+    children.push_back(Child{std::move(io), -1});
+  }
+  const pid_t parent = ::getpid();
+  for (Child& c : children) {
+    c.pid = ::fork();
+    if (c.pid < 0) return internal_error("fork failed: {}", errno);
+    if (c.pid == 0) {
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (::getppid() != parent) ::_exit(111);
+      const Status s = serve::run_instance(c.options);
+      if (!s.ok()) std::fprintf(stderr, "error: instance: %s\n", s.to_string().c_str());
+      ::_exit(s.ok() ? 0 : 1);
+    }
+  }
+  Status st = run_gateway(gateway_options(g, e.model, e.max_model_len, addresses),
+                          /*shutdown_instance=*/true);
+  for (Child& c : children) {
+    int status = 0;
+    ::waitpid(c.pid, &status, 0);
+    if (st.ok() && !(WIFEXITED(status) && WEXITSTATUS(status) == 0))
+      st = internal_error("the {} instance at {} ended with status {}", c.options.role,
+                          c.options.listen, status);
+  }
+  return st;
+}
+
 void report(const Status& s, int* exit_code) {
   if (!s.ok()) {
     std::fprintf(stderr, "error: %s\n", s.to_string().c_str());
@@ -208,15 +270,33 @@ void add_serve_commands(CLI::App& app, int* exit_code) {
     auto e = std::make_shared<EngineArgs>();
     auto g = std::make_shared<GatewayArgs>();
     auto instance_port = std::make_shared<int>(0);
+    auto pd = std::make_shared<DisaggArgs>();
     CLI::App* cmd = app.add_subcommand(
         "serve", "OpenAI-compatible server: a gateway and one instance of --dp DP groups");
     add_engine_flags(cmd, *e);
     add_gateway_flags(cmd, *g);
     cmd->add_option("--instance-port", *instance_port,
-                    "TCP port of the instance's shell (0: the HTTP port + 100)")
+                    "TCP port of the instance's shell (0: the HTTP port + 100; instances of a "
+                    "disaggregated deployment take the ports after it)")
         ->check(CLI::Range(0, 65535));
-    cmd->callback([e, g, instance_port, exit_code] {
+    cmd->add_option("--prefill-instances", pd->prefill,
+                    "Prefill/decode disaggregation: prefill instances (with --decode-instances)")
+        ->check(CLI::Range(0, 16));
+    cmd->add_option("--decode-instances", pd->decode, "Decode instances (with --prefill-instances)")
+        ->check(CLI::Range(0, 16));
+    cmd->add_option("--prefill-dp", pd->prefill_dp, "DP groups per prefill instance (0: --dp)")
+        ->check(CLI::Range(0, 64));
+    cmd->add_option("--decode-dp", pd->decode_dp, "DP groups per decode instance (0: --dp)")
+        ->check(CLI::Range(0, 64));
+    cmd->callback([e, g, instance_port, pd, exit_code] {
       const int port = *instance_port > 0 ? *instance_port : (g->port + 100) % 65536;
+      if ((pd->prefill > 0) != (pd->decode > 0)) {
+        return report(invalid_argument("--prefill-instances {} and --decode-instances {}: "
+                                       "disaggregation needs at least one of each",
+                                       pd->prefill, pd->decode),
+                      exit_code);
+      }
+      if (pd->prefill > 0) return report(serve_disaggregated(*e, *g, *pd, port), exit_code);
       const std::string listen = fmt::format("tcp://127.0.0.1:{}", port);
       auto io = instance_options(*e, listen);
       if (!io.ok()) return report(io.status(), exit_code);
@@ -239,7 +319,7 @@ void add_serve_commands(CLI::App& app, int* exit_code) {
         if (!s.ok()) std::fprintf(stderr, "error: instance: %s\n", s.to_string().c_str());
         ::_exit(s.ok() ? 0 : 1);
       }
-      const Status s = run_gateway(gateway_options(*g, e->model, e->max_model_len, listen),
+      const Status s = run_gateway(gateway_options(*g, e->model, e->max_model_len, {listen}),
                                    /*shutdown_instance=*/true);
       int status = 0;
       ::waitpid(child, &status, 0);
@@ -252,32 +332,42 @@ void add_serve_commands(CLI::App& app, int* exit_code) {
   {
     auto e = std::make_shared<EngineArgs>();
     auto listen = std::make_shared<std::string>("tcp://127.0.0.1:8100");
+    auto role = std::make_shared<std::string>("colocated");
     CLI::App* cmd = app.add_subcommand(
         "instance", "A shell and --dp DP groups, reached by gateways at --listen");
     add_engine_flags(cmd, *e);
     cmd->add_option("--listen", *listen, "ZeroMQ address of the shell (tcp://HOST:PORT)");
-    cmd->callback([e, listen, exit_code] {
+    cmd->add_option("--role", *role,
+                    "colocated, prefill (hands each request's KV to a decode instance after "
+                    "its first token) or decode")
+        ->check(CLI::IsMember({"colocated", "prefill", "decode"}));
+    cmd->callback([e, listen, role, exit_code] {
       auto io = instance_options(*e, *listen);
       if (!io.ok()) return report(io.status(), exit_code);
+      io->role = *role;
       report(serve::run_instance(*io), exit_code);
     });
   }
   {
     auto g = std::make_shared<GatewayArgs>();
     auto model = std::make_shared<std::string>();
-    auto instance = std::make_shared<std::string>("tcp://127.0.0.1:8100");
+    auto instances =
+        std::make_shared<std::vector<std::string>>(std::vector<std::string>{"tcp://127.0.0.1:8100"});
     auto max_model_len = std::make_shared<int64_t>(0);
     CLI::App* cmd =
-        app.add_subcommand("gateway", "The HTTP front of an instance started separately");
+        app.add_subcommand("gateway", "The HTTP front of instances started separately");
     cmd->add_option("--model", *model, "Model directory (tokenizer, chat template, config)")
         ->required();
-    cmd->add_option("--instance", *instance, "ZeroMQ address of the instance's shell");
+    cmd->add_option("--instance,--instances", *instances,
+                    "ZeroMQ addresses of the instances' shells, comma-separated (each reports "
+                    "its role: colocated, prefill or decode)")
+        ->delimiter(',');
     cmd->add_option("--max-model-len", *max_model_len,
                     "Longest prompt + output (0: the model's max_position_embeddings)")
         ->check(CLI::NonNegativeNumber);
     add_gateway_flags(cmd, *g);
-    cmd->callback([g, model, instance, max_model_len, exit_code] {
-      report(run_gateway(gateway_options(*g, *model, *max_model_len, *instance),
+    cmd->callback([g, model, instances, max_model_len, exit_code] {
+      report(run_gateway(gateway_options(*g, *model, *max_model_len, *instances),
                          /*shutdown_instance=*/false),
              exit_code);
     });

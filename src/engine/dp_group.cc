@@ -3,6 +3,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <sys/prctl.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <optional>
@@ -14,6 +15,7 @@
 #include "base/clock.h"
 #include "base/env.h"
 #include "base/log.h"
+#include "engine/distflow.h"
 #include "engine/dp_group_state.h"
 #include "engine/eplb_agent.h"
 #include "engine/ep_moe_exchange.h"
@@ -78,7 +80,17 @@ class DpGroup {
   // ended is released by release_finished().
   void cancel(const std::string& id, int32_t index);
 
-  bool has_work() const { return !running_.empty() || !waiting_.empty() || !preempted_.empty(); }
+  bool has_work() const {
+    return !running_.empty() || !waiting_.empty() || !preempted_.empty() || !awaiting_.empty();
+  }
+  // DistFlow, every loop: links of decode groups that connect, completed transfers (their
+  // parked sequences freed), transfers past the deadline (freed), then the awaiting handoffs
+  // whose blocks fit pulled and started.
+  Status service_distflow();
+  // After the step's commit (MTP passes included): the prefill-only sequences that sampled
+  // their first token are parked and their handoff rides on that token's delta.
+  void park_handoffs();
+  Status admit_handoffs();
   Status plan_step();
   Status apply_plan();
   Status run_forward(uint64_t step);
@@ -138,6 +150,18 @@ class DpGroup {
   std::unordered_map<std::string, std::unique_ptr<Request>> requests_;
   std::unordered_map<int64_t, std::unique_ptr<Sequence>> seqs_;
   std::vector<Sequence*> running_, waiting_, preempted_;  // each sorted by arrival
+  std::vector<Sequence*> awaiting_;                       // kAwaitingKv, arrival order
+  std::vector<Sequence*> handoffs_;                       // this step's first tokens to park
+  std::unique_ptr<KvSender> sender_;                      // prefill role (export_kv)
+  std::unique_ptr<KvReceiver> receiver_;                  // every group: decode phases
+  struct Parked {
+    int64_t seq = 0;
+    int64_t deadline_ns = 0;
+  };
+  std::unordered_map<uint64_t, Parked> parked_;  // by transfer id
+  std::vector<uint64_t> completed_;              // scratch
+  std::string kv_format_;
+  int64_t transfers_done_ = 0, transfers_expired_ = 0;
   int64_t next_seq_ = 0, next_arrival_ = 0;
   uint64_t wake_seen_ = 0;    // highest kWake seq received
   uint64_t wake_slept_ = 0;   // the highest any device had seen when all went to sleep
@@ -193,8 +217,17 @@ Status DpGroup::init() {
                             o_.kv_memory_bytes, block_bytes, o_.block_size);
   }
   shape.num_blocks = blocks;
-  XDS_ASSIGN_OR_RETURN(auto storage, KvStorage::create(shape));
-  storage_ = std::make_unique<KvStorage>(std::move(storage));
+  kv_format_ = kv_format(info, shape);
+  receiver_ = std::make_unique<KvReceiver>(kv_format_);
+  if (o_.export_kv) {
+    XDS_ASSIGN_OR_RETURN(sender_, KvSender::create(distflow_link_name(getppid(), fabric_.rank()),
+                                                   shape, kv_format_));
+    XDS_ASSIGN_OR_RETURN(auto storage, KvStorage::wrap(shape, sender_->kv_bytes()));
+    storage_ = std::make_unique<KvStorage>(std::move(storage));
+  } else {
+    XDS_ASSIGN_OR_RETURN(auto storage, KvStorage::create(shape));
+    storage_ = std::make_unique<KvStorage>(std::move(storage));
+  }
   KvManagerOptions ko;
   ko.num_blocks = static_cast<int32_t>(blocks);
   ko.block_size = o_.block_size;
@@ -245,10 +278,13 @@ void DpGroup::remove_from(std::vector<Sequence*>& list, const Sequence* s) {
 }
 
 Status DpGroup::poll_control(int wait_ms) {
-  zmq::pollitem_t item{control_.handle(), 0, ZMQ_POLLIN, 0};
+  // Parked transfers complete through memory, not the socket: look again every millisecond.
+  if (!parked_.empty() && (wait_ms < 0 || wait_ms > 1)) wait_ms = 1;
+  zmq::pollitem_t items[2] = {{control_.handle(), 0, ZMQ_POLLIN, 0},
+                              {nullptr, sender_ ? sender_->listen_fd() : -1, ZMQ_POLLIN, 0}};
   if (wait_ms != 0) {
     try {
-      zmq::poll(&item, 1, std::chrono::milliseconds(wait_ms));
+      zmq::poll(items, sender_ ? 2 : 1, std::chrono::milliseconds(wait_ms));
     } catch (const zmq::error_t& e) {
       if (e.num() != EINTR) return internal_error("DP group: poll failed: {}", e.what());
     }
@@ -309,6 +345,7 @@ void DpGroup::add_request(EngineRequest r) {
   fwd.request->prompt.clear();
   Status st = send_message(output_, fwd);
   if (!st.ok()) XDS_LOG_WARN("DP group {}: {}", fabric_.rank(), st.message());
+  const auto phase = static_cast<RequestPhase>(r.phase);
   auto req = std::make_unique<Request>();
   req->req = std::move(r);
   auto seq = std::make_unique<Sequence>();
@@ -320,7 +357,16 @@ void DpGroup::add_request(EngineRequest r) {
   seq->tokens = req->req.prompt;
   seq->target = static_cast<int64_t>(seq->tokens.size());
   req->choices.push_back(seq.get());
-  waiting_.push_back(seq.get());
+  if (phase == RequestPhase::kDecode) {
+    // Prompt + the tokens the prefill side generated; the KV of [0, rows) arrives by DistFlow.
+    const KvHandoff& h = req->req.handoff;
+    seq->tokens.insert(seq->tokens.end(), h.output.begin(), h.output.end());
+    seq->target = h.rows;
+    seq->state = SeqState::kAwaitingKv;
+    awaiting_.push_back(seq.get());
+  } else {
+    waiting_.push_back(seq.get());
+  }
   seqs_[seq->id] = std::move(seq);
   requests_[req->req.id] = std::move(req);
 }
@@ -352,6 +398,11 @@ void DpGroup::finish(Sequence& s, const std::string& reason, bool emit) {
   remove_from(running_, &s);
   remove_from(waiting_, &s);
   remove_from(preempted_, &s);
+  remove_from(awaiting_, &s);
+  if (s.state == SeqState::kParked) {
+    sender_->close_transfer(s.transfer);
+    parked_.erase(s.transfer);
+  }
   s.state = SeqState::kFinished;
   s.request->finished += 1;
 }
@@ -563,7 +614,13 @@ Status DpGroup::commit_prefill(size_t i, const float* row, const float* hidden) 
     emit_token(*t, token, d);
     const std::string reason = d.finish_reason;
     deltas_.push_back(std::move(d));
-    if (!reason.empty()) finish(*t, reason, /*emit=*/false);
+    if (!reason.empty()) {
+      finish(*t, reason, /*emit=*/false);
+    } else if (sender_ && static_cast<RequestPhase>(t->request->req.phase) ==
+                              RequestPhase::kPrefillOnly && t->request->req.sampling.n == 1) {
+      t->handoff_delta = static_cast<int64_t>(deltas_.size()) - 1;
+      handoffs_.push_back(t);
+    }
   }
   return {};
 }
@@ -661,6 +718,95 @@ Status DpGroup::propose() {
   return {};
 }
 
+void DpGroup::park_handoffs() {
+  const int64_t deadline = now_ns() + o_.kv_transfer_timeout_ns;
+  for (Sequence* s : handoffs_) {
+    if (s->state != SeqState::kRunning) continue;  // cancelled in between
+    KvHandoff& h = deltas_[static_cast<size_t>(s->handoff_delta)].handoff;
+    s->handoff_delta = -1;
+    h.link = sender_->link_name();
+    h.transfer = sender_->open_transfer();
+    h.rows = s->computed;
+    const std::span<const int32_t> table = kv_->table(s->kv);
+    h.blocks.assign(table.begin(), table.begin() + blocks_for(s->computed, o_.block_size));
+    h.output.assign(s->tokens.begin() + s->prompt_len(), s->tokens.end());
+    h.kv_format = kv_format_;
+    h.prefill_group = fabric_.rank();
+    s->transfer = h.transfer;
+    s->state = SeqState::kParked;
+    remove_from(running_, s);
+    parked_[h.transfer] = Parked{s->id, deadline};
+  }
+  handoffs_.clear();
+}
+
+Status DpGroup::admit_handoffs() {
+  const int64_t lookahead = drafter_ ? drafter_->config().draft_tokens : 0;
+  while (!awaiting_.empty()) {
+    Sequence& s = *awaiting_.front();
+    const KvHandoff& h = s.request->req.handoff;
+    const int64_t need = blocks_for(h.rows + 1 + lookahead, o_.block_size);
+    if (need > storage_->num_blocks() || h.rows + 1 > max_model_len_) {
+      XDS_LOG_WARN("DP group {}: handoff of {} needs {} KV blocks, the cache holds {}",
+                   fabric_.rank(), s.request->req.id, need, storage_->num_blocks());
+      finish(s, "abort");
+      continue;
+    }
+    // Backpressure (P101): no room, no pull; the prefill side keeps the blocks meanwhile.
+    if (kv_->available() < need || static_cast<int32_t>(running_.size()) >= o_.max_num_seqs)
+      return {};
+    s.kv = kv_->add_sequence();
+    kv_->expect(s.kv, s.prompt_len() + s.sampling.max_tokens);
+    XDS_RETURN_IF_ERROR(kv_->reserve(s.kv, h.rows));
+    const std::span<const int32_t> table = kv_->table(s.kv);
+    Status st = receiver_->pull(h, table.first(h.blocks.size()), *storage_);
+    remove_from(awaiting_, &s);
+    if (!st.ok()) {
+      XDS_LOG_WARN("DP group {}: request {}: {}", fabric_.rank(), s.request->req.id, st.message());
+      finish(s, "abort");
+      continue;
+    }
+    s.computed = h.rows;
+    XDS_RETURN_IF_ERROR(kv_->commit(s.kv, std::span<const int32_t>(s.tokens).first(
+                                              static_cast<size_t>(s.computed))));
+    s.spec = {};
+    s.spec.length = s.spec.mtp_length = s.computed;  // the prefill side wrote the MTP rows too
+    s.state = SeqState::kRunning;
+    running_.push_back(&s);
+    std::sort(running_.begin(), running_.end(),
+              [](const Sequence* a, const Sequence* b) { return a->arrival < b->arrival; });
+  }
+  return {};
+}
+
+Status DpGroup::service_distflow() {
+  if (sender_) {
+    XDS_RETURN_IF_ERROR(sender_->accept_pending());
+    completed_.clear();
+    sender_->poll_completions(completed_);
+    const int64_t now = now_ns();
+    for (auto& [id, p] : parked_) {
+      if (p.deadline_ns < now) completed_.push_back(id | (uint64_t{1} << 63));
+    }
+    for (uint64_t c : completed_) {
+      const bool expired = (c >> 63) != 0;
+      auto it = parked_.find(c & ~(uint64_t{1} << 63));
+      if (it == parked_.end()) continue;  // cancelled meanwhile
+      Sequence& s = *seqs_.at(it->second.seq);
+      if (expired) {
+        ++transfers_expired_;
+        XDS_LOG_WARN("DP group {}: request {}: no decode group pulled its KV in {} s; freed",
+                     fabric_.rank(), s.request->req.id, o_.kv_transfer_timeout_ns / 1'000'000'000);
+      } else {
+        ++transfers_done_;
+      }
+      finish(s, "", /*emit=*/false);  // the decode side streams the rest
+    }
+  }
+  if (!awaiting_.empty()) XDS_RETURN_IF_ERROR(admit_handoffs());
+  return {};
+}
+
 Status DpGroup::fork_choices(Sequence& parent) {
   Request& r = *parent.request;
   parent.forked = true;
@@ -719,7 +865,11 @@ void DpGroup::send_load(bool force) {
   GroupLoad l;
   l.group = fabric_.rank();
   l.running = static_cast<int32_t>(running_.size());
-  l.waiting = static_cast<int32_t>(waiting_.size() + preempted_.size());
+  l.waiting = static_cast<int32_t>(waiting_.size() + preempted_.size() + awaiting_.size());
+  l.kv_parked = static_cast<int64_t>(parked_.size());
+  l.kv_transfers_done = transfers_done_;
+  l.kv_transfers_expired = transfers_expired_;
+  l.kv_pulled_bytes = receiver_->pulled_bytes();
   l.max_num_seqs = o_.max_num_seqs;
   const KvUsage u = kv_->usage();
   l.kv_blocks_total = u.total;
@@ -764,6 +914,7 @@ Status DpGroup::run() {
   uint64_t step = 0;
   while (true) {
     XDS_RETURN_IF_ERROR(poll_control(0));
+    XDS_RETURN_IF_ERROR(service_distflow());
     release_finished();
     if (!draining_ || has_work()) {
       if (has_work()) XDS_RETURN_IF_ERROR(plan_step());
@@ -774,7 +925,7 @@ Status DpGroup::run() {
     mine.step = step;
     mine.moe_passes = static_cast<uint16_t>(1 + (drafter_ ? drafter_->config().draft_tokens : 0));
     mine.requests = static_cast<uint32_t>(requests_.size());
-    mine.stop = draining_ && !has_work();
+    mine.stop = draining_ && !has_work() && parked_.empty();
     mine.wake_seq = wake_seen_;
     StepDecision decision;
     if (sync_) {
@@ -816,6 +967,7 @@ Status DpGroup::run() {
         bool asked = false;
         while (wake_seen_ <= wake_slept_ && !draining_) {
           XDS_RETURN_IF_ERROR(poll_control(-1));
+          XDS_RETURN_IF_ERROR(service_distflow());
           release_finished();
           send_tokens();  // cancellations of waiting requests
           if (!sync_ && has_work()) break;
@@ -847,6 +999,7 @@ Status DpGroup::run() {
     }
     XDS_RETURN_IF_ERROR(run_forward(decision.step));
     XDS_RETURN_IF_ERROR(commit_step());
+    if (!handoffs_.empty()) park_handoffs();
     step = decision.next_step;
     ++steps_;
     last_batch_ = static_cast<double>(plan_.chunks.size());

@@ -39,6 +39,11 @@ struct DpGroupOptions {
   int64_t speculative_mtp_layers = 0;  // MTP layers the drafts use (0: all the model has)
   int32_t redundant_slots = 0;         // EPLB: S spare expert slots per device and MoE layer
   int64_t eplb_window_ns = 60'000'000'000;  // EPLB collect window (engine/eplb_agent.h)
+  // Prefill/decode disaggregation (engine/distflow.h): a prefill instance's groups keep their
+  // KV in a region they export to decode groups (link name distflow_link_name(shell pid,
+  // group)); a parked transfer nobody completes in kv_transfer_timeout_ns is freed.
+  bool export_kv = false;
+  int64_t kv_transfer_timeout_ns = 60'000'000'000;
 };
 
 // XCCL staging bytes each device's arena needs for the expert-parallel exchange of `dp`

@@ -26,6 +26,8 @@ enum class SeqState : uint8_t {
   kWaiting,    // placed, holds no KV
   kRunning,    // holds KV (prefilling or decoding)
   kPreempted,  // lost its KV; recomputed when admitted again
+  kAwaitingKv, // decode phase of a disaggregated request: its KV waits on a prefill group
+  kParked,     // prefill phase done: holds its KV until the decode side has pulled it
   kFinished,
 };
 
@@ -52,6 +54,10 @@ struct Sequence {
   MtpSpecState spec;
   std::vector<int32_t> verify;
   bool spec_committed = false;
+  // Prefill/decode disaggregation: the index in the step's deltas of the first-token delta
+  // that carries the handoff (-1: none), and the transfer id while parked.
+  int64_t handoff_delta = -1;
+  uint64_t transfer = 0;
 
   int64_t prompt_len() const;
   int64_t output_len() const { return static_cast<int64_t>(tokens.size()) - prompt_len(); }

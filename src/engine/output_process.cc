@@ -119,6 +119,15 @@ class OutputLoop {
       send_cancel(r.id);
       return;
     }
+    // The decode phase of a disaggregated request: the prefill side's output process already
+    // streamed the tokens generated so far; replaying them here (nothing sent) rebuilds the
+    // same detokenizer offsets, held-back stop-string text and parser state.
+    if (static_cast<RequestPhase>(r.phase) == RequestPhase::kDecode && !r.handoff.output.empty()) {
+      TokenDelta replay;
+      replay.request_id = r.id;
+      replay.tokens = r.handoff.output;
+      for (OutputProcessor& c : st.choices) (void)c.consume(replay);
+    }
     requests_[r.id] = std::move(st);
   }
 
@@ -133,6 +142,16 @@ class OutputLoop {
         continue;
       }
       OutputStep step = st.choices[d.index].consume(d);
+      if (!d.handoff.link.empty() && !step.finished) {
+        // The prefill phase ends here: its text goes out with the handoff, and the decode
+        // side's output process (which replays these tokens) takes the request over.
+        step.delta.request_id = d.request_id;
+        step.delta.index = d.index;
+        step.delta.handoff = d.handoff;
+        pending_[st.reply_to].push_back(std::move(step.delta));
+        requests_.erase(it);
+        continue;
+      }
       if (!step.emit) continue;
       if (step.finished) ++st.finished;
       // A stop string ended this choice while the device still runs it: stop that choice

@@ -48,6 +48,26 @@ struct OutputOptions {
   bool echo_prompt_ids = false;      // report prompt token ids in usage (bench clients)
 };
 
+// Prefill/decode disaggregation (DistFlow, P098-P103): where a prefilled request's KV waits
+// and what a decode DP group needs to continue it. Metadata only: the KV stays in the prefill
+// DP group's exported region until the decode side pulls it. Empty `link`: no handoff.
+struct KvHandoff {
+  std::string link;             // the prefill DP group's link name (xccl/link.h)
+  uint64_t transfer = 0;        // that group's transfer id (the key of its completion)
+  std::vector<int32_t> blocks;  // block ids of the prompt's KV in its region, in order
+  int64_t rows = 0;             // KV rows written: positions [0, rows)
+  std::vector<int32_t> output;  // the tokens generated so far (the first token)
+  std::string kv_format;        // model, layers, block size, planes (engine/distflow.h)
+  int32_t prefill_group = -1;
+};
+
+// Where a request runs its phases.
+enum class RequestPhase : int32_t {
+  kWhole = 0,        // prefill and decode here (colocated)
+  kPrefillOnly = 1,  // prefill, stream the first token, then hand the KV off (P098)
+  kDecode = 2,       // continue a handoff (EngineRequest::handoff): pull the KV, decode
+};
+
 // A tokenized request, placed once by the shell on one DP group.
 struct EngineRequest {
   std::string id;                // unique per gateway ("cmpl-...")
@@ -56,6 +76,8 @@ struct EngineRequest {
   OutputOptions output;
   std::string reply_to;          // ZeroMQ address of the gateway's output socket
   int64_t arrival_us = 0;        // gateway clock (steady), for TTFT
+  int32_t phase = 0;             // RequestPhase
+  KvHandoff handoff;             // kDecode
 };
 
 struct TokenLogprob {
@@ -80,6 +102,7 @@ struct TokenDelta {
   std::string finish_reason;           // "", "stop" (eos / stop token), "length", "abort"
   int32_t prompt_tokens = 0;
   int32_t cached_tokens = 0;  // prompt tokens served from the prefix cache
+  KvHandoff handoff;          // a prefill-only request's last delta: the output state moves on
 };
 
 // Output process -> gateway: text ready to stream for one choice.
@@ -97,6 +120,7 @@ struct OutputDelta {
   int32_t completion_tokens = 0;           // so far, this choice
   int32_t cached_tokens = 0;
   std::string error;                       // non-empty: the request failed (message)
+  KvHandoff handoff;  // set: the prefill side is done; the gateway places the decode phase
 };
 
 // Per-DP-group load, sent by each DP group to its shell after steps (at most every few ms)
@@ -120,6 +144,9 @@ struct GroupLoad {
   int64_t spec_tokens = 0;
   std::vector<int64_t> spec_drafted;   // [k]
   std::vector<int64_t> spec_accepted;  // [k]
+  // DistFlow: transfers parked here now; cumulative: completed by a decode group, expired
+  // (freed after the deadline), and the KV bytes this group pulled as a decode side.
+  int64_t kv_parked = 0, kv_transfers_done = 0, kv_transfers_expired = 0, kv_pulled_bytes = 0;
   int64_t moe_ns = 0;       // expert-parallel MoE phase (dispatch to combine done), cumulative
   // Tokens this group routed to each logical expert, cumulative (CausalLm::
   // routed_token_counts): [moe_layers.size(), n_experts] row-major. Sent about once a second;
@@ -221,16 +248,19 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(OutputOptions, detokenize, skip_
                                                 reasoning_parser, prompt_in_reasoning,
                                                 tool_call_parser,
                                                 tools_requested, stream, echo_prompt_ids)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(KvHandoff, link, transfer, blocks, rows, output,
+                                                kv_format, prefill_group)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(EngineRequest, id, prompt, sampling, output,
-                                                reply_to, arrival_us)
+                                                reply_to, arrival_us, phase, handoff)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(TokenLogprob, token, logprob, top)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(ToolCall, id, name, arguments)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(TokenDelta, request_id, index, tokens, logprobs,
-                                                finish_reason, prompt_tokens, cached_tokens)
+                                                finish_reason, prompt_tokens, cached_tokens,
+                                                handoff)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(OutputDelta, request_id, index, text, reasoning,
                                                 token_ids, logprobs, token_texts, tool_calls,
                                                 finish_reason, prompt_tokens, completion_tokens,
-                                                cached_tokens, error)
+                                                cached_tokens, error, handoff)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(GroupLoad, group, running, waiting, max_num_seqs,
                                                 kv_blocks_total, kv_blocks_used,
                                                 kv_blocks_reserved, block_size, prefix_hits,
@@ -240,7 +270,9 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(GroupLoad, group, running, waiti
                                                 n_experts,
                                                 window_seq, window_expert_tokens,
                                                 window_slot_tokens, slots_per_device,
-                                                window_map_version, window_uniform)
+                                                window_map_version, window_uniform, kv_parked,
+                                                kv_transfers_done, kv_transfers_expired,
+                                                kv_pulled_bytes)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(EplbCommand, op, version, moe_layers, replicas)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(EplbReport, group, version, state, error,
                                                 disable_step, switch_step, loaded_bytes)

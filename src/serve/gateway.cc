@@ -60,6 +60,8 @@ struct Pending {
   int64_t last_token_ns = 0;
   int32_t finished = 0;
   bool queued = false;  // waits in the gateway's queue (rejected by the shell for now)
+  bool decode_phase = false;  // the prefill instance handed it off (req.handoff)
+  int32_t instance = -1;      // where it was last sent
   bool done = false;
 };
 
@@ -86,10 +88,19 @@ struct Gateway::Impl {
   std::unordered_map<std::string, std::shared_ptr<Pending>> live;
   std::deque<std::string> queue;  // request ids waiting for room, arrival order
   bool retry_in_flight = false;   // the queue's head was offered again and not answered
-  std::vector<engine::GroupLoad> loads;
+  struct InstanceView {
+    std::string role;  // "" until the shell reports it
+    std::vector<engine::GroupLoad> loads;
+  };
+  std::vector<InstanceView> instances;
+  // Handoffs the decode instances could not take yet (P101): while any waits, no new request
+  // goes to a prefill instance.
+  std::deque<std::string> handoff_queue;
+  bool handoff_retry_in_flight = false;
   struct Probe {
     Responder responder;
     int64_t deadline_ns = 0;
+    int remaining = 1;  // answers still expected (a /health probe asks every instance)
   };
   std::unordered_map<std::string, Probe> probes;  // /health probes and /admin calls in flight
   std::string failure;  // the instance failed (kFailed): why
@@ -98,7 +109,10 @@ struct Gateway::Impl {
   Status init();
   void routes();
   void on_completion(HttpRequest request, Responder responder, bool chat);
-  void on_message(Message m);
+  void on_message(int from, Message m);
+  // The instance of `role` with the fewest requests per group (-1: none).
+  int pick_instance(const std::string& role) const;
+  bool disaggregated() const;
   void on_output(const OutputDelta& d);
   void on_rejected(const Message& m);
   // kFailed: every request in flight or queued fails with 503 and the gateway stops.
@@ -157,8 +171,11 @@ Status Gateway::Impl::init() {
   ho.threads = std::max(1, o.io_threads);
   http = std::make_unique<HttpServer>(ho);
   routes();
-  XDS_ASSIGN_OR_RETURN(link, GatewayLink::start(o.instance, fmt::format("tcp://{}:0", o.output_host),
-                                                [this](Message m) { on_message(std::move(m)); }));
+  instances.resize(o.instances.size());
+  XDS_ASSIGN_OR_RETURN(link, GatewayLink::start(o.instances, fmt::format("tcp://{}:0", o.output_host),
+                                                [this](int from, Message m) {
+                                                  on_message(from, std::move(m));
+                                                }));
   return http->start();
 }
 
@@ -193,7 +210,12 @@ void Gateway::Impl::routes() {
     std::vector<engine::GroupLoad> l;
     {
       std::lock_guard<std::mutex> lock(mu);
-      l = loads;
+      for (const InstanceView& v : instances) {
+        for (const engine::GroupLoad& g : v.loads) {
+          l.push_back(g);
+          l.back().group = static_cast<int32_t>(l.size() - 1);
+        }
+      }
     }
     out.body = metrics.render(l);
     {
@@ -215,15 +237,18 @@ void Gateway::Impl::routes() {
 void Gateway::Impl::probe(MessageKind kind, const char* prefix, std::string text,
                           Responder resp) {
   const std::string id = fmt::format("{}-{}", prefix, next_id.fetch_add(1));
+  // /health asks every instance; /admin calls go to the first.
+  const bool all = kind == MessageKind::kPing;
   {
     std::lock_guard<std::mutex> lock(mu);
-    probes.emplace(id, Probe{resp, now_ns() + int64_t{5'000'000'000}});
+    probes.emplace(id, Probe{resp, now_ns() + int64_t{5'000'000'000},
+                             all ? static_cast<int>(instances.size()) : 1});
   }
   Message m;
   m.kind = kind;
   m.request_id = id;
   m.text = std::move(text);
-  link->post(std::move(m));
+  link->post(all ? GatewayLink::kAllInstances : 0, std::move(m));
 }
 
 void Gateway::Impl::on_completion(HttpRequest r, Responder responder, bool chat) {
@@ -369,12 +394,14 @@ void Gateway::Impl::on_completion(HttpRequest r, Responder responder, bool chat)
     p->done = true;
     live.erase(p->req.id);
     queue.erase(std::remove(queue.begin(), queue.end(), p->req.id), queue.end());
+    handoff_queue.erase(std::remove(handoff_queue.begin(), handoff_queue.end(), p->req.id),
+                        handoff_queue.end());
     lock.unlock();
     metrics.count_outcome("cancelled");
     Message m;
     m.kind = MessageKind::kCancel;
     m.request_id = p->req.id;
-    link->post(std::move(m));
+    link->post(GatewayLink::kAllInstances, std::move(m));
     idle_cv.notify_all();
   };
   if (p->stream) {
@@ -385,14 +412,65 @@ void Gateway::Impl::on_completion(HttpRequest r, Responder responder, bool chat)
   submit(p);
 }
 
+bool Gateway::Impl::disaggregated() const {
+  for (const InstanceView& v : instances)
+    if (v.role == "prefill") return true;
+  return false;
+}
+
+int Gateway::Impl::pick_instance(const std::string& role) const {
+  int best = -1;
+  double best_load = 0;
+  for (size_t i = 0; i < instances.size(); ++i) {
+    const InstanceView& v = instances[i];
+    if (v.role != role) continue;
+    double load = 0;
+    for (const engine::GroupLoad& g : v.loads) load += g.running + g.waiting + g.kv_parked;
+    load /= std::max<size_t>(1, v.loads.size());
+    if (best < 0 || load < best_load) {
+      best = static_cast<int>(i);
+      best_load = load;
+    }
+  }
+  return best;
+}
+
 void Gateway::Impl::submit(const std::shared_ptr<Pending>& p) {
   Message m;
   m.kind = MessageKind::kRequest;
-  m.request = p->req;
-  link->post(std::move(m));
+  int to = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (instances.size() > 1 || disaggregated()) {
+      if (p->decode_phase) {
+        to = pick_instance("decode");
+        p->req.phase = static_cast<int32_t>(engine::RequestPhase::kDecode);
+      } else if (disaggregated()) {
+        // Backpressure from the decode side: no new prefill work while handoffs wait.
+        if (!handoff_queue.empty() && !p->queued) {
+          p->queued = true;
+          queue.push_back(p->req.id);
+          return;
+        }
+        to = pick_instance("prefill");
+        p->req.phase = static_cast<int32_t>(engine::RequestPhase::kPrefillOnly);
+      } else {
+        to = pick_instance("colocated");
+      }
+      if (to < 0) to = 0;  // roles not reported yet
+    }
+    p->instance = to;
+    m.request = p->req;
+  }
+  link->post(to, std::move(m));
 }
 
-void Gateway::Impl::on_message(Message m) {
+void Gateway::Impl::on_message(int from, Message m) {
+  if (from >= 0 && !m.text.empty() &&
+      (m.kind == MessageKind::kLoad || m.kind == MessageKind::kPong)) {
+    std::lock_guard<std::mutex> lock(mu);
+    instances[static_cast<size_t>(from)].role = m.text;
+  }
   switch (m.kind) {
     case MessageKind::kOutput:
       for (const OutputDelta& d : m.outputs) on_output(d);
@@ -407,10 +485,21 @@ void Gateway::Impl::on_message(Message m) {
       std::shared_ptr<Pending> head;
       {
         std::lock_guard<std::mutex> lock(mu);
+        if (from < 0) break;
+        std::vector<engine::GroupLoad>& loads = instances[static_cast<size_t>(from)].loads;
         if (loads.size() != m.loads.size()) loads.resize(m.loads.size());
         for (size_t g = 0; g < m.loads.size(); ++g)
           engine::merge_load(loads[g], std::move(m.loads[g]));
-        if (!queue.empty() && !retry_in_flight) {
+        while (!handoff_queue.empty() && !handoff_retry_in_flight) {
+          auto it = live.find(handoff_queue.front());
+          if (it == live.end()) {
+            handoff_queue.pop_front();
+            continue;
+          }
+          head = it->second;
+          handoff_retry_in_flight = true;
+        }
+        if (!head && handoff_queue.empty() && !queue.empty() && !retry_in_flight) {
           auto it = live.find(queue.front());
           if (it != live.end()) {
             head = it->second;
@@ -428,7 +517,7 @@ void Gateway::Impl::on_message(Message m) {
       {
         std::lock_guard<std::mutex> lock(mu);
         auto it = probes.find(m.request_id);
-        if (it != probes.end()) {
+        if (it != probes.end() && --it->second.remaining <= 0) {
           r = it->second.responder;
           probes.erase(it);
         }
@@ -501,6 +590,16 @@ void Gateway::Impl::on_rejected(const Message& m) {
   auto it = live.find(m.request_id);
   if (it == live.end()) return;
   std::shared_ptr<Pending> p = it->second;
+  if (p->decode_phase && m.text.rfind(kRejectNever, 0) != 0) {
+    // No decode group has room: the KV stays parked on the prefill side meanwhile (P101).
+    if (!handoff_queue.empty() && handoff_queue.front() == p->req.id) {
+      handoff_retry_in_flight = false;
+    } else if (std::find(handoff_queue.begin(), handoff_queue.end(), p->req.id) ==
+               handoff_queue.end()) {
+      handoff_queue.push_back(p->req.id);
+    }
+    return;
+  }
   const bool was_head = !queue.empty() && queue.front() == p->req.id;
   if (was_head) retry_in_flight = false;
   if (m.text.rfind(kRejectNever, 0) == 0) {
@@ -548,6 +647,10 @@ void Gateway::Impl::on_output(const OutputDelta& d) {
     p->queued = false;
     retry_in_flight = false;
   }
+  if (p->decode_phase && !handoff_queue.empty() && handoff_queue.front() == p->req.id) {
+    handoff_queue.pop_front();  // a decode group took it
+    handoff_retry_in_flight = false;
+  }
   const int64_t now = now_ns();
   if (!d.token_ids.empty()) {
     if (p->first_token_ns == 0) {
@@ -578,7 +681,15 @@ void Gateway::Impl::on_output(const OutputDelta& d) {
     p->whole->add(d);
   }
   if (!d.finish_reason.empty()) p->finished += 1;
-  if (p->finished >= p->api.n) finish_pending(p, lock);
+  if (p->finished >= p->api.n) {
+    finish_pending(p, lock);
+  } else if (!d.handoff.link.empty()) {
+    // The prefill phase is done: place the decode phase (the prefill side holds the KV).
+    p->decode_phase = true;
+    p->req.handoff = d.handoff;
+    lock.unlock();
+    submit(p);
+  }
 }
 
 void Gateway::Impl::finish_pending(const std::shared_ptr<Pending>& p,
@@ -656,7 +767,7 @@ Status Gateway::run(bool shutdown_instance, int drain_s) {
   if (shutdown_instance) {
     Message m;
     m.kind = MessageKind::kShutdown;
-    g.link->post(std::move(m));
+    g.link->post(GatewayLink::kAllInstances, std::move(m));
   }
   g.link->stop();
   std::lock_guard<std::mutex> lock(g.mu);

@@ -1,4 +1,5 @@
-// The gateway (the paper's JE, P096): the OpenAI-compatible HTTP front of one instance.
+// The gateway (the paper's JE, P096): the OpenAI-compatible HTTP front of one or more
+// instances.
 //
 // It parses the API (serve/openai_api.h), applies the chat template and tokenizes (it needs
 // the length to reject an over-long prompt and to place the request), sends each request once
@@ -16,6 +17,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "base/status.h"
 
@@ -28,7 +30,10 @@ struct GatewayOptions {
   std::string served_model_name;  // empty: the model directory's last component
   std::string model_dir;          // tokenizer, chat template, config.json
   std::string chat_template;      // a Jinja file overriding the model's
-  std::string instance;           // the shell's address, e.g. tcp://127.0.0.1:8100
+  // The shells' addresses, e.g. tcp://127.0.0.1:8100. Each instance reports its role
+  // (colocated, prefill, decode) with its loads; with prefill and decode instances a request
+  // is prefilled on one, then continued on the other (docs/design/disaggregation.md).
+  std::vector<std::string> instances;
   std::string output_host = "127.0.0.1";  // where output processes reach this gateway
   int64_t max_model_len = 0;      // 0: the model's max_position_embeddings
   int64_t max_queue = 1024;       // waiting requests before 503

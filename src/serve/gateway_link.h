@@ -1,7 +1,7 @@
 // The gateway's messaging thread: the only owner of its ZeroMQ sockets.
 //
-//   DEALER ──▶ the instance's shell (requests, cancellations, health probes; kRejected,
-//              kLoad and kPong come back on it)
+//   DEALER ──▶ each instance's shell (requests, cancellations, health probes; kRejected,
+//              kLoad and kPong come back on it), one per instance
 //   PULL   ◀── the DP groups' output processes (kOutput), bound on `output_bind`
 //
 // Other threads hand it messages with post(), which queues them under a mutex and wakes the
@@ -17,6 +17,8 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "base/status.h"
 #include "engine/request.h"
@@ -25,19 +27,22 @@ namespace xds::serve {
 
 class GatewayLink {
  public:
-  using Callback = std::function<void(engine::Message)>;
+  // `from`: the instance whose shell sent it, or kOutputs for the PULL socket.
+  using Callback = std::function<void(int from, engine::Message)>;
+  static constexpr int kOutputs = -1;
+  static constexpr int kAllInstances = -1;
 
   // Binds the PULL socket on output_bind (tcp://HOST:0 picks a port: reply_to() says which),
-  // connects the DEALER to `instance`, and starts the thread.
-  static Result<std::unique_ptr<GatewayLink>> start(const std::string& instance,
+  // connects one DEALER to each of `instances`, and starts the thread.
+  static Result<std::unique_ptr<GatewayLink>> start(const std::vector<std::string>& instances,
                                                     const std::string& output_bind,
                                                     Callback on_message);
   ~GatewayLink();  // stop()
 
   // The address output processes send to (the bound endpoint).
   const std::string& reply_to() const { return reply_to_; }
-  // Queues `m` for the shell.
-  void post(engine::Message m);
+  // Queues `m` for instance `to`'s shell (kAllInstances: every one).
+  void post(int to, engine::Message m);
   void stop();
 
  private:
@@ -50,7 +55,7 @@ class GatewayLink {
   std::unique_ptr<Sockets> sockets_;
   int wake_fd_ = -1;
   std::mutex mu_;
-  std::deque<engine::Message> outbox_;  // guarded by mu_
+  std::deque<std::pair<int, engine::Message>> outbox_;  // guarded by mu_
   std::atomic<bool> stop_{false};
   std::thread thread_;
 };

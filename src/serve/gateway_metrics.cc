@@ -145,6 +145,18 @@ std::string GatewayMetrics::render(std::span<const engine::GroupLoad> loads) {
     reg_.gauge("xdeepserve_moe_seconds", "Time in the expert-parallel MoE phase (dispatch "
                "to combine done, every MoE layer), cumulative, per DP group.", g)
         .set(static_cast<double>(l.moe_ns) * 1e-9);
+    reg_.gauge("xdeepserve_kv_transfers_parked", "Prefilled requests whose KV waits for a "
+               "decode group to pull it (prefill/decode disaggregation), per DP group.", g)
+        .set(static_cast<double>(l.kv_parked));
+    reg_.gauge("xdeepserve_kv_transfers_completed", "KV transfers a decode group pulled and "
+               "completed, cumulative, per prefill DP group.", g)
+        .set(static_cast<double>(l.kv_transfers_done));
+    reg_.gauge("xdeepserve_kv_transfers_expired", "KV transfers freed unpulled at their "
+               "deadline, cumulative, per prefill DP group.", g)
+        .set(static_cast<double>(l.kv_transfers_expired));
+    reg_.gauge("xdeepserve_kv_pulled_bytes", "KV bytes pulled from prefill groups, "
+               "cumulative, per decode DP group.", g)
+        .set(static_cast<double>(l.kv_pulled_bytes));
     running += l.running;
     waiting += l.waiting;
   }

@@ -47,6 +47,9 @@ Status run_instance(const InstanceOptions& options) {
   if (options.dp < 1 || options.dp > 64) {
     return invalid_argument("--dp must be in [1, 64], got {}", options.dp);
   }
+  if (options.role != "colocated" && options.role != "prefill" && options.role != "decode") {
+    return invalid_argument("--role must be colocated, prefill or decode, got '{}'", options.role);
+  }
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   const int threads = options.threads_per_device > 0
                           ? options.threads_per_device
@@ -89,6 +92,7 @@ Status run_instance(const InstanceOptions& options) {
     o.control_address = group_inputs[static_cast<size_t>(g)];
     o.shell_address = shell_input;
     o.output_address = output_inputs[static_cast<size_t>(g)];
+    o.export_kv = options.role == "prefill";
     per_group.push_back(std::move(o));
   }
   XDS_ASSIGN_OR_RETURN(
@@ -99,6 +103,7 @@ Status run_instance(const InstanceOptions& options) {
 
   ShellOptions so;
   so.listen = options.listen;
+  so.role = options.role;
   so.group_inputs = group_inputs;
   so.shell_input = shell_input;
   so.max_num_seqs = options.group.max_num_seqs;

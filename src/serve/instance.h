@@ -21,6 +21,10 @@ namespace xds::serve {
 
 struct InstanceOptions {
   std::string listen = "tcp://127.0.0.1:8100";  // the shell's address for gateways
+  // colocated: prefill and decode; prefill: prefill, stream the first token, hand the KV to
+  // a decode instance (the groups export their KV: group.export_kv); decode: decode handoffs
+  // (it also serves whole requests a gateway sends it).
+  std::string role = "colocated";
   int dp = 1;
   engine::DpGroupOptions group;  // addresses are filled per group by run_instance
   int threads_per_device = 0;    // 0: the machine's cores / dp (at least 1)

@@ -212,6 +212,7 @@ Status Shell::run() {
           Message pong;
           pong.kind = MessageKind::kPong;
           pong.request_id = it->second.probe;
+          pong.text = options_.role;
           to_gateway(it->second.gateway, pong);
           pings.erase(it);
         }
@@ -294,6 +295,7 @@ Status Shell::run() {
       Message lm;
       lm.kind = MessageKind::kLoad;
       lm.loads = loads;
+      lm.text = options_.role;
       if (!experts_dirty) {  // the gateways keep the counts they have
         for (GroupLoad& l : lm.loads) {
           l.expert_tokens.clear();

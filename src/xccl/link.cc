@@ -252,7 +252,7 @@ Result<LinkListener> LinkListener::listen(const std::string& name) {
     errno = e;
     return errno_status("bind");
   }
-  if (::listen(fd, 1) != 0) {
+  if (::listen(fd, 16) != 0) {
     const Status st = errno_status("listen");
     close(fd);
     return st;

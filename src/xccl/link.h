@@ -37,6 +37,8 @@ class LinkListener {
   LinkListener& operator=(LinkListener&& o) noexcept;
   ~LinkListener();
 
+  // Readable when a peer is connecting (poll it beside other sockets, then accept()).
+  int fd() const { return fd_; }
   // Waits up to timeout_ms for one peer and forms the link (this side rank 0).
   // DeadlineExceeded when nobody connects in time; the handshake's errors otherwise.
   // `exported`, when given, must outlive the fabric.

@@ -1,0 +1,129 @@
+// DistFlow (P098-P103): a prefilled request's KV moves from the prefill DP group that
+// computed it to the decode DP group that continues it, pulled by the decode side with
+// one-sided reads when it has room.
+//
+//   prefill DP group (KvSender)                       decode DP group (KvReceiver)
+//   KV cache in a SharedRegion, exported over         links to each prefill group it pulls
+//   every link; a LinkListener per group.             from, made on first use.
+//   after the first token: the sequence is parked,    a kDecode request arrives with the
+//   its blocks held, transfer id registered; the      handoff (via the gateway); when its
+//   handoff (metadata only) leaves with the last      blocks fit, get() each block from the
+//   token delta.                                      peer's region, then post the transfer
+//   polls its completion ring every loop: a           id into the peer's completion ring
+//   completed id frees the parked sequence.           (put_with_signal), and decodes.
+//
+// Each prefill/decode DP-group pair is its own two-device link (xccl/link.h), so a dead peer
+// poisons only that link. Link name: "kv-<shell pid>-g<group>" (abstract namespace).
+//
+// The completion ring lives in the prefill side's (rank 0's) arena, app area:
+//   [0, 8)                          consumed: completions the prefill side has read (it writes)
+//   [64, 64 + 8 * kCompletionSlots) transfer ids, slot = completion number % kCompletionSlots
+//   [kFormatOffset, +8 + len)       the sender's KV format: u64 length, then the text
+// Rank 1 (the decode side) writes slot n, then signal (1 -> 0, index 0) = n + 1; it waits
+// while n - consumed >= kCompletionSlots. The decode side checks the format when it links,
+// and every handoff carries it too.
+//
+// The region holds the KV blocks, then a table of kTransferSlots words: slot id % kTransferSlots
+// holds the transfer id while its blocks are held for it, 0 once freed. The decode side reads
+// the slot before and after its copies (acquire): unchanged, the blocks were held throughout;
+// otherwise the pull fails (a transfer freed at its deadline is never read as valid KV).
+//
+// Thread-safety: each object is used by its DP group's thread only.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "base/status.h"
+#include "engine/request.h"
+#include "model/causal_lm.h"
+#include "model/kv_storage.h"
+#include "xccl/link.h"
+#include "xccl/shared_region.h"
+#include "xccl/transport.h"
+
+namespace xds::engine {
+
+inline constexpr uint64_t kCompletionSlots = 1024;
+inline constexpr uint64_t kTransferSlots = 4096;
+
+// The text both sides must agree on before a block means the same thing to both: the model
+// (type, hidden size, vocabulary, layers, MTP layers), block size, every plane's dtype,
+// elements and row bytes, and the block's bytes.
+std::string kv_format(const ModelInfo& info, const KvStorageShape& shape);
+
+// The link's arena (small: signals and the completion ring only; KV travels in the region).
+xccl::ArenaConfig distflow_link_config();
+
+// "kv-<shell pid>-g<group>".
+std::string distflow_link_name(int shell_pid, int group);
+
+class KvSender {
+ public:
+  // Listens on `link_name` and makes the region for `shape` (the KV storage lives there).
+  static Result<std::unique_ptr<KvSender>> create(const std::string& link_name,
+                                                  const KvStorageShape& shape,
+                                                  std::string format);
+  const std::string& link_name() const { return link_name_; }
+  const std::string& format() const { return format_; }
+  xccl::SharedRegion& region() { return region_; }
+  // The listener's fd: readable when a decode group connects (poll it with the control socket).
+  int listen_fd() const { return listener_.fd(); }
+  // Forms the links of the peers that are connecting now (never waits for one that is not).
+  Status accept_pending();
+  // A new transfer id, marked valid in the region's table.
+  uint64_t open_transfer();
+  // Marks `id` freed (before its blocks are).
+  void close_transfer(uint64_t id);
+  // The KV storage's share of the region.
+  std::span<std::byte> kv_bytes() { return region_.span().first(region_.bytes() - 8 * kTransferSlots); }
+  // Appends the transfer ids completed since the last call, from every live link.
+  void poll_completions(std::vector<uint64_t>& done);
+  int links() const { return static_cast<int>(links_.size()); }
+
+ private:
+  KvSender(std::string name, xccl::LinkListener listener, xccl::SharedRegion region,
+           std::string format)
+      : link_name_(std::move(name)),
+        listener_(std::move(listener)),
+        region_(std::move(region)),
+        format_(std::move(format)) {}
+  struct Peer {
+    std::unique_ptr<xccl::Fabric> fabric;
+    uint64_t consumed = 0;
+  };
+  std::string link_name_;
+  xccl::LinkListener listener_;
+  xccl::SharedRegion region_;
+  std::string format_;
+  std::vector<Peer> links_;
+  uint64_t transfers_ = 0;
+};
+
+class KvReceiver {
+ public:
+  explicit KvReceiver(std::string format) : format_(std::move(format)) {}
+  // Copies blocks h.blocks of h.link's region into `dst` (same count) of `local`, then posts
+  // h.transfer to the sender's completion ring. FailedPrecondition naming both formats when
+  // they differ; Unavailable when the link cannot be formed or its peer died.
+  Status pull(const KvHandoff& h, std::span<const int32_t> dst, KvStorage& local);
+  // Bytes pulled so far (for the load report).
+  int64_t pulled_bytes() const { return pulled_bytes_; }
+
+ private:
+  struct Peer {
+    std::unique_ptr<xccl::Fabric> fabric;
+    std::unique_ptr<xccl::Transport> transport;
+    uint64_t posted = 0;
+  };
+  Result<Peer*> peer(const std::string& link);
+  std::string format_;
+  std::unordered_map<std::string, Peer> links_;
+  int64_t pulled_bytes_ = 0;
+};
+
+}  // namespace xds::engine
