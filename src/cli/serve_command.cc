@@ -60,6 +60,7 @@ struct EngineArgs {
   double eplb_window_s = 60;
   int eplb_slices = 8;
   double eplb_interval_s = 0;
+  double kv_transfer_timeout_s = 60;
 };
 
 struct GatewayArgs {
@@ -112,6 +113,10 @@ void add_engine_flags(CLI::App* cmd, EngineArgs& a) {
   cmd->add_option("--eplb-interval", a.eplb_interval_s,
                   "EPLB: seconds between rebalances (0: only on POST /admin/eplb/rebalance)")
       ->check(finite_range(0.0, 1e7));
+  cmd->add_option("--kv-transfer-timeout", a.kv_transfer_timeout_s,
+                  "Prefill/decode disaggregation: seconds a prefill group holds a request's KV "
+                  "for a decode group to pull before it frees it")
+      ->check(finite_range(0.1, 86400.0));
 }
 
 void add_gateway_flags(CLI::App* cmd, GatewayArgs& a) {
@@ -153,6 +158,7 @@ Result<serve::InstanceOptions> instance_options(const EngineArgs& a, const std::
                             a.redundant_slots, a.dp);
   g.redundant_slots = a.redundant_slots;
   g.eplb_window_ns = static_cast<int64_t>(a.eplb_window_s * 1e9);
+  g.kv_transfer_timeout_ns = static_cast<int64_t>(a.kv_transfer_timeout_s * 1e9);
   o.eplb.redundant_slots = a.redundant_slots;
   o.eplb.slices = a.eplb_slices;
   o.eplb.interval_s = a.eplb_interval_s;

@@ -802,6 +802,7 @@ Status DpGroup::service_distflow() {
       }
       finish(s, "", /*emit=*/false);  // the decode side streams the rest
     }
+    if (!completed_.empty()) send_load(/*force=*/true);  // also from the sleep loop
   }
   if (!awaiting_.empty()) XDS_RETURN_IF_ERROR(admit_handoffs());
   return {};

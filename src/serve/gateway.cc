@@ -97,6 +97,7 @@ struct Gateway::Impl {
   // goes to a prefill instance.
   std::deque<std::string> handoff_queue;
   bool handoff_retry_in_flight = false;
+  int64_t handoffs_deferred = 0;  // decode phases no decode group could take at once
   struct Probe {
     Responder responder;
     int64_t deadline_ns = 0;
@@ -115,8 +116,11 @@ struct Gateway::Impl {
   bool disaggregated() const;
   void on_output(const OutputDelta& d);
   void on_rejected(const Message& m);
-  // kFailed: every request in flight or queued fails with 503 and the gateway stops.
-  void on_instance_failed(const std::string& why);
+  // kFailed from instance `from`. With one instance: every request in flight or queued fails
+  // with 503 and the gateway stops. With several: the instance is out; its requests fail,
+  // except decode phases that streamed nothing yet, which go to another decode instance.
+  void on_instance_failed(int from, const std::string& why);
+  void fail_request(const std::shared_ptr<Pending>& p, const ApiError& err);
   void finish_pending(const std::shared_ptr<Pending>& p, std::unique_lock<std::mutex>& lock);
   void submit(const std::shared_ptr<Pending>& p);
   // Sends the shell a `kind` message (kPing: /health; kAdmin: text = the /admin call) whose
@@ -221,6 +225,17 @@ void Gateway::Impl::routes() {
     {
       std::lock_guard<std::mutex> lock(mu);
       out.body += eplb_metrics;
+      if (instances.size() > 1) {
+        out.body += fmt::format(
+            "# HELP xdeepserve_kv_handoffs_deferred Decode phases no decode instance could take "
+            "at once (their KV waited on the prefill side), cumulative.\n"
+            "# TYPE xdeepserve_kv_handoffs_deferred counter\n"
+            "xdeepserve_kv_handoffs_deferred {}\n"
+            "# HELP xdeepserve_kv_handoffs_waiting Decode phases waiting in the gateway now.\n"
+            "# TYPE xdeepserve_kv_handoffs_waiting gauge\n"
+            "xdeepserve_kv_handoffs_waiting {}\n",
+            handoffs_deferred, handoff_queue.size());
+      }
     }
     resp.send(std::move(out));
   });
@@ -413,9 +428,12 @@ void Gateway::Impl::on_completion(HttpRequest r, Responder responder, bool chat)
 }
 
 bool Gateway::Impl::disaggregated() const {
-  for (const InstanceView& v : instances)
-    if (v.role == "prefill") return true;
-  return false;
+  bool prefill = false, decode = false;
+  for (const InstanceView& v : instances) {
+    prefill = prefill || v.role == "prefill";
+    decode = decode || v.role == "decode";
+  }
+  return prefill && decode;
 }
 
 int Gateway::Impl::pick_instance(const std::string& role) const {
@@ -440,11 +458,20 @@ void Gateway::Impl::submit(const std::shared_ptr<Pending>& p) {
   m.kind = MessageKind::kRequest;
   int to = 0;
   {
-    std::lock_guard<std::mutex> lock(mu);
-    if (instances.size() > 1 || disaggregated()) {
+    std::unique_lock<std::mutex> lock(mu);
+    if (instances.size() > 1) {
       if (p->decode_phase) {
         to = pick_instance("decode");
         p->req.phase = static_cast<int32_t>(engine::RequestPhase::kDecode);
+        if (to < 0) {
+          p->done = true;
+          live.erase(p->req.id);
+          lock.unlock();
+          fail_request(p, api_error(503, "no decode instance is left to continue this request",
+                                    "server_error", "instance_failed"));
+          idle_cv.notify_all();
+          return;
+        }
       } else if (disaggregated()) {
         // Backpressure from the decode side: no new prefill work while handoffs wait.
         if (!handoff_queue.empty() && !p->queued) {
@@ -455,7 +482,13 @@ void Gateway::Impl::submit(const std::shared_ptr<Pending>& p) {
         to = pick_instance("prefill");
         p->req.phase = static_cast<int32_t>(engine::RequestPhase::kPrefillOnly);
       } else {
-        to = pick_instance("colocated");
+        // Colocated, or what is left of a disaggregated deployment: any instance runs a
+        // whole request.
+        p->req.phase = static_cast<int32_t>(engine::RequestPhase::kWhole);
+        for (const char* role : {"colocated", "decode", "prefill"}) {
+          to = pick_instance(role);
+          if (to >= 0) break;
+        }
       }
       if (to < 0) to = 0;  // roles not reported yet
     }
@@ -479,7 +512,7 @@ void Gateway::Impl::on_message(int from, Message m) {
       on_rejected(m);
       break;
     case MessageKind::kFailed:
-      on_instance_failed(m.text);
+      on_instance_failed(from, m.text);
       break;
     case MessageKind::kLoad: {
       std::shared_ptr<Pending> head;
@@ -556,7 +589,57 @@ void Gateway::Impl::on_message(int from, Message m) {
   }
 }
 
-void Gateway::Impl::on_instance_failed(const std::string& why) {
+void Gateway::Impl::fail_request(const std::shared_ptr<Pending>& p, const ApiError& err) {
+  metrics.count_outcome("error");
+  if (p->stream) {
+    p->stream->send_event(to_json_text(make_error(err)));
+    p->stream->close();
+  } else {
+    p->responder->send(make_error_response(err));
+  }
+}
+
+void Gateway::Impl::on_instance_failed(int from, const std::string& why) {
+  if (instances.size() > 1 && from >= 0) {
+    XDS_LOG_ERROR("gateway: instance {} ({}) failed: {}", o.instances[static_cast<size_t>(from)],
+                  instances[static_cast<size_t>(from)].role, why);
+    std::vector<std::shared_ptr<Pending>> failed, replaced;
+    bool any_left = false;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      instances[static_cast<size_t>(from)].role = "failed";
+      instances[static_cast<size_t>(from)].loads.clear();
+      for (const InstanceView& v : instances) any_left = any_left || v.role != "failed";
+      for (auto it = live.begin(); it != live.end();) {
+        const std::shared_ptr<Pending>& p = it->second;
+        if (p->instance != from || p->queued) {
+          ++it;
+          continue;
+        }
+        const bool untouched = p->decode_phase &&
+            p->completion_tokens == static_cast<int32_t>(p->req.handoff.output.size());
+        if (untouched && pick_instance("decode") >= 0) {
+          replaced.push_back(p);
+          ++it;
+          continue;
+        }
+        p->done = true;
+        failed.push_back(p);
+        handoff_queue.erase(std::remove(handoff_queue.begin(), handoff_queue.end(), it->first),
+                            handoff_queue.end());
+        it = live.erase(it);
+      }
+    }
+    const ApiError err = api_error(
+        503, fmt::format("the instance serving this request ({}) failed: {}",
+                         o.instances[static_cast<size_t>(from)], why),
+        "server_error", "instance_failed");
+    for (const std::shared_ptr<Pending>& p : failed) fail_request(p, err);
+    for (const std::shared_ptr<Pending>& p : replaced) submit(p);
+    if (!any_left) stopping.store(true);
+    idle_cv.notify_all();
+    return;
+  }
   XDS_LOG_ERROR("gateway: the instance failed: {}", why);
   std::vector<std::shared_ptr<Pending>> failed;
   {
@@ -597,6 +680,7 @@ void Gateway::Impl::on_rejected(const Message& m) {
     } else if (std::find(handoff_queue.begin(), handoff_queue.end(), p->req.id) ==
                handoff_queue.end()) {
       handoff_queue.push_back(p->req.id);
+      ++handoffs_deferred;
     }
     return;
   }

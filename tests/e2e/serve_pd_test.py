@@ -1,0 +1,338 @@
+#!/usr/bin/python3
+"""Prefill/decode disaggregation served end to end (DistFlow).
+
+The reference is `xdeepserve generate` (one process, one sequence, f32, greedy): the KV a
+decode instance pulls must be the KV the prefill instance computed, so every output equals the
+reference exactly (the shipped model's greedy margins are wide).
+
+1. `serve --prefill-instances 1 --decode-instances 1`: concurrent requests, a long prompt
+   twice (the second from the prefill side's prefix cache), streamed, max_tokens 1 (finishes on
+   the prefill side: no transfer), 2 and 5, a stop string, EOS, n = 2 (served whole by the
+   prefill instance), seeded sampling reproducible; once idle no KV block held anywhere, no
+   transfer parked, one transfer completed per request that went on to decode.
+   The same with MTP speculation (k = 2) on both sides.
+2. The parts started separately (`instance --role prefill`, `instance --role decode` with a KV
+   cache that holds one request at a time, `gateway --instances A,B`): 6 concurrent requests
+   all complete exactly (the decode side's backpressure deferred handoffs, nothing dropped);
+   then the decode instance's device process is killed mid-stream: its requests fail with 503
+   instance_failed, the prefill side frees the parked KV at --kv-transfer-timeout, and the
+   gateway serves new requests whole on the prefill instance.
+"""
+import argparse
+import concurrent.futures
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from serve_e2e_test import descendants, free_port, http, metric, wait_healthy  # noqa: E402
+
+PROMPTS = ["In the beginning", "And God said", "The LORD is my shepherd", "Blessed is the man",
+           "And it came to pass", "Now the serpent"]
+LONG = ("In the beginning God created the heaven and the earth. And the earth was without "
+        "form, and void; and darkness was upon the face of the deep. And the Spirit of God "
+        "moved upon the face of the waters.")
+MAX_TOKENS = 32
+EOS_PROMPT = "Blessed is the man"
+
+failures = []
+
+
+def check(cond, what):
+    if not cond:
+        failures.append(what)
+        print(f"FAILED: {what}", file=sys.stderr)
+
+
+def generate(args, prompt, max_tokens, ignore_eos=True):
+    cmd = [args.xdeepserve, "generate", "--model", args.model, "--prompt", prompt,
+           "--max-tokens", str(max_tokens), "--temperature", "0", "--threads", "1"]
+    if ignore_eos:
+        cmd.append("--ignore-eos")
+    g = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    check(g.returncode == 0, f"generate: {g.stderr[-300:]}")
+    return g.stdout[:-1] if g.stdout.endswith("\n") else g.stdout
+
+
+def sum_metric(text, name):
+    """Sum of a per-group gauge over every group line."""
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+class Client:
+    def __init__(self, base):
+        self.base = base
+
+    def complete(self, expect=200, **body):
+        status, text, _ = http("POST", self.base + "/v1/completions", body=body, timeout=600)
+        check(status == expect, f"completion {body}: {status} {text[:300]}")
+        return json.loads(text) if status == 200 else {"choices": [{}], "usage": {}, "raw": text}
+
+    def stream(self, **body):
+        body["stream"] = True
+        req = urllib.request.Request(self.base + "/v1/completions",
+                                     data=json.dumps(body).encode(), method="POST")
+        req.add_header("Content-Type", "application/json")
+        text, finish, error = "", None, None
+        with urllib.request.urlopen(req, timeout=600) as r:
+            for line in r:
+                line = line.decode().strip()
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                event = json.loads(line[6:])
+                if "error" in event:
+                    error = event["error"]
+                for c in event.get("choices", []):
+                    text += c.get("text", "")
+                    finish = c.get("finish_reason") or finish
+        return text, finish, error
+
+    def metrics(self):
+        return http("GET", self.base + "/metrics")[1]
+
+
+def stop_process(proc, what, expect_ok=True):
+    proc.terminate()
+    try:
+        out, _ = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, _ = proc.communicate()
+    if expect_ok:
+        check(proc.returncode == 0, f"{what} exit {proc.returncode}: {(out or '')[-800:]}")
+
+
+def wait_idle(c, what, transfers=None):
+    """Waits until every group reports no KV in use, nothing parked and, when given, that many
+    transfers completed: the groups' load reports reach the gateway each on its own schedule,
+    so a decode side's idle report can arrive before the prefill side's last one."""
+    deadline = time.time() + 20
+    while True:
+        text = c.metrics()
+        used = sum_metric(text, "xdeepserve_kv_cache_usage_ratio")
+        parked = sum_metric(text, "xdeepserve_kv_transfers_parked")
+        running = metric(text, "xdeepserve_requests_running")
+        done = sum_metric(text, "xdeepserve_kv_transfers_completed")
+        if (used == 0 and parked == 0 and running == 0 and
+                (transfers is None or done == transfers)) or time.time() > deadline:
+            check(used == 0, f"{what}: KV blocks still held once idle ({used})")
+            check(parked == 0, f"{what}: transfers still parked once idle ({parked})")
+            check(running == 0, f"{what}: requests running once idle")
+            return text
+        time.sleep(0.3)
+
+
+def check_combined(args, refs, k):
+    port, iport = free_port(), free_port()
+    base = f"http://127.0.0.1:{port}"
+    cmd = [args.xdeepserve, "serve", "--model", args.model, "--port", str(port),
+           "--instance-port", str(iport), "--prefill-instances", "1", "--decode-instances", "1",
+           "--kv-memory", "16M", "--threads-per-device", "1", "--compute-dtype", "f32"]
+    if k:
+        cmd += ["--speculative-tokens", str(k)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    what = f"serve P/D k={k}"
+    c = Client(base)
+    try:
+        if not wait_healthy(base, proc):
+            check(False, f"{what}: not healthy")
+            return
+        greedy = {"temperature": 0, "ignore_eos": True}
+        handed = 0
+
+        def ask(p):
+            return p, c.complete(prompt=p, max_tokens=MAX_TOKENS, **greedy)
+
+        with concurrent.futures.ThreadPoolExecutor(len(PROMPTS)) as pool:
+            for p, r in pool.map(ask, PROMPTS):
+                check(r["choices"][0].get("text") == refs["ref"][p],
+                      f"{what} {p!r}: {r['choices'][0].get('text')!r} != {refs['ref'][p]!r}")
+        handed += len(PROMPTS)
+        if k:  # the concurrent outputs are the point of the speculative run
+            text = wait_idle(c, what, handed)
+            check(sum_metric(text, "xdeepserve_kv_transfers_completed") == handed,
+                  f"{what}: transfers completed {sum_metric(text, 'xdeepserve_kv_transfers_completed')}"
+                  f" != {handed}")
+            return
+
+        cached = []
+        for _ in range(2):
+            r = c.complete(prompt=LONG, max_tokens=MAX_TOKENS, **greedy)
+            check(r["choices"][0].get("text") == refs["long"],
+                  f"{what} long prompt: {r['choices'][0].get('text')!r}")
+            cached.append(r["usage"].get("prompt_tokens_details", {}).get("cached_tokens", 0))
+            handed += 1
+        check(cached[0] == 0 and cached[1] >= 16, f"{what}: cached prompt tokens {cached}")
+
+        text, finish, _ = c.stream(prompt=PROMPTS[0], max_tokens=MAX_TOKENS, **greedy)
+        check(text == refs["ref"][PROMPTS[0]] and finish == "length",
+              f"{what} streamed: {text!r} {finish}")
+        handed += 1
+
+        before = sum_metric(wait_idle(c, what, handed), "xdeepserve_kv_transfers_completed")
+        r = c.complete(prompt=PROMPTS[1], max_tokens=1, **greedy)
+        check(r["choices"][0].get("text") == refs["len"][1] and
+              r["usage"].get("completion_tokens") == 1, f"{what} max_tokens 1: {r}")
+        time.sleep(0.5)  # a transfer, were there one, would be reported by now
+        after = sum_metric(wait_idle(c, what), "xdeepserve_kv_transfers_completed")
+        check(after == before, f"{what}: a request finished on its first token was transferred")
+        for m in (2, 5):
+            r = c.complete(prompt=PROMPTS[1], max_tokens=m, **greedy)
+            check(r["choices"][0].get("text") == refs["len"][m] and
+                  r["usage"].get("completion_tokens") == m, f"{what} max_tokens {m}: {r}")
+            handed += 1
+
+        full = refs["ref"][PROMPTS[2]]
+        stop = full[len(full) // 2:len(full) // 2 + 5]
+        r = c.complete(prompt=PROMPTS[2], max_tokens=MAX_TOKENS, stop=[stop], **greedy)
+        ch = r["choices"][0]
+        check(ch.get("text") == full[:full.index(stop)] and ch.get("finish_reason") == "stop",
+              f"{what} stop {stop!r}: {ch.get('text')!r} {ch.get('finish_reason')}")
+        handed += 1
+
+        r = c.complete(prompt=EOS_PROMPT, max_tokens=200, temperature=0)
+        ch = r["choices"][0]
+        check(ch.get("text") == refs["eos"] and ch.get("finish_reason") == "stop",
+              f"{what} eos: {ch.get('text')!r} {ch.get('finish_reason')}")
+        handed += 1
+
+        sampled = {"prompt": PROMPTS[3], "max_tokens": 24, "temperature": 0.8, "seed": 7,
+                   "ignore_eos": True}
+        a, b = c.complete(**sampled), c.complete(**sampled)
+        check(a["choices"][0].get("text") == b["choices"][0].get("text") and
+              a["usage"].get("completion_tokens") == 24, f"{what}: seeded sampling differs")
+        handed += 2
+        r = c.complete(n=2, **sampled)
+        check(len(r["choices"]) == 2 and r["usage"].get("completion_tokens") == 48,
+              f"{what} n=2: {r['usage']}")
+
+        text = wait_idle(c, what, handed)
+        print(f"{what}: {handed} transfers, "
+              f"{sum_metric(text, 'xdeepserve_kv_pulled_bytes'):.0f} KV bytes pulled")
+        check(sum_metric(text, "xdeepserve_kv_transfers_completed") == handed,
+              f"{what}: transfers completed "
+              f"{sum_metric(text, 'xdeepserve_kv_transfers_completed')} != {handed}")
+        check(sum_metric(text, "xdeepserve_kv_pulled_bytes") > 0, f"{what}: no KV bytes pulled")
+        check(sum_metric(text, "xdeepserve_kv_transfers_expired") == 0,
+              f"{what}: transfers expired")
+    finally:
+        stop_process(proc, what)
+
+
+def check_separate(args, refs):
+    pport, dport, gport = free_port(), free_port(), free_port()
+    common = ["--model", args.model, "--threads-per-device", "1", "--compute-dtype", "f32",
+              "--kv-transfer-timeout", "2"]
+    prefill = subprocess.Popen(
+        [args.xdeepserve, "instance", "--role", "prefill", "--listen",
+         f"tcp://127.0.0.1:{pport}", "--kv-memory", "16M"] + common,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # One request of <= 48 tokens at a time: 2 blocks of 16 tokens and a spare.
+    decode = subprocess.Popen(
+        [args.xdeepserve, "instance", "--role", "decode", "--listen",
+         f"tcp://127.0.0.1:{dport}", "--kv-memory", "140K", "--max-model-len", "64"] + common,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    gateway = subprocess.Popen(
+        [args.xdeepserve, "gateway", "--model", args.model, "--port", str(gport),
+         "--max-model-len", "64",
+         "--instances", f"tcp://127.0.0.1:{pport},tcp://127.0.0.1:{dport}"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    base = f"http://127.0.0.1:{gport}"
+    c = Client(base)
+    what = "separate parts"
+    try:
+        if not wait_healthy(base, gateway):
+            check(False, f"{what}: not healthy")
+            return
+        greedy = {"temperature": 0, "ignore_eos": True}
+
+        def ask(p):
+            return p, c.complete(prompt=p, max_tokens=MAX_TOKENS, **greedy)
+
+        with concurrent.futures.ThreadPoolExecutor(len(PROMPTS)) as pool:
+            for p, r in pool.map(ask, PROMPTS):
+                check(r["choices"][0].get("text") == refs["ref"][p],
+                      f"{what} {p!r}: {r['choices'][0].get('text')!r}")
+        text = wait_idle(c, what, len(PROMPTS))
+        print(f"{what}: handoffs deferred {metric(text, 'xdeepserve_kv_handoffs_deferred')}, "
+              f"transfers completed {sum_metric(text, 'xdeepserve_kv_transfers_completed')}")
+        check(metric(text, "xdeepserve_kv_handoffs_deferred") > 0,
+              f"{what}: the decode side never deferred a handoff (its KV holds one request)")
+        check(sum_metric(text, "xdeepserve_kv_transfers_completed") == len(PROMPTS),
+              f"{what}: transfers completed {sum_metric(text, 'xdeepserve_kv_transfers_completed')}")
+
+        # The decode instance's device process dies with a handoff placed on it: frozen first
+        # (so the handoff is certainly parked on the prefill side), then killed.
+        victims = [pid for pid in descendants(decode.pid)
+                   if open(f"/proc/{pid}/comm").read().strip() == "xds-dp0"]
+        check(len(victims) == 1, f"{what}: decode device processes {victims}")
+        if not victims:
+            return
+        os.kill(victims[0], signal.SIGSTOP)
+        result = {}
+
+        def long_stream():
+            result["r"] = c.stream(prompt=PROMPTS[1], max_tokens=MAX_TOKENS, **greedy)
+
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            fut = pool.submit(long_stream)
+            deadline = time.time() + 20
+            while time.time() < deadline:
+                if sum_metric(c.metrics(), "xdeepserve_kv_transfers_parked") >= 1:
+                    break
+                time.sleep(0.1)
+            check(sum_metric(c.metrics(), "xdeepserve_kv_transfers_parked") >= 1,
+                  f"{what}: the handoff never parked on the prefill side")
+            os.kill(victims[0], signal.SIGKILL)
+            fut.result(timeout=60)
+        text, finish, error = result["r"]
+        print(f"{what}: decode device killed: first token {text!r}, error {error}")
+        check(error is not None and error.get("code") == "instance_failed",
+              f"{what}: after the decode device died: finish {finish}, error {error}")
+        check(text == refs["len"][1], f"{what}: the first token {text!r} (prefill side) "
+              f"!= {refs['len'][1]!r}")
+        # Served whole by the prefill instance now, exactly.
+        r = c.complete(prompt=PROMPTS[5], max_tokens=MAX_TOKENS, **greedy)
+        check(r["choices"][0].get("text") == refs["ref"][PROMPTS[5]],
+              f"{what}: after the decode instance failed: {r['choices'][0].get('text')!r}")
+        time.sleep(3)  # past --kv-transfer-timeout
+        text = c.metrics()
+        check(sum_metric(text, "xdeepserve_kv_transfers_parked") == 0,
+              f"{what}: KV still parked after the decode instance died")
+    finally:
+        stop_process(gateway, "gateway")
+        stop_process(decode, "decode instance", expect_ok=False)
+        stop_process(prefill, "prefill instance")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--xdeepserve", required=True)
+    ap.add_argument("--model", required=True)
+    args = ap.parse_args()
+    refs = {"ref": {p: generate(args, p, MAX_TOKENS) for p in PROMPTS},
+            "long": generate(args, LONG, MAX_TOKENS),
+            "len": {m: generate(args, PROMPTS[1], m) for m in (1, 2, 5)},
+            "eos": generate(args, EOS_PROMPT, 200, ignore_eos=False)}
+    check(len(refs["eos"]) < len(generate(args, EOS_PROMPT, 200)),
+          "the EOS prompt's reference does not stop at EOS")
+    check_combined(args, refs, 0)
+    check_combined(args, refs, 2)
+    check_separate(args, refs)
+    if failures:
+        print(f"{len(failures)} check(s) failed", file=sys.stderr)
+        return 1
+    print("serve P/D: all checks passed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
