@@ -72,6 +72,7 @@ struct GatewayArgs {
   std::string reasoning_parser;
   std::string tool_call_parser;
   int64_t max_queue = 1024;
+  int64_t long_prompt_tokens = 2048;
 };
 
 void add_engine_flags(CLI::App* cmd, EngineArgs& a) {
@@ -133,6 +134,10 @@ void add_gateway_flags(CLI::App* cmd, GatewayArgs& a) {
                   "Parse tool calls: deepseek_v3 or qwen3");
   cmd->add_option("--max-queue", a.max_queue, "Waiting requests before 503")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
+  cmd->add_option("--long-prompt-tokens", a.long_prompt_tokens,
+                  "Several instances: prompts of this many tokens or more are long, and the "
+                  "gateway keeps them off instances prefilling short ones (and the reverse)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
 }
 
 Result<serve::InstanceOptions> instance_options(const EngineArgs& a, const std::string& listen) {
@@ -178,6 +183,7 @@ serve::GatewayOptions gateway_options(const GatewayArgs& a, const std::string& m
   o.instances = instances;
   o.max_model_len = max_model_len;
   o.max_queue = a.max_queue;
+  o.long_prompt_tokens = a.long_prompt_tokens;
   o.reasoning_parser = a.reasoning_parser;
   o.tool_call_parser = a.tool_call_parser;
   return o;

@@ -113,6 +113,8 @@ class DpGroup {
   Status fork_choices(Sequence& parent);
   void send_tokens();
   void send_load(bool force);
+  // The prefix cache's block-hash events since the last call, to the shell (kBlocks).
+  void send_cache_events();
   void report_eplb(std::optional<EplbReport> r);
   void remove_from(std::vector<Sequence*>& list, const Sequence* s);
 
@@ -179,6 +181,7 @@ class DpGroup {
   std::vector<Sequence*> samplers_;
   StepOutput out_;
   std::vector<TokenDelta> deltas_;
+  PrefixCache::Events cache_events_;
 };
 
 Status DpGroup::init() {
@@ -236,6 +239,7 @@ Status DpGroup::init() {
   ko.mtp_drop_last_hit = drafter_.has_value();
   XDS_ASSIGN_OR_RETURN(KvManager kv, KvManager::create(ko));
   kv_.emplace(std::move(kv));
+  kv_->record_cache_events(o_.prefix_cache);
 
   if (fabric_.world_size() > 1) {
     XDS_ASSIGN_OR_RETURN(transport_, xccl::make_transport("shm", fabric_));
@@ -849,6 +853,17 @@ void DpGroup::send_tokens() {
   if (!st.ok()) XDS_LOG_WARN("DP group {}: {}", fabric_.rank(), st.message());
 }
 
+void DpGroup::send_cache_events() {
+  kv_->take_cache_events(cache_events_);
+  if (cache_events_.added.empty() && cache_events_.removed.empty()) return;
+  Message m;
+  m.kind = MessageKind::kBlocks;
+  m.group = fabric_.rank();
+  m.blocks_added = cache_events_.added;
+  m.blocks_removed = cache_events_.removed;
+  (void)send_message(shell_, m, /*dontwait=*/true);
+}
+
 void DpGroup::report_eplb(std::optional<EplbReport> r) {
   if (!r) return;
   Message m;
@@ -1006,6 +1021,7 @@ Status DpGroup::run() {
     last_batch_ = static_cast<double>(plan_.chunks.size());
     send_tokens();
     send_load(/*force=*/false);
+    send_cache_events();
   }
 }
 

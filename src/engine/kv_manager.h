@@ -97,6 +97,9 @@ class KvManager {
   int64_t available() const { return alloc_.free_count() + cache_.evictable_count(); }
   KvUsage usage() const;
   const PrefixCache& prefix_cache() const { return cache_; }
+  // The prefix cache's block-hash events (PrefixCache::record_events).
+  void record_cache_events(bool on) { cache_.record_events(on); }
+  void take_cache_events(PrefixCache::Events& out) { cache_.take_events(out); }
   const BlockAllocator& allocator() const { return alloc_; }
 
   // Aborts (XDS_CHECK) unless every block's refcount equals the number of tables holding it

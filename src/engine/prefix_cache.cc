@@ -145,6 +145,7 @@ bool PrefixCache::insert(BlockAllocator& alloc, int32_t b, uint64_t parent, uint
   hash_index_[b] = static_cast<int64_t>(i);
   std::copy(tokens.begin(), tokens.end(), tokens_.begin() + static_cast<int64_t>(b) * block_size_);
   ++cached_;
+  if (recording_) events_.added.push_back(hash);
   return true;
 }
 
@@ -160,9 +161,24 @@ bool PrefixCache::evict_one(BlockAllocator& alloc) {
   erase_slot(hash_index_[b]);
   hash_index_[b] = -1;
   --cached_;
+  if (recording_) events_.removed.push_back(hash_[b]);
   const int32_t left = alloc.unref(b);
   XDS_CHECK(left == 0, "evicted block {} still has {} holders", b, left);
   return true;
+}
+
+void PrefixCache::record_events(bool on) {
+  recording_ = on;
+  events_.added.reserve(hash_.size());
+  events_.removed.reserve(hash_.size());
+}
+
+void PrefixCache::take_events(Events& out) {
+  out.added.clear();
+  out.removed.clear();
+  std::swap(out, events_);
+  events_.added.reserve(hash_.size());
+  events_.removed.reserve(hash_.size());
 }
 
 void PrefixCache::check_invariants(const BlockAllocator& alloc) const {

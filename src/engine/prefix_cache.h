@@ -78,6 +78,17 @@ class PrefixCache {
   // Frees the least recently used evictable block; false when none is evictable.
   bool evict_one(BlockAllocator& alloc);
 
+  // Block-hash events (P096: the gateway routes by what each instance has cached): with
+  // recording on, every insert appends its chain hash to `added` and every eviction to
+  // `removed`, until the owner takes them. Off by default; the vectors are reserved for
+  // num_blocks entries each, so a step's events allocate nothing.
+  struct Events {
+    std::vector<uint64_t> added, removed;
+  };
+  void record_events(bool on);
+  // Moves the events out (the owner sends them), leaving empty reserved vectors.
+  void take_events(Events& out);
+
   bool cached(int32_t b) const { return hash_index_[b] >= 0; }
   int64_t cached_count() const { return cached_; }       // blocks the cache references
   int64_t evictable_count() const { return lru_size_; }  // of those, held by nothing else
@@ -111,6 +122,8 @@ class PrefixCache {
   int64_t lru_size_ = 0;
   int64_t cached_ = 0;
   int64_t hits_ = 0, queries_ = 0;
+  bool recording_ = false;
+  Events events_;
 };
 
 }  // namespace xds::engine

@@ -16,6 +16,8 @@ std::string encode(const Message& m) {
   if (m.index >= 0) j["index"] = m.index;
   if (m.eplb) j["eplb"] = *m.eplb;
   if (m.eplb_report) j["eplb_report"] = *m.eplb_report;
+  if (!m.blocks_added.empty()) j["blocks_added"] = m.blocks_added;
+  if (!m.blocks_removed.empty()) j["blocks_removed"] = m.blocks_removed;
   const std::vector<uint8_t> bytes = nlohmann::json::to_msgpack(j);
   return std::string(bytes.begin(), bytes.end());
 }
@@ -31,7 +33,7 @@ Result<Message> decode(const void* data, size_t size) {
   try {
     const int kind = j.at("kind").get<int>();
     if (kind < static_cast<int>(MessageKind::kRequest) ||
-        kind > static_cast<int>(MessageKind::kFailed)) {
+        kind > static_cast<int>(MessageKind::kBlocks)) {
       return invalid_argument("control message: unknown kind {}", kind);
     }
     m.kind = static_cast<MessageKind>(kind);
@@ -47,6 +49,10 @@ Result<Message> decode(const void* data, size_t size) {
     if (auto it = j.find("index"); it != j.end()) m.index = it->get<int32_t>();
     if (auto it = j.find("eplb"); it != j.end()) m.eplb = it->get<EplbCommand>();
     if (auto it = j.find("eplb_report"); it != j.end()) m.eplb_report = it->get<EplbReport>();
+    if (auto it = j.find("blocks_added"); it != j.end())
+      m.blocks_added = it->get<std::vector<uint64_t>>();
+    if (auto it = j.find("blocks_removed"); it != j.end())
+      m.blocks_removed = it->get<std::vector<uint64_t>>();
   } catch (const nlohmann::json::exception& e) {
     return invalid_argument("control message: {}", e.what());
   }

@@ -211,6 +211,7 @@ enum class MessageKind : uint8_t {
                   // shell -> gateway: the same request_id, index = HTTP status, text = JSON
                   // body (request_id empty: the shell's EPLB state pushed for /metrics)
   kFailed = 13,   // shell -> gateway: the instance cannot serve any more (text: why)
+  kBlocks = 14,   // DP group -> shell -> gateways: prefix-cache block-hash events (P096)
 };
 
 // The envelope. Exactly the fields of its kind are set.
@@ -227,6 +228,8 @@ struct Message {
   int32_t index = -1;                     // kCancel: the choice to stop (-1: every choice)
   std::optional<EplbCommand> eplb;        // kEplb, shell -> group
   std::optional<EplbReport> eplb_report;  // kEplb, group -> shell
+  std::vector<uint64_t> blocks_added;     // kBlocks: chain hashes now cached by `group`
+  std::vector<uint64_t> blocks_removed;   // kBlocks: chain hashes it evicted
 };
 
 // Stores `incoming` in `kept` (the same group's previous load), keeping kept's expert counts

@@ -18,6 +18,7 @@
 #include "model/registry.h"
 #include "serve/gateway_link.h"
 #include "serve/gateway_metrics.h"
+#include "serve/instance_routing.h"
 #include "serve/http_server.h"
 #include "serve/openai_api.h"
 #include "serve/shell.h"
@@ -62,6 +63,8 @@ struct Pending {
   bool queued = false;  // waits in the gateway's queue (rejected by the shell for now)
   bool decode_phase = false;  // the prefill instance handed it off (req.handoff)
   int32_t instance = -1;      // where it was last sent
+  int32_t prefilling_on = -1; // counted in that instance's in-flight prefills until a token
+  bool long_prompt = false;
   bool done = false;
 };
 
@@ -91,6 +94,8 @@ struct Gateway::Impl {
   struct InstanceView {
     std::string role;  // "" until the shell reports it
     std::vector<engine::GroupLoad> loads;
+    std::unordered_map<uint64_t, int32_t> cached;  // chain hash -> groups holding it (kBlocks)
+    int32_t long_inflight = 0, short_inflight = 0;  // prefills sent, first token not back
   };
   std::vector<InstanceView> instances;
   // Handoffs the decode instances could not take yet (P101): while any waits, no new request
@@ -105,6 +110,7 @@ struct Gateway::Impl {
   };
   std::unordered_map<std::string, Probe> probes;  // /health probes and /admin calls in flight
   std::string failure;  // the instance failed (kFailed): why
+  InstanceRoutingPolicy routing;
   std::string eplb_metrics;  // the shell's EPLB lines for /metrics (pushed about once a second)
 
   Status init();
@@ -113,6 +119,11 @@ struct Gateway::Impl {
   void on_message(int from, Message m);
   // The instance of `role` with the fewest requests per group (-1: none).
   int pick_instance(const std::string& role) const;
+  // instance_routing.h's choice among the instances of `role` for p's prompt (-1: none).
+  int route_instance(const std::string& role, const Pending& p) const;
+  // p's prefill is over (first token, failure or cancel): uncount it where it was sent.
+  void end_prefill(Pending& p);
+  double instance_load(const InstanceView& v) const;
   bool disaggregated() const;
   void on_output(const OutputDelta& d);
   void on_rejected(const Message& m);
@@ -176,6 +187,7 @@ Status Gateway::Impl::init() {
   http = std::make_unique<HttpServer>(ho);
   routes();
   instances.resize(o.instances.size());
+  routing.long_prompt_tokens = o.long_prompt_tokens;
   XDS_ASSIGN_OR_RETURN(link, GatewayLink::start(o.instances, fmt::format("tcp://{}:0", o.output_host),
                                                 [this](int from, Message m) {
                                                   on_message(from, std::move(m));
@@ -235,6 +247,14 @@ void Gateway::Impl::routes() {
             "# TYPE xdeepserve_kv_handoffs_waiting gauge\n"
             "xdeepserve_kv_handoffs_waiting {}\n",
             handoffs_deferred, handoff_queue.size());
+        out.body +=
+            "# HELP xdeepserve_gateway_cached_blocks Prefix-cache blocks the gateway knows each "
+            "instance holds (from its block-hash events), for cache-aware routing.\n"
+            "# TYPE xdeepserve_gateway_cached_blocks gauge\n";
+        for (size_t i = 0; i < instances.size(); ++i) {
+          out.body += fmt::format("xdeepserve_gateway_cached_blocks{{instance=\"{}\"}} {}\n", i,
+                                  instances[i].cached.size());
+        }
       }
     }
     resp.send(std::move(out));
@@ -407,6 +427,7 @@ void Gateway::Impl::on_completion(HttpRequest r, Responder responder, bool chat)
     std::unique_lock<std::mutex> lock(mu);
     if (p->done) return;
     p->done = true;
+    end_prefill(*p);
     live.erase(p->req.id);
     queue.erase(std::remove(queue.begin(), queue.end(), p->req.id), queue.end());
     handoff_queue.erase(std::remove(handoff_queue.begin(), handoff_queue.end(), p->req.id),
@@ -436,15 +457,44 @@ bool Gateway::Impl::disaggregated() const {
   return prefill && decode;
 }
 
+double Gateway::Impl::instance_load(const InstanceView& v) const {
+  double load = 0;
+  for (const engine::GroupLoad& g : v.loads) load += g.running + g.waiting + g.kv_parked;
+  return load / static_cast<double>(std::max<size_t>(1, v.loads.size()));
+}
+
+int Gateway::Impl::route_instance(const std::string& role, const Pending& p) const {
+  std::vector<InstanceCandidate> c;
+  std::vector<uint64_t> chain;
+  for (size_t i = 0; i < instances.size(); ++i) {
+    const InstanceView& v = instances[i];
+    if (v.role != role) continue;
+    if (chain.empty() && !v.loads.empty())
+      chain = prompt_block_hashes(p.req.prompt, v.loads.front().block_size);
+    // Prefills sent and not started count as load before the instance reports them.
+    const double sent = static_cast<double>(v.long_inflight + v.short_inflight) /
+                        static_cast<double>(std::max<size_t>(1, v.loads.size()));
+    c.push_back({static_cast<int32_t>(i), instance_load(v) + sent, leading_hits(chain, v.cached),
+                 v.long_inflight, v.short_inflight});
+  }
+  const int32_t k = route_to_instance(c, static_cast<int64_t>(p.req.prompt.size()), routing);
+  return k < 0 ? -1 : c[static_cast<size_t>(k)].index;
+}
+
+void Gateway::Impl::end_prefill(Pending& p) {
+  if (p.prefilling_on < 0) return;
+  InstanceView& v = instances[static_cast<size_t>(p.prefilling_on)];
+  (p.long_prompt ? v.long_inflight : v.short_inflight) -= 1;
+  p.prefilling_on = -1;
+}
+
 int Gateway::Impl::pick_instance(const std::string& role) const {
   int best = -1;
   double best_load = 0;
   for (size_t i = 0; i < instances.size(); ++i) {
     const InstanceView& v = instances[i];
     if (v.role != role) continue;
-    double load = 0;
-    for (const engine::GroupLoad& g : v.loads) load += g.running + g.waiting + g.kv_parked;
-    load /= std::max<size_t>(1, v.loads.size());
+    const double load = instance_load(v);
     if (best < 0 || load < best_load) {
       best = static_cast<int>(i);
       best_load = load;
@@ -479,18 +529,25 @@ void Gateway::Impl::submit(const std::shared_ptr<Pending>& p) {
           queue.push_back(p->req.id);
           return;
         }
-        to = pick_instance("prefill");
+        to = route_instance("prefill", *p);
         p->req.phase = static_cast<int32_t>(engine::RequestPhase::kPrefillOnly);
       } else {
         // Colocated, or what is left of a disaggregated deployment: any instance runs a
         // whole request.
         p->req.phase = static_cast<int32_t>(engine::RequestPhase::kWhole);
         for (const char* role : {"colocated", "decode", "prefill"}) {
-          to = pick_instance(role);
+          to = route_instance(role, *p);
           if (to >= 0) break;
         }
       }
       if (to < 0) to = 0;  // roles not reported yet
+      if (!p->decode_phase && p->prefilling_on < 0) {
+        p->long_prompt =
+            static_cast<int64_t>(p->req.prompt.size()) >= routing.long_prompt_tokens;
+        p->prefilling_on = to;
+        (p->long_prompt ? instances[static_cast<size_t>(to)].long_inflight
+                        : instances[static_cast<size_t>(to)].short_inflight) += 1;
+      }
     }
     p->instance = to;
     m.request = p->req;
@@ -505,6 +562,17 @@ void Gateway::Impl::on_message(int from, Message m) {
     instances[static_cast<size_t>(from)].role = m.text;
   }
   switch (m.kind) {
+    case MessageKind::kBlocks: {
+      if (from < 0) break;
+      std::lock_guard<std::mutex> lock(mu);
+      auto& cached = instances[static_cast<size_t>(from)].cached;
+      for (uint64_t h : m.blocks_added) cached[h] += 1;
+      for (uint64_t h : m.blocks_removed) {
+        auto it = cached.find(h);
+        if (it != cached.end() && --it->second <= 0) cached.erase(it);
+      }
+      break;
+    }
     case MessageKind::kOutput:
       for (const OutputDelta& d : m.outputs) on_output(d);
       break;
@@ -609,6 +677,7 @@ void Gateway::Impl::on_instance_failed(int from, const std::string& why) {
       std::lock_guard<std::mutex> lock(mu);
       instances[static_cast<size_t>(from)].role = "failed";
       instances[static_cast<size_t>(from)].loads.clear();
+      instances[static_cast<size_t>(from)].cached.clear();
       for (const InstanceView& v : instances) any_left = any_left || v.role != "failed";
       for (auto it = live.begin(); it != live.end();) {
         const std::shared_ptr<Pending>& p = it->second;
@@ -624,6 +693,7 @@ void Gateway::Impl::on_instance_failed(int from, const std::string& why) {
           continue;
         }
         p->done = true;
+        end_prefill(*p);
         failed.push_back(p);
         handoff_queue.erase(std::remove(handoff_queue.begin(), handoff_queue.end(), it->first),
                             handoff_queue.end());
@@ -684,6 +754,7 @@ void Gateway::Impl::on_rejected(const Message& m) {
     }
     return;
   }
+  end_prefill(*p);
   const bool was_head = !queue.empty() && queue.front() == p->req.id;
   if (was_head) retry_in_flight = false;
   if (m.text.rfind(kRejectNever, 0) == 0) {
@@ -735,6 +806,7 @@ void Gateway::Impl::on_output(const OutputDelta& d) {
     handoff_queue.pop_front();  // a decode group took it
     handoff_retry_in_flight = false;
   }
+  end_prefill(*p);
   const int64_t now = now_ns();
   if (!d.token_ids.empty()) {
     if (p->first_token_ns == 0) {

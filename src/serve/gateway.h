@@ -37,6 +37,9 @@ struct GatewayOptions {
   std::string output_host = "127.0.0.1";  // where output processes reach this gateway
   int64_t max_model_len = 0;      // 0: the model's max_position_embeddings
   int64_t max_queue = 1024;       // waiting requests before 503
+  // Several instances: prompts this long or longer are "long" for length-aware routing
+  // (serve/instance_routing.h).
+  int64_t long_prompt_tokens = 2048;
   std::string reasoning_parser;   // "" or deepseek_r1 / qwen3
   std::string tool_call_parser;   // "" or deepseek_v3 / qwen3
   int io_threads = 2;

@@ -218,6 +218,9 @@ Status Shell::run() {
         }
         break;
       }
+      case MessageKind::kBlocks:  // prefix-cache events: the gateways route by them (P096)
+        for (const auto& [identity, seen] : gateways) to_gateway(identity, m);
+        break;
       case MessageKind::kCancel:  // an output process saw a stop string
         to_groups(m);
         break;

@@ -10,6 +10,7 @@
 //   output processes ──kCancel (a stop string matched)──▶ shell ──▶ every group
 //           ◀─kFailed────       (a device process died: every gateway fails its requests)
 //   a sleeping group that holds work ──kWake──▶ shell ──kWake(new seq)──▶ every group
+//   each group ──kBlocks (prefix-cache block-hash events)──▶ shell ──▶ every gateway
 //           ──kAdmin─────▶ (GET /admin/eplb, POST /admin/eplb/rebalance) ─▶ kAdmin answer
 //           ◀─kAdmin──────  (no request id: EPLB metrics, about once a second)
 //   EPLB (serve/eplb_control.h): ──kEplb command──▶ every group (then a kWake);

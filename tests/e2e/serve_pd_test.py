@@ -227,6 +227,40 @@ def check_combined(args, refs, k):
         stop_process(proc, what)
 
 
+def check_two_prefill(args, refs):
+    """Two prefill instances: the gateway learns what each caches from its block-hash events
+    and sends a repeated prompt where its blocks are."""
+    port, iport = free_port(), free_port()
+    base = f"http://127.0.0.1:{port}"
+    proc = subprocess.Popen(
+        [args.xdeepserve, "serve", "--model", args.model, "--port", str(port), "--instance-port",
+         str(iport), "--prefill-instances", "2", "--decode-instances", "1", "--kv-memory", "16M",
+         "--threads-per-device", "1", "--compute-dtype", "f32"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    what = "two prefill instances"
+    c = Client(base)
+    try:
+        if not wait_healthy(base, proc):
+            check(False, f"{what}: not healthy")
+            return
+        greedy = {"temperature": 0, "ignore_eos": True}
+        for attempt in range(3):
+            r = c.complete(prompt=LONG, max_tokens=MAX_TOKENS, **greedy)
+            check(r["choices"][0].get("text") == refs["long"], f"{what}: long prompt output")
+            cached = r["usage"].get("prompt_tokens_details", {}).get("cached_tokens", 0)
+            check((cached == 0) == (attempt == 0), f"{what}: run {attempt} cached {cached}")
+            if attempt == 0:
+                time.sleep(0.5)  # the block events reach the gateway
+                text = c.metrics()
+                known = [metric(text, f'xdeepserve_gateway_cached_blocks{{instance="{i}"}}')
+                         for i in range(3)]
+                print(f"{what}: blocks the gateway knows per instance {known}")
+                check(sum(1 for k in known[:2] if k >= 2) == 1,
+                      f"{what}: one prefill instance should hold the prompt's blocks: {known}")
+    finally:
+        stop_process(proc, what)
+
+
 def check_separate(args, refs):
     pport, dport, gport = free_port(), free_port(), free_port()
     common = ["--model", args.model, "--threads-per-device", "1", "--compute-dtype", "f32",
@@ -326,6 +360,7 @@ def main():
           "the EOS prompt's reference does not stop at EOS")
     check_combined(args, refs, 0)
     check_combined(args, refs, 2)
+    check_two_prefill(args, refs)
     check_separate(args, refs)
     if failures:
         print(f"{len(failures)} check(s) failed", file=sys.stderr)

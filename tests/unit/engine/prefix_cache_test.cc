@@ -129,6 +129,41 @@ TEST(PrefixCache, ReleasedBlocksAreEvictedLeastRecentlyUsedFirst) {
   alloc.check_invariants();
 }
 
+// The gateway's view of a cache (P096): every insert and every eviction, by chain hash, only
+// while recording; a duplicate insert is no event.
+TEST(PrefixCache, EventsNameEveryCachedAndEvictedChainHash) {
+  BlockAllocator alloc(4);
+  PrefixCache cache({.num_blocks = 4, .block_size = kBs});
+  const auto a = iota_tokens(8, 0);
+  const uint64_t h0 = PrefixCache::block_hash(PrefixCache::kRootHash, block_of(a, 0));
+  const uint64_t h1 = PrefixCache::block_hash(h0, block_of(a, 1));
+  prefill_and_cache(alloc, cache, iota_tokens(4, 900));  // before recording: no event
+  cache.record_events(true);
+  const auto t = prefill_and_cache(alloc, cache, a);
+  const int32_t extra = alloc.allocate().value();
+  EXPECT_FALSE(cache.insert(alloc, extra, PrefixCache::kRootHash, h0, block_of(a, 0)));
+  PrefixCache::Events ev;
+  cache.take_events(ev);
+  EXPECT_EQ(ev.added, (std::vector<uint64_t>{h0, h1}));
+  EXPECT_TRUE(ev.removed.empty());
+  cache.take_events(ev);
+  EXPECT_TRUE(ev.added.empty());
+  // a released last block first: evicted 1 (h1), then 0 (h0); the first block (900..903)
+  // is still held.
+  cache.release(alloc, t[1]);
+  cache.release(alloc, t[0]);
+  ASSERT_TRUE(cache.evict_one(alloc));
+  ASSERT_TRUE(cache.evict_one(alloc));
+  cache.take_events(ev);
+  EXPECT_TRUE(ev.added.empty());
+  EXPECT_EQ(ev.removed, (std::vector<uint64_t>{h1, h0}));
+  cache.record_events(false);
+  cache.release(alloc, 0);
+  ASSERT_TRUE(cache.evict_one(alloc));
+  cache.take_events(ev);
+  EXPECT_TRUE(ev.removed.empty());
+}
+
 TEST(PrefixCache, BlocksInUseAreNeverEvicted) {
   BlockAllocator alloc(4);
   PrefixCache cache({.num_blocks = 4, .block_size = kBs});
