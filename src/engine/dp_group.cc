@@ -15,6 +15,7 @@
 #include "base/clock.h"
 #include "base/env.h"
 #include "base/log.h"
+#include "engine/cooperative_prefill.h"
 #include "engine/distflow.h"
 #include "engine/dp_group_state.h"
 #include "engine/eplb_agent.h"
@@ -81,8 +82,13 @@ class DpGroup {
   void cancel(const std::string& id, int32_t index);
 
   bool has_work() const {
-    return !running_.empty() || !waiting_.empty() || !preempted_.empty() || !awaiting_.empty();
+    return !running_.empty() || !waiting_.empty() || !preempted_.empty() || !awaiting_.empty() ||
+           !pool_.empty();
   }
+  // Cooperative prefill: the pool state all-gathered after the step header, the same
+  // assignment on every group; this group's requests leave the pool for its waiting list.
+  // True when some request was assigned anywhere.
+  Result<bool> cooperate();
   // DistFlow, every loop: links of decode groups that connect, completed transfers (their
   // parked sequences freed), transfers past the deadline (freed), then the awaiting handoffs
   // whose blocks fit pulled and started.
@@ -153,6 +159,9 @@ class DpGroup {
   std::unordered_map<int64_t, std::unique_ptr<Sequence>> seqs_;
   std::vector<Sequence*> running_, waiting_, preempted_;  // each sorted by arrival
   std::vector<Sequence*> awaiting_;                       // kAwaitingKv, arrival order
+  std::map<uint64_t, EngineRequest> pool_;                // cooperative prefill, by number
+  uint64_t pool_highest_ = 0;
+  std::vector<std::string> pool_cancelled_;  // ids cancelled while pooled (dropped when assigned)
   std::vector<Sequence*> handoffs_;                       // this step's first tokens to park
   std::unique_ptr<KvSender> sender_;                      // prefill role (export_kv)
   std::unique_ptr<KvReceiver> receiver_;                  // every group: decode phases
@@ -337,6 +346,12 @@ void DpGroup::on_message(Message m) {
 }
 
 void DpGroup::add_request(EngineRequest r) {
+  if (o_.cooperative_prefill && r.pool_number > 0) {
+    pool_highest_ = std::max(pool_highest_, r.pool_number);
+    const uint64_t n = r.pool_number;
+    pool_.emplace(n, std::move(r));
+    return;
+  }
   if (requests_.count(r.id)) {
     XDS_LOG_WARN("DP group {}: duplicate request id {}", fabric_.rank(), r.id);
     return;
@@ -376,6 +391,12 @@ void DpGroup::add_request(EngineRequest r) {
 }
 
 void DpGroup::cancel(const std::string& id, int32_t index) {
+  for (const auto& [n, r] : pool_) {
+    if (r.id == id) {  // still pooled: every group keeps it until the common assignment
+      pool_cancelled_.push_back(id);
+      return;
+    }
+  }
   auto it = requests_.find(id);
   if (it == requests_.end()) return;
   if (index < 0) it->second->cancelled = true;
@@ -783,6 +804,55 @@ Status DpGroup::admit_handoffs() {
   return {};
 }
 
+Result<bool> DpGroup::cooperate() {
+  PoolGroupState mine;
+  mine.highest = pool_highest_;
+  mine.free_blocks = kv_->available();
+  for (const Sequence* s : waiting_) mine.queued_tokens += s->target;
+  for (const Sequence* s : preempted_) mine.queued_tokens += s->target;
+  for (const Sequence* s : running_) mine.queued_tokens += std::max<int64_t>(0, s->target - s->computed);
+  int i = 0;
+  for (const auto& [n, r] : pool_) {
+    if (i == kPoolWindow) break;
+    const int64_t len = static_cast<int64_t>(r.prompt.size());
+    const auto hit = kv_->match_prefix(r.prompt, std::max<int64_t>(0, (len - 1) / o_.block_size));
+    mine.hits[static_cast<size_t>(i++)] = static_cast<uint16_t>(std::min<int64_t>(hit.blocks, 0xFFFF));
+  }
+  XDS_ASSIGN_OR_RETURN(std::span<const xccl::MailWords> words,
+                       sync_->exchange_words(kPoolStatePhase, pack_pool_state(mine)));
+  std::vector<PoolGroupState> groups;
+  uint64_t common = UINT64_MAX;
+  for (const xccl::MailWords& w : words) {
+    groups.push_back(unpack_pool_state(w));
+    common = std::min(common, groups.back().highest);
+  }
+  std::vector<PoolRequest> pending;
+  for (const auto& [n, r] : pool_) {
+    if (n > common || pending.size() == static_cast<size_t>(kPoolWindow)) break;
+    const int64_t len = static_cast<int64_t>(r.prompt.size());
+    pending.push_back({n, len, blocks_for(len + 1, o_.block_size)});
+  }
+  if (pending.empty()) return false;
+  const std::vector<int> owner = assign_pooled(pending, groups, o_.block_size);
+  bool any = false;
+  for (size_t k = 0; k < pending.size(); ++k) {
+    if (owner[k] < 0) break;
+    any = true;
+    auto it = pool_.find(pending[k].number);
+    EngineRequest r = std::move(it->second);
+    pool_.erase(it);
+    const auto c = std::find(pool_cancelled_.begin(), pool_cancelled_.end(), r.id);
+    const bool cancelled = c != pool_cancelled_.end();
+    if (cancelled) pool_cancelled_.erase(c);
+    if (owner[k] != fabric_.rank()) continue;
+    const std::string id = r.id;
+    r.pool_number = 0;
+    add_request(std::move(r));
+    if (cancelled) cancel(id, -1);
+  }
+  return any;
+}
+
 Status DpGroup::service_distflow() {
   if (sender_) {
     XDS_RETURN_IF_ERROR(sender_->accept_pending());
@@ -951,6 +1021,11 @@ Status DpGroup::run() {
       mine.busy = (has_work() && tokens == 0) || eplb_->busy();
       mine.map_version = eplb_->loaded_version();
       XDS_ASSIGN_OR_RETURN(decision, sync_->exchange(mine));
+      if (decision.action != StepAction::kAbort && o_.cooperative_prefill) {
+        XDS_ASSIGN_OR_RETURN(const bool assigned, cooperate());
+        // New work here or elsewhere: plan it at once instead of sleeping or stopping.
+        if (assigned && decision.action != StepAction::kRun) decision.action = StepAction::kSkip;
+      }
       if (decision.action != StepAction::kAbort) {  // EPLB: maps switch at this boundary
         XDS_ASSIGN_OR_RETURN(auto switched,
                              eplb_->at_step_boundary(decision.map_version, decision.step,

@@ -43,6 +43,10 @@ struct DpGroupOptions {
   // KV in a region they export to decode groups (link name distflow_link_name(shell pid,
   // group)); a parked transfer nobody completes in kv_transfer_timeout_ns is freed.
   bool export_kv = false;
+  // The single-level cooperative prefill scheduler (engine/cooperative_prefill.h): every
+  // request reaches every group and they assign them together each step (prefill instances
+  // with several groups).
+  bool cooperative_prefill = false;
   int64_t kv_transfer_timeout_ns = 60'000'000'000;
 };
 

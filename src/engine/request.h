@@ -78,6 +78,9 @@ struct EngineRequest {
   int64_t arrival_us = 0;        // gateway clock (steady), for TTFT
   int32_t phase = 0;             // RequestPhase
   KvHandoff handoff;             // kDecode
+  // > 0: shared by every DP group of a cooperative prefill instance, numbered in the order
+  // the shell sent it (engine/cooperative_prefill.h); the groups agree who prefills it.
+  uint64_t pool_number = 0;
 };
 
 struct TokenLogprob {
@@ -254,7 +257,8 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(OutputOptions, detokenize, skip_
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(KvHandoff, link, transfer, blocks, rows, output,
                                                 kv_format, prefill_group)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(EngineRequest, id, prompt, sampling, output,
-                                                reply_to, arrival_us, phase, handoff)
+                                                reply_to, arrival_us, phase, handoff,
+                                                pool_number)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(TokenLogprob, token, logprob, top)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(ToolCall, id, name, arguments)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(TokenDelta, request_id, index, tokens, logprobs,

@@ -151,4 +151,16 @@ Result<StepDecision> StepSync::exchange(const StepHeader& mine) {
   return merge_step_headers(headers_);
 }
 
+Result<std::span<const xccl::MailWords>> StepSync::exchange_words(uint16_t phase,
+                                                                  const xccl::MailWords& mine) {
+  const xccl::WaitCtx ctx{xccl::OpKind::kBarrier, xccl::deadline_after_ms(timeout_ms_), {}};
+  const uint64_t key = xccl::collective_key(mb_.fabric().epoch(), 0, kStepHeaderLayer, phase);
+  XDS_RETURN_IF_ERROR(xccl::allgather_words(mb_, peers_, key, mine, ctx, words_));
+  all_words_.resize(ranks_.size());
+  size_t wi = 0;
+  for (size_t r = 0; r < ranks_.size(); ++r)
+    all_words_[r] = int(r) == me_ ? mine : words_[wi++];
+  return std::span<const xccl::MailWords>(all_words_);
+}
+
 }  // namespace xds::engine

@@ -105,6 +105,13 @@ class StepSync {
   // silent peer poisons the epoch and every device gets the same Aborted status), merges.
   Result<StepDecision> exchange(const StepHeader& mine);
 
+  // Another all-gather right after a header exchange (every device makes the same calls):
+  // `mine` out, every device's words back in rank order (this one's included).
+  // Keyed as the headers with `phase` (> 0) apart (e.g. engine/cooperative_prefill.h's pool
+  // state).
+  Result<std::span<const xccl::MailWords>> exchange_words(uint16_t phase,
+                                                          const xccl::MailWords& mine);
+
   // Headers of the last exchange, rank order.
   std::span<const StepHeader> headers() const { return headers_; }
 
@@ -115,6 +122,7 @@ class StepSync {
   int me_ = -1;                           // position of this device in ranks_
   std::vector<xccl::MailWords> words_;    // [peers]
   std::vector<StepHeader> headers_;       // [ranks]
+  std::vector<xccl::MailWords> all_words_;  // [ranks] (exchange_words)
 };
 
 }  // namespace xds::engine

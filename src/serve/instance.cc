@@ -93,6 +93,7 @@ Status run_instance(const InstanceOptions& options) {
     o.shell_address = shell_input;
     o.output_address = output_inputs[static_cast<size_t>(g)];
     o.export_kv = options.role == "prefill";
+    o.cooperative_prefill = options.role == "prefill" && options.dp > 1;
     per_group.push_back(std::move(o));
   }
   XDS_ASSIGN_OR_RETURN(
@@ -104,6 +105,7 @@ Status run_instance(const InstanceOptions& options) {
   ShellOptions so;
   so.listen = options.listen;
   so.role = options.role;
+  so.cooperative = options.role == "prefill" && options.dp > 1;
   so.group_inputs = group_inputs;
   so.shell_input = shell_input;
   so.max_num_seqs = options.group.max_num_seqs;

@@ -69,6 +69,7 @@ Status Shell::run() {
   uint64_t wake_seq = 0;
   uint64_t ping_seq = 0;
   std::map<uint64_t, PendingPing> pings;
+  uint64_t pool_number = 0;  // cooperative prefill: the last request number sent
   std::map<std::string, int64_t> gateways;  // identity -> last seen (ns)
   int64_t last_load_sent_ns = 0;
   bool loads_dirty = false;
@@ -143,8 +144,13 @@ Status Shell::run() {
         account_placement(loads[g], pr);
         ++stats_.placed;
         ++stats_.placed_per_group[g];
-        Status st = engine::send_message(groups[g], m);
-        if (!st.ok()) XDS_LOG_WARN("shell: {}", st.message());
+        if (options_.cooperative) {
+          m.request->pool_number = ++pool_number;
+          to_groups(m);
+        } else {
+          Status st = engine::send_message(groups[g], m);
+          if (!st.ok()) XDS_LOG_WARN("shell: {}", st.message());
+        }
         Message wake;
         wake.kind = MessageKind::kWake;
         wake.seq = ++wake_seq;

@@ -42,6 +42,9 @@ inline constexpr const char* kRejectNever = "never: ";
 struct ShellOptions {
   std::string listen;                     // e.g. tcp://127.0.0.1:8100
   std::string role = "colocated";         // colocated | prefill | decode (sent with loads)
+  // Cooperative prefill (engine/cooperative_prefill.h): a placeable request goes to every
+  // group, numbered, and the groups assign it among themselves.
+  bool cooperative = false;
   std::vector<std::string> group_inputs;  // [n_groups] addresses the shell binds PUSH on
   std::string shell_input;                // address the shell binds PULL on
   int32_t max_num_seqs = 256;             // per DP group

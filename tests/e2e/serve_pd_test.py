@@ -130,16 +130,17 @@ def wait_idle(c, what, transfers=None):
         time.sleep(0.3)
 
 
-def check_combined(args, refs, k):
+def check_combined(args, refs, k, prefill_dp=1):
     port, iport = free_port(), free_port()
     base = f"http://127.0.0.1:{port}"
     cmd = [args.xdeepserve, "serve", "--model", args.model, "--port", str(port),
            "--instance-port", str(iport), "--prefill-instances", "1", "--decode-instances", "1",
-           "--kv-memory", "16M", "--threads-per-device", "1", "--compute-dtype", "f32"]
+           "--kv-memory", "16M", "--threads-per-device", "1", "--compute-dtype", "f32",
+           "--prefill-dp", str(prefill_dp)]
     if k:
         cmd += ["--speculative-tokens", str(k)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    what = f"serve P/D k={k}"
+    what = f"serve P/D k={k} prefill-dp {prefill_dp}"
     c = Client(base)
     try:
         if not wait_healthy(base, proc):
@@ -170,7 +171,16 @@ def check_combined(args, refs, k):
                   f"{what} long prompt: {r['choices'][0].get('text')!r}")
             cached.append(r["usage"].get("prompt_tokens_details", {}).get("cached_tokens", 0))
             handed += 1
+        # With two prefill groups the cooperative scheduler sends the repeat where it is cached.
         check(cached[0] == 0 and cached[1] >= 16, f"{what}: cached prompt tokens {cached}")
+        if prefill_dp > 1:
+            text = wait_idle(c, what, handed)
+            per_group = [metric(text, f'xdeepserve_kv_transfers_completed{{group="{g}"}}')
+                         for g in range(prefill_dp)]
+            print(f"{what}: transfers per prefill group {per_group}")
+            check(all(n > 0 for n in per_group),
+                  f"{what}: the cooperative scheduler left a prefill group idle: {per_group}")
+            return
 
         text, finish, _ = c.stream(prompt=PROMPTS[0], max_tokens=MAX_TOKENS, **greedy)
         check(text == refs["ref"][PROMPTS[0]] and finish == "length",
@@ -360,6 +370,7 @@ def main():
           "the EOS prompt's reference does not stop at EOS")
     check_combined(args, refs, 0)
     check_combined(args, refs, 2)
+    check_combined(args, refs, 0, prefill_dp=2)
     check_two_prefill(args, refs)
     check_separate(args, refs)
     if failures:
