@@ -20,6 +20,9 @@ constexpr uint64_t kRingOffset = 64;
 constexpr uint64_t kFormatOffset = kRingOffset + 8 * kCompletionSlots;
 constexpr uint64_t kFormatMax = 4096;
 constexpr int kLinkTimeoutMs = 30'000;
+// The prefill side waits this long for a connecting peer's hello (sent right after connect):
+// a peer that dies mid-handshake must not stall the prefill group's steps.
+constexpr int kAcceptTimeoutMs = 2'000;
 constexpr uint32_t kLinkEpoch = 1;
 
 std::atomic<uint64_t>& word_at(std::byte* p) { return *reinterpret_cast<std::atomic<uint64_t>*>(p); }
@@ -85,7 +88,7 @@ Status KvSender::accept_pending() {
   while (true) {
     pollfd p{listener_.fd(), POLLIN, 0};
     if (poll(&p, 1, 0) <= 0) return {};
-    auto fabric = listener_.accept(distflow_link_config(), kLinkEpoch, kLinkTimeoutMs, &region_);
+    auto fabric = listener_.accept(distflow_link_config(), kLinkEpoch, kAcceptTimeoutMs, &region_);
     if (!fabric.ok()) {  // a peer that failed its hello fails only itself
       XDS_LOG_WARN("DistFlow {}: a decode group could not link: {}", link_name_,
                    fabric.status().to_string());
