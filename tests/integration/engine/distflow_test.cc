@@ -1,0 +1,156 @@
+// DistFlow (engine/distflow.h) between two processes: the prefill side (this test process)
+// exports its KV region and listens; a forked child plays the decode group, which forms the
+// link only through the rendezvous socket, as a separately started process does. Checked:
+// pulled blocks equal the prefill side's bytes (a pattern written per block), completions come
+// back in order through more than one lap of the ring, a transfer freed before the pull is
+// refused (not read as KV), and a KV format mismatch is refused naming both formats.
+#include "engine/distflow.h"
+
+#include <gtest/gtest.h>
+
+#include <poll.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "base/clock.h"
+
+namespace xds::engine {
+namespace {
+
+KvStorageShape test_shape() {
+  KvStorageShape s;
+  s.layout = mla_kv_layout(/*layers=*/2, /*latent_dim=*/64, /*rope_dim=*/16, DType::kF32);
+  s.num_blocks = 8;
+  s.block_size = 4;
+  return s;
+}
+
+// Byte i of block b.
+uint8_t pattern(int32_t b, int64_t i) { return static_cast<uint8_t>(b * 31 + i * 7 + (i >> 9)); }
+
+void fill_blocks(KvSender& sender, const KvStorageShape& shape) {
+  const int64_t block_bytes = KvStorage::bytes_for({shape.layout, 1, shape.block_size});
+  std::byte* base = sender.kv_bytes().data();
+  for (int32_t b = 0; b < shape.num_blocks; ++b)
+    for (int64_t i = 0; i < block_bytes; ++i)
+      base[b * block_bytes + i] = std::byte{pattern(b, i)};
+}
+
+int wait_child(pid_t pid) {
+  int st = 0;
+  while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {
+  }
+  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+std::string unique_name(const char* what) {
+  return std::string("test-") + what + "-" + std::to_string(getpid());
+}
+
+// Serves the link until `want` completions arrived (or 20 s passed); returns them in order.
+std::vector<uint64_t> serve_until(KvSender& sender, size_t want) {
+  std::vector<uint64_t> done;
+  const int64_t deadline = now_ns() + 20'000'000'000;
+  while (done.size() < want && now_ns() < deadline) {
+    EXPECT_TRUE(sender.accept_pending().ok());
+    sender.poll_completions(done);
+    usleep(100);
+  }
+  return done;
+}
+
+TEST(DistFlow, PulledBlocksAreThePrefillSidesBytesAndCompletionsComeBackInOrder) {
+  const KvStorageShape shape = test_shape();
+  const std::string fmt = "test format A";
+  auto sender = KvSender::create(unique_name("pull"), shape, fmt);
+  ASSERT_TRUE(sender.ok()) << sender.status().to_string();
+  fill_blocks(**sender, shape);
+  // 2,500 transfers: more than two laps of the 1,024-slot completion ring.
+  constexpr int kTransfers = 2500;
+  std::vector<uint64_t> ids;
+  for (int t = 0; t < kTransfers; ++t) ids.push_back((*sender)->open_transfer());
+  const std::string link = (*sender)->link_name();
+  const pid_t child = fork();
+  if (child == 0) {
+    KvReceiver receiver(fmt);
+    auto local = KvStorage::create(shape, -1);
+    if (!local.ok()) _exit(10);
+    for (int t = 0; t < kTransfers; ++t) {
+      KvHandoff h;
+      h.link = link;
+      h.transfer = ids[static_cast<size_t>(t)];
+      h.kv_format = fmt;
+      h.blocks = {static_cast<int32_t>(t % 8), static_cast<int32_t>((t * 3 + 1) % 8)};
+      const std::vector<int32_t> dst = {5, 2};
+      if (!receiver.pull(h, dst, *local).ok()) _exit(11);
+      for (size_t k = 0; k < dst.size(); ++k) {
+        const std::byte* got = local->block_ptr(dst[k]);
+        for (int64_t i = 0; i < local->block_bytes(); ++i)
+          if (got[i] != std::byte{pattern(h.blocks[k], i)}) _exit(12);
+      }
+    }
+    _exit(0);
+  }
+  const std::vector<uint64_t> done = serve_until(**sender, kTransfers);
+  EXPECT_EQ(done, ids);
+  EXPECT_EQ(wait_child(child), 0);
+  EXPECT_EQ((*sender)->links(), 1);
+}
+
+TEST(DistFlow, AFreedTransferIsRefusedAndAFormatMismatchNamesBothFormats) {
+  const KvStorageShape shape = test_shape();
+  auto sender = KvSender::create(unique_name("refuse"), shape, "format A");
+  ASSERT_TRUE(sender.ok()) << sender.status().to_string();
+  const uint64_t freed = (*sender)->open_transfer();
+  (*sender)->close_transfer(freed);
+  const std::string link = (*sender)->link_name();
+  int pipe_fd[2];
+  ASSERT_EQ(pipe(pipe_fd), 0);
+  const pid_t child = fork();
+  if (child == 0) {
+    close(pipe_fd[0]);
+    auto local = KvStorage::create(shape, -1);
+    if (!local.ok()) _exit(10);
+    KvHandoff h;
+    h.link = link;
+    h.transfer = freed;
+    h.kv_format = "format A";
+    h.blocks = {0};
+    const std::vector<int32_t> dst = {1};
+    KvReceiver receiver("format A");
+    const Status st = receiver.pull(h, dst, *local);
+    std::string report = st.to_string() + "\n";
+    // A decode group keeping another format: refused when it links, naming both.
+    KvReceiver other("format B");
+    h.kv_format = "format B";
+    report += other.pull(h, dst, *local).to_string();
+    (void)!write(pipe_fd[1], report.data(), report.size());
+    _exit(0);
+  }
+  close(pipe_fd[1]);
+  std::string report;
+  const int64_t deadline = now_ns() + 20'000'000'000;
+  char buf[512];
+  while (now_ns() < deadline) {
+    ASSERT_TRUE((*sender)->accept_pending().ok());
+    pollfd p{pipe_fd[0], POLLIN, 0};
+    if (poll(&p, 1, 1) > 0) {
+      const ssize_t n = read(pipe_fd[0], buf, sizeof(buf));
+      if (n <= 0) break;
+      report.append(buf, static_cast<size_t>(n));
+    }
+  }
+  close(pipe_fd[0]);
+  EXPECT_EQ(wait_child(child), 0);
+  EXPECT_NE(report.find("already freed"), std::string::npos) << report;
+  EXPECT_NE(report.find("'format A'"), std::string::npos) << report;
+  EXPECT_NE(report.find("'format B'"), std::string::npos) << report;
+}
+
+}  // namespace
+}  // namespace xds::engine
