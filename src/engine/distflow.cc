@@ -213,4 +213,48 @@ Status KvReceiver::pull(const KvHandoff& h, std::span<const int32_t> dst, KvStor
   return {};
 }
 
+KvPuller::KvPuller(std::string format, KvStorage& local)
+    : receiver_(std::move(format)), local_(local), thread_([this] { loop(); }) {}
+
+KvPuller::~KvPuller() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+    jobs_.clear();
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+void KvPuller::post(int64_t seq, KvHandoff handoff, std::vector<int32_t> dst) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    jobs_.push_back(Job{seq, std::move(handoff), std::move(dst)});
+  }
+  cv_.notify_one();
+}
+
+void KvPuller::poll(std::vector<Done>& out) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (Done& d : done_) out.push_back(std::move(d));
+  done_.clear();
+}
+
+void KvPuller::loop() {
+  while (true) {
+    Job job;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return stop_ || !jobs_.empty(); });
+      if (stop_) return;
+      job = std::move(jobs_.front());
+      jobs_.pop_front();
+    }
+    Status st = receiver_.pull(job.handoff, job.dst, local_);
+    pulled_bytes_.store(receiver_.pulled_bytes(), std::memory_order_relaxed);
+    std::lock_guard<std::mutex> lock(mu_);
+    done_.push_back(Done{job.seq, std::move(st)});
+  }
+}
+
 }  // namespace xds::engine

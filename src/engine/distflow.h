@@ -31,8 +31,13 @@
 // Thread-safety: each object is used by its DP group's thread only.
 #pragma once
 
+#include <atomic>
+#include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <memory>
+#include <mutex>
+#include <thread>
 #include <span>
 #include <string>
 #include <unordered_map>
@@ -124,6 +129,48 @@ class KvReceiver {
   std::string format_;
   std::unordered_map<std::string, Peer> links_;
   int64_t pulled_bytes_ = 0;
+};
+
+// KvReceiver on a thread of its own (the decode side's asynchronous receive, P101/P103): the
+// DP group posts a pull and goes on stepping; the blocks it reserved for the pull are not read
+// by any step until the pull's completion is polled.
+//
+// Thread-safety: post() and poll() from the DP group's thread; the pulls run on the puller's.
+// `local` must outlive the puller; the destination blocks of a posted pull must not be freed
+// before its completion is polled.
+class KvPuller {
+ public:
+  KvPuller(std::string format, KvStorage& local);
+  ~KvPuller();  // finishes the pull in progress, drops the queued ones, joins
+  KvPuller(const KvPuller&) = delete;
+  KvPuller& operator=(const KvPuller&) = delete;
+
+  void post(int64_t seq, KvHandoff handoff, std::vector<int32_t> dst);
+  struct Done {
+    int64_t seq = 0;
+    Status status;
+  };
+  // Appends the pulls completed since the last call (never waits).
+  void poll(std::vector<Done>& out);
+  int64_t pulled_bytes() const { return pulled_bytes_.load(std::memory_order_relaxed); }
+
+ private:
+  struct Job {
+    int64_t seq = 0;
+    KvHandoff handoff;
+    std::vector<int32_t> dst;
+  };
+  void loop();
+
+  KvReceiver receiver_;  // the puller thread's only
+  KvStorage& local_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Job> jobs_;    // guarded by mu_
+  std::vector<Done> done_;  // guarded by mu_
+  bool stop_ = false;       // guarded by mu_
+  std::atomic<int64_t> pulled_bytes_{0};
+  std::thread thread_;
 };
 
 }  // namespace xds::engine

@@ -83,7 +83,7 @@ class DpGroup {
 
   bool has_work() const {
     return !running_.empty() || !waiting_.empty() || !preempted_.empty() || !awaiting_.empty() ||
-           !pool_.empty();
+           !pulling_.empty() || !pool_.empty();
   }
   // Cooperative prefill: the pool state all-gathered after the step header, the same
   // assignment on every group; this group's requests leave the pool for its waiting list.
@@ -97,6 +97,9 @@ class DpGroup {
   // their first token are parked and their handoff rides on that token's delta.
   void park_handoffs();
   Status admit_handoffs();
+  // The pulls the puller completed: their sequences start decoding (or end: a failed pull,
+  // a cancel that came meanwhile).
+  Status finish_pulls();
   Status plan_step();
   Status apply_plan();
   Status run_forward(uint64_t step);
@@ -164,7 +167,9 @@ class DpGroup {
   std::vector<std::string> pool_cancelled_;  // ids cancelled while pooled (dropped when assigned)
   std::vector<Sequence*> handoffs_;                       // this step's first tokens to park
   std::unique_ptr<KvSender> sender_;                      // prefill role (export_kv)
-  std::unique_ptr<KvReceiver> receiver_;                  // every group: decode phases
+  std::unique_ptr<KvPuller> puller_;                      // every group: decode phases
+  std::vector<Sequence*> pulling_;                        // kPullingKv
+  std::vector<KvPuller::Done> pulled_;                    // scratch
   struct Parked {
     int64_t seq = 0;
     int64_t deadline_ns = 0;
@@ -230,7 +235,6 @@ Status DpGroup::init() {
   }
   shape.num_blocks = blocks;
   kv_format_ = kv_format(info, shape);
-  receiver_ = std::make_unique<KvReceiver>(kv_format_);
   if (o_.export_kv) {
     XDS_ASSIGN_OR_RETURN(sender_, KvSender::create(distflow_link_name(getppid(), fabric_.rank()),
                                                    shape, kv_format_));
@@ -248,6 +252,7 @@ Status DpGroup::init() {
   ko.mtp_drop_last_hit = drafter_.has_value();
   XDS_ASSIGN_OR_RETURN(KvManager kv, KvManager::create(ko));
   kv_.emplace(std::move(kv));
+  puller_ = std::make_unique<KvPuller>(kv_format_, *storage_);
   kv_->record_cache_events(o_.prefix_cache);
 
   if (fabric_.world_size() > 1) {
@@ -401,6 +406,10 @@ void DpGroup::cancel(const std::string& id, int32_t index) {
   if (it == requests_.end()) return;
   if (index < 0) it->second->cancelled = true;
   for (Sequence* s : it->second->choices) {
+    if (s->state == SeqState::kPullingKv) {  // its blocks are being written: end it after
+      s->cancel_after_pull = true;
+      continue;
+    }
     if (s->state != SeqState::kFinished && (index < 0 || s->index == index)) finish(*s, "abort");
   }
 }
@@ -784,13 +793,29 @@ Status DpGroup::admit_handoffs() {
     kv_->expect(s.kv, s.prompt_len() + s.sampling.max_tokens);
     XDS_RETURN_IF_ERROR(kv_->reserve(s.kv, h.rows));
     const std::span<const int32_t> table = kv_->table(s.kv);
-    Status st = receiver_->pull(h, table.first(h.blocks.size()), *storage_);
+    puller_->post(s.id, h, std::vector<int32_t>(table.begin(), table.begin() + h.blocks.size()));
     remove_from(awaiting_, &s);
-    if (!st.ok()) {
-      XDS_LOG_WARN("DP group {}: request {}: {}", fabric_.rank(), s.request->req.id, st.message());
+    s.state = SeqState::kPullingKv;
+    pulling_.push_back(&s);
+  }
+  return {};
+}
+
+Status DpGroup::finish_pulls() {
+  pulled_.clear();
+  puller_->poll(pulled_);
+  for (const KvPuller::Done& d : pulled_) {
+    Sequence& s = *seqs_.at(d.seq);
+    remove_from(pulling_, &s);
+    s.state = SeqState::kAwaitingKv;  // for finish(): nothing writes its blocks any more
+    if (!d.status.ok() || s.cancel_after_pull) {
+      if (!d.status.ok())
+        XDS_LOG_WARN("DP group {}: request {}: {}", fabric_.rank(), s.request->req.id,
+                     d.status.message());
       finish(s, "abort");
       continue;
     }
+    const KvHandoff& h = s.request->req.handoff;
     s.computed = h.rows;
     XDS_RETURN_IF_ERROR(kv_->commit(s.kv, std::span<const int32_t>(s.tokens).first(
                                               static_cast<size_t>(s.computed))));
@@ -879,6 +904,7 @@ Status DpGroup::service_distflow() {
     if (!completed_.empty()) send_load(/*force=*/true);  // also from the sleep loop
   }
   if (!awaiting_.empty()) XDS_RETURN_IF_ERROR(admit_handoffs());
+  if (!pulling_.empty()) XDS_RETURN_IF_ERROR(finish_pulls());
   return {};
 }
 
@@ -955,7 +981,7 @@ void DpGroup::send_load(bool force) {
   l.kv_parked = static_cast<int64_t>(parked_.size());
   l.kv_transfers_done = transfers_done_;
   l.kv_transfers_expired = transfers_expired_;
-  l.kv_pulled_bytes = receiver_->pulled_bytes();
+  l.kv_pulled_bytes = puller_->pulled_bytes();
   l.max_num_seqs = o_.max_num_seqs;
   const KvUsage u = kv_->usage();
   l.kv_blocks_total = u.total;

@@ -27,6 +27,7 @@ enum class SeqState : uint8_t {
   kRunning,    // holds KV (prefilling or decoding)
   kPreempted,  // lost its KV; recomputed when admitted again
   kAwaitingKv, // decode phase of a disaggregated request: its KV waits on a prefill group
+  kPullingKv,  // its blocks reserved, the pull posted (KvPuller): running once it completes
   kParked,     // prefill phase done: holds its KV until the decode side has pulled it
   kFinished,
 };
@@ -58,6 +59,7 @@ struct Sequence {
   // that carries the handoff (-1: none), and the transfer id while parked.
   int64_t handoff_delta = -1;
   uint64_t transfer = 0;
+  bool cancel_after_pull = false;  // cancelled while its blocks were being written
 
   int64_t prompt_len() const;
   int64_t output_len() const { return static_cast<int64_t>(tokens.size()) - prompt_len(); }

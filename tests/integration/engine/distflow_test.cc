@@ -102,6 +102,61 @@ TEST(DistFlow, PulledBlocksAreThePrefillSidesBytesAndCompletionsComeBackInOrder)
   EXPECT_EQ((*sender)->links(), 1);
 }
 
+// The decode group's asynchronous receive: pulls posted to the puller's thread complete, each
+// once, with the prefill side's bytes in the posted blocks.
+TEST(DistFlow, ThePullerCompletesEveryPostedPull) {
+  const KvStorageShape shape = test_shape();
+  const std::string fmt = "test format P";
+  auto sender = KvSender::create(unique_name("puller"), shape, fmt);
+  ASSERT_TRUE(sender.ok()) << sender.status().to_string();
+  fill_blocks(**sender, shape);
+  constexpr int kPulls = 40;
+  std::vector<uint64_t> ids;
+  for (int t = 0; t < kPulls; ++t) ids.push_back((*sender)->open_transfer());
+  const std::string link = (*sender)->link_name();
+  const pid_t child = fork();
+  if (child == 0) {
+    auto local = KvStorage::create(shape, -1);
+    if (!local.ok()) _exit(10);
+    std::vector<int> seen(kPulls, 0);
+    {
+      KvPuller puller(fmt, *local);
+      // One pull in flight per destination block at a time: block t % 8, posted in rounds.
+      for (int round = 0; round < kPulls / 8; ++round) {
+        for (int t = round * 8; t < round * 8 + 8; ++t) {
+          KvHandoff h;
+          h.link = link;
+          h.transfer = ids[static_cast<size_t>(t)];
+          h.kv_format = fmt;
+          h.blocks = {static_cast<int32_t>((t * 5) % 8)};
+          puller.post(t, h, {static_cast<int32_t>(t % 8)});
+        }
+        std::vector<KvPuller::Done> done;
+        const int64_t deadline = now_ns() + 20'000'000'000;
+        while (done.size() < 8 && now_ns() < deadline) {
+          puller.poll(done);
+          usleep(100);
+        }
+        if (done.size() != 8) _exit(11);
+        for (const KvPuller::Done& d : done) {
+          if (!d.status.ok()) _exit(12);
+          seen[static_cast<size_t>(d.seq)] += 1;
+          const std::byte* got = local->block_ptr(static_cast<int32_t>(d.seq % 8));
+          for (int64_t i = 0; i < local->block_bytes(); ++i)
+            if (got[i] != std::byte{pattern(static_cast<int32_t>((d.seq * 5) % 8), i)}) _exit(13);
+        }
+      }
+      if (puller.pulled_bytes() != kPulls * local->block_bytes()) _exit(14);
+    }
+    for (int n : seen)
+      if (n != 1) _exit(15);
+    _exit(0);
+  }
+  const std::vector<uint64_t> done = serve_until(**sender, kPulls);
+  EXPECT_EQ(done, ids);
+  EXPECT_EQ(wait_child(child), 0);
+}
+
 TEST(DistFlow, AFreedTransferIsRefusedAndAFormatMismatchNamesBothFormats) {
   const KvStorageShape shape = test_shape();
   auto sender = KvSender::create(unique_name("refuse"), shape, "format A");
