@@ -766,6 +766,7 @@ void DpGroup::park_handoffs() {
     h.output.assign(s->tokens.begin() + s->prompt_len(), s->tokens.end());
     h.kv_format = kv_format_;
     h.prefill_group = fabric_.rank();
+    h.drafts = s->spec.drafts;
     s->transfer = h.transfer;
     s->state = SeqState::kParked;
     remove_from(running_, s);
@@ -821,6 +822,8 @@ Status DpGroup::finish_pulls() {
                                               static_cast<size_t>(s.computed))));
     s.spec = {};
     s.spec.length = s.spec.mtp_length = s.computed;  // the prefill side wrote the MTP rows too
+    if (drafter_ && static_cast<int64_t>(h.drafts.size()) <= drafter_->config().draft_tokens)
+      s.spec.drafts = h.drafts;  // the first step verifies them
     s.state = SeqState::kRunning;
     running_.push_back(&s);
     std::sort(running_.begin(), running_.end(),

@@ -59,6 +59,9 @@ struct KvHandoff {
   std::vector<int32_t> output;  // the tokens generated so far (the first token)
   std::string kv_format;        // model, layers, block size, planes (engine/distflow.h)
   int32_t prefill_group = -1;
+  // MTP: the drafts the prefill side's passes proposed for the positions after the first
+  // token (their MTP rows up to `rows` moved with the blocks), verified by the first decode step.
+  std::vector<int32_t> drafts;
 };
 
 // Where a request runs its phases.
@@ -255,7 +258,7 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(OutputOptions, detokenize, skip_
                                                 tool_call_parser,
                                                 tools_requested, stream, echo_prompt_ids)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(KvHandoff, link, transfer, blocks, rows, output,
-                                                kv_format, prefill_group)
+                                                kv_format, prefill_group, drafts)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(EngineRequest, id, prompt, sampling, output,
                                                 reply_to, arrival_us, phase, handoff,
                                                 pool_number)
