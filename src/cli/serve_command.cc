@@ -73,6 +73,7 @@ struct GatewayArgs {
   std::string tool_call_parser;
   int64_t max_queue = 1024;
   int64_t long_prompt_tokens = 2048;
+  int64_t instance_timeout_s = 30;
 };
 
 void add_engine_flags(CLI::App* cmd, EngineArgs& a) {
@@ -138,6 +139,10 @@ void add_gateway_flags(CLI::App* cmd, GatewayArgs& a) {
                   "Several instances: prompts of this many tokens or more are long, and the "
                   "gateway keeps them off instances prefilling short ones (and the reverse)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
+  cmd->add_option("--instance-timeout", a.instance_timeout_s,
+                  "Several instances: seconds without an answer to the gateway's heartbeats "
+                  "after which an instance is taken out as failed")
+      ->check(CLI::Range(int64_t{2}, int64_t{86400}));
 }
 
 Result<serve::InstanceOptions> instance_options(const EngineArgs& a, const std::string& listen) {
@@ -184,6 +189,7 @@ serve::GatewayOptions gateway_options(const GatewayArgs& a, const std::string& m
   o.max_model_len = max_model_len;
   o.max_queue = a.max_queue;
   o.long_prompt_tokens = a.long_prompt_tokens;
+  o.instance_timeout_s = a.instance_timeout_s;
   o.reasoning_parser = a.reasoning_parser;
   o.tool_call_parser = a.tool_call_parser;
   return o;

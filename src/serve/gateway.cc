@@ -45,6 +45,9 @@ ApiError api_error(int status, std::string message, std::string type, std::strin
 }
 
 
+// The request id of the gateway's heartbeat pings (their pongs only mark the instance alive).
+constexpr const char* kHeartbeatId = "heartbeat";
+
 // A request between the HTTP handler and its last delta.
 struct Pending {
   ApiRequest api;
@@ -93,6 +96,7 @@ struct Gateway::Impl {
   bool retry_in_flight = false;   // the queue's head was offered again and not answered
   struct InstanceView {
     std::string role;  // "" until the shell reports it
+    int64_t last_heard_ns = 0;  // the last message from its shell (heartbeats included)
     std::vector<engine::GroupLoad> loads;
     std::unordered_map<uint64_t, int32_t> cached;  // chain hash -> groups holding it (kBlocks)
     int32_t long_inflight = 0, short_inflight = 0;  // prefills sent, first token not back
@@ -556,10 +560,15 @@ void Gateway::Impl::submit(const std::shared_ptr<Pending>& p) {
 }
 
 void Gateway::Impl::on_message(int from, Message m) {
-  if (from >= 0 && !m.text.empty() &&
-      (m.kind == MessageKind::kLoad || m.kind == MessageKind::kPong)) {
+  if (from >= 0) {
     std::lock_guard<std::mutex> lock(mu);
-    instances[static_cast<size_t>(from)].role = m.text;
+    InstanceView& v = instances[static_cast<size_t>(from)];
+    v.last_heard_ns = now_ns();
+    if (!m.text.empty() && v.role != "failed" &&
+        (m.kind == MessageKind::kLoad || m.kind == MessageKind::kPong)) {
+      v.role = m.text;
+    }
+    if (m.kind == MessageKind::kPong && m.request_id == kHeartbeatId) return;
   }
   switch (m.kind) {
     case MessageKind::kBlocks: {
@@ -893,9 +902,38 @@ void Gateway::stop() { impl_->stopping.store(true); }
 
 Status Gateway::run(bool shutdown_instance, int drain_s) {
   Impl& g = *impl_;
+  int64_t last_heartbeat_ns = 0;
+  {
+    std::lock_guard<std::mutex> lock(g.mu);
+    for (Impl::InstanceView& v : g.instances) v.last_heard_ns = now_ns();
+  }
   // Health probes that nobody answered within 5 s fail with 503.
   while (!g.stopping.load()) {
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    if (g.instances.size() > 1) {
+      // Heartbeats: an instance silent past --instance-timeout is out (a whole instance killed
+      // at once sends no kFailed).
+      const int64_t now = now_ns();
+      if (now - last_heartbeat_ns >= 1'000'000'000) {
+        last_heartbeat_ns = now;
+        Message ping;
+        ping.kind = MessageKind::kPing;
+        ping.request_id = kHeartbeatId;
+        g.link->post(GatewayLink::kAllInstances, std::move(ping));
+      }
+      std::vector<int> silent;
+      {
+        std::lock_guard<std::mutex> lock(g.mu);
+        for (size_t i = 0; i < g.instances.size(); ++i) {
+          if (g.instances[i].role != "failed" &&
+              now - g.instances[i].last_heard_ns > g.o.instance_timeout_s * 1'000'000'000)
+            silent.push_back(static_cast<int>(i));
+        }
+      }
+      for (int i : silent) {
+        g.on_instance_failed(i, fmt::format("no answer for {} s", g.o.instance_timeout_s));
+      }
+    }
     std::vector<Responder> stale;
     {
       std::lock_guard<std::mutex> lock(g.mu);

@@ -40,6 +40,9 @@ struct GatewayOptions {
   // Several instances: prompts this long or longer are "long" for length-aware routing
   // (serve/instance_routing.h).
   int64_t long_prompt_tokens = 2048;
+  // Several instances: an instance that answers none of the gateway's heartbeats (a ping a
+  // second) for this long is taken out as failed, as when its shell reports kFailed.
+  int64_t instance_timeout_s = 30;
   std::string reasoning_parser;   // "" or deepseek_r1 / qwen3
   std::string tool_call_parser;   // "" or deepseek_v3 / qwen3
   int io_threads = 2;

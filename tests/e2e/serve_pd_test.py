@@ -37,6 +37,7 @@ LONG = ("In the beginning God created the heaven and the earth. And the earth wa
         "form, and void; and darkness was upon the face of the deep. And the Spirit of God "
         "moved upon the face of the waters.")
 MAX_TOKENS = 32
+LONG_OUTPUT = 400
 EOS_PROMPT = "Blessed is the man"
 
 failures = []
@@ -271,6 +272,86 @@ def check_two_prefill(args, refs):
         stop_process(proc, what)
 
 
+def check_prefill_death(args, refs):
+    """Two prefill instances and a decode instance started separately; one prefill instance is
+    killed whole (shell included: no kFailed, only silence) while a request it prefilled
+    decodes on the decode instance. That request completes exactly; the gateway takes the
+    silent instance out after --instance-timeout and serves new requests on the other."""
+    ports = [free_port() for _ in range(4)]
+    common = ["--model", args.model, "--threads-per-device", "1", "--compute-dtype", "f32",
+              "--kv-memory", "16M"]
+    procs = [subprocess.Popen([args.xdeepserve, "instance", "--role", role, "--listen",
+                               f"tcp://127.0.0.1:{port}"] + common,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for role, port in zip(["prefill", "prefill", "decode"], ports)]
+    gateway = subprocess.Popen(
+        [args.xdeepserve, "gateway", "--model", args.model, "--port", str(ports[3]),
+         "--instance-timeout", "3",
+         "--instances", ",".join(f"tcp://127.0.0.1:{p}" for p in ports[:3])],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    base = f"http://127.0.0.1:{ports[3]}"
+    c = Client(base)
+    what = "prefill instance killed"
+    try:
+        if not wait_healthy(base, gateway):
+            check(False, f"{what}: not healthy")
+            return
+        greedy = {"temperature": 0, "ignore_eos": True}
+        decode_dp = [pid for pid in descendants(procs[2].pid)
+                     if open(f"/proc/{pid}/comm").read().strip() == "xds-dp0"]
+        check(len(decode_dp) == 1, f"{what}: decode device processes {decode_dp}")
+        if not decode_dp:
+            return
+        chunks, result = [], {}
+
+        def stream():
+            body = {"prompt": PROMPTS[0], "max_tokens": LONG_OUTPUT, "stream": True, **greedy}
+            req = urllib.request.Request(base + "/v1/completions",
+                                         data=json.dumps(body).encode(), method="POST")
+            req.add_header("Content-Type", "application/json")
+            with urllib.request.urlopen(req, timeout=120) as r:
+                for line in r:
+                    line = line.decode().strip()
+                    if line.startswith("data: ") and line != "data: [DONE]":
+                        for ch in json.loads(line[6:]).get("choices", []):
+                            chunks.append(ch.get("text", ""))
+            result["text"] = "".join(chunks)
+
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            fut = pool.submit(stream)
+            deadline = time.time() + 30
+            while len(chunks) < 3 and time.time() < deadline:
+                time.sleep(0.001)
+            os.kill(decode_dp[0], signal.SIGSTOP)  # mid-decode on the decode instance
+            stopped_at = len(chunks)
+            check(3 <= stopped_at < LONG_OUTPUT, f"{what}: frozen after {stopped_at} tokens")
+            deadline = time.time() + 20
+            done = [0.0, 0.0]
+            while sum(done) < 1 and time.time() < deadline:
+                text = c.metrics()
+                done = [metric(text, f'xdeepserve_kv_transfers_completed{{group="{g}"}}')
+                        for g in range(2)]
+                time.sleep(0.1)
+            check(sum(done) == 1, f"{what}: transfers per prefill instance {done}")
+            victim = 0 if done[0] == 1 else 1
+            procs[victim].kill()
+            procs[victim].wait()
+            os.kill(decode_dp[0], signal.SIGCONT)
+            fut.result(timeout=60)
+        check(result.get("text") == refs["long_output"],
+              f"{what}: the request decoding elsewhere: {result.get('text')!r}")
+        time.sleep(4.5)  # past --instance-timeout: the silent instance is out
+        for p in PROMPTS[1:3]:
+            r = c.complete(prompt=p, max_tokens=MAX_TOKENS, **greedy)
+            check(r["choices"][0].get("text") == refs["ref"][p],
+                  f"{what}: after the prefill instance died: {r['choices'][0].get('text')!r}")
+    finally:
+        stop_process(gateway, "gateway")
+        for proc in procs:
+            if proc.poll() is None:
+                stop_process(proc, "instance")
+
+
 def check_separate(args, refs):
     pport, dport, gport = free_port(), free_port(), free_port()
     common = ["--model", args.model, "--threads-per-device", "1", "--compute-dtype", "f32",
@@ -365,7 +446,8 @@ def main():
     refs = {"ref": {p: generate(args, p, MAX_TOKENS) for p in PROMPTS},
             "long": generate(args, LONG, MAX_TOKENS),
             "len": {m: generate(args, PROMPTS[1], m) for m in (1, 2, 5)},
-            "eos": generate(args, EOS_PROMPT, 200, ignore_eos=False)}
+            "eos": generate(args, EOS_PROMPT, 200, ignore_eos=False),
+            "long_output": generate(args, PROMPTS[0], LONG_OUTPUT)}
     check(len(refs["eos"]) < len(generate(args, EOS_PROMPT, 200)),
           "the EOS prompt's reference does not stop at EOS")
     check_combined(args, refs, 0)
@@ -373,6 +455,7 @@ def main():
     check_combined(args, refs, 0, prefill_dp=2)
     check_two_prefill(args, refs)
     check_separate(args, refs)
+    check_prefill_death(args, refs)
     if failures:
         print(f"{len(failures)} check(s) failed", file=sys.stderr)
         return 1
