@@ -14,6 +14,7 @@
 # --smoke: the tiny model and runs of seconds (checks the script, measures nothing).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+source bench/common/serve_lib.sh
 
 model=""
 duration=240
@@ -72,27 +73,16 @@ trap stop_server EXIT
 start_server() {
   local name=$1
   shift
-  port=$(/usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  port=$(bench_free_port)
   local iport
-  iport=$(/usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  iport=$(bench_free_port)
   local log="$out/server_${name}.log"
   echo "serve ($name): $*  (log $log)"
   "$xds" serve --model "$model" --compute-dtype "$dtype" --host 127.0.0.1 --port "$port" \
     --instance-port "$iport" --kv-memory "$kv_memory" --max-num-batched-tokens 512 \
     --threads-per-device 1 "$@" >"$log" 2>&1 &
   server_pid=$!
-  local waited=0
-  until curl -sf "http://127.0.0.1:$port/health" >/dev/null 2>&1; do
-    if ! kill -0 "$server_pid" 2>/dev/null; then
-      echo "run.sh: the server exited; the end of $log:" >&2
-      tail -n 20 "$log" >&2
-      server_pid=""
-      return 1
-    fi
-    sleep 1
-    waited=$((waited + 1))
-    [[ $waited -lt 900 ]] || { echo "run.sh: no /health after 900 s" >&2; return 1; }
-  done
+  bench_wait_healthy "$server_pid" "$port" "$log" || { server_pid=""; return 1; }
 }
 
 bench() {

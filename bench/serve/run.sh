@@ -18,6 +18,7 @@
 # --smoke: the tiny preset and runs of seconds (checks the script, measures nothing).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+source bench/common/serve_lib.sh
 
 dps="1"
 dtype="f32"
@@ -107,27 +108,13 @@ trap stop_server EXIT
 start_server() {
   local name=$1 dp=$2
   shift 2
-  port=$(/usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  port=$(bench_free_port)
   local log="$out/server_${name}.log"
   echo "serve ($name): --dp $dp --compute-dtype $dtype $*  (log $log)"
   "$xds" serve --model "$model" --dp "$dp" --compute-dtype "$dtype" --host 127.0.0.1 \
     --port "$port" "$@" >"$log" 2>&1 &
   server_pid=$!
-  local waited=0
-  until curl -sf "http://127.0.0.1:$port/health" >/dev/null 2>&1; do
-    if ! kill -0 "$server_pid" 2>/dev/null; then
-      echo "run.sh: the server exited; the end of $log:" >&2
-      tail -n 20 "$log" >&2
-      server_pid=""
-      return 1
-    fi
-    sleep 1
-    waited=$((waited + 1))
-    if [[ $waited -ge 900 ]]; then
-      echo "run.sh: no /health after 900 s" >&2
-      return 1
-    fi
-  done
+  bench_wait_healthy "$server_pid" "$port" "$log" || { server_pid=""; return 1; }
 }
 
 bench() {

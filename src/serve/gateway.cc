@@ -135,7 +135,9 @@ struct Gateway::Impl {
   // with 503 and the gateway stops. With several: the instance is out; its requests fail,
   // except decode phases that streamed nothing yet, which go to another decode instance.
   void on_instance_failed(int from, const std::string& why);
-  void fail_request(const std::shared_ptr<Pending>& p, const ApiError& err);
+  // Answers p with `err` (its stream gets the error event and closes), counted as `outcome`.
+  void fail_request(const std::shared_ptr<Pending>& p, const ApiError& err,
+                    const char* outcome = "error");
   void finish_pending(const std::shared_ptr<Pending>& p, std::unique_lock<std::mutex>& lock);
   void submit(const std::shared_ptr<Pending>& p);
   // Sends the shell a `kind` message (kPing: /health; kAdmin: text = the /admin call) whose
@@ -666,8 +668,9 @@ void Gateway::Impl::on_message(int from, Message m) {
   }
 }
 
-void Gateway::Impl::fail_request(const std::shared_ptr<Pending>& p, const ApiError& err) {
-  metrics.count_outcome("error");
+void Gateway::Impl::fail_request(const std::shared_ptr<Pending>& p, const ApiError& err,
+                                 const char* outcome) {
+  metrics.count_outcome(outcome);
   if (p->stream) {
     p->stream->send_event(to_json_text(make_error(err)));
     p->stream->close();
@@ -736,13 +739,7 @@ void Gateway::Impl::on_instance_failed(int from, const std::string& why) {
   const ApiError err =
       api_error(503, "the instance failed: " + why, "server_error", "instance_failed");
   for (const std::shared_ptr<Pending>& p : failed) {
-    metrics.count_outcome("error");
-    if (p->stream) {
-      p->stream->send_event(to_json_text(make_error(err)));
-      p->stream->close();
-    } else {
-      p->responder->send(make_error_response(err));
-    }
+    fail_request(p, err, "error");
   }
   idle_cv.notify_all();
 }
@@ -771,15 +768,9 @@ void Gateway::Impl::on_rejected(const Message& m) {
     live.erase(it);
     if (was_head) queue.pop_front();
     lock.unlock();
-    metrics.count_outcome("rejected");
     const std::string msg = m.text.substr(std::string(kRejectNever).size());
-    const ApiError err = api_error(400, msg, "invalid_request_error", "context_length_exceeded");
-    if (p->stream) {
-      p->stream->send_event(to_json_text(make_error(err)));
-      p->stream->close();
-    } else {
-      p->responder->send(make_error_response(err));
-    }
+    fail_request(p, api_error(400, msg, "invalid_request_error", "context_length_exceeded"),
+                 "rejected");
     return;
   }
   if (!p->queued) {
@@ -787,13 +778,7 @@ void Gateway::Impl::on_rejected(const Message& m) {
       p->done = true;
       live.erase(it);
       lock.unlock();
-      metrics.count_outcome("rejected");
-      if (p->stream) {
-        p->stream->send_event(to_json_text(make_error(queue_full(1))));
-        p->stream->close();
-      } else {
-        p->responder->send(make_error_response(queue_full(1)));
-      }
+      fail_request(p, queue_full(1), "rejected");
       return;
     }
     p->queued = true;
@@ -830,13 +815,7 @@ void Gateway::Impl::on_output(const OutputDelta& d) {
     p->done = true;
     live.erase(it);
     lock.unlock();
-    metrics.count_outcome("error");
-    if (p->stream) {
-      p->stream->send_event(to_json_text(make_error(server_error(d.error))));
-      p->stream->close();
-    } else {
-      p->responder->send(make_error_response(server_error(d.error)));
-    }
+    fail_request(p, server_error(d.error), "error");
     return;
   }
   p->completion_tokens += static_cast<int32_t>(d.token_ids.size());

@@ -30,6 +30,8 @@ import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from serve_e2e_test import descendants, free_port, http, metric, wait_healthy  # noqa: E402
+# The reference generation and the failure list of the speculative-decoding test.
+from serve_spec_test import check, failures, generate  # noqa: E402
 
 PROMPTS = ["In the beginning", "And God said", "The LORD is my shepherd", "Blessed is the man",
            "And it came to pass", "Now the serpent"]
@@ -39,25 +41,6 @@ LONG = ("In the beginning God created the heaven and the earth. And the earth wa
 MAX_TOKENS = 32
 LONG_OUTPUT = 400
 EOS_PROMPT = "Blessed is the man"
-
-failures = []
-
-
-def check(cond, what):
-    if not cond:
-        failures.append(what)
-        print(f"FAILED: {what}", file=sys.stderr)
-
-
-def generate(args, prompt, max_tokens, ignore_eos=True):
-    cmd = [args.xdeepserve, "generate", "--model", args.model, "--prompt", prompt,
-           "--max-tokens", str(max_tokens), "--temperature", "0", "--threads", "1"]
-    if ignore_eos:
-        cmd.append("--ignore-eos")
-    g = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    check(g.returncode == 0, f"generate: {g.stderr[-300:]}")
-    return g.stdout[:-1] if g.stdout.endswith("\n") else g.stdout
-
 
 def sum_metric(text, name):
     """Sum of a per-group gauge over every group line."""
