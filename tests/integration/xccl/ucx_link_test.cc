@@ -11,7 +11,6 @@
 
 #include <fcntl.h>
 #include <poll.h>
-#include <sched.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -31,6 +30,7 @@ namespace xds::xccl {
 namespace {
 
 constexpr uint64_t kBytes = 256 * 1024;
+constexpr const char* kSideFlag = "--ucx-netns-side";  // main(): run one side, see run_side
 
 // A failed check in a child: says which and exits with code 1 (the parent expects 0).
 #define CHILD_CHECK(cond)                                                             \
@@ -101,6 +101,17 @@ bool wait_peer_signal(UcxLink& l, int k, uint64_t value) {
   return wait_signal(l.transport(), {l.rank(), l.layout().signal_off(1 - l.rank(), k)}, value);
 }
 
+// Leaving in order: the side that received the last signal stays until the signaller, whose
+// flush waits for the acknowledgement, has gone (else that flush may see the peer gone).
+bool wait_peer_gone(UcxLink& l) {
+  const int64_t deadline = now_ns() + 15'000'000'000;
+  while (l.peer_alive()) {
+    if (now_ns() > deadline) return false;
+    usleep(1000);
+  }
+  return true;
+}
+
 bool bytes_equal(const std::byte* p, const std::vector<uint8_t>& want) {
   return std::memcmp(p, want.data(), want.size()) == 0;
 }
@@ -154,10 +165,17 @@ int exchange(UcxLink& l) {
   std::vector<uint8_t> mine(64);
   CHILD_CHECK(t.get(mine.data(), {me, lay.app, 64}, 0, 64) == OpState::kDone);
   CHILD_CHECK(std::equal(mine.begin(), mine.end(), own.begin()));
-  // Done: neither side leaves while the other may still pull from it.
-  CHILD_CHECK(signal_peer(l, 2, 1));
-  CHILD_CHECK(wait_peer_signal(l, 2, 1));
+  // Done: neither side leaves while the other may still pull from it. Rank 0 says it is done,
+  // rank 1 answers and leaves, rank 0 leaves once rank 1 has.
   CHILD_CHECK(l.peer_alive());
+  if (me == 0) {
+    CHILD_CHECK(signal_peer(l, 2, 1));
+    CHILD_CHECK(wait_peer_signal(l, 2, 1));
+    CHILD_CHECK(wait_peer_gone(l));
+  } else {
+    CHILD_CHECK(wait_peer_signal(l, 2, 1));
+    CHILD_CHECK(signal_peer(l, 2, 1));
+  }
   return 0;
 }
 
@@ -193,6 +211,7 @@ TEST(XcclUcxLink, AnExportedRegionIsPulledAtOddOffsetsAndSizes) {
     CHILD_CHECK(wait_peer_signal(l, 0, 1));  // rank 1 wrote back and is done
     CHILD_CHECK(std::memcmp(region.data() + kBackAt, back.data(), back.size()) == 0);
     CHILD_CHECK(std::memcmp(region.data(), whole.data(), kBackAt) == 0);
+    CHILD_CHECK(wait_peer_gone(l));
     return 0;
   };
   auto side1 = [&](UcxLink& l) {
@@ -341,5 +360,145 @@ TEST(XcclUcxLink, APeerKilledMidRunFailsOperationsWithoutHanging) {
   for (int fd : {to_parent[0], to_parent[1], to_child[0], to_child[1]}) close(fd);
 }
 
+// Runs `cmd` (through the shell, stderr folded in); its output on failure goes to `why`.
+bool run_command(const std::string& cmd, std::string& why) {
+  FILE* f = popen((cmd + " 2>&1").c_str(), "r");
+  if (f == nullptr) {
+    why = cmd + ": popen failed";
+    return false;
+  }
+  std::string out;
+  char buf[256];
+  while (std::fgets(buf, sizeof(buf), f) != nullptr) out += buf;
+  const int rc = pclose(f);
+  if (rc != 0) why = cmd + ": " + (out.empty() ? "exit " + std::to_string(rc) : out);
+  return rc == 0;
+}
+
+// Two network namespaces joined by a veth pair, addresses 10.211.N.1/24 and 10.211.N.2/24;
+// deleting the namespaces (destructor, also after a failure half way) deletes the veth too.
+struct VethNamespaces {
+  std::string ns[2], veth[2], addr[2];
+  bool made[2] = {false, false};
+
+  bool create(std::string& why) {
+    const std::string id = std::to_string(getpid());
+    const std::string subnet = "10.211." + std::to_string(getpid() % 250) + ".";
+    for (int i = 0; i < 2; ++i) {
+      ns[i] = "xds-ucx-" + id + "-" + std::to_string(i);
+      veth[i] = "xu" + id + (i == 0 ? "a" : "b");  // <= 15 characters
+      addr[i] = subnet + std::to_string(i + 1);
+    }
+    for (int i = 0; i < 2; ++i) {
+      if (!run_command("ip netns add " + ns[i], why)) return false;
+      made[i] = true;
+    }
+    if (!run_command("ip link add " + veth[0] + " netns " + ns[0] + " type veth peer name " +
+                         veth[1] + " netns " + ns[1], why)) {
+      return false;
+    }
+    for (int i = 0; i < 2; ++i) {
+      const std::string in = "ip -n " + ns[i] + " ";
+      if (!run_command(in + "addr add " + addr[i] + "/24 dev " + veth[i], why) ||
+          !run_command(in + "link set " + veth[i] + " up", why) ||
+          !run_command(in + "link set lo up", why)) {
+        return false;
+      }
+    }
+    // The carrier comes up a moment after "link set up"; UCX skips devices not yet running.
+    const int64_t deadline = now_ns() + 10'000'000'000;
+    for (int i = 0; i < 2; ++i) {
+      std::string out;
+      while (!run_command("ip -n " + ns[i] + " link show dev " + veth[i] + " | grep -q LOWER_UP",
+                          out)) {
+        if (now_ns() > deadline) {
+          why = veth[i] + " in " + ns[i] + " has no carrier after 10 s";
+          return false;
+        }
+        usleep(10'000);
+      }
+    }
+    return true;
+  }
+  ~VethNamespaces() {
+    std::string ignored;
+    for (int i = 0; i < 2; ++i)
+      if (made[i]) run_command("ip netns del " + ns[i], ignored);
+  }
+};
+
+// Runs one side in network namespace `ns` through `ip netns exec`, in a fresh image of this test
+// binary (main() below). `ip netns exec` also remounts /sys for the namespace, where UCX finds
+// its network devices; a forked child that only called setns() sees none of the namespace's.
+pid_t spawn_side(const std::string& ns, int rank, const std::string& host, uint16_t port,
+                 int port_fd) {
+  char exe[4096];
+  const ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+  if (n <= 0) return -1;
+  exe[n] = 0;
+  const pid_t pid = fork();
+  if (pid != 0) return pid;
+  const std::string r = std::to_string(rank), p = std::to_string(port),
+                    f = std::to_string(port_fd);
+  execlp("ip", "ip", "netns", "exec", ns.c_str(), exe, kSideFlag, r.c_str(), host.c_str(),
+         p.c_str(), f.c_str(), static_cast<char*>(nullptr));
+  std::fprintf(stderr, "cannot run ip netns exec: %s\n", std::strerror(errno));
+  _exit(3);
+}
+
+// Two hosts as far as the network goes: each side in its own namespace, the link over the veth.
+TEST(XcclUcxLink, GetsPutsAndSignalsCrossBetweenNetworkNamespacesOverAVethPair) {
+  VethNamespaces net;
+  std::string why;
+  if (!net.create(why)) GTEST_SKIP() << "cannot make network namespaces here: " << why;
+  int port_pipe[2];
+  ASSERT_EQ(pipe(port_pipe), 0);  // rank 0 writes the port it listens on
+  const pid_t p0 = spawn_side(net.ns[0], 0, net.addr[0], 0, port_pipe[1]);
+  close(port_pipe[1]);
+  ASSERT_GT(p0, 0) << "cannot find this test's executable";
+  uint16_t port = 0;
+  pollfd pf{port_pipe[0], POLLIN, 0};  // a deadline: rank 0 may fail before it writes
+  const bool listening =
+      poll(&pf, 1, 30'000) == 1 && read(port_pipe[0], &port, sizeof(port)) == sizeof(port);
+  close(port_pipe[0]);
+  const pid_t p1 = listening ? spawn_side(net.ns[1], 1, net.addr[0], port, -1) : -1;
+  EXPECT_EQ(wait_child(p0), 0) << "rank 0";
+  ASSERT_TRUE(listening) << "rank 0 did not listen in " << net.ns[0];
+  EXPECT_EQ(wait_child(p1), 0) << "rank 1";
+}
+
 }  // namespace
+
+// One side of the namespace test: kSideFlag RANK HOST PORT PORT_FD. Rank 0 listens on HOST
+// (any port) and writes the port to PORT_FD; rank 1 connects to HOST:PORT. Exit code 0: the
+// exchange checked out.
+int run_side(char** argv) {
+  const int rank = std::atoi(argv[2]);
+  const std::string host = argv[3];
+  const auto port = static_cast<uint16_t>(std::atoi(argv[4]));
+  const int port_fd = std::atoi(argv[5]);
+  Result<std::unique_ptr<UcxLink>> link = unavailable("not formed");
+  if (rank == 0) {
+    auto listener = UcxListener::listen(host, 0);
+    CHILD_CHECK(listener.ok());
+    const uint16_t bound = listener->port();
+    CHILD_CHECK(write(port_fd, &bound, sizeof(bound)) == sizeof(bound));
+    close(port_fd);
+    link = listener->accept(tcp_options(4));
+  } else {
+    link = ucx_connect(host, port, tcp_options(4));
+  }
+  if (!link.ok()) std::fprintf(stderr, "rank %d: %s\n", rank, link.status().to_string().c_str());
+  CHILD_CHECK(link.ok());
+  if (rank == 1) CHILD_CHECK((*link)->peer_address() == host + ":" + std::to_string(port));
+  return exchange(**link);
+}
 }  // namespace xds::xccl
+
+int main(int argc, char** argv) {
+  if (argc == 6 && std::strcmp(argv[1], xds::xccl::kSideFlag) == 0) {
+    return xds::xccl::run_side(argv);
+  }
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}
