@@ -328,12 +328,30 @@ Status UcxLinkImpl::init(const UcxLinkOptions& o, int64_t deadline) {
   XDS_RETURN_IF_ERROR(send_all(sock_, mine.arena.rkey.data(), mine.arena.rkey.size(), deadline, peer_));
   XDS_RETURN_IF_ERROR(send_all(sock_, mine.region.rkey.data(), mine.region.rkey.size(), deadline, peer_));
 
+  // The peer's whole hello is read before it is judged: closing with its bytes unread would
+  // reset the connection, and the peer would see "connection reset" instead of the reason.
   UcxHello t{};
   XDS_RETURN_IF_ERROR(recv_all(sock_, &t, sizeof(t), deadline, peer_));
   if (t.magic != kHelloMagic) {
     return failed_precondition("xccl ucx link {}: the peer's hello is not an xccl ucx hello "
                                "(magic {:#x})", peer_, t.magic);
   }
+  if (t.worker_address_bytes == 0 || t.worker_address_bytes > kMaxBlobBytes ||
+      t.arena_rkey_bytes == 0 || t.arena_rkey_bytes > kMaxBlobBytes ||
+      t.region_rkey_bytes > kMaxBlobBytes || (t.region_rkey_bytes == 0) != (t.region_bytes == 0)) {
+    return failed_precondition("xccl ucx link {}: the peer's hello is malformed (address {} "
+                               "bytes, rkeys {} and {} bytes, region {} bytes)", peer_,
+                               t.worker_address_bytes, t.arena_rkey_bytes, t.region_rkey_bytes,
+                               t.region_bytes);
+  }
+  UcxPacked theirs;
+  theirs.worker_address.resize(t.worker_address_bytes);
+  theirs.arena = {t.arena_base, t.arena_bytes, std::vector<uint8_t>(t.arena_rkey_bytes)};
+  theirs.region = {t.region_base, t.region_bytes, std::vector<uint8_t>(t.region_rkey_bytes)};
+  XDS_RETURN_IF_ERROR(recv_all(sock_, theirs.worker_address.data(), t.worker_address_bytes,
+                               deadline, peer_));
+  XDS_RETURN_IF_ERROR(recv_all(sock_, theirs.arena.rkey.data(), t.arena_rkey_bytes, deadline, peer_));
+  XDS_RETURN_IF_ERROR(recv_all(sock_, theirs.region.rkey.data(), t.region_rkey_bytes, deadline, peer_));
   if (t.version != kHelloVersion) {
     return failed_precondition("xccl ucx link {}: the peer speaks ucx link version {}, this "
                                "side {}", peer_, t.version, kHelloVersion);
@@ -347,23 +365,10 @@ Status UcxLinkImpl::init(const UcxLinkOptions& o, int64_t deadline) {
                             t.epoch, epoch_);
   }
   XDS_RETURN_IF_ERROR(check_config(layout_.cfg, t.config, peer_));
-  if (t.arena_bytes != layout_.total || t.worker_address_bytes == 0 ||
-      t.worker_address_bytes > kMaxBlobBytes || t.arena_rkey_bytes == 0 ||
-      t.arena_rkey_bytes > kMaxBlobBytes || t.region_rkey_bytes > kMaxBlobBytes ||
-      (t.region_rkey_bytes == 0) != (t.region_bytes == 0)) {
-    return failed_precondition("xccl ucx link {}: the peer's hello is malformed (arena {} "
-                               "bytes, address {} bytes, rkeys {} and {} bytes)", peer_,
-                               t.arena_bytes, t.worker_address_bytes, t.arena_rkey_bytes,
-                               t.region_rkey_bytes);
+  if (t.arena_bytes != layout_.total) {
+    return failed_precondition("xccl ucx link {}: the peer's arena is {} bytes, this side's {}",
+                               peer_, t.arena_bytes, layout_.total);
   }
-  UcxPacked theirs;
-  theirs.worker_address.resize(t.worker_address_bytes);
-  theirs.arena = {t.arena_base, t.arena_bytes, std::vector<uint8_t>(t.arena_rkey_bytes)};
-  theirs.region = {t.region_base, t.region_bytes, std::vector<uint8_t>(t.region_rkey_bytes)};
-  XDS_RETURN_IF_ERROR(recv_all(sock_, theirs.worker_address.data(), t.worker_address_bytes,
-                               deadline, peer_));
-  XDS_RETURN_IF_ERROR(recv_all(sock_, theirs.arena.rkey.data(), t.arena_rkey_bytes, deadline, peer_));
-  XDS_RETURN_IF_ERROR(recv_all(sock_, theirs.region.rkey.data(), t.region_rkey_bytes, deadline, peer_));
   XDS_RETURN_IF_ERROR(worker_->connect(theirs, peer_));
   transport_ = std::make_unique<UcxTransport>(*this);
   if (o.progress_thread) worker_->start_progress_thread();
