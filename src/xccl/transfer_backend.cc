@@ -37,8 +37,10 @@ bool is_loopback_host(std::string_view h) {
   if (h.substr(0, 4) != "127.") return false;
   int dots = 0;
   for (char c : h) {
-    if (c == '.') ++dots;
-    else if (!std::isdigit(static_cast<unsigned char>(c))) return false;
+    if (c == '.')
+      ++dots;
+    else if (!std::isdigit(static_cast<unsigned char>(c)))
+      return false;
   }
   return dots == 3;
 }

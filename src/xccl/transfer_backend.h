@@ -20,7 +20,6 @@ std::string_view transfer_backend_name(TransferBackend b);
 // The host part of an address ("[::1]:80" -> "::1", "10.0.0.2:7000" -> "10.0.0.2").
 std::string_view address_host(std::string_view address);
 bool is_loopback_host(std::string_view host);
-TransferBackend pick_transfer_backend(std::string_view self_address,
-                                      std::string_view peer_address);
+TransferBackend pick_transfer_backend(std::string_view self_address, std::string_view peer_address);
 
 }  // namespace xds::xccl

@@ -112,15 +112,18 @@ Status check_config(const ArenaConfig& ours, const ArenaConfig& theirs, const st
                             field, b, a);
   };
   if (ours.lanes != theirs.lanes) return differ("lanes", ours.lanes, theirs.lanes);
-  if (ours.ring_slots != theirs.ring_slots) return differ("ring_slots", ours.ring_slots, theirs.ring_slots);
-  if (ours.slot_bytes != theirs.slot_bytes) return differ("slot_bytes", ours.slot_bytes, theirs.slot_bytes);
+  if (ours.ring_slots != theirs.ring_slots)
+    return differ("ring_slots", ours.ring_slots, theirs.ring_slots);
+  if (ours.slot_bytes != theirs.slot_bytes)
+    return differ("slot_bytes", ours.slot_bytes, theirs.slot_bytes);
   if (ours.signals_per_peer != theirs.signals_per_peer) {
     return differ("signals_per_peer", ours.signals_per_peer, theirs.signals_per_peer);
   }
   if (ours.staging_bytes != theirs.staging_bytes) {
     return differ("staging_bytes", ours.staging_bytes, theirs.staging_bytes);
   }
-  if (ours.app_bytes != theirs.app_bytes) return differ("app_bytes", ours.app_bytes, theirs.app_bytes);
+  if (ours.app_bytes != theirs.app_bytes)
+    return differ("app_bytes", ours.app_bytes, theirs.app_bytes);
   return {};
 }
 
@@ -211,10 +214,11 @@ class UcxTransport final : public Transport {
 
   OpState put_with_signal(const MemDesc& dst, uint64_t off, const void* src, uint64_t n,
                           const SignalRef& sig, uint64_t value) override {
-    if (sig.rank != 1 - l_.rank() || sig.offset % 8 != 0 ||
-        sig.offset + 8 > l_.layout().total) {
-      XDS_LOG_ERROR("xccl ucx link {}: put_with_signal to signal (rank {}, offset {}): not an "
-                    "aligned word of the peer's arena", l_.peer_, sig.rank, sig.offset);
+    if (sig.rank != 1 - l_.rank() || sig.offset % 8 != 0 || sig.offset + 8 > l_.layout().total) {
+      XDS_LOG_ERROR(
+          "xccl ucx link {}: put_with_signal to signal (rank {}, offset {}): not an "
+          "aligned word of the peer's arena",
+          l_.peer_, sig.rank, sig.offset);
       return OpState::kFailed;
     }
     if (n != 0 && put(dst, off, src, n) == OpState::kFailed) return OpState::kFailed;
@@ -226,8 +230,10 @@ class UcxTransport final : public Transport {
 
   OpState test_signal(const SignalRef& sig, uint64_t value) override {
     if (sig.rank != l_.rank() || sig.offset % 8 != 0 || sig.offset + 8 > l_.layout().total) {
-      XDS_LOG_ERROR("xccl ucx link {}: test_signal of (rank {}, offset {}): not an aligned "
-                    "word of this side's arena", l_.peer_, sig.rank, sig.offset);
+      XDS_LOG_ERROR(
+          "xccl ucx link {}: test_signal of (rank {}, offset {}): not an aligned "
+          "word of this side's arena",
+          l_.peer_, sig.rank, sig.offset);
       return OpState::kFailed;
     }
     if (!l_.worker_->has_progress_thread()) l_.worker_->progress();
@@ -255,9 +261,11 @@ class UcxTransport final : public Transport {
     const bool ok = (d.region == kArenaRegion || d.region == kExportRegion) && bytes != 0 &&
                     off + n <= d.bytes && d.offset + d.bytes <= bytes;
     if (!ok) {
-      XDS_LOG_ERROR("xccl ucx link {}: {} of [{} + {}, +{}) outside rank {}'s {} ({} bytes, "
-                    "descriptor {} bytes)", l_.peer_, op, d.offset, off, n, d.rank,
-                    d.region == kArenaRegion ? "arena" : "exported region", bytes, d.bytes);
+      XDS_LOG_ERROR(
+          "xccl ucx link {}: {} of [{} + {}, +{}) outside rank {}'s {} ({} bytes, "
+          "descriptor {} bytes)",
+          l_.peer_, op, d.offset, off, n, d.rank,
+          d.region == kArenaRegion ? "arena" : "exported region", bytes, d.bytes);
     }
     return ok;
   }
@@ -266,11 +274,10 @@ class UcxTransport final : public Transport {
     const uint64_t bytes = d.region == kArenaRegion ? l_.layout().total : l_.exported_.size();
     return in_bounds(d, off, n, bytes, op) ? base + d.offset + off : nullptr;
   }
-  bool remote_address(const MemDesc& d, uint64_t off, uint64_t n, const char* op,
-                      uint64_t& addr) {
+  bool remote_address(const MemDesc& d, uint64_t off, uint64_t n, const char* op, uint64_t& addr) {
     if (d.rank != 1 - l_.rank()) {
-      XDS_LOG_ERROR("xccl ucx link {}: {} names rank {}; a link has ranks 0 and 1", l_.peer_,
-                    op, d.rank);
+      XDS_LOG_ERROR("xccl ucx link {}: {} names rank {}; a link has ranks 0 and 1", l_.peer_, op,
+                    d.rank);
       return false;
     }
     const UcxRemoteMemory& m = l_.worker_->peer(memory_of(d));
@@ -317,48 +324,65 @@ Status UcxLinkImpl::init(const UcxLinkOptions& o, int64_t deadline) {
   XDS_ASSIGN_OR_RETURN(worker_,
                        UcxWorker::create(o.tls, {arena_.get(), layout_.total}, o.exported));
   const UcxPacked& mine = worker_->packed();
-  UcxHello h{kHelloMagic, kHelloVersion, rank_, epoch_, 0, layout_.cfg,
-             mine.arena.base, mine.arena.bytes, mine.region.base, mine.region.bytes,
+  UcxHello h{kHelloMagic,
+             kHelloVersion,
+             rank_,
+             epoch_,
+             0,
+             layout_.cfg,
+             mine.arena.base,
+             mine.arena.bytes,
+             mine.region.base,
+             mine.region.bytes,
              static_cast<uint32_t>(mine.worker_address.size()),
              static_cast<uint32_t>(mine.arena.rkey.size()),
-             static_cast<uint32_t>(mine.region.rkey.size()), 0};
+             static_cast<uint32_t>(mine.region.rkey.size()),
+             0};
   XDS_RETURN_IF_ERROR(send_all(sock_, &h, sizeof(h), deadline, peer_));
-  XDS_RETURN_IF_ERROR(send_all(sock_, mine.worker_address.data(), mine.worker_address.size(),
-                               deadline, peer_));
-  XDS_RETURN_IF_ERROR(send_all(sock_, mine.arena.rkey.data(), mine.arena.rkey.size(), deadline, peer_));
-  XDS_RETURN_IF_ERROR(send_all(sock_, mine.region.rkey.data(), mine.region.rkey.size(), deadline, peer_));
+  XDS_RETURN_IF_ERROR(
+      send_all(sock_, mine.worker_address.data(), mine.worker_address.size(), deadline, peer_));
+  XDS_RETURN_IF_ERROR(
+      send_all(sock_, mine.arena.rkey.data(), mine.arena.rkey.size(), deadline, peer_));
+  XDS_RETURN_IF_ERROR(
+      send_all(sock_, mine.region.rkey.data(), mine.region.rkey.size(), deadline, peer_));
 
   // The peer's whole hello is read before it is judged: closing with its bytes unread would
   // reset the connection, and the peer would see "connection reset" instead of the reason.
   UcxHello t{};
   XDS_RETURN_IF_ERROR(recv_all(sock_, &t, sizeof(t), deadline, peer_));
   if (t.magic != kHelloMagic) {
-    return failed_precondition("xccl ucx link {}: the peer's hello is not an xccl ucx hello "
-                               "(magic {:#x})", peer_, t.magic);
+    return failed_precondition(
+        "xccl ucx link {}: the peer's hello is not an xccl ucx hello "
+        "(magic {:#x})",
+        peer_, t.magic);
   }
   if (t.worker_address_bytes == 0 || t.worker_address_bytes > kMaxBlobBytes ||
       t.arena_rkey_bytes == 0 || t.arena_rkey_bytes > kMaxBlobBytes ||
       t.region_rkey_bytes > kMaxBlobBytes || (t.region_rkey_bytes == 0) != (t.region_bytes == 0)) {
-    return failed_precondition("xccl ucx link {}: the peer's hello is malformed (address {} "
-                               "bytes, rkeys {} and {} bytes, region {} bytes)", peer_,
-                               t.worker_address_bytes, t.arena_rkey_bytes, t.region_rkey_bytes,
-                               t.region_bytes);
+    return failed_precondition(
+        "xccl ucx link {}: the peer's hello is malformed (address {} "
+        "bytes, rkeys {} and {} bytes, region {} bytes)",
+        peer_, t.worker_address_bytes, t.arena_rkey_bytes, t.region_rkey_bytes, t.region_bytes);
   }
   UcxPacked theirs;
   theirs.worker_address.resize(t.worker_address_bytes);
   theirs.arena = {t.arena_base, t.arena_bytes, std::vector<uint8_t>(t.arena_rkey_bytes)};
   theirs.region = {t.region_base, t.region_bytes, std::vector<uint8_t>(t.region_rkey_bytes)};
-  XDS_RETURN_IF_ERROR(recv_all(sock_, theirs.worker_address.data(), t.worker_address_bytes,
-                               deadline, peer_));
-  XDS_RETURN_IF_ERROR(recv_all(sock_, theirs.arena.rkey.data(), t.arena_rkey_bytes, deadline, peer_));
-  XDS_RETURN_IF_ERROR(recv_all(sock_, theirs.region.rkey.data(), t.region_rkey_bytes, deadline, peer_));
+  XDS_RETURN_IF_ERROR(
+      recv_all(sock_, theirs.worker_address.data(), t.worker_address_bytes, deadline, peer_));
+  XDS_RETURN_IF_ERROR(
+      recv_all(sock_, theirs.arena.rkey.data(), t.arena_rkey_bytes, deadline, peer_));
+  XDS_RETURN_IF_ERROR(
+      recv_all(sock_, theirs.region.rkey.data(), t.region_rkey_bytes, deadline, peer_));
   if (t.version != kHelloVersion) {
-    return failed_precondition("xccl ucx link {}: the peer speaks ucx link version {}, this "
-                               "side {}", peer_, t.version, kHelloVersion);
+    return failed_precondition(
+        "xccl ucx link {}: the peer speaks ucx link version {}, this "
+        "side {}",
+        peer_, t.version, kHelloVersion);
   }
   if (t.rank != 1 - rank_) {
-    return failed_precondition("xccl ucx link {}: the peer says it is rank {}, expected {}",
-                               peer_, t.rank, 1 - rank_);
+    return failed_precondition("xccl ucx link {}: the peer says it is rank {}, expected {}", peer_,
+                               t.rank, 1 - rank_);
   }
   if (t.epoch != epoch_) {
     return invalid_argument("xccl ucx link {}: the peer's epoch is {}, this side's {}", peer_,
@@ -383,7 +407,8 @@ Result<std::unique_ptr<UcxLink>> form_link(int sock, int rank, const UcxLinkOpti
     close(sock);
     return st;
   }
-  auto link = std::make_unique<UcxLinkImpl>(sock, rank, o.epoch, arena_layout(cfg), std::move(peer));
+  auto link =
+      std::make_unique<UcxLinkImpl>(sock, rank, o.epoch, arena_layout(cfg), std::move(peer));
   XDS_RETURN_IF_ERROR(link->init(o, deadline));
   return std::unique_ptr<UcxLink>(std::move(link));
 }
@@ -415,9 +440,9 @@ Result<UcxListener> UcxListener::listen(const std::string& host, uint16_t port) 
   sockaddr_storage bound{};
   socklen_t bound_len = sizeof(bound);
   getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &bound_len);
-  const uint16_t p = ntohs(bound.ss_family == AF_INET6
-                               ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
-                               : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+  const uint16_t p =
+      ntohs(bound.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
+                                        : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
   return UcxListener(fd, p, address_string(host, p));
 }
 

@@ -7,7 +7,8 @@
 // else UCX's own choice: RDMA where the hardware has it), allocates its control arena (the
 // same ArenaLayout as every fabric: signals, app area) and registers it, and registers the
 // region it exports, if any (e.g. the KV cache). Then both send a hello over the TCP socket
-// and check the other's:
+// and check the other's (each reads the whole hello before judging it, so that a rejection does
+// not reset the connection under the peer):
 //   UcxHello (host byte order, both sides x86-64) | worker address | arena rkey | region rkey
 // A different magic, version, rank, epoch or arena config fails both sides with an error
 // naming the field and both values. The TCP socket stays open: its EOF is the peer's death
@@ -28,6 +29,21 @@
 // its worker: with progress_thread (the default) a thread does that while the owner computes
 // (it sleeps on the worker's event fd when idle); without it, the owner calls progress().
 //
+// Usage (a decode side pulls one request's KV blocks from the prefill side that listens):
+//   prefill: auto lis = UcxListener::listen("0.0.0.0", 7100);
+//            UcxLinkOptions o; o.epoch = e; o.exported = kv_cache_span;
+//            auto link = lis->accept(o);                    // rank 0
+//   decode:  UcxLinkOptions o; o.epoch = e;
+//            auto link = ucx_connect("10.0.0.2", 7100, o);  // rank 1
+//            Transport& t = (*link)->transport();
+//            for (i, block b of the request)
+//              t.get(dst + i * kBlockBytes, {0, b * kBlockBytes, kBlockBytes, kExportRegion},
+//                    0, kBlockBytes);
+//            if (t.flush() != OpState::kDone) -> the link is lost: fail the request
+//
+// Leaving: the side that receives the last signal waits until peer_alive() is false before it
+// goes; otherwise the signaller's flush may see it gone before the acknowledgement arrives.
+//
 // Thread-safety: the worker runs in UCS_THREAD_MODE_MULTI; transport calls may come from any
 // thread. Listener: one thread at a time. The link owns everything it registered; the
 // exported span must outlive the link.
@@ -46,13 +62,13 @@
 namespace xds::xccl {
 
 struct UcxLinkOptions {
-  ArenaConfig config;           // the control arena (world_size is set to 2)
-  uint32_t epoch = 0;           // both sides must agree
-  int timeout_ms = 10'000;      // rendezvous and hello
+  ArenaConfig config;       // the control arena (world_size is set to 2)
+  uint32_t epoch = 0;       // both sides must agree
+  int timeout_ms = 10'000;  // rendezvous and hello
   int flush_timeout_ms = 30'000;
   std::span<std::byte> exported;  // lent to the peer (its kExportRegion); empty for none
-  std::string tls;              // UCX_TLS of this link's context ("tcp"); empty: UCX's choice
-  bool progress_thread = true;  // serve the peer's one-sided operations in the background
+  std::string tls;                // UCX_TLS of this link's context ("tcp"); empty: UCX's choice
+  bool progress_thread = true;    // serve the peer's one-sided operations in the background
 };
 
 class UcxLink {
@@ -63,9 +79,9 @@ class UcxLink {
 
   virtual int rank() const = 0;  // 0: the listener, 1: the connecting side
   virtual uint32_t epoch() const = 0;
-  virtual const ArenaLayout& layout() const = 0;  // both arenas' layout
-  virtual std::byte* local() const = 0;           // this side's control arena
-  virtual uint64_t peer_region_bytes() const = 0;  // 0 when the peer exports none
+  virtual const ArenaLayout& layout() const = 0;        // both arenas' layout
+  virtual std::byte* local() const = 0;                 // this side's control arena
+  virtual uint64_t peer_region_bytes() const = 0;       // 0 when the peer exports none
   virtual const std::string& peer_address() const = 0;  // "host:port" of the TCP socket
   virtual Transport& transport() = 0;
   // False once the peer is known to be gone (TCP EOF or UCX endpoint error). A syscall.

@@ -189,8 +189,8 @@ Status UcxWorker::flush(int64_t deadline_ns, const std::function<bool()>& alive)
   while (done < mine.size()) {
     const ucs_status_t s = ucp_request_check_status(mine[done]);
     if (s != UCS_INPROGRESS) {
-      if (s != UCS_OK && st.ok()) st = unavailable("xccl ucx: an operation failed: {}",
-                                                   ucs_status_string(s));
+      if (s != UCS_OK && st.ok())
+        st = unavailable("xccl ucx: an operation failed: {}", ucs_status_string(s));
       ucp_request_free(mine[done]);
       ++done;
       continue;
@@ -212,7 +212,8 @@ Status UcxWorker::flush(int64_t deadline_ns, const std::function<bool()>& alive)
   // What did not complete is released to UCX (it completes or fails on its own).
   for (size_t i = done; i < mine.size(); ++i) ucp_request_free(mine[i]);
   const uint64_t failed = failed_ops_.exchange(0, std::memory_order_relaxed);
-  if (st.ok() && failed != 0) st = unavailable("xccl ucx: {} operations failed when issued", failed);
+  if (st.ok() && failed != 0)
+    st = unavailable("xccl ucx: {} operations failed when issued", failed);
   if (st.ok()) {
     std::lock_guard lock(mu_);
     words_.erase(words_.begin(), words_.begin() + static_cast<ptrdiff_t>(words));

@@ -67,7 +67,7 @@ class UcxWorker {
   // Starts a thread that progresses the worker (sleeping on its event fd when idle).
   void start_progress_thread();
 
-  // Remote memory of the peer: nullptr-free checks are the caller's (ucx_link.cc).
+  // The peer's memory (bytes == 0: none); bounds checks are the caller's (ucx_link.cc).
   const UcxRemoteMemory& peer(UcxMemory m) const {
     return m == UcxMemory::kArena ? peer_arena_ : peer_region_;
   }

@@ -33,13 +33,13 @@ constexpr uint64_t kBytes = 256 * 1024;
 constexpr const char* kSideFlag = "--ucx-netns-side";  // main(): run one side, see run_side
 
 // A failed check in a child: says which and exits with code 1 (the parent expects 0).
-#define CHILD_CHECK(cond)                                                             \
-  do {                                                                                \
-    if (!(cond)) {                                                                    \
-      std::fprintf(stderr, "child %d: %s:%d: failed: %s\n", static_cast<int>(getpid()), \
-                   __FILE__, __LINE__, #cond);                                        \
-      return 1;                                                                       \
-    }                                                                                 \
+#define CHILD_CHECK(cond)                                                                         \
+  do {                                                                                            \
+    if (!(cond)) {                                                                                \
+      std::fprintf(stderr, "child %d: %s:%d: failed: %s\n", static_cast<int>(getpid()), __FILE__, \
+                   __LINE__, #cond);                                                              \
+      return 1;                                                                                   \
+    }                                                                                             \
   } while (0)
 
 UcxLinkOptions tcp_options(uint32_t epoch, int lanes = 2) {
@@ -118,8 +118,8 @@ bool bytes_equal(const std::byte* p, const std::vector<uint8_t>& want) {
 
 // Rank 0 in one child, rank 1 in another; both exit codes must be 0.
 template <typename Fn0, typename Fn1>
-void run_pair(UcxListener& listener, const UcxLinkOptions& o0, const UcxLinkOptions& o1,
-              Fn0 side0, Fn1 side1) {
+void run_pair(UcxListener& listener, const UcxLinkOptions& o0, const UcxLinkOptions& o1, Fn0 side0,
+              Fn1 side1) {
   const uint16_t port = listener.port();
   const pid_t p0 = fork_child([&] {
     auto link = listener.accept(o0);
@@ -139,7 +139,8 @@ void run_pair(UcxListener& listener, const UcxLinkOptions& o0, const UcxLinkOpti
 
 // Each side fills half A of its app area, puts pattern into the other's half B with a signal,
 // checks what it received, then pulls the other's half A. Layout of each app area:
-//   [app, +kBytes) own pattern (seed 1 + rank) | [app + 512K, +kBytes) the peer's put (seed 3 + peer)
+//   [app, +kBytes) own pattern (seed 1 + rank) | [app + 512K, +kBytes) the peer's put (seed 3 +
+//   peer)
 int exchange(UcxLink& l) {
   Transport& t = l.transport();
   const int me = l.rank(), peer = 1 - me;
@@ -197,7 +198,7 @@ TEST(XcclUcxLink, AnExportedRegionIsPulledAtOddOffsetsAndSizes) {
   struct Slice {
     uint64_t off, n;
   };
-  const std::vector<Slice> slices = {{0, kRegion},  {1, 3},          {4095, 245'760 + 7},
+  const std::vector<Slice> slices = {{0, kRegion},     {1, 3},           {4095, 245'760 + 7},
                                      {kRegion - 5, 5}, {777, 3'000'001}, {2'500'000, 1}};
   UcxLinkOptions o0 = tcp_options(3, 1);
   std::vector<uint8_t> region(whole);  // the child's copy is what it exports
@@ -394,7 +395,8 @@ struct VethNamespaces {
       made[i] = true;
     }
     if (!run_command("ip link add " + veth[0] + " netns " + ns[0] + " type veth peer name " +
-                         veth[1] + " netns " + ns[1], why)) {
+                         veth[1] + " netns " + ns[1],
+                     why)) {
       return false;
     }
     for (int i = 0; i < 2; ++i) {
@@ -438,8 +440,7 @@ pid_t spawn_side(const std::string& ns, int rank, const std::string& host, uint1
   exe[n] = 0;
   const pid_t pid = fork();
   if (pid != 0) return pid;
-  const std::string r = std::to_string(rank), p = std::to_string(port),
-                    f = std::to_string(port_fd);
+  const std::string r = std::to_string(rank), p = std::to_string(port), f = std::to_string(port_fd);
   execlp("ip", "ip", "netns", "exec", ns.c_str(), exe, kSideFlag, r.c_str(), host.c_str(),
          p.c_str(), f.c_str(), static_cast<char*>(nullptr));
   std::fprintf(stderr, "cannot run ip netns exec: %s\n", std::strerror(errno));
