@@ -122,11 +122,23 @@ void report(FILE* out, int round, const char* backend, const Case& c, double med
   std::fflush(stdout);
 }
 
-// The exporter's side: stays until the puller has gone (or 10 minutes passed).
-template <typename Alive>
-void wait_until_gone(Alive alive) {
-  for (int i = 0; i < 60'000 && alive(); ++i) usleep(10'000);
-}
+// The exporter and the puller: the child (exporter) stays until the parent closes its end of
+// `done` (or 10 minutes passed); a pidfd would not do, the puller goes on living.
+struct DonePipe {
+  int fd[2] = {-1, -1};
+  DonePipe() {
+    if (pipe(fd) != 0) fd[0] = fd[1] = -1;
+  }
+  void child_waits() {  // in the child: its copy of the write end must go first
+    close(fd[1]);
+    pollfd p{fd[0], POLLIN, 0};
+    poll(&p, 1, 600'000);
+  }
+  void parent_done() {
+    close(fd[1]);
+    close(fd[0]);
+  }
+};
 
 int wait_child(pid_t pid) {
   int st = 0;
@@ -162,6 +174,7 @@ bool run_shm(FILE* out, int round, const std::vector<Case>& cs, std::vector<std:
   const std::string name = "kv-bench-" + std::to_string(getpid());
   auto listener = LinkListener::listen(name);
   if (!listener.ok()) return false;
+  DonePipe done;
   const pid_t child = fork();
   if (child == 0) {
     auto region = SharedRegion::create("kv-bench", kRegionBytes);
@@ -169,7 +182,7 @@ bool run_shm(FILE* out, int round, const std::vector<Case>& cs, std::vector<std:
     fill_pattern(region->data(), kRegionBytes);
     auto f = listener->accept(small_arena(), 1, 60'000, &*region);
     if (!f.ok()) _exit(3);
-    wait_until_gone([&] { return (*f)->peer_alive(1); });
+    done.child_waits();
     _exit(0);
   }
   bool ok = true;
@@ -193,12 +206,14 @@ bool run_shm(FILE* out, int round, const std::vector<Case>& cs, std::vector<std:
       ok = m >= 0;
     }
   }
+  done.parent_done();
   return wait_child(child) == 0 && ok;
 }
 
 bool run_ucx(FILE* out, int round, const std::vector<Case>& cs, std::vector<std::byte>& dst) {
   auto listener = UcxListener::listen("127.0.0.1", 0);
   if (!listener.ok()) return false;
+  DonePipe done;
   UcxLinkOptions o;
   o.config = small_arena();
   o.epoch = 1;
@@ -213,7 +228,7 @@ bool run_ucx(FILE* out, int round, const std::vector<Case>& cs, std::vector<std:
     mine.exported = region;
     auto l = listener->accept(mine);
     if (!l.ok()) _exit(3);
-    wait_until_gone([&] { return (*l)->peer_alive(); });
+    done.child_waits();
     _exit(0);
   }
   bool ok = true;
@@ -236,6 +251,7 @@ bool run_ucx(FILE* out, int round, const std::vector<Case>& cs, std::vector<std:
       ok = m >= 0;
     }
   }
+  done.parent_done();
   return wait_child(child) == 0 && ok;
 }
 
