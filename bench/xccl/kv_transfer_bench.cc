@@ -4,6 +4,7 @@
 //   shm     XCCL shared-memory link: get from the peer's exported SharedRegion
 //   ucx     XCCL UCX link over TCP loopback (UCX_TLS=tcp): ucp_get_nbx from the peer's
 //           exported region, then flush
+//   ucx_seg64k  the same with UCX's TCP segments at 64 KB instead of 8 KB (UcxLinkOptions)
 // Cases (bench-2.6b: a block is 16 tokens x 13 layers x (512 + 64) x 2 bytes = 239,616 bytes;
 // a request of 4096 tokens is 256 blocks):
 //   block           one block per transfer (get + flush): per-block latency
@@ -210,7 +211,9 @@ bool run_shm(FILE* out, int round, const std::vector<Case>& cs, std::vector<std:
   return wait_child(child) == 0 && ok;
 }
 
-bool run_ucx(FILE* out, int round, const std::vector<Case>& cs, std::vector<std::byte>& dst) {
+// `backend` "ucx": UCX's default settings; "ucx_seg64k": TCP segments of 64 KB (default 8 KB).
+bool run_ucx(FILE* out, int round, const std::vector<Case>& cs, std::vector<std::byte>& dst,
+             const char* backend) {
   auto listener = UcxListener::listen("127.0.0.1", 0);
   if (!listener.ok()) return false;
   DonePipe done;
@@ -220,6 +223,9 @@ bool run_ucx(FILE* out, int round, const std::vector<Case>& cs, std::vector<std:
   o.tls = "tcp";
   o.timeout_ms = 60'000;
   o.flush_timeout_ms = 120'000;
+  if (std::strcmp(backend, "ucx_seg64k") == 0) {
+    o.ucx_config = {{"TCP_TX_SEG_SIZE", "64k"}, {"TCP_RX_SEG_SIZE", "64k"}};
+  }
   const pid_t child = fork();  // before this process initialises UCX
   if (child == 0) {
     std::vector<std::byte> region(kRegionBytes);
@@ -247,7 +253,7 @@ bool run_ucx(FILE* out, int round, const std::vector<Case>& cs, std::vector<std:
             return t.get(d, src, off, n) != OpState::kFailed;
           },
           [&] { return t.flush() == OpState::kDone; });
-      report(out, round, "ucx", cs[i], m);
+      report(out, round, backend, cs[i], m);
       ok = m >= 0;
     }
   }
@@ -273,7 +279,7 @@ int main(int argc, char** argv) {
   std::vector<std::byte> dst(kBlockBytes * kRequestBlocks);
   // shm and memcpy first: the UCX round forks its exporter before this process loads UCX.
   const bool ok = run_memcpy(out, round, cs, dst) && run_shm(out, round, cs, dst) &&
-                  run_ucx(out, round, cs, dst);
+                  run_ucx(out, round, cs, dst, "ucx") && run_ucx(out, round, cs, dst, "ucx_seg64k");
   std::fclose(out);
   return ok ? 0 : 1;
 }

@@ -58,7 +58,7 @@ def main():
 
     result = {"bench": "kv_transfer", "load_before": load_before, "load_after": load_after,
               "rows": [], "targets": {}}
-    order = ["memcpy", "shm", "ucx"]
+    order = ["memcpy", "shm", "ucx", "ucx_seg64k"]
     print(f"KV transfer (block = 239,616 B; request = 256 blocks), medians over rounds; "
           f"load average {load_before} -> {load_after}")
     print(f"{'case':<15} {'backend':<13} {'bytes/get':>10} {'gets':>5} {'GB/s':>8} "

@@ -321,8 +321,8 @@ Status UcxLinkImpl::init(const UcxLinkOptions& o, int64_t deadline) {
   }
   std::memset(arena_.get(), 0, layout_.total);
   init_arena(arena_.get(), layout_, rank_, epoch_);
-  XDS_ASSIGN_OR_RETURN(worker_,
-                       UcxWorker::create(o.tls, {arena_.get(), layout_.total}, o.exported));
+  XDS_ASSIGN_OR_RETURN(
+      worker_, UcxWorker::create(o.tls, o.ucx_config, {arena_.get(), layout_.total}, o.exported));
   const UcxPacked& mine = worker_->packed();
   UcxHello h{kHelloMagic,
              kHelloVersion,

@@ -37,9 +37,9 @@ Status map_memory(ucp_context_h ctx, std::span<std::byte> mem, ucp_mem_h& memh,
 
 }  // namespace
 
-Result<std::unique_ptr<UcxWorker>> UcxWorker::create(const std::string& tls,
-                                                     std::span<std::byte> arena,
-                                                     std::span<std::byte> exported) {
+Result<std::unique_ptr<UcxWorker>> UcxWorker::create(
+    const std::string& tls, const std::vector<std::pair<std::string, std::string>>& settings,
+    std::span<std::byte> arena, std::span<std::byte> exported) {
   std::unique_ptr<UcxWorker> w(new UcxWorker());
   ucp_config_t* config = nullptr;
   ucs_status_t s = ucp_config_read(nullptr, nullptr, &config);
@@ -49,6 +49,14 @@ Result<std::unique_ptr<UcxWorker>> UcxWorker::create(const std::string& tls,
     if (s != UCS_OK) {
       ucp_config_release(config);
       return invalid_argument("xccl ucx: UCX rejects TLS='{}': {}", tls, ucs_status_string(s));
+    }
+  }
+  for (const auto& [name, value] : settings) {
+    s = ucp_config_modify(config, name.c_str(), value.c_str());
+    if (s != UCS_OK) {
+      ucp_config_release(config);
+      return invalid_argument("xccl ucx: UCX rejects {}='{}': {}", name, value,
+                              ucs_status_string(s));
     }
   }
   ucp_params_t params{};
@@ -122,6 +130,11 @@ void UcxWorker::start_progress_thread() {
 
 void UcxWorker::progress_loop() {
   while (!stop_.load(std::memory_order_acquire)) {
+    if (flushing_.load(std::memory_order_acquire) > 0) {  // the flusher progresses meanwhile
+      pollfd p{event_fd_, 0, 0};
+      poll(&p, 0, 1);
+      continue;
+    }
     if (ucp_worker_progress(worker_) != 0) continue;
     const ucs_status_t s = ucp_worker_arm(worker_);
     if (s == UCS_ERR_BUSY) continue;  // events arrived meanwhile
@@ -172,6 +185,13 @@ bool UcxWorker::put_word(UcxMemory m, uint64_t remote_addr, uint64_t value) {
 }
 
 Status UcxWorker::flush(int64_t deadline_ns, const std::function<bool()>& alive) {
+  flushing_.fetch_add(1, std::memory_order_acq_rel);
+  const Status st = flush_wait(deadline_ns, alive);
+  flushing_.fetch_sub(1, std::memory_order_acq_rel);
+  return st;
+}
+
+Status UcxWorker::flush_wait(int64_t deadline_ns, const std::function<bool()>& alive) {
   ucp_request_param_t p{};
   const ucs_status_ptr_t fr = ucp_worker_flush_nbx(worker_, &p);
   if (UCS_PTR_IS_ERR(fr)) return ucx_error("ucp_worker_flush_nbx", UCS_PTR_STATUS(fr));
@@ -195,7 +215,7 @@ Status UcxWorker::flush(int64_t deadline_ns, const std::function<bool()>& alive)
       ++done;
       continue;
     }
-    ucp_worker_progress(worker_);  // with a progress thread too: the flusher waits anyway
+    ucp_worker_progress(worker_);  // the progress thread rests meanwhile (one spinner a side)
     const int64_t now = now_ns();
     if (now < next_check) continue;
     next_check = now + 10'000'000;

@@ -27,6 +27,7 @@
 #include <span>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "base/status.h"
@@ -51,11 +52,11 @@ enum class UcxMemory : uint8_t { kArena = 0, kRegion = 1 };
 
 class UcxWorker {
  public:
-  // Context (UCX_TLS = tls unless empty), worker, registration of arena and exported
-  // (may be empty). Errors name the UCX call and its status.
-  static Result<std::unique_ptr<UcxWorker>> create(const std::string& tls,
-                                                   std::span<std::byte> arena,
-                                                   std::span<std::byte> exported);
+  // Context (UCX_TLS = tls unless empty, then each name = value of `config`), worker, registration
+  // of arena and exported (may be empty). Errors name the UCX call and its status.
+  static Result<std::unique_ptr<UcxWorker>> create(
+      const std::string& tls, const std::vector<std::pair<std::string, std::string>>& config,
+      std::span<std::byte> arena, std::span<std::byte> exported);
   ~UcxWorker();
   UcxWorker(const UcxWorker&) = delete;
   UcxWorker& operator=(const UcxWorker&) = delete;
@@ -89,6 +90,7 @@ class UcxWorker {
   UcxWorker() = default;
   static void on_ep_error(void* arg, ucp_ep_h ep, ucs_status_t status);
   bool track(ucs_status_ptr_t r);
+  Status flush_wait(int64_t deadline_ns, const std::function<bool()>& alive);
   void progress_loop();
   void close_endpoint();
 
@@ -107,6 +109,7 @@ class UcxWorker {
   std::atomic<bool> ep_failed_{false};
   std::atomic<uint64_t> failed_ops_{0};  // operations that failed when issued
   std::atomic<bool> stop_{false};
+  std::atomic<int> flushing_{0};  // flushes under way: the progress thread rests, they progress
   std::thread progress_thread_;
   std::mutex mu_;                   // guards the two lists below
   std::vector<void*> outstanding_;  // requests issued and not yet seen complete by a flush
