@@ -4,7 +4,8 @@
 //   shm     XCCL shared-memory link: get from the peer's exported SharedRegion
 //   ucx     XCCL UCX link over TCP loopback (UCX_TLS=tcp): ucp_get_nbx from the peer's
 //           exported region, then flush
-//   ucx_seg64k  the same with UCX's TCP segments at 64 KB instead of 8 KB (UcxLinkOptions)
+//   ucx_seg64k  the same with UCX's TCP segments at 64 KB instead of 8 KB (UcxLinkOptions::
+//           ucx_config {TX_SEG_SIZE, RX_SEG_SIZE})
 // Cases (bench-2.6b: a block is 16 tokens x 13 layers x (512 + 64) x 2 bytes = 239,616 bytes;
 // a request of 4096 tokens is 256 blocks):
 //   block           one block per transfer (get + flush): per-block latency
@@ -224,7 +225,7 @@ bool run_ucx(FILE* out, int round, const std::vector<Case>& cs, std::vector<std:
   o.timeout_ms = 60'000;
   o.flush_timeout_ms = 120'000;
   if (std::strcmp(backend, "ucx_seg64k") == 0) {
-    o.ucx_config = {{"TCP_TX_SEG_SIZE", "64k"}, {"TCP_RX_SEG_SIZE", "64k"}};
+    o.ucx_config = {{"TX_SEG_SIZE", "64k"}, {"RX_SEG_SIZE", "64k"}};
   }
   const pid_t child = fork();  // before this process initialises UCX
   if (child == 0) {

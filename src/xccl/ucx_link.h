@@ -71,11 +71,12 @@ struct UcxLinkOptions {
   std::span<std::byte> exported;  // lent to the peer (its kExportRegion); empty for none
   std::string tls;                // UCX_TLS of this link's context ("tcp"); empty: UCX's choice
   bool progress_thread = true;    // serve the peer's one-sided operations in the background
-  // Further UCX settings of this link's context, names without "UCX_", e.g.
-  // {"TCP_TX_SEG_SIZE", "64k"}, {"TCP_RX_SEG_SIZE", "64k"} (bigger TCP segments: fewer
-  // fragments per emulated get; docs/benchmarks.md). The environment's UCX_* apply otherwise.
-  // UCX keeps transport-level names for the transports it opens and checks their values only
-  // there: a misspelt name or a bad value is not reported when the link forms.
+  // Further UCX settings of this link's context: names without "UCX_" and, for a transport's
+  // settings, without its prefix: {"TX_SEG_SIZE", "64k"}, {"RX_SEG_SIZE", "64k"} are
+  // UCX_TCP_TX/RX_SEG_SIZE (TCP segments of 64 KB instead of 8 KB: fewer fragments per
+  // emulated get, ~2x here; docs/benchmarks.md). The environment's UCX_* apply otherwise.
+  // UCX checks transport settings only when it opens the transports: a name no transport
+  // knows is not an error, UCX prints "invalid configurations" once.
   std::vector<std::pair<std::string, std::string>> ucx_config;
 };
 
