@@ -160,7 +160,8 @@ std::unique_ptr<Transport> make_shm(Fabric& f) {
 
 constexpr TransportEntry kTransports[] = {
     {"shm", "shared memory between the devices of one host (memfd or heap arenas)", &make_shm},
-    // "ucx" (one-sided RDMA between hosts) and "cuda_ipc" register here later.
+    // "ucx" has no Fabric to be made over: it comes with its link (UcxLink::transport(),
+    // ucx_link.h). "cuda_ipc" registers here later.
 };
 
 }  // namespace
