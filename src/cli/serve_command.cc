@@ -61,6 +61,8 @@ struct EngineArgs {
   int eplb_slices = 8;
   double eplb_interval_s = 0;
   double kv_transfer_timeout_s = 60;
+  std::string kv_transfer_host;
+  std::string kv_transfer_backend = "auto";
 };
 
 struct GatewayArgs {
@@ -119,6 +121,14 @@ void add_engine_flags(CLI::App* cmd, EngineArgs& a) {
                   "Prefill/decode disaggregation: seconds a prefill group holds a request's KV "
                   "for a decode group to pull before it frees it")
       ->check(finite_range(0.1, 86400.0));
+  cmd->add_option("--kv-transfer-host", a.kv_transfer_host,
+                  "Prefill/decode disaggregation between hosts: this instance's address for KV "
+                  "transfers (a prefill instance's groups listen for UCX pulls there; a decode "
+                  "instance compares it with the prefill side's to pick the backend)");
+  cmd->add_option("--kv-transfer-backend", a.kv_transfer_backend,
+                  "How decode groups pull KV: auto (shared memory on one host, UCX between "
+                  "hosts), shm or ucx")
+      ->check(CLI::IsMember({"auto", "shm", "ucx"}));
 }
 
 void add_gateway_flags(CLI::App* cmd, GatewayArgs& a) {
@@ -169,6 +179,8 @@ Result<serve::InstanceOptions> instance_options(const EngineArgs& a, const std::
   g.redundant_slots = a.redundant_slots;
   g.eplb_window_ns = static_cast<int64_t>(a.eplb_window_s * 1e9);
   g.kv_transfer_timeout_ns = static_cast<int64_t>(a.kv_transfer_timeout_s * 1e9);
+  g.kv_transfer_host = a.kv_transfer_host;
+  g.kv_transfer_backend = a.kv_transfer_backend;
   o.eplb.redundant_slots = a.redundant_slots;
   o.eplb.slices = a.eplb_slices;
   o.eplb.interval_s = a.eplb_interval_s;

@@ -56,9 +56,26 @@ std::string distflow_link_name(int shell_pid, int group) {
   return fmt::format("kv-{}-g{}", shell_pid, group);
 }
 
+xccl::UcxLinkOptions distflow_ucx_options() {
+  xccl::UcxLinkOptions o;
+  o.config = distflow_link_config();
+  o.epoch = kLinkEpoch;
+  o.timeout_ms = kLinkTimeoutMs;
+  o.ucx_config = {{"TX_SEG_SIZE", "64k"}, {"RX_SEG_SIZE", "64k"}};
+  return o;
+}
+
+Result<KvBackendChoice> parse_kv_backend(const std::string& name) {
+  if (name == "auto") return KvBackendChoice::kAuto;
+  if (name == "shm") return KvBackendChoice::kShm;
+  if (name == "ucx") return KvBackendChoice::kUcx;
+  return invalid_argument("--kv-transfer-backend must be auto, shm or ucx, got '{}'", name);
+}
+
 Result<std::unique_ptr<KvSender>> KvSender::create(const std::string& link_name,
                                                    const KvStorageShape& shape,
-                                                   std::string format) {
+                                                   std::string format,
+                                                   const std::string& ucx_host) {
   if (format.size() > kFormatMax - 8)
     return invalid_argument("KV format text too long ({} bytes)", format.size());
   const int64_t bytes = KvStorage::bytes_for(shape);
@@ -67,8 +84,13 @@ Result<std::unique_ptr<KvSender>> KvSender::create(const std::string& link_name,
   XDS_ASSIGN_OR_RETURN(xccl::SharedRegion region,
                        xccl::SharedRegion::create("xds-kv-" + link_name,
                                                   static_cast<uint64_t>(bytes) + 8 * kTransferSlots));
-  return std::unique_ptr<KvSender>(
+  std::unique_ptr<KvSender> sender(
       new KvSender(link_name, std::move(listener), std::move(region), std::move(format)));
+  if (!ucx_host.empty()) {
+    XDS_ASSIGN_OR_RETURN(xccl::UcxListener ucx, xccl::UcxListener::listen(ucx_host, 0));
+    sender->ucx_.emplace(std::move(ucx));
+  }
+  return sender;
 }
 
 uint64_t KvSender::open_transfer() {
@@ -84,35 +106,64 @@ void KvSender::close_transfer(uint64_t id) {
   word_at(table + 8 * (id % kTransferSlots)).compare_exchange_strong(expected, 0);
 }
 
+void KvSender::adopt(Peer p) {
+  std::byte* app = p.arena + p.app;
+  const uint64_t len = format_.size();
+  std::memcpy(app + kFormatOffset, &len, 8);
+  std::memcpy(app + kFormatOffset + 8, format_.data(), len);
+  // The peer reads the format only after it sees this word (release pairs with its acquire).
+  word_at(app + kConsumedOffset).store(0, std::memory_order_release);
+  word_at(p.arena + p.ready_signal).store(1, std::memory_order_release);
+  XDS_LOG_INFO("DistFlow {}: decode group linked over {} ({} links)", link_name_,
+               p.ucx ? "ucx" : "shared memory", links_.size() + 1);
+  links_.push_back(std::move(p));
+}
+
 Status KvSender::accept_pending() {
   while (true) {
     pollfd p{listener_.fd(), POLLIN, 0};
-    if (poll(&p, 1, 0) <= 0) return {};
+    if (poll(&p, 1, 0) <= 0) break;
     auto fabric = listener_.accept(distflow_link_config(), kLinkEpoch, kAcceptTimeoutMs, &region_);
     if (!fabric.ok()) {  // a peer that failed its hello fails only itself
       XDS_LOG_WARN("DistFlow {}: a decode group could not link: {}", link_name_,
                    fabric.status().to_string());
       continue;
     }
-    xccl::Fabric& f = **fabric;
-    std::byte* app = f.local() + f.layout().app;
-    const uint64_t len = format_.size();
-    std::memcpy(app + kFormatOffset, &len, 8);
-    std::memcpy(app + kFormatOffset + 8, format_.data(), len);
-    // The peer reads the format only after it sees this word (release pairs with its acquire).
-    word_at(app + kConsumedOffset).store(0, std::memory_order_release);
-    word_at(f.local() + f.layout().signal_off(0, 1)).store(1, std::memory_order_release);
-    XDS_LOG_INFO("DistFlow {}: decode group linked ({} links)", link_name_, links_.size() + 1);
-    links_.push_back(Peer{std::move(fabric).value(), 0});
+    Peer peer;
+    peer.fabric = std::move(fabric).value();
+    peer.arena = peer.fabric->local();
+    peer.app = peer.fabric->layout().app;
+    peer.posted_signal = peer.fabric->layout().signal_off(1, 0);
+    peer.ready_signal = peer.fabric->layout().signal_off(0, 1);
+    adopt(std::move(peer));
   }
+  while (ucx_) {
+    pollfd p{ucx_->fd(), POLLIN, 0};
+    if (poll(&p, 1, 0) <= 0) break;
+    xccl::UcxLinkOptions o = distflow_ucx_options();
+    o.timeout_ms = kAcceptTimeoutMs;
+    o.exported = region_.span();
+    auto link = ucx_->accept(o);
+    if (!link.ok()) {
+      XDS_LOG_WARN("DistFlow {}: a decode group could not link over UCX: {}", link_name_,
+                   link.status().to_string());
+      continue;
+    }
+    Peer peer;
+    peer.ucx = std::move(link).value();
+    peer.arena = peer.ucx->local();
+    peer.app = peer.ucx->layout().app;
+    peer.posted_signal = peer.ucx->layout().signal_off(1, 0);
+    peer.ready_signal = peer.ucx->layout().signal_off(0, 1);
+    adopt(std::move(peer));
+  }
+  return {};
 }
 
 void KvSender::poll_completions(std::vector<uint64_t>& done) {
   for (Peer& p : links_) {
-    xccl::Fabric& f = *p.fabric;
-    std::byte* app = f.local() + f.layout().app;
-    const uint64_t posted =
-        word_at(f.local() + f.layout().signal_off(1, 0)).load(std::memory_order_acquire);
+    std::byte* app = p.arena + p.app;
+    const uint64_t posted = word_at(p.arena + p.posted_signal).load(std::memory_order_acquire);
     while (p.consumed < posted) {
       uint64_t id = 0;
       std::memcpy(&id, app + kRingOffset + 8 * (p.consumed % kCompletionSlots), 8);
@@ -123,40 +174,80 @@ void KvSender::poll_completions(std::vector<uint64_t>& done) {
   }
 }
 
-Result<KvReceiver::Peer*> KvReceiver::peer(const std::string& link) {
-  auto it = links_.find(link);
+Status KvReceiver::read(Peer& p, const xccl::MemDesc& src, void* dst, uint64_t n,
+                        const std::string& link) {
+  if (p.transport->get(dst, src, 0, n) == xccl::OpState::kFailed ||
+      p.transport->flush() == xccl::OpState::kFailed) {
+    return unavailable("DistFlow: reading from prefill group {} failed", link);
+  }
+  std::atomic_thread_fence(std::memory_order_acquire);
+  return {};
+}
+
+Result<KvReceiver::Peer*> KvReceiver::peer(const KvHandoff& h) {
+  auto it = links_.find(h.link);
   if (it != links_.end()) {
-    if (it->second.fabric->peer_alive(0)) return &it->second;
+    if (it->second.alive()) return &it->second;
     links_.erase(it);
-    return unavailable("DistFlow: the prefill group behind link {} is gone", link);
+    return unavailable("DistFlow: the prefill group behind link {} is gone", h.link);
   }
-  auto fabric = xccl::link_connect(link, distflow_link_config(), kLinkEpoch, kLinkTimeoutMs);
-  if (!fabric.ok()) {
-    return unavailable("DistFlow: cannot link to prefill group {}: {}", link,
-                       fabric.status().message());
+  bool ucx = backend_ == KvBackendChoice::kUcx;
+  if (backend_ == KvBackendChoice::kAuto && !h.ucx_address.empty()) {
+    ucx = xccl::pick_transfer_backend(self_host_, h.ucx_address) == xccl::TransferBackend::kUcx;
   }
-  xccl::Fabric& f = **fabric;
-  // Wait for the sender's "format written" signal (it writes it right after the handshake).
-  auto& ready = word_at(f.arena(0) + f.layout().signal_off(0, 1));
+  Peer p;
+  if (ucx) {
+    if (h.ucx_address.empty()) {
+      return failed_precondition(
+          "DistFlow: --kv-transfer-backend ucx, but prefill group {} has no UCX listener (start "
+          "the prefill instance with --kv-transfer-host)",
+          h.link);
+    }
+    const std::string host(xccl::address_host(h.ucx_address));
+    const size_t colon = h.ucx_address.rfind(':');
+    const int port = colon == std::string::npos ? 0 : std::atoi(h.ucx_address.c_str() + colon + 1);
+    auto link = xccl::ucx_connect(host, static_cast<uint16_t>(port), distflow_ucx_options());
+    if (!link.ok()) {
+      return unavailable("DistFlow: cannot link to prefill group {} at {}: {}", h.link,
+                         h.ucx_address, link.status().message());
+    }
+    p.ucx = std::move(link).value();
+    p.transport = &p.ucx->transport();
+    p.layout = p.ucx->layout();
+    p.region_bytes = p.ucx->peer_region_bytes();
+  } else {
+    auto fabric = xccl::link_connect(h.link, distflow_link_config(), kLinkEpoch, kLinkTimeoutMs);
+    if (!fabric.ok()) {
+      return unavailable("DistFlow: cannot link to prefill group {}: {}", h.link,
+                         fabric.status().message());
+    }
+    p.fabric = std::move(fabric).value();
+    XDS_ASSIGN_OR_RETURN(p.shm_transport, xccl::make_transport("shm", *p.fabric));
+    p.transport = p.shm_transport.get();
+    p.layout = p.fabric->layout();
+    p.region_bytes = p.fabric->region(0).bytes;
+  }
+  // Wait for the sender's "format written" word (it writes it right after the handshake).
   const int64_t deadline = now_ns() + int64_t{kLinkTimeoutMs} * 1'000'000;
-  while (ready.load(std::memory_order_acquire) == 0) {
-    if (now_ns() > deadline || !f.peer_alive(0))
-      return unavailable("DistFlow: prefill group {} linked but never wrote its format", link);
+  uint64_t ready = 0;
+  while (true) {
+    XDS_RETURN_IF_ERROR(read(p, {0, p.layout.signal_off(0, 1), 8}, &ready, 8, h.link));
+    if (ready != 0) break;
+    if (now_ns() > deadline || !p.alive())
+      return unavailable("DistFlow: prefill group {} linked but never wrote its format", h.link);
     sched_yield();
   }
-  const std::byte* app = f.arena(0) + f.layout().app;
   uint64_t len = 0;
-  std::memcpy(&len, app + kFormatOffset, 8);
-  const std::string theirs(reinterpret_cast<const char*>(app + kFormatOffset + 8),
-                           std::min<uint64_t>(len, kFormatMax - 8));
+  const uint64_t format_at = p.layout.app + kFormatOffset;
+  XDS_RETURN_IF_ERROR(read(p, {0, format_at, 8}, &len, 8, h.link));
+  std::string theirs(std::min<uint64_t>(len, kFormatMax - 8), '\0');
+  XDS_RETURN_IF_ERROR(read(p, {0, format_at + 8, theirs.size()}, theirs.data(), theirs.size(), h.link));
   if (theirs != format_) {
     return failed_precondition(
-        "DistFlow: prefill group {} keeps its KV as '{}', this decode group as '{}'", link, theirs,
-        format_);
+        "DistFlow: prefill group {} keeps its KV as '{}', this decode group as '{}'", h.link,
+        theirs, format_);
   }
-  XDS_ASSIGN_OR_RETURN(auto transport, xccl::make_transport("shm", f));
-  Peer p{std::move(fabric).value(), std::move(transport), 0};
-  return &links_.emplace(link, std::move(p)).first->second;
+  return &links_.emplace(h.link, std::move(p)).first->second;
 }
 
 Status KvReceiver::pull(const KvHandoff& h, std::span<const int32_t> dst, KvStorage& local) {
@@ -167,15 +258,16 @@ Status KvReceiver::pull(const KvHandoff& h, std::span<const int32_t> dst, KvStor
   if (dst.size() != h.blocks.size()) {
     return internal_error("DistFlow: {} blocks to pull into {}", h.blocks.size(), dst.size());
   }
-  XDS_ASSIGN_OR_RETURN(Peer * p, peer(h.link));
-  xccl::Fabric& f = *p->fabric;
+  XDS_ASSIGN_OR_RETURN(Peer * p, peer(h));
+  xccl::Transport& t = *p->transport;
   const uint64_t block_bytes = static_cast<uint64_t>(local.block_bytes());
-  const xccl::Fabric::Region& region = f.region(0);
-  if (region.bytes < 8 * kTransferSlots)
+  if (p->region_bytes < 8 * kTransferSlots)
     return failed_precondition("DistFlow: link {} exports no KV region", h.link);
-  const uint64_t kv_bytes = region.bytes - 8 * kTransferSlots;
-  auto& held = word_at(region.base + kv_bytes + 8 * (h.transfer % kTransferSlots));
-  if (held.load(std::memory_order_acquire) != h.transfer)
+  const uint64_t kv_bytes = p->region_bytes - 8 * kTransferSlots;
+  const xccl::MemDesc held{0, kv_bytes + 8 * (h.transfer % kTransferSlots), 8, xccl::kExportRegion};
+  uint64_t word = 0;
+  XDS_RETURN_IF_ERROR(read(*p, held, &word, 8, h.link));
+  if (word != h.transfer)
     return aborted("DistFlow: transfer {} of {} was already freed (its deadline passed)",
                    h.transfer, h.link);
   for (size_t i = 0; i < dst.size(); ++i) {
@@ -185,36 +277,38 @@ Status KvReceiver::pull(const KvHandoff& h, std::span<const int32_t> dst, KvStor
                               h.link);
     }
     const xccl::MemDesc src{0, off, block_bytes, xccl::kExportRegion};
-    if (p->transport->get(local.block_ptr(dst[i]), src, 0, block_bytes) == xccl::OpState::kFailed)
+    if (t.get(local.block_ptr(dst[i]), src, 0, block_bytes) == xccl::OpState::kFailed)
       return unavailable("DistFlow: get from {} failed", h.link);
   }
-  if (p->transport->flush() == xccl::OpState::kFailed)
-    return unavailable("DistFlow: flush of the pulls from {} failed", h.link);
-  std::atomic_thread_fence(std::memory_order_acquire);  // the copies before the re-check
-  if (held.load(std::memory_order_acquire) != h.transfer)
+  if (t.flush() == xccl::OpState::kFailed)
+    return unavailable("DistFlow: the pulls from {} failed", h.link);
+  XDS_RETURN_IF_ERROR(read(*p, held, &word, 8, h.link));  // the copies before the re-check
+  if (word != h.transfer)
     return aborted("DistFlow: transfer {} of {} was freed during the pull", h.transfer, h.link);
   pulled_bytes_ += static_cast<int64_t>(block_bytes * dst.size());
   // The completion: wait for room in the ring, write the slot, then the signal.
-  const std::byte* app0 = f.arena(0) + f.layout().app;
   const int64_t deadline = now_ns() + int64_t{kLinkTimeoutMs} * 1'000'000;
-  while (p->posted - word_at(const_cast<std::byte*>(app0) + kConsumedOffset)
-                         .load(std::memory_order_acquire) >= kCompletionSlots) {
-    if (now_ns() > deadline || !f.peer_alive(0))
+  while (true) {
+    uint64_t consumed = 0;
+    XDS_RETURN_IF_ERROR(read(*p, {0, p->layout.app + kConsumedOffset, 8}, &consumed, 8, h.link));
+    if (p->posted - consumed < kCompletionSlots) break;
+    if (now_ns() > deadline || !p->alive())
       return unavailable("DistFlow: prefill group {} stopped reading its completions", h.link);
     sched_yield();
   }
-  const xccl::MemDesc slot{0, f.layout().app + kRingOffset + 8 * (p->posted % kCompletionSlots), 8};
+  const xccl::MemDesc slot{0, p->layout.app + kRingOffset + 8 * (p->posted % kCompletionSlots), 8};
   const uint64_t id = h.transfer;
-  if (p->transport->put_with_signal(slot, 0, &id, 8, {0, f.layout().signal_off(1, 0)},
-                                    p->posted + 1) == xccl::OpState::kFailed) {
+  if (t.put_with_signal(slot, 0, &id, 8, {0, p->layout.signal_off(1, 0)}, p->posted + 1) ==
+          xccl::OpState::kFailed ||
+      t.flush() == xccl::OpState::kFailed) {
     return unavailable("DistFlow: the completion to {} failed", h.link);
   }
   ++p->posted;
   return {};
 }
 
-KvPuller::KvPuller(std::string format, KvStorage& local)
-    : receiver_(std::move(format)), local_(local), thread_([this] { loop(); }) {}
+KvPuller::KvPuller(KvReceiver receiver, KvStorage& local)
+    : receiver_(std::move(receiver)), local_(local), thread_([this] { loop(); }) {}
 
 KvPuller::~KvPuller() {
   {

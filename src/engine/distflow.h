@@ -12,8 +12,14 @@
 //   polls its completion ring every loop: a           id into the peer's completion ring
 //   completed id frees the parked sequence.           (put_with_signal), and decodes.
 //
-// Each prefill/decode DP-group pair is its own two-device link (xccl/link.h), so a dead peer
-// poisons only that link. Link name: "kv-<shell pid>-g<group>" (abstract namespace).
+// Each prefill/decode DP-group pair is its own two-device link, so a dead peer poisons only
+// that link. Two backends (P104), chosen by the decode side from the peers' addresses
+// (xccl/transfer_backend.h): on one host the shared-memory link (xccl/link.h, name
+// "kv-<shell pid>-g<group>" in the abstract namespace, the region mapped); between hosts a
+// UCX link (xccl/ucx_link.h; the prefill group listens on HOST:port when given a transfer
+// host, the region registered with UCX and pulled with ucp_get). Everything the decode side
+// reads of the prefill side -- the format, the ring's consumed count, the validity table,
+// the blocks -- it reads through the link's Transport, so both backends run the same code.
 //
 // The completion ring lives in the prefill side's (rank 0's) arena, app area:
 //   [0, 8)                          consumed: completions the prefill side has read (it writes)
@@ -37,6 +43,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <span>
 #include <string>
@@ -49,7 +56,9 @@
 #include "model/kv_storage.h"
 #include "xccl/link.h"
 #include "xccl/shared_region.h"
+#include "xccl/transfer_backend.h"
 #include "xccl/transport.h"
+#include "xccl/ucx_link.h"
 
 namespace xds::engine {
 
@@ -67,17 +76,25 @@ xccl::ArenaConfig distflow_link_config();
 // "kv-<shell pid>-g<group>".
 std::string distflow_link_name(int shell_pid, int group);
 
+// UCX settings of DistFlow's links (64 KB TCP segments: docs/benchmarks.md).
+xccl::UcxLinkOptions distflow_ucx_options();
+
 class KvSender {
  public:
-  // Listens on `link_name` and makes the region for `shape` (the KV storage lives there).
+  // Listens on `link_name` and makes the region for `shape` (the KV storage lives there);
+  // with a non-empty `ucx_host`, also on UCX at ucx_host:<a free port>.
   static Result<std::unique_ptr<KvSender>> create(const std::string& link_name,
                                                   const KvStorageShape& shape,
-                                                  std::string format);
+                                                  std::string format,
+                                                  const std::string& ucx_host = "");
   const std::string& link_name() const { return link_name_; }
+  // "host:port" of the UCX listener; empty without one.
+  std::string ucx_address() const { return ucx_ ? ucx_->address() : std::string(); }
   const std::string& format() const { return format_; }
   xccl::SharedRegion& region() { return region_; }
   // The listener's fd: readable when a decode group connects (poll it with the control socket).
   int listen_fd() const { return listener_.fd(); }
+  int ucx_listen_fd() const { return ucx_ ? ucx_->fd() : -1; }
   // Forms the links of the peers that are connecting now (never waits for one that is not).
   Status accept_pending();
   // A new transfer id, marked valid in the region's table.
@@ -98,20 +115,33 @@ class KvSender {
         region_(std::move(region)),
         format_(std::move(format)) {}
   struct Peer {
-    std::unique_ptr<xccl::Fabric> fabric;
+    std::unique_ptr<xccl::Fabric> fabric;  // shared memory, or
+    std::unique_ptr<xccl::UcxLink> ucx;    // UCX
+    std::byte* arena = nullptr;            // this side's arena of the link
+    uint64_t app = 0, posted_signal = 0, ready_signal = 0;  // offsets in it
     uint64_t consumed = 0;
   };
+  // A formed link: its format written, its ring opened.
+  void adopt(Peer p);
   std::string link_name_;
   xccl::LinkListener listener_;
+  std::optional<xccl::UcxListener> ucx_;
   xccl::SharedRegion region_;
   std::string format_;
   std::vector<Peer> links_;
   uint64_t transfers_ = 0;
 };
 
+// Which backend a decode group pulls with: kAuto picks from its own host and the prefill
+// side's UCX address (xccl::pick_transfer_backend; shared memory without one).
+enum class KvBackendChoice : uint8_t { kAuto, kShm, kUcx };
+Result<KvBackendChoice> parse_kv_backend(const std::string& name);
+
 class KvReceiver {
  public:
-  explicit KvReceiver(std::string format) : format_(std::move(format)) {}
+  explicit KvReceiver(std::string format, KvBackendChoice backend = KvBackendChoice::kAuto,
+                      std::string self_host = "127.0.0.1")
+      : format_(std::move(format)), backend_(backend), self_host_(std::move(self_host)) {}
   // Copies blocks h.blocks of h.link's region into `dst` (same count) of `local`, then posts
   // h.transfer to the sender's completion ring. FailedPrecondition naming both formats when
   // they differ; Unavailable when the link cannot be formed or its peer died.
@@ -121,12 +151,21 @@ class KvReceiver {
 
  private:
   struct Peer {
-    std::unique_ptr<xccl::Fabric> fabric;
-    std::unique_ptr<xccl::Transport> transport;
+    std::unique_ptr<xccl::Fabric> fabric;           // shared memory: the mapped link
+    std::unique_ptr<xccl::Transport> shm_transport;
+    std::unique_ptr<xccl::UcxLink> ucx;             // or UCX
+    xccl::Transport* transport = nullptr;
+    xccl::ArenaLayout layout;
+    uint64_t region_bytes = 0;
     uint64_t posted = 0;
+    bool alive() { return fabric ? fabric->peer_alive(0) : ucx->peer_alive(); }
   };
-  Result<Peer*> peer(const std::string& link);
+  Result<Peer*> peer(const KvHandoff& h);
+  // n bytes at `src` of the prefill side into dst, complete (get, then flush).
+  Status read(Peer& p, const xccl::MemDesc& src, void* dst, uint64_t n, const std::string& link);
   std::string format_;
+  KvBackendChoice backend_;
+  std::string self_host_;
   std::unordered_map<std::string, Peer> links_;
   int64_t pulled_bytes_ = 0;
 };
@@ -140,7 +179,7 @@ class KvReceiver {
 // before its completion is polled.
 class KvPuller {
  public:
-  KvPuller(std::string format, KvStorage& local);
+  KvPuller(KvReceiver receiver, KvStorage& local);
   ~KvPuller();  // finishes the pull in progress, drops the queued ones, joins
   KvPuller(const KvPuller&) = delete;
   KvPuller& operator=(const KvPuller&) = delete;

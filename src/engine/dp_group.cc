@@ -237,7 +237,7 @@ Status DpGroup::init() {
   kv_format_ = kv_format(info, shape);
   if (o_.export_kv) {
     XDS_ASSIGN_OR_RETURN(sender_, KvSender::create(distflow_link_name(getppid(), fabric_.rank()),
-                                                   shape, kv_format_));
+                                                   shape, kv_format_, o_.kv_transfer_host));
     XDS_ASSIGN_OR_RETURN(auto storage, KvStorage::wrap(shape, sender_->kv_bytes()));
     storage_ = std::make_unique<KvStorage>(std::move(storage));
   } else {
@@ -252,7 +252,11 @@ Status DpGroup::init() {
   ko.mtp_drop_last_hit = drafter_.has_value();
   XDS_ASSIGN_OR_RETURN(KvManager kv, KvManager::create(ko));
   kv_.emplace(std::move(kv));
-  puller_ = std::make_unique<KvPuller>(kv_format_, *storage_);
+  XDS_ASSIGN_OR_RETURN(const KvBackendChoice backend, parse_kv_backend(o_.kv_transfer_backend));
+  puller_ = std::make_unique<KvPuller>(
+      KvReceiver(kv_format_, backend,
+                 o_.kv_transfer_host.empty() ? std::string("127.0.0.1") : o_.kv_transfer_host),
+      *storage_);
   kv_->record_cache_events(o_.prefix_cache);
 
   if (fabric_.world_size() > 1) {
@@ -298,11 +302,13 @@ void DpGroup::remove_from(std::vector<Sequence*>& list, const Sequence* s) {
 Status DpGroup::poll_control(int wait_ms) {
   // Parked transfers complete through memory, not the socket: look again every millisecond.
   if (!parked_.empty() && (wait_ms < 0 || wait_ms > 1)) wait_ms = 1;
-  zmq::pollitem_t items[2] = {{control_.handle(), 0, ZMQ_POLLIN, 0},
-                              {nullptr, sender_ ? sender_->listen_fd() : -1, ZMQ_POLLIN, 0}};
+  zmq::pollitem_t items[3] = {{control_.handle(), 0, ZMQ_POLLIN, 0},
+                              {nullptr, sender_ ? sender_->listen_fd() : -1, ZMQ_POLLIN, 0},
+                              {nullptr, sender_ ? sender_->ucx_listen_fd() : -1, ZMQ_POLLIN, 0}};
+  const size_t n_items = !sender_ ? 1 : sender_->ucx_listen_fd() >= 0 ? 3 : 2;
   if (wait_ms != 0) {
     try {
-      zmq::poll(items, sender_ ? 2 : 1, std::chrono::milliseconds(wait_ms));
+      zmq::poll(items, n_items, std::chrono::milliseconds(wait_ms));
     } catch (const zmq::error_t& e) {
       if (e.num() != EINTR) return internal_error("DP group: poll failed: {}", e.what());
     }
@@ -759,6 +765,7 @@ void DpGroup::park_handoffs() {
     KvHandoff& h = deltas_[static_cast<size_t>(s->handoff_delta)].handoff;
     s->handoff_delta = -1;
     h.link = sender_->link_name();
+    h.ucx_address = sender_->ucx_address();
     h.transfer = sender_->open_transfer();
     h.rows = s->computed;
     const std::span<const int32_t> table = kv_->table(s->kv);

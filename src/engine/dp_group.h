@@ -43,6 +43,11 @@ struct DpGroupOptions {
   // KV in a region they export to decode groups (link name distflow_link_name(shell pid,
   // group)); a parked transfer nobody completes in kv_transfer_timeout_ns is freed.
   bool export_kv = false;
+  // This instance's host for KV transfers: a prefill group also listens for UCX pulls there
+  // (empty: shared memory only); a decode group compares it with the prefill side's address
+  // to pick the backend. kv_transfer_backend: auto | shm | ucx (engine/distflow.h).
+  std::string kv_transfer_host;
+  std::string kv_transfer_backend = "auto";
   // The single-level cooperative prefill scheduler (engine/cooperative_prefill.h): every
   // request reaches every group and they assign them together each step (prefill instances
   // with several groups).

@@ -53,6 +53,7 @@ struct OutputOptions {
 // DP group's exported region until the decode side pulls it. Empty `link`: no handoff.
 struct KvHandoff {
   std::string link;             // the prefill DP group's link name (xccl/link.h)
+  std::string ucx_address;      // its UCX listener, "host:port" (empty: shared memory only)
   uint64_t transfer = 0;        // that group's transfer id (the key of its completion)
   std::vector<int32_t> blocks;  // block ids of the prompt's KV in its region, in order
   int64_t rows = 0;             // KV rows written: positions [0, rows)
@@ -257,8 +258,8 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(OutputOptions, detokenize, skip_
                                                 reasoning_parser, prompt_in_reasoning,
                                                 tool_call_parser,
                                                 tools_requested, stream, echo_prompt_ids)
-NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(KvHandoff, link, transfer, blocks, rows, output,
-                                                kv_format, prefill_group, drafts)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(KvHandoff, link, ucx_address, transfer, blocks,
+                                                rows, output, kv_format, prefill_group, drafts)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(EngineRequest, id, prompt, sampling, output,
                                                 reply_to, arrival_us, phase, handoff,
                                                 pool_number)

@@ -113,6 +113,8 @@ class UcxListener {
 
   uint16_t port() const { return port_; }
   const std::string& address() const { return address_; }
+  // Readable when a peer is connecting (poll it beside other sockets, then accept()).
+  int fd() const { return fd_; }
 
   // Waits up to options.timeout_ms for one peer and forms the link (this side rank 0).
   // DeadlineExceeded when nobody connects in time; the handshake's errors otherwise.

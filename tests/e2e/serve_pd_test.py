@@ -114,17 +114,19 @@ def wait_idle(c, what, transfers=None):
         time.sleep(0.3)
 
 
-def check_combined(args, refs, k, prefill_dp=1):
+def check_combined(args, refs, k, prefill_dp=1, backend="auto"):
     port, iport = free_port(), free_port()
     base = f"http://127.0.0.1:{port}"
     cmd = [args.xdeepserve, "serve", "--model", args.model, "--port", str(port),
            "--instance-port", str(iport), "--prefill-instances", "1", "--decode-instances", "1",
            "--kv-memory", "16M", "--threads-per-device", "1", "--compute-dtype", "f32",
-           "--prefill-dp", str(prefill_dp)]
+           "--prefill-dp", str(prefill_dp), "--kv-transfer-backend", backend]
+    if backend == "ucx":
+        cmd += ["--kv-transfer-host", "127.0.0.1"]
     if k:
         cmd += ["--speculative-tokens", str(k)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    what = f"serve P/D k={k} prefill-dp {prefill_dp}"
+    what = f"serve P/D k={k} prefill-dp {prefill_dp} backend {backend}"
     c = Client(base)
     try:
         if not wait_healthy(base, proc):
@@ -141,7 +143,7 @@ def check_combined(args, refs, k, prefill_dp=1):
                 check(r["choices"][0].get("text") == refs["ref"][p],
                       f"{what} {p!r}: {r['choices'][0].get('text')!r} != {refs['ref'][p]!r}")
         handed += len(PROMPTS)
-        if k:  # the concurrent outputs are the point of the speculative run
+        if k or backend == "ucx":  # the concurrent outputs are the point of these runs
             text = wait_idle(c, what, handed)
             check(sum_metric(text, "xdeepserve_kv_transfers_completed") == handed,
                   f"{what}: transfers completed {sum_metric(text, 'xdeepserve_kv_transfers_completed')}"
@@ -436,6 +438,8 @@ def main():
     check_combined(args, refs, 0)
     check_combined(args, refs, 2)
     check_combined(args, refs, 0, prefill_dp=2)
+    os.environ["UCX_TLS"] = "tcp"  # UCX over TCP on 127.0.0.1 (any machine has it)
+    check_combined(args, refs, 0, backend="ucx")
     check_two_prefill(args, refs)
     check_separate(args, refs)
     check_prefill_death(args, refs)

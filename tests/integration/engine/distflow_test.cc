@@ -64,25 +64,30 @@ std::vector<uint64_t> serve_until(KvSender& sender, size_t want) {
   return done;
 }
 
-TEST(DistFlow, PulledBlocksAreThePrefillSidesBytesAndCompletionsComeBackInOrder) {
+// `transfers` pulls of two blocks each over `backend`, every byte checked in the child.
+void pull_and_complete(KvBackendChoice backend, int transfers) {
   const KvStorageShape shape = test_shape();
   const std::string fmt = "test format A";
-  auto sender = KvSender::create(unique_name("pull"), shape, fmt);
+  // UCX over TCP (set before any UCX context exists; the child inherits it).
+  setenv("UCX_TLS", "tcp", 1);
+  auto sender = KvSender::create(unique_name("pull"), shape, fmt,
+                                 backend == KvBackendChoice::kUcx ? "127.0.0.1" : "");
   ASSERT_TRUE(sender.ok()) << sender.status().to_string();
   fill_blocks(**sender, shape);
-  // 2,500 transfers: more than two laps of the 1,024-slot completion ring.
-  constexpr int kTransfers = 2500;
+  const int kTransfers = transfers;
+  const std::string ucx_address = (*sender)->ucx_address();
   std::vector<uint64_t> ids;
   for (int t = 0; t < kTransfers; ++t) ids.push_back((*sender)->open_transfer());
   const std::string link = (*sender)->link_name();
   const pid_t child = fork();
   if (child == 0) {
-    KvReceiver receiver(fmt);
+    KvReceiver receiver(fmt, backend);
     auto local = KvStorage::create(shape, -1);
     if (!local.ok()) _exit(10);
     for (int t = 0; t < kTransfers; ++t) {
       KvHandoff h;
       h.link = link;
+      h.ucx_address = ucx_address;
       h.transfer = ids[static_cast<size_t>(t)];
       h.kv_format = fmt;
       h.blocks = {static_cast<int32_t>(t % 8), static_cast<int32_t>((t * 3 + 1) % 8)};
@@ -102,6 +107,14 @@ TEST(DistFlow, PulledBlocksAreThePrefillSidesBytesAndCompletionsComeBackInOrder)
   EXPECT_EQ((*sender)->links(), 1);
 }
 
+// 2,500 transfers: more than two laps of the 1,024-slot completion ring.
+TEST(DistFlow, PulledBlocksAreThePrefillSidesBytesAndCompletionsComeBackInOrder) {
+  pull_and_complete(KvBackendChoice::kShm, 2500);
+}
+
+// The same over a UCX link (TCP on 127.0.0.1), past one lap of the ring.
+TEST(DistFlow, TheSameOverUcx) { pull_and_complete(KvBackendChoice::kUcx, 1100); }
+
 // The decode group's asynchronous receive: pulls posted to the puller's thread complete, each
 // once, with the prefill side's bytes in the posted blocks.
 TEST(DistFlow, ThePullerCompletesEveryPostedPull) {
@@ -120,7 +133,7 @@ TEST(DistFlow, ThePullerCompletesEveryPostedPull) {
     if (!local.ok()) _exit(10);
     std::vector<int> seen(kPulls, 0);
     {
-      KvPuller puller(fmt, *local);
+      KvPuller puller(KvReceiver(fmt), *local);
       // One pull in flight per destination block at a time: block t % 8, posted in rounds.
       for (int round = 0; round < kPulls / 8; ++round) {
         for (int t = round * 8; t < round * 8 + 8; ++t) {
