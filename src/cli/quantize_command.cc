@@ -19,18 +19,18 @@ void add_quantize_command(CLI::App& app, int* exit_code) {
                   "Calibration text (UTF-8; training text, not the held-out text)")
       ->required();
   cmd->add_option("--samples", o->samples,
-                  "Calibration windows (at least; more while an expert lacks tokens)")
+                  "Calibration windows (at least; more while an expert lacks tokens; default 32)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
-  cmd->add_option("--window", o->window, "Tokens per calibration window")
+  cmd->add_option("--window", o->window, "Tokens per calibration window (default 256)")
       ->check(CLI::Range(int64_t{2}, int64_t{1} << 20));
   cmd->add_option("--smooth-alpha", o->smooth_alpha,
-                  "SmoothQuant migration strength in [0, 1]; -1: no smoothing")
+                  "SmoothQuant migration strength in [0, 1] (default 0.5); negative: no smoothing")
       ->check(finite_range(-1.0, 1.0));
-  cmd->add_option("--method", o->method, "gptq or rtn")->check(CLI::IsMember({"gptq", "rtn"}));
+  cmd->add_option("--method", o->method, "gptq (default) or rtn (round to nearest, after the smoothing)")->check(CLI::IsMember({"gptq", "rtn"}));
   cmd->add_option("--min-expert-samples", o->min_expert_samples,
-                  "Tokens each routed expert must see for GPTQ (fewer: RTN, reported)")
+                  "Tokens each routed expert must see for GPTQ (fewer: RTN, reported; default 4)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
-  cmd->add_option("--damp", o->damp, "GPTQ damping, relative to the Hessian's mean diagonal")
+  cmd->add_option("--damp", o->damp, "GPTQ damping, relative to the Hessian's mean diagonal (default 0.01)")
       ->check(finite_range(0.0, 1.0));
   cmd->add_option("--threads", o->threads, "Worker threads (0: all cores)")
       ->check(CLI::Range(0, kMaxThreads));

@@ -181,7 +181,7 @@ Result<std::string> quantize_layer(Run& r, int64_t layer) {
       if (r.o.method != "rtn") entry["reason"] = "fewer tokens than --min-expert-samples";
       r.quantized.emplace(name, std::move(rtn));
       ++n_rtn;
-      sum_rtn += err_rtn;
+      if (r.o.method == "rtn") sum_rtn += err_rtn;
     } else {
       GptqOptions go;
       go.damp = r.o.damp;
@@ -197,12 +197,13 @@ Result<std::string> quantize_layer(Run& r, int64_t layer) {
     }
     r.linears[name] = entry;
   }
-  const int64_t measured = n_gptq + (r.o.method == "rtn" ? n_rtn : 0);
+  // Means over the GPTQ linears (method gptq) or over the calibrated ones (method rtn).
   std::string line = fmt::format("{} linears ({} GPTQ, {} RTN)", weights.size(), n_gptq, n_rtn);
   if (n_gptq > 0) {
     line += fmt::format(", mean relative output error RTN {:.3e} -> GPTQ {:.3e}",
-                        sum_rtn / double(std::max<int64_t>(measured, 1)),
-                        sum_gptq / double(n_gptq));
+                        sum_rtn / double(n_gptq), sum_gptq / double(n_gptq));
+  } else if (r.o.method == "rtn" && n_rtn > 0) {
+    line += fmt::format(", mean relative output error RTN {:.3e}", sum_rtn / double(n_rtn));
   }
   return line;
 }
