@@ -12,7 +12,7 @@ void add_quantize_command(CLI::App& app, int* exit_code) {
   auto o = std::make_shared<QuantizeOptions>();
   CLI::App* cmd = app.add_subcommand(
       "quantize", "Write a calibrated W8A8 copy of a checkpoint (SmoothQuant + GPTQ)");
-  cmd->add_option("--model", o->model_dir, "Float (BF16/F16/F32) checkpoint directory")
+  cmd->add_option("--model", o->model_dir, "Checkpoint directory (BF16, F16, F32 or block FP8)")
       ->required();
   cmd->add_option("--out", o->out_dir, "Output directory (must not exist)")->required();
   cmd->add_option("--calibration", o->calibration_file,

@@ -18,6 +18,7 @@
 #include "model/deepseek_v3.h"
 #include "model/quant_config.h"
 #include "model/safetensors.h"
+#include "model/weights.h"
 #include "quant/calibration.h"
 #include "quant/checkpoint_writer.h"
 #include "quant/gptq.h"
@@ -65,9 +66,35 @@ int64_t window_start(int64_t i, int64_t samples, int64_t n, int64_t window) {
   return std::min(span, k * stride + static_cast<int64_t>(frac * static_cast<double>(stride)));
 }
 
+// A block-FP8 weight ("<name>" F8_E4M3 with "<name>_scale_inv" F32) of a checkpoint whose
+// quantization_config is fp8 (nullptr otherwise).
+const TensorView* fp8_scale_of(const Checkpoint& ckpt, const std::optional<Fp8Quantization>& fp8,
+                               const TensorView& t) {
+  if (!fp8 || t.dtype != DType::kF8E4M3) return nullptr;
+  return ckpt.find(t.name + "_scale_inv");
+}
+
+// The float values of a source tensor: BF16/F16/F32 widened, block FP8 dequantized.
+std::vector<float> source_floats(const Checkpoint& ckpt, const std::optional<Fp8Quantization>& fp8,
+                                 const TensorView& t) {
+  const TensorView* s = fp8_scale_of(ckpt, fp8, t);
+  if (s == nullptr) return to_floats(t);
+  const int64_t rows = t.shape[0], cols = t.shape[1];
+  std::vector<float> v(static_cast<size_t>(rows * cols));
+  dequantize_fp8_block_rows(reinterpret_cast<const uint8_t*>(t.data),
+                            reinterpret_cast<const float*>(s->data), rows, cols, fp8->block_rows,
+                            fp8->block_cols, 0, rows, v.data());
+  return v;
+}
+
+// The dtype a source tensor is written in when not quantized (and of the scales of the
+// quantized ones): its own, BF16 for block FP8.
+DType float_dtype(const TensorView& t) { return t.dtype == DType::kF8E4M3 ? DType::kBF16 : t.dtype; }
+
 struct Run {
   const QuantizeOptions& o;
   const Checkpoint& ckpt;
+  const std::optional<Fp8Quantization>& fp8;
   const Calibrator& calib;
   std::map<std::string, std::vector<float>> changed;  // float tensors the smoothing rewrote
   std::map<std::string, QuantizedLinear> quantized;
@@ -77,7 +104,8 @@ struct Run {
   bool has(const std::string& name) const { return ckpt.find(name) != nullptr; }
   std::vector<float>& floats(const std::string& name) {
     auto it = changed.find(name);
-    if (it == changed.end()) it = changed.emplace(name, to_floats(*ckpt.find(name))).first;
+    if (it == changed.end())
+      it = changed.emplace(name, source_floats(ckpt, fp8, *ckpt.find(name))).first;
     return it->second;
   }
 };
@@ -120,8 +148,8 @@ Result<std::string> quantize_layer(Run& r, int64_t layer) {
       return invalid_argument("{}: tensor '{}': shape {}: a linear weight is 2-D", t->file, name,
                               t->shape_string());
     }
-    weights.emplace(name, to_floats(*t));
-    dtypes.emplace(name, t->dtype);
+    weights.emplace(name, source_floats(r.ckpt, r.fp8, *t));
+    dtypes.emplace(name, float_dtype(*t));
   }
   if (r.o.smooth_alpha >= 0.0) {
     std::vector<std::string> attn;
@@ -230,21 +258,31 @@ Status write_text_file(const std::string& path, const std::string& text) {
 }
 
 // The output tensors: every source tensor in name order, quantized linears as I8 weight +
-// weight_scale, smoothed float tensors rewritten in their dtype, the rest copied.
+// weight_scale, smoothed float tensors rewritten in their dtype, block-FP8 ones as BF16
+// (their _scale_inv dropped), the rest copied.
 std::vector<OutTensor> output_tensors(const Run& r) {
   std::vector<OutTensor> out;
   for (const std::string& name : r.ckpt.names()) {
     const TensorView* t = r.ckpt.find(name);
+    const DType dt = float_dtype(*t);
+    if (name.ends_with("_scale_inv") && r.fp8) {
+      const TensorView* w = r.ckpt.find(name.substr(0, name.size() - 10));
+      if (w != nullptr && w->dtype == DType::kF8E4M3) continue;
+    }
     if (const auto q = r.quantized.find(name); q != r.quantized.end()) {
       const int64_t rows = t->shape[0];
       OutTensor w{name, DType::kI8, t->shape, std::vector<std::byte>(q->second.q.size())};
       std::memcpy(w.bytes.data(), q->second.q.data(), q->second.q.size());
       out.push_back(std::move(w));
-      out.push_back({name + "_scale", t->dtype, {rows, 1}, from_floats(q->second.scale, t->dtype)});
+      out.push_back({name + "_scale", dt, {rows, 1}, from_floats(q->second.scale, dt)});
       continue;
     }
     if (const auto c = r.changed.find(name); c != r.changed.end()) {
-      out.push_back({name, t->dtype, t->shape, from_floats(c->second, t->dtype)});
+      out.push_back({name, dt, t->shape, from_floats(c->second, dt)});
+      continue;
+    }
+    if (fp8_scale_of(r.ckpt, r.fp8, *t) != nullptr) {
+      out.push_back({name, dt, t->shape, from_floats(source_floats(r.ckpt, r.fp8, *t), dt)});
       continue;
     }
     OutTensor o{name, t->dtype, t->shape, std::vector<std::byte>(t->nbytes)};
@@ -256,9 +294,9 @@ std::vector<OutTensor> output_tensors(const Run& r) {
 
 Status quantize_into(const QuantizeOptions& o, const std::string& tmp) {
   XDS_ASSIGN_OR_RETURN(const DeepseekV3Config c, load_deepseek_v3_config(o.model_dir));
-  if (c.fp8 || c.w8a8) {
-    return unimplemented("{}/config.json: field 'quantization_config': quantize reads BF16, F16 "
-                         "or F32 checkpoints (this one is already quantized)", o.model_dir);
+  if (c.w8a8) {
+    return unimplemented("{}/config.json: field 'quantization_config': quantize reads BF16, F16, "
+                         "F32 or block-FP8 checkpoints (this one is already W8A8)", o.model_dir);
   }
   XDS_ASSIGN_OR_RETURN(const std::string text, read_whole_file(o.calibration_file));
   XDS_ASSIGN_OR_RETURN(Tokenizer tok, Tokenizer::load(o.model_dir));
@@ -304,12 +342,16 @@ Status quantize_into(const QuantizeOptions& o, const std::string& tmp) {
   XDS_ASSIGN_OR_RETURN(Checkpoint ckpt, Checkpoint::open(o.model_dir));
   for (const std::string& name : ckpt.names()) {
     const TensorView* t = ckpt.find(name);
-    if (t->dtype != DType::kBF16 && t->dtype != DType::kF16 && t->dtype != DType::kF32) {
-      return invalid_argument("{}: tensor '{}': dtype {}: quantize reads BF16, F16 or F32",
-                              t->file, name, dtype_name(t->dtype));
+    const bool fp8 = t->dtype == DType::kF8E4M3 && t->shape.size() == 2 &&
+                     fp8_scale_of(ckpt, c.fp8, *t) != nullptr;
+    if (t->dtype != DType::kBF16 && t->dtype != DType::kF16 && t->dtype != DType::kF32 && !fp8) {
+      return invalid_argument(
+          "{}: tensor '{}': dtype {}: quantize reads BF16, F16, F32 or block FP8 (2-D F8_E4M3 "
+          "with its _scale_inv and an fp8 quantization_config)",
+          t->file, name, dtype_name(t->dtype));
     }
   }
-  Run run{o, ckpt, *calib, {}, {}, {}};
+  Run run{o, ckpt, c.fp8, *calib, {}, {}, {}};
   const int64_t layers = c.num_hidden_layers + c.num_nextn_predict_layers;
   for (int64_t l = 0; l < layers; ++l) {
     XDS_ASSIGN_OR_RETURN(const std::string line, quantize_layer(run, l));
@@ -325,6 +367,7 @@ Status quantize_into(const QuantizeOptions& o, const std::string& tmp) {
   if (config.is_discarded() || !config.is_object()) {
     return invalid_argument("{}/config.json: not a JSON object", o.model_dir);
   }
+  config.erase("quantization_config");  // block FP8 (now BF16) or none
   if (!o.smooth_only) config["quantization_config"] = w8a8_quantization_json(w8a8_rtn_ignore());
   const std::string out_config = config.dump(2) + "\n";
   XDS_RETURN_IF_ERROR(parse_deepseek_v3_config(out_config, tmp + "/config.json").status());

@@ -1,4 +1,5 @@
-// `xdeepserve quantize`: an offline W8A8 copy of a float DeepSeek-V3 checkpoint
+// `xdeepserve quantize`: an offline W8A8 copy of a DeepSeek-V3 checkpoint in BF16, F16, F32
+// or block FP8 (dequantized; its other FP8 tensors, kv_b_proj, written as BF16)
 // (docs/design/quantize.md).
 //
 //   1. calibration: the float model (f32 compute) runs over windows of the calibration text
