@@ -54,5 +54,6 @@ void add_perplexity_command(CLI::App& app, int* exit_code);
 void add_serve_commands(CLI::App& app, int* exit_code);
 void add_bench_command(CLI::App& app, int* exit_code);
 void add_eplb_command(CLI::App& app, int* exit_code);
+void add_quantize_command(CLI::App& app, int* exit_code);
 
 }  // namespace xds::cli

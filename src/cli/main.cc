@@ -15,6 +15,7 @@ int main(int argc, char** argv) {
   xds::cli::add_serve_commands(app, &exit_code);
   xds::cli::add_bench_command(app, &exit_code);
   xds::cli::add_eplb_command(app, &exit_code);
+  xds::cli::add_quantize_command(app, &exit_code);
   (void)&exit_code;
   CLI11_PARSE(app, argc, argv);
   return exit_code;

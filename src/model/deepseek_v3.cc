@@ -158,6 +158,10 @@ void DeepseekV3Model::linear(const float* x, int64_t n, int64_t ldx, const Matri
   (*linear_)(x, n, ldx, w, y, ldy);
 }
 
+void DeepseekV3Model::set_linear_observer(LinearObserver observer) {
+  linear_->set_observer(std::move(observer));
+}
+
 void DeepseekV3Model::embed_rows(const MatrixRef& table, std::span<const int32_t> ids, float* out) {
   const int64_t d = table.cols;
   for (size_t t = 0; t < ids.size(); ++t) {

@@ -27,6 +27,7 @@
 #include "model/deepseek_v3_weights.h"
 #include "model/int8_mlp.h"
 #include "model/kv_cache.h"
+#include "model/linear_runner.h"
 #include "model/moe_exchange.h"
 #include "model/rope.h"
 
@@ -34,7 +35,6 @@ namespace xds {
 
 class Checkpoint;
 class RepackCache;
-class LinearRunner;
 
 class DeepseekV3Model final : public CausalLm {
  public:
@@ -71,6 +71,11 @@ class DeepseekV3Model final : public CausalLm {
   Result<KvCache> make_cache(int64_t max_tokens, int64_t block_size = 16) const;
   // The planes' element type make_cache uses (ModelOptions::kv_cache resolved): kF32 or kBF16.
   DType kv_cache_dtype() const;
+
+  // Shows the input rows of every linear run through the model's LinearRunner (attention,
+  // dense and shared MLPs, heads; not the router or the routed experts, whose inputs are
+  // the shared experts' and the routing observer's) to `observer` (calibration).
+  void set_linear_observer(LinearObserver observer);
 
   // Times the step's phases into `times` from now on (nullptr: stop). For profiling.
   void set_phase_times(PhaseTimes* times) { phases_ = times; }

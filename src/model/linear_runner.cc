@@ -9,6 +9,7 @@ namespace xds {
 
 void LinearRunner::operator()(const float* x, int64_t n, int64_t ldx, const MatrixRef& w, float* y,
                               int64_t ldy) {
+  if (observer_) observer_(w, x, n, ldx);
   // Int8 weights quantize the fp32 rows per token in either mode (the same arithmetic).
   if (compute_ == ComputeDType::kF32 || kernels::is_int8_matrix(w)) {
     kernels::linear_f32(x, n, ldx, w, y, ldy, pool_);
@@ -23,6 +24,9 @@ void LinearRunner::operator()(const float* x, int64_t n, int64_t ldx, const Matr
 void LinearRunner::group(const float* x, int64_t n, int64_t ldx,
                          std::span<const kernels::LinearOutput> outs) {
   if (outs.empty()) return;
+  if (observer_) {
+    for (const kernels::LinearOutput& o : outs) observer_(*o.w, x, n, ldx);
+  }
   if (compute_ == ComputeDType::kF32 || kernels::is_int8_matrix(*outs[0].w)) {
     kernels::linear_f32_group(x, n, ldx, outs, pool_);
     return;

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <vector>
 
@@ -17,6 +18,11 @@
 #include "tensor/matrix.h"
 
 namespace xds {
+
+// Sees the input rows x [n, w.cols] (row stride ldx) of every linear a runner computes,
+// before the product, on the calling thread (offline calibration: quant/calibration.h).
+using LinearObserver =
+    std::function<void(const MatrixRef& w, const float* x, int64_t n, int64_t ldx)>;
 
 class LinearRunner {
  public:
@@ -28,12 +34,15 @@ class LinearRunner {
   // each y as operator() gives it.
   void group(const float* x, int64_t n, int64_t ldx, std::span<const kernels::LinearOutput> outs);
   ThreadPool& pool() { return pool_; }
+  // Every later call shows its inputs to `observer` first (empty: none, the default).
+  void set_observer(LinearObserver observer) { observer_ = std::move(observer); }
   ComputeDType compute() const { return compute_; }
 
  private:
   ComputeDType compute_;
   ThreadPool& pool_;
   std::vector<uint16_t> bf16_;  // [n, w.cols]
+  LinearObserver observer_;
 };
 
 }  // namespace xds

@@ -60,7 +60,19 @@ def heldout_text(held):
     return "\n".join(held)
 
 
+def train_text(train):
+    """The training chapters joined by one blank line (the calibration text of quantize)."""
+    return "\n".join(train)
+
+
 if __name__ == "__main__":
+    import sys
+    if len(sys.argv) == 3 and sys.argv[1] == "--write-train":
+        # The training chapters only (never the held-out ones), e.g. as quantize's
+        # calibration text.
+        with open(sys.argv[2], "w", encoding="utf-8") as f:
+            f.write(train_text(split_chapters(parse_chapters(read_bible_dump()))[0]))
+        sys.exit(0)
     chs = parse_chapters(read_bible_dump())
     tr, he = split_chapters(chs)
     print(len(chs), "chapters;", len(tr), "train;", len(he), "held out;",

@@ -1,0 +1,49 @@
+// `xdeepserve quantize`: an offline W8A8 (compressed-tensors) copy of a float checkpoint,
+// calibrated: SmoothQuant + GPTQ (quant/quantize.h, docs/design/quantize.md).
+#include <cstdio>
+#include <memory>
+
+#include "cli/commands.h"
+#include "quant/quantize.h"
+
+namespace xds::cli {
+
+void add_quantize_command(CLI::App& app, int* exit_code) {
+  auto o = std::make_shared<QuantizeOptions>();
+  CLI::App* cmd = app.add_subcommand(
+      "quantize", "Write a calibrated W8A8 copy of a checkpoint (SmoothQuant + GPTQ)");
+  cmd->add_option("--model", o->model_dir, "Checkpoint directory (BF16, F16, F32 or block FP8)")
+      ->required();
+  cmd->add_option("--out", o->out_dir, "Output directory (must not exist)")->required();
+  cmd->add_option("--calibration", o->calibration_file,
+                  "Calibration text (UTF-8; training text, not the held-out text)")
+      ->required();
+  cmd->add_option("--samples", o->samples,
+                  "Calibration windows (at least; more while an expert lacks tokens; default 32)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  cmd->add_option("--window", o->window, "Tokens per calibration window (default 256)")
+      ->check(CLI::Range(int64_t{2}, int64_t{1} << 20));
+  cmd->add_option("--smooth-alpha", o->smooth_alpha,
+                  "SmoothQuant migration strength in [0, 1] (default 0.5); negative: no smoothing")
+      ->check(finite_range(-1.0, 1.0));
+  cmd->add_option("--method", o->method, "gptq (default) or rtn (round to nearest, after the smoothing)")->check(CLI::IsMember({"gptq", "rtn"}));
+  cmd->add_option("--min-expert-samples", o->min_expert_samples,
+                  "Tokens each routed expert must see for GPTQ (fewer: RTN, reported; default 4)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
+  cmd->add_option("--damp", o->damp, "GPTQ damping, relative to the Hessian's mean diagonal (default 0.01)")
+      ->check(finite_range(0.0, 1.0));
+  cmd->add_option("--threads", o->threads, "Worker threads (0: all cores)")
+      ->check(CLI::Range(0, kMaxThreads));
+  cmd->callback([o, exit_code] {
+    const Status s = quantize_checkpoint(*o);
+    if (!s.ok()) {
+      std::fprintf(stderr, "error: %s\n", s.to_string().c_str());
+      *exit_code = 1;
+      return;
+    }
+    std::fprintf(stderr, "wrote %s (W8A8, %s, report in quantize_report.json)\n",
+                 o->out_dir.c_str(), o->method.c_str());
+  });
+}
+
+}  // namespace xds::cli

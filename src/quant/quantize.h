@@ -1,0 +1,52 @@
+// `xdeepserve quantize`: an offline W8A8 copy of a DeepSeek-V3 checkpoint in BF16, F16, F32
+// or block FP8 (dequantized; its other FP8 tensors, kv_b_proj, written as BF16)
+// (docs/design/quantize.md).
+//
+//   1. calibration: the float model (f32 compute) runs over windows of the calibration text
+//      (quant/calibration.h): at least `samples` windows, spread evenly over the text, then
+//      more until every routed expert has seen `min_expert_samples` tokens or the text is
+//      spent;
+//   2. per decoder layer (MTP layers too): SmoothQuant (quant/smooth_quant.h) on the two
+//      groups of linears reading a norm's output (q_a + kv_a after input_layernorm; the dense
+//      MLP's, or the shared and every routed expert's gate/up plus the router gate, after
+//      post_attention_layernorm), folded into the norm; then GPTQ (quant/gptq.h) of every
+//      quantized linear on its (smoothed) Hessian, or RTN for `method` rtn and for experts
+//      below min_expert_samples;
+//   3. the checkpoint in the compressed-tensors W8A8 layout the runtime loads
+//      (model/quant_config.h, mkmodel/w8a8_rtn.h): config.json gains quantization_config,
+//      each quantized linear is `weight` I8 [out, in] + `weight_scale` [out, 1] in the float
+//      model's dtype, every other tensor is kept in its dtype (norms and router gates with
+//      the smoothing folded in), safetensors shards + model.safetensors.index.json, the
+//      source's other files copied, and quantize_report.json (see write_report).
+// Everything is written into "<out>.tmp.<pid>" and renamed onto `out` at the end: an
+// interrupted or failed run leaves no `out`.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "base/status.h"
+
+namespace xds {
+
+struct QuantizeOptions {
+  std::string model_dir;
+  std::string out_dir;           // must not exist
+  std::string calibration_file;  // UTF-8 text (never the held-out text)
+  int64_t samples = 32;          // calibration windows, at least
+  int64_t window = 256;          // tokens per window
+  double smooth_alpha = 0.5;     // SmoothQuant migration strength in [0, 1]; < 0: none
+  std::string method = "gptq";   // "gptq" or "rtn"
+  int64_t min_expert_samples = 4;
+  double damp = 0.01;                     // GPTQ relative damping
+  int64_t max_shard_bytes = int64_t{4} << 30;  // per safetensors file
+  int threads = 0;                        // 0: one per core
+  bool progress = true;                   // a line per layer on stderr
+  // Stop after step 2's smoothing: the smoothed float checkpoint (no quantization_config),
+  // which must compute what the source computes (tests).
+  bool smooth_only = false;
+};
+
+Status quantize_checkpoint(const QuantizeOptions& o);
+
+}  // namespace xds
