@@ -133,6 +133,58 @@ TEST(Int8Kv, DecodeEqualsRecomputeInTheFastMode) {
   EXPECT_EQ(std::memcmp(dec.data(), ref.data() + first * v, sizeof(float) * dec.size()), 0);
 }
 
+// The MTP layer caches its own INT8 rows: its 11 rows in one pass (the expanded form over
+// the stored rows) equal the first 10 then the 11th decoded over them (the absorbed form),
+// within the f32 tolerance; and its logits differ from an f32 cache's (the rows are read).
+TEST(Int8Kv, MtpLayerDecodeEqualsRecompute) {
+  const std::string dir = fixtures::random_checkpoint("int8kv_mtp", 3);
+  const auto m = load(dir, ComputeDType::kF32, KvCacheDType::kInt8, AttentionMode::kAuto);
+  ASSERT_NE(m, nullptr);
+  const int64_t v = m->config().vocab_size, d = m->config().hidden_size;
+  const auto ids = random_ids(12, v, 4);
+  auto mtp_chunk = [](KvCache& cache, int64_t seq, int64_t start, std::span<const int32_t> next,
+                      const float* hidden) {
+    Result<MtpChunk> c = cache.mtp_chunk(seq, start, next, hidden);
+    EXPECT_TRUE(c.ok()) << c.status().to_string();
+    return c.ok() ? *c : MtpChunk{};
+  };
+  auto all_rows = [&](DeepseekV3Model& model) {
+    KvCache cache = model.make_cache(64).value();
+    const int64_t seq = cache.add_sequence();
+    StepOutput main_out, out;
+    const TokenChunk ch = chunk(cache, seq, 0, ids, true);
+    EXPECT_TRUE(model.forward({&ch, 1}, cache.storage(), main_out).ok());
+    const MtpChunk all =
+        mtp_chunk(cache, seq, 0, std::span(ids).subspan(1, 11), main_out.hidden.data());
+    EXPECT_TRUE(model.forward_mtp(0, {&all, 1}, cache.storage(), out).ok());
+    return out.logits;
+  };
+  const std::vector<float> whole = all_rows(*m);
+  ASSERT_EQ(whole.size(), static_cast<size_t>(11 * v));
+  KvCache cache = m->make_cache(64).value();
+  const int64_t seq = cache.add_sequence();
+  StepOutput main_out, step;
+  const TokenChunk ch = chunk(cache, seq, 0, ids, true);
+  ASSERT_TRUE(m->forward({&ch, 1}, cache.storage(), main_out).ok());
+  const MtpChunk first =
+      mtp_chunk(cache, seq, 0, std::span(ids).subspan(1, 10), main_out.hidden.data());
+  ASSERT_TRUE(m->forward_mtp(0, {&first, 1}, cache.storage(), step).ok());
+  const MtpChunk last =
+      mtp_chunk(cache, seq, 10, std::span(ids).subspan(11, 1), main_out.hidden.data() + 10 * d);
+  ASSERT_TRUE(m->forward_mtp(0, {&last, 1}, cache.storage(), step).ok());
+  for (int64_t i = 0; i < v; ++i) {
+    const float r = whole[10 * v + i];
+    ASSERT_NEAR(step.logits[i], r, 1e-5f * (1.0f + std::fabs(r))) << "vocab " << i;
+  }
+  const auto f32 = load(dir, ComputeDType::kF32, KvCacheDType::kF32, AttentionMode::kAuto);
+  ASSERT_NE(f32, nullptr);
+  const std::vector<float> exact = all_rows(*f32);
+  double diff = 0;
+  for (size_t i = 0; i < exact.size(); ++i)
+    diff = std::max(diff, double(std::fabs(exact[i] - whole[i])));
+  EXPECT_GT(diff, 1e-5);
+}
+
 // The shipped model teacher-forced on its three held-out rows (tests/conformance), f32
 // compute: perplexity with the INT8 latent within 0.5 % of the f32 cache's.
 TEST(Int8Kv, PerplexityOfTheShippedModelWithinHalfAPercent) {
