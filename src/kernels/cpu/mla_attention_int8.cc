@@ -20,8 +20,8 @@ namespace xds::kernels {
 namespace {
 
 // Rows of a chunk as bf16 into the compact planes (row s at latent + s · ld, rope + s · dr).
-void dequantize_rows_bf16(const LatentKvView& kv, int64_t s_begin, int64_t s_end,
-                          uint16_t* latent, int64_t ld, uint16_t* rope) {
+void dequantize_rows_bf16(const LatentKvView& kv, int64_t s_begin, int64_t s_end, uint16_t* latent,
+                          int64_t ld, uint16_t* rope) {
   const int64_t lat = kv.latent_dim, dr = kv.rope_dim;
   thread_local std::vector<float> row;
   row.resize(static_cast<size_t>(lat + dr));
@@ -45,7 +45,8 @@ struct CompactChunk {
     const int64_t first = c0 / bs, last = (c1 - 1) / bs;
     const int64_t rows = (last - first + 1) * bs, at = c0 - first * bs;
     table.assign(static_cast<size_t>(last + 1), 0);
-    for (int64_t k = first; k <= last; ++k) table[static_cast<size_t>(k)] = static_cast<int32_t>(k - first);
+    for (int64_t k = first; k <= last; ++k)
+      table[static_cast<size_t>(k)] = static_cast<int32_t>(k - first);
     LatentKvView v;
     v.block_table = table.data();
     v.block_size = bs;
@@ -74,8 +75,8 @@ struct CompactChunk {
 
 }  // namespace
 
-void dequantize_int8_kv_rows(const LatentKvView& kv, int64_t s_begin, int64_t s_end,
-                             float* latent, int64_t latent_ld, float* rope) {
+void dequantize_int8_kv_rows(const LatentKvView& kv, int64_t s_begin, int64_t s_end, float* latent,
+                             int64_t latent_ld, float* rope) {
   XDS_CHECK(kv.int8(), "dequantize_int8_kv_rows: the view has no INT8 latent plane");
   const int64_t lat = kv.latent_dim, dr = kv.rope_dim;
   for (int64_t s = s_begin; s < s_end; ++s) {
@@ -96,9 +97,9 @@ void dequantize_int8_kv_rows(const LatentKvView& kv, int64_t s_begin, int64_t s_
   }
 }
 
-void absorbed_detail::attend_int8_part(const AbsorbedQuery& q, int64_t head_begin,
-                                       int64_t head_end, const LatentKvView& kv, int64_t s_begin,
-                                       int64_t s_end, float scale, const AbsorbedPart& part) {
+void absorbed_detail::attend_int8_part(const AbsorbedQuery& q, int64_t head_begin, int64_t head_end,
+                                       const LatentKvView& kv, int64_t s_begin, int64_t s_end,
+                                       float scale, const AbsorbedPart& part) {
   const int64_t nh = head_end - head_begin, lat = kv.latent_dim;
   const bool bf16 = q.bf16 && absorbed_bf16_available();
   thread_local CompactChunk chunk;

@@ -20,8 +20,8 @@ namespace {
 
 using fixtures::random_ids;
 
-std::unique_ptr<DeepseekV3Model> load(const std::string& dir, ComputeDType compute,
-                                      KvCacheDType kv, AttentionMode attention) {
+std::unique_ptr<DeepseekV3Model> load(const std::string& dir, ComputeDType compute, KvCacheDType kv,
+                                      AttentionMode attention) {
   ModelOptions mo;
   mo.threads = 2;
   mo.compute = compute;
@@ -113,7 +113,8 @@ TEST(Int8Kv, DecodeEqualsRecomputeInF32) {
   ASSERT_NE(f32, nullptr);
   const std::vector<float> exact = from_scratch(*f32, ids);
   double diff = 0;
-  for (size_t i = 0; i < exact.size(); ++i) diff = std::max(diff, double(std::fabs(exact[i] - ref[i])));
+  for (size_t i = 0; i < exact.size(); ++i)
+    diff = std::max(diff, double(std::fabs(exact[i] - ref[i])));
   EXPECT_GT(diff, 1e-4);
 }
 
@@ -217,7 +218,8 @@ TEST(Int8Kv, PerplexityOfTheShippedModelWithinHalfAPercent) {
     }
     return sum / static_cast<double>(count);
   };
-  const double ce_f32 = cross_entropy(KvCacheDType::kF32), ce_i8 = cross_entropy(KvCacheDType::kInt8);
+  const double ce_f32 = cross_entropy(KvCacheDType::kF32),
+               ce_i8 = cross_entropy(KvCacheDType::kInt8);
   const double ratio = std::exp(ce_i8 - ce_f32);  // perplexity ratio
   std::fprintf(stderr, "perplexity f32 KV %.4f, int8 KV %.4f (%+.3f%%)\n", std::exp(ce_f32),
                std::exp(ce_i8), 100 * (ratio - 1));

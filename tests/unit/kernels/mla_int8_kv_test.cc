@@ -101,7 +101,8 @@ struct Int8Planes {
         for (int64_t c = 0; c < lat; ++c)
           f.latent[(b * bs + r) * lat + c] =
               static_cast<float>(latent[b * latent_block() + r * ld + c]) * s;
-        for (int64_t c = 0; c < dr; ++c) f.rope[(b * bs + r) * dr + c] = rope[b * rope_block() + r * dr + c];
+        for (int64_t c = 0; c < dr; ++c)
+          f.rope[(b * bs + r) * dr + c] = rope[b * rope_block() + r * dr + c];
       }
     return f;
   }
@@ -182,16 +183,15 @@ TEST(MlaInt8Kv, AbsorbedMatchesDequantizedReference) {
                        : reference_absorbed(q_abs, q_pe, k.heads, ref_kv, ctx, scale);
           const double tol = use_bf16 ? kBf16Tolerance : kF32Tolerance;
           std::vector<float> out(static_cast<size_t>(k.heads * k.lat), -3.0f);
-          const AbsorbedQuery q{q_abs.data(), k.lat, q_pe.data(), k.dr, out.data(), k.lat,
-                                use_bf16};
+          const AbsorbedQuery q{q_abs.data(), k.lat, q_pe.data(), k.dr,
+                                out.data(),   k.lat, use_bf16};
           mla_absorbed_attention(q, 0, k.heads, kv, ctx, scale);
           // In parts as the model splits a long context (one cut inside a block).
           const std::vector<float> parts =
               ctx > 2 ? attend_in_parts(q, k.heads, kv, {0, ctx / 3 + 1, ctx}, scale) : out;
           for (size_t i = 0; i < out.size(); ++i) {
-            ASSERT_NEAR(out[i], ref[i], tol)
-                << panel_isa_name(isa) << (use_bf16 ? " bf16" : " f32") << " lat=" << k.lat
-                << " ctx=" << ctx << " i=" << i;
+            ASSERT_NEAR(out[i], ref[i], tol) << panel_isa_name(isa) << (use_bf16 ? " bf16" : " f32")
+                                             << " lat=" << k.lat << " ctx=" << ctx << " i=" << i;
             if (ctx > 2) {
               ASSERT_NEAR(parts[i], ref[i], tol)
                   << "parts " << panel_isa_name(isa) << " lat=" << k.lat << " ctx=" << ctx;
