@@ -236,8 +236,8 @@ int main(int argc, char** argv) {
                "allows it (8+ tokens, at most 4 per expert), not after them (A/B runs)");
   app.add_option("--kv-cache-dtype", kv_dtype,
                  "KV cache elements: auto (bf16 in the bf16 mode where the CPU has AVX512_BF16), "
-                 "f32 or bf16 (A/B runs)")
-      ->check(CLI::IsMember({"auto", "f32", "bf16"}));
+                 "f32, bf16 or int8 (the latent in INT8 with a scale per row; A/B runs)")
+      ->check(CLI::IsMember({"auto", "f32", "bf16", "int8"}));
   app.add_option("--panel-isa", panel_isa,
                  "instruction set of the BF16 panel kernel (A/B runs; default: the widest built)")
       ->check(CLI::IsMember({"avx2", "avx512"}));
@@ -255,9 +255,10 @@ int main(int argc, char** argv) {
   ModelOptions mo;
   mo.compute = dtype == "bf16" ? ComputeDType::kBF16 : ComputeDType::kF32;
   mo.overlap_shared = overlap_shared;
-  mo.kv_cache = kv_dtype == "bf16"  ? KvCacheDType::kBF16
-                : kv_dtype == "f32" ? KvCacheDType::kF32
-                                    : KvCacheDType::kAuto;
+  mo.kv_cache = kv_dtype == "bf16"   ? KvCacheDType::kBF16
+                : kv_dtype == "f32"  ? KvCacheDType::kF32
+                : kv_dtype == "int8" ? KvCacheDType::kInt8
+                                     : KvCacheDType::kAuto;
   auto loaded = DeepseekV3Model::load(model_dir, mo);
   if (!loaded.ok()) return fail(loaded.status());
   DeepseekV3Model& model = **loaded;
@@ -307,8 +308,11 @@ int main(int argc, char** argv) {
     for (int64_t l = 0; l < c.num_hidden_layers; ++l) n += static_cast<int64_t>(touched[l].size());
     return n;
   };
-  const double kv_row_bytes = static_cast<double>(c.kv_lora_rank + c.qk_rope_head_dim) *
-                              dtype_size(model.kv_cache_dtype());
+  // Bytes of one cached position of one layer that attention reads: every plane's used
+  // elements (latent + rope, and an INT8 latent's scale).
+  double kv_row_bytes = 0;
+  for (const KvPlane& p : model.kv_layout().planes)
+    kv_row_bytes += static_cast<double>(p.elements * dtype_size(p.dtype));
 
   std::vector<Row> rows;
   std::mt19937 rng(1);
@@ -492,9 +496,8 @@ int main(int argc, char** argv) {
           continue;
         }
         const int64_t ctx = context + s + 1;
-        const double kv_bytes = static_cast<double>(batch) * ctx *
-                                (c.kv_lora_rank + c.qk_rope_head_dim) *
-                                dtype_size(model.kv_cache_dtype()) * c.num_hidden_layers;
+        const double kv_bytes =
+            static_cast<double>(batch) * ctx * kv_row_bytes * c.num_hidden_layers;
         const double bytes =
             static_cast<double>(sc.dense_bytes + touched_count() * sc.expert_bytes) + kv_bytes;
         const double flops =

@@ -20,8 +20,11 @@ Status parse_dtype_flags(const std::string& compute, const std::string& kv_cache
     mo.kv_cache = KvCacheDType::kF32;
   } else if (kv_cache == "bf16") {
     mo.kv_cache = KvCacheDType::kBF16;
+  } else if (kv_cache == "int8") {
+    mo.kv_cache = KvCacheDType::kInt8;
   } else {
-    return invalid_argument("--kv-cache-dtype must be auto, f32 or bf16, got '{}'", kv_cache);
+    return invalid_argument("--kv-cache-dtype must be auto, f32, bf16 or int8, got '{}'",
+                            kv_cache);
   }
   return {};
 }

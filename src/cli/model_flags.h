@@ -16,7 +16,8 @@ namespace xds::cli {
 inline constexpr const char* kComputeDTypeHelp = "f32 (reference) or bf16 (fast)";
 inline constexpr const char* kKvCacheDTypeHelp =
     "KV cache elements: auto (bf16 with --compute-dtype bf16 where the CPU has AVX512_BF16, "
-    "else f32), f32 or bf16";
+    "else f32), f32, bf16 or int8 (the latent in INT8 with a scale per row, the rope part as "
+    "auto stores it)";
 
 // Sets mo.compute and mo.kv_cache from the flags' text; InvalidArgument naming the flag and
 // the value otherwise. (Combinations the model cannot run are refused by its load().)

@@ -50,6 +50,7 @@ EpMoeOptions ep_options(int32_t max_num_batched_tokens, int32_t redundant_slots)
   o.redundant_slots = redundant_slots;
   o.max_tokens = std::clamp(max_num_batched_tokens, 16, 512);
   o.timeout_ms = 600'000;  // a peer's long prefill chunk is not a dead peer
+  o.int8_rows = true;      // W8A8 experts take the rows as INT8, quantized once by their device
   return o;
 }
 

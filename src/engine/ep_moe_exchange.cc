@@ -5,7 +5,9 @@
 
 #include "base/clock.h"
 #include "engine/eplb_maps.h"
+#include "kernels/cpu/int8_quant.h"
 #include "kernels/cpu/linear.h"
+#include "model/int8_mlp.h"
 #include "tensor/dtype.h"
 #include "xccl/rowops.h"
 
@@ -14,6 +16,9 @@ namespace {
 
 constexpr int kMaxPasses = 16;   // 4 bits of the key's phase
 constexpr int kMaxRounds = 256;  // 8 bits of the key's phase
+
+// A MoE layer's routed-expert weights (the model's, or the DeepSeek-V3 weights'), or null.
+const MoeWeights* layer_moe_weights(const EpMoeSetup& setup, int64_t layer);
 
 int64_t total_layers(const ModelInfo& i) {
   return i.num_layers + i.n_mtp_layers;
@@ -51,6 +56,7 @@ xccl::MoeConfig EpMoeExchange::moe_config(const ModelInfo& info, int devices,
   m.row_dtype = t;
   m.vector_dtype = t;
   m.contiguous_rows = true;  // GroupedExperts gathers every row from one array
+  m.int8 = options.int8_rows;
   return m;
 }
 
@@ -97,7 +103,17 @@ Result<std::unique_ptr<EpMoeExchange>> EpMoeExchange::create(const EpMoeSetup& s
   if (c.experts_per_token < 1 || c.experts_per_token > xccl::kMaxTopk)
     return unimplemented("expert parallelism: {} experts per token outside [1, {}]",
                          c.experts_per_token, xccl::kMaxTopk);
-  const xccl::MoeConfig mc = moe_config(c, n, compute, o);
+  xccl::MoeConfig mc = moe_config(c, n, compute, o);
+  // INT8 rows straight into the expert GEMM where every routed expert is W8A8 (the same
+  // weights on every device: the same decision, the same staging layout).
+  bool w8a8 = !c.moe_layers.empty();
+  for (int64_t l : c.moe_layers) {
+    const MoeWeights* mw = layer_moe_weights(setup, l);
+    if (mw == nullptr) continue;  // reported below
+    for (const MlpWeights& w : mw->experts) w8a8 = w8a8 && is_int8_mlp(w);
+  }
+  mc.int8_to_experts = mc.int8 && w8a8;
+  mc.int8 = mc.int8_to_experts;  // float experts: no INT8 on the wire (the staging keeps room)
   xccl::ExchangeRoles roles;
   for (int r = 0; r < n; ++r) {
     roles.senders.push_back(r);
@@ -143,14 +159,20 @@ EpMoeExchange::EpMoeExchange(const EpMoeSetup& setup, const ModelInfo& info,
 }
 
 const MoeWeights* EpMoeExchange::moe_weights(int64_t layer) const {
-  if (setup_.model != nullptr) return setup_.model->moe_weights(layer);
-  const DeepseekV3Weights& w = *setup_.weights;
+  return layer_moe_weights(setup_, layer);
+}
+
+namespace {
+const MoeWeights* layer_moe_weights(const EpMoeSetup& setup, int64_t layer) {
+  if (setup.model != nullptr) return setup.model->moe_weights(layer);
+  const DeepseekV3Weights& w = *setup.weights;
   const int64_t main = int64_t(w.layers.size());
   if (layer < 0 || layer >= main + int64_t(w.mtp.size())) return nullptr;
   const auto& moe =
       layer < main ? w.layers[size_t(layer)].moe : w.mtp[size_t(layer - main)].layer.moe;
   return moe ? &*moe : nullptr;
 }
+}  // namespace
 
 Status EpMoeExchange::set_expert_maps(std::vector<xccl::ExpertMap> maps) {
   if (int64_t(maps.size()) != n_layers_)
@@ -271,15 +293,32 @@ Status EpMoeExchange::run_round(const MoeExchangeInput& in, int64_t begin, int64
   const xccl::MoeConfig& c = ex_->config();
   const int64_t d = c.hidden, k = c.topk;
   const bool f32 = c.row_dtype == xccl::RowDType::kF32;
+  const bool int8 = c.int8_to_experts;
   const int64_t t0 = now_ns();
-  // 1. This round's rows into the staging: [n, D] f32, or rounded to bf16.
-  XDS_ASSIGN_OR_RETURN(std::byte * stage, ex_->input_data());
-  if (n > 0) {
+  // 1. This round's rows into the staging: [n, D] f32, or rounded to bf16; INT8 rows
+  //    [n][int8_row_stride(D)] (values, scale at int8_row_bytes(D) - 4) quantized once here.
+  if (int8) {
+    XDS_ASSIGN_OR_RETURN(std::byte * q, ex_->int8_rows());
+    const uint64_t stride = xccl::int8_row_stride(int(d)), at = xccl::int8_row_bytes(int(d)) - 4;
     const float* x = in.x + begin * d;
-    if (f32)
-      std::memcpy(stage, x, sizeof(float) * size_t(n * d));
-    else
-      kernels::round_to_bf16(x, n * d, reinterpret_cast<uint16_t*>(stage));
+    auto rows = [&](int64_t t0_, int64_t t1_, int) {
+      for (int64_t t = t0_; t < t1_; ++t) {
+        std::byte* row = q + uint64_t(t) * stride;
+        const float s = kernels::quantize_row_int8(x + t * d, d, reinterpret_cast<int8_t*>(row));
+        std::memcpy(row + at, &s, sizeof s);
+      }
+    };
+    if (n > 1) setup_.pool->parallel_for(n, rows);
+    else rows(0, n, 0);
+  } else {
+    XDS_ASSIGN_OR_RETURN(std::byte * stage, ex_->input_data());
+    if (n > 0) {
+      const float* x = in.x + begin * d;
+      if (f32)
+        std::memcpy(stage, x, sizeof(float) * size_t(n * d));
+      else
+        kernels::round_to_bf16(x, n * d, reinterpret_cast<uint16_t*>(stage));
+    }
   }
   // 2. Dispatch.
   const std::span<const int32_t> ids(in.ids + begin * k, size_t(n * k));
@@ -290,7 +329,7 @@ Status EpMoeExchange::run_round(const MoeExchangeInput& in, int64_t begin, int64
     spread_[size_t(i)] =
         spread_key(in.positions != nullptr ? in.positions[begin + i] : begin + i, rank);
   XDS_RETURN_IF_ERROR(ex_->dispatch(int(n), ids, weights, maps_[size_t(in.layer)], key, more,
-                                    xccl::SenderRows::kBf16,
+                                    int8 ? xccl::SenderRows::kInt8 : xccl::SenderRows::kBf16,
                                     std::span<const uint32_t>(spread_.data(), size_t(n))));
   const int64_t t1 = now_ns();
   // 3. This device's slots over the received rows (unweighted outputs; combine weights them).
@@ -311,8 +350,9 @@ Status EpMoeExchange::run_round(const MoeExchangeInput& in, int64_t begin, int64
   g.slots = slot_weights_[size_t(in.layer)];
   g.offsets = l.expert_offset;
   g.rows = ex_->unit_rows();
-  g.row_dtype = f32 ? DType::kF32 : DType::kBF16;
-  g.row_stride = d;
+  g.row_dtype = int8 ? DType::kI8 : f32 ? DType::kF32 : DType::kBF16;
+  g.row_stride = int8 ? int64_t(ex_->unit_row_bytes()) : d;
+  g.int8_scale_offset = int8 ? int64_t(xccl::int8_row_bytes(int(d))) - 4 : 0;
   g.gather = ex_->row_units().data();
   g.out = out;
   g.overlap = first ? in.overlap : nullptr;

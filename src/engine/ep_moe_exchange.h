@@ -22,6 +22,10 @@
 //        vector per (token, device) in ascending device order; vectors are f32 (kF32) or bf16
 //        (kBF16), the result lands in in.out as f32.
 //   With f32 both ways the result equals LocalMoeExchange's up to the summation order.
+//   W8A8 experts with EpMoeOptions::int8_rows: step 1 quantizes each row once (the rule
+//   the local W8A8 experts apply to the same f32 rows: the same integers and scales), the
+//   rows travel and reach the expert GEMM as INT8, so the expert outputs are the local
+//   run's bits and again only the combine's summation order differs.
 //
 // Collective keys: xccl::collective_key(epoch, step, layer, phase), phase = pass << 8 | round,
 // where pass counts this layer's run() calls since set_step() (MTP draft passes of one step
@@ -58,6 +62,14 @@ struct EpMoeOptions {
   int redundant_slots = 0;      // S: spare expert slots per device and MoE layer
   int max_tokens = 256;         // tokens per device per round (staging is sized by it)
   int64_t timeout_ms = 30'000;  // a peer silent this long poisons the epoch
+  // W8A8 experts (every routed expert of the model int8): each device quantizes its own
+  // tokens once (kernels::quantize_row_int8, from the f32 rows), dispatch carries them as
+  // INT8 and the expert GEMM takes them as they are (MoeConfig::int8_to_experts; nothing
+  // dequantized on arrival, nothing quantized again per expert). The staging keeps room for
+  // the INT8 rows whenever this is set (staging_bytes); float experts ignore it. false (the
+  // default, so that staging_bytes stays exact for float models): rows as row_dtype, each
+  // W8A8 expert quantizing its rows itself.
+  bool int8_rows = false;
 };
 
 // The model side comes either from a CausalLm (its info, compute dtype, pool and
@@ -85,8 +97,12 @@ class EpMoeExchange final : public MoeExchange {
   static uint64_t staging_bytes(const DeepseekV3Config& config, int devices, ComputeDType compute,
                                 const EpMoeOptions& options);
   // The exchange's MoeConfig (row and vector types from the compute dtype; slots E / N + S).
+  // With options.int8_rows the INT8 staging is included (int8); create() turns
+  // int8_to_experts on where the experts are W8A8.
   static xccl::MoeConfig moe_config(const ModelInfo& info, int devices, ComputeDType compute,
                                     const EpMoeOptions& options);
+  // Whether the rows reach the experts as INT8 (int8_rows and W8A8 experts).
+  bool int8_rows() const { return ex_->config().int8_to_experts; }
 
   // Before each forward: the step's (epoch, step) for the collective keys.
   void set_step(uint32_t epoch, uint32_t step);

@@ -35,8 +35,10 @@ enum class AttentionMode { kAuto, kAbsorbed, kExpanded };
 // fast mode's absorbed attention reads bf16 planes (compute kBF16 and
 // kernels::absorbed_bf16_available(): it rounds every cached row to bf16 anyway, so half the
 // bytes give the same decode products; the prefill's expanded form then sees the rope part
-// rounded too), fp32 otherwise. kBF16 elsewhere is refused by load().
-enum class KvCacheDType { kAuto, kF32, kBF16 };
+// rounded too), fp32 otherwise. kBF16 elsewhere is refused by load(). kInt8: the latent
+// plane in INT8 with an absmax scale per row, the rope plane as kAuto would store it (bf16
+// or fp32); every attention path reads the dequantized stored rows (kv_storage.h).
+enum class KvCacheDType { kAuto, kF32, kBF16, kInt8 };
 
 struct ModelOptions {
   ComputeDType compute = ComputeDType::kF32;

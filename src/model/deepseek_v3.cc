@@ -112,9 +112,13 @@ Result<std::unique_ptr<DeepseekV3Model>> DeepseekV3Model::load(const std::string
     m->moe_row_[static_cast<size_t>(m->info_.moe_layers[i])] = static_cast<int32_t>(i);
   m->routed_counts_.assign(
       m->info_.moe_layers.size() * static_cast<size_t>(m->config_.n_routed_experts), 0);
+  const int64_t cache_layers = m->config_.num_hidden_layers + m->config_.num_nextn_predict_layers;
   m->kv_layout_ =
-      mla_kv_layout(m->config_.num_hidden_layers + m->config_.num_nextn_predict_layers,
-                    m->config_.kv_lora_rank, m->config_.qk_rope_head_dim, m->kv_cache_dtype());
+      m->kv_cache_dtype() == DType::kI8
+          ? mla_int8_kv_layout(cache_layers, m->config_.kv_lora_rank,
+                               m->config_.qk_rope_head_dim, m->kv_rope_dtype())
+          : mla_kv_layout(cache_layers, m->config_.kv_lora_rank, m->config_.qk_rope_head_dim,
+                          m->kv_cache_dtype());
   return m;
 }
 
@@ -126,6 +130,7 @@ Result<KvCache> DeepseekV3Model::make_cache(int64_t max_tokens, int64_t block_si
   s.latent_dim = config_.kv_lora_rank;
   s.rope_dim = config_.qk_rope_head_dim;
   s.dtype = kv_cache_dtype();
+  s.rope_dtype = kv_rope_dtype();
   return KvCache::create(s);
 }
 
@@ -146,11 +151,19 @@ DType DeepseekV3Model::kv_cache_dtype() const {
       return DType::kF32;
     case KvCacheDType::kBF16:
       return DType::kBF16;
+    case KvCacheDType::kInt8:
+      return DType::kI8;
     case KvCacheDType::kAuto:
       break;
   }
   const bool bf16 = options_.compute == ComputeDType::kBF16 && kernels::absorbed_bf16_available();
   return bf16 ? DType::kBF16 : DType::kF32;
+}
+
+DType DeepseekV3Model::kv_rope_dtype() const {
+  if (options_.kv_cache == KvCacheDType::kF32) return DType::kF32;
+  const bool bf16 = options_.compute == ComputeDType::kBF16 && kernels::absorbed_bf16_available();
+  return bf16 || options_.kv_cache == KvCacheDType::kBF16 ? DType::kBF16 : DType::kF32;
 }
 
 void DeepseekV3Model::linear(const float* x, int64_t n, int64_t ldx, const MatrixRef& w, float* y,

@@ -71,6 +71,9 @@ class DeepseekV3Model final : public CausalLm {
   Result<KvCache> make_cache(int64_t max_tokens, int64_t block_size = 16) const;
   // The planes' element type make_cache uses (ModelOptions::kv_cache resolved): kF32 or kBF16.
   DType kv_cache_dtype() const;
+  // The rope plane's elements: kv_cache_dtype() for the float caches; an INT8 cache's rope
+  // plane as the auto choice stores it (bf16 with bf16 compute where available, else fp32).
+  DType kv_rope_dtype() const;
 
   // Shows the input rows of every linear run through the model's LinearRunner (attention,
   // dense and shared MLPs, heads; not the router or the routed experts, whose inputs are

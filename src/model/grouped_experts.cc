@@ -28,10 +28,12 @@ Status check_input(const GroupedExpertsInput& in, int64_t& d) {
   if (in.offsets[0] != 0) {
     return invalid_argument("grouped experts: offsets[0] is {}, want 0", in.offsets[0]);
   }
-  if (in.row_dtype != DType::kF32 && in.row_dtype != DType::kBF16) {
-    return invalid_argument("grouped experts: row dtype {}: must be F32 or BF16",
+  if (in.row_dtype != DType::kF32 && in.row_dtype != DType::kBF16 &&
+      in.row_dtype != DType::kI8) {
+    return invalid_argument("grouped experts: row dtype {}: must be F32, BF16 or I8",
                             dtype_name(in.row_dtype));
   }
+  const bool int8_rows = in.row_dtype == DType::kI8;
   d = -1;
   int64_t inter = -1;
   for (size_t s = 0; s < n_slots; ++s) {
@@ -44,6 +46,10 @@ Status check_input(const GroupedExpertsInput& in, int64_t& d) {
     if (w == nullptr) {
       if (m > 0) return invalid_argument("grouped experts: {} rows in empty slot {}", m, s);
       continue;
+    }
+    if (int8_rows && !is_int8_mlp(*w)) {
+      return invalid_argument(
+          "grouped experts: INT8 rows need W8A8 experts; slot {} holds float weights", s);
     }
     if (d < 0) d = w->gate_proj.cols, inter = w->gate_proj.rows;
     if (w->gate_proj.cols != d || w->up_proj.cols != d || w->gate_proj.rows != inter ||
@@ -60,6 +66,13 @@ Status check_input(const GroupedExpertsInput& in, int64_t& d) {
     return invalid_argument(
         "grouped experts: {} rows need rows, out and a row stride >= {} (got stride {})", n_rows, d,
         in.row_stride);
+  }
+  if (n_rows > 0 && int8_rows &&
+      (in.int8_scale_offset < d || in.int8_scale_offset + 4 > in.row_stride)) {
+    return invalid_argument(
+        "grouped experts: INT8 rows of {} values need the scale at byte >= {} and within the "
+        "row stride {} (scale at {})",
+        d, d, in.row_stride, in.int8_scale_offset);
   }
   return {};
 }
@@ -107,13 +120,24 @@ void GroupedExperts::run_slot(const GroupedExpertsInput& in, const MlpWeights& m
                               int64_t m, ThreadScratch& s) {
   const int64_t d = mlp.gate_proj.cols, inter = mlp.gate_proj.rows;
   const bool bf16_rows = in.row_dtype == DType::kBF16;
-  const size_t row_bytes = static_cast<size_t>(d) * (bf16_rows ? sizeof(uint16_t) : sizeof(float));
+  const bool int8_rows = in.row_dtype == DType::kI8;
+  const int64_t element = int8_rows ? 1 : bf16_rows ? 2 : 4;
+  const size_t row_bytes = static_cast<size_t>(d * element);
   auto input_row = [&](int64_t i) {  // grouped row begin + i
     const int64_t r = in.gather != nullptr ? in.gather[begin + i] : begin + i;
-    return static_cast<const char*>(in.rows) + r * in.row_stride * (bf16_rows ? 2 : 4);
+    return static_cast<const char*>(in.rows) + r * in.row_stride * element;
   };
   float* out = in.out + begin * d;  // [m, D]
-  if (is_int8_mlp(mlp)) {
+  if (int8_rows) {
+    // Rows quantized once by their producer: values and scale copied as they are.
+    s.int8.x.resize(m, d);
+    for (int64_t i = 0; i < m; ++i) {
+      const char* row = input_row(i);
+      std::memcpy(s.int8.x.q.data() + i * d, row, row_bytes);
+      std::memcpy(s.int8.x.scale.data() + i, row + in.int8_scale_offset, sizeof(float));
+    }
+    int8_mlp(mlp, s.int8.x.ref(), out, d, s.int8, nullptr);
+  } else if (is_int8_mlp(mlp)) {
     // W8A8 in either compute mode: each row quantized per token from its own values (bf16
     // rows widened exactly), then gate+up in one kernel and down on int8 (int8_mlp.h).
     s.int8.x.resize(m, d);

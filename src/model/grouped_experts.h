@@ -9,7 +9,10 @@
 //            [offsets[s], offsets[s + 1]); n_rows = offsets[n_slots]
 //   rows:    grouped row i's input x_i is row gather[i] (i when gather is null) of `rows`,
 //            `row_stride` elements apart, D elements of row_dtype (kF32, or kBF16 as an
-//            exchange may carry them)
+//            exchange may carry them); or kI8 (W8A8 experts only): D int8 values quantized
+//            per token (kernels/cpu/int8_quant.h's rule) and one f32 scale at byte
+//            int8_scale_offset of the row, row_stride bytes apart: the W8A8 GEMM takes
+//            them as they are (no dequantizing, no second quantization)
 //   out:     [n_rows, D] f32, grouped order:
 //              out[i] = scale[i] · down(silu(gate(x_i)) ⊙ up(x_i))   (scale null: 1)
 // Each slot runs one batched MLP over its rows, [m, D] -> [m, I] (gate, up) -> [m, D]
@@ -41,8 +44,9 @@ struct GroupedExpertsInput {
   std::span<const MlpWeights* const> slots;  // [n_slots]
   std::span<const int32_t> offsets;          // [n_slots + 1]
   const void* rows = nullptr;                // see above
-  DType row_dtype = DType::kF32;             // kF32 or kBF16
+  DType row_dtype = DType::kF32;             // kF32, kBF16 or kI8
   int64_t row_stride = 0;                    // elements from one input row to the next
+  int64_t int8_scale_offset = 0;             // kI8: bytes from a row to its f32 scale (>= D)
   const int32_t* gather = nullptr;           // [n_rows] or nullptr
   const float* scale = nullptr;              // [n_rows] or nullptr
   float* out = nullptr;                      // [n_rows, D]

@@ -8,7 +8,8 @@ namespace xds {
 
 KvStorageShape KvCacheShape::storage_shape() const {
   KvStorageShape s;
-  s.layout = mla_kv_layout(layers, latent_dim, rope_dim, dtype);
+  s.layout = dtype == DType::kI8 ? mla_int8_kv_layout(layers, latent_dim, rope_dim, rope_dtype)
+                                  : mla_kv_layout(layers, latent_dim, rope_dim, dtype);
   s.num_blocks = num_blocks;
   s.block_size = block_size;
   return s;
@@ -31,10 +32,18 @@ Result<KvCache> KvCache::create(const KvCacheShape& shape, int64_t available_byt
         "(rope >= 0)",
         shape.layers, shape.num_blocks, shape.block_size, shape.latent_dim, shape.rope_dim);
   }
-  if (shape.dtype != DType::kF32 && shape.dtype != DType::kBF16) {
-    return invalid_argument("KV cache: dtype {}: must be F32 or BF16", dtype_name(shape.dtype));
+  if (shape.dtype != DType::kF32 && shape.dtype != DType::kBF16 && shape.dtype != DType::kI8) {
+    return invalid_argument("KV cache: dtype {}: must be F32, BF16 or I8",
+                            dtype_name(shape.dtype));
   }
-  if (shape.dtype == DType::kBF16 && !kernels::absorbed_bf16_available()) {
+  if (shape.dtype == DType::kI8 && shape.rope_dtype != DType::kF32 &&
+      shape.rope_dtype != DType::kBF16) {
+    return invalid_argument("KV cache: an I8 latent's rope plane must be F32 or BF16, got {}",
+                            dtype_name(shape.rope_dtype));
+  }
+  const bool bf16_plane = shape.dtype == DType::kBF16 ||
+                          (shape.dtype == DType::kI8 && shape.rope_dtype == DType::kBF16);
+  if (bf16_plane && !kernels::absorbed_bf16_available()) {
     return invalid_argument(
         "KV cache: a BF16 cache is read only by the bf16 attention kernel, which needs "
         "AVX512_BF16 and the AVX-512 panel ISA, which this CPU or build lacks: use F32");

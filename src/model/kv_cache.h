@@ -10,6 +10,7 @@
 //           C = 512: +3 / +6 % memory, +6-9 % absorbed attention in a cold single-thread
 //           microbenchmark)
 //   rope:   rope_dim elements, rotated k_pe
+// or, for an INT8 cache (dtype kI8), the INT8 latent's three planes (kv_storage.h).
 // laid out block-major as KvStorage describes.
 //
 // Thread-safety: not thread-safe. The forward pass writes rows of distinct positions from
@@ -35,7 +36,10 @@ struct KvCacheShape {
   int64_t block_size = 16;
   int64_t latent_dim = 0;
   int64_t rope_dim = 0;
-  DType dtype = DType::kF32;  // kF32 or kBF16 (which needs kernels::absorbed_bf16_available())
+  // kF32, kBF16 (which needs kernels::absorbed_bf16_available()) or kI8 (the INT8 latent,
+  // mla_int8_kv_layout, with a rope plane of rope_dtype: kF32, or kBF16 as above)
+  DType dtype = DType::kF32;
+  DType rope_dtype = DType::kF32;
 
   KvStorageShape storage_shape() const;
 };

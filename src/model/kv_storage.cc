@@ -4,6 +4,7 @@
 #include <new>
 
 #include "base/memory_info.h"
+#include "kernels/cpu/int8_quant.h"
 
 namespace xds {
 namespace {
@@ -43,7 +44,28 @@ bool mla_pair(const KvLayout& l) {
          rope.row_bytes == rope.elements * size;
 }
 
+// The INT8 triple: int8 latent, one f32 scale, a dense f32 or bf16 rope plane.
+bool mla_int8_triple(const KvLayout& l) {
+  if (l.planes.size() != 3) return false;
+  const KvPlane& lat = l.planes[0];
+  const KvPlane& scale = l.planes[1];
+  const KvPlane& rope = l.planes[2];
+  return lat.dtype == DType::kI8 && scale.dtype == DType::kF32 && scale.elements == 1 &&
+         scale.row_bytes == 4 && (rope.dtype == DType::kF32 || rope.dtype == DType::kBF16) &&
+         rope.row_bytes == rope.elements * dtype_size(rope.dtype);
+}
+
 }  // namespace
+
+KvLayout mla_int8_kv_layout(int64_t layers, int64_t latent_dim, int64_t rope_dim,
+                            DType rope_dtype) {
+  KvLayout l;
+  l.layers = layers;
+  l.planes.push_back({DType::kI8, latent_dim, kernels::padded_latent_stride(latent_dim, 1)});
+  l.planes.push_back({DType::kF32, 1, 4});
+  l.planes.push_back({rope_dtype, rope_dim, rope_dim * dtype_size(rope_dtype)});
+  return l;
+}
 
 KvLayout mla_kv_layout(int64_t layers, int64_t latent_dim, int64_t rope_dim, DType dtype) {
   const int64_t size = dtype_size(dtype);
@@ -102,7 +124,8 @@ KvStorage::KvStorage(const KvStorageShape& shape, std::byte* base)
     plane_offset_.push_back(at);
     at += chunk_bytes(p, shape.block_size);
   }
-  mla_ = mla_pair(shape.layout);
+  int8_ = mla_int8_triple(shape.layout);
+  mla_ = int8_ || mla_pair(shape.layout);
 }
 
 Result<KvStorage> KvStorage::create(const KvStorageShape& shape) {
@@ -150,9 +173,22 @@ void KvStorage::write(int64_t layer, int32_t b, int64_t slot, const float* laten
                  layer >= 0 && layer < shape_.layout.layers,
              "KV write: layer {} block {} slot {}", layer, b, slot);
   const KvPlane& lp = shape_.layout.planes[0];
-  const KvPlane& rp = shape_.layout.planes[1];
+  const int64_t rope_plane = int8_ ? 2 : 1;
+  const KvPlane& rp = shape_.layout.planes[static_cast<size_t>(rope_plane)];
   std::byte* lat_row = plane_ptr(b, layer, 0) + slot * lp.row_bytes;
-  std::byte* rope_row = plane_ptr(b, layer, 1) + slot * rp.row_bytes;
+  std::byte* rope_row = plane_ptr(b, layer, rope_plane) + slot * rp.row_bytes;
+  if (int8_) {
+    const float s =
+        kernels::quantize_row_int8(latent, lp.elements, reinterpret_cast<int8_t*>(lat_row));
+    std::memcpy(plane_ptr(b, layer, 1) + slot * 4, &s, sizeof s);
+    if (rp.elements == 0) return;
+    if (rp.dtype == DType::kBF16) {
+      kernels::kv_row_to_bf16(rope, rp.elements, reinterpret_cast<uint16_t*>(rope_row));
+    } else {
+      std::memcpy(rope_row, rope, sizeof(float) * static_cast<size_t>(rp.elements));
+    }
+    return;
+  }
   if (lp.dtype == DType::kBF16) {
     kernels::kv_row_to_bf16(latent, lp.elements, reinterpret_cast<uint16_t*>(lat_row));
     if (rp.elements > 0)
@@ -166,6 +202,7 @@ void KvStorage::write(int64_t layer, int32_t b, int64_t slot, const float* laten
 
 kernels::LatentKvView KvStorage::view(int64_t layer, std::span<const int32_t> blocks) const {
   XDS_CHECK(mla_, "KvStorage::view needs the MLA planes (mla_kv_layout)");
+  if (int8_) return int8_view(layer, blocks);
   const KvPlane& lp = shape_.layout.planes[0];
   const KvPlane& rp = shape_.layout.planes[1];
   const int64_t size = dtype_size(lp.dtype);
@@ -186,6 +223,29 @@ kernels::LatentKvView KvStorage::view(int64_t layer, std::span<const int32_t> bl
   v.latent_ld = lp.row_bytes / size;
   v.latent_block_stride = block_bytes_ / size;
   v.rope_block_stride = block_bytes_ / size;
+  return v;
+}
+
+kernels::LatentKvView KvStorage::int8_view(int64_t layer, std::span<const int32_t> blocks) const {
+  const KvPlane& lp = shape_.layout.planes[0];
+  const KvPlane& rp = shape_.layout.planes[2];
+  const std::byte* at = base_ + layer * layer_bytes_;
+  kernels::LatentKvView v;
+  v.latent8 = reinterpret_cast<const int8_t*>(at + plane_offset_[0]);
+  v.latent_scale = reinterpret_cast<const float*>(at + plane_offset_[1]);
+  if (rp.dtype == DType::kBF16) {
+    v.rope16 = reinterpret_cast<const uint16_t*>(at + plane_offset_[2]);
+  } else {
+    v.rope = reinterpret_cast<const float*>(at + plane_offset_[2]);
+  }
+  v.block_table = blocks.data();
+  v.block_size = shape_.block_size;
+  v.latent_dim = lp.elements;
+  v.rope_dim = rp.elements;
+  v.latent_ld = lp.row_bytes;
+  v.latent_block_stride = block_bytes_;
+  v.scale_block_stride = block_bytes_ / 4;
+  v.rope_block_stride = block_bytes_ / dtype_size(rp.dtype);
   return v;
 }
 

@@ -6,7 +6,11 @@
 //   latent: C = kv_lora_rank elements of f32 or bf16, row stride padded_latent_stride(C)
 //           (an odd number of cache lines)
 //   rope:   Dr = qk_rope_head_dim elements of the same dtype, rows dense
-// An INT8 latent is three planes: int8 latent [C], f32 scale [1], rope [Dr].
+// An INT8 latent (mla_int8_kv_layout) is three planes:
+//   latent: C int8 elements, q = round(c / s) with s = absmax(c) / 127 (int8_quant.h's
+//           rule), row stride padded_latent_stride(C, 1) bytes (an odd number of lines)
+//   scale:  1 f32 element, s
+//   rope:   Dr elements of f32 or bf16, as the float layouts' rope plane
 //
 // Layout, block-major: [num_blocks][layers][planes][block_size rows]
 //   block b            at base + b · block_bytes()
@@ -52,6 +56,9 @@ struct KvLayout {
 // The MLA planes: latent [latent_dim] with the padded row stride, rope [rope_dim]; dtype
 // kF32 or kBF16.
 KvLayout mla_kv_layout(int64_t layers, int64_t latent_dim, int64_t rope_dim, DType dtype);
+// The INT8 latent's three planes (above); rope_dtype kF32 or kBF16.
+KvLayout mla_int8_kv_layout(int64_t layers, int64_t latent_dim, int64_t rope_dim,
+                            DType rope_dtype);
 
 struct KvStorageShape {
   KvLayout layout;
@@ -93,10 +100,13 @@ class KvStorage {
     return block_ptr(b) + layer * layer_bytes_ + plane_offset_[static_cast<size_t>(p)];
   }
 
-  // Whether the planes are the MLA pair (mla_kv_layout) that write() and view() handle.
+  // Whether the planes are the MLA pair (mla_kv_layout) or the INT8 triple
+  // (mla_int8_kv_layout) that write() and view() handle.
   bool is_mla() const { return mla_; }
+  bool is_int8() const { return int8_; }
   // MLA planes: stores row `slot` of block b in `layer`: latent [latent_dim], rope
-  // [rope_dim], rounded to bf16 (kernels::kv_row_to_bf16) in bf16 planes.
+  // [rope_dim], rounded to bf16 (kernels::kv_row_to_bf16) in bf16 planes; an INT8 latent
+  // quantized with its scale (kernels::quantize_row_int8).
   void write(int64_t layer, int32_t b, int64_t slot, const float* latent, const float* rope);
   // MLA planes: the attention kernels' view of `layer` for a sequence whose position s is in
   // block blocks[s / block_size] (the span must outlive the view).
@@ -107,6 +117,7 @@ class KvStorage {
 
  private:
   KvStorage(const KvStorageShape& shape, std::byte* base);
+  kernels::LatentKvView int8_view(int64_t layer, std::span<const int32_t> blocks) const;
 
   KvStorageShape shape_;
   HugePageBuffer owned_;  // empty for wrapped memory
@@ -114,6 +125,7 @@ class KvStorage {
   int64_t layer_bytes_ = 0, block_bytes_ = 0;
   std::vector<int64_t> plane_offset_;  // [planes] bytes from a layer's start in a block
   bool mla_ = false;
+  bool int8_ = false;  // the INT8 triple (mla_ too)
 };
 
 }  // namespace xds

@@ -55,9 +55,10 @@ void head_linear(const float* x, int64_t n, int64_t ldx, const MatrixRef& w, flo
 }
 
 // Context rows [0, ctx) of both planes as contiguous fp32: latent [ctx, C], rope [ctx, Dr]
-// (bf16 planes widened, exactly).
+// (bf16 planes widened, exactly; an INT8 latent dequantized).
 void gather_planes(const kernels::LatentKvView& kv, int64_t ctx, float* latent, float* rope) {
   const int64_t lat = kv.latent_dim, dr = kv.rope_dim;
+  if (kv.int8()) return kernels::dequantize_int8_kv_rows(kv, 0, ctx, latent, lat, rope);
   for (int64_t s = 0; s < ctx; ++s) {
     if (!kv.bf16()) {
       std::memcpy(latent + s * lat, kv.latent_at(s), sizeof(float) * static_cast<size_t>(lat));

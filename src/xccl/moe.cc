@@ -71,6 +71,7 @@ Exchange::Exchange(Mailbox& mb, const MoeConfig& cfg, ExchangeRoles roles, Threa
     if (s != f_.rank()) remote_senders_.push_back(s);
   rows_stride_ = uint64_t(cfg_.hidden) * row_dtype_bytes(cfg_.row_dtype);
   vec_stride_ = uint64_t(cfg_.hidden) * row_dtype_bytes(cfg_.vector_dtype);
+  unit_stride_ = cfg_.int8_to_experts ? int8_row_stride(cfg_.hidden) : rows_stride_;
   from_.resize(roles_.senders.size());
   from_flags_.assign(roles_.senders.size(), 0);
 }
@@ -83,7 +84,9 @@ Result<std::unique_ptr<Exchange>> Exchange::create(Mailbox& mb, const MoeConfig&
         "moe config: hidden {}, max_tokens {}, slots_per_device {} must be >= 1 "
         "and topk {} in [1, {}]",
         cfg.hidden, cfg.max_tokens, cfg.slots_per_device, cfg.topk, kMaxTopk);
-  if (cfg.int8 && cfg.row_dtype != RowDType::kBf16)
+  if (cfg.int8_to_experts && !cfg.int8)
+    return invalid_argument("moe config: int8_to_experts keeps INT8 rows but int8 is false");
+  if (cfg.int8 && !cfg.int8_to_experts && cfg.row_dtype != RowDType::kBf16)
     return invalid_argument("moe config: INT8 dispatch quantizes bf16 rows; token rows are {}",
                             row_dtype_name(cfg.row_dtype));
   const Fabric& f = mb.fabric();
@@ -178,6 +181,9 @@ Status Exchange::send_tokens(const RoutePlan& plan, uint64_t map_version, int n_
   if (rows != SenderRows::kBf16 && !cfg_.int8)
     return invalid_argument("moe send: INT8 rows given but the exchange has no INT8 staging "
                             "(MoeConfig::int8 is false)");
+  if (cfg_.int8_to_experts && rows != SenderRows::kInt8)
+    return invalid_argument("moe send: MoeConfig::int8_to_experts takes INT8 rows only "
+                            "(SenderRows::kInt8)");
   XDS_RETURN_IF_ERROR(wait_released(true));
   if (&plan != &plan_) plan_ = plan;  // dispatch() plans straight into plan_
   n_tokens_ = n_tokens;
@@ -264,7 +270,7 @@ Status Exchange::recv_tokens(uint64_t key) {
         if (e.local_expert[j] >= cfg_.slots_per_device)
           return f_.poison({f_.epoch(), roles_.senders[size_t(&list - from_.data())],
                             PoisonReason::kProtocol, c.op, f_.rank()});
-  const size_t RS = size_t(rows_stride_);
+  const size_t RS = size_t(unit_stride_);
   unit_start_.assign(from_.size() + 1, 0);
   for (size_t s = 0; s < from_.size(); ++s)
     unit_start_[s + 1] = unit_start_[s] + uint32_t(from_[s].size());
@@ -274,11 +280,14 @@ Status Exchange::recv_tokens(uint64_t key) {
   // Where each unit's token row lives: own uncompressed tokens stay in the input staging (no
   // copy).
   std::vector<const std::byte*> unit_row(n_units);
-  const std::byte* own_input = f_.local() + lay_.input;
+  // With int8_to_experts own INT8 rows stay in the qrows staging.
+  const bool keep_int8 = cfg_.int8_to_experts;
+  const std::byte* own_input = f_.local() + (keep_int8 ? lay_.qrows : lay_.input);
   for (size_t s = 0; s < from_.size(); ++s)
     for (size_t i = 0; i < from_[s].size(); ++i) {
       const size_t u = unit_start_[s] + i;
-      const bool in_place = roles_.senders[s] == f_.rank() && !(from_flags_[s] & kFlagInt8) &&
+      const bool in_place = roles_.senders[s] == f_.rank() &&
+                            (keep_int8 || !(from_flags_[s] & kFlagInt8)) &&
                             !cfg_.contiguous_rows;
       unit_row[u] = in_place ? own_input + size_t(from_[s][i].token) * RS : tokens_.get() + u * RS;
     }
@@ -309,7 +318,19 @@ Status Exchange::recv_tokens(uint64_t key) {
       const RouteEntry& r = from_[s][i];
       const int rank = roles_.senders[s];
       std::byte* dst = tokens_.get() + size_t(u) * RS;
-      if (from_flags_[s] & kFlagInt8) {
+      if (keep_int8) {  // INT8 rows as they are: one copy of values and scale
+        const uint64_t off = lay_.qrows + r.token * int8_row_stride(cfg_.hidden);
+        if (rank == f_.rank()) {
+          if (cfg_.contiguous_rows) copy_bytes(dst, f_.local() + off, qbytes);
+        } else if (direct) {
+          copy_bytes(dst, f_.arena(rank) + off, qbytes);
+          my_pulled += qbytes;
+        } else {
+          t_.get(dst, MemDesc{rank, off, qbytes}, 0, qbytes);
+          my_pulled += qbytes;
+        }
+        ++u;
+      } else if (from_flags_[s] & kFlagInt8) {
         const uint64_t off = lay_.qrows + r.token * int8_row_stride(cfg_.hidden);
         auto* dst16 = reinterpret_cast<uint16_t*>(dst);
         if (direct) {  // dequantize straight out of the peer's staging: the pull is the read

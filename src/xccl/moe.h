@@ -13,7 +13,8 @@
 //   2. S posts counts to every receiver (kDispatchMeta: entries, map version, flags).
 //   3. R waits for every sender's counts ("counts and offsets first"), pulls the route lists,
 //      then pulls each (token, device) row ONCE, straight from S's input staging into its
-//      token buffer (runs of consecutive tokens in one copy; INT8 dequantized on arrival). No
+//      token buffer (runs of consecutive tokens in one copy; INT8 dequantized on arrival, or
+//      kept as INT8 for the expert GEMM with MoeConfig::int8_to_experts). No
 //      pack, no ring, no second copy: "grouped by local expert" is a per-local-expert row-index
 //      table (group_by_expert: expert -> rows, each naming its token row and weight), built
 //      from the route lists; the expert GEMM gathers its rows through row(r) anyway. Rows of
@@ -98,6 +99,13 @@ struct MoeConfig {
   // grouped row's input is a row of one array: row(r) = unit_rows() + row_units()[r] rows
   // (a grouped expert GEMM gathers by index). Off: own rows are read in place (no copy).
   bool contiguous_rows = false;
+  // INT8 rows stay INT8 on arrival, for an expert GEMM that takes per-token INT8 activations
+  // (W8A8 experts): every grouped row, own ones included, is an INT8 row of int8_row_bytes
+  // (values, then the f32 scale at byte int8_row_bytes(hidden) - 4), int8_row_stride(hidden)
+  // bytes apart in unit_rows() (own rows read in place from the qrows staging unless
+  // contiguous_rows). Nothing is dequantized. Needs int8 and SenderRows::kInt8 (every row is
+  // sent INT8, quantized by its producer), for any row_dtype.
+  bool int8_to_experts = false;
 };
 
 // 64-byte aligned heap bytes (operator new[] with align_val_t(64)).
@@ -187,6 +195,9 @@ class Exchange {
   // [n_rows] unit of each grouped row (as unit_of), and the token buffer [n_units][hidden]
   // of row_dtype that holds every unit's row when MoeConfig::contiguous_rows is set.
   std::span<const int32_t> row_units() const { return row_unit_; }
+  // Bytes from one unit row to the next in unit_rows(): hidden · R, or int8_row_stride(hidden)
+  // with MoeConfig::int8_to_experts.
+  uint64_t unit_row_bytes() const { return unit_stride_; }
   const std::byte* unit_rows() const { return tokens_.get(); }
   Status wait_vectors_free();  // the senders pulled the previous round's vectors
   std::byte* presum_vector_data(uint32_t unit);
@@ -238,6 +249,7 @@ class Exchange {
   std::vector<int> remote_receivers_, remote_senders_;  // ranks, self excluded
   uint64_t rows_stride_ = 0;                            // hidden * R bytes (token rows)
   uint64_t vec_stride_ = 0;                             // hidden * V bytes (vectors)
+  uint64_t unit_stride_ = 0;  // token buffer rows: rows_stride_, or the INT8 row stride
 
   // sender state
   RoutePlan plan_;

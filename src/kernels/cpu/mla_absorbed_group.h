@@ -43,4 +43,9 @@ void slice_softmax(const AbsorbedGroup& g, float* sc, int64_t len, int64_t kw, b
 // over the view's fp32 or bf16 planes.
 void attend_group_bf16(const AbsorbedGroup& g);
 
+// mla_absorbed_attention_part over an INT8 view (mla_attention_int8.cc).
+void attend_int8_part(const AbsorbedQuery& q, int64_t head_begin, int64_t head_end,
+                      const LatentKvView& kv, int64_t s_begin, int64_t s_end, float scale,
+                      const AbsorbedPart& part);
+
 }  // namespace xds::kernels::absorbed_detail

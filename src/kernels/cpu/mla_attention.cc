@@ -459,6 +459,10 @@ void mla_absorbed_attention_part(const AbsorbedQuery& q, int64_t head_begin, int
                                  float scale, const AbsorbedPart& part,
                                  const AbsorbedNextRows* next) {
   XDS_CHECK(s_begin < s_end, "mla_absorbed_attention_part: empty rows [{}, {})", s_begin, s_end);
+  if (kv.int8()) {
+    return absorbed_detail::attend_int8_part(q, head_begin, head_end, kv, s_begin, s_end, scale,
+                                             part);
+  }
   thread_local std::vector<float> qt;
   qt.resize(static_cast<size_t>((kv.latent_dim + kv.rope_dim) * 16));
   for (int64_t g = head_begin; g < head_end; g += 16) {

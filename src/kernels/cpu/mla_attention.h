@@ -44,7 +44,18 @@ struct LatentKvView {
   // latent_stride(), block_size · rope_dim).
   int64_t latent_block_stride = 0, rope_block_stride = 0;
 
+  // INT8 latent (KvCacheDType int8): latent8 [block_size, latent_ld] int8 per block with
+  // one fp32 scale per row at latent_scale [block_size] (row value = q · scale, the rule of
+  // int8_quant.h); the rope plane is then `rope` (fp32) or `rope16` (bf16). latent_ld and
+  // latent_block_stride count int8 elements, scale_block_stride floats, rope_block_stride
+  // the rope plane's elements. The absorbed kernel reads such rows through
+  // mla_absorbed_attention_part (dequantized chunk by chunk, mla_attention_int8.cc).
+  const int8_t* latent8 = nullptr;
+  const float* latent_scale = nullptr;
+  int64_t scale_block_stride = 0;  // 0: compact (block_size)
+
   bool bf16() const { return latent16 != nullptr; }
+  bool int8() const { return latent8 != nullptr; }
   int64_t latent_stride() const { return latent_ld > 0 ? latent_ld : latent_dim; }
   int64_t latent_block_step() const {
     return latent_block_stride > 0 ? latent_block_stride : block_size * latent_stride();
@@ -59,7 +70,13 @@ struct LatentKvView {
   int64_t rope_offset(int64_t s) const {
     return block_table[s / block_size] * rope_block_step() + s % block_size * rope_dim;
   }
+  int64_t scale_offset(int64_t s) const {
+    const int64_t step = scale_block_stride > 0 ? scale_block_stride : block_size;
+    return block_table[s / block_size] * step + s % block_size;
+  }
   const float* latent_at(int64_t s) const { return latent + latent_offset(s); }
+  const int8_t* latent8_at(int64_t s) const { return latent8 + latent_offset(s); }
+  float latent_scale_at(int64_t s) const { return latent_scale[scale_offset(s)]; }
   const float* rope_at(int64_t s) const { return rope + rope_offset(s); }
   const uint16_t* latent16_at(int64_t s) const { return latent16 + latent_offset(s); }
   const uint16_t* rope16_at(int64_t s) const { return rope16 + rope_offset(s); }
@@ -77,6 +94,13 @@ constexpr int64_t padded_latent_stride(int64_t latent_dim, int64_t element_bytes
 // round the fp32 rows they read (vcvtneps2bf16: denormals flushed to zero). The bf16 planes'
 // writer. Needs absorbed_bf16_available().
 void kv_row_to_bf16(const float* src, int64_t count, uint16_t* dst);
+
+// Context rows [s_begin, s_end) of an INT8 view (kv.int8()) dequantized into fp32 rows:
+// latent [s_end - s_begin][latent_ld] (first latent_dim used: q · scale), rope
+// [s_end - s_begin][rope_dim] (bf16 widened exactly). The plain reader every INT8 path
+// shares (the expanded form's gather, the absorbed kernel's chunks, tests).
+void dequantize_int8_kv_rows(const LatentKvView& kv, int64_t s_begin, int64_t s_end,
+                             float* latent, int64_t latent_ld, float* rope);
 
 // q_abs: [heads, latent_dim] (row stride q_abs_ld), q_pe: [heads, rope_dim] (stride q_pe_ld),
 // out: [heads, latent_dim] (stride out_ld).
@@ -99,6 +123,8 @@ bool absorbed_bf16_available();
 
 // Rows of context per slice of the absorbed kernel (256 KB of fp32 latent at C = 512).
 inline constexpr int64_t kAbsorbedSliceRows = 128;
+// Rows per dequantized chunk of an INT8 view (1 MB of fp32 latent at C = 512: within L2).
+inline constexpr int64_t kInt8ChunkRows = 4 * kAbsorbedSliceRows;
 
 // Context rows that the calling thread attends to next (its next work item, perhaps of
 // another sequence): a call given them prefetches their first slice while it computes its
@@ -112,7 +138,10 @@ struct AbsorbedNextRows {
 };
 
 // Heads [head_begin, head_end) of one query token over context [0, ctx), on the calling
-// thread. Each cached position is read from memory once for all those heads (the latent
+// thread. INT8 views (kv.int8()) are dequantized in chunks of kInt8ChunkRows rows into a
+// compact fp32 view (bf16 with AbsorbedQuery::bf16 where available: the bf16 products round
+// the rows to bf16 anyway), each chunk attended as a part and the parts combined as
+// mla_absorbed_merge does; the prefetch hint is not used there. Each cached position is read from memory once for all those heads (the latent
 // is shared by every head, MQA-like): slice by slice, scores, an online softmax, then
 // p·latent while the slice is in cache.
 void mla_absorbed_attention(const AbsorbedQuery& q, int64_t head_begin, int64_t head_end,

@@ -62,7 +62,7 @@ class CliErrors(unittest.TestCase):
 
     def test_bad_kv_cache_dtype(self):
         self.expect_error(["generate", "--model", self.model, "--prompt-ids", "1", "--kv-cache-dtype", "fp8"], 1,
-                          "--kv-cache-dtype must be auto, f32 or bf16, got 'fp8'")
+                          "--kv-cache-dtype must be auto, f32, bf16 or int8, got 'fp8'")
         # bf16 planes have one reader, the fast mode's attention kernel.
         self.expect_error(["generate", "--model", self.model, "--prompt-ids", "1", "--kv-cache-dtype", "bf16"], 1,
                           "a bf16 KV cache needs the bf16 compute dtype")

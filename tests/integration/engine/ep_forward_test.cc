@@ -46,6 +46,9 @@ struct GroupCase {
   // attention paths), instead of with the single-process prefill of each prompt.
   bool lockstep = false;
   bool int8 = false;  // a W8A8 copy of the model (mkmodel weights_int8): INT8 experts
+  // W8A8 experts fed the INT8 rows each device quantized once (EpMoeOptions::int8_rows);
+  // false: the rows travel as f32 and each expert quantizes them.
+  bool int8_rows = false;
   // EPLB (engine/eplb_agent.h) reconfigures to replica_maps' assignment at step kEplbStep,
   // with the replicas' weights copied into the agent's slot memory.
   bool eplb = false;
@@ -181,6 +184,9 @@ int run_device(xccl::Fabric& f, const std::string& dir, const std::vector<Prompt
   setup.mailbox = &mb;
   setup.options = ep_options;
   auto ep = EpMoeExchange::create(setup);
+  if (ep.ok() && (*ep)->int8_rows() != (gc.int8 && gc.int8_rows))
+    return fail(fmt::format("INT8 rows to the experts: {}, expected {}", (*ep)->int8_rows(),
+                            gc.int8 && gc.int8_rows));
   if (!ep.ok()) return fail(ep.status().to_string());
   m.set_moe_exchange(ep->get());
   if (gc.replicas) {
@@ -362,6 +368,7 @@ void run_group(const GroupCase& gc) {
   ep.redundant_slots = 1;
   ep.max_tokens = 8;  // a device's 14-token steps go in two rounds
   ep.timeout_ms = 60'000;
+  ep.int8_rows = gc.int8_rows;
   xccl::LaunchOptions lo;
   lo.devices = devices;
   lo.arena.lanes = 1;
@@ -414,6 +421,19 @@ TEST(EpForward, Bf16RowsStayCloseToTheLocalBf16Logits) {
 // tests/integration/model/w8a8_kjv_test.cc for the bf16 mode on a trained model.)
 TEST(EpForward, W8A8ExpertsMatchTheSingleProcessLogits) {
   run_group({.devices = 2, .int8 = true});
+}
+
+// INT8 end to end: each device quantizes its tokens once with the rule the local experts
+// apply to the same f32 rows, dispatch carries the INT8 rows and the expert GEMM takes them
+// as they are. The same integers and scales as the single-process run, so the expert
+// outputs are its bits and only the combine's summation order differs: the f32 contract,
+// on two and four devices (rows of remote senders and of the device itself).
+TEST(EpForward, W8A8ExpertsOnInt8RowsMatchTheSingleProcessLogits) {
+  run_group({.devices = 2, .int8 = true, .int8_rows = true});
+}
+
+TEST(EpForward, W8A8ExpertsOnInt8RowsOnFourDevicesMatchTheSingleProcessLogits) {
+  run_group({.devices = 4, .int8 = true, .int8_rows = true});
 }
 
 // Set-up errors name what is wrong (devices as threads; the DeepSeek-V3 config + weights form

@@ -7,6 +7,8 @@
 #include <random>
 #include <vector>
 
+#include "kernels/cpu/int8_linear.h"
+#include "kernels/cpu/int8_quant.h"
 #include "model/linear_runner.h"
 #include "model/local_moe.h"
 
@@ -158,6 +160,95 @@ TEST(GroupedExperts, Bf16RowsEqualTheirF32ValuesAndThreadsDoNotMatter) {
     ASSERT_TRUE(gb.run(in).ok());
     EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0);
     EXPECT_EQ(std::memcmp(a.data(), c.data(), a.size() * sizeof(float)), 0);
+  }
+}
+
+// W8A8 experts (the test's f32 weights quantized per row and packed): rows quantized once
+// by their producer and handed over as INT8 (values, then the f32 scale at a byte offset of
+// the row, as XCCL carries them) give the bits of f32 rows that the experts quantize
+// themselves (the same rule, int8_quant.h: the same integers and scales). A zero row is
+// included (scale 0). INT8 rows with float experts, or a scale outside the row, are errors.
+TEST(GroupedExperts, Int8RowsGiveTheBitsOfF32RowsQuantizedByTheExperts) {
+  std::mt19937 rng(23);
+  const std::vector<Expert> experts = make_experts(3, rng);
+  struct Packed {
+    kernels::Int8Panels gate, up, down;
+  };
+  std::vector<Packed> packed;
+  MoeWeights layer;
+  for (const Expert& e : experts) {
+    auto pack = [](const std::vector<float>& w, int64_t rows, int64_t cols) {
+      const kernels::Int8Rows q = kernels::quantize_int8(w.data(), rows, cols);
+      return kernels::Int8Panels::pack(q.ref());
+    };
+    packed.push_back({pack(e.gate, kI, kD), pack(e.up, kI, kD), pack(e.down, kD, kI)});
+  }
+  for (const Packed& p : packed) {
+    auto ref = [](const kernels::Int8Panels& m) {
+      const kernels::Int8PanelsRef r = m.ref();
+      MatrixRef w{DType::kI8, r.data, r.rows, r.cols, MatrixLayout::kInt8Panels};
+      w.scales = r.scale;
+      w.correction = r.correction;
+      return w;
+    };
+    layer.experts.push_back({ref(p.gate), ref(p.up), ref(p.down)});
+  }
+  const std::vector<int32_t> logical = {2, 0, 1};
+  std::vector<const MlpWeights*> slots;
+  ASSERT_TRUE(bind_expert_slots(layer, logical, slots).ok());
+  const std::vector<int32_t> offsets = {0, 4, 5, 11};
+  constexpr int64_t kTokens = 7, kScaleAt = (kD + 3) / 4 * 4, kRowBytes = kScaleAt + 4 + 8;
+  std::vector<float> tokens = random_values(kTokens * kD, 1.0f, rng);
+  for (int64_t j = 0; j < kD; ++j) tokens[3 * kD + j] = 0.0f;
+  std::vector<std::byte> q(static_cast<size_t>(kTokens * kRowBytes), std::byte{0x5a});
+  for (int64_t t = 0; t < kTokens; ++t) {
+    std::byte* row = q.data() + t * kRowBytes;
+    const float sc =
+        kernels::quantize_row_int8(tokens.data() + t * kD, kD, reinterpret_cast<int8_t*>(row));
+    std::memcpy(row + kScaleAt, &sc, sizeof sc);
+  }
+  std::vector<int32_t> gather(11);
+  for (size_t i = 0; i < gather.size(); ++i) gather[i] = static_cast<int32_t>((i * 3 + 1) % kTokens);
+  const std::vector<float> scale = random_values(11, 1.0f, rng);
+  for (const ComputeDType compute : {ComputeDType::kF32, ComputeDType::kBF16}) {
+    ThreadPool pool(2);
+    GroupedExperts ge(compute, pool);
+    GroupedExpertsInput in;
+    in.slots = slots;
+    in.offsets = offsets;
+    in.gather = gather.data();
+    in.scale = scale.data();
+    std::vector<float> from_f32(11 * kD, -1.0f), from_int8(11 * kD, -2.0f);
+    in.rows = tokens.data();
+    in.row_stride = kD;
+    in.out = from_f32.data();
+    ASSERT_TRUE(ge.run(in).ok());
+    in.rows = q.data();
+    in.row_dtype = DType::kI8;
+    in.row_stride = kRowBytes;
+    in.int8_scale_offset = kScaleAt;
+    in.out = from_int8.data();
+    ASSERT_TRUE(ge.run(in).ok());
+    ASSERT_EQ(std::memcmp(from_f32.data(), from_int8.data(), sizeof(float) * from_f32.size()), 0);
+    // Not trivially equal: the experts' outputs are not the fill values, and the zero row
+    // gives zeros.
+    for (size_t i = 0; i < gather.size(); ++i) {
+      bool nonzero = false;
+      for (int64_t o = 0; o < kD; ++o) nonzero |= from_int8[i * kD + o] != 0.0f;
+      EXPECT_EQ(nonzero, gather[i] != 3) << "row " << i;
+    }
+    in.int8_scale_offset = kRowBytes - 2;
+    const Status bad_scale = ge.run(in);
+    EXPECT_NE(bad_scale.message().find("scale at"), std::string::npos) << bad_scale.message();
+    in.int8_scale_offset = kScaleAt;
+    MoeWeights floats;
+    for (const Expert& e : experts) floats.experts.push_back(e.refs());
+    std::vector<const MlpWeights*> float_slots;
+    ASSERT_TRUE(bind_expert_slots(floats, logical, float_slots).ok());
+    in.slots = float_slots;
+    const Status float_experts = ge.run(in);
+    EXPECT_NE(float_experts.message().find("INT8 rows need W8A8 experts"), std::string::npos)
+        << float_experts.message();
   }
 }
 

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -102,20 +104,85 @@ TEST(KvStorage, WrapsTheCallersMemory) {
   EXPECT_NE(odd.status().message().find("not 64-byte aligned"), std::string::npos);
 }
 
-// The INT8 latent of a later issue fits: int8 latent [512] in rows of 576 bytes, an f32 scale
-// per row, bf16 rope [64]. Blocks of 16: 9216 + 64 + 2048 bytes a layer, by hand.
+// The INT8 latent: int8 latent [512] in rows of 576 bytes (8 lines padded to 9), an f32
+// scale per row, bf16 rope [64]. Blocks of 16: 9216 + 64 + 2048 bytes a layer, by hand.
 TEST(KvStorage, AnInt8LatentWithAScalePerRowIsALayoutToo) {
   KvStorageShape s;
   s.layout.layers = 3;
   s.layout.planes = {{DType::kI8, 512, 576}, {DType::kF32, 1, 4}, {DType::kBF16, 64, 128}};
   s.num_blocks = 2;
   s.block_size = 16;
+  const KvLayout made = mla_int8_kv_layout(3, 512, 64, DType::kBF16);
+  ASSERT_EQ(made.planes.size(), 3u);
+  for (size_t p = 0; p < 3; ++p) {
+    EXPECT_EQ(made.planes[p].dtype, s.layout.planes[p].dtype) << p;
+    EXPECT_EQ(made.planes[p].elements, s.layout.planes[p].elements) << p;
+    EXPECT_EQ(made.planes[p].row_bytes, s.layout.planes[p].row_bytes) << p;
+  }
   EXPECT_EQ(KvStorage::bytes_for(s), 2 * 3 * (9216 + 64 + 2048));
   KvStorage kv = KvStorage::create(s, -1).value();
-  EXPECT_FALSE(kv.is_mla());
+  EXPECT_TRUE(kv.is_mla());
+  EXPECT_TRUE(kv.is_int8());
   EXPECT_EQ(kv.block_bytes(), 3 * 11328);
   EXPECT_EQ(kv.plane_ptr(1, 2, 1), kv.data() + 3 * 11328 + 2 * 11328 + 9216);
   EXPECT_EQ(kv.plane_ptr(1, 2, 2), kv.data() + 3 * 11328 + 2 * 11328 + 9216 + 64);
+}
+
+// Rows written to an INT8 cache read back through the view as the quantization rule says,
+// computed here independently: s = absmax / 127, q = nearest-even(x / s), a zero row all
+// zeros with s = 0; x' = q · s within s / 2 (1 + 2^-14) of x; the rope part exact (f32).
+// Two layers, blocks of 3 rows in a permuted table, dims that fill no line exactly.
+TEST(KvStorage, Int8RowsRoundTripThroughTheView) {
+  const int64_t lat = 37, dr = 5, bs = 3;
+  KvStorageShape s{mla_int8_kv_layout(2, lat, dr, DType::kF32), 4, bs};
+  KvStorage kv = KvStorage::create(s, -1).value();
+  ASSERT_TRUE(kv.is_int8());
+  const std::vector<int32_t> table = {3, 1, 0, 2};
+  const int64_t ctx = 10;
+  std::vector<float> lat_rows(static_cast<size_t>(2 * ctx * lat)),
+      rope_rows(static_cast<size_t>(2 * ctx * dr));
+  uint32_t state = 12345;
+  auto next = [&] {  // a plain LCG in [-4, 4)
+    state = state * 1664525u + 1013904223u;
+    return static_cast<float>(state >> 8) / static_cast<float>(1 << 24) * 8.0f - 4.0f;
+  };
+  for (float& x : lat_rows) x = next();
+  for (float& x : rope_rows) x = next();
+  for (int64_t c = 0; c < lat; ++c) lat_rows[static_cast<size_t>((1 * ctx + 4) * lat + c)] = 0;
+  lat_rows[static_cast<size_t>(7 * lat + 2)] = 1000.0f;  // one outlier sets its row's scale
+  for (int64_t layer = 0; layer < 2; ++layer)
+    for (int64_t pos = 0; pos < ctx; ++pos)
+      kv.write(layer, table[pos / bs], pos % bs, &lat_rows[(layer * ctx + pos) * lat],
+               &rope_rows[(layer * ctx + pos) * dr]);
+  for (int64_t layer = 0; layer < 2; ++layer) {
+    const kernels::LatentKvView v = kv.view(layer, table);
+    ASSERT_TRUE(v.int8());
+    EXPECT_EQ(v.latent_ld, 64);
+    std::vector<float> deq(static_cast<size_t>(ctx * lat)), rope(static_cast<size_t>(ctx * dr));
+    kernels::dequantize_int8_kv_rows(v, 0, ctx, deq.data(), lat, rope.data());
+    for (int64_t pos = 0; pos < ctx; ++pos) {
+      const float* x = &lat_rows[(layer * ctx + pos) * lat];
+      float amax = 0.0f;
+      for (int64_t c = 0; c < lat; ++c) amax = std::max(amax, std::fabs(x[c]));
+      const float scale = amax / 127.0f;
+      ASSERT_EQ(v.latent_scale_at(pos), scale) << layer << "," << pos;
+      for (int64_t c = 0; c < lat; ++c) {
+        const int want = scale == 0.0f ? 0 : static_cast<int>(std::nearbyint(x[c] / scale));
+        ASSERT_EQ(v.latent8_at(pos)[c], want) << layer << "," << pos << "," << c;
+        ASSERT_LE(std::fabs(deq[pos * lat + c] - x[c]), scale / 2 * (1 + 1.0 / 16384));
+      }
+      for (int64_t c = 0; c < dr; ++c)
+        ASSERT_EQ(rope[pos * dr + c], rope_rows[(layer * ctx + pos) * dr + c]);
+    }
+  }
+  // Blocks are bytes: a copied block reads back the same rows.
+  kv.copy_block(table[0], table[3]);
+  const std::vector<int32_t> copied = {table[3]};
+  const kernels::LatentKvView a = kv.view(1, table), b = kv.view(1, copied);
+  for (int64_t pos = 0; pos < bs; ++pos) {
+    EXPECT_EQ(a.latent_scale_at(pos), b.latent_scale_at(pos));
+    EXPECT_EQ(std::memcmp(a.latent8_at(pos), b.latent8_at(pos), lat), 0);
+  }
 }
 
 TEST(KvStorage, MlaLayoutPadsTheLatentRows) {
