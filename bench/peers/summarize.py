@@ -1,0 +1,63 @@
+#!/usr/bin/env python3
+"""Folds bench/peers/run.sh's runs in DIR into one JSON on stdout: per engine and row
+(prefill, decode b1/b4/b16) every round's tokens/s and their median, and ours ÷ the peer's
+best 8-bit (the faster of Q8_0 and Q8_0 with run-time repack, by median)."""
+import glob
+import json
+import os
+import re
+import statistics
+import sys
+
+
+def ours(path):
+    rows = {}
+    for r in json.load(open(path))["rows"]:
+        key = "prefill" if r["phase"] == "prefill" else f"decode_b{r['batch']}"
+        rows[key] = r["tokens_per_s"]
+    return rows
+
+
+def peer(path):
+    rows = {}
+    for line in open(path):
+        line = line.strip()
+        if not line.startswith("{"):
+            continue
+        r = json.loads(line)
+        key = "prefill" if r["row"] == "prefill" else f"decode_b{r['batch']}"
+        rows[key] = r["tokens_per_s"]
+    return rows
+
+
+def main():
+    d = sys.argv[1]
+    runs = {}
+    for path in sorted(glob.glob(os.path.join(d, "ours-*-*.json"))):
+        eng = "ours " + re.match(r"ours-(.*)-\d+\.json", os.path.basename(path)).group(1)
+        runs.setdefault(eng, []).append(ours(path))
+    for path in sorted(glob.glob(os.path.join(d, "peer-*-*.jsonl"))):
+        eng = "peer " + re.match(r"peer-(.*)-\d+\.jsonl", os.path.basename(path)).group(1)
+        runs.setdefault(eng, []).append(peer(path))
+    table = {}
+    for eng, rs in runs.items():
+        keys = sorted({k for r in rs for k in r})
+        table[eng] = {k: {"rounds": [r[k] for r in rs if k in r],
+                          "median": statistics.median([r[k] for r in rs if k in r])}
+                      for k in keys}
+    peers = [e for e in table if e.startswith("peer ")]
+    ratios = {}
+    for eng in (e for e in table if e.startswith("ours ")):
+        for k, v in table[eng].items():
+            best = max((table[p][k]["median"] for p in peers if k in table[p]), default=None)
+            if best:
+                ratios.setdefault(eng, {})[k] = v["median"] / best
+    load = open(os.path.join(d, "load.txt")).read().splitlines() if os.path.exists(
+        os.path.join(d, "load.txt")) else []
+    json.dump({"engines": table, "ours_over_peer_best": ratios, "load": load}, sys.stdout,
+              indent=2, sort_keys=True)
+    print()
+
+
+if __name__ == "__main__":
+    main()
