@@ -7,11 +7,19 @@
 //   batch_decode MODEL.gguf [--threads T] [--batches 1,4,16] [--context 512] [--steps 8]
 //                [--prompt 512] [--rtr]
 //
-// prefill: one sequence of `prompt` random tokens in one llama_decode (tokens/s).
-// decode b: b sequences, each first given `context` random tokens of its own, then `steps`
-// steps (after one untimed warm-up step) of one random token per sequence in one
+// prefill: one sequence of `prompt` random tokens in one llama_decode (tokens/s), timed
+// after one untimed run.
+// decode b: b sequences, each with `context` random tokens of its own in the KV cache, then
+// `steps` steps (after one untimed warm-up step) of one random token per sequence in one
 // llama_decode; tokens/s = b * steps / time. Tokens are drawn from [256, n_vocab).
-// --rtr: the engine's run-time repack of the weights (ik_llama.cpp's -rtr).
+// The largest batch's sequences are filled once, in order (contiguous cells); the batches
+// run largest first, and before each the sequences beyond it are removed and the others cut
+// back to their `context` tokens, so every batch sees b * context cells, as if filled anew.
+// The engine runs as ik_llama.cpp's fastest CPU settings for DeepSeek have it (its common/
+// defaults and flags -mla 3 -fa -fmoe): MLA 3, flash attention, fused MoE up/gate, graph
+// reuse, an f16 KV cache.
+// --rtr: the engine's run-time repack of the weights (-rtr: Q8_0 -> Q8_0_R8, Q8_K -> Q8_K_R8;
+// the weights are then read into memory, not mmapped).
 // Prints one JSON object per row on stdout.
 #include <algorithm>
 #include <chrono>
@@ -88,6 +96,10 @@ int main(int argc, char** argv) {
   llama_model_params mp = llama_model_default_params();
   mp.repack_tensors = rtr;
   if (rtr) mp.use_mmap = false;  // repacking rewrites the weights in memory
+  mp.mla = 3;                    // as common/ passes -mla to the model (wk_b / wv_b from wkv_b)
+  mp.flash_attn = true;
+  mp.n_seq_max = max_batch + 1;
+  mp.n_ubatch = std::max(prompt, max_batch);
   llama_model* model = llama_model_load_from_file(path, mp);
   if (model == nullptr) { std::fprintf(stderr, "error: cannot load %s\n", path); return 1; }
   const int vocab = llama_n_vocab(model);
@@ -98,6 +110,9 @@ int main(int argc, char** argv) {
   cp.n_ubatch = cp.n_batch;
   cp.n_seq_max = static_cast<uint32_t>(max_batch + 1);
   cp.n_threads = cp.n_threads_batch = static_cast<uint32_t>(threads);
+  cp.flash_attn = true;         // -fa
+  cp.mla_attn = 3;              // -mla 3
+  cp.fused_moe_up_gate = true;  // -fmoe
   llama_context* ctx = llama_init_from_model(model, cp);
   if (ctx == nullptr) { std::fprintf(stderr, "error: cannot create a context\n"); return 1; }
 
@@ -122,15 +137,19 @@ int main(int argc, char** argv) {
     }
     llama_kv_cache_seq_rm(ctx, max_batch, -1, -1);
   }
-  for (int nb : batches) {
-    for (int s = 0; s < max_batch; ++s) llama_kv_cache_seq_rm(ctx, s, -1, -1);
-    for (int s = 0; s < nb; ++s) {  // each sequence's own context
-      for (int p0 = 0; p0 < context; p0 += static_cast<int>(cp.n_batch)) {
-        b.n_tokens = 0;
-        const int p1 = std::min(context, p0 + static_cast<int>(cp.n_batch));
-        for (int p = p0; p < p1; ++p) add(b, tok(rng), p, s, p == context - 1);
-        check(llama_decode(ctx, b), "context");
-      }
+  for (int s = 0; s < max_batch; ++s) {  // each sequence's own context, filled once
+    for (int p0 = 0; p0 < context; p0 += static_cast<int>(cp.n_batch)) {
+      b.n_tokens = 0;
+      const int p1 = std::min(context, p0 + static_cast<int>(cp.n_batch));
+      for (int p = p0; p < p1; ++p) add(b, tok(rng), p, s, p == context - 1);
+      check(llama_decode(ctx, b), "context");
+    }
+  }
+  std::vector<int> order = batches;
+  std::sort(order.rbegin(), order.rend());
+  for (int nb : order) {
+    for (int s = 0; s < max_batch; ++s) {
+      llama_kv_cache_seq_rm(ctx, s, s < nb ? context : 0, -1);
     }
     double t0 = 0;
     for (int step = 0; step <= steps; ++step) {  // step 0: warm-up, untimed

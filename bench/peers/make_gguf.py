@@ -1,14 +1,19 @@
 #!/usr/bin/env python3
 """Writes a GGUF ("deepseek2" architecture, MLA) of a DeepSeek-V3 config.json's exact shape,
-with random weights: every matrix Q8_0, norms / router / router bias F32.
+with random weights: every matrix Q8_0 (or, --type q8_k_r8, every matrix but the token
+embedding Q8_K_R8, ik_llama.cpp's row-interleaved 8-bit type with a scale per 256), norms /
+router / router bias F32.
 
-    make_gguf.py --config MODEL/config.json --gguf-py SRC/gguf-py --out model-q8_0.gguf
+    make_gguf.py --config MODEL/config.json --gguf-py SRC/gguf-py --out model-q8_0.gguf \
+        [--type q8_0|q8_k_r8]
 
 Random weights are enough for throughput: each matrix has the shape and the bytes of the
 real one, and the router, being random too, spreads tokens over the experts as a trained
 one roughly does. A Q8_0 block is 34 bytes: an f16 scale, then 32 int8 (k along a row);
 the scales are set so that every matrix has weights of std ~ 1/sqrt(k) (activations stay
-finite through the layers). The vocabulary is 32000 placeholder tokens (<0x00>..<0xFF>
+finite through the layers). A Q8_K_R8 block holds 8 rows x 256: 8 f16 scales, then 2048
+int8 (4 of each row in turn); it is written directly (rows and k multiples of 8 and 256),
+as llama-quantize would write it. The vocabulary is 32000 placeholder tokens (<0x00>..<0xFF>
 as SPM byte tokens, then "t<id>").
 """
 import argparse
@@ -25,6 +30,7 @@ def parse():
     p.add_argument("--gguf-py", required=True, help="the peer tree's gguf-py directory")
     p.add_argument("--out", required=True)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--type", choices=["q8_0", "q8_k_r8"], default="q8_0")
     return p.parse_args()
 
 
@@ -47,6 +53,16 @@ def main():
         d = np.full((nblk, 1), 1.0 / (74.0 * math.sqrt(k)), dtype=np.float16)
         blk = np.concatenate([d.view(np.uint8), q.view(np.uint8)], axis=1)
         return blk.reshape(*lead, (k // 32) * 34)
+
+    def q8_k_r8(*shape):
+        """Random Q8_K_R8 matrix of numpy shape (..., rows, k): bytes (..., rows, k/256*258)."""
+        *lead, rows, k = shape
+        assert k % 256 == 0 and rows % 8 == 0, shape
+        nblk = math.prod(lead) * (rows // 8) * (k // 256)
+        q = np.frombuffer(rng.bytes(nblk * 2048), dtype=np.int8).reshape(nblk, 2048)
+        d = np.full((nblk, 8), 1.0 / (74.0 * math.sqrt(k)), dtype=np.float16)
+        blk = np.concatenate([d.view(np.uint8), q.view(np.uint8)], axis=1)
+        return blk.reshape(*lead, rows, (k // 256) * 258)
 
     def ones(n):
         return np.ones(n, dtype=np.float32)
@@ -86,7 +102,8 @@ def main():
     w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID
                              if c.get("scoring_func") == "sigmoid"
                              else gguf.ExpertGatingFuncType.SOFTMAX)
-    w.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0)
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0 if a.type == "q8_0"
+                    else gguf.LlamaFileType.MOSTLY_Q8_K_R8)
 
     tokens = [f"<0x{i:02X}>" for i in range(256)] + [f"t{i}" for i in range(256, V)]
     types = [gguf.TokenType.BYTE] * 256 + [gguf.TokenType.NORMAL] * (V - 256)
@@ -98,9 +115,12 @@ def main():
     w.add_eos_token_id(c.get("eos_token_id", 1) or 1)
 
     def mat(name, *shape):  # numpy order: (..., out rows, in k)
-        w.add_tensor(name, q8(*shape), raw_dtype=Q8)
+        if a.type == "q8_k_r8":
+            w.add_tensor(name, q8_k_r8(*shape), raw_dtype=gguf.GGMLQuantizationType.Q8_K_R8)
+        else:
+            w.add_tensor(name, q8(*shape), raw_dtype=Q8)
 
-    mat("token_embd.weight", V, H)
+    w.add_tensor("token_embd.weight", q8(V, H), raw_dtype=Q8)  # rows are looked up: Q8_0
     w.add_tensor("output_norm.weight", ones(H))
     mat("output.weight", V, H)
     for i in range(L):

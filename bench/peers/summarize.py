@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Folds bench/peers/run.sh's runs in DIR into one JSON on stdout: per engine and row
 (prefill, decode b1/b4/b16) every round's tokens/s and their median, and ours ÷ the peer's
-best 8-bit (the faster of Q8_0 and Q8_0 with run-time repack, by median)."""
+best 8-bit (the fastest of its 8-bit runs by median: Q8_0, Q8_0 with run-time repack,
+Q8_K_R8). `summarize.py DIR --markdown` prints the table of docs/benchmarks.md instead."""
 import glob
 import json
 import os
@@ -52,10 +53,29 @@ def main():
             best = max((table[p][k]["median"] for p in peers if k in table[p]), default=None)
             if best:
                 ratios.setdefault(eng, {})[k] = v["median"] / best
+    best_of = {k: max(((table[p][k]["median"], p) for p in peers if k in table[p]),
+                      default=(None, None))[1]
+               for k in {k for e in table for k in table[e]}}
     load = open(os.path.join(d, "load.txt")).read().splitlines() if os.path.exists(
         os.path.join(d, "load.txt")) else []
-    json.dump({"engines": table, "ours_over_peer_best": ratios, "load": load}, sys.stdout,
-              indent=2, sort_keys=True)
+    if len(sys.argv) > 2 and sys.argv[2] == "--markdown":
+        keys = ["prefill", "decode_b1", "decode_b4", "decode_b16"]
+        print("| engine | " + " | ".join(keys) + " |")
+        print("| --- |" + " --- |" * len(keys))
+        for eng in table:
+            cells = []
+            for k in keys:
+                v = table[eng].get(k)
+                cells.append("—" if v is None else "**%.1f** (%s)" % (
+                    v["median"], ", ".join("%.1f" % x for x in v["rounds"])))
+            print(f"| {eng} | " + " | ".join(cells) + " |")
+        for eng, r in ratios.items():
+            print(f"| {eng} ÷ peer best | " + " | ".join(
+                "%.2f× (%s)" % (r[k], best_of[k].removeprefix("peer ")) if k in r else "—"
+                for k in keys) + " |")
+        return
+    json.dump({"engines": table, "ours_over_peer_best": ratios, "peer_best": best_of,
+               "load": load}, sys.stdout, indent=2, sort_keys=True)
     print()
 
 
