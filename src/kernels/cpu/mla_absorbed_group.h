@@ -40,10 +40,11 @@ void transpose_queries(const AbsorbedQuery& q, int64_t h0, int64_t nh, int64_t l
 void slice_softmax(const AbsorbedGroup& g, float* sc, int64_t len, int64_t kw, bool first);
 
 // The group with the bf16 products (AbsorbedQuery::bf16; needs absorbed_bf16_available()),
-// over the view's fp32 or bf16 planes.
+// over the view's fp32 or bf16 planes or its INT8 latent (read directly, slice by slice).
 void attend_group_bf16(const AbsorbedGroup& g);
 
-// mla_absorbed_attention_part over an INT8 view (mla_attention_int8.cc).
+// mla_absorbed_attention_part over an INT8 view with the fp32 products (dequantized chunks,
+// mla_attention_int8.cc).
 void attend_int8_part(const AbsorbedQuery& q, int64_t head_begin, int64_t head_end,
                       const LatentKvView& kv, int64_t s_begin, int64_t s_end, float scale,
                       const AbsorbedPart& part);

@@ -459,7 +459,9 @@ void mla_absorbed_attention_part(const AbsorbedQuery& q, int64_t head_begin, int
                                  float scale, const AbsorbedPart& part,
                                  const AbsorbedNextRows* next) {
   XDS_CHECK(s_begin < s_end, "mla_absorbed_attention_part: empty rows [{}, {})", s_begin, s_end);
-  if (kv.int8()) {
+  // An INT8 latent: the bf16 products read its rows directly (mla_attention_bf16.cc); the
+  // fp32 ones through dequantized chunks (mla_attention_int8.cc).
+  if (kv.int8() && !(q.bf16 && absorbed_bf16_available())) {
     return absorbed_detail::attend_int8_part(q, head_begin, head_end, kv, s_begin, s_end, scale,
                                              part);
   }

@@ -48,8 +48,9 @@ struct LatentKvView {
   // one fp32 scale per row at latent_scale [block_size] (row value = q · scale, the rule of
   // int8_quant.h); the rope plane is then `rope` (fp32) or `rope16` (bf16). latent_ld and
   // latent_block_stride count int8 elements, scale_block_stride floats, rope_block_stride
-  // the rope plane's elements. The absorbed kernel reads such rows through
-  // mla_absorbed_attention_part (dequantized chunk by chunk, mla_attention_int8.cc).
+  // the rope plane's elements. The absorbed kernel's bf16 products read the int8 rows
+  // directly (the scale applied to each row's score and probability); its fp32 products
+  // dequantize them chunk by chunk (mla_attention_int8.cc).
   const int8_t* latent8 = nullptr;
   const float* latent_scale = nullptr;
   int64_t scale_block_stride = 0;  // 0: compact (block_size)
@@ -70,9 +71,11 @@ struct LatentKvView {
   int64_t rope_offset(int64_t s) const {
     return block_table[s / block_size] * rope_block_step() + s % block_size * rope_dim;
   }
+  int64_t scale_block_step() const {
+    return scale_block_stride > 0 ? scale_block_stride : block_size;
+  }
   int64_t scale_offset(int64_t s) const {
-    const int64_t step = scale_block_stride > 0 ? scale_block_stride : block_size;
-    return block_table[s / block_size] * step + s % block_size;
+    return block_table[s / block_size] * scale_block_step() + s % block_size;
   }
   const float* latent_at(int64_t s) const { return latent + latent_offset(s); }
   const int8_t* latent8_at(int64_t s) const { return latent8 + latent_offset(s); }
@@ -123,7 +126,8 @@ bool absorbed_bf16_available();
 
 // Rows of context per slice of the absorbed kernel (256 KB of fp32 latent at C = 512).
 inline constexpr int64_t kAbsorbedSliceRows = 128;
-// Rows per dequantized chunk of an INT8 view (1 MB of fp32 latent at C = 512: within L2).
+// Rows per dequantized chunk of an INT8 view with the fp32 products (1 MB of fp32 latent at
+// C = 512: within L2).
 inline constexpr int64_t kInt8ChunkRows = 4 * kAbsorbedSliceRows;
 
 // Context rows that the calling thread attends to next (its next work item, perhaps of
@@ -138,12 +142,13 @@ struct AbsorbedNextRows {
 };
 
 // Heads [head_begin, head_end) of one query token over context [0, ctx), on the calling
-// thread. INT8 views (kv.int8()) are dequantized in chunks of kInt8ChunkRows rows into a
-// compact fp32 view (bf16 with AbsorbedQuery::bf16 where available: the bf16 products round
-// the rows to bf16 anyway), each chunk attended as a part and the parts combined as
-// mla_absorbed_merge does; the prefetch hint is not used there. Each cached position is read from memory once for all those heads (the latent
-// is shared by every head, MQA-like): slice by slice, scores, an online softmax, then
-// p·latent while the slice is in cache.
+// thread. INT8 views (kv.int8()): the bf16 products (AbsorbedQuery::bf16 where available)
+// read the int8 rows slice by slice as any other view; the fp32 products dequantize them in
+// chunks of kInt8ChunkRows rows into a compact fp32 view, each chunk attended as a part and
+// the parts combined as mla_absorbed_merge does (the prefetch hint is not used there). Each
+// cached position is read from memory once for all those heads (the latent is shared by
+// every head, MQA-like): slice by slice, scores, an online softmax, then p·latent while the
+// slice is in cache.
 void mla_absorbed_attention(const AbsorbedQuery& q, int64_t head_begin, int64_t head_end,
                             const LatentKvView& kv, int64_t ctx, float scale,
                             const AbsorbedNextRows* next = nullptr);

@@ -8,6 +8,17 @@
 //   pp[s/2][h] = (p[s][h], p[s + 1][h]);
 //   p·latent: out[h][c0 .. c0 + 16) += Σ_{s pairs} (row s, row s + 1 at c0 .., interleaved)
 //           · pp[s/2][h]   (one vdpbf16ps per pair of rows, 16 columns of one head).
+// An INT8 latent (LatentKvView::int8()) is read as fp32 planes are: per slice each row is
+// converted once, straight from int8 (sign extended, converted, × the row's scale, rounded
+// to nearest even: the bits of dequantize_int8_kv_rows then kv_row_to_bf16, the rows the
+// tests' reference takes), its rope part from its plane, with the same next-slice prefetch
+// over the int8 rows and their scales. This replaced dequantizing 512-row chunks into a
+// compact bf16 copy attended and folded chunk by chunk (mla_attention_int8.cc, now only the
+// fp32 products'): that copy's write and re-read made the INT8 cache slower than a bf16 one
+// (docs/benchmarks.md). Converting the raw int8 values instead (exact in bf16) and putting
+// the scale on each row's score and p would round once (p · scale) where this rounds twice
+// (p, and q · scale), but departs from the reference's rounded rows by up to twice the bf16
+// tolerance of its test over a one-row context (2.2e-3 against 2.05e-3).
 // The rows are read from memory once (prefetched during the slice before) and then from
 // L1/L2. The fp32 products and the entry points: mla_attention.cc.
 #include <immintrin.h>
@@ -31,7 +42,9 @@ namespace xds::kernels {
 namespace {
 
 using absorbed_detail::AbsorbedGroup;
+using absorbed_detail::latent_plane_of;
 using absorbed_detail::NextSlicePrefetch;
+using absorbed_detail::rope_plane_of;
 using absorbed_detail::slice_softmax;
 using absorbed_detail::SliceRows;
 using absorbed_detail::transpose_queries;
@@ -61,6 +74,30 @@ inline void row_to_bf16(const float* src, int64_t count, uint16_t* dst) {
 }
 inline void row_to_bf16(const uint16_t* src, int64_t count, uint16_t* dst) {
   std::memcpy(dst, src, sizeof(uint16_t) * static_cast<size_t>(count));
+}
+
+// An INT8 row as bf16 into dst [count]: q · scale in fp32 (sign extended, converted, one
+// multiply: dequantize_int8_kv_rows's value), rounded to nearest even (kv_row_to_bf16's
+// rounding), 32 at a time.
+inline void int8_row_to_bf16(const int8_t* src, float scale, int64_t count, uint16_t* dst) {
+  const __m512 vs = _mm512_set1_ps(scale);
+  // The maskz forms: the plain ones trip GCC 12's maybe-uninitialized warning.
+  auto widen = [&](__m128i q) {
+    return _mm512_mul_ps(_mm512_maskz_cvtepi32_ps(0xffff, _mm512_maskz_cvtepi8_epi32(0xffff, q)),
+                         vs);
+  };
+  auto convert = [&](__m256i q) {
+    return reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(widen(_mm256_extracti128_si256(q, 1)),
+                                                         widen(_mm256_castsi256_si128(q))));
+  };
+  int64_t c = 0;
+  for (; c + 32 <= count; c += 32)
+    _mm512_storeu_si512(dst + c,
+                        convert(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + c))));
+  if (c < count) {
+    const __mmask32 m = static_cast<__mmask32>((1ull << (count - c)) - 1);
+    _mm512_mask_storeu_epi16(dst + c, m, convert(_mm256_maskz_loadu_epi8(m, src + c)));
+  }
 }
 
 // Where the bf16 loops take a NextSlicePrefetch step: every 32 columns of a scores tile
@@ -203,34 +240,41 @@ constexpr int kBf16ScoreRows = 16;
 
 // A slice's rows as the bf16 kernels read them. bf16 planes with even latent and rope
 // widths are read where they are: a tile never crosses a cache block, where rows stop
-// being evenly spaced. Otherwise (fp32 planes, or odd widths) each row is converted or
-// copied once into `copy` as one row [w] (latent, rope, a zero pad to even w) and tiles take
-// those rows.
-template <typename T>
+// being evenly spaced. Otherwise (fp32 planes, an INT8 latent, or odd widths) each row is
+// converted or copied once into `copy` as one row [w] (latent, rope, a zero pad to even w)
+// and tiles take those rows.
+template <typename L, typename R>
 class Bf16SliceRows {
  public:
+  static constexpr bool kInt8 = std::is_same_v<L, int8_t>;
   // copy, zero: the thread's buffers, resized here.
   Bf16SliceRows(const LatentKvView& kv, int64_t w, std::vector<uint16_t>& copy,
                 std::vector<uint16_t>& zero)
       : kv_(kv), w_(w), copy_(copy), zero_(zero) {
-    direct_ = std::is_same_v<T, uint16_t> && kv.latent_dim % 2 == 0 && kv.rope_dim % 2 == 0;
+    direct_ = std::is_same_v<L, uint16_t> && kv.latent_dim % 2 == 0 && kv.rope_dim % 2 == 0;
     zero_.resize(static_cast<size_t>(w));  // never written: zeros once allocated
     if (!direct_) copy_.resize(static_cast<size_t>(kAbsorbedSliceRows * w));
   }
 
-  // Rows [s0, s0 + len) of the context whose cached rows are latent[i], rope[i].
-  void load(const T* const* latent, const T* const* rope, int64_t s0, int64_t len) {
+  // Rows [s0, s0 + len) of the context whose cached rows are latent[i], rope[i] (and, INT8,
+  // their scales at *scale[i]).
+  void load(const L* const* latent, const R* const* rope, const float* const* scale, int64_t s0,
+            int64_t len) {
     s0_ = s0, len_ = len;
     const int64_t lat = kv_.latent_dim, dr = kv_.rope_dim;
     for (int64_t s = 0; s < len; ++s) {
-      if constexpr (std::is_same_v<T, uint16_t>) {
+      if constexpr (std::is_same_v<L, uint16_t>) {
         if (direct_) {
           latent_[s] = latent[s], rope_[s] = rope[s];
           continue;
         }
       }
       uint16_t* row = copy_.data() + s * w_;
-      row_to_bf16(latent[s], lat, row);
+      if constexpr (kInt8) {
+        int8_row_to_bf16(latent[s], *scale[s], lat, row);
+      } else {
+        row_to_bf16(latent[s], lat, row);
+      }
       if (dr > 0) row_to_bf16(rope[s], dr, row + lat);
       if (lat + dr < w_) row[w_ - 1] = 0;
       latent_[s] = row;  // the rope part follows in the same row (one plane for tiles)
@@ -238,17 +282,17 @@ class Bf16SliceRows {
     latent_[len] = zero_.data();  // an odd slice's last row pairs with zeros
   }
 
-  // Scores of all the slice's rows into part [len][16], in tiles of at most R rows.
-  template <int R, class Prefetch>
+  // Scores of all the slice's rows into part [len][16], in tiles of at most Rows rows.
+  template <int Rows, class Prefetch>
   void scores(const uint32_t* qp, float* part, Prefetch& pf) const {
     const int64_t lat = kv_.latent_dim, dr = kv_.rope_dim, bs = kv_.block_size;
     for (int64_t r = 0; r < len_;) {
-      int64_t n = std::min<int64_t>(R, len_ - r);
+      int64_t n = std::min<int64_t>(Rows, len_ - r);
       if (direct_) n = std::min(n, bs - (s0_ + r) % bs);
       const Bf16Tile tile = direct_ ? Bf16Tile{latent_[r], kv_.latent_stride(), rope_[r], dr}
                                     : Bf16Tile{latent_[r], w_, nullptr, 0};
       const int64_t tile_lat = direct_ ? lat : w_, tile_dr = direct_ ? dr : 0;
-      dispatch_1_to<R>(static_cast<int>(n), [&]<int N>() {
+      dispatch_1_to<Rows>(static_cast<int>(n), [&]<int N>() {
         bf16_scores_tile<N>(qp, tile, tile_lat, tile_dr, part + r * 16, pf);
       });
       r += n;
@@ -267,10 +311,11 @@ class Bf16SliceRows {
   const uint16_t* rope_[kAbsorbedSliceRows + 1];
 };
 
-// T: the planes' element (float, or uint16_t for bf16 planes, then read in place or copied
-// instead of rounded: the same bf16 rows).
-template <typename T>
-void attend_planes(const AbsorbedGroup& grp, const T* latent_plane, const T* rope_plane) {
+// L, R: the latent and rope planes' elements (float; uint16_t for bf16 planes, then read in
+// place or copied instead of rounded: the same bf16 rows; int8_t for an INT8 latent,
+// dequantized and rounded per row as it is copied).
+template <typename L, typename R>
+void attend_planes(const AbsorbedGroup& grp) {
   const LatentKvView& kv = grp.kv;
   const int64_t lat = kv.latent_dim, dr = kv.rope_dim, w = (lat + dr + 1) / 2 * 2;
   const int64_t nh = grp.nh, s_begin = grp.s_begin, s_end = grp.s_end, out_ld = grp.out_ld;
@@ -287,19 +332,19 @@ void attend_planes(const AbsorbedGroup& grp, const T* latent_plane, const T* rop
     _mm512_storeu_si512(qp.data() + c / 2 * 16, pair_rows(a, b));
   }
   thread_local std::vector<uint16_t> copy, zero;
-  Bf16SliceRows<T> rows(kv, w, copy, zero);
+  Bf16SliceRows<L, R> rows(kv, w, copy, zero);
   alignas(64) float sc[(kAbsorbedSliceRows + 1) * 16];  // scores, then p: [len (even)][16]
   // Slices of whole 16-row blocks (slice_rows_of), so that the tiles of bf16 planes are whole.
   // The next slice's rows are prefetched during this one; during the last, the first rows
   // of the thread's next call if given.
-  SliceRows<T> slice(kv, latent_plane, rope_plane, s_begin, s_end, grp.next);
-  NextSlicePrefetch<T> pf;
+  SliceRows<L, R> slice(kv, latent_plane_of<L>(kv), rope_plane_of<R>(kv), s_begin, s_end, grp.next);
+  NextSlicePrefetch<L, R> pf;
   for (int64_t s0 = s_begin; s0 < s_end; s0 += slice.slice_rows(), slice.advance()) {
     const int64_t s1 = std::min(s_end, s0 + slice.slice_rows()), len = s1 - s0;
     const int64_t even = (len + 1) / 2 * 2;
     slice.begin(s1);
-    pf.start(slice.next_latent(), slice.next_rope(), slice.ahead(), lat, dr);
-    rows.load(slice.latent(), slice.rope(), s0, len);
+    pf.start(slice.next_latent(), slice.next_rope(), slice.ahead(), lat, dr, slice.next_scale());
+    rows.load(slice.latent(), slice.rope(), slice.scale(), s0, len);
     rows.template scores<kBf16ScoreRows>(qp.data(), sc, pf);
     const bool first = s0 == s_begin;
     slice_softmax(grp, sc, len, 16, first);
@@ -333,8 +378,12 @@ void attend_planes(const AbsorbedGroup& grp, const T* latent_plane, const T* rop
 }  // namespace
 
 void absorbed_detail::attend_group_bf16(const AbsorbedGroup& g) {
-  if (g.kv.bf16()) return attend_planes(g, g.kv.latent16, g.kv.rope16);
-  attend_planes(g, g.kv.latent, g.kv.rope);
+  if (g.kv.int8()) {
+    if (g.kv.rope16 != nullptr) return attend_planes<int8_t, uint16_t>(g);
+    return attend_planes<int8_t, float>(g);
+  }
+  if (g.kv.bf16()) return attend_planes<uint16_t, uint16_t>(g);
+  attend_planes<float, float>(g);
 }
 
 void kv_row_to_bf16(const float* src, int64_t count, uint16_t* dst) {

@@ -1,11 +1,14 @@
-// The absorbed attention over an INT8 latent plane (LatentKvView::int8()): rows are
-// dequantized chunk by chunk (kInt8ChunkRows rows, all heads) into a compact view of the
-// planes' float types, which the fp32 or bf16 products then read as any other view. Each
-// chunk is a part of the context (unnormalised sums, max, sum of weights); the chunks fold
-// into the caller's part in ascending order:
+// The absorbed attention's fp32 products over an INT8 latent plane (LatentKvView::int8()):
+// rows are dequantized chunk by chunk (kInt8ChunkRows rows, all heads) into a compact fp32
+// view, which the fp32 kernel then reads as any other view. Each chunk is a part of the
+// context (unnormalised sums, max, sum of weights); the chunks fold into the caller's part in
+// ascending order:
 //   M = max(m, m_c);  out = e^(m - M) out + e^(m_c - M) out_c;  l = e^(m - M) l + e^(m_c - M) l_c
 // The compact view keeps the cache's block size: a chunk's rows sit at their position less
 // the chunk's first block's first row, and its block table maps block k to k - first block.
+// The bf16 products (AbsorbedQuery::bf16 where available) read the INT8 rows directly, slice
+// by slice (mla_attention_bf16.cc): the copy's write and re-read cost them more than the
+// INT8 rows saved.
 #include <algorithm>
 #include <bit>
 #include <cmath>
@@ -19,28 +22,12 @@ namespace xds::kernels {
 
 namespace {
 
-// Rows of a chunk as bf16 into the compact planes (row s at latent + s · ld, rope + s · dr).
-void dequantize_rows_bf16(const LatentKvView& kv, int64_t s_begin, int64_t s_end, uint16_t* latent,
-                          int64_t ld, uint16_t* rope) {
-  const int64_t lat = kv.latent_dim, dr = kv.rope_dim;
-  thread_local std::vector<float> row;
-  row.resize(static_cast<size_t>(lat + dr));
-  for (int64_t s = s_begin; s < s_end; ++s) {
-    const int64_t i = s - s_begin;
-    dequantize_int8_kv_rows(kv, s, s + 1, row.data(), lat, row.data() + lat);
-    kv_row_to_bf16(row.data(), lat, latent + i * ld);
-    if (dr > 0) kv_row_to_bf16(row.data() + lat, dr, rope + i * dr);
-  }
-}
-
-// A compact view of rows [c0, c1) of `kv` in the thread's buffers: fp32 planes, or bf16
-// ones when `bf16`.
+// A compact fp32 view of rows [c0, c1) of `kv` in the thread's buffers.
 struct CompactChunk {
   std::vector<float> latent, rope;
-  std::vector<uint16_t> latent16, rope16;
   std::vector<int32_t> table;
 
-  LatentKvView fill(const LatentKvView& kv, int64_t c0, int64_t c1, bool bf16) {
+  LatentKvView fill(const LatentKvView& kv, int64_t c0, int64_t c1) {
     const int64_t bs = kv.block_size, lat = kv.latent_dim, dr = kv.rope_dim;
     const int64_t first = c0 / bs, last = (c1 - 1) / bs;
     const int64_t rows = (last - first + 1) * bs, at = c0 - first * bs;
@@ -52,16 +39,6 @@ struct CompactChunk {
     v.block_size = bs;
     v.latent_dim = lat;
     v.rope_dim = dr;
-    if (bf16) {
-      const int64_t ld = padded_latent_stride(lat, 2);
-      latent16.resize(static_cast<size_t>(rows * ld));
-      rope16.resize(static_cast<size_t>(std::max<int64_t>(1, rows * dr)));
-      dequantize_rows_bf16(kv, c0, c1, latent16.data() + at * ld, ld, rope16.data() + at * dr);
-      v.latent16 = latent16.data();
-      v.rope16 = rope16.data();
-      v.latent_ld = ld;
-      return v;
-    }
     const int64_t ld = padded_latent_stride(lat, 4);
     latent.resize(static_cast<size_t>(rows * ld));
     rope.resize(static_cast<size_t>(std::max<int64_t>(1, rows * dr)));
@@ -101,12 +78,13 @@ void absorbed_detail::attend_int8_part(const AbsorbedQuery& q, int64_t head_begi
                                        const LatentKvView& kv, int64_t s_begin, int64_t s_end,
                                        float scale, const AbsorbedPart& part) {
   const int64_t nh = head_end - head_begin, lat = kv.latent_dim;
-  const bool bf16 = q.bf16 && absorbed_bf16_available();
+  XDS_CHECK(!(q.bf16 && absorbed_bf16_available()),
+            "attend_int8_part: the bf16 products read INT8 rows directly");
   thread_local CompactChunk chunk;
   thread_local std::vector<float> folded;  // a later chunk's part: [nh, C] sums, m [nh], l [nh]
   for (int64_t c0 = s_begin; c0 < s_end; c0 += kInt8ChunkRows) {
     const int64_t c1 = std::min(s_end, c0 + kInt8ChunkRows);
-    const LatentKvView v = chunk.fill(kv, c0, c1, bf16);
+    const LatentKvView v = chunk.fill(kv, c0, c1);
     if (c0 == s_begin) {  // the first chunk straight into the caller's part
       mla_absorbed_attention_part(q, head_begin, head_end, v, c0, c1, scale, part, nullptr);
       continue;

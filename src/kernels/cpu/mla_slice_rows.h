@@ -1,6 +1,7 @@
 // Internal to the absorbed attention kernels (mla_attention*.cc): the cached rows of a
 // context slice, as pointers, and the software prefetch that brings the next slice's rows in
-// while the current one computes. Shared by the fp32 and the bf16 products.
+// while the current one computes. Shared by the fp32 products (float planes) and the bf16
+// ones (float, bf16 or INT8-latent planes).
 #pragma once
 
 #include <immintrin.h>
@@ -13,35 +14,62 @@
 
 namespace xds::kernels::absorbed_detail {
 
-// The latent and rope rows of context rows [s0, s1) in planes of T (float or bf16), walking
-// the block table once (a division per row cost more than converting the row): per block
-// its base in each plane (block_table[b] · block stride), then rows ld apart.
-template <typename T>
-void gather_row_pointers(const LatentKvView& kv, const T* latent_plane, const T* rope_plane,
-                         int64_t s0, int64_t s1, const T** latent, const T** rope) {
+// The view's latent plane as L (float, uint16_t: bf16, int8_t: INT8) and its rope plane as R
+// (float or uint16_t); null where the view holds its rows in the other type.
+template <typename L>
+const L* latent_plane_of(const LatentKvView& kv) {
+  if constexpr (std::is_same_v<L, int8_t>) {
+    return kv.latent8;
+  } else if constexpr (std::is_same_v<L, uint16_t>) {
+    return kv.latent16;
+  } else {
+    return kv.latent;
+  }
+}
+template <typename R>
+const R* rope_plane_of(const LatentKvView& kv) {
+  if constexpr (std::is_same_v<R, uint16_t>) {
+    return kv.rope16;
+  } else {
+    return kv.rope;
+  }
+}
+template <typename L, typename R>
+bool view_holds(const LatentKvView& kv) {
+  return latent_plane_of<L>(kv) != nullptr && (kv.rope_dim == 0 || rope_plane_of<R>(kv) != nullptr);
+}
+
+// The latent and rope rows of context rows [s0, s1) in planes of L and R (float, bf16; the
+// latent also int8), walking the block table once (a division per row cost more than
+// converting the row): per block its base in each plane (block_table[b] · block stride),
+// then rows ld apart. scale (INT8 latent only, else null): each row's scale, at
+// kv.latent_scale.
+template <typename L, typename R>
+void gather_row_pointers(const LatentKvView& kv, const L* latent_plane, const R* rope_plane,
+                         int64_t s0, int64_t s1, const L** latent, const R** rope,
+                         const float** scale) {
   const int64_t ld = kv.latent_stride(), dr = kv.rope_dim;
   const int64_t latent_step = kv.latent_block_step(), rope_step = kv.rope_block_step();
+  const int64_t scale_step = kv.scale_block_step();
   int64_t block = s0 / kv.block_size, slot = s0 % kv.block_size;
-  const T* lb = latent_plane + kv.block_table[block] * latent_step;
-  const T* rb = rope_plane + kv.block_table[block] * rope_step;
+  auto bases = [&](const L*& lb, const R*& rb, const float*& sb) {
+    const int64_t b = kv.block_table[block];
+    lb = latent_plane + b * latent_step;
+    rb = rope_plane + b * rope_step;
+    if (scale != nullptr) sb = kv.latent_scale + b * scale_step;
+  };
+  const L* lb = nullptr;
+  const R* rb = nullptr;
+  const float* sb = nullptr;
+  bases(lb, rb, sb);
   for (int64_t i = 0; i < s1 - s0; ++i) {
     latent[i] = lb + slot * ld;
     rope[i] = rb + slot * dr;
+    if (scale != nullptr) scale[i] = sb + slot;
     if (++slot == kv.block_size && i + 1 < s1 - s0) {
       slot = 0, ++block;
-      lb = latent_plane + kv.block_table[block] * latent_step;
-      rb = rope_plane + kv.block_table[block] * rope_step;
+      bases(lb, rb, sb);
     }
-  }
-}
-
-// The fp32 or the bf16 plane of a view, as T.
-template <typename T>
-const T* plane_of(const float* f32, const uint16_t* bf16) {
-  if constexpr (std::is_same_v<T, uint16_t>) {
-    return bf16;
-  } else {
-    return f32;
   }
 }
 
@@ -52,16 +80,20 @@ const T* plane_of(const float* f32, const uint16_t* bf16) {
 // ~45 % of the kernel's time (64 tokens × 513 rows × 12 layers). A line per step, every
 // column pair, cost the scores loop ~10 instructions of bookkeeping per 16 vdpbf16ps (hot
 // kernel 57.7 against 50.5 µs a call); a whole fp32 row (37 lines) in one burst slowed the
-// fp32 planes' cold runs by ~20 %.
-template <typename T>
+// fp32 planes' cold runs by ~20 %. L, R: the latent and rope planes' elements; an INT8
+// latent's rows also fetch the line of their scale (one line per 16 rows of a block: the
+// repeats hit L1).
+template <typename L, typename R = L>
 class NextSlicePrefetch {
  public:
-  static constexpr int64_t kPerLine = 64 / sizeof(T);
   static constexpr int64_t kMaxBurst = 20;
-  void start(const T* const* latent, const T* const* rope, int64_t rows, int64_t lat, int64_t dr) {
-    latent_ = latent, rope_ = rope, rows_ = rows, row_ = 0, part_ = 0;
-    latent_lines_ = (lat + kPerLine - 1) / kPerLine;
-    lines_ = latent_lines_ + (dr + kPerLine - 1) / kPerLine;
+  // scale: the rows' scales (INT8 latent), or null.
+  void start(const L* const* latent, const R* const* rope, int64_t rows, int64_t lat, int64_t dr,
+             const float* const* scale = nullptr) {
+    latent_ = latent, rope_ = rope, scale_ = scale, rows_ = rows, row_ = 0, part_ = 0;
+    latent_lines_ = (lat * static_cast<int64_t>(sizeof(L)) + 63) / 64;
+    rope_end_ = latent_lines_ + (dr * static_cast<int64_t>(sizeof(R)) + 63) / 64;
+    lines_ = rope_end_ + (scale != nullptr ? 1 : 0);
     parts_ = (lines_ + kMaxBurst - 1) / kMaxBurst;
     burst_ = (lines_ + parts_ - 1) / parts_;
   }
@@ -69,17 +101,21 @@ class NextSlicePrefetch {
     if (row_ >= rows_) return;
     const int64_t begin = part_ * burst_, end = std::min(lines_, begin + burst_);
     for (int64_t i = begin; i < end; ++i) {
-      const T* at = i < latent_lines_ ? latent_[row_] + kPerLine * i
-                                      : rope_[row_] + kPerLine * (i - latent_lines_);
-      _mm_prefetch(reinterpret_cast<const char*>(at), _MM_HINT_T0);
+      const char* at = i < latent_lines_ ? reinterpret_cast<const char*>(latent_[row_]) + 64 * i
+                       : i < rope_end_
+                           ? reinterpret_cast<const char*>(rope_[row_]) + 64 * (i - latent_lines_)
+                           : reinterpret_cast<const char*>(scale_[row_]);
+      _mm_prefetch(at, _MM_HINT_T0);
     }
     if (++part_ == parts_) part_ = 0, ++row_;
   }
 
  private:
-  const T* const* latent_ = nullptr;
-  const T* const* rope_ = nullptr;
-  int64_t rows_ = 0, row_ = 0, part_ = 0, parts_ = 1, burst_ = 0, latent_lines_ = 0, lines_ = 0;
+  const L* const* latent_ = nullptr;
+  const R* const* rope_ = nullptr;
+  const float* const* scale_ = nullptr;
+  int64_t rows_ = 0, row_ = 0, part_ = 0, parts_ = 1, burst_ = 0, latent_lines_ = 0;
+  int64_t rope_end_ = 0, lines_ = 0;
 };
 
 // Rows per slice when [s_begin, s_end) goes in slices of equal length (at most
@@ -92,49 +128,58 @@ inline int64_t slice_rows_of(int64_t s_begin, int64_t s_end) {
 }
 
 // The row pointers of the current slice and the next one, swapped per slice. The next of
-// the last slice: the first rows of the thread's next call where given and of this element
-// type.
-template <typename T>
+// the last slice: the first rows of the thread's next call where given and of these element
+// types. L, R: the latent and rope planes' elements (float, uint16_t: bf16; an int8_t latent
+// also gives each row's scale pointer).
+template <typename L, typename R = L>
 class SliceRows {
  public:
-  SliceRows(const LatentKvView& kv, const T* latent_plane, const T* rope_plane, int64_t s_begin,
+  static constexpr bool kInt8 = std::is_same_v<L, int8_t>;
+  SliceRows(const LatentKvView& kv, const L* latent_plane, const R* rope_plane, int64_t s_begin,
             int64_t s_end, const AbsorbedNextRows* next)
       : kv_(kv), latent_(latent_plane), rope_(rope_plane), end_(s_end), next_(next) {
     slice_rows_ = slice_rows_of(s_begin, s_end);
     gather_row_pointers(kv, latent_, rope_, s_begin, std::min(s_end, s_begin + slice_rows_),
-                        pointers_[cur_][0], pointers_[cur_][1]);
+                        latent_rows_[cur_], rope_rows_[cur_], scales_of(cur_));
   }
   int64_t slice_rows() const { return slice_rows_; }
   // Starts slice [s0, s1): gathers the next slice's row pointers (the first rows of the
   // thread's next call after the last slice), for the prefetch during this one.
   void begin(int64_t s1) {
     ahead_ = std::min(end_, s1 + slice_rows_) - s1;
-    T const** nl = pointers_[cur_ ^ 1][0];
-    T const** nr = pointers_[cur_ ^ 1][1];
+    const int n = cur_ ^ 1;
     if (ahead_ > 0) {
-      gather_row_pointers(kv_, latent_, rope_, s1, s1 + ahead_, nl, nr);
-    } else if (next_ != nullptr && next_->kv.bf16() == std::is_same_v<T, uint16_t>) {
+      gather_row_pointers(kv_, latent_, rope_, s1, s1 + ahead_, latent_rows_[n], rope_rows_[n],
+                          scales_of(n));
+    } else if (next_ != nullptr && view_holds<L, R>(next_->kv)) {
       ahead_ = std::min(kAbsorbedSliceRows, next_->end - next_->begin);
-      gather_row_pointers(next_->kv, plane_of<T>(next_->kv.latent, next_->kv.latent16),
-                          plane_of<T>(next_->kv.rope, next_->kv.rope16), next_->begin,
-                          next_->begin + ahead_, nl, nr);
+      gather_row_pointers(next_->kv, latent_plane_of<L>(next_->kv), rope_plane_of<R>(next_->kv),
+                          next_->begin, next_->begin + ahead_, latent_rows_[n], rope_rows_[n],
+                          scales_of(n));
     }
   }
-  const T* const* latent() const { return pointers_[cur_][0]; }
-  const T* const* rope() const { return pointers_[cur_][1]; }
+  const L* const* latent() const { return latent_rows_[cur_]; }
+  const R* const* rope() const { return rope_rows_[cur_]; }
+  // The rows' scale pointers (INT8 latent), else null.
+  const float* const* scale() const { return kInt8 ? scales_[cur_] : nullptr; }
   // The rows after the current slice (ahead() of them: 0 where nothing follows).
-  const T* const* next_latent() const { return pointers_[cur_ ^ 1][0]; }
-  const T* const* next_rope() const { return pointers_[cur_ ^ 1][1]; }
+  const L* const* next_latent() const { return latent_rows_[cur_ ^ 1]; }
+  const R* const* next_rope() const { return rope_rows_[cur_ ^ 1]; }
+  const float* const* next_scale() const { return kInt8 ? scales_[cur_ ^ 1] : nullptr; }
   int64_t ahead() const { return ahead_; }
   void advance() { cur_ ^= 1; }
 
  private:
+  const float** scales_of(int i) { return kInt8 ? scales_[i] : nullptr; }
+
   const LatentKvView& kv_;
-  const T* latent_;
-  const T* rope_;
+  const L* latent_;
+  const R* rope_;
   int64_t end_, slice_rows_ = 0, ahead_ = 0;
   const AbsorbedNextRows* next_;
-  const T* pointers_[2][2][kAbsorbedSliceRows];  // [cur/next][latent/rope][row]
+  const L* latent_rows_[2][kAbsorbedSliceRows];  // [cur/next][row]
+  const R* rope_rows_[2][kAbsorbedSliceRows];
+  const float* scales_[2][kInt8 ? kAbsorbedSliceRows : 1];
   int cur_ = 0;
 };
 

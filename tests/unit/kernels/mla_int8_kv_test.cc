@@ -4,6 +4,8 @@
 // fp32 and (where available) bf16 products. The planes lie blocks apart with gaps between
 // blocks (non-default block strides) and a permuted block table; latent rows are padded and
 // the padding holds 127, the gaps NaN / 127: a kernel that reads them misses by far.
+// The bf16 products convert the int8 rows straight into their bf16 rows per slice: two more
+// tests pin those rows' bits and that the next-rows prefetch hint leaves the bits alone.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -200,6 +202,123 @@ TEST(MlaInt8Kv, AbsorbedMatchesDequantizedReference) {
         }
       }
     }
+  }
+}
+
+// Whether the bf16 products run with the AVX-512 panels selected (the guard restores the ISA).
+bool select_bf16_products() {
+  if (!panel_isa_available(PanelIsa::kAvx512)) return false;
+  set_panel_isa(PanelIsa::kAvx512);
+  return absorbed_bf16_available();
+}
+
+// DeepSeek-V3's latent shape over `blocks` blocks of 16 (padded rows, bf16 rope, the gaps of
+// Int8Planes).
+Int8Planes v3_planes(int64_t blocks, std::mt19937& rng) {
+  Int8Planes p;
+  p.lat = 512, p.dr = 64, p.bs = 16, p.blocks = blocks, p.rope_bf16 = true;
+  p.ld = padded_latent_stride(p.lat, 1);
+  p.fill(rng);
+  return p;
+}
+
+// The bf16 products' row of an INT8 latent is q · scale in fp32 rounded to nearest even
+// bf16, the rounding of the dequantized row (what the reference of the test above takes):
+// over one row (p = 1) out is that row to the bit. Every int8 value, a scale whose products
+// need rounding (3q · 2^-9 for 3|q| >= 256 has 9 significant bits: q = 127 is halfway
+// between 380 and 382 · 2^-9 and rounds to the even 380).
+TEST(MlaInt8Kv, Bf16ProductsRoundTheDequantizedRow) {
+  const IsaGuard guard;
+  if (!select_bf16_products()) GTEST_SKIP() << "no AVX512_BF16 attention kernel";
+  std::mt19937 rng(29);
+  Int8Planes p = v3_planes(2, rng);
+  const std::vector<int32_t> table = {1, 0};  // position 0: block 1, row 0
+  constexpr float kScale = 3.0f / 512;
+  int8_t* row = p.latent.data() + p.latent_block();
+  for (int64_t c = 0; c < p.lat; ++c) row[c] = static_cast<int8_t>(c % 255 - 127);
+  p.scale[static_cast<size_t>(p.scale_block())] = kScale;
+  const int64_t heads = 16;
+  std::uniform_real_distribution<float> d(-1.0f, 1.0f);
+  std::vector<float> q_abs(static_cast<size_t>(heads * p.lat)),
+      q_pe(static_cast<size_t>(heads * p.dr));
+  for (auto* v : {&q_abs, &q_pe})
+    for (float& x : *v) x = d(rng);
+  std::vector<float> out(static_cast<size_t>(heads * p.lat), -3.0f);
+  const AbsorbedQuery q{q_abs.data(), p.lat, q_pe.data(), p.dr, out.data(), p.lat, true};
+  mla_absorbed_attention(q, 0, heads, p.view(table), 1, 0.125f);
+  for (int64_t h = 0; h < heads; ++h)
+    for (int64_t c = 0; c < p.lat; ++c)
+      ASSERT_EQ(out[h * p.lat + c], bf16(static_cast<float>(row[c]) * kScale)) << h << "," << c;
+}
+
+// The same over many slices: the bf16 products over an INT8 view give the bits of the bf16
+// products over bf16 planes holding its dequantized rows rounded to nearest even, whole
+// context and parts (1100 rows: slices of 128 and odd ones, a permuted block table, parts
+// cut inside a block; the INT8 rows pass through the slice copy, the bf16 planes are read
+// in place).
+TEST(MlaInt8Kv, Bf16ProductsGiveTheBitsOfBf16PlanesOfTheRoundedRows) {
+  const IsaGuard guard;
+  if (!select_bf16_products()) GTEST_SKIP() << "no AVX512_BF16 attention kernel";
+  std::mt19937 rng(37);
+  const Int8Planes p = v3_planes(70, rng);
+  const std::vector<int32_t> table = permuted_block_table(70, 3, 11);
+  const Int8Planes::Float f = p.dequantized();
+  std::vector<uint16_t> lat16(f.latent.size()), rope16(f.rope.size());
+  for (size_t i = 0; i < f.latent.size(); ++i) lat16[i] = f32_to_bf16(f.latent[i]);
+  for (size_t i = 0; i < f.rope.size(); ++i) rope16[i] = f32_to_bf16(f.rope[i]);
+  LatentKvView bf16_kv;
+  bf16_kv.latent16 = lat16.data(), bf16_kv.rope16 = rope16.data();
+  bf16_kv.block_table = table.data(), bf16_kv.block_size = p.bs;
+  bf16_kv.latent_dim = p.lat, bf16_kv.rope_dim = p.dr;
+  const int64_t heads = 16, ctx = 1100;
+  std::uniform_real_distribution<float> d(-1.0f, 1.0f);
+  std::vector<float> q_abs(static_cast<size_t>(heads * p.lat)),
+      q_pe(static_cast<size_t>(heads * p.dr));
+  for (auto* v : {&q_abs, &q_pe})
+    for (float& x : *v) x = d(rng);
+  auto attend = [&](const LatentKvView& kv) {
+    std::vector<float> out(static_cast<size_t>(heads * p.lat), -3.0f);
+    const AbsorbedQuery q{q_abs.data(), p.lat, q_pe.data(), p.dr, out.data(), p.lat, true};
+    mla_absorbed_attention(q, 0, heads, kv, ctx, 0.07f);
+    const std::vector<float> parts = attend_in_parts(q, heads, kv, {0, 517, ctx}, 0.07f);
+    out.insert(out.end(), parts.begin(), parts.end());
+    return out;
+  };
+  EXPECT_EQ(attend(p.view(table)), attend(bf16_kv));
+}
+
+// The prefetch hint (AbsorbedNextRows) is only a hint: a part of an INT8 view attended with
+// the next part's rows as its hint, with a float view's rows (another element type: not
+// fetched) or with none gives the same bits, with both products. 700 rows over 44 blocks in
+// a permuted table: the hint's rows start inside a block.
+TEST(MlaInt8Kv, NextRowsHintLeavesTheBitsAlone) {
+  std::mt19937 rng(31);
+  const Int8Planes p = v3_planes(44, rng);
+  const std::vector<int32_t> table = permuted_block_table(44, 9, 5);
+  const LatentKvView kv = p.view(table);
+  const Int8Planes::Float f = p.dequantized();
+  const LatentKvView float_kv{f.latent.data(), f.rope.data(), table.data(), p.bs, p.lat, p.dr};
+  const int64_t heads = 16, cut = 301, ctx = 700;
+  std::uniform_real_distribution<float> d(-1.0f, 1.0f);
+  std::vector<float> q_abs(static_cast<size_t>(heads * p.lat)),
+      q_pe(static_cast<size_t>(heads * p.dr));
+  for (auto* v : {&q_abs, &q_pe})
+    for (float& x : *v) x = d(rng);
+  const IsaGuard guard;
+  for (const bool use_bf16 : {false, true}) {
+    if (use_bf16 && !select_bf16_products()) continue;
+    const AbsorbedQuery q{q_abs.data(), p.lat, q_pe.data(), p.dr, nullptr, p.lat, use_bf16};
+    auto attend = [&](const AbsorbedNextRows* next) {
+      std::vector<float> out(static_cast<size_t>(heads * (p.lat + 2)), -5.0f);
+      float* m = out.data() + heads * p.lat;
+      mla_absorbed_attention_part(q, 0, heads, kv, 0, cut, 0.06f, {out.data(), p.lat, m, m + heads},
+                                  next);
+      return out;
+    };
+    const std::vector<float> alone = attend(nullptr);
+    const AbsorbedNextRows next_int8{kv, cut, ctx}, next_float{float_kv, cut, ctx};
+    EXPECT_EQ(attend(&next_int8), alone) << (use_bf16 ? "bf16" : "f32");
+    EXPECT_EQ(attend(&next_float), alone) << (use_bf16 ? "bf16" : "f32");
   }
 }
 
