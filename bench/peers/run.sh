@@ -70,7 +70,7 @@ for t in $peer_types; do
   f=$(gguf "$t")
   if [[ ! -f "$f" ]]; then
     ty=q8_0; [[ $t == q8_k_r8 ]] && ty=q8_k_r8
-    nice -n 19 python3 "$here/make_gguf.py" --config "$models/bench-2.6b/config.json" \
+    nice -n 19 /usr/bin/python3 "$here/make_gguf.py" --config "$models/bench-2.6b/config.json" \
       --gguf-py "$peer_src/gguf-py" --out "$f" --type "$ty"
   fi
 done
@@ -91,5 +91,5 @@ for r in $(seq "$first" $((first + rounds - 1))); do
   done
   echo "round $r end: $(uptime)" | tee -a "$out/load.txt"
 done
-python3 "$here/summarize.py" "$out" > "$out/peers.json"
+/usr/bin/python3 "$here/summarize.py" "$out" > "$out/peers.json"
 cat "$out/peers.json"
