@@ -107,6 +107,11 @@ void KvSender::close_transfer(uint64_t id) {
 }
 
 void KvSender::adopt(Peer p) {
+  const xccl::ArenaLayout& layout = p.fabric ? p.fabric->layout() : p.ucx->layout();
+  p.arena = p.fabric ? p.fabric->local() : p.ucx->local();
+  p.app = layout.app;
+  p.posted_signal = layout.signal_off(1, 0);
+  p.ready_signal = layout.signal_off(0, 1);
   std::byte* app = p.arena + p.app;
   const uint64_t len = format_.size();
   std::memcpy(app + kFormatOffset, &len, 8);
@@ -131,10 +136,6 @@ Status KvSender::accept_pending() {
     }
     Peer peer;
     peer.fabric = std::move(fabric).value();
-    peer.arena = peer.fabric->local();
-    peer.app = peer.fabric->layout().app;
-    peer.posted_signal = peer.fabric->layout().signal_off(1, 0);
-    peer.ready_signal = peer.fabric->layout().signal_off(0, 1);
     adopt(std::move(peer));
   }
   while (ucx_) {
@@ -151,10 +152,6 @@ Status KvSender::accept_pending() {
     }
     Peer peer;
     peer.ucx = std::move(link).value();
-    peer.arena = peer.ucx->local();
-    peer.app = peer.ucx->layout().app;
-    peer.posted_signal = peer.ucx->layout().signal_off(1, 0);
-    peer.ready_signal = peer.ucx->layout().signal_off(0, 1);
     adopt(std::move(peer));
   }
   return {};

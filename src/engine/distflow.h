@@ -121,7 +121,8 @@ class KvSender {
     uint64_t app = 0, posted_signal = 0, ready_signal = 0;  // offsets in it
     uint64_t consumed = 0;
   };
-  // A formed link: its format written, its ring opened.
+  // A formed link (fabric or ucx set): its arena offsets filled in, its format written, its
+  // ring opened.
   void adopt(Peer p);
   std::string link_name_;
   xccl::LinkListener listener_;

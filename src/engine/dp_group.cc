@@ -45,6 +45,11 @@ constexpr int64_t kLoadPeriodNs = 20'000'000;  // a kLoad to the shell at most e
 constexpr int64_t kExpertLoadPeriodNs = 1'000'000'000;  // expert counts in it about every 1 s
 
 // The exchange's round size: a step's tokens (decodes + prefill chunks) in at most a few rounds.
+// The order of the running, waiting and preempted lists: arrival.
+bool arrived_before(const Sequence* a, const Sequence* b) {
+  return a->arrival < b->arrival;
+}
+
 EpMoeOptions ep_options(int32_t max_num_batched_tokens, int32_t redundant_slots) {
   EpMoeOptions o;
   o.redundant_slots = redundant_slots;
@@ -461,9 +466,8 @@ void DpGroup::preempt(Sequence& s) {
   if (s.output_len() > 0) s.target -= 1;
   s.state = SeqState::kPreempted;
   remove_from(running_, &s);
-  preempted_.push_back(&s);
-  std::sort(preempted_.begin(), preempted_.end(),
-            [](const Sequence* a, const Sequence* b) { return a->arrival < b->arrival; });
+  preempted_.insert(std::upper_bound(preempted_.begin(), preempted_.end(), &s, arrived_before),
+                    &s);
 }
 
 void DpGroup::release_finished() {
@@ -545,8 +549,7 @@ Status DpGroup::apply_plan() {
     s.state = SeqState::kRunning;
     running_.push_back(&s);
   }
-  std::sort(running_.begin(), running_.end(),
-            [](const Sequence* a, const Sequence* b) { return a->arrival < b->arrival; });
+  std::sort(running_.begin(), running_.end(), arrived_before);
   chunks_.clear();
   chunk_seqs_.clear();
   for (const StepChunk& c : plan_.chunks) {
@@ -833,9 +836,7 @@ Status DpGroup::finish_pulls() {
     if (drafter_ && static_cast<int64_t>(h.drafts.size()) <= drafter_->config().draft_tokens)
       s.spec.drafts = h.drafts;  // the first step verifies them
     s.state = SeqState::kRunning;
-    running_.push_back(&s);
-    std::sort(running_.begin(), running_.end(),
-              [](const Sequence* a, const Sequence* b) { return a->arrival < b->arrival; });
+    running_.insert(std::upper_bound(running_.begin(), running_.end(), &s, arrived_before), &s);
   }
   return {};
 }
@@ -894,16 +895,16 @@ Status DpGroup::service_distflow() {
     XDS_RETURN_IF_ERROR(sender_->accept_pending());
     completed_.clear();
     sender_->poll_completions(completed_);
+    const size_t pulled = completed_.size();
     const int64_t now = now_ns();
     for (auto& [id, p] : parked_) {
-      if (p.deadline_ns < now) completed_.push_back(id | (uint64_t{1} << 63));
+      if (p.deadline_ns < now) completed_.push_back(id);  // expired: after the pulled ones
     }
-    for (uint64_t c : completed_) {
-      const bool expired = (c >> 63) != 0;
-      auto it = parked_.find(c & ~(uint64_t{1} << 63));
-      if (it == parked_.end()) continue;  // cancelled meanwhile
+    for (size_t i = 0; i < completed_.size(); ++i) {
+      auto it = parked_.find(completed_[i]);
+      if (it == parked_.end()) continue;  // pulled and expired, or cancelled meanwhile
       Sequence& s = *seqs_.at(it->second.seq);
-      if (expired) {
+      if (i >= pulled) {
         ++transfers_expired_;
         XDS_LOG_WARN("DP group {}: request {}: no decode group pulled its KV in {} s; freed",
                      fabric_.rank(), s.request->req.id, o_.kv_transfer_timeout_ns / 1'000'000'000);
@@ -945,8 +946,7 @@ Status DpGroup::fork_choices(Sequence& parent) {
     r.choices.push_back(child.get());
     seqs_[child->id] = std::move(child);
   }
-  std::sort(running_.begin(), running_.end(),
-            [](const Sequence* a, const Sequence* b) { return a->arrival < b->arrival; });
+  std::sort(running_.begin(), running_.end(), arrived_before);
   return {};
 }
 
