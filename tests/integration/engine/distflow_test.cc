@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "base/clock.h"
+#include "child_process.h"
 
 namespace xds::engine {
 namespace {
@@ -41,12 +42,7 @@ void fill_blocks(KvSender& sender, const KvStorageShape& shape) {
       base[b * block_bytes + i] = std::byte{pattern(b, i)};
 }
 
-int wait_child(pid_t pid) {
-  int st = 0;
-  while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {
-  }
-  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-}
+using fixtures::wait_child;
 
 std::string unique_name(const char* what) {
   return std::string("test-") + what + "-" + std::to_string(getpid());

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "base/clock.h"
+#include "child_process.h"
 #include "xccl/link.h"
 #include "xccl/transport.h"
 
@@ -40,20 +41,8 @@ std::vector<uint8_t> pattern(size_t n, uint8_t seed) {
   return v;
 }
 
-template <typename Fn>
-pid_t fork_child(Fn fn) {
-  const pid_t pid = fork();
-  if (pid == 0) _exit(fn());
-  return pid;
-}
-
-// The child's exit code, or 128 + the signal that killed it.
-int wait_child(pid_t pid) {
-  int st = 0;
-  while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {
-  }
-  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-}
+using fixtures::fork_child;
+using fixtures::wait_child;
 
 // Polls a local signal word until it holds `value`; false after 10 s.
 bool wait_signal(Transport& t, const SignalRef& sig, uint64_t value) {

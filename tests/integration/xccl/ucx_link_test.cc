@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "base/clock.h"
+#include "child_process.h"
 #include "xccl/ucx_link.h"
 
 namespace xds::xccl {
@@ -59,24 +60,8 @@ std::vector<uint8_t> pattern(size_t n, uint8_t seed) {
   return v;
 }
 
-template <typename Fn>
-pid_t fork_child(Fn fn) {
-  const pid_t pid = fork();
-  if (pid == 0) {
-    const int rc = fn();
-    std::fflush(stderr);
-    _exit(rc);
-  }
-  return pid;
-}
-
-// The child's exit code, or 128 + the signal that killed it.
-int wait_child(pid_t pid) {
-  int st = 0;
-  while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {
-  }
-  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-}
+using fixtures::fork_child;
+using fixtures::wait_child;
 
 bool wait_signal(Transport& t, const SignalRef& sig, uint64_t value) {
   const int64_t deadline = now_ns() + 15'000'000'000;
