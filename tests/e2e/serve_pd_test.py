@@ -83,6 +83,11 @@ class Client:
         return http("GET", self.base + "/metrics")[1]
 
 
+def spawn(argv):
+    """A part of the deployment, its output (stdout and stderr) kept for stop_process."""
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
 def stop_process(proc, what, expect_ok=True):
     proc.terminate()
     try:
@@ -125,7 +130,7 @@ def check_combined(args, refs, k, prefill_dp=1, backend="auto"):
         cmd += ["--kv-transfer-host", "127.0.0.1"]
     if k:
         cmd += ["--speculative-tokens", str(k)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = spawn(cmd)
     what = f"serve P/D k={k} prefill-dp {prefill_dp} backend {backend}"
     c = Client(base)
     try:
@@ -228,11 +233,10 @@ def check_two_prefill(args, refs):
     and sends a repeated prompt where its blocks are."""
     port, iport = free_port(), free_port()
     base = f"http://127.0.0.1:{port}"
-    proc = subprocess.Popen(
+    proc = spawn(
         [args.xdeepserve, "serve", "--model", args.model, "--port", str(port), "--instance-port",
          str(iport), "--prefill-instances", "2", "--decode-instances", "1", "--kv-memory", "16M",
-         "--threads-per-device", "1", "--compute-dtype", "f32"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+         "--threads-per-device", "1", "--compute-dtype", "f32"])
     what = "two prefill instances"
     c = Client(base)
     try:
@@ -265,15 +269,13 @@ def check_prefill_death(args, refs):
     ports = [free_port() for _ in range(4)]
     common = ["--model", args.model, "--threads-per-device", "1", "--compute-dtype", "f32",
               "--kv-memory", "16M"]
-    procs = [subprocess.Popen([args.xdeepserve, "instance", "--role", role, "--listen",
-                               f"tcp://127.0.0.1:{port}"] + common,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    procs = [spawn([args.xdeepserve, "instance", "--role", role, "--listen",
+                    f"tcp://127.0.0.1:{port}"] + common)
              for role, port in zip(["prefill", "prefill", "decode"], ports)]
-    gateway = subprocess.Popen(
+    gateway = spawn(
         [args.xdeepserve, "gateway", "--model", args.model, "--port", str(ports[3]),
          "--instance-timeout", "3",
-         "--instances", ",".join(f"tcp://127.0.0.1:{p}" for p in ports[:3])],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+         "--instances", ",".join(f"tcp://127.0.0.1:{p}" for p in ports[:3])])
     base = f"http://127.0.0.1:{ports[3]}"
     c = Client(base)
     what = "prefill instance killed"
@@ -341,20 +343,17 @@ def check_separate(args, refs):
     pport, dport, gport = free_port(), free_port(), free_port()
     common = ["--model", args.model, "--threads-per-device", "1", "--compute-dtype", "f32",
               "--kv-transfer-timeout", "2"]
-    prefill = subprocess.Popen(
+    prefill = spawn(
         [args.xdeepserve, "instance", "--role", "prefill", "--listen",
-         f"tcp://127.0.0.1:{pport}", "--kv-memory", "16M"] + common,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+         f"tcp://127.0.0.1:{pport}", "--kv-memory", "16M"] + common)
     # One request of <= 48 tokens at a time: 2 blocks of 16 tokens and a spare.
-    decode = subprocess.Popen(
+    decode = spawn(
         [args.xdeepserve, "instance", "--role", "decode", "--listen",
-         f"tcp://127.0.0.1:{dport}", "--kv-memory", "140K", "--max-model-len", "64"] + common,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    gateway = subprocess.Popen(
+         f"tcp://127.0.0.1:{dport}", "--kv-memory", "140K", "--max-model-len", "64"] + common)
+    gateway = spawn(
         [args.xdeepserve, "gateway", "--model", args.model, "--port", str(gport),
          "--max-model-len", "64",
-         "--instances", f"tcp://127.0.0.1:{pport},tcp://127.0.0.1:{dport}"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+         "--instances", f"tcp://127.0.0.1:{pport},tcp://127.0.0.1:{dport}"])
     base = f"http://127.0.0.1:{gport}"
     c = Client(base)
     what = "separate parts"
