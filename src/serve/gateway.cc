@@ -106,7 +106,6 @@ struct Gateway::Impl {
   // goes to a prefill instance.
   std::deque<std::string> handoff_queue;
   bool handoff_retry_in_flight = false;
-  int64_t handoffs_deferred = 0;  // decode phases no decode group could take at once
   struct Probe {
     Responder responder;
     int64_t deadline_ns = 0;
@@ -232,36 +231,20 @@ void Gateway::Impl::routes() {
     std::vector<engine::GroupLoad> l;
     {
       std::lock_guard<std::mutex> lock(mu);
+      std::vector<size_t> cached;
       for (const InstanceView& v : instances) {
         for (const engine::GroupLoad& g : v.loads) {
           l.push_back(g);
           l.back().group = static_cast<int32_t>(l.size() - 1);
         }
+        cached.push_back(v.cached.size());
       }
+      if (instances.size() > 1) metrics.set_instances_state(handoff_queue.size(), cached);
     }
     out.body = metrics.render(l);
     {
       std::lock_guard<std::mutex> lock(mu);
       out.body += eplb_metrics;
-      if (instances.size() > 1) {
-        out.body += fmt::format(
-            "# HELP xdeepserve_kv_handoffs_deferred Decode phases no decode instance could take "
-            "at once (their KV waited on the prefill side), cumulative.\n"
-            "# TYPE xdeepserve_kv_handoffs_deferred counter\n"
-            "xdeepserve_kv_handoffs_deferred {}\n"
-            "# HELP xdeepserve_kv_handoffs_waiting Decode phases waiting in the gateway now.\n"
-            "# TYPE xdeepserve_kv_handoffs_waiting gauge\n"
-            "xdeepserve_kv_handoffs_waiting {}\n",
-            handoffs_deferred, handoff_queue.size());
-        out.body +=
-            "# HELP xdeepserve_gateway_cached_blocks Prefix-cache blocks the gateway knows each "
-            "instance holds (from its block-hash events), for cache-aware routing.\n"
-            "# TYPE xdeepserve_gateway_cached_blocks gauge\n";
-        for (size_t i = 0; i < instances.size(); ++i) {
-          out.body += fmt::format("xdeepserve_gateway_cached_blocks{{instance=\"{}\"}} {}\n", i,
-                                  instances[i].cached.size());
-        }
-      }
     }
     resp.send(std::move(out));
   });
@@ -756,7 +739,7 @@ void Gateway::Impl::on_rejected(const Message& m) {
     } else if (std::find(handoff_queue.begin(), handoff_queue.end(), p->req.id) ==
                handoff_queue.end()) {
       handoff_queue.push_back(p->req.id);
-      ++handoffs_deferred;
+      metrics.count_handoff_deferred();
     }
     return;
   }

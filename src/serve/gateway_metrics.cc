@@ -14,6 +14,12 @@ std::vector<double> latency_buckets() {
           0.75,  1.0,    2.5,   5.0,  7.5,   10.0, 20.0,  40.0, 80.0, 160.0};
 }
 
+Counter& handoffs_deferred(MetricsRegistry& reg) {
+  return reg.counter("xdeepserve_kv_handoffs_deferred",
+                     "Decode phases no decode instance could take at once (their KV waited on "
+                     "the prefill side), cumulative.");
+}
+
 }  // namespace
 
 GatewayMetrics::GatewayMetrics()
@@ -113,6 +119,24 @@ void GatewayMetrics::render_speculation(std::span<const engine::GroupLoad> loads
     reg_.gauge("xdeepserve_spec_decode_acceptance_rate",
                "accepted_tokens / draft_tokens at each draft position.", pos)
         .set(drafted[i] > 0 ? accepted[i] / drafted[i] : 0.0);
+  }
+}
+
+void GatewayMetrics::count_handoff_deferred() {
+  handoffs_deferred(reg_).inc();
+}
+
+void GatewayMetrics::set_instances_state(size_t handoffs_waiting,
+                                         std::span<const size_t> cached_blocks) {
+  handoffs_deferred(reg_);  // listed from the first scrape, at 0
+  reg_.gauge("xdeepserve_kv_handoffs_waiting", "Decode phases waiting in the gateway now.")
+      .set(static_cast<double>(handoffs_waiting));
+  for (size_t i = 0; i < cached_blocks.size(); ++i) {
+    reg_.gauge("xdeepserve_gateway_cached_blocks",
+               "Prefix-cache blocks the gateway knows each instance holds (from its block-hash "
+               "events), for cache-aware routing.",
+               {{"instance", std::to_string(i)}})
+        .set(static_cast<double>(cached_blocks[i]));
   }
 }
 

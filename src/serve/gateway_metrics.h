@@ -32,6 +32,12 @@ class GatewayMetrics {
   void observe_tpot(double s);
   void observe_itl(double s);
   void observe_e2e(double s);
+  // Several instances (prefill/decode disaggregation): a decode phase no decode instance
+  // could take at once.
+  void count_handoff_deferred();
+  // Several instances, before render(): the decode phases waiting in the gateway and the
+  // prefix-cache blocks the gateway knows each instance holds (index = instance).
+  void set_instances_state(size_t handoffs_waiting, std::span<const size_t> cached_blocks);
   // The exposition text, with the groups' last loads written into their gauges first.
   std::string render(std::span<const engine::GroupLoad> loads);
 
