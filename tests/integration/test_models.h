@@ -1,6 +1,6 @@
 // What the integration tests of the model and the engine share: random checkpoints written by
-// mkmodel, random token ids, and loading a checkpoint as a test does it (2 threads, failures
-// reported to the running test).
+// mkmodel, random token ids, loading a checkpoint as a test does it (2 threads, failures
+// reported to the running test) and reserving a cache chunk the same way.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <memory>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -40,14 +41,23 @@ inline std::vector<int32_t> random_ids(int64_t n, int64_t vocab, uint32_t seed) 
   return v;
 }
 
-// The checkpoint in `dir` with default options and 2 threads; nullptr (and a test failure)
-// when it does not load.
-inline std::unique_ptr<DeepseekV3Model> load_deepseek(const std::string& dir) {
-  ModelOptions mo;
+// The checkpoint in `dir` with options `mo` (default ones unless given) and 2 threads;
+// nullptr (and a test failure) when it does not load.
+inline std::unique_ptr<DeepseekV3Model> load_deepseek(const std::string& dir,
+                                                      ModelOptions mo = {}) {
   mo.threads = 2;
   auto m = DeepseekV3Model::load(dir, mo);
   EXPECT_TRUE(m.ok()) << m.status().to_string();
   return m.ok() ? std::move(*m) : nullptr;
+}
+
+// The chunk of `seq` at `start` with its blocks reserved in `cache` (an empty chunk and a
+// test failure when the cache refuses it).
+inline TokenChunk chunk(KvCache& cache, int64_t seq, int64_t start,
+                        std::span<const int32_t> tokens, bool all_logits) {
+  Result<TokenChunk> c = cache.chunk(seq, start, tokens, all_logits);
+  EXPECT_TRUE(c.ok()) << c.status().to_string();
+  return c.ok() ? *c : TokenChunk{};
 }
 
 }  // namespace xds::fixtures

@@ -34,13 +34,7 @@ std::unique_ptr<DeepseekV3Model> load_tiny(const std::string& name, uint64_t see
   return m.ok() ? std::move(*m) : nullptr;
 }
 
-// The chunk of `seq` at `start` with its blocks reserved in `cache`.
-TokenChunk chunk(KvCache& cache, int64_t seq, int64_t start, std::span<const int32_t> tokens,
-                 bool all_logits) {
-  Result<TokenChunk> c = cache.chunk(seq, start, tokens, all_logits);
-  EXPECT_TRUE(c.ok()) << c.status().to_string();
-  return c.ok() ? *c : TokenChunk{};
-}
+using fixtures::chunk;
 
 MtpChunk mtp_chunk(KvCache& cache, int64_t seq, int64_t start, std::span<const int32_t> next,
                    const float* hidden) {

@@ -23,21 +23,13 @@ using fixtures::random_ids;
 std::unique_ptr<DeepseekV3Model> load(const std::string& dir, ComputeDType compute, KvCacheDType kv,
                                       AttentionMode attention) {
   ModelOptions mo;
-  mo.threads = 2;
   mo.compute = compute;
   mo.kv_cache = kv;
   mo.attention = attention;
-  auto m = DeepseekV3Model::load(dir, mo);
-  EXPECT_TRUE(m.ok()) << m.status().to_string();
-  return m.ok() ? std::move(*m) : nullptr;
+  return fixtures::load_deepseek(dir, mo);
 }
 
-TokenChunk chunk(KvCache& cache, int64_t seq, int64_t start, std::span<const int32_t> tokens,
-                 bool all_logits) {
-  Result<TokenChunk> c = cache.chunk(seq, start, tokens, all_logits);
-  EXPECT_TRUE(c.ok()) << c.status().to_string();
-  return c.ok() ? *c : TokenChunk{};
-}
+using fixtures::chunk;
 
 // Logits of every position of `ids`, one prefill chunk from an empty cache.
 std::vector<float> from_scratch(DeepseekV3Model& m, std::span<const int32_t> ids) {
