@@ -726,23 +726,6 @@ Result<std::vector<Spec>> copy_specs(const Checkpoint& ckpt) {
   return specs;
 }
 
-// The source's other files (tokenizer, generation config, ...) copied beside the new ones.
-Status copy_side_files(const std::string& from, const std::string& to) {
-  std::error_code ec;
-  for (const auto& e : std::filesystem::directory_iterator(from, ec)) {
-    const std::string name = e.path().filename().string();
-    if (!e.is_regular_file() || name == "config.json" || name.ends_with(".safetensors") ||
-        name == "model.safetensors.index.json") {
-      continue;
-    }
-    std::filesystem::copy_file(e.path(), to + "/" + name,
-                               std::filesystem::copy_options::overwrite_existing, ec);
-    if (ec) return internal_error("{}: cannot copy to {}: {}", e.path().string(), to, ec.message());
-  }
-  if (ec) return internal_error("{}: cannot list: {}", from, ec.message());
-  return {};
-}
-
 Status write_w8a8_copy(const MkModelOptions& o) {
   if (!o.weights_int8) return invalid_argument("mkmodel: --from needs --weights-int8");
   if (!o.router_skew.empty()) return invalid_argument("mkmodel: --from takes no --router-skew");
@@ -762,7 +745,7 @@ Status write_w8a8_copy(const MkModelOptions& o) {
   std::filesystem::create_directories(o.out_dir, ec);
   if (ec) return internal_error("{}: cannot create the directory: {}", o.out_dir, ec.message());
   XDS_RETURN_IF_ERROR(parse_deepseek_v3_config(config_text, o.out_dir + "/config.json").status());
-  XDS_RETURN_IF_ERROR(copy_side_files(o.from_dir, o.out_dir));
+  XDS_RETURN_IF_ERROR(copy_checkpoint_side_files(o.from_dir, o.out_dir));
   XDS_RETURN_IF_ERROR(write_text(o.out_dir + "/config.json", config_text));
   ThreadPool pool(thread_count(o));
   return write_tensor_files(o, specs, pool);
@@ -798,6 +781,24 @@ Status write_random_checkpoint(const MkModelOptions& o) {
     fit_router_skew(o, c, specs, pool, zipf_a);
   }
   return write_tensor_files(o, specs, pool);
+}
+
+Status copy_checkpoint_side_files(const std::string& from, const std::string& to,
+                                  std::initializer_list<std::string_view> also_skip) {
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(from, ec)) {
+    const std::string name = e.path().filename().string();
+    if (!e.is_regular_file() || name == "config.json" || name.ends_with(".safetensors") ||
+        name == "model.safetensors.index.json" ||
+        std::find(also_skip.begin(), also_skip.end(), name) != also_skip.end()) {
+      continue;
+    }
+    std::filesystem::copy_file(e.path(), to + "/" + name,
+                               std::filesystem::copy_options::overwrite_existing, ec);
+    if (ec) return internal_error("{}: cannot copy to {}: {}", e.path().string(), to, ec.message());
+  }
+  if (ec) return internal_error("{}: cannot list: {}", from, ec.message());
+  return {};
 }
 
 }  // namespace xds

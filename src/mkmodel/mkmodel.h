@@ -15,8 +15,10 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "base/status.h"
 #include "model/config.h"
@@ -61,6 +63,12 @@ Result<DeepseekV3Config> mkmodel_config(const MkModelOptions& opts);
 // Writes the checkpoint into opts.out_dir (created if needed; existing files of the same
 // names are replaced); with from_dir set, the W8A8 copy described above.
 Status write_random_checkpoint(const MkModelOptions& opts);
+
+// A rewritten checkpoint's other files (tokenizer, generation config, ...): the regular files
+// of `from` copied into `to` (same names replaced), except config.json, the safetensors
+// shards, their index and the names in `also_skip`.
+Status copy_checkpoint_side_files(const std::string& from, const std::string& to,
+                                  std::initializer_list<std::string_view> also_skip = {});
 
 // f32 -> E4M3 (e4m3fn), round to nearest even, saturating to +-448, NaN -> 0x7f; the same
 // results as xds::f32_to_f8e4m3, in a few operations.

@@ -13,6 +13,7 @@
 #include "base/atomic_file.h"
 #include "base/bf16.h"
 #include "base/read_file.h"
+#include "mkmodel/mkmodel.h"
 #include "mkmodel/w8a8_rtn.h"
 #include "model/config.h"
 #include "model/deepseek_v3.h"
@@ -236,21 +237,6 @@ Result<std::string> quantize_layer(Run& r, int64_t layer) {
   return line;
 }
 
-Status copy_side_files(const std::string& from, const std::string& to) {
-  std::error_code ec;
-  for (const auto& e : std::filesystem::directory_iterator(from, ec)) {
-    const std::string name = e.path().filename().string();
-    if (!e.is_regular_file() || name == "config.json" || name.ends_with(".safetensors") ||
-        name == "model.safetensors.index.json" || name == "quantize_report.json") {
-      continue;
-    }
-    std::filesystem::copy_file(e.path(), to + "/" + name, ec);
-    if (ec) return internal_error("{}: cannot copy to {}: {}", e.path().string(), to, ec.message());
-  }
-  if (ec) return internal_error("{}: cannot list: {}", from, ec.message());
-  return {};
-}
-
 Status write_text_file(const std::string& path, const std::string& text) {
   XDS_ASSIGN_OR_RETURN(AtomicFile f, AtomicFile::create(path));
   XDS_RETURN_IF_ERROR(f.write(text));
@@ -371,7 +357,7 @@ Status quantize_into(const QuantizeOptions& o, const std::string& tmp) {
   if (!o.smooth_only) config["quantization_config"] = w8a8_quantization_json(w8a8_rtn_ignore());
   const std::string out_config = config.dump(2) + "\n";
   XDS_RETURN_IF_ERROR(parse_deepseek_v3_config(out_config, tmp + "/config.json").status());
-  XDS_RETURN_IF_ERROR(copy_side_files(o.model_dir, tmp));
+  XDS_RETURN_IF_ERROR(copy_checkpoint_side_files(o.model_dir, tmp, {"quantize_report.json"}));
   XDS_RETURN_IF_ERROR(write_text_file(tmp + "/config.json", out_config));
   XDS_RETURN_IF_ERROR(write_sharded_safetensors(tmp, output_tensors(run), o.max_shard_bytes));
 
