@@ -440,19 +440,15 @@ struct TensorWriter {
 // Writes one safetensors file holding `specs` (in order).
 Status write_safetensors(const std::string& path, const std::vector<const Spec*>& specs,
                          TensorWriter& tw) {
-  ojson header;
-  header["__metadata__"] = {{"format", "pt"}};
-  size_t off = 0;
+  std::vector<SafetensorsEntry> entries;
+  size_t data_bytes = 0;
   for (const Spec* s : specs) {
-    header[s->name] = {{"dtype", std::string(dtype_name(s->dtype))},
-                       {"shape", s->shape},
-                       {"data_offsets", {off, off + s->nbytes()}}};
-    off += s->nbytes();
+    entries.push_back({s->name, s->dtype, s->shape, static_cast<uint64_t>(s->nbytes())});
+    data_bytes += s->nbytes();
   }
-  std::string text = header.dump();
-  while (text.size() % 8 != 0) text += ' ';  // data area 8-byte aligned
-  const size_t data_start = 8 + text.size();
-  const size_t total = data_start + off;
+  const std::string header = safetensors_header(entries);
+  const size_t data_start = header.size();
+  const size_t total = data_start + data_bytes;
 
   // Written beside the destination and renamed onto it: a reader that has the previous
   // file mapped (another process of a test run) keeps its bytes, never a truncated file.
@@ -468,10 +464,7 @@ Status write_safetensors(const std::string& path, const std::vector<const Spec*>
     return fail(
         resource_exhausted("{}: cannot reserve {} bytes: {}", path, total, std::strerror(err)));
   }
-  uint8_t len[8];
-  for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>((text.size() >> (8 * i)) & 0xff);
-  Status st = pwrite_all(fd, path, len, 8, 0);
-  if (st.ok()) st = pwrite_all(fd, path, text.data(), text.size(), 8);
+  Status st = pwrite_all(fd, path, header.data(), header.size(), 0);
   size_t pos = data_start;
   for (const Spec* s : specs) {
     if (!st.ok()) break;

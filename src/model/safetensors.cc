@@ -132,6 +132,23 @@ std::string format_shape(std::span<const int64_t> shape) {
   return s + "]";
 }
 
+std::string safetensors_header(std::span<const SafetensorsEntry> entries) {
+  nlohmann::ordered_json header;
+  header["__metadata__"] = {{"format", "pt"}};
+  uint64_t off = 0;
+  for (const SafetensorsEntry& e : entries) {
+    header[std::string(e.name)] = {{"dtype", std::string(dtype_name(e.dtype))},
+                                   {"shape", e.shape},
+                                   {"data_offsets", {off, off + e.bytes}}};
+    off += e.bytes;
+  }
+  std::string text = header.dump();
+  while (text.size() % 8 != 0) text += ' ';
+  std::string out(8, '\0');
+  for (size_t i = 0; i < 8; ++i) out[i] = static_cast<char>(text.size() >> (8 * i));
+  return out + text;
+}
+
 // ---- MappedFile ----
 
 Result<MappedFile> MappedFile::open(const std::string& path) {

@@ -49,6 +49,18 @@ struct TensorView {
 // "[2, 3]" for any shape.
 std::string format_shape(std::span<const int64_t> shape);
 
+// The writers' side of the layout above: one tensor of a file to be written.
+struct SafetensorsEntry {
+  std::string_view name;
+  DType dtype;
+  std::span<const int64_t> shape;
+  uint64_t bytes;
+};
+// The first 8 + N bytes of a file holding `entries`' data back to back in this order: the
+// u64 length, then the JSON header ("__metadata__": {"format": "pt"} first, then the tensors
+// in this order), padded with spaces to a multiple of 8: the data area is 8-byte aligned.
+std::string safetensors_header(std::span<const SafetensorsEntry> entries);
+
 // A read-only memory mapping of a whole file (MAP_SHARED, so processes share pages).
 class MappedFile {
  public:

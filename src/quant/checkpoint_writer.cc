@@ -13,22 +13,11 @@ namespace {
 using ojson = nlohmann::ordered_json;
 
 Status write_shard(const std::string& path, const std::vector<const OutTensor*>& tensors) {
-  ojson header;
-  header["__metadata__"] = {{"format", "pt"}};
-  size_t off = 0;
-  for (const OutTensor* t : tensors) {
-    header[t->name] = {{"dtype", std::string(dtype_name(t->dtype))},
-                       {"shape", t->shape},
-                       {"data_offsets", {off, off + t->bytes.size()}}};
-    off += t->bytes.size();
-  }
-  std::string text = header.dump();
-  while (text.size() % 8 != 0) text += ' ';
+  std::vector<SafetensorsEntry> entries;
+  for (const OutTensor* t : tensors)
+    entries.push_back({t->name, t->dtype, t->shape, t->bytes.size()});
   XDS_ASSIGN_OR_RETURN(AtomicFile f, AtomicFile::create(path));
-  uint8_t len[8];
-  for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(text.size() >> (8 * i));
-  XDS_RETURN_IF_ERROR(f.write(len, 8));
-  XDS_RETURN_IF_ERROR(f.write(text));
+  XDS_RETURN_IF_ERROR(f.write(safetensors_header(entries)));
   for (const OutTensor* t : tensors) XDS_RETURN_IF_ERROR(f.write(t->bytes.data(), t->bytes.size()));
   return f.commit();
 }
