@@ -23,3 +23,14 @@ bench_wait_healthy() {
     fi
   done
 }
+
+# The server a benchmark started (its start_server sets server_pid); bench_stop_server ends it
+# and waits for it (the scripts also run it on EXIT).
+server_pid=""
+bench_stop_server() {
+  if [[ -n $server_pid ]]; then
+    kill -TERM "$server_pid" 2>/dev/null || true
+    wait "$server_pid" 2>/dev/null || true
+    server_pid=""
+  fi
+}

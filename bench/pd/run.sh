@@ -58,16 +58,8 @@ if [[ ! -f $model/config.json ]]; then
   "$xds" mkmodel --out "$model" --preset bench-2.6b --max-position-embeddings 16384
 fi
 
-server_pid=""
 port=""
-stop_server() {
-  if [[ -n $server_pid ]]; then
-    kill -TERM "$server_pid" 2>/dev/null || true
-    wait "$server_pid" 2>/dev/null || true
-    server_pid=""
-  fi
-}
-trap stop_server EXIT
+trap bench_stop_server EXIT
 
 # start_server NAME [serve flags...]: on a free port; waits for /health (up to 15 min).
 start_server() {
@@ -102,7 +94,7 @@ for run in colo_short colo_mix pd_short pd_mix; do
     *_mix) bench --mix "$short;$long" --json "$out/$run.json" ;;
   esac
   curl -sf "http://127.0.0.1:$port/metrics" >"$out/${run}_metrics.txt" || true
-  stop_server
+  bench_stop_server
 done
 
 /usr/bin/python3 bench/pd/report.py "$out"

@@ -92,16 +92,8 @@ fi
 serve_help=$("$xds" serve --help 2>&1 || true)
 has_serve_flag() { grep -q -- "$1" <<<"$serve_help"; }
 
-server_pid=""
 port=""
-stop_server() {
-  if [[ -n $server_pid ]]; then
-    kill -TERM "$server_pid" 2>/dev/null || true
-    wait "$server_pid" 2>/dev/null || true
-    server_pid=""
-  fi
-}
-trap stop_server EXIT
+trap bench_stop_server EXIT
 
 # start_server NAME DP [serve flags...]: on a free port, waits for /health (up to 15 min: a
 # cold page cache reads the weights from disk).
@@ -166,7 +158,7 @@ for dp in ${dps//,/ }; do
         --input-len-dist "$goodput_in" --output-len-dist "$goodput_out" --ignore-eos \
         --goodput-ttft-ms 2000 --goodput-tpot-ms 150 --json "$out/goodput_$t.json"
     fi
-    stop_server
+    bench_stop_server
   fi
   if want chunked; then
     mix="rate=1,in=$short_in,out=$short_out;period=$long_period,start=$((long_period / 6)),in=$long_in,out=$long_out"
@@ -174,12 +166,12 @@ for dp in ${dps//,/ }; do
     bench --mix "$mix" --duration "$chunked_duration" --ignore-eos --json "$out/chunked_mix_$t.json"
     bench --request-rate 1 --input-len "$short_in" --output-len "$short_out" \
       --duration "$chunked_duration" --ignore-eos --json "$out/chunked_short_$t.json"
-    stop_server
+    bench_stop_server
     if has_serve_flag --no-chunked-prefill; then
       start_server "chunked_off_$t" "$dp" --max-num-batched-tokens "$batched_tokens" \
         --kv-memory "$kv_memory" --no-chunked-prefill
       bench --mix "$mix" --duration "$chunked_duration" --ignore-eos --json "$out/chunked_off_$t.json"
-      stop_server
+      bench_stop_server
     else
       echo "run.sh: serve has no --no-chunked-prefill; the chunking-off run is skipped" >&2
     fi
