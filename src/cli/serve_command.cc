@@ -212,7 +212,11 @@ void on_gateway_signal(int) {
   if (g_gateway) g_gateway->stop();
 }
 
+// Runs the gateway as this process (`serve`'s parent after its children are forked, or
+// `gateway`), named "xds-gateway" in ps and /proc/PID/comm (the threads made later inherit
+// it).
 Status run_gateway(const serve::GatewayOptions& o, bool shutdown_instance) {
+  ::prctl(PR_SET_NAME, "xds-gateway");
   XDS_ASSIGN_OR_RETURN(auto gateway, serve::Gateway::create(o));
   g_gateway = gateway.get();
   struct sigaction sa = {};

@@ -107,6 +107,17 @@ ApiError server_error(std::string message) {
   return e;
 }
 
+ApiError api_error(int http_status, std::string message, std::string type, std::string code,
+                   std::string param) {
+  ApiError e;
+  e.http_status = http_status;
+  e.message = std::move(message);
+  e.type = std::move(type);
+  e.code = std::move(code);
+  e.param = std::move(param);
+  return e;
+}
+
 ApiError api_error_from_status(const Status& status) {
   switch (status.code()) {
     case StatusCode::kInvalidArgument: {

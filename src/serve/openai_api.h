@@ -53,6 +53,9 @@ ApiError queue_full(int retry_after_s);                          // 503 + Retry-
 ApiError context_length_exceeded(std::string param, int64_t prompt_tokens,
                                  int64_t max_tokens, int64_t max_model_len);  // 400
 ApiError server_error(std::string message);                                   // 500
+// Any other: the status, message, type, code and param as given.
+ApiError api_error(int http_status, std::string message, std::string type, std::string code,
+                   std::string param = "");
 // A Status from elsewhere (engine, tokenizer) as an API error: InvalidArgument -> 400,
 // NotFound -> 404, ResourceExhausted -> 503, Unavailable -> 503, the rest -> 500.
 ApiError api_error_from_status(const Status& status);
