@@ -8,9 +8,15 @@
 // order, and are offered again whenever the groups report new load; past `max_queue` waiting
 // requests a new one gets 503 with Retry-After.
 //
+// Its parts: gateway_http.h (the routes; parsing, templating and tokenizing a request),
+// admission_queue.h (requests waiting for room), instance_router.h (the instances' roles and
+// loads, where each request and each decode handoff goes, failover) and gateway_link.h (the
+// sockets); gateway.cc holds the requests in flight and wires the parts together.
+//
 // Threads: the HTTP server's io threads run the handlers; one messaging thread owns the
 // ZeroMQ sockets (DEALER to the shell, PULL for outputs) and wakes on an eventfd when a handler
-// queues a message. Request state is shared under one mutex.
+// queues a message; the thread in run() sends heartbeats and expires probes. Request state,
+// the queues and the router are shared under one mutex.
 #pragma once
 
 #include <atomic>
