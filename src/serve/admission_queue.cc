@@ -37,7 +37,11 @@ void AdmissionQueue::placed(const std::string& id) {
   offered_ = false;
 }
 
-void AdmissionQueue::cancel(const std::string& id) { erase(id); }
+void AdmissionQueue::cancel(const std::string& id) {
+  // An offered head that goes away ends its offer: its answer, if any, finds nothing.
+  if (!order_.empty() && order_.front() == id) offered_ = false;
+  erase(id);
+}
 
 std::optional<std::string> AdmissionQueue::offer(
     const std::function<bool(const std::string&)>& alive) {

@@ -13,7 +13,7 @@
 //                until it reaches the head); ends the head's offer.
 //   placed       placed(id): a waiting request's first output came: it leaves the queue, and
 //                the offer in flight is over.
-//   cancelled    cancel(id): it leaves the queue.
+//   cancelled    cancel(id): it leaves the queue; an offered head's offer is over.
 //   new load     offer(alive): the head to send again, once per offer; a head that is no
 //                longer alive is dropped (one per call) and nothing is offered.
 //

@@ -39,6 +39,7 @@ void HandoffQueue::taken(const std::string& id) {
 }
 
 void HandoffQueue::cancel(const std::string& id) {
+  if (!order_.empty() && order_.front() == id) offered_ = false;
   order_.erase(std::remove(order_.begin(), order_.end(), id), order_.end());
 }
 

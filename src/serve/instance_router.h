@@ -65,6 +65,8 @@ class HandoffQueue {
   bool defer(const std::string& id);
   // A decode group took `id` (its first output as a decode phase): the head leaves.
   void taken(const std::string& id);
+  // `id` went away (cancelled, or its instance failed): it leaves; an offered head's offer is
+  // over.
   void cancel(const std::string& id);
   // The head to offer again: none while an offer is in flight; heads not alive are dropped.
   std::optional<std::string> offer(const std::function<bool(const std::string&)>& alive);

@@ -104,5 +104,21 @@ TEST(AdmissionQueue, CancelAndPlacedRemoveAnyWaitingRequest) {
   EXPECT_TRUE(q.accepts_new());
 }
 
+TEST(AdmissionQueue, ACancelledOfferedHeadLetsTheNextBeOffered) {
+  AdmissionQueue q(8);
+  ASSERT_EQ(q.defer("a"), AdmissionQueue::Deferral::kQueued);
+  ASSERT_EQ(q.defer("b"), AdmissionQueue::Deferral::kQueued);
+  EXPECT_EQ(q.offer(alive_all), "a");
+  // a's client goes away while its offer is in flight: the instance's answer about a finds
+  // nothing in the gateway, so the offer ends here and b is offered on the next load report.
+  q.cancel("a");
+  EXPECT_FALSE(q.offer_in_flight());
+  EXPECT_EQ(q.offer(alive_all), "b");
+  // Cancelling a request behind the offered head leaves the offer in flight.
+  ASSERT_EQ(q.defer("c"), AdmissionQueue::Deferral::kQueued);
+  q.cancel("c");
+  EXPECT_TRUE(q.offer_in_flight());
+}
+
 }  // namespace
 }  // namespace xds::serve

@@ -226,8 +226,16 @@ TEST(HandoffQueue, DefersOnceOffersTheHeadAndDropsTheGone) {
   alive.erase("b");
   EXPECT_EQ(q.offer(is_alive), "c");
   EXPECT_EQ(q.size(), 1u);
+  // c's offer is in flight when it goes away: the offer ends, the next head can be offered.
+  EXPECT_TRUE(q.offer_in_flight());
   q.cancel("c");
   EXPECT_TRUE(q.empty());
+  EXPECT_FALSE(q.offer_in_flight());
+  EXPECT_TRUE(q.defer("d"));
+  EXPECT_EQ(q.offer(is_alive), std::nullopt);  // d is not alive in this test
+  alive.insert("e");
+  EXPECT_TRUE(q.defer("e"));
+  EXPECT_EQ(q.offer(is_alive), "e");
 }
 
 }  // namespace
