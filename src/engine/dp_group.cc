@@ -26,13 +26,14 @@
 #include "engine/scheduler.h"
 #include "engine/speculative.h"
 #include "engine/step_sync.h"
-#include "engine/zmq_io.h"
 #include "model/causal_lm.h"
 #include "model/config.h"
 #include "model/deepseek_v3.h"
 #include "model/kv_storage.h"
 #include "model/registry.h"
 #include "model/speculative_decode.h"
+#include "protocol/messages.h"
+#include "protocol/zmq_io.h"
 #include "tokenizer/tokenizer.h"
 #include "xccl/fabric.h"
 #include "xccl/mailbox.h"
@@ -40,6 +41,9 @@
 
 namespace xds::engine {
 namespace {
+
+using protocol::recv_message;
+using protocol::send_message;
 
 constexpr int64_t kLoadPeriodNs = 20'000'000;  // a kLoad to the shell at most every 20 ms
 constexpr int64_t kExpertLoadPeriodNs = 1'000'000'000;  // expert counts in it about every 1 s
@@ -332,33 +336,24 @@ Status DpGroup::poll_control(int wait_ms) {
 }
 
 void DpGroup::on_message(Message m) {
-  switch (m.kind) {
-    case MessageKind::kRequest:
-      if (m.request) add_request(std::move(*m.request));
-      break;
-    case MessageKind::kCancel:
-      cancel(m.request_id, m.index);
-      break;
-    case MessageKind::kWake:
-      wake_seen_ = std::max(wake_seen_, m.seq);
-      break;
-    case MessageKind::kPing: {
-      Message pong;
-      pong.kind = MessageKind::kPong;
-      pong.seq = m.seq;
-      pong.group = fabric_.rank();
-      (void)send_message(shell_, pong);
-      break;
-    }
-    case MessageKind::kShutdown:
-      draining_ = true;
-      break;
-    case MessageKind::kEplb:
-      if (eplb_ && m.eplb) report_eplb(eplb_->on_command(*m.eplb, fabric_.rank()));
-      break;
-    default:
-      XDS_LOG_WARN("DP group {}: unexpected message kind {}", fabric_.rank(),
-                   static_cast<int>(m.kind));
+  if (auto* r = std::get_if<protocol::RequestMsg>(&m)) {
+    add_request(std::move(r->request));
+  } else if (const auto* c = std::get_if<protocol::CancelMsg>(&m)) {
+    cancel(c->request_id, c->index);
+  } else if (const auto* w = std::get_if<protocol::WakeMsg>(&m)) {
+    wake_seen_ = std::max(wake_seen_, w->seq);
+  } else if (const auto* ping = std::get_if<protocol::PingMsg>(&m)) {
+    protocol::PongMsg pong;
+    pong.seq = ping->seq;
+    pong.group = fabric_.rank();
+    (void)send_message(shell_, pong);
+  } else if (std::holds_alternative<protocol::ShutdownMsg>(m)) {
+    draining_ = true;
+  } else if (const auto* e = std::get_if<protocol::EplbCommandMsg>(&m)) {
+    if (eplb_) report_eplb(eplb_->on_command(e->command, fabric_.rank()));
+  } else {
+    XDS_LOG_WARN("DP group {}: unexpected {} message", fabric_.rank(),
+                 protocol::kind_name(protocol::kind_of(m)));
   }
 }
 
@@ -375,13 +370,11 @@ void DpGroup::add_request(EngineRequest r) {
   }
   // The output process learns the request's output options (stop strings, parsers, where to
   // stream) before its first token.
-  Message fwd;
-  fwd.kind = MessageKind::kRequest;
-  fwd.request = r;
-  fwd.request->prompt.clear();
+  protocol::RequestMsg fwd{r};
+  fwd.request.prompt.clear();
   Status st = send_message(output_, fwd);
   if (!st.ok()) XDS_LOG_WARN("DP group {}: {}", fabric_.rank(), st.message());
-  const auto phase = static_cast<RequestPhase>(r.phase);
+  const RequestPhase phase = r.phase;
   auto req = std::make_unique<Request>();
   req->req = std::move(r);
   auto seq = std::make_unique<Sequence>();
@@ -471,6 +464,8 @@ void DpGroup::preempt(Sequence& s) {
 }
 
 void DpGroup::release_finished() {
+  protocol::EndedMsg ended;  // the shell forgets which group holds these
+  ended.group = fabric_.rank();
   for (auto it = requests_.begin(); it != requests_.end();) {
     Request& r = *it->second;
     const int32_t n = r.req.sampling.n;
@@ -482,8 +477,10 @@ void DpGroup::release_finished() {
       continue;
     }
     for (Sequence* s : r.choices) seqs_.erase(s->id);
+    ended.request_ids.push_back(it->first);
     it = requests_.erase(it);
   }
+  if (!ended.request_ids.empty()) (void)send_message(shell_, ended);
 }
 
 Status DpGroup::plan_step() {
@@ -952,9 +949,7 @@ Status DpGroup::fork_choices(Sequence& parent) {
 
 void DpGroup::send_tokens() {
   if (deltas_.empty()) return;
-  Message m;
-  m.kind = MessageKind::kTokens;
-  m.tokens = std::move(deltas_);
+  protocol::TokensMsg m{std::move(deltas_)};
   deltas_.clear();
   Status st = send_message(output_, m);
   if (!st.ok()) XDS_LOG_WARN("DP group {}: {}", fabric_.rank(), st.message());
@@ -963,20 +958,13 @@ void DpGroup::send_tokens() {
 void DpGroup::send_cache_events() {
   kv_->take_cache_events(cache_events_);
   if (cache_events_.added.empty() && cache_events_.removed.empty()) return;
-  Message m;
-  m.kind = MessageKind::kBlocks;
-  m.group = fabric_.rank();
-  m.blocks_added = cache_events_.added;
-  m.blocks_removed = cache_events_.removed;
+  const protocol::BlocksMsg m{fabric_.rank(), cache_events_.added, cache_events_.removed};
   (void)send_message(shell_, m, /*dontwait=*/true);
 }
 
 void DpGroup::report_eplb(std::optional<EplbReport> r) {
   if (!r) return;
-  Message m;
-  m.kind = MessageKind::kEplb;
-  m.group = fabric_.rank();
-  m.eplb_report = std::move(*r);
+  const protocol::EplbReportMsg m{std::move(*r)};
   Status st = send_message(shell_, m);
   if (!st.ok()) XDS_LOG_WARN("DP group {}: {}", fabric_.rank(), st.message());
 }
@@ -1026,9 +1014,7 @@ void DpGroup::send_load(bool force) {
     l.moe_ns = t.dispatch_ns + t.experts_ns + t.combine_ns;
   }
   if (eplb_) eplb_->fill_window(now, /*force=*/false, l);
-  Message m;
-  m.kind = MessageKind::kLoad;
-  m.group = fabric_.rank();
+  protocol::LoadMsg m;
   m.loads.push_back(l);
   (void)send_message(shell_, m, /*dontwait=*/true);
 }
@@ -1083,9 +1069,7 @@ Status DpGroup::run() {
         return aborted("DP group {}: the instance's step {} was aborted", fabric_.rank(), step);
       case StepAction::kStop: {
         send_tokens();
-        Message bye;
-        bye.kind = MessageKind::kShutdown;
-        (void)send_message(output_, bye);
+        (void)send_message(output_, protocol::ShutdownMsg{});
         return {};
       }
       case StepAction::kSleep: {
@@ -1103,8 +1087,7 @@ Status DpGroup::run() {
             // A request that arrived after the header exchange, whose wake another group had
             // already seen there (the sockets of different groups are not ordered): ask the
             // shell for a newer wake, which reaches every group.
-            Message w;
-            w.kind = MessageKind::kWake;
+            protocol::WakeMsg w;
             w.group = fabric_.rank();
             (void)send_message(shell_, w);
             asked = true;

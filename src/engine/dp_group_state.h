@@ -17,7 +17,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "engine/request.h"
+#include "protocol/payloads.h"
 #include "model/speculative_decode.h"
 
 namespace xds::engine {

@@ -11,19 +11,18 @@
 
 #include "base/clock.h"
 #include "base/log.h"
+#include "protocol/messages.h"
 #include "serve/admission_queue.h"
 #include "serve/gateway_http.h"
 #include "serve/gateway_link.h"
 #include "serve/gateway_metrics.h"
 #include "serve/instance_router.h"
-#include "serve/shell.h"
 
 namespace xds::serve {
 namespace {
 
-using engine::Message;
-using engine::MessageKind;
 using engine::OutputDelta;
+using protocol::Message;
 
 // The request id of the gateway's heartbeat pings (their pongs only mark the instance alive).
 constexpr const char* kHeartbeatId = "heartbeat";
@@ -92,17 +91,15 @@ struct Gateway::Impl : GatewayHttp::Core {
   }
   std::string reply_to() const override { return link->reply_to(); }
   void admit(PreparedRequest r, Responder responder) override;
-  void health(Responder responder) override {
-    probe(MessageKind::kPing, "health", "", std::move(responder));
-  }
-  void admin(std::string call, Responder responder) override {
-    probe(MessageKind::kAdmin, "admin", std::move(call), std::move(responder));
+  void health(Responder responder) override { probe(std::nullopt, std::move(responder)); }
+  void admin(protocol::AdminCall call, Responder responder) override {
+    probe(call, std::move(responder));
   }
   std::string metrics_text() override;
 
   void on_message(int from, Message m);
   void on_output(const OutputDelta& d);
-  void on_rejected(const Message& m);
+  void on_rejected(const protocol::RejectedMsg& m);
   // kFailed from instance `from`. With one instance: every request in flight or queued fails
   // with 503 and the gateway stops. With several: the instance is out; its requests fail,
   // except decode phases that streamed nothing yet, which go to another decode instance.
@@ -115,9 +112,10 @@ struct Gateway::Impl : GatewayHttp::Core {
                     const char* outcome = "error");
   void finish_pending(const std::shared_ptr<Pending>& p, std::unique_lock<std::mutex>& lock);
   void submit(const std::shared_ptr<Pending>& p);
-  // Sends the shell a `kind` message (kPing: /health; kAdmin: text = the /admin call) whose
-  // answer goes to `resp`; unanswered after 5 s, the run loop's sweep answers 503.
-  void probe(MessageKind kind, const char* prefix, std::string text, Responder resp);
+  // Sends the shell a probe (a Ping for /health, to every instance; an AdminRequest for an
+  // /admin call, to the first) whose answer goes to `resp`; unanswered after 5 s, the run
+  // loop's sweep answers 503.
+  void probe(std::optional<protocol::AdminCall> admin, Responder resp);
   // Heartbeats to every instance and the silent ones taken out (several instances), then the
   // probes past their deadline answered 503.
   void sweep(int64_t& last_heartbeat_ns);
@@ -125,10 +123,9 @@ struct Gateway::Impl : GatewayHttp::Core {
 
 Status Gateway::Impl::init() {
   XDS_ASSIGN_OR_RETURN(http, GatewayHttp::create(o, *this));
-  XDS_ASSIGN_OR_RETURN(link, GatewayLink::start(o.instances, fmt::format("tcp://{}:0", o.output_host),
-                                                [this](int from, Message m) {
-                                                  on_message(from, std::move(m));
-                                                }));
+  XDS_ASSIGN_OR_RETURN(link, GatewayLink::start(
+                                 o.instances, fmt::format("tcp://{}:0", o.output_host),
+                                 [this](int from, Message m) { on_message(from, std::move(m)); }));
   return http->start();
 }
 
@@ -149,20 +146,21 @@ std::string Gateway::Impl::metrics_text() {
   return body;
 }
 
-void Gateway::Impl::probe(MessageKind kind, const char* prefix, std::string text,
-                          Responder resp) {
-  const std::string id = next_id(prefix);
+void Gateway::Impl::probe(std::optional<protocol::AdminCall> admin, Responder resp) {
+  const std::string id = next_id(admin ? "admin" : "health");
   // /health asks every instance; /admin calls go to the first.
-  const bool all = kind == MessageKind::kPing;
+  const bool all = !admin;
   {
     std::lock_guard<std::mutex> lock(mu);
     probes.emplace(id, Probe{resp, now_ns() + int64_t{5'000'000'000},
                              all ? static_cast<int>(router.size()) : 1});
   }
   Message m;
-  m.kind = kind;
-  m.request_id = id;
-  m.text = std::move(text);
+  if (admin) {
+    m = protocol::AdminRequestMsg{id, *admin};
+  } else {
+    m = protocol::PingMsg{id};
+  }
   link->post(all ? GatewayLink::kAllInstances : 0, std::move(m));
 }
 
@@ -207,10 +205,7 @@ void Gateway::Impl::admit(PreparedRequest r, Responder responder) {
     router.handoffs().cancel(p->req.id);
     lock.unlock();
     metrics.count_outcome("cancelled");
-    Message m;
-    m.kind = MessageKind::kCancel;
-    m.request_id = p->req.id;
-    link->post(GatewayLink::kAllInstances, std::move(m));
+    link->post(GatewayLink::kAllInstances, protocol::CancelMsg{p->req.id});
     idle_cv.notify_all();
   };
   if (p->stream) {
@@ -222,8 +217,7 @@ void Gateway::Impl::admit(PreparedRequest r, Responder responder) {
 }
 
 void Gateway::Impl::submit(const std::shared_ptr<Pending>& p) {
-  Message m;
-  m.kind = MessageKind::kRequest;
+  protocol::RequestMsg m;
   int to = 0;
   {
     std::unique_lock<std::mutex> lock(mu);
@@ -241,7 +235,7 @@ void Gateway::Impl::submit(const std::shared_ptr<Pending>& p) {
       // Backpressure from the decode side: no new prefill work while handoffs wait.
       if (route.hold && admission.hold(p->req.id)) return;
       to = route.to;
-      p->req.phase = static_cast<int32_t>(route.phase);
+      p->req.phase = route.phase;
       if (!p->decode_phase) {
         router.count_prefill(p->prefill, to, static_cast<int64_t>(p->req.prompt.size()));
       }
@@ -256,77 +250,62 @@ void Gateway::Impl::on_message(int from, Message m) {
   if (from >= 0) {
     std::lock_guard<std::mutex> lock(mu);
     router.heard(from, now_ns());
-    if (!m.text.empty() && (m.kind == MessageKind::kLoad || m.kind == MessageKind::kPong)) {
-      router.report_role(from, parse_instance_role(m.text));
-    }
-    if (m.kind == MessageKind::kPong && m.request_id == kHeartbeatId) return;
+    const auto* load = std::get_if<protocol::LoadMsg>(&m);
+    const auto* pong = std::get_if<protocol::PongMsg>(&m);
+    if (load || pong) router.report_role(from, load ? load->role : pong->role);
+    if (pong && pong->probe_id == kHeartbeatId) return;
   }
-  switch (m.kind) {
-    case MessageKind::kBlocks: {
-      if (from < 0) break;
+  if (const auto* blocks = std::get_if<protocol::BlocksMsg>(&m)) {
+    if (from < 0) return;
+    std::lock_guard<std::mutex> lock(mu);
+    router.update_blocks(from, blocks->added, blocks->removed);
+  } else if (const auto* out = std::get_if<protocol::OutputMsg>(&m)) {
+    for (const OutputDelta& d : out->outputs) on_output(d);
+  } else if (const auto* rej = std::get_if<protocol::RejectedMsg>(&m)) {
+    on_rejected(*rej);
+  } else if (const auto* failed = std::get_if<protocol::FailedMsg>(&m)) {
+    on_instance_failed(from, failed->reason);
+  } else if (auto* load = std::get_if<protocol::LoadMsg>(&m)) {
+    if (from < 0) return;
+    {
       std::lock_guard<std::mutex> lock(mu);
-      router.update_blocks(from, m.blocks_added, m.blocks_removed);
-      break;
+      router.update_loads(from, std::move(load->loads));
     }
-    case MessageKind::kOutput:
-      for (const OutputDelta& d : m.outputs) on_output(d);
-      break;
-    case MessageKind::kRejected:
-      on_rejected(m);
-      break;
-    case MessageKind::kFailed:
-      on_instance_failed(from, m.text);
-      break;
-    case MessageKind::kLoad: {
-      if (from < 0) break;
-      {
-        std::lock_guard<std::mutex> lock(mu);
-        router.update_loads(from, std::move(m.loads));
+    offer_waiting();
+  } else if (const auto* pong = std::get_if<protocol::PongMsg>(&m)) {
+    std::optional<Responder> r;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      auto it = probes.find(pong->probe_id);
+      if (it != probes.end() && --it->second.remaining <= 0) {
+        r = it->second.responder;
+        probes.erase(it);
       }
-      offer_waiting();
-      break;
     }
-    case MessageKind::kPong: {
-      std::optional<Responder> r;
-      {
-        std::lock_guard<std::mutex> lock(mu);
-        auto it = probes.find(m.request_id);
-        if (it != probes.end() && --it->second.remaining <= 0) {
-          r = it->second.responder;
-          probes.erase(it);
-        }
-      }
-      if (r) {
-        HttpResponse ok;
-        ok.body = "{\"status\":\"ok\"}";
-        r->send(std::move(ok));
-      }
-      break;
+    if (r) {
+      HttpResponse ok;
+      ok.body = "{\"status\":\"ok\"}";
+      r->send(std::move(ok));
     }
-    case MessageKind::kAdmin: {
-      std::optional<Responder> r;
-      {
-        std::lock_guard<std::mutex> lock(mu);
-        if (m.request_id.empty()) {  // the shell's EPLB metrics
-          eplb_metrics = std::move(m.text);
-          break;
-        }
-        auto it = probes.find(m.request_id);
-        if (it != probes.end()) {
-          r = it->second.responder;
-          probes.erase(it);
-        }
+  } else if (auto* push = std::get_if<protocol::EplbStatePushMsg>(&m)) {
+    std::lock_guard<std::mutex> lock(mu);
+    eplb_metrics = std::move(push->metrics_text);  // the shell's EPLB metrics
+  } else if (auto* reply = std::get_if<protocol::AdminReplyMsg>(&m)) {
+    std::optional<Responder> r;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      auto it = probes.find(reply->call_id);
+      if (it != probes.end()) {
+        r = it->second.responder;
+        probes.erase(it);
       }
-      if (r) {
-        HttpResponse out;
-        out.status = m.index > 0 ? m.index : 200;
-        out.body = std::move(m.text);
-        r->send(std::move(out));
-      }
-      break;
     }
-    default:
-      break;
+    if (r) {
+      HttpResponse out;
+      out.status = reply->http_status > 0 ? reply->http_status : 200;
+      out.body = std::move(reply->body);
+      r->send(std::move(out));
+    }
   }
 }
 
@@ -362,7 +341,7 @@ void Gateway::Impl::on_instance_failed(int from, const std::string& why) {
     {
       std::lock_guard<std::mutex> lock(mu);
       XDS_LOG_ERROR("gateway: instance {} ({}) failed: {}", o.instances[static_cast<size_t>(from)],
-                    instance_role_name(router.role(from)), why);
+                    instance_state_name(router.state(from)), why);
       any_left = router.mark_failed(from);
       for (auto it = live.begin(); it != live.end();) {
         const std::shared_ptr<Pending>& p = it->second;
@@ -415,25 +394,23 @@ void Gateway::Impl::on_instance_failed(int from, const std::string& why) {
   idle_cv.notify_all();
 }
 
-void Gateway::Impl::on_rejected(const Message& m) {
+void Gateway::Impl::on_rejected(const protocol::RejectedMsg& m) {
   std::unique_lock<std::mutex> lock(mu);
   auto it = live.find(m.request_id);
   if (it == live.end()) return;
   std::shared_ptr<Pending> p = it->second;
-  const bool never = m.text.rfind(kRejectNever, 0) == 0;
-  if (p->decode_phase && !never) {
+  if (p->decode_phase && !m.never) {
     // No decode group has room: the KV stays parked on the prefill side meanwhile (P101).
     if (router.handoffs().defer(p->req.id)) metrics.count_handoff_deferred();
     return;
   }
   router.end_prefill(p->prefill);
-  if (never) {
+  if (m.never) {
     p->done = true;
     live.erase(it);
     admission.refuse(p->req.id);
     lock.unlock();
-    const std::string msg = m.text.substr(std::string(kRejectNever).size());
-    fail_request(p, api_error(400, msg, "invalid_request_error", "context_length_exceeded"),
+    fail_request(p, api_error(400, m.reason, "invalid_request_error", "context_length_exceeded"),
                  "rejected");
     return;
   }
@@ -521,10 +498,7 @@ void Gateway::Impl::sweep(int64_t& last_heartbeat_ns) {
     const int64_t now = now_ns();
     if (now - last_heartbeat_ns >= 1'000'000'000) {
       last_heartbeat_ns = now;
-      Message ping;
-      ping.kind = MessageKind::kPing;
-      ping.request_id = kHeartbeatId;
-      link->post(GatewayLink::kAllInstances, std::move(ping));
+      link->post(GatewayLink::kAllInstances, protocol::PingMsg{kHeartbeatId});
     }
     std::vector<int32_t> silent;
     {
@@ -589,9 +563,7 @@ Status Gateway::run(bool shutdown_instance, int drain_s) {
   }
   g.http->stop(std::chrono::milliseconds(2000));
   if (shutdown_instance) {
-    Message m;
-    m.kind = MessageKind::kShutdown;
-    g.link->post(GatewayLink::kAllInstances, std::move(m));
+    g.link->post(GatewayLink::kAllInstances, protocol::ShutdownMsg{});
   }
   g.link->stop();
   std::lock_guard<std::mutex> lock(g.mu);

@@ -107,10 +107,10 @@ void GatewayHttp::routes() {
     resp.send(std::move(out));
   });
   http_->route("GET", "/admin/eplb", [this](HttpRequest r, Responder resp) {
-    if (authorized(r, resp)) core_.admin("eplb", std::move(resp));
+    if (authorized(r, resp)) core_.admin(protocol::AdminCall::kEplbState, std::move(resp));
   });
   http_->route("POST", "/admin/eplb/rebalance", [this](HttpRequest r, Responder resp) {
-    if (authorized(r, resp)) core_.admin("eplb/rebalance", std::move(resp));
+    if (authorized(r, resp)) core_.admin(protocol::AdminCall::kEplbRebalance, std::move(resp));
   });
 }
 

@@ -25,7 +25,8 @@
 #include <string_view>
 
 #include "base/status.h"
-#include "engine/request.h"
+#include "protocol/messages.h"
+#include "protocol/payloads.h"
 #include "serve/gateway.h"
 #include "serve/http_server.h"
 #include "serve/openai_api.h"
@@ -61,8 +62,8 @@ class GatewayHttp {
     virtual void admit(PreparedRequest r, Responder responder) = 0;
     // /health: every instance answers within the probe's deadline, or 503.
     virtual void health(Responder responder) = 0;
-    // /admin/<call>: the first instance's answer.
-    virtual void admin(std::string call, Responder responder) = 0;
+    // An /admin call: the first instance's answer.
+    virtual void admin(protocol::AdminCall call, Responder responder) = 0;
     virtual std::string metrics_text() = 0;
   };
 

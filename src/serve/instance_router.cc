@@ -4,20 +4,22 @@
 
 namespace xds::serve {
 
-InstanceRole parse_instance_role(std::string_view role) {
-  if (role == "colocated") return InstanceRole::kColocated;
-  if (role == "prefill") return InstanceRole::kPrefill;
-  if (role == "decode") return InstanceRole::kDecode;
-  return InstanceRole::kUnknown;
+InstanceState instance_state(protocol::InstanceRole role) {
+  switch (role) {
+    case protocol::InstanceRole::kColocated: return InstanceState::kColocated;
+    case protocol::InstanceRole::kPrefill: return InstanceState::kPrefill;
+    case protocol::InstanceRole::kDecode: return InstanceState::kDecode;
+  }
+  return InstanceState::kUnknown;
 }
 
-const char* instance_role_name(InstanceRole role) {
-  switch (role) {
-    case InstanceRole::kColocated: return "colocated";
-    case InstanceRole::kPrefill: return "prefill";
-    case InstanceRole::kDecode: return "decode";
-    case InstanceRole::kFailed: return "failed";
-    case InstanceRole::kUnknown: break;
+const char* instance_state_name(InstanceState state) {
+  switch (state) {
+    case InstanceState::kColocated: return "colocated";
+    case InstanceState::kPrefill: return "prefill";
+    case InstanceState::kDecode: return "decode";
+    case InstanceState::kFailed: return "failed";
+    case InstanceState::kUnknown: break;
   }
   return "";
 }
@@ -66,9 +68,9 @@ void InstanceRouter::heard_all(int64_t now_ns) {
   for (View& v : views_) v.last_heard_ns = now_ns;
 }
 
-void InstanceRouter::report_role(int32_t i, InstanceRole role) {
+void InstanceRouter::report_role(int32_t i, protocol::InstanceRole role) {
   View& v = views_[static_cast<size_t>(i)];
-  if (v.role != InstanceRole::kFailed) v.role = role;
+  if (v.state != InstanceState::kFailed) v.state = instance_state(role);
 }
 
 void InstanceRouter::update_loads(int32_t i, std::vector<engine::GroupLoad> loads) {
@@ -96,18 +98,18 @@ double InstanceRouter::load(const View& v) {
 bool InstanceRouter::disaggregated() const {
   bool prefill = false, decode = false;
   for (const View& v : views_) {
-    prefill = prefill || v.role == InstanceRole::kPrefill;
-    decode = decode || v.role == InstanceRole::kDecode;
+    prefill = prefill || v.state == InstanceState::kPrefill;
+    decode = decode || v.state == InstanceState::kDecode;
   }
   return prefill && decode;
 }
 
-int32_t InstanceRouter::pick(InstanceRole role) const {
+int32_t InstanceRouter::pick(InstanceState role) const {
   int32_t best = -1;
   double best_load = 0;
   for (size_t i = 0; i < views_.size(); ++i) {
     const View& v = views_[i];
-    if (v.role != role) continue;
+    if (v.state != role) continue;
     const double l = load(v);
     if (best < 0 || l < best_load) {
       best = static_cast<int32_t>(i);
@@ -117,12 +119,12 @@ int32_t InstanceRouter::pick(InstanceRole role) const {
   return best;
 }
 
-int32_t InstanceRouter::route_among(InstanceRole role, std::span<const int32_t> prompt) const {
+int32_t InstanceRouter::route_among(InstanceState role, std::span<const int32_t> prompt) const {
   std::vector<InstanceCandidate> c;
   std::vector<uint64_t> chain;
   for (size_t i = 0; i < views_.size(); ++i) {
     const View& v = views_[i];
-    if (v.role != role) continue;
+    if (v.state != role) continue;
     if (chain.empty() && !v.loads.empty())
       chain = prompt_block_hashes(prompt, v.loads.front().block_size);
     // Prefills sent and not started count as load before the instance reports them.
@@ -141,7 +143,7 @@ InstanceRoute InstanceRouter::route(std::span<const int32_t> prompt, bool decode
   int32_t to = -1;
   if (decode_phase) {
     r.phase = engine::RequestPhase::kDecode;
-    to = pick(InstanceRole::kDecode);
+    to = pick(InstanceState::kDecode);
     if (to < 0) {
       r.no_decode = true;
       return r;
@@ -149,11 +151,11 @@ InstanceRoute InstanceRouter::route(std::span<const int32_t> prompt, bool decode
   } else if (disaggregated()) {
     r.phase = engine::RequestPhase::kPrefillOnly;
     r.hold = !handoffs_.empty();
-    to = route_among(InstanceRole::kPrefill, prompt);
+    to = route_among(InstanceState::kPrefill, prompt);
   } else {
     r.phase = engine::RequestPhase::kWhole;
-    for (InstanceRole role :
-         {InstanceRole::kColocated, InstanceRole::kDecode, InstanceRole::kPrefill}) {
+    for (InstanceState role :
+         {InstanceState::kColocated, InstanceState::kDecode, InstanceState::kPrefill}) {
       to = route_among(role, prompt);
       if (to >= 0) break;
     }
@@ -179,22 +181,22 @@ void InstanceRouter::end_prefill(PrefillTicket& t) {
 
 bool InstanceRouter::mark_failed(int32_t i) {
   View& failed = views_[static_cast<size_t>(i)];
-  failed.role = InstanceRole::kFailed;
+  failed.state = InstanceState::kFailed;
   failed.loads.clear();
   failed.cached.clear();
   bool any_left = false;
-  for (const View& v : views_) any_left = any_left || v.role != InstanceRole::kFailed;
+  for (const View& v : views_) any_left = any_left || v.state != InstanceState::kFailed;
   return any_left;
 }
 
 bool InstanceRouter::continues_elsewhere(bool decode_phase, bool streamed_since_handoff) const {
-  return decode_phase && !streamed_since_handoff && pick(InstanceRole::kDecode) >= 0;
+  return decode_phase && !streamed_since_handoff && pick(InstanceState::kDecode) >= 0;
 }
 
 std::vector<int32_t> InstanceRouter::silent(int64_t now_ns, int64_t timeout_ns) const {
   std::vector<int32_t> out;
   for (size_t i = 0; i < views_.size(); ++i) {
-    if (views_[i].role != InstanceRole::kFailed && now_ns - views_[i].last_heard_ns > timeout_ns)
+    if (views_[i].state != InstanceState::kFailed && now_ns - views_[i].last_heard_ns > timeout_ns)
       out.push_back(static_cast<int32_t>(i));
   }
   return out;

@@ -39,23 +39,26 @@
 #include <unordered_map>
 #include <vector>
 
-#include "engine/request.h"
+#include "protocol/messages.h"
+#include "protocol/payloads.h"
 #include "serve/instance_routing.h"
 
 namespace xds::serve {
 
-enum class InstanceRole {
-  kUnknown,  // not reported yet (or a role the gateway does not know)
+// An instance as the gateway sees it: the role its shell reports, or not known yet, or taken
+// out.
+enum class InstanceState {
+  kUnknown,  // no role reported yet
   kColocated,
   kPrefill,
   kDecode,
   kFailed,   // taken out by the gateway
 };
 
-// "colocated", "prefill", "decode" -> the role; anything else kUnknown.
-InstanceRole parse_instance_role(std::string_view role);
-// The role's name ("" for kUnknown).
-const char* instance_role_name(InstanceRole role);
+// The state of an instance that reports `role`.
+InstanceState instance_state(protocol::InstanceRole role);
+// The role's name, "failed", or "" for kUnknown.
+const char* instance_state_name(InstanceState state);
 
 // The decode phases waiting for a decode instance with room, in the order they were refused.
 class HandoffQueue {
@@ -98,13 +101,13 @@ class InstanceRouter {
   InstanceRouter(size_t instances, InstanceRoutingPolicy policy);
 
   size_t size() const { return views_.size(); }
-  InstanceRole role(int32_t i) const { return views_[static_cast<size_t>(i)].role; }
+  InstanceState state(int32_t i) const { return views_[static_cast<size_t>(i)].state; }
 
   // A message came from instance i's shell at `now_ns`.
   void heard(int32_t i, int64_t now_ns);
   void heard_all(int64_t now_ns);
   // i reported its role (ignored once it failed).
-  void report_role(int32_t i, InstanceRole role);
+  void report_role(int32_t i, protocol::InstanceRole role);
   // i's load report (engine::merge_load per group).
   void update_loads(int32_t i, std::vector<engine::GroupLoad> loads);
   // i's prefix-cache events: chain hashes added and removed (one count per group).
@@ -119,7 +122,7 @@ class InstanceRouter {
   // Its prefill is over (first token, failure or cancel): uncounted where it was sent.
   void end_prefill(PrefillTicket& t);
 
-  // Takes i out: role kFailed, loads and cached blocks forgotten. True when another instance
+  // Takes i out: kFailed, loads and cached blocks forgotten. True when another instance
   // is left.
   bool mark_failed(int32_t i);
   // A request of a failed instance: true when it continues on another decode instance (a
@@ -138,7 +141,7 @@ class InstanceRouter {
 
  private:
   struct View {
-    InstanceRole role = InstanceRole::kUnknown;
+    InstanceState state = InstanceState::kUnknown;
     int64_t last_heard_ns = 0;
     std::vector<engine::GroupLoad> loads;
     std::unordered_map<uint64_t, int32_t> cached;  // chain hash -> groups holding it
@@ -148,9 +151,9 @@ class InstanceRouter {
   static double load(const View& v);
   bool disaggregated() const;
   // The instance of `role` with the fewest requests per group (-1: none).
-  int32_t pick(InstanceRole role) const;
+  int32_t pick(InstanceState role) const;
   // instance_routing.h's choice among the instances of `role` for `prompt` (-1: none).
-  int32_t route_among(InstanceRole role, std::span<const int32_t> prompt) const;
+  int32_t route_among(InstanceState role, std::span<const int32_t> prompt) const;
 
   InstanceRoutingPolicy policy_;
   std::vector<View> views_;

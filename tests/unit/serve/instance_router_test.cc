@@ -37,20 +37,24 @@ InstanceRoutingPolicy policy(int64_t long_prompt_tokens = 100) {
   return p;
 }
 
-TEST(InstanceRouter, RoleNames) {
-  EXPECT_EQ(parse_instance_role("colocated"), InstanceRole::kColocated);
-  EXPECT_EQ(parse_instance_role("prefill"), InstanceRole::kPrefill);
-  EXPECT_EQ(parse_instance_role("decode"), InstanceRole::kDecode);
-  EXPECT_EQ(parse_instance_role("failed"), InstanceRole::kUnknown);
-  EXPECT_EQ(parse_instance_role(""), InstanceRole::kUnknown);
-  EXPECT_STREQ(instance_role_name(InstanceRole::kPrefill), "prefill");
-  EXPECT_STREQ(instance_role_name(InstanceRole::kFailed), "failed");
-  EXPECT_STREQ(instance_role_name(InstanceRole::kUnknown), "");
+TEST(InstanceRouter, StatesOfTheReportedRoles) {
+  EXPECT_EQ(instance_state(protocol::InstanceRole::kColocated), InstanceState::kColocated);
+  EXPECT_EQ(instance_state(protocol::InstanceRole::kPrefill), InstanceState::kPrefill);
+  EXPECT_EQ(instance_state(protocol::InstanceRole::kDecode), InstanceState::kDecode);
+  EXPECT_STREQ(instance_state_name(InstanceState::kPrefill), "prefill");
+  EXPECT_STREQ(instance_state_name(InstanceState::kFailed), "failed");
+  EXPECT_STREQ(instance_state_name(InstanceState::kUnknown), "");
+  InstanceRouter r(2, InstanceRoutingPolicy{});
+  EXPECT_EQ(r.state(0), InstanceState::kUnknown);
+  r.report_role(0, protocol::InstanceRole::kDecode);
+  EXPECT_EQ(r.state(0), InstanceState::kDecode);
+  r.report_role(0, protocol::InstanceRole::kColocated);  // a later report replaces it
+  EXPECT_EQ(r.state(0), InstanceState::kColocated);
 }
 
 TEST(InstanceRouter, OneInstanceTakesEveryRequestWholeAndCountsNothing) {
   InstanceRouter r(1, policy());
-  r.report_role(0, InstanceRole::kPrefill);
+  r.report_role(0, protocol::InstanceRole::kPrefill);
   const InstanceRoute route = r.route(prompt(10), /*decode_phase=*/true);
   EXPECT_EQ(route.to, 0);
   EXPECT_EQ(route.phase, RequestPhase::kWhole);
@@ -67,7 +71,7 @@ TEST(InstanceRouter, ColocatedInstancesTakeTheLeastLoadedAndZeroBeforeRolesAreKn
   InstanceRoute route = r.route(prompt(10), false);
   EXPECT_EQ(route.to, 0);
   EXPECT_EQ(route.phase, RequestPhase::kWhole);
-  for (int32_t i = 0; i < 3; ++i) r.report_role(i, InstanceRole::kColocated);
+  for (int32_t i = 0; i < 3; ++i) r.report_role(i, protocol::InstanceRole::kColocated);
   // Requests per group: 0 -> (3 + 1) / 1 = 4; 1 -> (1 + 2 + 0 + 1) / 2 = 2;
   // 2 -> (2 + 0 + 1) / 1 = 3 (parked KV counts).
   r.update_loads(0, {group(3, 1)});
@@ -84,7 +88,7 @@ TEST(InstanceRouter, ColocatedInstancesTakeTheLeastLoadedAndZeroBeforeRolesAreKn
 TEST(InstanceRouter, InFlightPrefillsCountAsLoadUntilTheyEnd) {
   InstanceRouter r(2, policy(/*long_prompt_tokens=*/100));
   for (int32_t i = 0; i < 2; ++i) {
-    r.report_role(i, InstanceRole::kColocated);
+    r.report_role(i, protocol::InstanceRole::kColocated);
     r.update_loads(i, {group(1)});
   }
   EXPECT_EQ(r.route(prompt(10), false).to, 0);  // tie: the lower index
@@ -114,7 +118,7 @@ TEST(InstanceRouter, InFlightPrefillsCountAsLoadUntilTheyEnd) {
 
 TEST(InstanceRouter, TheInstanceHoldingThePromptsBlocksWins) {
   InstanceRouter r(2, policy());
-  for (int32_t i = 0; i < 2; ++i) r.report_role(i, InstanceRole::kColocated);
+  for (int32_t i = 0; i < 2; ++i) r.report_role(i, protocol::InstanceRole::kColocated);
   r.update_loads(0, {group(1)});
   r.update_loads(1, {group(2)});
   const std::vector<int32_t> p = prompt(12);  // 3 blocks of 4
@@ -134,10 +138,10 @@ TEST(InstanceRouter, TheInstanceHoldingThePromptsBlocksWins) {
 TEST(InstanceRouter, DisaggregatedPrefillsAndDecodesGoToTheirRoles) {
   // 0 prefill, 1 and 2 decode, 3 colocated.
   InstanceRouter r(4, policy());
-  r.report_role(0, InstanceRole::kPrefill);
-  r.report_role(1, InstanceRole::kDecode);
-  r.report_role(2, InstanceRole::kDecode);
-  r.report_role(3, InstanceRole::kColocated);
+  r.report_role(0, protocol::InstanceRole::kPrefill);
+  r.report_role(1, protocol::InstanceRole::kDecode);
+  r.report_role(2, protocol::InstanceRole::kDecode);
+  r.report_role(3, protocol::InstanceRole::kColocated);
   r.update_loads(0, {group(5)});
   r.update_loads(1, {group(4)});
   r.update_loads(2, {group(1), group(3)});  // 2 per group
@@ -157,17 +161,17 @@ TEST(InstanceRouter, DisaggregatedPrefillsAndDecodesGoToTheirRoles) {
 
 TEST(InstanceRouter, FailoverTakesAnInstanceOutAndWhatIsLeftRunsWholeRequests) {
   InstanceRouter r(2, policy());
-  r.report_role(0, InstanceRole::kPrefill);
-  r.report_role(1, InstanceRole::kDecode);
+  r.report_role(0, protocol::InstanceRole::kPrefill);
+  r.report_role(1, protocol::InstanceRole::kDecode);
   r.update_loads(1, {group(1)});
   r.update_blocks(1, std::vector<uint64_t>{7, 8}, {});
   EXPECT_TRUE(r.continues_elsewhere(/*decode_phase=*/true, /*streamed=*/false));
   EXPECT_FALSE(r.continues_elsewhere(true, /*streamed=*/true));
   EXPECT_FALSE(r.continues_elsewhere(false, false));
   EXPECT_TRUE(r.mark_failed(1));  // 0 is left
-  EXPECT_EQ(r.role(1), InstanceRole::kFailed);
-  r.report_role(1, InstanceRole::kDecode);  // a late report does not bring it back
-  EXPECT_EQ(r.role(1), InstanceRole::kFailed);
+  EXPECT_EQ(r.state(1), InstanceState::kFailed);
+  r.report_role(1, protocol::InstanceRole::kDecode);  // a late report does not bring it back
+  EXPECT_EQ(r.state(1), InstanceState::kFailed);
   EXPECT_TRUE(r.group_loads().empty());
   EXPECT_EQ(r.cached_blocks(), (std::vector<size_t>{0, 0}));
   EXPECT_FALSE(r.continues_elsewhere(true, false));  // no decode instance left
