@@ -1,11 +1,11 @@
-// The gateway's admission queue: the requests an instance refused for now (kRejected: no DP
+// The gateway's admission queue: the requests an instance refused for now (RejectedMsg: no DP
 // group has room) wait here in arrival order, and the head is offered again whenever the
 // instances report new load -- one offer at a time, until the instance answers it.
 //
 //   arrival      accepts_new(): refused (503 + Retry-After) when max_waiting or more wait;
 //                an empty queue always accepts (max_waiting 0 still lets requests through
 //                while nothing waits).
-//   kRejected    defer(id): appended once (a request already waiting keeps its place), or
+//   refused      defer(id): appended once (a request already waiting keeps its place), or
 //                kFull when max_waiting wait; the head's answer ends its offer.
 //   backpressure hold(id): appended without the limit (new prefills wait while decode
 //                handoffs do, instance_router.h).

@@ -70,7 +70,7 @@ struct Gateway::Impl : GatewayHttp::Core {
     int remaining = 1;  // answers still expected (a /health probe asks every instance)
   };
   std::unordered_map<std::string, Probe> probes;  // /health probes and /admin calls in flight
-  std::string failure;  // the instance failed (kFailed): why
+  std::string failure;  // the instance failed (FailedMsg): why
   std::string eplb_metrics;  // the shell's EPLB lines for /metrics (pushed about once a second)
 
   explicit Impl(const GatewayOptions& options)
@@ -100,7 +100,7 @@ struct Gateway::Impl : GatewayHttp::Core {
   void on_message(int from, Message m);
   void on_output(const OutputDelta& d);
   void on_rejected(const protocol::RejectedMsg& m);
-  // kFailed from instance `from`. With one instance: every request in flight or queued fails
+  // A FailedMsg from instance `from`. With one instance: every request in flight or queued fails
   // with 503 and the gateway stops. With several: the instance is out; its requests fail,
   // except decode phases that streamed nothing yet, which go to another decode instance.
   void on_instance_failed(int from, const std::string& why);
@@ -494,7 +494,7 @@ void Gateway::Impl::finish_pending(const std::shared_ptr<Pending>& p,
 void Gateway::Impl::sweep(int64_t& last_heartbeat_ns) {
   if (router.size() > 1) {
     // Heartbeats: an instance silent past --instance-timeout is out (a whole instance killed
-    // at once sends no kFailed).
+    // at once sends no FailedMsg).
     const int64_t now = now_ns();
     if (now - last_heartbeat_ns >= 1'000'000'000) {
       last_heartbeat_ns = now;

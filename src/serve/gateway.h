@@ -47,7 +47,7 @@ struct GatewayOptions {
   // (serve/instance_routing.h).
   int64_t long_prompt_tokens = 2048;
   // Several instances: an instance that answers none of the gateway's heartbeats (a ping a
-  // second) for this long is taken out as failed, as when its shell reports kFailed.
+  // second) for this long is taken out as failed, as when its shell reports a FailedMsg.
   int64_t instance_timeout_s = 30;
   std::string reasoning_parser;   // "" or deepseek_r1 / qwen3
   std::string tool_call_parser;   // "" or deepseek_v3 / qwen3

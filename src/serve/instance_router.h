@@ -3,7 +3,7 @@
 //
 // Per instance: the role its shell reports (colocated, prefill or decode; "failed" once the
 // gateway takes it out), when it was last heard from, its DP groups' last loads, the prompt
-// blocks it holds (kBlocks events), and the prefills sent to it whose first token has not
+// blocks it holds (BlocksMsg events), and the prefills sent to it whose first token has not
 // come back (long and short, for length-aware routing).
 //
 // Placement of a request (route()), with several instances:
@@ -17,11 +17,11 @@
 //   - no instance of the role reported yet: instance 0.
 // With one instance every request goes to it whole.
 //
-// The handoff queue holds decode phases no decode instance could take yet (kRejected); the
+// The handoff queue holds decode phases no decode instance could take yet (RejectedMsg); the
 // KV stays parked on the prefill side meanwhile. Its head is offered again on each load
 // report, one offer at a time; heads no longer alive are dropped.
 //
-// Failover: an instance whose shell reports kFailed, or that answers no heartbeat for the
+// Failover: an instance whose shell reports a FailedMsg, or that answers no heartbeat for the
 // timeout, is out (mark_failed()); of its requests, a decode phase that streamed nothing since
 // its handoff continues on another decode instance, the rest fail.
 //
