@@ -951,7 +951,7 @@ void DpGroup::send_tokens() {
   if (deltas_.empty()) return;
   protocol::TokensMsg m{std::move(deltas_)};
   deltas_.clear();
-  Status st = send_message(output_, m);
+  Status st = send_message(output_, std::move(m));
   if (!st.ok()) XDS_LOG_WARN("DP group {}: {}", fabric_.rank(), st.message());
 }
 
