@@ -332,9 +332,9 @@ void panel_tile_avx512(const Fmt& f, const float* x, int64_t ldx, const typename
 //
 // The block's first tile (Widen) reads the panel columns itself, widens them in registers,
 // stores them to ws and uses them: the loads of the weights (from DRAM, or L2 when
-// prefetched) then overlap that tile's FMAs. A separate widening pass before the tiles had
-// nothing to overlap with and stalled on those loads (a third of the tiles' time in `perf`
-// of the prefill).
+// prefetched) then overlap that tile's FMAs. A separate widening pass before the tiles would
+// have nothing to overlap with and stall on those loads (docs/design/cpu_kernels.md,
+// "Measured and not kept").
 struct Avx512Wide {
   static constexpr int kMaxTokens = kWideTileTokens;
 };
