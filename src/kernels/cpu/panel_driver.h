@@ -245,8 +245,8 @@ void wide_pair(const float* xp, const TokenTiles& tiles, int64_t i0, int64_t i1,
     // columns (4 FP8 ones), 128 lines per tile (BF16), enough for a share from 2 tiles on (a
     // lone tile leaves half the block to the hardware prefetcher; with 8 tiles, up to 3 in 4
     // prefetches find their line already on its way, which costs an instruction each). One
-    // spacing, not two by the share: each spacing is 12 more tile instantiations, and this
-    // file took 150 s to compile under ASan.
+    // spacing, not two by the share: each spacing is 12 more tile instantiations, and the
+    // files that include this one are already slow to compile under ASan.
     const char* next = ke < cols ? reinterpret_cast<const char*>(wp + ke * kPairStride)
                                  : reinterpret_cast<const char*>(panel_ptr<Fmt>(w, p + 2));
     const int64_t next_cols = ke < cols ? std::min(kWideKBlock, cols - ke) : kWideKBlock;
