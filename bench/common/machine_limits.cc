@@ -18,7 +18,7 @@ double median(std::vector<double> v) {
 namespace {
 
 // Sums n floats with 4 AVX2 accumulators. kPrefetch adds a software prefetch 4 KB ahead (one
-// per line), as the weight-streaming kernels do: on some VM states that reads faster than
+// per line), as the weight-streaming kernels do: in some machine states that reads faster than
 // hardware prefetch alone, so the plain loop alone could put the "limit" below the engine.
 template <bool kPrefetch>
 float stream_sum(const float* p, int64_t n) {
@@ -78,8 +78,8 @@ float fma_loop(int64_t iters, float seed) {
 
 #if defined(__AVX512BF16__)
 // The FMA loop's shape with vdpbf16ps (per instruction 16 lanes × 2 products, 64 flops), but
-// 16 chains: its latency needs more in flight than the FMA's (Zen 5, one thread: 493
-// GFLOP/s with 12 chains, 533 with 16, 538 with 24; the FMA loop is level from 12 on).
+// 16 chains: its latency needs more in flight than the FMA's (12 chains fall short, 24 add
+// nothing; the FMA loop is level from 12 on: docs/benchmarks.md).
 constexpr int kDotChains = 16;
 constexpr double kDotLoopFlops = kDotChains * 16 * 2 * 2;
 float bf16_dot_loop(int64_t iters, float seed) {

@@ -31,7 +31,7 @@ double compute_peak_gflops(const MachineLimits& m, const std::string& compute_dt
 MachineLimits measure_machine_limits(ThreadPool& pool, int repeats = 5);
 
 // The higher bandwidth and the higher peak of two measurements (e.g. before and after a
-// row): a roofline built on them cannot be lowered by a moment when the VM was slow.
+// row): a roofline built on them cannot be lowered by a moment when the machine was slow.
 MachineLimits faster_of(const MachineLimits& a, const MachineLimits& b);
 
 double median(std::vector<double> v);

@@ -13,8 +13,8 @@
 // the peak being the fp32 FMA loop's, or with --compute-dtype bf16 the faster of that and the
 // vdpbf16ps loop's (compute_peak_gflops),
 // with bandwidth and peak measured again right before and right after each row, the
-// faster of the two used (the run-start figures are printed too; this VM drifts by ±20 %
-// over minutes, and a slow moment during one measurement must not lower a row's limit).
+// faster of the two used (the run-start figures are printed too; a shared machine's limits
+// drift over minutes, and a slow moment during one measurement must not lower a row's limit).
 // Bytes: every non-expert weight once, plus the routed experts the step actually touched
 // (counted from the routing), plus the latent KV cache of every sequence. FLOPs: 2 per
 // multiply-add of the linear layers actually run (routed experts per token), plus attention;
@@ -165,10 +165,10 @@ void fill_context(const DeepseekV3Config& c, KvCache& cache, int64_t seq, int64_
   }
 }
 
-// The VM's read rate flips between two modes (~45-50 and ~75-83 GB/s) within seconds. A row
-// whose rate before and after differ by more than this ratio may have run in either mode,
-// while its roofline takes the faster: such rows are marked, and the medians also shown
-// without them.
+// A virtual machine's read rate can flip between two modes within seconds (docs/benchmarks.md,
+// "The machine of the runtime benchmarks"). A row whose rate before and after differ by more
+// than this ratio may have run in either mode, while its roofline takes the faster: such rows
+// are marked, and the medians also shown without them.
 constexpr double kReadMovedRatio = 1.2;
 
 bool read_moved(double before, double after) {
@@ -457,7 +457,7 @@ int main(int argc, char** argv) {
     std::string item;
     while (std::getline(ss, item, ',')) {
       const int64_t batch = std::stoll(item);
-      // The machine's limits drift by ±20 % over minutes on a shared VM: each row's roofline
+      // A shared machine's limits drift over minutes: each row's roofline
       // uses the faster of limits measured right before and right after its steps.
       const MachineLimits before = measure_machine_limits(model.pool());
       // --verify: its steps follow the decode steps' positions, K+1 apart.

@@ -60,7 +60,7 @@ constexpr Shape kShapes[] = {{"expert gate/up", 512, 2048},  {"expert down", 204
                              {"dense up", 6144, 2048},       {"lm_head", 32000, 2048}};
 
 // Copies of W so that a call never finds the previous call's W in cache: at least 512 MB
-// of BF16 in all (the L3 of a big Xeon is up to ~300 MB), at least 2.
+// of BF16 in all (beyond the L3 of large server CPUs, up to ~300 MB), at least 2.
 int copies_for(const Shape& s) {
   const double bytes = 2.0 * static_cast<double>(s.rows * s.cols);
   return std::max(2, static_cast<int>(std::ceil(512e6 / bytes)));
@@ -173,7 +173,7 @@ int main(int argc, char** argv) {
   };
   std::vector<Row> rows;
   // The limits before and after the rows, the faster of each (bench::faster_of): a roofline
-  // built on them cannot be lowered by a minute when the VM was slow.
+  // built on them cannot be lowered by a minute when the machine was slow.
   const bench::MachineLimits before = bench::measure_machine_limits(pool);
   std::mt19937 rng(1);
   for (const Shape& s : kShapes) {

@@ -80,7 +80,7 @@ double measure(const Case& c, std::vector<std::byte>& dst,
                const std::function<bool(std::byte*, uint64_t, uint64_t)>& get,
                const std::function<bool()>& flush) {
   // Steady state: one pass over the whole region first. A fresh mapping of the peer's region
-  // (shm) costs a page fault per 4 KB on first touch (~0.5 GB/s here), once per link.
+  // (shm) costs a page fault per 4 KB on first touch (docs/benchmarks.md), once per link.
   for (uint64_t off = 0; off < kRegionBytes; off += 1 << 20) {
     if (!get(dst.data(), off, 1 << 20)) return -1;
   }

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Prints the XCCL vs Open MPI tables and the target checks; writes the merged JSON.
 
-Every figure is shown as median / best (min) over its samples: on a shared 2-core VM the
+Every figure is shown as median / best (min) over its samples: on a shared machine the
 median carries the other tenants' preemptions, the best shows what the code path costs when
 both devices run. Targets are checked on both."""
 import json

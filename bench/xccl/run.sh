@@ -28,8 +28,8 @@ single_copy=$(ompi_info --param btl vader --level 9 2>/dev/null |
 echo "{\"bench\":\"meta\",\"impl\":\"openmpi\",\"version\":\"$(ompi_info --version 2>/dev/null | head -n1)\",\"btl\":\"self,vader\",\"vader_single_copy\":\"${single_copy:-unknown}\"}" >> "$out/mpi.jsonl"
 mpirun --allow-run-as-root -np 2 --bind-to core --map-by core --mca btl self,vader \
   "$build/bench/xccl/xccl_mpi_bench" "$out/mpi.jsonl" $quick
-# 8 B latency in 5 interleaved rounds (xccl, Open MPI, xccl, ...): this VM's cross-core line
-# transfer time changes between process launches, so one pair of runs seconds apart can land
+# 8 B latency in 5 interleaved rounds (xccl, Open MPI, xccl, ...): a virtual machine's
+# cross-core line transfer time can change between process launches, so one pair of runs seconds apart can land
 # in different states; alternating compares both sides under the same ones.
 for round in 1 2 3 4 5; do
   "$build/bench/xccl/xccl_bench" "$out/xccl.jsonl" --quick lat "$round"

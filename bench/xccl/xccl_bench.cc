@@ -26,7 +26,7 @@ using namespace xds::xccl;
 void bench_memcpy(const char* out, bool quick) {
   for (size_t n : p2p_sizes(quick)) {
     ColdPool src(n), dst(n, size_t(64) << 20);
-    // 16 batches; the median batch mean resists the other tenants of this 2-core VM.
+    // 16 batches; the median batch mean resists the other tenants of a shared machine.
     const int per_batch = std::max(1, iterations_for(n, quick) / 16);
     std::vector<double> samples;
     for (int b = 0; b < 17; ++b) {
@@ -43,7 +43,7 @@ void bench_memcpy(const char* out, bool quick) {
 }
 
 // Interleaved latency rounds (run.sh alternates this with the Open MPI one, so both sides
-// meet the same VM state): 8 B send/recv ping-pong only, 20000 round trips, one JSON line.
+// meet the same machine state): 8 B send/recv ping-pong only, 20000 round trips, one JSON line.
 int g_lat_round = 0;
 
 Status lat_device(Fabric& f, const char* out, bool) {

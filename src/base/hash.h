@@ -7,8 +7,8 @@
 namespace xds {
 
 // 64-bit FNV-1a of the bytes of s (prime 1099511628211) from the offset basis
-// 1469598103934665603: the published basis, 14695981039346656037, without its last digit, as
-// the first version had it. Kept so: it names the repack cache files and seeds every tensor
+// 1469598103934665603: the published basis, 14695981039346656037, without its last digit.
+// Kept so: it names the repack cache files and seeds every tensor
 // of the random checkpoints, so changing it would change both. Stable across builds and
 // machines.
 constexpr uint64_t fnv1a64(std::string_view s) {

@@ -2,8 +2,8 @@
 // (madvise MADV_HUGEPAGE: 2 MB pages wherever the kernel's THP mode is "madvise" or
 // "always"), for large buffers read in scattered pieces. The KV cache is one: a decode
 // step at batch 64 reads ~40 MB of cache blocks per layer in 17 KB pieces, far beyond what
-// the TLB covers in 4 KB pages (absorbed attention, one thread, cold: ~67 -> ~60 µs per
-// token with 2 MB pages). Where THP is off the buffer is plain 4 KB pages.
+// the TLB covers in 4 KB pages (cold absorbed attention runs faster with 2 MB pages:
+// docs/benchmarks.md). Where THP is off the buffer is plain 4 KB pages.
 //
 // Every page is written at construction, so the memory is committed then, not at first
 // use (std::bad_alloc when mmap refuses). Movable, not copyable.
@@ -39,9 +39,8 @@ class HugePageBuffer {
 // first touched. On a file mapping this is what makes the page-cache misses read in 2 MB
 // folios (filesystems with large folios: ext4 on Linux 6.x), which the kernel then maps
 // with 2 MB entries in this and every other process that maps the file: the weights stay
-// shared, not copied, and a matrix stream crosses no 4 KB page. bench-2.6b at one token,
-// fp32: routed experts 11.1 -> 8.4 ms a step, the step 26.1-26.4 -> 22.7 ms (slow-read VM
-// minutes, the same binary before and after its weights' cache folios were made 2 MB).
+// shared, not copied, and a matrix stream crosses no 4 KB page (the routed experts of a
+// one-token step gain most: docs/benchmarks.md, "Weights in 2 MB pages").
 // A hint: where THP is off, or pages are already cached in smaller folios (read before by
 // a process that did not ask), they stay as they are.
 void advise_huge_pages(const void* p, size_t bytes);

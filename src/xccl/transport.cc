@@ -24,12 +24,12 @@ std::string_view op_state_name(OpState s) {
 }
 
 // Why not plain memcpy for mid sizes: glibc 2.36 copies 2 KB .. ~1 MB with `rep movsb`, which on
-// this Zen 3 VM runs at ~3 GB/s instead of 40-50 GB/s when (dst - src) mod 4096 is 16 (measured,
-// 8 KB .. 458 KB, warm and cold sources): exactly the case of a heap buffer (malloc's 16-byte
-// header after a page-aligned mmap) pulling from page-aligned staging. An AVX2 loop with
-// unaligned loads and 64-byte aligned stores does not care about the distance and is as fast as
-// the good-alignment memcpy (measured 16 KB .. 4 MB). Small copies and >= 1 MB (where glibc uses
-// its vector loop or non-temporal stores, not rep movsb) stay with memcpy.
+// some CPUs runs an order of magnitude slower when (dst - src) mod 4096 is 16 (docs/
+// benchmarks.md, "XCCL copies"): exactly the case of a heap buffer (malloc's 16-byte header
+// after a page-aligned mmap) pulling from page-aligned staging. An AVX2 loop with unaligned
+// loads and 64-byte aligned stores does not care about the distance and is as fast as the
+// good-alignment memcpy from 16 KB to 4 MB. Small copies and >= 1 MB (where glibc uses its
+// vector loop or non-temporal stores, not rep movsb) stay with memcpy.
 void copy_bytes(void* dst, const void* src, uint64_t n) {
   if (n == 0) return;
 #if defined(__AVX2__)

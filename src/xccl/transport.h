@@ -86,7 +86,7 @@ Result<std::unique_ptr<Transport>> make_transport(std::string_view name, Fabric&
 
 // Copies n bytes; above a threshold uses non-temporal stores (then callers must flush()).
 // Mid sizes (2 KB .. 1 MB) use an AVX2 loop whose speed does not depend on the distance between
-// dst and src (glibc's rep movsb drops to ~3 GB/s at some distances here; transport.cc).
+// dst and src (glibc's rep movsb slows by an order of magnitude at some distances; transport.cc).
 // Pure memory helper shared by the shared-memory transport and the P2P lanes.
 void copy_bytes(void* dst, const void* src, uint64_t n);
 // Store fence that makes non-temporal stores of this thread visible before a release.

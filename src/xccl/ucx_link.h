@@ -74,7 +74,7 @@ struct UcxLinkOptions {
   // Further UCX settings of this link's context: names without "UCX_" and, for a transport's
   // settings, without its prefix: {"TX_SEG_SIZE", "64k"}, {"RX_SEG_SIZE", "64k"} are
   // UCX_TCP_TX/RX_SEG_SIZE (TCP segments of 64 KB instead of 8 KB: fewer fragments per
-  // emulated get, ~2x here; docs/benchmarks.md). The environment's UCX_* apply otherwise.
+  // emulated get; docs/benchmarks.md, "KV transfer"). The environment's UCX_* apply otherwise.
   // UCX checks transport settings only when it opens the transports: a name no transport
   // knows is not an error, UCX prints "invalid configurations" once.
   std::vector<std::pair<std::string, std::string>> ucx_config;

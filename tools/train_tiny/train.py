@@ -14,8 +14,9 @@ import os
 import sys
 import time
 
-# Idle OpenMP threads sleep instead of spinning: on an oversubscribed 2-core machine spinning
-# workers steal the time their partner needs (measured: ~3x faster steps under load).
+# Idle OpenMP threads sleep instead of spinning: on an oversubscribed machine spinning
+# workers steal the time their partner needs (steps run several times faster under load
+# without them: docs/benchmarks.md).
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import numpy as np  # noqa: E402

@@ -41,8 +41,9 @@ import sys
 import time
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # see train.py
-# One OpenMP thread unless told otherwise: on the shared 2-core machine a step's wall time
-# was 5x longer with torch's default pool (torch.set_num_threads(1) alone did not help).
+# One OpenMP thread unless told otherwise: on a shared machine with few cores torch's default
+# pool makes a step's wall time several times longer (torch.set_num_threads(1) alone does not
+# help; docs/benchmarks.md).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import numpy as np  # noqa: E402

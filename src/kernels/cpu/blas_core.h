@@ -1,9 +1,9 @@
 // Which OpenBLAS kernels this process runs, and a correction for CPUs OpenBLAS does not know.
 //
 // OpenBLAS built with DYNAMIC_ARCH (Debian's) picks its kernel set by CPU model when the
-// library loads. Version 0.3.21 (Debian 12) does not know some newer models, e.g. the
-// Sapphire Rapids Xeons of cloud VMs, and falls back to "Prescott": SSE3 kernels, which ran
-// the prefill's attention sgemms 3-4x slower than the AVX-512 ones on such a VM. The
+// library loads. Version 0.3.21 (Debian 12) does not know some newer models, e.g. Sapphire
+// Rapids, and falls back to "Prescott": SSE3 kernels, several times slower than the AVX-512
+// ones on the prefill's attention sgemms (docs/benchmarks.md). The
 // environment variable OPENBLAS_CORETYPE overrides the choice, but it is read only while the
 // library loads, before main(); so main() calls select_blas_core first.
 #pragma once

@@ -234,8 +234,9 @@ void linear_impl(const XT* x, int64_t n, int64_t ldx, const MatrixRef& w, float*
 
 // kPanels16 weights: the threads take chunks of panels (about four per thread) from a shared
 // counter and run the outer-product kernel over each. Dynamic rather than one fixed half
-// per thread: on a shared VM one thread is often slowed for a while, and with fixed halves
-// the other then spun at the end of every linear (~4 % of a batch-16 step in `perf`).
+// per thread: where another process shares a core one thread is often slowed for a while,
+// and with fixed halves the other then spins at the end of every linear (a visible share of
+// a batch-16 step in `perf`: docs/benchmarks.md).
 // Which thread computes a panel changes no result.
 //
 // The chunk size for `panels` panels (whole pairs: even), or 0 when the product
@@ -555,8 +556,8 @@ void matmul_nn_accumulate(const float* x, int64_t n, int64_t ldx, const MatrixRe
   XDS_CHECK(w.layout == MatrixLayout::kRows, "matmul_nn_accumulate: weights must be row-major");
   if (n >= kNnSgemmMinTokens) {
     // W widened to fp32 once per call (a head's W_UK: 128 × 512, 256 KB), then sgemm with
-    // beta = 1: from 16 tokens on the register kernel reaches ~15 GFLOP/s, sgemm several
-    // times that (bench_decode batch 64 profile).
+    // beta = 1: from 16 tokens on sgemm runs several times faster than the register kernel
+    // (docs/benchmarks.md, "Linear layers, row-major and scheduling").
     use_single_threaded_blas();
     const float* wf = static_cast<const float*>(w.data);
     thread_local std::vector<float> wide;

@@ -52,8 +52,8 @@ void linear_f32_group(const float* x, int64_t n, int64_t ldx, std::span<const Li
 
 // bf16 activations (the fast mode's rounding point): x holds bf16 values. BF16 panels on
 // AVX512_BF16 (with the AVX-512 panel ISA): the vdpbf16ps kernel, two columns per
-// instruction (panels_linear_bf16; bench/linear: 1.5-1.9x the fp32 panels from 64 tokens,
-// level at 1-4). Otherwise x is widened exactly to fp32 and the products and sums are as in
+// instruction (panels_linear_bf16; faster than the fp32 panels from 16 tokens, level at one:
+// docs/benchmarks.md, "bench_linear"). Otherwise x is widened exactly to fp32 and the products and sums are as in
 // linear_f32. Either way a token's result does not depend on the other tokens of the call.
 void linear_bf16(const uint16_t* x, int64_t n, int64_t ldx, const MatrixRef& w, float* y,
                  int64_t ldy, ThreadPool& pool);

@@ -89,8 +89,8 @@ void panels_linear_bf16(const uint16_t* x, int64_t n, int64_t ldx, const MatrixR
 // product over threads packs once (pack_token_tiles, tiles split among the threads) and
 // runs panels_linear_packed on each share of the panels. Same sums, same order, same bits.
 // From 128 tokens (panel_driver.h kWideMinTokens) and 256 rows, on AVX-512:
-// packing x costs about one product of x with 16 rows, so a router of 64 rows ran slower on
-// the wide path (its packing of 512 prompt tokens took as long as its FMAs).
+// packing x costs about one product of x with 16 rows, so a router of 64 rows runs slower on
+// the wide path (its packing of 512 prompt tokens takes as long as its FMAs).
 bool wide_path_for(int64_t n, const MatrixRef& w);
 int64_t token_tile_count(int64_t n);
 void pack_token_tiles(const float* x, int64_t n, int64_t ldx, int64_t cols, int64_t tile_begin,

@@ -11,8 +11,8 @@
 // to lane i: the lanes are in the fp32 tiles' order, so their accumulator loads and stores
 // (panel_tiles.h) serve here too. Per two columns a tile of T tokens costs two loads, two
 // permutes and 2 T dot products; the fp32 tile spends four widening instructions and 4 T
-// fused multiply-adds on the same work (where the dot product runs at twice the FMA's
-// rate, as on Zen 4/5).
+// fused multiply-adds on the same work (where the CPU runs the dot product at twice the
+// FMA's rate).
 //
 // Sums: per lane, the pairs in ascending c, each added with the instruction's roundings;
 // the k blocks and token blocks are the same for every n, so a token's result never
@@ -43,15 +43,10 @@ using panel_detail::kLineBytes;
 
 constexpr int kMaxTokens = 12;  // per tile: 12 × 2 panels = 24 accumulators
 // Tokens up to which a pair is read with no software prefetch, the hardware prefetcher
-// alone (the fp32 kernels' rule was the same until the weights went to 2 MB pages:
-// panel_driver.h; here, with 2 MB pages, the prefetch at one token was level: bf16 b1,
-// five alternated pairs, 99.1-99.8 against 99.6-103 % of roofline). When each panel was
-// its own stream this was 4 tokens: one thread on Zen 4, 1 GB of BF16 panels, GB/s with
-// one stream against two panels and the prefetch: 2048 x 512 at 1-4 tokens 31-34 vs 19-20,
-// 512 x 2048 31-24 vs 26-24, 3072 x 768 31-27 vs 23-22. A pair is one stream with or
-// without the prefetch, and on Zen 5 the prefetch won from two tokens: bench-2.6b's batch-4
-// decode in the fast read mode, five alternated pairs, 108-115 tok/s (median 112.9) without
-// it against 117-121 (120.4) with it from two tokens; batch 1 level (60-63 either way).
+// alone. At one token, with the weights in 2 MB pages, the prefetch is level here (the fp32
+// kernels prefetch at every count: panel_driver.h); a pair is one stream with or without
+// the prefetch, and from two tokens the prefetch wins (bench-2.6b's batch-4 decode; docs/
+// benchmarks.md, "Measurements behind choices in the code").
 constexpr int64_t kSingleStreamTokens = 1;
 constexpr int64_t kAheadCols = panel_detail::kPrefetchCols<Bf16Format>;  // a single pass's
 

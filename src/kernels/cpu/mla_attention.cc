@@ -35,8 +35,8 @@ using absorbed_detail::transpose_queries;
 // whatever Ops or R, every score is one FMA per column in the same order (the latent
 // plane, then the rope plane), so the same bits.
 // Every 16 columns it prefetches one line of each of the R rows at `next` (the tile that
-// runs after this one): the cached rows come from DRAM, and hardware prefetch alone left
-// the kernel at ~60 % of its speed.
+// runs after this one): the cached rows come from DRAM, and hardware prefetch alone leaves
+// the kernel well short of its speed (docs/benchmarks.md, "Absorbed MLA attention").
 template <class Ops, int NV, int R>
 void scores_tile(const float* qt, const float* const* rows, const float* const* next, int64_t cols,
                  bool first, float* part) {
@@ -44,8 +44,8 @@ void scores_tile(const float* qt, const float* const* rows, const float* const* 
   using V = typename Ops::V;
   constexpr int kW = NV * Ops::kLanes;
   // One-dimensional accumulator arrays (heads 0-7 in a0, 8-15 in a1 with AVX2), every loop
-  // over r unrolled: GCC then keeps them in registers. With acc[R][NV] it also stored all of
-  // them to the stack on every c (one store per FMA pair; the kernel ran at ~30 % of peak).
+  // over r unrolled: GCC then keeps them in registers. With acc[R][NV] it stores all of
+  // them to the stack on every c (one store per FMA pair, a fraction of the peak).
   V a0[R], a1[R];
   const float* l[R];
 #pragma GCC unroll 12
@@ -112,8 +112,8 @@ namespace {
 // R rows (the rest, < R, in one tile). A tile prefetches the next one's rows; the last tile
 // of each plane the first rows of that plane after the slice (the slice's next rows: ahead()
 // of them; none: its own last row again).
-// Whole latent rows per tile: column blocks of 64 (the queries' block staying in L1) ran
-// ~16 % faster from L2 but ~10 % slower from DRAM, where batch 64 reads them.
+// Whole latent rows per tile: column blocks of 64 (the queries' block staying in L1) run
+// faster from L2 but slower from DRAM, where batch 64 reads them (docs/benchmarks.md).
 template <class Ops, int NV, int R>
 void slice_scores(const float* qt, const SliceRows<float>& slice, int64_t len, int64_t lat,
                   int64_t dr, float* part) {
@@ -222,8 +222,8 @@ bool strided_shape(const LatentKvView& kv) {
 #endif
 
 // The scores of a group of nh heads whose transposed queries are kw (8 or 16) wide. 12
-// accumulators per tile: with 8 (AVX2, R = 4) the FMA chains left the kernel at ~55 % of
-// peak. AVX-512 holds 16 heads in one register.
+// accumulators per tile: with 8 (AVX2, R = 4) the FMA chains leave the kernel far from its
+// peak (docs/benchmarks.md). AVX-512 holds 16 heads in one register.
 void group_scores(const float* qt, int64_t kw, const LatentKvView& kv,
                   const SliceRows<float>& slice, int64_t len, float* sc) {
   const int64_t lat = kv.latent_dim, dr = kv.rope_dim;
@@ -305,9 +305,8 @@ void pv_slice(const float* p, int64_t kw, int64_t nh, const float* const* rows, 
   // 48 columns × up to 8 heads (24 + 3 of 32 registers; 16 heads as 8 + 8): per row three
   // latent loads and 8 broadcasts for 24 FMAs; 32 columns × 8 heads (two loads and 8
   // broadcasts for 16 FMAs) where 48 do not fit, and 16 columns × 16 heads for a last 16.
-  // 48 columns against 32 at C = 512 (480 + 32): 8.0 → 7.6 µs for 128 rows from L2 (hot
-  // single-thread harness, 262 → 275 GFLOP/s); 16 × 16 (one load, 16 broadcasts) ran ~7 %
-  // slower than 32 × 8 from L2.
+  // At C = 512 (480 + 32) 48 columns run faster than 32 from L2, and 16 × 16 (one load, 16
+  // broadcasts) slower than 32 × 8 (docs/benchmarks.md, "Absorbed MLA attention").
   if (panel_isa() == PanelIsa::kAvx512) {
     const int64_t lat32 = lat16 / 32 * 32, lat48 = lat32 / 48 * 48;
     pv_columns<Avx512Ops, 8, 3>(p, kw, nh, rows, len, 0, lat48, first, out, ldo);
@@ -422,8 +421,8 @@ void attend_group(const AbsorbedGroup& g) {
   alignas(64) float sc[kAbsorbedSliceRows * 16];  // the slice's scores, then p: [len][kw]
   // Each scores tile prefetches the next tile's rows; the last one the first rows of the
   // next slice (of the thread's next call after the last slice). Prefetching a whole slice
-  // ahead, spread over the scores and p·latent as the bf16 products do, ran 20 % slower
-  // cold (bench_attention, 64 sequences, both 16- and 9-line bursts).
+  // ahead, spread over the scores and p·latent as the bf16 products do, is slower cold here
+  // (bench_attention; docs/benchmarks.md, "Absorbed MLA attention").
   SliceRows<float> slice(kv, kv.latent, kv.rope, g.s_begin, g.s_end, g.next);
   for (int64_t s0 = g.s_begin; s0 < g.s_end; s0 += slice.slice_rows(), slice.advance()) {
     const int64_t s1 = std::min(g.s_end, s0 + slice.slice_rows()), len = s1 - s0;

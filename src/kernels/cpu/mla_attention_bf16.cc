@@ -12,9 +12,9 @@
 // converted once, straight from int8 (sign extended, converted, × the row's scale, rounded
 // to nearest even: the bits of dequantize_int8_kv_rows then kv_row_to_bf16, the rows the
 // tests' reference takes), its rope part from its plane, with the same next-slice prefetch
-// over the int8 rows and their scales. This replaced dequantizing 512-row chunks into a
-// compact bf16 copy attended and folded chunk by chunk (mla_attention_int8.cc, now only the
-// fp32 products'): that copy's write and re-read made the INT8 cache slower than a bf16 one
+// over the int8 rows and their scales. Dequantizing 512-row chunks into a compact bf16 copy
+// attended and folded chunk by chunk (mla_attention_int8.cc, the fp32 products' path) costs
+// that copy's write and re-read, which makes the INT8 cache slower than a bf16 one
 // (docs/benchmarks.md). Converting the raw int8 values instead (exact in bf16) and putting
 // the scale on each row's score and p would round once (p · scale) where this rounds twice
 // (p, and q · scale), but departs from the reference's rounded rows by up to twice the bf16
@@ -188,8 +188,8 @@ void bf16_pv_tile16(const uint32_t* pp, const uint16_t* const* rows, int64_t pai
 // 128-bit lane, so that the accumulators hold the columns in the order
 //   lo: c0 + {0-3, 8-11, 16-19, 24-27},  hi: c0 + {4-7, 12-15, 20-23, 28-31}
 // (out is permuted into that order on load and back on store, once per tile). The per-pair
-// vpermt2w of the 16-column form (two per row pair and 8 heads, with masked loads) held the
-// p·latent loop at ~67 % of the bf16 peak from L2; this one runs ~10 % faster. Each column's
+// vpermt2w of the 16-column form (two per row pair and 8 heads, with masked loads) holds the
+// p·latent loop further from the bf16 peak from L2 (docs/benchmarks.md). Each column's
 // sum is the same vdpbf16ps chain in ascending s: the same bits.
 template <int H, class Prefetch>
 void bf16_pv_tile32(const uint32_t* pp, const uint16_t* const* rows, int64_t pairs, int64_t c0,
@@ -234,8 +234,8 @@ void bf16_pv_tile32(const uint32_t* pp, const uint16_t* const* rows, int64_t pai
   }
 }
 
-// Rows per scores tile: 16 accumulators (vdpbf16ps needs more than 12 in flight: 12 left it
-// ~8 % short of peak in a register loop), one block of 16 cache rows.
+// Rows per scores tile: 16 accumulators (vdpbf16ps needs more than 12 in flight to reach
+// its peak in a register loop: docs/benchmarks.md), one block of 16 cache rows.
 constexpr int kBf16ScoreRows = 16;
 
 // A slice's rows as the bf16 kernels read them. bf16 planes with even latent and rope

@@ -76,11 +76,11 @@ void gather_row_pointers(const LatentKvView& kv, const L* latent_plane, const R*
 // Software prefetch of the next slice's rows, one row per step() (in bursts of at most
 // kMaxBurst lines: fp32 rows go in two steps), spread over the current slice's scores and
 // p·latent loops (which read bf16 rows from L1/L2): the cached rows' memory latency then
-// overlaps that compute. Converting a slice that nothing had fetched stalled on memory for
-// ~45 % of the kernel's time (64 tokens × 513 rows × 12 layers). A line per step, every
-// column pair, cost the scores loop ~10 instructions of bookkeeping per 16 vdpbf16ps (hot
-// kernel 57.7 against 50.5 µs a call); a whole fp32 row (37 lines) in one burst slowed the
-// fp32 planes' cold runs by ~20 %. L, R: the latent and rope planes' elements; an INT8
+// overlaps that compute (a slice that nothing fetched stalls the conversion on memory for a
+// large share of the kernel's time). A line per step, every column pair, would cost the
+// scores loop ~10 instructions of bookkeeping per 16 vdpbf16ps; a whole fp32 row (37 lines)
+// in one burst slows the fp32 planes' cold runs (docs/benchmarks.md, "Absorbed MLA
+// attention"). L, R: the latent and rope planes' elements; an INT8
 // latent's rows also fetch the line of their scale (one line per 16 rows of a block: the
 // repeats hit L1).
 template <typename L, typename R = L>

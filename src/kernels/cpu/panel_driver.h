@@ -24,23 +24,19 @@ template <class Fmt>
 inline constexpr int kPairColumnsPerLine = static_cast<int>(kLineBytes / (2 * Fmt::kColumnBytes));
 
 // Software prefetch distance along a pair for a single pass: 8 KB ahead, a line per line of
-// columns; it runs on into the next pair, which is what is read next. A cold two-thread A/B
-// of 64-256 BF16 columns against none gave +10-25 % at 1, 3 and 6 tokens (when each panel
-// was its own stream, 4 KB ahead in each). On the pair's one stream 4 KB ahead fell behind
-// the two streams at 2-4 tokens on long panels (one thread, 2048 columns: 77-83 % of the
-// read rate against 86-91 %); 8 KB, the same bytes in flight as before, ran 80-94 %.
+// columns; it runs on into the next pair, which is what is read next. Cold weights read
+// faster with the prefetch than without at 1, 3 and 6 tokens; on the pair's one stream 4 KB
+// ahead falls behind two separate panel streams at 2-4 tokens on long panels, and 8 KB (the
+// bytes in flight of two 4 KB streams) catches up (docs/benchmarks.md, "Measurements behind
+// choices in the code").
 template <class Fmt>
 inline constexpr int64_t kPrefetchCols = 8192 / (2 * Fmt::kColumnBytes);
 
-// No token count reads its pairs without the software prefetch any more. Up to the
-// seventeenth session one token (and two, on panels of at most 768 columns) read them on the
-// hardware prefetcher alone: with the weights in 4 KB pages that streamed faster (on Zen 4
-// one thread at one token, 1 GB of BF16 panels: 28-30 GB/s against 20-26 with the 4 KB
-// prefetch of the time; docs/design/cpu_kernels.md "One stream at one token"). With the
-// weights in 2 MB pages (advise_huge_pages) the prefetch wins there too: bench-2.6b fp32,
-// fast-read minutes, b1 steps 15.7/15.7/16.2/16.1 ms against 16.4/16.7/17.6 without it;
-// b2, slow-read, four pairs 31.4-32.6 against 32.2-38.0. The sums are the same either way.
-// (The bf16 dot kernel keeps its own rule: linear_panels_dot.cc, level at one token.)
+// Every token count reads its pairs with the software prefetch. With the weights in 4 KB
+// pages one token streams faster on the hardware prefetcher alone; with the weights in 2 MB
+// pages (advise_huge_pages) the prefetch wins at one and two tokens too (docs/benchmarks.md,
+// "Measurements behind choices in the code"). The sums are the same either way. (The bf16
+// dot kernel keeps its own rule: linear_panels_dot.cc, kSingleStreamTokens.)
 
 // Panel p's column 0 (p + 1 follows at + 16 when p is even: the pair's other half).
 template <class Fmt>
@@ -96,8 +92,8 @@ void spaced_tile(const BlockPrefetch& bp, int64_t pass, const Fmt& f, int tb, co
 // Only the first pass of a block reads it from memory, the others find it in L1, so the
 // next block's lines are prefetched in equal shares by all the block's passes: the memory
 // stream keeps flowing while the later passes compute. (Prefetching from the first pass
-// only left memory idle during the others: at batch 64 the experts' time was close to
-// their compute time plus their memory time.)
+// only leaves memory idle during the others: at batch 64 the experts' time then comes close
+// to their compute time plus their memory time.)
 template <class Isa, class Fmt>
 void panel_group(const float* x, int64_t n, int64_t ldx, const MatrixRef& w, int64_t p, float* acc,
                  int64_t ldacc) {
@@ -155,9 +151,9 @@ void pair_by_halves(const float* x, int64_t n, int64_t ldx, const MatrixRef& w, 
 
 // The pair [p, p + 2) for all n tokens into acc [n][32]: panel_group on the pair, or its panels one
 // per tile where the instruction set's two-panel tile takes too few tokens (AVX2 above 3:
-// its 16 registers hold 6 tokens of one panel, 3 of two: pair_by_halves). AVX2, three
-// tokens on two panels against one: 56.7/57.2/57.7 % vs 53.7/50.6/54.5 % of the batch-16
-// roofline in three interleaved pairs (19:03 UTC, 2026-12-02).
+// its 16 registers hold 6 tokens of one panel, 3 of two: pair_by_halves). At three tokens
+// two panels reach more of the batch-16 roofline than one (docs/benchmarks.md,
+// "Measurements behind choices in the code").
 template <class Isa, class Fmt>
 void pair_product(const float* x, int64_t n, int64_t ldx, const MatrixRef& w, int64_t p, float* acc,
                   int64_t ldacc) {
@@ -217,9 +213,9 @@ struct TokenTiles {
 
 // Tokens and rows from which the AVX-512 kernel widens each weight block once for all the
 // token tiles (panel_tiles.h, wide path) instead of once per tile: prompt-sized products.
-// The narrow tile's widening costs little (~93 % of a core from 6 tokens), and below ~128
-// tokens the narrow passes were level or faster; at 512 the wide path still wins
-// (measurements: docs/design/cpu_kernels.md, "The wide path").
+// The narrow tile's widening costs little (it runs close to a core's fp32 peak from 6
+// tokens), and below ~128 tokens the narrow passes are level or faster; at 512 the wide path
+// still wins (docs/design/cpu_kernels.md, "The wide path"; docs/benchmarks.md).
 inline constexpr int64_t kWideMinTokens = 128;
 inline constexpr int64_t kWideMinRows = 256;
 
@@ -229,9 +225,9 @@ inline constexpr int64_t kWideKBlock =
 // Tokens per block of the wide path: their packed rows (~768 KB) stay in L2 while the block
 // runs over all the call's panels, so each x element is read from L2 once per panel pair;
 // but at least 8 tiles, so that a widened block serves 96 tokens (at 6144 columns 768 KB
-// were 2 tiles, and the widening cost a fifth of the tiles' time; with 8 the packed rows
-// spill to L3, which streams them fast enough: one-thread 256 x 6144, 96 tokens, 109 ->
-// 125 GFLOP/s).
+// are 2 tiles, and the widening would cost a fifth of the tiles' time; with 8 the packed
+// rows spill to L3, which streams them fast enough: docs/benchmarks.md, "Measurements behind
+// choices in the code").
 inline constexpr int64_t kWideXBytes = 768 * 1024;
 inline constexpr int64_t kWideMinTilesPerBlock = 8;
 
@@ -249,8 +245,8 @@ void wide_pair(const float* xp, const TokenTiles& tiles, int64_t i0, int64_t i1,
     // columns (4 FP8 ones), 128 lines per tile (BF16), enough for a share from 2 tiles on (a
     // lone tile leaves half the block to the hardware prefetcher; with 8 tiles, up to 3 in 4
     // prefetches find their line already on its way, which costs an instruction each). One
-    // spacing, not two by the share: each spacing is 12 more tile instantiations, and this
-    // file took 150 s to compile under ASan.
+    // spacing, not two by the share: each spacing is 12 more tile instantiations, and the
+    // files that include this one are already slow to compile under ASan.
     const char* next = ke < cols ? reinterpret_cast<const char*>(wp + ke * kPairStride)
                                  : reinterpret_cast<const char*>(panel_ptr<Fmt>(w, p + 2));
     const int64_t next_cols = ke < cols ? std::min(kWideKBlock, cols - ke) : kWideKBlock;

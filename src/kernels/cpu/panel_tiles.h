@@ -64,10 +64,10 @@ struct F16Format : Unscaled16<F16Format> {};
 // mantissa bits placed in an fp16's sign and bits 7-13 are its value times 2^-8 (exponent
 // biases 7 and 15; a subnormal lands on an fp16 subnormal), converted exactly to fp32
 // (vcvtph2ps, a normal fp32 whatever the element), and the stored scale carries the 2^8
-// back: one rounding, the dequantized weight's. (Placing the bits straight into an fp32 made
-// subnormal elements fp32 subnormals, and a multiply with one took a microcode assist:
-// with 1 % of such bytes a column cost 7x.) 0x7f/0xff (NaN) are refused when the panels are
-// written.
+// back: one rounding, the dequantized weight's. (Placing the bits straight into an fp32
+// would make subnormal elements fp32 subnormals, and a multiply with one takes a microcode
+// assist: a few such bytes slow a column several times, docs/benchmarks.md.) 0x7f/0xff (NaN)
+// are refused when the panels are written.
 struct Fp8Format {
   using Elem = uint8_t;
   static constexpr int64_t kColumnBytes = kPanelRows;
@@ -210,17 +210,12 @@ void panel_tile_avx2(const Fmt& f, const float* x, int64_t ldx, const typename F
 #if defined(__AVX512F__)
 inline constexpr bool kHaveAvx512 = true;
 
-// One panel: up to 8 tokens (12 = 6 + 6 in two passes ran 150-160 GFLOP/s against 120-135
-// in one pass of 12, 2026-12-03, but then the token loop below was unrolled only 8 times, so
-// from 9 tokens the accumulators lived in memory; since panel pairs, AVX-512 always takes
-// both panels of a pair, and one panel is only the AVX2 tile's). Two panels: up to 12
-// tokens in one pass (24 accumulators,
-// 2 widened columns, a broadcast), more in passes of up to 12 over k blocks
-// (kTwoPanelPasses, panel_driver.h). One expert's MLP on one thread, cold weights, two
-// threads (scratch harness, 2026-12-04): 9 tokens 24 -> 33 GB/s of weights, 12 tokens 19 ->
-// 29 GB/s (81 % of a core's fp32 peak), 13 tokens 19 -> 23 GB/s, against 8 then 12 tokens on
-// one panel; bench-2.6b's batch-64 routing over 11 layers, 10 alternated pairs: median
-// 113 vs 125 ms.
+// One panel: up to 8 tokens (AVX-512 always takes both panels of a pair; one panel is only
+// the AVX2 tile's). Two panels: up to 12 tokens in one pass (24 accumulators, 2 widened
+// columns, a broadcast), more in passes of up to 12 over k blocks (kTwoPanelPasses,
+// panel_driver.h). Two panels of 9-13 tokens stream an expert's weights faster than 8, then
+// 12, tokens on one panel, and bench-2.6b's batch-64 routed experts run faster for it
+// (docs/benchmarks.md, "Measurements behind choices in the code").
 struct Avx512 {
   static constexpr int kMaxTokens = 8;
   static constexpr int kMaxTokensTwoPanels = 12;
@@ -261,10 +256,9 @@ __attribute__((always_inline)) inline __m512 widen_column(const Fp8Format&, cons
 // With `first` (the tile's first k block: nothing is read from y) the lines the tile will
 // store are prefetched for writing: an output buffer is mostly cold when a layer's linear
 // starts (the experts streamed hundreds of MB through the caches since its last use), and
-// the tiles' stores of 64-128 bytes per token row, rows kilobytes apart, each waited on its
-// line's read for ownership. bench_decode --batches 64 --compute-dtype bf16, four alternated
-// pairs: every linear phase 0.3-1.0 ms per step faster (W_UK, whose rows are 32 KB apart,
-// 4.1-4.4 -> 3.1-3.6 ms), 1.3-4.8 ms per step in all (docs/design/cpu_kernels.md).
+// the tiles' stores of 64-128 bytes per token row, rows kilobytes apart, would each wait on
+// its line's read for ownership. Every linear phase of a batch-64 step gains, W_UK (rows 32
+// KB apart) the most (docs/design/cpu_kernels.md; docs/benchmarks.md).
 template <int T, int P>
 __attribute__((always_inline)) inline void load_accumulators(__m512 (&a0)[T], __m512 (&a1)[T],
                                                              const float* y, int64_t ldy,
@@ -338,9 +332,9 @@ void panel_tile_avx512(const Fmt& f, const float* x, int64_t ldx, const typename
 //
 // The block's first tile (Widen) reads the panel columns itself, widens them in registers,
 // stores them to ws and uses them: the loads of the weights (from DRAM, or L2 when
-// prefetched) then overlap that tile's FMAs. A separate widening pass before the tiles had
-// nothing to overlap with and stalled on those loads (a third of the tiles' time in `perf`
-// of the prefill).
+// prefetched) then overlap that tile's FMAs. A separate widening pass before the tiles would
+// have nothing to overlap with and stall on those loads (docs/design/cpu_kernels.md,
+// "Measured and not kept").
 struct Avx512Wide {
   static constexpr int kMaxTokens = kWideTileTokens;
 };
