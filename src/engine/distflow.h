@@ -51,7 +51,7 @@
 #include <vector>
 
 #include "base/status.h"
-#include "engine/request.h"
+#include "protocol/payloads.h"
 #include "model/causal_lm.h"
 #include "model/kv_storage.h"
 #include "xccl/link.h"

@@ -21,14 +21,18 @@
 #include "engine/handoff_stage.h"
 #include "engine/speculative_stage.h"
 #include "engine/step_sync.h"
-#include "engine/zmq_io.h"
 #include "model/registry.h"
+#include "protocol/messages.h"
+#include "protocol/zmq_io.h"
 #include "xccl/fabric.h"
 #include "xccl/mailbox.h"
 #include "xccl/transport.h"
 
 namespace xds::engine {
 namespace {
+
+using protocol::recv_message;
+using protocol::send_message;
 
 constexpr int64_t kLoadPeriodNs = 20'000'000;  // a kLoad to the shell at most every 20 ms
 constexpr int64_t kExpertLoadPeriodNs = 1'000'000'000;  // expert counts in it about every 1 s
@@ -108,6 +112,8 @@ class DpGroup {
   bool has_work() const { return core_->has_work() || !handoff_->pool_empty(); }
   // DistFlow, every loop (HandoffStage::service); a load report when a transfer ended.
   Status service_distflow();
+  // Releases the requests whose choices all ended; the shell forgets which group holds them.
+  void release_finished();
   // The step's header, exchanged with the other groups (or decided alone).
   Result<StepDecision> decide(uint64_t step);
   // Sleeps until the shell wakes every group with a sequence number nobody had seen.
@@ -231,7 +237,7 @@ void DpGroup::answer_heartbeats() {
       continue;
     }
     if (!m->has_value()) return;
-    if ((*m)->kind == MessageKind::kPing) {
+    if (std::holds_alternative<protocol::PingMsg>(**m)) {
       on_message(std::move(**m));
     } else {
       held_.push_back(std::move(**m));
@@ -240,33 +246,24 @@ void DpGroup::answer_heartbeats() {
 }
 
 void DpGroup::on_message(Message m) {
-  switch (m.kind) {
-    case MessageKind::kRequest:
-      if (m.request) add_request(std::move(*m.request));
-      break;
-    case MessageKind::kCancel:
-      cancel(m.request_id, m.index);
-      break;
-    case MessageKind::kWake:
-      wake_seen_ = std::max(wake_seen_, m.seq);
-      break;
-    case MessageKind::kPing: {
-      Message pong;
-      pong.kind = MessageKind::kPong;
-      pong.seq = m.seq;
-      pong.group = fabric_.rank();
-      (void)send_message(shell_, pong);
-      break;
-    }
-    case MessageKind::kShutdown:
-      draining_ = true;
-      break;
-    case MessageKind::kEplb:
-      if (eplb_ && m.eplb) report_eplb(eplb_->on_command(*m.eplb, fabric_.rank()));
-      break;
-    default:
-      XDS_LOG_WARN("DP group {}: unexpected message kind {}", fabric_.rank(),
-                   static_cast<int>(m.kind));
+  if (auto* r = std::get_if<protocol::RequestMsg>(&m)) {
+    add_request(std::move(r->request));
+  } else if (const auto* c = std::get_if<protocol::CancelMsg>(&m)) {
+    cancel(c->request_id, c->index);
+  } else if (const auto* w = std::get_if<protocol::WakeMsg>(&m)) {
+    wake_seen_ = std::max(wake_seen_, w->seq);
+  } else if (const auto* ping = std::get_if<protocol::PingMsg>(&m)) {
+    protocol::PongMsg pong;
+    pong.seq = ping->seq;
+    pong.group = fabric_.rank();
+    (void)send_message(shell_, pong);
+  } else if (std::holds_alternative<protocol::ShutdownMsg>(m)) {
+    draining_ = true;
+  } else if (const auto* e = std::get_if<protocol::EplbCommandMsg>(&m)) {
+    if (eplb_) report_eplb(eplb_->on_command(e->command, fabric_.rank()));
+  } else {
+    XDS_LOG_WARN("DP group {}: unexpected {} message", fabric_.rank(),
+                 protocol::kind_name(protocol::kind_of(m)));
   }
 }
 
@@ -278,10 +275,8 @@ void DpGroup::add_request(EngineRequest r) {
   }
   // The output process learns the request's output options (stop strings, parsers, where to
   // stream) before its first token.
-  Message fwd;
-  fwd.kind = MessageKind::kRequest;
-  fwd.request = r;
-  fwd.request->prompt.clear();
+  protocol::RequestMsg fwd{r};
+  fwd.request.prompt.clear();
   Status st = send_message(output_, fwd);
   if (!st.ok()) XDS_LOG_WARN("DP group {}: {}", fabric_.rank(), st.message());
   Status added = core_->add_request(std::move(r));
@@ -293,6 +288,13 @@ void DpGroup::cancel(const std::string& id, int32_t index) {
   core_->cancel(id, index);
 }
 
+void DpGroup::release_finished() {
+  protocol::EndedMsg ended;
+  ended.group = fabric_.rank();
+  core_->table().release_finished(&ended.request_ids);
+  if (!ended.request_ids.empty()) (void)send_message(shell_, ended);
+}
+
 Status DpGroup::service_distflow() {
   bool ended = false;
   XDS_RETURN_IF_ERROR(handoff_->service(&ended));
@@ -302,31 +304,22 @@ Status DpGroup::service_distflow() {
 
 void DpGroup::send_tokens() {
   if (core_->deltas().empty()) return;
-  Message m;
-  m.kind = MessageKind::kTokens;
-  m.tokens = std::move(core_->deltas());
+  protocol::TokensMsg m{std::move(core_->deltas())};
   core_->deltas().clear();
-  Status st = send_message(output_, m);
+  Status st = send_message(output_, std::move(m));
   if (!st.ok()) XDS_LOG_WARN("DP group {}: {}", fabric_.rank(), st.message());
 }
 
 void DpGroup::send_cache_events() {
   core_->kv().take_cache_events(cache_events_);
   if (cache_events_.added.empty() && cache_events_.removed.empty()) return;
-  Message m;
-  m.kind = MessageKind::kBlocks;
-  m.group = fabric_.rank();
-  m.blocks_added = cache_events_.added;
-  m.blocks_removed = cache_events_.removed;
+  const protocol::BlocksMsg m{fabric_.rank(), cache_events_.added, cache_events_.removed};
   (void)send_message(shell_, m, /*dontwait=*/true);
 }
 
 void DpGroup::report_eplb(std::optional<EplbReport> r) {
   if (!r) return;
-  Message m;
-  m.kind = MessageKind::kEplb;
-  m.group = fabric_.rank();
-  m.eplb_report = std::move(*r);
+  const protocol::EplbReportMsg m{std::move(*r)};
   Status st = send_message(shell_, m);
   if (!st.ok()) XDS_LOG_WARN("DP group {}: {}", fabric_.rank(), st.message());
 }
@@ -381,9 +374,7 @@ void DpGroup::send_load(bool force) {
     l.moe_ns = t.dispatch_ns + t.experts_ns + t.combine_ns;
   }
   if (eplb_) eplb_->fill_window(now, /*force=*/false, l);
-  Message m;
-  m.kind = MessageKind::kLoad;
-  m.group = fabric_.rank();
+  protocol::LoadMsg m;
   m.loads.push_back(l);
   (void)send_message(shell_, m, /*dontwait=*/true);
 }
@@ -440,15 +431,14 @@ Status DpGroup::sleep(const StepDecision& decision) {
   while (wake_seen_ <= wake_slept_ && !draining_) {
     XDS_RETURN_IF_ERROR(poll_control(-1));
     XDS_RETURN_IF_ERROR(service_distflow());
-    core_->table().release_finished();
+    release_finished();
     send_tokens();  // cancellations of waiting requests
     if (!sync_ && has_work()) break;
     if (sync_ && has_work() && !asked) {
       // A request that arrived after the header exchange, whose wake another group had
       // already seen there (the sockets of different groups are not ordered): ask the
       // shell for a newer wake, which reaches every group.
-      Message w;
-      w.kind = MessageKind::kWake;
+      protocol::WakeMsg w;
       w.group = fabric_.rank();
       (void)send_message(shell_, w);
       asked = true;
@@ -462,7 +452,7 @@ Status DpGroup::run() {
   while (true) {
     XDS_RETURN_IF_ERROR(poll_control(0));
     XDS_RETURN_IF_ERROR(service_distflow());
-    core_->table().release_finished();
+    release_finished();
     if (has_work()) {
       XDS_RETURN_IF_ERROR(core_->plan());
       // Handoffs the plan admits are pulled whatever the step does (their blocks are
@@ -475,9 +465,7 @@ Status DpGroup::run() {
         return aborted("DP group {}: the instance's step {} was aborted", fabric_.rank(), step);
       case StepAction::kStop: {
         send_tokens();
-        Message bye;
-        bye.kind = MessageKind::kShutdown;
-        (void)send_message(output_, bye);
+        (void)send_message(output_, protocol::ShutdownMsg{});
         return {};
       }
       case StepAction::kSleep:

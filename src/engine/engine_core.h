@@ -20,7 +20,7 @@
 
 #include "base/status.h"
 #include "engine/kv_manager.h"
-#include "engine/request.h"
+#include "protocol/payloads.h"
 #include "engine/request_table.h"
 #include "engine/sampler.h"
 #include "engine/scheduler.h"

@@ -45,11 +45,11 @@ std::optional<EplbReport> EplbAgent::on_command(const EplbCommand& c, int32_t gr
   EplbReport r;
   r.group = group;
   r.version = c.version;
-  switch (static_cast<EplbOp>(c.op)) {
+  switch (c.op) {
     case EplbOp::kPrepare: {
       auto fail = [&](const Status& st) {
         drop_pending();
-        r.state = int32_t(EplbState::kFailed);
+        r.state = EplbState::kFailed;
         r.error = st.to_string();
         XDS_LOG_WARN("DP group {}: EPLB map v{} not prepared: {}", group, c.version, r.error);
         return r;
@@ -94,7 +94,7 @@ std::optional<EplbReport> EplbAgent::on_command(const EplbCommand& c, int32_t gr
       final_ = std::move(*fin);
       version_ = c.version;
       phase_ = Phase::kPrepared;
-      r.state = int32_t(EplbState::kPrepared);
+      r.state = EplbState::kPrepared;
       return r;
     }
     case EplbOp::kCommit:
@@ -109,13 +109,13 @@ std::optional<EplbReport> EplbAgent::on_command(const EplbCommand& c, int32_t gr
     case EplbOp::kAbort:
       if (phase_ == Phase::kPrepared && c.version == version_) drop_pending();
       if (phase_ == Phase::kIdle) {
-        r.state = int32_t(EplbState::kAborted);
+        r.state = EplbState::kAborted;
         return r;
       }
       XDS_LOG_WARN("DP group {}: EPLB abort of v{} after commit ignored", group, c.version);
       return std::nullopt;
   }
-  XDS_LOG_WARN("DP group {}: unknown EPLB op {}", group, c.op);
+  XDS_LOG_WARN("DP group {}: unknown EPLB op {}", group, static_cast<int>(c.op));
   return std::nullopt;
 }
 
@@ -149,7 +149,7 @@ Result<std::optional<EplbReport>> EplbAgent::at_step_boundary(uint64_t agreed, u
     EplbReport r;
     r.group = group;
     r.version = version_;
-    r.state = int32_t(EplbState::kSwitched);
+    r.state = EplbState::kSwitched;
     r.disable_step = disable_step_;
     r.switch_step = step;
     r.loaded_bytes = loaded_bytes_;

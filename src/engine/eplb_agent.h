@@ -40,7 +40,7 @@
 #include "base/status.h"
 #include "engine/ep_moe_exchange.h"
 #include "engine/expert_slots.h"
-#include "engine/request.h"
+#include "protocol/payloads.h"
 #include "model/causal_lm.h"
 
 namespace xds::engine {

@@ -23,7 +23,7 @@
 #include "base/status.h"
 #include "engine/distflow.h"
 #include "engine/engine_core.h"
-#include "engine/request.h"
+#include "protocol/payloads.h"
 #include "engine/step_sync.h"
 
 namespace xds::engine {

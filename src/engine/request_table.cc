@@ -58,7 +58,7 @@ Sequence* RequestTable::find(int64_t seq) {
 
 Status RequestTable::add(EngineRequest r) {
   if (requests_.count(r.id)) return invalid_argument("duplicate request id {}", r.id);
-  const auto phase = static_cast<RequestPhase>(r.phase);
+  const RequestPhase phase = r.phase;
   auto req = std::make_unique<Request>();
   req->req = std::move(r);
   auto seq = std::make_unique<Sequence>();
@@ -138,7 +138,7 @@ void RequestTable::preempt(Sequence& s) {
   insert_sorted(preempted_, &s);
 }
 
-void RequestTable::release_finished() {
+void RequestTable::release_finished(std::vector<std::string>* released) {
   for (auto it = requests_.begin(); it != requests_.end();) {
     Request& r = *it->second;
     const int32_t n = r.req.sampling.n;
@@ -150,6 +150,7 @@ void RequestTable::release_finished() {
       continue;
     }
     for (Sequence* s : r.choices) seqs_.erase(s->id);
+    if (released != nullptr) released->push_back(it->first);
     it = requests_.erase(it);
   }
 }
@@ -356,7 +357,7 @@ Status RequestTable::commit_prefill(size_t i, const float* row, const float* hid
     if (!reason.empty()) {
       finish(*t, reason, /*emit=*/false);
     } else if (o_.park_prefill_only &&
-               static_cast<RequestPhase>(t->request->req.phase) == RequestPhase::kPrefillOnly &&
+               t->request->req.phase == RequestPhase::kPrefillOnly &&
                t->request->req.sampling.n == 1) {
       t->handoff_delta = static_cast<int64_t>(deltas_.size()) - 1;
       handoffs_.push_back(t);

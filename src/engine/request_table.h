@@ -31,7 +31,7 @@
 
 #include "base/status.h"
 #include "engine/kv_manager.h"
-#include "engine/request.h"
+#include "protocol/payloads.h"
 #include "engine/scheduler.h"
 #include "model/kv_storage.h"
 #include "model/speculative_decode.h"
@@ -140,7 +140,8 @@ class RequestTable {
   void finish(Sequence& s, const std::string& reason, bool emit = true);
   // Drops its KV; recomputed when admitted again.
   void preempt(Sequence& s);
-  void release_finished();
+  // Drops the requests whose choices all ended; their ids are appended to *released.
+  void release_finished(std::vector<std::string>* released = nullptr);
   bool has_work() const {
     return !running_.empty() || !waiting_.empty() || !preempted_.empty() || !awaiting_.empty() ||
            !pulling_.empty();

@@ -31,7 +31,7 @@
 #include <vector>
 
 #include "base/status.h"
-#include "engine/request.h"
+#include "protocol/payloads.h"
 
 namespace xds::engine {
 

@@ -26,7 +26,7 @@
 #include <vector>
 
 #include "base/status.h"
-#include "engine/request.h"
+#include "protocol/payloads.h"
 #include "engine/sampler.h"
 
 namespace xds::engine {

@@ -10,16 +10,16 @@
 
 namespace xds::serve {
 
-using engine::EplbCommand;
-using engine::EplbOp;
-using engine::EplbReport;
-using engine::EplbState;
+using protocol::EplbCommand;
+using protocol::EplbOp;
+using protocol::EplbReport;
+using protocol::EplbState;
 
 EplbControl::EplbControl(EplbControlOptions o) : o_(o) {
   o_.slices = std::max(1, o_.slices);
 }
 
-void EplbControl::on_window(const engine::GroupLoad& l) {
+void EplbControl::on_window(const protocol::GroupLoad& l) {
   if (l.window_seq <= 0 || l.group < 0 || l.group >= o_.n_groups || l.n_experts <= 0) return;
   const size_t rows = l.moe_layers.size();
   if (!shape_known()) {
@@ -164,7 +164,7 @@ EplbAnswer EplbControl::rebalance(int64_t now_ns, std::optional<EplbCommand>& co
   switch_steps_.assign(size_t(o_.n_groups), -1);
   loaded_bytes_.assign(size_t(o_.n_groups), 0);
   EplbCommand c;
-  c.op = int32_t(EplbOp::kPrepare);
+  c.op = EplbOp::kPrepare;
   c.version = pending_version_;
   c.moe_layers = moe_layers_;
   c.replicas = pending_replicas_;
@@ -190,13 +190,13 @@ std::optional<EplbCommand> EplbControl::on_report(const EplbReport& r) {
   const size_t g = size_t(r.group);
   EplbCommand c;
   c.version = pending_version_;
-  switch (static_cast<EplbState>(r.state)) {
+  switch (r.state) {
     case EplbState::kPrepared:
       if (phase_ != Phase::kPreparing) return std::nullopt;
       prepared_[g] = 1;
       if (std::count(prepared_.begin(), prepared_.end(), 1) < o_.n_groups) return std::nullopt;
       phase_ = Phase::kCommitted;
-      c.op = int32_t(EplbOp::kCommit);
+      c.op = EplbOp::kCommit;
       return c;
     case EplbState::kFailed:
       if (phase_ != Phase::kPreparing) return std::nullopt;
@@ -204,7 +204,7 @@ std::optional<EplbCommand> EplbControl::on_report(const EplbReport& r) {
       last_error_ = fmt::format("device {}: {}", r.group, r.error);
       XDS_LOG_WARN("shell: EPLB map v{} aborted: {}", pending_version_, last_error_);
       phase_ = Phase::kIdle;
-      c.op = int32_t(EplbOp::kAbort);
+      c.op = EplbOp::kAbort;
       return c;
     case EplbState::kSwitched:
       switched_[g] = 1;

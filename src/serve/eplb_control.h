@@ -26,7 +26,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/status.h"
-#include "engine/request.h"
+#include "protocol/payloads.h"
 
 namespace xds::serve {
 
@@ -48,14 +48,14 @@ class EplbControl {
   explicit EplbControl(EplbControlOptions o);
 
   bool enabled() const { return o_.n_groups > 1 && o_.redundant_slots > 0; }
-  void on_window(const engine::GroupLoad& l);
+  void on_window(const protocol::GroupLoad& l);
   // Plans from the kept slices and, when it can start, the kPrepare command to broadcast.
   // 400 when EPLB is off, 409 while a reconfiguration runs or before any window closed.
-  EplbAnswer rebalance(int64_t now_ns, std::optional<engine::EplbCommand>& command);
+  EplbAnswer rebalance(int64_t now_ns, std::optional<protocol::EplbCommand>& command);
   // The interval elapsed and a rebalance may start.
   bool due(int64_t now_ns) const;
   // A group's report; the command to broadcast next (kCommit / kAbort), if any.
-  std::optional<engine::EplbCommand> on_report(const engine::EplbReport& r);
+  std::optional<protocol::EplbCommand> on_report(const protocol::EplbReport& r);
 
   nlohmann::json state() const;      // GET /admin/eplb
   std::string metrics_text() const;  // Prometheus lines for /metrics

@@ -16,20 +16,19 @@
 #include "base/clock.h"
 #include "base/log.h"
 #include "model/registry.h"
+#include "protocol/messages.h"
 #include "serve/gateway_link.h"
 #include "serve/gateway_metrics.h"
 #include "serve/instance_routing.h"
 #include "serve/http_server.h"
 #include "serve/openai_api.h"
-#include "serve/shell.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
 
 namespace xds::serve {
 namespace {
 
-using engine::Message;
-using engine::MessageKind;
+using protocol::Message;
 using engine::OutputDelta;
 using json = nlohmann::json;
 
@@ -129,7 +128,7 @@ struct Gateway::Impl {
   double instance_load(const InstanceView& v) const;
   bool disaggregated() const;
   void on_output(const OutputDelta& d);
-  void on_rejected(const Message& m);
+  void on_rejected(const protocol::RejectedMsg& m);
   // kFailed from instance `from`. With one instance: every request in flight or queued fails
   // with 503 and the gateway stops. With several: the instance is out; its requests fail,
   // except decode phases that streamed nothing yet, which go to another decode instance.
@@ -139,9 +138,10 @@ struct Gateway::Impl {
                     const char* outcome = "error");
   void finish_pending(const std::shared_ptr<Pending>& p, std::unique_lock<std::mutex>& lock);
   void submit(const std::shared_ptr<Pending>& p);
-  // Sends the shell a `kind` message (kPing: /health; kAdmin: text = the /admin call) whose
-  // answer goes to `resp`; unanswered after 5 s, the messaging thread's sweep answers 503.
-  void probe(MessageKind kind, const char* prefix, std::string text, Responder resp);
+  // Sends the shell a probe (a Ping for /health, to every instance; an AdminRequest for an
+  // /admin call, to the first) whose answer goes to `resp`; unanswered after 5 s, the
+  // messaging thread's sweep answers 503.
+  void probe(std::optional<protocol::AdminCall> admin, Responder resp);
   bool authorized(const HttpRequest& r, Responder& responder);
 };
 
@@ -223,7 +223,7 @@ void Gateway::Impl::routes() {
     resp.send(std::move(out));
   });
   http->route("GET", "/health", [this](HttpRequest, Responder resp) {
-    probe(MessageKind::kPing, "health", "", std::move(resp));
+    probe(std::nullopt, std::move(resp));
   });
   http->route("GET", "/metrics", [this](HttpRequest, Responder resp) {
     HttpResponse out;
@@ -249,29 +249,30 @@ void Gateway::Impl::routes() {
     resp.send(std::move(out));
   });
   http->route("GET", "/admin/eplb", [this](HttpRequest r, Responder resp) {
-    if (authorized(r, resp)) probe(MessageKind::kAdmin, "admin", "eplb", std::move(resp));
+    if (authorized(r, resp)) probe(protocol::AdminCall::kEplbState, std::move(resp));
   });
   http->route("POST", "/admin/eplb/rebalance", [this](HttpRequest r, Responder resp) {
     if (authorized(r, resp)) {
-      probe(MessageKind::kAdmin, "admin", "eplb/rebalance", std::move(resp));
+      probe(protocol::AdminCall::kEplbRebalance, std::move(resp));
     }
   });
 }
 
-void Gateway::Impl::probe(MessageKind kind, const char* prefix, std::string text,
-                          Responder resp) {
-  const std::string id = fmt::format("{}-{}", prefix, next_id.fetch_add(1));
+void Gateway::Impl::probe(std::optional<protocol::AdminCall> admin, Responder resp) {
+  const std::string id = fmt::format("{}-{}", admin ? "admin" : "health", next_id.fetch_add(1));
   // /health asks every instance; /admin calls go to the first.
-  const bool all = kind == MessageKind::kPing;
+  const bool all = !admin;
   {
     std::lock_guard<std::mutex> lock(mu);
     probes.emplace(id, Probe{resp, now_ns() + int64_t{5'000'000'000},
                              all ? static_cast<int>(instances.size()) : 1});
   }
   Message m;
-  m.kind = kind;
-  m.request_id = id;
-  m.text = std::move(text);
+  if (admin) {
+    m = protocol::AdminRequestMsg{id, *admin};
+  } else {
+    m = protocol::PingMsg{id};
+  }
   link->post(all ? GatewayLink::kAllInstances : 0, std::move(m));
 }
 
@@ -423,10 +424,7 @@ void Gateway::Impl::on_completion(HttpRequest r, Responder responder, bool chat)
                         handoff_queue.end());
     lock.unlock();
     metrics.count_outcome("cancelled");
-    Message m;
-    m.kind = MessageKind::kCancel;
-    m.request_id = p->req.id;
-    link->post(GatewayLink::kAllInstances, std::move(m));
+    link->post(GatewayLink::kAllInstances, protocol::CancelMsg{p->req.id});
     idle_cv.notify_all();
   };
   if (p->stream) {
@@ -493,15 +491,14 @@ int Gateway::Impl::pick_instance(const std::string& role) const {
 }
 
 void Gateway::Impl::submit(const std::shared_ptr<Pending>& p) {
-  Message m;
-  m.kind = MessageKind::kRequest;
+  protocol::RequestMsg m;
   int to = 0;
   {
     std::unique_lock<std::mutex> lock(mu);
     if (instances.size() > 1) {
       if (p->decode_phase) {
         to = pick_instance("decode");
-        p->req.phase = static_cast<int32_t>(engine::RequestPhase::kDecode);
+        p->req.phase = engine::RequestPhase::kDecode;
         if (to < 0) {
           p->done = true;
           live.erase(p->req.id);
@@ -519,11 +516,11 @@ void Gateway::Impl::submit(const std::shared_ptr<Pending>& p) {
           return;
         }
         to = route_instance("prefill", *p);
-        p->req.phase = static_cast<int32_t>(engine::RequestPhase::kPrefillOnly);
+        p->req.phase = engine::RequestPhase::kPrefillOnly;
       } else {
         // Colocated, or what is left of a disaggregated deployment: any instance runs a
         // whole request.
-        p->req.phase = static_cast<int32_t>(engine::RequestPhase::kWhole);
+        p->req.phase = engine::RequestPhase::kWhole;
         for (const char* role : {"colocated", "decode", "prefill"}) {
           to = route_instance(role, *p);
           if (to >= 0) break;
@@ -549,105 +546,91 @@ void Gateway::Impl::on_message(int from, Message m) {
     std::lock_guard<std::mutex> lock(mu);
     InstanceView& v = instances[static_cast<size_t>(from)];
     v.last_heard_ns = now_ns();
-    if (!m.text.empty() && v.role != "failed" &&
-        (m.kind == MessageKind::kLoad || m.kind == MessageKind::kPong)) {
-      v.role = m.text;
+    const auto* load = std::get_if<protocol::LoadMsg>(&m);
+    const auto* pong = std::get_if<protocol::PongMsg>(&m);
+    if (v.role != "failed" && (load || pong)) {
+      v.role = protocol::to_string(load ? load->role : pong->role);
     }
-    if (m.kind == MessageKind::kPong && m.request_id == kHeartbeatId) return;
+    if (pong && pong->probe_id == kHeartbeatId) return;
   }
-  switch (m.kind) {
-    case MessageKind::kBlocks: {
-      if (from < 0) break;
+  if (const auto* blocks = std::get_if<protocol::BlocksMsg>(&m)) {
+    if (from < 0) return;
+    std::lock_guard<std::mutex> lock(mu);
+    auto& cached = instances[static_cast<size_t>(from)].cached;
+    for (uint64_t h : blocks->added) cached[h] += 1;
+    for (uint64_t h : blocks->removed) {
+      auto it = cached.find(h);
+      if (it != cached.end() && --it->second <= 0) cached.erase(it);
+    }
+  } else if (const auto* out = std::get_if<protocol::OutputMsg>(&m)) {
+    for (const OutputDelta& d : out->outputs) on_output(d);
+  } else if (const auto* rej = std::get_if<protocol::RejectedMsg>(&m)) {
+    on_rejected(*rej);
+  } else if (const auto* failed = std::get_if<protocol::FailedMsg>(&m)) {
+    on_instance_failed(from, failed->reason);
+  } else if (auto* load = std::get_if<protocol::LoadMsg>(&m)) {
+    std::shared_ptr<Pending> head;
+    {
       std::lock_guard<std::mutex> lock(mu);
-      auto& cached = instances[static_cast<size_t>(from)].cached;
-      for (uint64_t h : m.blocks_added) cached[h] += 1;
-      for (uint64_t h : m.blocks_removed) {
-        auto it = cached.find(h);
-        if (it != cached.end() && --it->second <= 0) cached.erase(it);
+      if (from < 0) return;
+      std::vector<engine::GroupLoad>& loads = instances[static_cast<size_t>(from)].loads;
+      if (loads.size() != load->loads.size()) loads.resize(load->loads.size());
+      for (size_t g = 0; g < load->loads.size(); ++g)
+        engine::merge_load(loads[g], std::move(load->loads[g]));
+      while (!handoff_queue.empty() && !handoff_retry_in_flight) {
+        auto it = live.find(handoff_queue.front());
+        if (it == live.end()) {
+          handoff_queue.pop_front();
+          continue;
+        }
+        head = it->second;
+        handoff_retry_in_flight = true;
       }
-      break;
-    }
-    case MessageKind::kOutput:
-      for (const OutputDelta& d : m.outputs) on_output(d);
-      break;
-    case MessageKind::kRejected:
-      on_rejected(m);
-      break;
-    case MessageKind::kFailed:
-      on_instance_failed(from, m.text);
-      break;
-    case MessageKind::kLoad: {
-      std::shared_ptr<Pending> head;
-      {
-        std::lock_guard<std::mutex> lock(mu);
-        if (from < 0) break;
-        std::vector<engine::GroupLoad>& loads = instances[static_cast<size_t>(from)].loads;
-        if (loads.size() != m.loads.size()) loads.resize(m.loads.size());
-        for (size_t g = 0; g < m.loads.size(); ++g)
-          engine::merge_load(loads[g], std::move(m.loads[g]));
-        while (!handoff_queue.empty() && !handoff_retry_in_flight) {
-          auto it = live.find(handoff_queue.front());
-          if (it == live.end()) {
-            handoff_queue.pop_front();
-            continue;
-          }
+      if (!head && handoff_queue.empty() && !queue.empty() && !retry_in_flight) {
+        auto it = live.find(queue.front());
+        if (it != live.end()) {
           head = it->second;
-          handoff_retry_in_flight = true;
-        }
-        if (!head && handoff_queue.empty() && !queue.empty() && !retry_in_flight) {
-          auto it = live.find(queue.front());
-          if (it != live.end()) {
-            head = it->second;
-            retry_in_flight = true;
-          } else {
-            queue.pop_front();
-          }
+          retry_in_flight = true;
+        } else {
+          queue.pop_front();
         }
       }
-      if (head) submit(head);
-      break;
     }
-    case MessageKind::kPong: {
-      std::optional<Responder> r;
-      {
-        std::lock_guard<std::mutex> lock(mu);
-        auto it = probes.find(m.request_id);
-        if (it != probes.end() && --it->second.remaining <= 0) {
-          r = it->second.responder;
-          probes.erase(it);
-        }
+    if (head) submit(head);
+  } else if (const auto* pong = std::get_if<protocol::PongMsg>(&m)) {
+    std::optional<Responder> r;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      auto it = probes.find(pong->probe_id);
+      if (it != probes.end() && --it->second.remaining <= 0) {
+        r = it->second.responder;
+        probes.erase(it);
       }
-      if (r) {
-        HttpResponse ok;
-        ok.body = "{\"status\":\"ok\"}";
-        r->send(std::move(ok));
-      }
-      break;
     }
-    case MessageKind::kAdmin: {
-      std::optional<Responder> r;
-      {
-        std::lock_guard<std::mutex> lock(mu);
-        if (m.request_id.empty()) {  // the shell's EPLB metrics
-          eplb_metrics = std::move(m.text);
-          break;
-        }
-        auto it = probes.find(m.request_id);
-        if (it != probes.end()) {
-          r = it->second.responder;
-          probes.erase(it);
-        }
-      }
-      if (r) {
-        HttpResponse out;
-        out.status = m.index > 0 ? m.index : 200;
-        out.body = std::move(m.text);
-        r->send(std::move(out));
-      }
-      break;
+    if (r) {
+      HttpResponse ok;
+      ok.body = "{\"status\":\"ok\"}";
+      r->send(std::move(ok));
     }
-    default:
-      break;
+  } else if (auto* push = std::get_if<protocol::EplbStatePushMsg>(&m)) {
+    std::lock_guard<std::mutex> lock(mu);
+    eplb_metrics = std::move(push->metrics_text);  // the shell's EPLB metrics
+  } else if (auto* reply = std::get_if<protocol::AdminReplyMsg>(&m)) {
+    std::optional<Responder> r;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      auto it = probes.find(reply->call_id);
+      if (it != probes.end()) {
+        r = it->second.responder;
+        probes.erase(it);
+      }
+    }
+    if (r) {
+      HttpResponse out;
+      out.status = reply->http_status > 0 ? reply->http_status : 200;
+      out.body = std::move(reply->body);
+      r->send(std::move(out));
+    }
   }
 }
 
@@ -727,12 +710,12 @@ void Gateway::Impl::on_instance_failed(int from, const std::string& why) {
   idle_cv.notify_all();
 }
 
-void Gateway::Impl::on_rejected(const Message& m) {
+void Gateway::Impl::on_rejected(const protocol::RejectedMsg& m) {
   std::unique_lock<std::mutex> lock(mu);
   auto it = live.find(m.request_id);
   if (it == live.end()) return;
   std::shared_ptr<Pending> p = it->second;
-  if (p->decode_phase && m.text.rfind(kRejectNever, 0) != 0) {
+  if (p->decode_phase && !m.never) {
     // No decode group has room: the KV stays parked on the prefill side meanwhile (P101).
     if (!handoff_queue.empty() && handoff_queue.front() == p->req.id) {
       handoff_retry_in_flight = false;
@@ -746,13 +729,12 @@ void Gateway::Impl::on_rejected(const Message& m) {
   end_prefill(*p);
   const bool was_head = !queue.empty() && queue.front() == p->req.id;
   if (was_head) retry_in_flight = false;
-  if (m.text.rfind(kRejectNever, 0) == 0) {
+  if (m.never) {
     p->done = true;
     live.erase(it);
     if (was_head) queue.pop_front();
     lock.unlock();
-    const std::string msg = m.text.substr(std::string(kRejectNever).size());
-    fail_request(p, api_error(400, msg, "invalid_request_error", "context_length_exceeded"),
+    fail_request(p, api_error(400, m.reason, "invalid_request_error", "context_length_exceeded"),
                  "rejected");
     return;
   }
@@ -878,10 +860,7 @@ Status Gateway::run(bool shutdown_instance, int drain_s) {
       const int64_t now = now_ns();
       if (now - last_heartbeat_ns >= 1'000'000'000) {
         last_heartbeat_ns = now;
-        Message ping;
-        ping.kind = MessageKind::kPing;
-        ping.request_id = kHeartbeatId;
-        g.link->post(GatewayLink::kAllInstances, std::move(ping));
+        g.link->post(GatewayLink::kAllInstances, protocol::PingMsg{kHeartbeatId});
       }
       std::vector<int> silent;
       {
@@ -921,9 +900,7 @@ Status Gateway::run(bool shutdown_instance, int drain_s) {
   }
   g.http->stop(std::chrono::milliseconds(2000));
   if (shutdown_instance) {
-    Message m;
-    m.kind = MessageKind::kShutdown;
-    g.link->post(GatewayLink::kAllInstances, std::move(m));
+    g.link->post(GatewayLink::kAllInstances, protocol::ShutdownMsg{});
   }
   g.link->stop();
   std::lock_guard<std::mutex> lock(g.mu);

@@ -8,7 +8,7 @@
 #include <zmq.hpp>
 
 #include "base/log.h"
-#include "engine/zmq_io.h"
+#include "protocol/zmq_io.h"
 
 namespace xds::serve {
 
@@ -54,7 +54,7 @@ GatewayLink::~GatewayLink() {
   if (wake_fd_ >= 0) ::close(wake_fd_);
 }
 
-void GatewayLink::post(int to, engine::Message m) {
+void GatewayLink::post(int to, protocol::Message m) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     outbox_.emplace_back(to, std::move(m));
@@ -72,7 +72,7 @@ void GatewayLink::stop() {
 
 void GatewayLink::loop() {
   Sockets& s = *sockets_;
-  std::deque<std::pair<int, engine::Message>> batch;
+  std::deque<std::pair<int, protocol::Message>> batch;
   const int n = static_cast<int>(s.dealers.size());
   auto flush_outbox = [&] {
     {
@@ -82,7 +82,7 @@ void GatewayLink::loop() {
     for (const auto& [to, m] : batch) {
       for (int i = 0; i < n; ++i) {
         if (to != kAllInstances && to != i) continue;
-        Status st = engine::send_message(s.dealers[static_cast<size_t>(i)], m);
+        Status st = protocol::send_message(s.dealers[static_cast<size_t>(i)], m);
         if (!st.ok()) XDS_LOG_WARN("gateway: {}", st.message());
       }
     }
@@ -109,7 +109,7 @@ void GatewayLink::loop() {
     for (int i = -1; i < n; ++i) {
       zmq::socket_t& sock = i < 0 ? s.pull : s.dealers[static_cast<size_t>(i)];
       while (true) {
-        auto m = engine::recv_message(sock, /*dontwait=*/true);
+        auto m = protocol::recv_message(sock, /*dontwait=*/true);
         if (!m.ok()) {
           XDS_LOG_WARN("gateway: {}", m.status().message());
           continue;

@@ -21,14 +21,14 @@
 #include <vector>
 
 #include "base/status.h"
-#include "engine/request.h"
+#include "protocol/messages.h"
 
 namespace xds::serve {
 
 class GatewayLink {
  public:
   // `from`: the instance whose shell sent it, or kOutputs for the PULL socket.
-  using Callback = std::function<void(int from, engine::Message)>;
+  using Callback = std::function<void(int from, protocol::Message)>;
   static constexpr int kOutputs = -1;
   static constexpr int kAllInstances = -1;
 
@@ -42,7 +42,7 @@ class GatewayLink {
   // The address output processes send to (the bound endpoint).
   const std::string& reply_to() const { return reply_to_; }
   // Queues `m` for instance `to`'s shell (kAllInstances: every one).
-  void post(int to, engine::Message m);
+  void post(int to, protocol::Message m);
   void stop();
 
  private:
@@ -55,7 +55,7 @@ class GatewayLink {
   std::unique_ptr<Sockets> sockets_;
   int wake_fd_ = -1;
   std::mutex mu_;
-  std::deque<std::pair<int, engine::Message>> outbox_;  // guarded by mu_
+  std::deque<std::pair<int, protocol::Message>> outbox_;  // guarded by mu_
   std::atomic<bool> stop_{false};
   std::thread thread_;
 };

@@ -18,7 +18,7 @@
 #include <span>
 #include <string>
 
-#include "engine/request.h"
+#include "protocol/payloads.h"
 #include "serve/metrics.h"
 
 namespace xds::serve {

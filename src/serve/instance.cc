@@ -13,8 +13,8 @@
 #include <fmt/format.h>
 
 #include "base/log.h"
-#include "engine/output_process.h"
-#include "engine/zmq_io.h"
+#include "output/output_process.h"
+#include "protocol/zmq_io.h"
 #include "serve/process_watch.h"
 #include "serve/shell.h"
 #include "xccl/launcher.h"
@@ -29,14 +29,14 @@ void on_stop_signal(int) {
 }
 
 // Forks one output process; it dies with this one.
-Result<pid_t> spawn_output_process(const engine::OutputProcessOptions& o) {
+Result<pid_t> spawn_output_process(const output::OutputProcessOptions& o) {
   const pid_t parent = ::getpid();
   const pid_t pid = ::fork();
   if (pid < 0) return internal_error("fork of an output process failed: {}", errno);
   if (pid == 0) {
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (::getppid() != parent) ::_exit(111);
-    ::_exit(engine::run_output_process(o));
+    ::_exit(output::run_output_process(o));
   }
   return pid;
 }
@@ -57,15 +57,15 @@ Status run_instance(const InstanceOptions& options) {
 
   std::vector<std::string> group_inputs, output_inputs;
   for (int g = 0; g < options.dp; ++g) {
-    group_inputs.push_back(engine::abstract_ipc_address(fmt::format("group{}", g)));
-    output_inputs.push_back(engine::abstract_ipc_address(fmt::format("output{}", g)));
+    group_inputs.push_back(protocol::abstract_ipc_address(fmt::format("group{}", g)));
+    output_inputs.push_back(protocol::abstract_ipc_address(fmt::format("output{}", g)));
   }
-  const std::string shell_input = engine::abstract_ipc_address("shell");
+  const std::string shell_input = protocol::abstract_ipc_address("shell");
 
   // Output processes first (they need only the tokenizer).
   std::vector<pid_t> outputs;
   for (int g = 0; g < options.dp; ++g) {
-    engine::OutputProcessOptions o;
+    output::OutputProcessOptions o;
     o.model_dir = options.group.model_dir;
     o.listen_address = output_inputs[static_cast<size_t>(g)];
     o.group = g;

@@ -22,7 +22,7 @@
 
 #include "base/check.h"
 #include "base/status.h"
-#include "engine/request.h"
+#include "protocol/payloads.h"
 #include "serve/http_server.h"
 
 namespace xds::serve {

@@ -16,7 +16,7 @@
 #include <span>
 
 #include "base/status.h"
-#include "engine/request.h"
+#include "protocol/payloads.h"
 
 namespace xds::serve {
 

@@ -1,23 +1,28 @@
 #include "serve/shell.h"
 
+#include <sys/prctl.h>
+
 #include <chrono>
 #include <map>
 #include <optional>
+#include <unordered_map>
 
 #include <fmt/format.h>
 #include <zmq.hpp>
 
 #include "base/clock.h"
 #include "base/log.h"
-#include "engine/zmq_io.h"
+#include "protocol/messages.h"
+#include "protocol/zmq_io.h"
 #include "serve/placement.h"
 
 namespace xds::serve {
 namespace {
 
-using engine::GroupLoad;
-using engine::Message;
-using engine::MessageKind;
+using namespace protocol;  // the message structs, one per kind
+
+constexpr int64_t kPingTimeoutNs = int64_t{30} * 1'000'000'000;
+constexpr int64_t kEplbPushPeriodNs = 1'000'000'000;
 
 // A health probe in flight: which gateway asked, and which groups have answered.
 struct PendingPing {
@@ -29,298 +34,396 @@ struct PendingPing {
 
 }  // namespace
 
-Shell::Shell(ShellOptions options) : options_(std::move(options)) {}
-
-Status Shell::run() {
-  const size_t n_groups = options_.group_inputs.size();
-  stats_.placed_per_group.assign(n_groups, 0);
-  std::vector<GroupLoad> loads(n_groups);
-  for (size_t g = 0; g < n_groups; ++g) {
-    loads[g].group = static_cast<int32_t>(g);
-    loads[g].max_num_seqs = options_.max_num_seqs;
-    loads[g].kv_blocks_total = options_.kv_blocks_per_group;
-    loads[g].block_size = options_.block_size;
+// One run(): the sockets, the load table, the probes in flight and where each request went.
+// Messages from gateways and from the instance's own processes go to one handler per kind
+// (std::visit); `from` names the gateway (ROUTER identity) or is null for the shell's input.
+class Shell::Loop {
+ public:
+  Loop(const ShellOptions& options, ShellStats& stats)
+      : o_(options),
+        stats_(stats),
+        n_groups_(options.group_inputs.size()),
+        router_(ctx_, zmq::socket_type::router),
+        input_(ctx_, zmq::socket_type::pull),
+        eplb_(eplb_options(options)) {
+    stats_.placed_per_group.assign(n_groups_, 0);
+    loads_.resize(n_groups_);
+    for (size_t g = 0; g < n_groups_; ++g) {
+      loads_[g].group = static_cast<int32_t>(g);
+      loads_[g].max_num_seqs = o_.max_num_seqs;
+      loads_[g].kv_blocks_total = o_.kv_blocks_per_group;
+      loads_[g].block_size = o_.block_size;
+    }
+    // run_instance() accepts only these roles; anything else reports as colocated.
+    const Result<InstanceRole> role = parse_instance_role(o_.role);
+    role_ = role.ok() ? *role : InstanceRole::kColocated;
   }
 
-  zmq::context_t ctx(1);
-  zmq::socket_t router(ctx, zmq::socket_type::router);
-  zmq::socket_t input(ctx, zmq::socket_type::pull);
-  std::vector<zmq::socket_t> groups;
-  try {
-    router.set(zmq::sockopt::linger, 0);
-    router.set(zmq::sockopt::router_mandatory, 0);
-    router.bind(options_.listen);
-    input.set(zmq::sockopt::linger, 0);
-    input.bind(options_.shell_input);
-    for (const std::string& address : options_.group_inputs) {
-      groups.emplace_back(ctx, zmq::socket_type::push);
-      groups.back().set(zmq::sockopt::linger, 1000);
-      groups.back().bind(address);
+  Status bind() {
+    try {
+      router_.set(zmq::sockopt::linger, 0);
+      router_.set(zmq::sockopt::router_mandatory, 0);
+      router_.bind(o_.listen);
+      input_.set(zmq::sockopt::linger, 0);
+      input_.bind(o_.shell_input);
+      for (const std::string& address : o_.group_inputs) {
+        groups_.emplace_back(ctx_, zmq::socket_type::push);
+        groups_.back().set(zmq::sockopt::linger, 1000);
+        groups_.back().bind(address);
+      }
+    } catch (const zmq::error_t& e) {
+      return unavailable("shell: cannot bind {} / {}: {}", o_.listen, o_.shell_input, e.what());
     }
-  } catch (const zmq::error_t& e) {
-    return unavailable("shell: cannot bind {} / {}: {}", options_.listen, options_.shell_input,
-                       e.what());
+    return {};
   }
 
-  EplbControlOptions eo = options_.eplb;
-  eo.n_groups = static_cast<int>(n_groups);
-  EplbControl eplb(eo);
-  int64_t last_eplb_push_ns = 0;
-  uint64_t wake_seq = 0;
-  uint64_t ping_seq = 0;
-  std::map<uint64_t, PendingPing> pings;
-  uint64_t pool_number = 0;  // cooperative prefill: the last request number sent
-  std::map<std::string, int64_t> gateways;  // identity -> last seen (ns)
-  int64_t last_load_sent_ns = 0;
-  bool loads_dirty = false;
-  bool experts_dirty = false;  // expert counts arrived since the last load sent to gateways
+  Status run(const std::atomic<bool>& stop) {
+    bool running = true;
+    while (running && !stop.load(std::memory_order_relaxed)) {
+      if (o_.process_failure) {
+        if (std::string failure = o_.process_failure(); !failure.empty()) {
+          to_gateways(FailedMsg{failure});
+          // No Shutdown: a PUSH to a dead group would block; the caller kills the rest.
+          return unavailable("instance: {}", failure);
+        }
+      }
+      zmq::pollitem_t items[] = {{router_.handle(), 0, ZMQ_POLLIN, 0},
+                                 {input_.handle(), 0, ZMQ_POLLIN, 0}};
+      try {
+        zmq::poll(items, 2, std::chrono::milliseconds(o_.load_period_ms));
+      } catch (const zmq::error_t& e) {
+        if (e.num() == EINTR) continue;
+        return internal_error("shell: poll failed: {}", e.what());
+      }
+      if (items[0].revents & ZMQ_POLLIN) running = receive_from_gateway();
+      receive_input();
+      periodic(now_ns());
+    }
+    to_groups(ShutdownMsg{});
+    return {};
+  }
 
-  auto to_groups = [&](const Message& m) {
-    for (auto& s : groups) {
-      Status st = engine::send_message(s, m);
-      if (!st.ok()) XDS_LOG_WARN("shell: {}", st.message());
-    }
-  };
-  auto to_gateway = [&](const std::string& identity, const Message& m) {
-    const std::string bytes = engine::encode(m);
-    try {
-      router.send(zmq::buffer(identity), zmq::send_flags::sndmore | zmq::send_flags::dontwait);
-      router.send(zmq::buffer(bytes), zmq::send_flags::dontwait);
-    } catch (const zmq::error_t& e) {
-      XDS_LOG_WARN("shell: reply to a gateway failed: {}", e.what());
-    }
-  };
+ private:
+  static EplbControlOptions eplb_options(const ShellOptions& o) {
+    EplbControlOptions eo = o.eplb;
+    eo.n_groups = static_cast<int>(o.group_inputs.size());
+    return eo;
+  }
 
-  // An EPLB command to every group, then a wake so that sleeping groups exchange headers.
-  auto eplb_broadcast = [&](engine::EplbCommand c) {
-    Message em;
-    em.kind = MessageKind::kEplb;
-    em.eplb = std::move(c);
-    to_groups(em);
-    Message wake;
-    wake.kind = MessageKind::kWake;
-    wake.seq = ++wake_seq;
-    to_groups(wake);
-  };
-  auto eplb_rebalance = [&]() {
-    std::optional<engine::EplbCommand> command;
-    EplbAnswer a = eplb.rebalance(now_ns(), command);
-    if (command) eplb_broadcast(std::move(*command));
-    return a;
-  };
+  // One gateway message, if a whole one is queued; false: the gateway asked to shut down.
+  bool receive_from_gateway() {
+    zmq::message_t identity, payload;
+    if (!router_.recv(identity, zmq::recv_flags::dontwait) || !identity.more() ||
+        !router_.recv(payload, zmq::recv_flags::dontwait)) {
+      return true;
+    }
+    auto m = decode(payload.data(), payload.size());
+    if (!m.ok()) {
+      XDS_LOG_WARN("shell: {}", m.status().message());
+      return true;
+    }
+    const std::string gateway = identity.to_string();
+    gateways_[gateway] = now_ns();
+    return std::visit([&](auto& msg) { return on(&gateway, msg); }, *m);
+  }
 
-  auto handle_gateway = [&](const std::string& identity, Message m) -> bool {
-    gateways[identity] = now_ns();
-    switch (m.kind) {
-      case MessageKind::kRequest: {
-        if (!m.request) return true;
-        const engine::EngineRequest& r = *m.request;
-        PlacementRequest pr;
-        pr.prompt_tokens = static_cast<int64_t>(r.prompt.size());
-        pr.max_tokens = static_cast<int64_t>(r.sampling.max_tokens) * r.sampling.n;
-        auto decision = place_request(loads, pr, options_.placement);
-        if (!decision.ok() || decision->wait()) {
-          ++stats_.rejected;
-          Message rej;
-          rej.kind = MessageKind::kRejected;
-          rej.request_id = r.id;
-          int64_t largest = 0;
-          for (const GroupLoad& l : loads) largest = std::max(largest, l.kv_blocks_total);
-          const int64_t need = placement_blocks(pr, std::max<int64_t>(1, options_.block_size));
-          if (!decision.ok()) {
-            rej.text = std::string(kRejectNever) + decision.status().message();
-          } else if (need > largest && largest > 0) {
-            rej.text = fmt::format(
-                "{}the request needs {} KV blocks (prompt {} + max_tokens {} x n), a DP group "
-                "has {}",
-                kRejectNever, need, pr.prompt_tokens, r.sampling.max_tokens, largest);
-          } else {
-            rej.text = "every DP group is at its batch or KV limit";
-          }
-          to_gateway(identity, rej);
-          return true;
-        }
-        const auto g = static_cast<size_t>(decision->index);
-        account_placement(loads[g], pr);
-        ++stats_.placed;
-        ++stats_.placed_per_group[g];
-        if (options_.cooperative) {
-          m.request->pool_number = ++pool_number;
-          to_groups(m);
-        } else {
-          Status st = engine::send_message(groups[g], m);
-          if (!st.ok()) XDS_LOG_WARN("shell: {}", st.message());
-        }
-        Message wake;
-        wake.kind = MessageKind::kWake;
-        wake.seq = ++wake_seq;
-        to_groups(wake);
-        return true;
-      }
-      case MessageKind::kCancel:
-        ++stats_.cancels;
-        to_groups(m);
-        return true;
-      case MessageKind::kPing: {
-        const uint64_t id = ++ping_seq;
-        pings[id] = PendingPing{identity, m.request_id, std::vector<bool>(n_groups, false),
-                                now_ns() + int64_t{30} * 1'000'000'000};
-        Message ping;
-        ping.kind = MessageKind::kPing;
-        ping.seq = id;
-        to_groups(ping);
-        return true;
-      }
-      case MessageKind::kShutdown:
-        return false;
-      case MessageKind::kAdmin: {
-        Message reply;
-        reply.kind = MessageKind::kAdmin;
-        reply.request_id = m.request_id;
-        EplbAnswer a;
-        if (m.text == "eplb") {
-          a.body = eplb.state();
-        } else if (m.text == "eplb/rebalance") {
-          a = eplb_rebalance();
-        } else {
-          a = {404, {{"error", fmt::format("unknown admin call '{}'", m.text)}}};
-        }
-        reply.index = a.status;
-        reply.text = a.body.dump();
-        to_gateway(identity, reply);
-        return true;
-      }
-      default:
-        XDS_LOG_WARN("shell: unexpected message kind {} from a gateway", static_cast<int>(m.kind));
-        return true;
-    }
-  };
-
-  auto handle_input = [&](Message m) {
-    switch (m.kind) {
-      case MessageKind::kLoad:
-        for (const GroupLoad& l : m.loads) {
-          if (l.group >= 0 && static_cast<size_t>(l.group) < n_groups) {
-            if (!l.expert_tokens.empty()) experts_dirty = true;
-            eplb.on_window(l);
-            engine::merge_load(loads[static_cast<size_t>(l.group)], l);
-            loads_dirty = true;
-          }
-        }
-        break;
-      case MessageKind::kPong: {
-        auto it = pings.find(m.seq);
-        if (it == pings.end() || m.group < 0 || static_cast<size_t>(m.group) >= n_groups) break;
-        it->second.answered[static_cast<size_t>(m.group)] = true;
-        bool all = true;
-        for (bool a : it->second.answered) all = all && a;
-        if (all) {
-          Message pong;
-          pong.kind = MessageKind::kPong;
-          pong.request_id = it->second.probe;
-          pong.text = options_.role;
-          to_gateway(it->second.gateway, pong);
-          pings.erase(it);
-        }
-        break;
-      }
-      case MessageKind::kBlocks:  // prefix-cache events: the gateways route by them (P096)
-        for (const auto& [identity, seen] : gateways) to_gateway(identity, m);
-        break;
-      case MessageKind::kCancel:  // an output process saw a stop string
-        to_groups(m);
-        break;
-      case MessageKind::kWake: {  // a sleeping group holds work: wake every group anew
-        Message wake;
-        wake.kind = MessageKind::kWake;
-        wake.seq = ++wake_seq;
-        to_groups(wake);
-        break;
-      }
-      case MessageKind::kEplb:
-        if (m.eplb_report) {
-          if (auto next = eplb.on_report(*m.eplb_report)) eplb_broadcast(std::move(*next));
-        }
-        break;
-      default:
-        XDS_LOG_WARN("shell: unexpected message kind {} on its input", static_cast<int>(m.kind));
-    }
-  };
-
-  bool running = true;
-  while (running && !stop_.load(std::memory_order_relaxed)) {
-    if (options_.process_failure) {
-      if (std::string failure = options_.process_failure(); !failure.empty()) {
-        Message failed;
-        failed.kind = MessageKind::kFailed;
-        failed.text = failure;
-        for (const auto& [identity, seen] : gateways) to_gateway(identity, failed);
-        // No kShutdown: a PUSH to a dead group would block; the caller kills the rest.
-        return unavailable("instance: {}", failure);
-      }
-    }
-    zmq::pollitem_t items[] = {{router.handle(), 0, ZMQ_POLLIN, 0},
-                               {input.handle(), 0, ZMQ_POLLIN, 0}};
-    try {
-      zmq::poll(items, 2, std::chrono::milliseconds(options_.load_period_ms));
-    } catch (const zmq::error_t& e) {
-      if (e.num() == EINTR) continue;
-      return internal_error("shell: poll failed: {}", e.what());
-    }
-    if (items[0].revents & ZMQ_POLLIN) {
-      zmq::message_t identity, payload;
-      if (router.recv(identity, zmq::recv_flags::dontwait) && identity.more() &&
-          router.recv(payload, zmq::recv_flags::dontwait)) {
-        auto m = engine::decode(payload.data(), payload.size());
-        if (!m.ok()) {
-          XDS_LOG_WARN("shell: {}", m.status().message());
-        } else {
-          running = handle_gateway(identity.to_string(), std::move(*m));
-        }
-      }
-    }
+  // Everything the groups and output processes queued.
+  void receive_input() {
     while (true) {
-      auto m = engine::recv_message(input, /*dontwait=*/true);
+      auto m = recv_message(input_, /*dontwait=*/true);
       if (!m.ok()) {
         XDS_LOG_WARN("shell: {}", m.status().message());
         continue;
       }
       if (!m->has_value()) break;
-      handle_input(std::move(**m));
+      std::visit([&](auto& msg) { return on(nullptr, msg); }, **m);
     }
-    const int64_t now = now_ns();
-    if (eplb.due(now)) (void)eplb_rebalance();
-    if (eplb.enabled() && now - last_eplb_push_ns >= int64_t{1'000'000'000}) {
-      Message em;
-      em.kind = MessageKind::kAdmin;
-      em.text = eplb.metrics_text();
-      for (const auto& [identity, seen] : gateways) to_gateway(identity, em);
-      last_eplb_push_ns = now;
+  }
+
+  // EPLB rounds and metrics, expired probes, the load table to the gateways.
+  void periodic(int64_t now) {
+    if (eplb_.due(now)) (void)eplb_rebalance();
+    if (eplb_.enabled() && now - last_eplb_push_ns_ >= kEplbPushPeriodNs) {
+      to_gateways(EplbStatePushMsg{eplb_.metrics_text()});
+      last_eplb_push_ns_ = now;
     }
-    for (auto it = pings.begin(); it != pings.end();) {
-      it = it->second.deadline_ns < now ? pings.erase(it) : std::next(it);
+    for (auto it = pings_.begin(); it != pings_.end();) {
+      it = it->second.deadline_ns < now ? pings_.erase(it) : std::next(it);
     }
-    if (loads_dirty && now - last_load_sent_ns >= options_.load_period_ms * 1'000'000) {
-      Message lm;
-      lm.kind = MessageKind::kLoad;
-      lm.loads = loads;
-      lm.text = options_.role;
-      if (!experts_dirty) {  // the gateways keep the counts they have
+    if (loads_dirty_ && now - last_load_sent_ns_ >= o_.load_period_ms * 1'000'000) {
+      LoadMsg lm;
+      lm.loads = loads_;
+      lm.role = role_;
+      if (!experts_dirty_) {  // the gateways keep the counts they have
         for (GroupLoad& l : lm.loads) {
           l.expert_tokens.clear();
           l.moe_layers.clear();
         }
       }
-      experts_dirty = false;
-      for (const auto& [identity, seen] : gateways) to_gateway(identity, lm);
-      last_load_sent_ns = now;
-      loads_dirty = false;
+      experts_dirty_ = false;
+      to_gateways(lm);
+      last_load_sent_ns_ = now;
+      loads_dirty_ = false;
     }
   }
-  Message bye;
-  bye.kind = MessageKind::kShutdown;
-  to_groups(bye);
-  return {};
+
+  // --- handlers, one per kind; `from`: the gateway, null for the shell's input ---
+
+  bool on(const std::string* from, RequestMsg& m) {
+    if (from == nullptr) return unexpected(from, m);
+    place(*from, std::move(m.request));
+    return true;
+  }
+
+  bool on(const std::string* from, CancelMsg& m) {
+    if (from != nullptr) ++stats_.cancels;  // else: an output process saw a stop string
+    cancel(m);
+    return true;
+  }
+
+  bool on(const std::string* from, PingMsg& m) {
+    if (from == nullptr) return unexpected(from, m);
+    const uint64_t id = ++ping_seq_;
+    pings_[id] = PendingPing{*from, m.probe_id, std::vector<bool>(n_groups_, false),
+                             now_ns() + kPingTimeoutNs};
+    PingMsg ping;
+    ping.seq = id;
+    to_groups(ping);
+    return true;
+  }
+
+  bool on(const std::string* from, ShutdownMsg& m) {
+    return from == nullptr ? unexpected(from, m) : false;
+  }
+
+  bool on(const std::string* from, AdminRequestMsg& m) {
+    if (from == nullptr) return unexpected(from, m);
+    admin(*from, m);
+    return true;
+  }
+
+  bool on(const std::string* from, LoadMsg& m) {
+    if (from != nullptr) return unexpected(from, m);
+    for (const GroupLoad& l : m.loads) {
+      if (l.group < 0 || static_cast<size_t>(l.group) >= n_groups_) continue;
+      if (!l.expert_tokens.empty()) experts_dirty_ = true;
+      eplb_.on_window(l);
+      merge_load(loads_[static_cast<size_t>(l.group)], l);
+      loads_dirty_ = true;
+    }
+    return true;
+  }
+
+  bool on(const std::string* from, PongMsg& m) {
+    if (from != nullptr) return unexpected(from, m);
+    auto it = pings_.find(m.seq);
+    if (it == pings_.end() || m.group < 0 || static_cast<size_t>(m.group) >= n_groups_) {
+      return true;
+    }
+    it->second.answered[static_cast<size_t>(m.group)] = true;
+    bool all = true;
+    for (bool a : it->second.answered) all = all && a;
+    if (all) {
+      PongMsg pong;
+      pong.probe_id = it->second.probe;
+      pong.role = role_;
+      to_gateway(it->second.gateway, pong);
+      pings_.erase(it);
+    }
+    return true;
+  }
+
+  // Prefix-cache events: the gateways route by them (P096).
+  bool on(const std::string* from, BlocksMsg& m) {
+    if (from != nullptr) return unexpected(from, m);
+    to_gateways(m);
+    return true;
+  }
+
+  // A sleeping group holds work: wake every group anew.
+  bool on(const std::string* from, WakeMsg& m) {
+    if (from != nullptr) return unexpected(from, m);
+    wake();
+    return true;
+  }
+
+  bool on(const std::string* from, EplbReportMsg& m) {
+    if (from != nullptr) return unexpected(from, m);
+    if (auto next = eplb_.on_report(m.report)) eplb_broadcast(std::move(*next));
+    return true;
+  }
+
+  bool on(const std::string* from, EndedMsg& m) {
+    if (from != nullptr) return unexpected(from, m);
+    for (const std::string& id : m.request_ids) {
+      auto it = owner_.find(id);
+      if (it != owner_.end() && it->second == m.group) owner_.erase(it);
+    }
+    return true;
+  }
+
+  // Kinds the shell never receives (tokens, outputs, the shell's own replies).
+  template <typename M>
+  bool on(const std::string* from, M& m) {
+    return unexpected(from, m);
+  }
+
+  template <typename M>
+  bool unexpected(const std::string* from, const M& m) {
+    XDS_LOG_WARN("shell: unexpected {} message {}", kind_name(kind_of(Message(m))),
+                 from != nullptr ? "from a gateway" : "on its input");
+    return true;
+  }
+
+  // --- placement, cancels, wake, EPLB, admin ---
+
+  // Places `r` on one group (every group, numbered, when cooperative) and wakes the groups,
+  // or answers Rejected when no group can take it now (or ever).
+  void place(const std::string& gateway, EngineRequest r) {
+    PlacementRequest pr;
+    pr.prompt_tokens = static_cast<int64_t>(r.prompt.size());
+    pr.max_tokens = static_cast<int64_t>(r.sampling.max_tokens) * r.sampling.n;
+    auto decision = place_request(loads_, pr, o_.placement);
+    if (!decision.ok() || decision->wait()) {
+      ++stats_.rejected;
+      RejectedMsg rej;
+      rej.request_id = r.id;
+      int64_t largest = 0;
+      for (const GroupLoad& l : loads_) largest = std::max(largest, l.kv_blocks_total);
+      const int64_t need = placement_blocks(pr, std::max<int64_t>(1, o_.block_size));
+      if (!decision.ok()) {
+        rej.never = true;
+        rej.reason = decision.status().message();
+      } else if (need > largest && largest > 0) {
+        rej.never = true;
+        rej.reason = fmt::format(
+            "the request needs {} KV blocks (prompt {} + max_tokens {} x n), a DP group has {}",
+            need, pr.prompt_tokens, r.sampling.max_tokens, largest);
+      } else {
+        rej.reason = "every DP group is at its batch or KV limit";
+      }
+      to_gateway(gateway, rej);
+      return;
+    }
+    const auto g = static_cast<size_t>(decision->index);
+    account_placement(loads_[g], pr);
+    ++stats_.placed;
+    ++stats_.placed_per_group[g];
+    if (o_.cooperative) {
+      r.pool_number = ++pool_number_;
+      to_groups(RequestMsg{std::move(r)});
+    } else {
+      owner_[r.id] = static_cast<int>(g);
+      to_group(g, RequestMsg{std::move(r)});
+    }
+    wake();
+  }
+
+  // To the group that holds the request. A cooperative instance's groups all hold every
+  // request until they agree which one prefills it (engine/cooperative_prefill.h), so its
+  // cancels go to every group. A request no group holds (it ended, or was never placed) needs
+  // no cancel.
+  void cancel(const CancelMsg& m) {
+    if (o_.cooperative) {
+      to_groups(m);
+      return;
+    }
+    auto it = owner_.find(m.request_id);
+    if (it == owner_.end()) {
+      ++stats_.cancels_dropped;
+      return;
+    }
+    to_group(static_cast<size_t>(it->second), m);
+  }
+
+  void wake() {
+    WakeMsg w;
+    w.seq = ++wake_seq_;
+    to_groups(w);
+  }
+
+  // An EPLB command to every group, then a wake so that sleeping groups exchange headers.
+  void eplb_broadcast(EplbCommand c) {
+    to_groups(EplbCommandMsg{std::move(c)});
+    wake();
+  }
+
+  EplbAnswer eplb_rebalance() {
+    std::optional<EplbCommand> command;
+    EplbAnswer a = eplb_.rebalance(now_ns(), command);
+    if (command) eplb_broadcast(std::move(*command));
+    return a;
+  }
+
+  void admin(const std::string& gateway, const AdminRequestMsg& m) {
+    EplbAnswer a;
+    switch (m.call) {
+      case AdminCall::kEplbState:
+        a.body = eplb_.state();
+        break;
+      case AdminCall::kEplbRebalance:
+        a = eplb_rebalance();
+        break;
+      default:
+        a = {404, {{"error", fmt::format("unknown admin call {}", static_cast<int>(m.call))}}};
+    }
+    to_gateway(gateway, AdminReplyMsg{m.call_id, a.status, a.body.dump()});
+  }
+
+  // --- sockets ---
+
+  void to_group(size_t g, const Message& m) {
+    Status st = send_message(groups_[g], m);
+    if (!st.ok()) XDS_LOG_WARN("shell: {}", st.message());
+  }
+
+  void to_groups(const Message& m) {
+    for (size_t g = 0; g < groups_.size(); ++g) to_group(g, m);
+  }
+
+  void to_gateway(const std::string& identity, const Message& m) {
+    const std::string bytes = encode(m);
+    try {
+      router_.send(zmq::buffer(identity), zmq::send_flags::sndmore | zmq::send_flags::dontwait);
+      router_.send(zmq::buffer(bytes), zmq::send_flags::dontwait);
+    } catch (const zmq::error_t& e) {
+      XDS_LOG_WARN("shell: reply to a gateway failed: {}", e.what());
+    }
+  }
+
+  void to_gateways(const Message& m) {
+    for (const auto& [identity, seen] : gateways_) to_gateway(identity, m);
+  }
+
+  const ShellOptions& o_;
+  ShellStats& stats_;
+  const size_t n_groups_;
+  zmq::context_t ctx_{1};
+  zmq::socket_t router_;
+  zmq::socket_t input_;
+  std::vector<zmq::socket_t> groups_;
+  EplbControl eplb_;
+  InstanceRole role_ = InstanceRole::kColocated;
+  std::vector<GroupLoad> loads_;
+  std::unordered_map<std::string, int> owner_;  // request id -> the group it was placed on
+  std::map<uint64_t, PendingPing> pings_;
+  std::map<std::string, int64_t> gateways_;  // identity -> last seen (ns)
+  uint64_t wake_seq_ = 0;
+  uint64_t ping_seq_ = 0;
+  uint64_t pool_number_ = 0;  // cooperative prefill: the last request number sent
+  int64_t last_eplb_push_ns_ = 0;
+  int64_t last_load_sent_ns_ = 0;
+  bool loads_dirty_ = false;
+  bool experts_dirty_ = false;  // expert counts arrived since the last load sent to gateways
+};
+
+Shell::Shell(ShellOptions options) : options_(std::move(options)) {}
+
+Status Shell::run() {
+  ::prctl(PR_SET_NAME, "xds-shell", 0, 0, 0);
+  Loop loop(options_, stats_);
+  XDS_RETURN_IF_ERROR(loop.bind());
+  return loop.run(stop_);
 }
 
 }  // namespace xds::serve

@@ -1,20 +1,23 @@
 // The instance's shell (P055): places each request once on a DP group and carries no
-// per-token traffic. It keeps a load table fed by the groups' kLoad messages, applies the
-// placement rule (serve/placement.h) and otherwise only relays control messages:
+// per-token traffic. It keeps a load table fed by the groups' loads, applies the placement
+// rule (serve/placement.h) and otherwise only relays control messages (protocol/messages.h):
 //
-//   gateway ──kRequest──▶ shell ──kRequest──▶ group k, then kWake(seq) to every group
-//           ──kCancel───▶       ──kCancel───▶ every group
-//           ──kPing─────▶       ──kPing─────▶ every group; kPong back once all answered
-//           ◀─kRejected──       (no group fits now: the gateway keeps it queued)
-//           ◀─kLoad──────       (every group's load, at most every load_period_ms)
-//   output processes ──kCancel (a stop string matched)──▶ shell ──▶ every group
-//           ◀─kFailed────       (a device process died: every gateway fails its requests)
-//   a sleeping group that holds work ──kWake──▶ shell ──kWake(new seq)──▶ every group
-//   each group ──kBlocks (prefix-cache block-hash events)──▶ shell ──▶ every gateway
-//           ──kAdmin─────▶ (GET /admin/eplb, POST /admin/eplb/rebalance) ─▶ kAdmin answer
-//           ◀─kAdmin──────  (no request id: EPLB metrics, about once a second)
-//   EPLB (serve/eplb_control.h): ──kEplb command──▶ every group (then a kWake);
-//                                ◀─kEplb report─── each group
+//   gateway ──Request──▶ shell ──Request──▶ group k, then Wake(seq) to every group
+//           ──Cancel────▶       ──Cancel────▶ the group that holds the request
+//           ──Ping──────▶       ──Ping──────▶ every group; Pong back once all answered
+//           ◀─Rejected───       (no group fits now: the gateway keeps it queued)
+//           ◀─Load───────       (every group's load, at most every load_period_ms)
+//   output processes ──Cancel (a stop string matched)──▶ shell ──▶ the group that holds it
+//   each group ──Ended (requests it released)──▶ shell (it forgets where they were placed)
+//           ◀─Failed─────       (a device process died: every gateway fails its requests)
+//   a sleeping group that holds work ──Wake──▶ shell ──Wake(new seq)──▶ every group
+//   each group ──Blocks (prefix-cache block-hash events)──▶ shell ──▶ every gateway
+//           ──AdminRequest──▶ (GET /admin/eplb, POST /admin/eplb/rebalance) ─▶ AdminReply
+//           ◀─EplbStatePush─  (EPLB metrics, about once a second)
+//   EPLB (serve/eplb_control.h): ──EplbCommand──▶ every group (then a Wake);
+//                                ◀─EplbReport─── each group
+//
+// A cooperative prefill instance sends every request (and so every cancel) to every group.
 //
 // Sockets: ROUTER bound on `listen` (gateways), one PUSH per group bound on
 // group_inputs[k], one PULL bound on `shell_input` (groups and output processes).
@@ -29,15 +32,11 @@
 #include <vector>
 
 #include "base/status.h"
-#include "engine/request.h"
+#include "protocol/payloads.h"
 #include "serve/eplb_control.h"
 #include "serve/placement.h"
 
 namespace xds::serve {
-
-// kRejected's text starts with this when the request can never be placed (larger than any
-// group's KV): the gateway answers 400 instead of queueing it.
-inline constexpr const char* kRejectNever = "never: ";
 
 struct ShellOptions {
   std::string listen;                     // e.g. tcp://127.0.0.1:8100
@@ -61,21 +60,23 @@ struct ShellOptions {
 // The decision log of run(), for tests and /metrics.
 struct ShellStats {
   int64_t placed = 0, rejected = 0, cancels = 0;
+  int64_t cancels_dropped = 0;  // for requests no group holds (ended, or never placed)
   std::vector<int64_t> placed_per_group;
 };
 
 class Shell {
  public:
   explicit Shell(ShellOptions options);
-  // Serves until a gateway sends kShutdown or stop() is called, then tells every group to
-  // drain (kShutdown) and returns. Errors: a socket that cannot bind; a process that died
-  // (process_failure).
+  // Serves until a gateway sends Shutdown or stop() is called, then tells every group to
+  // drain (Shutdown) and returns. Names the calling process `xds-shell`. Errors: a socket
+  // that cannot bind; a process that died (process_failure).
   Status run();
   // Async-signal-safe.
   void stop() { stop_.store(true, std::memory_order_relaxed); }
   const ShellStats& stats() const { return stats_; }
 
  private:
+  class Loop;  // the sockets and the state of one run()
   ShellOptions options_;
   std::atomic<bool> stop_{false};
   ShellStats stats_;

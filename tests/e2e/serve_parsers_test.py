@@ -44,7 +44,7 @@ def check(cond, what):
 
 
 # The scripts' pieces. DeepSeek-V3's tool-call markers are written as the chat template spells
-# them (src/engine/tool_parser.h); the shipped tokenizer has them as plain text, which is all
+# them (src/output/tool_parser.h); the shipped tokenizer has them as plain text, which is all
 # the parsers see.
 DS_CALLS_BEGIN, DS_CALLS_END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
 DS_CALL_BEGIN, DS_CALL_END, DS_SEP = "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>"

@@ -267,7 +267,7 @@ int run_device(xccl::Fabric& f, const std::string& dir, const std::vector<Prompt
       // What the shell sends: kPrepare of v3 (v1, the identity, is in force; v2 is v3 with
       // the spare slots disabled), and kCommit once every device prepared.
       EplbCommand c;
-      c.op = int32_t(EplbOp::kPrepare);
+      c.op = EplbOp::kPrepare;
       c.version = (*ep)->map_version() + 2;
       const std::vector<xccl::ExpertMap> maps =
           replica_maps(**ep, m.info().n_routed_experts, f.world_size());
@@ -276,9 +276,9 @@ int run_device(xccl::Fabric& f, const std::string& dir, const std::vector<Prompt
         c.replicas.push_back(maps[size_t(l)].replicas);
       }
       auto r = agent->on_command(c, me);
-      if (!r || r->state != int32_t(EplbState::kPrepared))
+      if (!r || r->state != EplbState::kPrepared)
         return fail("EPLB prepare: " + (r ? r->error : std::string("no report")));
-      c.op = int32_t(EplbOp::kCommit);
+      c.op = EplbOp::kCommit;
       if (agent->on_command(c, me)) return fail("EPLB commit answered");
     }
     if (agent) {

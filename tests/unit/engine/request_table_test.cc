@@ -278,7 +278,7 @@ TEST(RequestTable, RollbackOfAForkingPrefillDropsTheChildren) {
 TEST(RequestTable, DecodeHandoffsWaitForTheirPull) {
   Fixture f(4);  // 4 blocks of 4
   EngineRequest r = request("d", {1, 2, 3, 4, 5}, 4);
-  r.phase = static_cast<int32_t>(RequestPhase::kDecode);
+  r.phase = RequestPhase::kDecode;
   r.handoff.rows = 5;
   r.handoff.output = {6};
   ASSERT_TRUE(f.table.add(std::move(r)).ok());

@@ -43,7 +43,7 @@ EplbReport report(int group, uint64_t version, EplbState s) {
   EplbReport r;
   r.group = group;
   r.version = version;
-  r.state = int32_t(s);
+  r.state = s;
   r.disable_step = 40;
   r.switch_step = 41;
   return r;
@@ -72,7 +72,7 @@ TEST(EplbControl, OneHotExpertGetsAReplicaOnTheOtherDevice) {
   const EplbAnswer a = e.rebalance(0, c);
   ASSERT_EQ(a.status, 202) << a.body.dump();
   ASSERT_TRUE(c);
-  EXPECT_EQ(c->op, int32_t(EplbOp::kPrepare));
+  EXPECT_EQ(c->op, EplbOp::kPrepare);
   EXPECT_EQ(c->version, 3u);  // v1 in force, v2 the disabled map
   EXPECT_EQ(c->moe_layers, std::vector<int64_t>({5}));
   // counts [20, 0, 0, 2]: one round replicates expert 0 (then copies = N: no candidate);
@@ -92,7 +92,7 @@ TEST(EplbControl, OneHotExpertGetsAReplicaOnTheOtherDevice) {
   EXPECT_FALSE(e.on_report(report(0, 3, EplbState::kPrepared)));
   auto commit = e.on_report(report(1, 3, EplbState::kPrepared));
   ASSERT_TRUE(commit);
-  EXPECT_EQ(commit->op, int32_t(EplbOp::kCommit));
+  EXPECT_EQ(commit->op, EplbOp::kCommit);
   EXPECT_EQ(commit->version, 3u);
   // The map is in force only once both switched.
   EXPECT_FALSE(e.on_report(report(0, 3, EplbState::kSwitched)));
@@ -132,7 +132,7 @@ TEST(EplbControl, AFailedPrepareAbortsAndTheMapStays) {
   bad.error = "injected";
   auto abort = e.on_report(bad);
   ASSERT_TRUE(abort);
-  EXPECT_EQ(abort->op, int32_t(EplbOp::kAbort));
+  EXPECT_EQ(abort->op, EplbOp::kAbort);
   EXPECT_EQ(e.map_version(), 1u);
   const nlohmann::json s = e.state();
   EXPECT_EQ(s["rebalances_failed"].get<int>(), 1);

@@ -1,13 +1,13 @@
 // Reasoning / content separation on fixed model texts; every text is also fed in random
 // pieces, which must give the same split as one push (the expected splits are written by
 // hand from the <think>...</think> rule).
-#include "engine/reasoning_parser.h"
+#include "output/reasoning_parser.h"
 
 #include <gtest/gtest.h>
 
 #include "output_test_util.h"
 
-namespace xds::engine {
+namespace xds::output {
 namespace {
 
 ReasoningSplit run(const std::vector<std::string>& pieces, bool starts_inside,
@@ -97,4 +97,4 @@ TEST(ReasoningParser, UnknownKind) {
 }
 
 }  // namespace
-}  // namespace xds::engine
+}  // namespace xds::output

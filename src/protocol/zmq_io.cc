@@ -1,10 +1,10 @@
-#include "engine/zmq_io.h"
+#include "protocol/zmq_io.h"
 
 #include <unistd.h>
 
 #include <fmt/format.h>
 
-namespace xds::engine {
+namespace xds::protocol {
 
 Status send_message(zmq::socket_t& socket, const Message& m, bool dontwait) {
   const std::string bytes = encode(m);
@@ -35,4 +35,4 @@ std::string abstract_ipc_address(const std::string& name) {
   return fmt::format("ipc://@xdeepserve-{}-{}", ::getpid(), name);
 }
 
-}  // namespace xds::engine
+}  // namespace xds::protocol

@@ -28,13 +28,13 @@
 #include <vector>
 
 #include "base/status.h"
-#include "engine/request.h"
+#include "protocol/payloads.h"
 
-namespace xds::engine {
+namespace xds::output {
 
 struct ToolSplit {
   std::string content;
-  std::vector<ToolCall> calls;  // complete calls, in output order
+  std::vector<protocol::ToolCall> calls;  // complete calls, in output order
 };
 
 enum class ToolFormat { kDeepSeekV3, kQwen3 };
@@ -67,7 +67,7 @@ class ToolParser {
 };
 
 // Body parsers (between the call markers), exposed for tests. Failure: InvalidArgument.
-Result<ToolCall> parse_deepseek_v3_call(std::string_view body);
-Result<ToolCall> parse_qwen3_call(std::string_view body);
+Result<protocol::ToolCall> parse_deepseek_v3_call(std::string_view body);
+Result<protocol::ToolCall> parse_qwen3_call(std::string_view body);
 
-}  // namespace xds::engine
+}  // namespace xds::output

@@ -19,7 +19,7 @@
 
 #include "tokenizer/tokenizer.h"
 
-namespace xds::engine {
+namespace xds::output {
 
 class Detokenizer {
  public:
@@ -41,4 +41,4 @@ class Detokenizer {
   IncrementalDetokenizer stream_;
 };
 
-}  // namespace xds::engine
+}  // namespace xds::output

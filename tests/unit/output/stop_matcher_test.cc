@@ -1,12 +1,12 @@
 // Stop strings: hand-derived cases, and random splits of random texts against a plain
 // reference (the text before the earliest occurrence of any stop string, found in one piece).
-#include "engine/stop_matcher.h"
+#include "output/stop_matcher.h"
 
 #include <gtest/gtest.h>
 
 #include "output_test_util.h"
 
-namespace xds::engine {
+namespace xds::output {
 namespace {
 
 struct Fed {
@@ -140,4 +140,4 @@ TEST(StopMatcher, PartialSuffix) {
 }
 
 }  // namespace
-}  // namespace xds::engine
+}  // namespace xds::output

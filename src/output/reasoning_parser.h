@@ -23,7 +23,7 @@
 
 #include "base/status.h"
 
-namespace xds::engine {
+namespace xds::output {
 
 struct ReasoningSplit {
   std::string reasoning;
@@ -47,4 +47,4 @@ class ReasoningParser {
   std::string held_;  // undecided text (a tag prefix, or newlines after </think>)
 };
 
-}  // namespace xds::engine
+}  // namespace xds::output

@@ -1,13 +1,17 @@
 // The per-choice output state machine over the shipped model's tokenizer. References:
 // Tokenizer::decode of the whole id sequence (or of its prefixes) and hand-written splits.
-#include "engine/output_processor.h"
+#include "output/output_processor.h"
 
 #include <gtest/gtest.h>
 
 #include "output_test_util.h"
 
-namespace xds::engine {
+namespace xds::output {
 namespace {
+
+using protocol::OutputOptions;
+using protocol::TokenDelta;
+using protocol::ToolCall;
 
 const Tokenizer& kjv() {
   return test::tokenizer("kjv");
@@ -230,4 +234,4 @@ TEST(OutputProcessor, SetupErrors) {
 }
 
 }  // namespace
-}  // namespace xds::engine
+}  // namespace xds::output

@@ -1,8 +1,8 @@
-#include "engine/stop_matcher.h"
+#include "output/stop_matcher.h"
 
 #include <algorithm>
 
-namespace xds::engine {
+namespace xds::output {
 
 size_t partial_suffix(std::string_view text, std::string_view tag) {
   if (tag.empty()) return 0;
@@ -62,4 +62,4 @@ std::string StopMatcher::finish() {
   return out;
 }
 
-}  // namespace xds::engine
+}  // namespace xds::output

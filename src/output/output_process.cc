@@ -1,4 +1,4 @@
-#include "engine/output_process.h"
+#include "output/output_process.h"
 
 #include <sys/prctl.h>
 
@@ -15,11 +15,18 @@
 #include <zmq.hpp>
 
 #include "base/log.h"
-#include "engine/output_processor.h"
-#include "engine/zmq_io.h"
+#include "output/output_processor.h"
+#include "protocol/messages.h"
+#include "protocol/zmq_io.h"
 
-namespace xds::engine {
+namespace xds::output {
 namespace {
+
+using protocol::EngineRequest;
+using protocol::Message;
+using protocol::OutputDelta;
+using protocol::RequestPhase;
+using protocol::TokenDelta;
 
 constexpr int kSendTimeoutMs = 2000;  // a gateway that stops reading loses its output, not us
 constexpr int kLingerMs = 1000;       // delivery of queued deltas at shutdown
@@ -58,28 +65,24 @@ class OutputLoop {
 
   void run() {
     while (true) {
-      Result<std::optional<Message>> got = recv_message(in_, /*dontwait=*/false);
+      Result<std::optional<Message>> got = protocol::recv_message(in_, /*dontwait=*/false);
       if (!got.ok()) {
         XDS_LOG_WARN("output process {}: {}", options_.group, got.status().to_string());
         continue;
       }
       if (!got->has_value()) continue;
       Message& m = **got;
-      switch (m.kind) {
-        case MessageKind::kRequest:
-          if (m.request) add_request(*m.request);
-          break;
-        case MessageKind::kTokens:
-          on_tokens(m.tokens);
-          break;
-        case MessageKind::kCancel:
-          requests_.erase(m.request_id);
-          break;
-        case MessageKind::kShutdown:
-          return;
-        default:
-          XDS_LOG_DEBUG("output process {}: ignored a message of kind {}", options_.group,
-                        static_cast<int>(m.kind));
+      if (const auto* r = std::get_if<protocol::RequestMsg>(&m)) {
+        add_request(r->request);
+      } else if (const auto* t = std::get_if<protocol::TokensMsg>(&m)) {
+        on_tokens(t->tokens);
+      } else if (const auto* c = std::get_if<protocol::CancelMsg>(&m)) {
+        requests_.erase(c->request_id);
+      } else if (std::holds_alternative<protocol::ShutdownMsg>(m)) {
+        return;
+      } else {
+        XDS_LOG_DEBUG("output process {}: ignored a {} message", options_.group,
+                      protocol::kind_name(protocol::kind_of(m)));
       }
       flush();
     }
@@ -122,7 +125,7 @@ class OutputLoop {
     // The decode phase of a disaggregated request: the prefill side's output process already
     // streamed the tokens generated so far; replaying them here (nothing sent) rebuilds the
     // same detokenizer offsets, held-back stop-string text and parser state.
-    if (static_cast<RequestPhase>(r.phase) == RequestPhase::kDecode && !r.handoff.output.empty()) {
+    if (r.phase == RequestPhase::kDecode && !r.handoff.output.empty()) {
       TokenDelta replay;
       replay.request_id = r.id;
       replay.tokens = r.handoff.output;
@@ -165,11 +168,7 @@ class OutputLoop {
   // Cancels `index` of the request on the device (-1: every choice).
   void send_cancel(const std::string& request_id, int32_t index = -1) {
     if (!cancel_) return;
-    Message m;
-    m.kind = MessageKind::kCancel;
-    m.request_id = request_id;
-    m.index = index;
-    Status s = send_message(*cancel_, m);
+    Status s = protocol::send_message(*cancel_, protocol::CancelMsg{request_id, index});
     if (!s.ok())
       XDS_LOG_WARN("output process {}: cancel '{}': {}", options_.group, request_id, s.to_string());
   }
@@ -197,10 +196,7 @@ class OutputLoop {
       if (outputs.empty()) continue;
       zmq::socket_t* sock = reply_socket(address);
       if (sock != nullptr) {
-        Message m;
-        m.kind = MessageKind::kOutput;
-        m.outputs = std::move(outputs);
-        Status s = send_message(*sock, m);
+        Status s = protocol::send_message(*sock, protocol::OutputMsg{std::move(outputs)});
         if (!s.ok()) {
           XDS_LOG_WARN("output process {}: to '{}': {}", options_.group, address, s.to_string());
         }
@@ -243,4 +239,4 @@ int run_output_process(const OutputProcessOptions& options) {
   return 0;
 }
 
-}  // namespace xds::engine
+}  // namespace xds::output

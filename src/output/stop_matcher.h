@@ -19,7 +19,7 @@
 #include <string_view>
 #include <vector>
 
-namespace xds::engine {
+namespace xds::output {
 
 struct StopPush {
   std::string text;      // released text (before the stop string when `stopped`)
@@ -49,4 +49,4 @@ class StopMatcher {
   bool stopped_ = false;
 };
 
-}  // namespace xds::engine
+}  // namespace xds::output

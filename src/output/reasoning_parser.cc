@@ -1,8 +1,8 @@
-#include "engine/reasoning_parser.h"
+#include "output/reasoning_parser.h"
 
-#include "engine/stop_matcher.h"
+#include "output/stop_matcher.h"
 
-namespace xds::engine {
+namespace xds::output {
 namespace {
 constexpr std::string_view kOpen = "<think>";
 constexpr std::string_view kClose = "</think>";
@@ -78,4 +78,4 @@ ReasoningSplit ReasoningParser::finish() {
   return out;
 }
 
-}  // namespace xds::engine
+}  // namespace xds::output

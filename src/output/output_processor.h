@@ -29,25 +29,25 @@
 #include <string>
 
 #include "base/status.h"
-#include "engine/detokenizer.h"
-#include "engine/reasoning_parser.h"
-#include "engine/request.h"
-#include "engine/stop_matcher.h"
-#include "engine/tool_parser.h"
+#include "output/detokenizer.h"
+#include "output/reasoning_parser.h"
+#include "protocol/payloads.h"
+#include "output/stop_matcher.h"
+#include "output/tool_parser.h"
 #include "tokenizer/tokenizer.h"
 
-namespace xds::engine {
+namespace xds::output {
 
 struct ChoiceSetup {
   std::string request_id;
   int32_t index = 0;  // choice index (n > 1)
-  OutputOptions options;
+  protocol::OutputOptions options;
   const Tokenizer* tokenizer = nullptr;  // null: the model has no tokenizer (ids only)
   uint64_t call_id_seed = 0;             // keys the tool-call ids (see tool_parser.h)
 };
 
 struct OutputStep {
-  OutputDelta delta;
+  protocol::OutputDelta delta;
   bool emit = false;              // the delta carries something (always, until finished)
   bool finished = false;          // this delta finishes the choice
   bool cancel_on_device = false;  // a stop string finished it; the device is still running it
@@ -59,14 +59,14 @@ class OutputProcessor {
   // or detokenize without a tokenizer.
   static Result<OutputProcessor> create(const ChoiceSetup& setup);
 
-  OutputStep consume(const TokenDelta& in);
+  OutputStep consume(const protocol::TokenDelta& in);
   bool finished() const { return finished_; }
   int32_t completion_tokens() const { return completion_tokens_; }
 
  private:
   explicit OutputProcessor(const ChoiceSetup& setup);
   // Runs released text through the parsers into `out` (finishing: flush them).
-  void route(std::string_view text, bool finishing, OutputDelta* out);
+  void route(std::string_view text, bool finishing, protocol::OutputDelta* out);
 
   std::string request_id_;
   int32_t index_ = 0;
@@ -82,4 +82,4 @@ class OutputProcessor {
   int32_t cached_tokens_ = 0;
 };
 
-}  // namespace xds::engine
+}  // namespace xds::output

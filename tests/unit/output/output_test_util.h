@@ -13,7 +13,7 @@
 #include "base/check.h"
 #include "tokenizer/tokenizer.h"
 
-namespace xds::engine::test {
+namespace xds::output::test {
 
 inline std::string source_root() {
   return std::filesystem::path(__FILE__).parent_path().parent_path().parent_path().parent_path();
@@ -46,4 +46,4 @@ inline std::vector<std::string> random_split(std::string_view s, std::mt19937& r
   return out;
 }
 
-}  // namespace xds::engine::test
+}  // namespace xds::output::test

@@ -1,14 +1,14 @@
 // Incremental detokenization against Tokenizer::decode of the whole sequence (random id
 // sequences over the shipped model's and the published DeepSeek-V3 / Qwen3 tokenizers), and a
 // character split over byte tokens derived by hand from the GPT-2 byte alphabet.
-#include "engine/detokenizer.h"
+#include "output/detokenizer.h"
 
 #include <gtest/gtest.h>
 
 #include "output_test_util.h"
 #include "tokenizer/utf8.h"
 
-namespace xds::engine {
+namespace xds::output {
 namespace {
 
 // GPT-2's byte -> unicode alphabet (the ByteLevel pre-tokenizer's), written independently of
@@ -124,4 +124,4 @@ TEST(Detokenizer, SpecialTokens) {
 }
 
 }  // namespace
-}  // namespace xds::engine
+}  // namespace xds::output

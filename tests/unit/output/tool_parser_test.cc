@@ -1,7 +1,7 @@
 // Tool-call parsing on fixed model texts in the DeepSeek-V3 and Qwen3 formats (the markers
 // spelled as in the published chat templates); each text also in random pieces, which must
 // give the same content and calls as one push. Expected values are written by hand.
-#include "engine/tool_parser.h"
+#include "output/tool_parser.h"
 
 #include <set>
 
@@ -9,8 +9,10 @@
 
 #include "output_test_util.h"
 
-namespace xds::engine {
+namespace xds::output {
 namespace {
+
+using protocol::ToolCall;
 
 struct Parsed {
   std::string content;
@@ -173,4 +175,4 @@ TEST(ToolParser, BodyParsers) {
 }
 
 }  // namespace
-}  // namespace xds::engine
+}  // namespace xds::output

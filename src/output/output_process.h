@@ -24,7 +24,7 @@
 
 #include <string>
 
-namespace xds::engine {
+namespace xds::output {
 
 struct OutputProcessOptions {
   std::string model_dir;       // tokenizer files; without them every request must be ids-only
@@ -37,4 +37,4 @@ struct OutputProcessOptions {
 // (the reason is logged).
 int run_output_process(const OutputProcessOptions& options);
 
-}  // namespace xds::engine
+}  // namespace xds::output

@@ -1,4 +1,4 @@
-// Control messages on ZeroMQ sockets: one engine::Message per frame (MessagePack).
+// Control messages on ZeroMQ sockets: one protocol::Message per frame (protocol/messages.h).
 //
 // Thread-safety: a zmq::socket_t belongs to one thread; so do these calls on it.
 #pragma once
@@ -9,9 +9,9 @@
 #include <zmq.hpp>
 
 #include "base/status.h"
-#include "engine/request.h"
+#include "protocol/messages.h"
 
-namespace xds::engine {
+namespace xds::protocol {
 
 // Sends `m` (blocking unless `dontwait`; a full queue with dontwait is Unavailable).
 Status send_message(zmq::socket_t& socket, const Message& m, bool dontwait = false);
@@ -23,4 +23,4 @@ Result<std::optional<Message>> recv_message(zmq::socket_t& socket, bool dontwait
 // file system, gone with the last process that holds it.
 std::string abstract_ipc_address(const std::string& name);
 
-}  // namespace xds::engine
+}  // namespace xds::protocol

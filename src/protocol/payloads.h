@@ -1,8 +1,9 @@
-// What travels between the gateway, an instance's shell, its DP groups and their output
-// processes: one schema for every control message (docs/design/flowserve.md, "Messages").
-// Every message is a `Message` envelope, encoded as MessagePack (nlohmann::json::to_msgpack)
-// in one ZeroMQ frame. Tensors never travel here (XCCL only); token ids do, a step's worth at
-// a time.
+// The payloads of the control messages (protocol/messages.h) between the gateway, an
+// instance's shell, its DP groups and their output processes (docs/design/flowserve.md,
+// "Messages"): requests, token and text deltas, loads, EPLB commands and reports. Tensors
+// never travel here (XCCL only); token ids do, a step's worth at a time. Every struct encodes
+// as a JSON/MessagePack object whose field names are its member names; a missing field keeps
+// its default, and enums travel as their integer values.
 //
 // Thread-safety: plain values.
 #pragma once
@@ -14,9 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "base/status.h"
-
-namespace xds::engine {
+namespace xds::protocol {
 
 // Sampling and stopping, per request (the OpenAI fields after validation by the gateway).
 struct SamplingOptions {
@@ -80,7 +79,7 @@ struct EngineRequest {
   OutputOptions output;
   std::string reply_to;          // ZeroMQ address of the gateway's output socket
   int64_t arrival_us = 0;        // gateway clock (steady), for TTFT
-  int32_t phase = 0;             // RequestPhase
+  RequestPhase phase = RequestPhase::kWhole;
   KvHandoff handoff;             // kDecode
   // > 0: shared by every DP group of a cooperative prefill instance, numbered in the order
   // the shell sent it (engine/cooperative_prefill.h); the groups agree who prefills it.
@@ -183,7 +182,7 @@ struct GroupLoad {
 //   kAbort:   some device failed: drop the staging, the map in force stays.
 enum class EplbOp : int32_t { kPrepare = 1, kCommit = 2, kAbort = 3 };
 struct EplbCommand {
-  int32_t op = 0;  // EplbOp
+  EplbOp op = EplbOp::kPrepare;
   uint64_t version = 0;
   // [moe_layers][n_experts] -> physical slot ids (primary first); kPrepare only.
   std::vector<int64_t> moe_layers;
@@ -195,59 +194,17 @@ enum class EplbState : int32_t { kPrepared = 1, kSwitched = 2, kFailed = 3, kAbo
 struct EplbReport {
   int32_t group = -1;
   uint64_t version = 0;
-  int32_t state = 0;            // EplbState
+  EplbState state = EplbState::kPrepared;
   std::string error;            // kFailed: what failed
   uint64_t disable_step = 0;    // kSwitched: the step the disabled map took effect
   uint64_t switch_step = 0;     // kSwitched: the step the new map took effect
   int64_t loaded_bytes = 0;     // kSwitched: bytes copied into this device's slots
 };
 
-enum class MessageKind : uint8_t {
-  kRequest = 1,   // EngineRequest: gateway -> shell -> DP group
-  kCancel = 2,    // request_id: gateway -> shell -> every DP group
-  kTokens = 3,    // TokenDelta[]: DP group -> its output process
-  kOutput = 4,    // OutputDelta[]: output process -> gateway
-  kLoad = 5,      // GroupLoad: DP group -> shell; shell -> gateway (all groups)
-  kWake = 6,      // shell -> every DP group: work exists somewhere, join the step loop
-  kShutdown = 7,  // drain and stop
-  kPing = 8,      // health: gateway -> shell -> groups; kPong back with the same id
-  kPong = 9,
-  kRejected = 10, // shell -> gateway: request could not be placed now (retry later)
-  kEplb = 11,     // EplbCommand: shell -> every DP group; EplbReport: DP group -> shell
-  kAdmin = 12,    // gateway -> shell: text = "eplb" | "eplb/rebalance", request_id = call id;
-                  // shell -> gateway: the same request_id, index = HTTP status, text = JSON
-                  // body (request_id empty: the shell's EPLB state pushed for /metrics)
-  kFailed = 13,   // shell -> gateway: the instance cannot serve any more (text: why)
-  kBlocks = 14,   // DP group -> shell -> gateways: prefix-cache block-hash events (P096)
-};
-
-// The envelope. Exactly the fields of its kind are set.
-struct Message {
-  MessageKind kind = MessageKind::kPing;
-  std::string request_id;                 // kCancel, kPing/kPong (probe id), kRejected
-  std::optional<EngineRequest> request;   // kRequest
-  std::vector<TokenDelta> tokens;         // kTokens
-  std::vector<OutputDelta> outputs;       // kOutput
-  std::vector<GroupLoad> loads;           // kLoad
-  std::string text;                       // free text (kRejected reason, errors)
-  uint64_t seq = 0;                       // kWake: the shell's wake sequence number
-  int32_t group = -1;                     // kLoad / kPong: the sending DP group
-  int32_t index = -1;                     // kCancel: the choice to stop (-1: every choice)
-  std::optional<EplbCommand> eplb;        // kEplb, shell -> group
-  std::optional<EplbReport> eplb_report;  // kEplb, group -> shell
-  std::vector<uint64_t> blocks_added;     // kBlocks: chain hashes now cached by `group`
-  std::vector<uint64_t> blocks_removed;   // kBlocks: chain hashes it evicted
-};
-
 // Stores `incoming` in `kept` (the same group's previous load), keeping kept's expert counts
 // when `incoming` carries none (they are sent about once a second, the rest of a load far
 // more often).
 void merge_load(GroupLoad& kept, GroupLoad incoming);
-
-// MessagePack bytes <-> Message. decode() fails with a clear error on malformed bytes or a
-// message of an unknown kind (never throws).
-std::string encode(const Message& m);
-Result<Message> decode(const void* data, size_t size);
 
 // JSON field names = member names; missing fields keep their defaults.
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(SamplingOptions, temperature, top_p, top_k, seed,
@@ -288,4 +245,23 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(EplbCommand, op, version, moe_la
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(EplbReport, group, version, state, error,
                                                 disable_step, switch_step, loaded_bytes)
 
+}  // namespace xds::protocol
+
+// The DP group and its parts name the payloads as their own (engine::EngineRequest, ...).
+namespace xds::engine {
+using protocol::EngineRequest;
+using protocol::EplbCommand;
+using protocol::EplbOp;
+using protocol::EplbReport;
+using protocol::EplbState;
+using protocol::GroupLoad;
+using protocol::KvHandoff;
+using protocol::merge_load;
+using protocol::OutputDelta;
+using protocol::OutputOptions;
+using protocol::RequestPhase;
+using protocol::SamplingOptions;
+using protocol::TokenDelta;
+using protocol::TokenLogprob;
+using protocol::ToolCall;
 }  // namespace xds::engine

@@ -1,8 +1,13 @@
-#include "engine/output_processor.h"
+#include "output/output_processor.h"
 
 #include <utility>
 
-namespace xds::engine {
+namespace xds::output {
+
+using protocol::OutputDelta;
+using protocol::OutputOptions;
+using protocol::TokenDelta;
+using protocol::ToolCall;
 
 Result<OutputProcessor> OutputProcessor::create(const ChoiceSetup& setup) {
   const OutputOptions& o = setup.options;
@@ -119,4 +124,4 @@ OutputStep OutputProcessor::consume(const TokenDelta& in) {
   return step;
 }
 
-}  // namespace xds::engine
+}  // namespace xds::output

@@ -1,6 +1,6 @@
-#include "engine/detokenizer.h"
+#include "output/detokenizer.h"
 
-namespace xds::engine {
+namespace xds::output {
 
 Detokenizer::Detokenizer(const Tokenizer& tok, bool skip_special_tokens)
     : tok_(&tok), stream_(tok, skip_special_tokens) {}
@@ -24,4 +24,4 @@ std::string Detokenizer::token_text(int32_t id) const {
   return tok_->decode(one, /*skip_special_tokens=*/false);
 }
 
-}  // namespace xds::engine
+}  // namespace xds::output

@@ -1,13 +1,15 @@
-#include "engine/tool_parser.h"
+#include "output/tool_parser.h"
 
 #include <algorithm>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "engine/stop_matcher.h"
+#include "output/stop_matcher.h"
 
-namespace xds::engine {
+namespace xds::output {
+
+using protocol::ToolCall;
 namespace {
 
 constexpr std::string_view kDsSectionBegin = "<｜tool▁calls▁begin｜>";
@@ -242,4 +244,4 @@ ToolSplit ToolParser::finish() {
   return out;
 }
 
-}  // namespace xds::engine
+}  // namespace xds::output

@@ -2,18 +2,30 @@
 // test plays the DP group (PUSH of kRequest / kTokens, PULL of kCancel) and two gateways (a
 // PULL each, one over tcp, one over ipc). References: Tokenizer::decode of the ids and the
 // text before the stop string.
-#include "engine/output_process.h"
+#include "output/output_process.h"
 
 #include <thread>
+#include <variant>
 
 #include <gtest/gtest.h>
 #include <zmq.hpp>
 
-#include "engine/zmq_io.h"
+#include "protocol/messages.h"
+#include "protocol/zmq_io.h"
 #include "output_test_util.h"
 
-namespace xds::engine {
+namespace xds::output {
 namespace {
+
+using protocol::EngineRequest;
+using protocol::TokenDelta;
+using protocol::OutputDelta;
+using protocol::Message;
+using protocol::MessageKind;
+using protocol::kind_of;
+using protocol::send_message;
+using protocol::recv_message;
+using protocol::abstract_ipc_address;
 
 constexpr int kReceiveTimeoutMs = 20000;  // a hang fails the test instead of wedging it
 
@@ -51,8 +63,10 @@ Choice collect(zmq::socket_t& gateway, const std::string& id) {
   Choice c;
   while (c.finish_reason.empty()) {
     const Message m = receive(gateway);
-    EXPECT_EQ(m.kind, MessageKind::kOutput);
-    for (const OutputDelta& d : m.outputs) {
+    EXPECT_EQ(kind_of(m), MessageKind::kOutput);
+    const auto* out = std::get_if<protocol::OutputMsg>(&m);
+    if (out == nullptr) continue;
+    for (const OutputDelta& d : out->outputs) {
       EXPECT_EQ(d.request_id, id) << "a delta reached the wrong gateway";
       c.text += d.text;
       c.token_ids.insert(c.token_ids.end(), d.token_ids.begin(), d.token_ids.end());
@@ -94,26 +108,19 @@ TEST(OutputProcess, TwoRequestsTwoGatewaysAndAStopString) {
   const std::string garbage = "\xc1 not msgpack";
   device.send(zmq::buffer(garbage), zmq::send_flags::none);
 
-  Message ra;
-  ra.kind = MessageKind::kRequest;
-  ra.request = request("cmpl-a", tcp_address);
-  ra.request->output.stop = {"created"};
+  protocol::RequestMsg ra{request("cmpl-a", tcp_address)};
+  ra.request.output.stop = {"created"};
   ASSERT_TRUE(send_message(device, ra).ok());
-  Message rb;
-  rb.kind = MessageKind::kRequest;
-  rb.request = request("cmpl-b", ipc_address);
+  protocol::RequestMsg rb{request("cmpl-b", ipc_address)};
   ASSERT_TRUE(send_message(device, rb).ok());
   // A request that cannot be set up: an error delta and a cancel.
-  Message rc_bad;
-  rc_bad.kind = MessageKind::kRequest;
-  rc_bad.request = request("cmpl-c", ipc_address);
-  rc_bad.request->output.reasoning_parser = "unknown_parser";
+  protocol::RequestMsg rc_bad{request("cmpl-c", ipc_address)};
+  rc_bad.request.output.reasoning_parser = "unknown_parser";
 
   // Interleaved steps of two tokens; each request's last step says "length".
   const size_t steps = std::max(ids_a->size(), ids_b->size());
   for (size_t i = 0; i < steps; i += 2) {
-    Message m;
-    m.kind = MessageKind::kTokens;
+    protocol::TokensMsg m;
     for (const auto* p : {&*ids_a, &*ids_b}) {
       if (i >= p->size()) continue;
       TokenDelta d;
@@ -135,8 +142,10 @@ TEST(OutputProcess, TwoRequestsTwoGatewaysAndAStopString) {
   EXPECT_EQ(b.finish_reason, "length");
 
   // The stop string finished cmpl-a before the device did: the device is told.
-  const Message cancel = receive(device_cancel);
-  EXPECT_EQ(cancel.kind, MessageKind::kCancel);
+  const Message cancel_msg = receive(device_cancel);
+  EXPECT_EQ(kind_of(cancel_msg), MessageKind::kCancel);
+  ASSERT_TRUE(std::holds_alternative<protocol::CancelMsg>(cancel_msg));
+  const auto& cancel = std::get<protocol::CancelMsg>(cancel_msg);
   EXPECT_EQ(cancel.request_id, "cmpl-a");
   EXPECT_EQ(cancel.index, 0);  // that choice only: the others of an n > 1 request go on
 
@@ -144,13 +153,13 @@ TEST(OutputProcess, TwoRequestsTwoGatewaysAndAStopString) {
   const Choice c = collect(gateway_ipc, "cmpl-c");
   EXPECT_EQ(c.finish_reason, "abort");
   EXPECT_NE(c.error.find("unknown_parser"), std::string::npos);
-  const Message cancel_c = receive(device_cancel);
+  const Message cancel_c_msg = receive(device_cancel);
+  ASSERT_TRUE(std::holds_alternative<protocol::CancelMsg>(cancel_c_msg));
+  const auto& cancel_c = std::get<protocol::CancelMsg>(cancel_c_msg);
   EXPECT_EQ(cancel_c.request_id, "cmpl-c");
   EXPECT_EQ(cancel_c.index, -1);  // every choice
 
-  Message shutdown;
-  shutdown.kind = MessageKind::kShutdown;
-  ASSERT_TRUE(send_message(device, shutdown).ok());
+  ASSERT_TRUE(send_message(device, protocol::ShutdownMsg{}).ok());
   loop.join();
   EXPECT_EQ(rc, 0);
 }
@@ -162,4 +171,4 @@ TEST(OutputProcess, BadListenAddressFails) {
 }
 
 }  // namespace
-}  // namespace xds::engine
+}  // namespace xds::output

@@ -1,0 +1,202 @@
+// The control messages between the gateway, an instance's shell, its DP groups and their
+// output processes (docs/design/flowserve.md, "Messages"): one struct per kind, a `Message`
+// is one of them. Each travels in one ZeroMQ frame as a MessagePack map (nlohmann::json::
+// to_msgpack) holding the protocol version, the kind's tag and the struct's fields:
+//
+//   RequestMsg       gateway -> shell -> the DP group it is placed on -> its output process
+//   CancelMsg        gateway -> shell; output process (a stop string matched) -> its group
+//                    -> shell -> the group that holds the request
+//   TokensMsg        DP group -> its output process
+//   OutputMsg        output process -> gateway
+//   LoadMsg          DP group -> shell (its own load); shell -> gateways (every group's)
+//   WakeMsg          shell -> every DP group; a sleeping group that holds work -> shell
+//   ShutdownMsg      gateway -> shell -> DP groups -> output processes: drain and stop
+//   PingMsg/PongMsg  health: gateway -> shell -> every group; a pong back once all answered
+//   RejectedMsg      shell -> gateway: the request cannot be placed (now, or ever)
+//   EplbCommandMsg   shell -> every DP group (serve/eplb_control.h)
+//   EplbReportMsg    DP group -> shell
+//   AdminRequestMsg  gateway -> shell: an /admin call
+//   AdminReplyMsg    shell -> gateway: its answer
+//   EplbStatePushMsg shell -> gateways: the EPLB metrics lines, about once a second
+//   FailedMsg        shell -> gateways: the instance cannot serve any more
+//   BlocksMsg        DP group -> shell -> gateways: prefix-cache block-hash events (P096)
+//   EndedMsg         DP group -> shell: requests it released (the shell forgets their group)
+//
+// Thread-safety: plain values.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include "base/status.h"
+#include "protocol/payloads.h"
+
+namespace xds::protocol {
+
+// Carried by every message; decode() refuses a message of another version. Bump it whenever a
+// message or payload changes meaning (a field added with a harmless default need not).
+inline constexpr int32_t kProtocolVersion = 1;
+
+// What an instance does with the requests it gets (serve --role).
+enum class InstanceRole : int32_t { kColocated = 0, kPrefill = 1, kDecode = 2 };
+const char* to_string(InstanceRole role);
+// "colocated" | "prefill" | "decode"; anything else is an InvalidArgument.
+Result<InstanceRole> parse_instance_role(std::string_view text);
+
+// The /admin calls the shell answers.
+enum class AdminCall : int32_t {
+  kEplbState = 1,      // GET /admin/eplb
+  kEplbRebalance = 2,  // POST /admin/eplb/rebalance
+};
+
+struct RequestMsg {
+  EngineRequest request;
+};
+
+struct CancelMsg {
+  std::string request_id;
+  int32_t index = -1;  // the choice to stop (-1: every choice)
+};
+
+struct TokensMsg {
+  std::vector<TokenDelta> tokens;
+};
+
+struct OutputMsg {
+  std::vector<OutputDelta> outputs;
+};
+
+struct LoadMsg {
+  std::vector<GroupLoad> loads;
+  InstanceRole role = InstanceRole::kColocated;  // shell -> gateway: the instance's role
+};
+
+struct WakeMsg {
+  uint64_t seq = 0;    // shell -> groups: the shell's wake sequence number
+  int32_t group = -1;  // group -> shell: the group that asks for a new wake
+};
+
+struct ShutdownMsg {};
+
+struct PingMsg {
+  std::string probe_id;  // gateway -> shell: echoed in the pong
+  uint64_t seq = 0;      // shell -> groups: the shell's probe number
+};
+
+struct PongMsg {
+  std::string probe_id;  // shell -> gateway
+  uint64_t seq = 0;      // group -> shell
+  int32_t group = -1;    // group -> shell: the answering DP group
+  InstanceRole role = InstanceRole::kColocated;  // shell -> gateway
+};
+
+struct RejectedMsg {
+  std::string request_id;
+  std::string reason;
+  // The request can never be placed (larger than any group's KV): the gateway answers 400
+  // instead of queueing it.
+  bool never = false;
+};
+
+struct EplbCommandMsg {
+  EplbCommand command;
+};
+
+struct EplbReportMsg {
+  EplbReport report;
+};
+
+struct AdminRequestMsg {
+  std::string call_id;
+  AdminCall call = AdminCall::kEplbState;
+};
+
+struct AdminReplyMsg {
+  std::string call_id;
+  int32_t http_status = 200;
+  std::string body;  // JSON text
+};
+
+struct EplbStatePushMsg {
+  std::string metrics_text;  // Prometheus exposition lines for the gateway's /metrics
+};
+
+struct FailedMsg {
+  std::string reason;
+};
+
+struct BlocksMsg {
+  int32_t group = -1;                   // the DP group whose prefix cache changed
+  std::vector<uint64_t> added;          // chain hashes now cached
+  std::vector<uint64_t> removed;        // chain hashes evicted
+};
+
+struct EndedMsg {
+  int32_t group = -1;
+  std::vector<std::string> request_ids;
+};
+
+using Message = std::variant<RequestMsg, CancelMsg, TokensMsg, OutputMsg, LoadMsg, WakeMsg,
+                             ShutdownMsg, PingMsg, PongMsg, RejectedMsg, EplbCommandMsg,
+                             EplbReportMsg, AdminRequestMsg, AdminReplyMsg, EplbStatePushMsg,
+                             FailedMsg, BlocksMsg, EndedMsg>;
+
+// The wire tag of each kind; never reused.
+enum class MessageKind : int32_t {
+  kRequest = 1,
+  kCancel = 2,
+  kTokens = 3,
+  kOutput = 4,
+  kLoad = 5,
+  kWake = 6,
+  kShutdown = 7,
+  kPing = 8,
+  kPong = 9,
+  kRejected = 10,
+  kEplbCommand = 11,
+  kEplbReport = 12,
+  kAdminRequest = 13,
+  kAdminReply = 14,
+  kEplbStatePush = 15,
+  kFailed = 16,
+  kBlocks = 17,
+  kEnded = 18,
+};
+MessageKind kind_of(const Message& m);
+// "request", "cancel", ... for log lines.
+const char* kind_name(MessageKind kind);
+
+// Message <-> MessagePack bytes. decode() never throws: malformed bytes, a message of another
+// protocol version (the error names both) or of an unknown kind is an InvalidArgument.
+std::string encode(const Message& m);
+Result<Message> decode(const void* data, size_t size);
+
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(RequestMsg, request)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(CancelMsg, request_id, index)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(TokensMsg, tokens)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(OutputMsg, outputs)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(LoadMsg, loads, role)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(WakeMsg, seq, group)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(PingMsg, probe_id, seq)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(PongMsg, probe_id, seq, group, role)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(RejectedMsg, request_id, reason, never)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(EplbCommandMsg, command)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(EplbReportMsg, report)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(AdminRequestMsg, call_id, call)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(AdminReplyMsg, call_id, http_status, body)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(EplbStatePushMsg, metrics_text)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(FailedMsg, reason)
+// ShutdownMsg has no fields (the macros need at least one).
+inline void to_json(nlohmann::json& j, const ShutdownMsg&) { j = nlohmann::json::object(); }
+inline void from_json(const nlohmann::json&, ShutdownMsg&) {}
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(BlocksMsg, group, added, removed)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(EndedMsg, group, request_ids)
+
+}  // namespace xds::protocol
+
+namespace xds::engine {
+using protocol::Message;
+}  // namespace xds::engine
