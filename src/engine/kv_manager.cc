@@ -123,6 +123,48 @@ Status KvManager::truncate(int64_t seq, int64_t length) {
   return {};
 }
 
+Status KvManager::rewind(int64_t seq, std::span<const int32_t> tokens,
+                         std::vector<BlockCopy>& copies) {
+  const auto len = static_cast<int64_t>(tokens.size());
+  if (len > live_seq(seq).length) {
+    return invalid_argument("rewind: sequence {} to {} positions, above its committed {}", seq, len,
+                            live_seq(seq).length);
+  }
+  const int64_t full = len / block_size_;
+  const bool partial = len % block_size_ != 0;
+  int32_t copy = -1;
+  if (partial && live_seq(seq).hashed_blocks > full) {  // the partial block is cached
+    std::vector<int32_t> one;
+    XDS_RETURN_IF_ERROR(obtain(1, seq, one));
+    copy = one[0];
+  }
+  Seq& s = live_seq(seq);
+  release_tail(s, static_cast<size_t>(std::min<int64_t>(blocks_covering(len, block_size_),
+                                                        static_cast<int64_t>(s.table.size()))));
+  if (copy >= 0) {
+    const int32_t old = s.table.back();
+    copies.push_back({.src = old, .dst = copy});
+    s.table.back() = copy;
+    if (use_cache_) {
+      cache_.release(alloc_, old);
+    } else {
+      alloc_.unref(old);
+    }
+  }
+  s.length = len;
+  if (s.hashed_blocks > full) {
+    s.hashed_blocks = 0;
+    s.chain = PrefixCache::kRootHash;
+    for (int64_t i = 0; i < full; ++i) {
+      s.chain = PrefixCache::block_hash(
+          s.chain, tokens.subspan(static_cast<size_t>(i * block_size_),
+                                  static_cast<size_t>(block_size_)));
+      s.hashed_blocks = i + 1;
+    }
+  }
+  return {};
+}
+
 Status KvManager::commit(int64_t seq, std::span<const int32_t> tokens) {
   Seq& s = live_seq(seq);
   const auto len = static_cast<int64_t>(tokens.size());

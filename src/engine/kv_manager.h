@@ -77,6 +77,13 @@ class KvManager {
   // Gives back the blocks past position `length` (MTP rollback, or a reservation not used);
   // InvalidArgument if length < the committed length.
   Status truncate(int64_t seq, int64_t length);
+  // Undoes commits back to `tokens` ([0, L), L <= the committed length; a failed step's
+  // rollback): the committed length becomes L and the blocks past it go back. Blocks that
+  // entered the prefix cache stay there (their rows are valid); a partial last block that is
+  // cached is replaced by a copy (appended to `copies` for the caller to perform), so that the
+  // sequence never writes a cached block. InvalidArgument if L is above the committed length;
+  // ResourceExhausted (nothing changed) when no block can be had for the copy.
+  Status rewind(int64_t seq, std::span<const int32_t> tokens, std::vector<BlockCopy>& copies);
   // `tokens` are the sequence's ids at positions [0, L), whose KV is now final: the committed
   // length becomes L and every newly full block enters the prefix cache. InvalidArgument if L
   // is below the committed length or above the capacity.

@@ -10,13 +10,13 @@ constexpr uint8_t kIdle = 0, kScheduled = 1, kPreempted = 2;
 
 Status check_limits(const SchedulerLimits& l) {
   if (l.max_num_seqs < 1 || l.max_num_batched_tokens < 1 || l.block_size < 1 || l.free_blocks < 0 ||
-      l.total_blocks < 0 || l.lookahead < 0 || l.long_prefill_chunk < 0) {
+      l.total_blocks < 0 || l.lookahead < 0 || l.long_prefill_chunk < 0 || l.max_model_len < 0) {
     return invalid_argument(
         "scheduler limits: max_num_seqs {} (>= 1), max_num_batched_tokens {} (>= 1), "
         "block_size {} (>= 1), free_blocks {}, total_blocks {}, lookahead {}, "
-        "long_prefill_chunk {} (>= 0)",
+        "long_prefill_chunk {}, max_model_len {} (>= 0)",
         l.max_num_seqs, l.max_num_batched_tokens, l.block_size, l.free_blocks, l.total_blocks,
-        l.lookahead, l.long_prefill_chunk);
+        l.lookahead, l.long_prefill_chunk, l.max_model_len);
   }
   return {};
 }
@@ -55,6 +55,10 @@ Status check_input(const SchedulerInput& in, const SchedulerLimits& l, std::vect
   ids.clear();
   for (const auto* list : {&in.running, &in.preempted, &in.waiting})
     for (const SchedSeq& s : *list) ids.push_back(s.id);
+  for (const SchedHandoff& h : in.awaiting) {
+    if (h.rows < 0) return invalid_argument("scheduler: awaiting seq {}: rows {} < 0", h.id, h.rows);
+    ids.push_back(h.id);
+  }
   std::sort(ids.begin(), ids.end());
   const auto dup = std::adjacent_find(ids.begin(), ids.end());
   if (dup != ids.end()) return invalid_argument("scheduler: seq {} is listed twice", *dup);
@@ -170,6 +174,24 @@ struct Builder {
   }
 };
 
+// The handoffs to pull (the backpressure rule in scheduler.h); returns the blocks left.
+int64_t admit_handoffs(const SchedulerInput& in, const SchedulerLimits& lim, StepPlan& plan) {
+  int64_t avail = lim.free_blocks;
+  const bool seat = static_cast<int64_t>(in.running.size()) < lim.max_num_seqs;
+  for (const SchedHandoff& h : in.awaiting) {
+    const int64_t need = blocks_for(h.rows + 1 + lim.lookahead, lim.block_size);
+    if ((lim.total_blocks > 0 && need > lim.total_blocks) ||
+        (lim.max_model_len > 0 && h.rows + 1 > lim.max_model_len)) {
+      plan.handoffs_unfittable.push_back(h.id);
+      continue;
+    }
+    if (avail < need || !seat) break;
+    plan.handoffs.push_back(h.id);
+    avail -= blocks_for(h.rows, lim.block_size);
+  }
+  return avail;
+}
+
 }  // namespace
 
 Status schedule(const SchedulerInput& in, const SchedulerLimits& limits, StepPlan* plan) {
@@ -177,15 +199,18 @@ Status schedule(const SchedulerInput& in, const SchedulerLimits& limits, StepPla
   plan->admitted.clear();
   plan->preempted.clear();
   plan->unfittable.clear();
+  plan->handoffs.clear();
+  plan->handoffs_unfittable.clear();
   plan->tokens = 0;
   plan->new_blocks = 0;
   XDS_RETURN_IF_ERROR(check_input(in, limits, plan->ids));
   plan->state.assign(in.running.size(), kIdle);
+  const int64_t avail = admit_handoffs(in, limits, *plan);
   Builder b{.in = in,
             .lim = limits,
             .plan = *plan,
             .budget = limits.max_num_batched_tokens,
-            .avail = limits.free_blocks,
+            .avail = avail,
             .seats = limits.max_num_seqs - static_cast<int64_t>(in.running.size())};
   b.decodes();
   if (!b.running_prefills()) return {};

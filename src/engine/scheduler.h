@@ -28,6 +28,14 @@
 // A sequence with awaiting_kv (its KV is being pulled by prefill/decode disaggregation) holds
 // its blocks and a seat but is never scheduled nor preempted.
 //
+// Before all of that, the awaiting handoffs of prefill/decode disaggregation (decode phases
+// whose KV waits on a prefill instance), in arrival order. Backpressure (P101): a handoff is
+// pulled only when its blocks fit -- free_blocks holds blocks_for(rows + 1 + lookahead) and
+// fewer than max_num_seqs sequences run; the first that does not fit stops the handoffs (the
+// prefill side keeps its blocks meanwhile). A pulled handoff reserves blocks_for(rows) blocks
+// at once, which the rest of the step then lacks. One needing more blocks than total_blocks,
+// or rows + 1 > max_model_len, is unfittable (handoffs_unfittable) and skipped.
+//
 // Invariants of a plan: no sequence appears twice in chunks; sum of chunk counts <=
 // max_num_batched_tokens except for the chunking-off oversized prompt; new blocks <=
 // free_blocks plus the blocks of the preempted; running + admitted - preempted <=
@@ -54,10 +62,17 @@ struct SchedSeq {
   bool awaiting_kv = false;   // running: KV being pulled from a prefill instance
 };
 
+// A decode phase whose KV waits on a prefill instance (prefill/decode disaggregation).
+struct SchedHandoff {
+  int64_t id = 0;    // the caller's sequence id
+  int64_t rows = 0;  // KV positions the pull writes (>= 0)
+};
+
 struct SchedulerInput {
   std::vector<SchedSeq> running;    // hold KV; sorted by arrival
   std::vector<SchedSeq> preempted;  // to recompute; sorted by arrival
   std::vector<SchedSeq> waiting;    // placed, never run; sorted by arrival
+  std::vector<SchedHandoff> awaiting;  // handoffs waiting for their pull; arrival order
 };
 
 struct SchedulerLimits {
@@ -69,6 +84,7 @@ struct SchedulerLimits {
   bool chunked_prefill = true;
   int64_t lookahead = 0;           // MTP draft positions per decode (k >= 0)
   int64_t long_prefill_chunk = 0;  // most prefill tokens of one sequence per step (0: off)
+  int64_t max_model_len = 0;       // handoffs: rows + 1 must fit (0: unchecked)
 };
 
 struct StepChunk {
@@ -89,6 +105,8 @@ struct StepPlan {
   std::vector<StepAdmission> admitted;  // preempted/waiting sequences that start running
   std::vector<int64_t> preempted;       // running sequences to preempt, newest first
   std::vector<int64_t> unfittable;      // waiting/preempted whose target exceeds total_blocks
+  std::vector<int64_t> handoffs;        // awaiting handoffs to pull now, in order
+  std::vector<int64_t> handoffs_unfittable;  // awaiting handoffs that can never fit
   int64_t tokens = 0;                   // sum of chunk counts
   int64_t new_blocks = 0;               // blocks the chunks add (attached hits excluded)
   // Scratch reused across calls: per running sequence 0 idle, 1 scheduled, 2 preempted;

@@ -218,6 +218,50 @@ TEST(Scheduler, BlockedRunningPrefillPreemptsNewerIdleOnes) {
   EXPECT_EQ(p.chunks[0].count, 48);  // 2 + 3 blocks cover 80 positions
 }
 
+TEST(Scheduler, HandoffsArePulledOnlyWhenTheirBlocksFit) {
+  // Block 16, lookahead 1. Handoff 10: 40 rows need blocks_for(42) = 3 and reserve
+  // blocks_for(40) = 3; 11: 15 rows need blocks_for(17) = 2, reserve 1; 12: 100 rows need 7.
+  SchedulerInput in;
+  in.awaiting = {{.id = 10, .rows = 40}, {.id = 11, .rows = 15}, {.id = 12, .rows = 100}};
+  in.waiting = {waiting(1, 32)};
+  SchedulerLimits lim = limits(256, 6);
+  lim.lookahead = 1;
+  StepPlan p = run(in, lim);
+  // 6 free: 10 (6 >= 3, 3 left), 11 (3 >= 2, 2 left), 12 stops; the prompt gets 2 blocks.
+  EXPECT_EQ(p.handoffs, (std::vector<int64_t>{10, 11}));
+  ASSERT_EQ(p.chunks.size(), 1u);
+  EXPECT_EQ(p.chunks[0].count, 32);
+  EXPECT_EQ(p.new_blocks, 2);
+  // 5 free: the same two handoffs leave 1 block, so the prompt's first chunk is 16 tokens.
+  lim.free_blocks = 5;
+  p = run(in, lim);
+  EXPECT_EQ(p.handoffs, (std::vector<int64_t>{10, 11}));
+  ASSERT_EQ(p.chunks.size(), 1u);
+  EXPECT_EQ(p.chunks[0].count, 16);
+  // First come, first served: 12 first does not fit 9 blocks, and 11 behind it waits too.
+  in.awaiting = {{.id = 12, .rows = 100}, {.id = 11, .rows = 15}};
+  lim.free_blocks = 6;
+  p = run(in, lim);
+  EXPECT_TRUE(p.handoffs.empty());
+  EXPECT_TRUE(p.handoffs_unfittable.empty());
+  // A pool of 6 blocks can never hold 12: it is unfittable and skipped; so is a handoff whose
+  // rows + 1 pass max_model_len.
+  lim.total_blocks = 6;
+  in.awaiting = {{.id = 12, .rows = 100}, {.id = 13, .rows = 63}, {.id = 11, .rows = 15}};
+  lim.max_model_len = 63;
+  p = run(in, lim);
+  EXPECT_EQ(p.handoffs_unfittable, (std::vector<int64_t>{12, 13}));
+  EXPECT_EQ(p.handoffs, (std::vector<int64_t>{11}));
+  // No seat: max_num_seqs sequences run already.
+  in.running = {decoding(2, 10)};
+  lim.max_num_seqs = 1;
+  lim.total_blocks = 0;
+  lim.max_model_len = 0;
+  in.awaiting = {{.id = 11, .rows = 15}};
+  p = run(in, lim);
+  EXPECT_TRUE(p.handoffs.empty());
+}
+
 TEST(Scheduler, MaxNumSeqsAndAwaitingKvSeats) {
   SchedulerInput in;
   in.running = {decoding(1, 10),

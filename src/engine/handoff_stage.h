@@ -1,0 +1,108 @@
+// The DP group's handoffs between instances and groups, apart from its sockets:
+//   DistFlow (engine/distflow.h) on the prefill side: a prefill-only request that sampled
+//     its first token is parked (its KV kept, a transfer opened; the handoff rides on that
+//     token's delta) until the decode side has pulled it or the transfer expires.
+//   DistFlow on the decode side: the handoffs the step's plan admits (the backpressure rule
+//     is the pure schedule()'s, engine/scheduler.h) are pulled into freshly reserved blocks
+//     and start decoding once the pull completes.
+//   The cooperative prefill pool (engine/cooperative_prefill.h): pooled requests reach every
+//     group and are assigned together after each step header.
+//
+// Thread-safety: not thread-safe; the device's main thread owns it (KvPuller's own thread
+// writes only the blocks it was given).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "base/status.h"
+#include "engine/distflow.h"
+#include "engine/engine_core.h"
+#include "protocol/payloads.h"
+#include "engine/step_sync.h"
+
+namespace xds::engine {
+
+struct HandoffOptions {
+  int rank = 0;  // the group (logs, the prefill group of a handoff)
+  // Prefill side: export the KV planes under `link_name` (distflow_link_name).
+  bool export_kv = false;
+  std::string link_name;
+  // This instance's host for KV transfers (empty: shared memory only); auto | shm | ucx.
+  std::string kv_transfer_host;
+  std::string kv_transfer_backend = "auto";
+  int64_t kv_transfer_timeout_ns = 60'000'000'000;  // a parked transfer nobody pulls is freed
+  bool cooperative_prefill = false;
+};
+
+struct HandoffStats {
+  int64_t parked = 0;             // transfers open now
+  int64_t transfers_done = 0;     // pulled by a decode group
+  int64_t transfers_expired = 0;  // freed at the deadline
+  int64_t pulled_bytes = 0;       // decode side
+};
+
+class HandoffStage {
+ public:
+  explicit HandoffStage(const HandoffOptions& options);
+  ~HandoffStage();
+  HandoffStage(const HandoffStage&) = delete;
+  HandoffStage& operator=(const HandoffStage&) = delete;
+
+  // The engine core's KV storage when exporting (the KvSender's region); null otherwise.
+  KvStorageFactory storage_factory();
+  // Binds the stage to `core` (which must outlive it): the puller, the parked transfers.
+  Status attach(EngineCore& core);
+
+  // Cooperative prefill: takes a pooled request (r.pool_number > 0 with the pool on); false
+  // leaves r to the caller.
+  bool pool(EngineRequest& r);
+  // A cancel of a pooled request (it is dropped when assigned); false when not pooled.
+  bool cancel_pooled(const std::string& id);
+  bool pool_empty() const { return pool_.empty(); }
+  // The pool state all-gathered after the step header, the same assignment on every group;
+  // this group's requests go to `admit` (then `cancel` when cancelled while pooled). True when
+  // some request was assigned anywhere.
+  Result<bool> cooperate(StepSync& sync, const std::function<void(EngineRequest)>& admit,
+                         const std::function<void(const std::string&)>& cancel);
+
+  // Every loop: links of decode groups that connect, completed transfers (their parked
+  // sequences freed), transfers past the deadline (freed), then the completed pulls (their
+  // sequences start decoding, or end: a failed pull, a cancel meanwhile). *ended: some
+  // transfer ended.
+  Status service(bool* ended);
+  // The plan's handoffs: pulls posted; the unfittable ones end ("abort").
+  Status start_pulls(const StepPlan& plan);
+  // After the step's commit: the table's handoffs are parked, their transfer on the delta.
+  void park();
+
+  bool has_parked() const { return !parked_.empty(); }
+  int listen_fd() const { return sender_ ? sender_->listen_fd() : -1; }
+  int ucx_listen_fd() const { return sender_ ? sender_->ucx_listen_fd() : -1; }
+  bool exporting() const { return sender_ != nullptr; }
+  HandoffStats stats() const;
+
+ private:
+  HandoffOptions o_;
+  EngineCore* core_ = nullptr;
+  std::map<uint64_t, EngineRequest> pool_;  // cooperative prefill, by number
+  uint64_t pool_highest_ = 0;
+  std::vector<std::string> pool_cancelled_;  // ids cancelled while pooled
+  std::unique_ptr<KvSender> sender_;         // prefill role (export_kv)
+  std::unique_ptr<KvPuller> puller_;         // every group: decode phases
+  std::vector<KvPuller::Done> pulled_;       // scratch
+  struct Parked {
+    int64_t seq = 0;
+    int64_t deadline_ns = 0;
+  };
+  std::unordered_map<uint64_t, Parked> parked_;  // by transfer id
+  std::vector<uint64_t> completed_;              // scratch
+  int64_t transfers_done_ = 0, transfers_expired_ = 0;
+};
+
+}  // namespace xds::engine
