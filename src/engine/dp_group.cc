@@ -28,8 +28,6 @@
 #include "engine/step_sync.h"
 #include "engine/zmq_io.h"
 #include "model/causal_lm.h"
-#include "model/config.h"
-#include "model/deepseek_v3.h"
 #include "model/kv_storage.h"
 #include "model/registry.h"
 #include "model/speculative_decode.h"
