@@ -50,7 +50,7 @@
 #include "kernels/cpu/linear_panels.h"
 #include "kernels/cpu/mla_attention.h"
 #include "machine_limits.h"
-#include "model/deepseek_v3.h"
+#include "model/deepseek_v3/deepseek_v3.h"
 #include "run_output.h"
 
 namespace xds::bench {

@@ -15,7 +15,7 @@
 #include "cli/prompt.h"
 #include "engine/speculative.h"
 #include "kernels/cpu/sampling.h"
-#include "model/deepseek_v3.h"
+#include "model/deepseek_v3/deepseek_v3.h"
 #include "model/speculative_decode.h"
 
 namespace xds::cli {

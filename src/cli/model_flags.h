@@ -9,7 +9,7 @@
 #include <CLI/CLI.hpp>
 
 #include "base/status.h"
-#include "model/deepseek_v3.h"
+#include "model/causal_lm.h"
 
 namespace xds::cli {
 

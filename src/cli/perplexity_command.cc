@@ -28,7 +28,7 @@
 #include "base/read_file.h"
 #include "cli/commands.h"
 #include "cli/model_flags.h"
-#include "model/deepseek_v3.h"
+#include "model/deepseek_v3/deepseek_v3.h"
 #include "tokenizer/tokenizer.h"
 
 namespace xds::cli {

@@ -21,6 +21,8 @@
 #include "engine/handoff_stage.h"
 #include "engine/speculative_stage.h"
 #include "engine/step_sync.h"
+#include "model/causal_lm.h"
+#include "model/kv_storage.h"
 #include "model/registry.h"
 #include "protocol/messages.h"
 #include "protocol/zmq_io.h"

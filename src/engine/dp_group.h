@@ -13,7 +13,7 @@
 #include <string>
 
 #include "base/status.h"
-#include "model/deepseek_v3.h"
+#include "model/causal_lm.h"
 
 namespace xds::xccl {
 class Fabric;

@@ -17,27 +17,8 @@ namespace {
 constexpr int kMaxPasses = 16;   // 4 bits of the key's phase
 constexpr int kMaxRounds = 256;  // 8 bits of the key's phase
 
-// A MoE layer's routed-expert weights (the model's, or the DeepSeek-V3 weights'), or null.
-const MoeWeights* layer_moe_weights(const EpMoeSetup& setup, int64_t layer);
-
 int64_t total_layers(const ModelInfo& i) {
   return i.num_layers + i.n_mtp_layers;
-}
-
-// The facts EpMoeExchange uses, from a DeepSeek-V3 config and weights.
-ModelInfo info_of(const DeepseekV3Config& c, const DeepseekV3Weights* w) {
-  ModelInfo i;
-  i.hidden_size = c.hidden_size;
-  i.n_routed_experts = c.n_routed_experts;
-  i.experts_per_token = c.num_experts_per_tok;
-  i.num_layers = c.num_hidden_layers;
-  i.n_mtp_layers = c.num_nextn_predict_layers;
-  if (w == nullptr) return i;
-  for (size_t l = 0; l < w->layers.size(); ++l)
-    if (w->layers[l].moe) i.moe_layers.push_back(int64_t(l));
-  for (size_t k = 0; k < w->mtp.size(); ++k)
-    if (w->mtp[k].layer.moe) i.moe_layers.push_back(c.num_hidden_layers + int64_t(k));
-  return i;
 }
 
 }  // namespace
@@ -65,30 +46,12 @@ uint64_t EpMoeExchange::staging_bytes(const ModelInfo& info, int devices, Comput
   return xccl::moe_staging_bytes(moe_config(info, devices, compute, options), devices);
 }
 
-uint64_t EpMoeExchange::staging_bytes(const DeepseekV3Config& config, int devices,
-                                      ComputeDType compute, const EpMoeOptions& options) {
-  return staging_bytes(info_of(config, nullptr), devices, compute, options);
-}
-
 Result<std::unique_ptr<EpMoeExchange>> EpMoeExchange::create(const EpMoeSetup& setup) {
-  if (setup.mailbox == nullptr ||
-      (setup.model == nullptr &&
-       (setup.config == nullptr || setup.weights == nullptr || setup.pool == nullptr)))
-    return invalid_argument(
-        "EpMoeExchange: a mailbox and a model (or a config, weights and a pool) are required");
-  if (setup.model == nullptr &&
-      (int64_t(setup.weights->layers.size()) != setup.config->num_hidden_layers ||
-       int64_t(setup.weights->mtp.size()) != setup.config->num_nextn_predict_layers))
-    return invalid_argument("EpMoeExchange: weights of {} + {} layers, config {} + {}",
-                            setup.weights->layers.size(), setup.weights->mtp.size(),
-                            setup.config->num_hidden_layers,
-                            setup.config->num_nextn_predict_layers);
-  const ModelInfo info =
-      setup.model != nullptr ? setup.model->info() : info_of(*setup.config, setup.weights);
-  const ComputeDType compute =
-      setup.model != nullptr ? setup.model->compute_dtype() : setup.compute;
-  ThreadPool& pool = setup.model != nullptr ? setup.model->pool() : *setup.pool;
-  const ModelInfo& c = info;
+  if (setup.mailbox == nullptr || setup.model == nullptr)
+    return invalid_argument("EpMoeExchange: a mailbox and a model are required");
+  const ModelInfo& c = setup.model->info();
+  const ComputeDType compute = setup.model->compute_dtype();
+  ThreadPool& pool = setup.model->pool();
   const EpMoeOptions& o = setup.options;
   xccl::Fabric& f = setup.mailbox->fabric();
   const int n = f.world_size();
@@ -108,7 +71,7 @@ Result<std::unique_ptr<EpMoeExchange>> EpMoeExchange::create(const EpMoeSetup& s
   // weights on every device: the same decision, the same staging layout).
   bool w8a8 = !c.moe_layers.empty();
   for (int64_t l : c.moe_layers) {
-    const MoeWeights* mw = layer_moe_weights(setup, l);
+    const MoeWeights* mw = setup.model->moe_weights(l);
     if (mw == nullptr) continue;  // reported below
     for (const MlpWeights& w : mw->experts) w8a8 = w8a8 && is_int8_mlp(w);
   }
@@ -121,11 +84,7 @@ Result<std::unique_ptr<EpMoeExchange>> EpMoeExchange::create(const EpMoeSetup& s
   }
   roles.staging_base = f.layout().staging;
   XDS_ASSIGN_OR_RETURN(auto ex, xccl::Exchange::create(*setup.mailbox, mc, roles, &pool));
-  EpMoeSetup resolved = setup;
-  resolved.compute = compute;
-  resolved.pool = &pool;
-  std::unique_ptr<EpMoeExchange> e(
-      new EpMoeExchange(resolved, info, std::move(ex), mc.slots_per_device));
+  std::unique_ptr<EpMoeExchange> e(new EpMoeExchange(setup, std::move(ex), mc.slots_per_device));
   for (int64_t l : e->moe_layers_)
     if (l < 0 || l >= e->n_layers_ || e->moe_weights(l) == nullptr)
       return invalid_argument("EpMoeExchange: MoE layer {} has no routed-expert weights", l);
@@ -136,15 +95,16 @@ Result<std::unique_ptr<EpMoeExchange>> EpMoeExchange::create(const EpMoeSetup& s
   return e;
 }
 
-EpMoeExchange::EpMoeExchange(const EpMoeSetup& setup, const ModelInfo& info,
-                             std::unique_ptr<xccl::Exchange> ex, int slots)
+EpMoeExchange::EpMoeExchange(const EpMoeSetup& setup, std::unique_ptr<xccl::Exchange> ex,
+                             int slots)
     : setup_(setup),
-      info_(info),
+      info_(setup.model->info()),
+      pool_(setup.model->pool()),
       ex_(std::move(ex)),
       slots_(slots),
-      n_layers_(total_layers(info)),
-      moe_layers_(info.moe_layers),
-      experts_(setup.compute, *setup.pool) {
+      n_layers_(total_layers(info_)),
+      moe_layers_(info_.moe_layers),
+      experts_(setup.model->compute_dtype(), pool_) {
   slot_weights_.resize(size_t(n_layers_));
   pass_.assign(size_t(n_layers_), 0);
   moe_row_.assign(size_t(n_layers_), -1);
@@ -155,24 +115,12 @@ EpMoeExchange::EpMoeExchange(const EpMoeSetup& setup, const ModelInfo& info,
   redundant_.assign(size_t(n_layers_), std::vector<std::pair<int, const MlpWeights*>>(
                                            size_t(std::max(redundant, 0)), {-1, nullptr}));
   spread_.resize(size_t(setup.options.max_tokens));
-  out16_.resize(size_t(setup.options.max_tokens) * size_t(info.hidden_size));
+  out16_.resize(size_t(setup.options.max_tokens) * size_t(info_.hidden_size));
 }
 
 const MoeWeights* EpMoeExchange::moe_weights(int64_t layer) const {
-  return layer_moe_weights(setup_, layer);
+  return setup_.model->moe_weights(layer);
 }
-
-namespace {
-const MoeWeights* layer_moe_weights(const EpMoeSetup& setup, int64_t layer) {
-  if (setup.model != nullptr) return setup.model->moe_weights(layer);
-  const DeepseekV3Weights& w = *setup.weights;
-  const int64_t main = int64_t(w.layers.size());
-  if (layer < 0 || layer >= main + int64_t(w.mtp.size())) return nullptr;
-  const auto& moe =
-      layer < main ? w.layers[size_t(layer)].moe : w.mtp[size_t(layer - main)].layer.moe;
-  return moe ? &*moe : nullptr;
-}
-}  // namespace
 
 Status EpMoeExchange::set_expert_maps(std::vector<xccl::ExpertMap> maps) {
   if (int64_t(maps.size()) != n_layers_)
@@ -214,7 +162,6 @@ Status EpMoeExchange::set_redundant_slot(int64_t layer, int slot, int logical,
     return invalid_argument(
         "redundant slot: layer {} slot {} (redundant slots [{}, {})) expert {} weights {}",
         layer, slot, primary, slots_, logical, weights != nullptr ? "given" : "none");
-  redundant_declared_ = true;
   redundant_[size_t(layer)][size_t(slot - primary)] = {logical, weights};
   return Status::ok_status();
 }
@@ -227,26 +174,22 @@ Status EpMoeExchange::bind_layer(int64_t layer, const xccl::ExpertMap& m,
   for (int e = 0; e < m.n_logical(); ++e)
     for (int32_t p : m.replicas[size_t(e)])
       if (p / slots_ == rank) logical_[size_t(p % slots_)] = e;
-  if (redundant_declared_) {
-    // Redundant slots from what was loaded into them, checked against the map.
-    for (int s = primary; s < slots_; ++s) {
-      const auto& [held, w] = redundant_[size_t(layer)][size_t(s - primary)];
-      if (logical_[size_t(s)] >= 0 && logical_[size_t(s)] != held)
-        return invalid_argument(
-            "expert map v{} of layer {}: redundant slot {} of device {} serves expert {} but "
-            "holds {}",
-            m.version, layer, s, rank, logical_[size_t(s)], held);
-    }
-    std::vector<int32_t> primaries(logical_.begin(), logical_.begin() + primary);
-    primaries.resize(size_t(slots_), -1);
-    XDS_RETURN_IF_ERROR(bind_expert_slots(*moe_weights(layer), primaries, out)
-                            .with_context(fmt::format("layer {}", layer)));
-    for (int s = primary; s < slots_; ++s)
-      if (logical_[size_t(s)] >= 0) out[size_t(s)] = redundant_[size_t(layer)][size_t(s - primary)].second;
-    return Status::ok_status();
+  // Redundant slots from what was loaded into them (set_redundant_slot), checked against the map.
+  for (int s = primary; s < slots_; ++s) {
+    const auto& [held, w] = redundant_[size_t(layer)][size_t(s - primary)];
+    if (logical_[size_t(s)] >= 0 && logical_[size_t(s)] != held)
+      return invalid_argument(
+          "expert map v{} of layer {}: redundant slot {} of device {} serves expert {} but "
+          "holds {}",
+          m.version, layer, s, rank, logical_[size_t(s)], held);
   }
-  return bind_expert_slots(*moe_weights(layer), logical_, out)
-      .with_context(fmt::format("layer {}", layer));
+  std::vector<int32_t> primaries(logical_.begin(), logical_.begin() + primary);
+  primaries.resize(size_t(slots_), -1);
+  XDS_RETURN_IF_ERROR(bind_expert_slots(*moe_weights(layer), primaries, out)
+                          .with_context(fmt::format("layer {}", layer)));
+  for (int s = primary; s < slots_; ++s)
+    if (logical_[size_t(s)] >= 0) out[size_t(s)] = redundant_[size_t(layer)][size_t(s - primary)].second;
+  return Status::ok_status();
 }
 
 void EpMoeExchange::set_step(uint32_t epoch, uint32_t step) {
@@ -308,7 +251,7 @@ Status EpMoeExchange::run_round(const MoeExchangeInput& in, int64_t begin, int64
         std::memcpy(row + at, &s, sizeof s);
       }
     };
-    if (n > 1) setup_.pool->parallel_for(n, rows);
+    if (n > 1) pool_.parallel_for(n, rows);
     else rows(0, n, 0);
   } else {
     XDS_ASSIGN_OR_RETURN(std::byte * stage, ex_->input_data());
@@ -323,11 +266,10 @@ Status EpMoeExchange::run_round(const MoeExchangeInput& in, int64_t begin, int64
   // 2. Dispatch.
   const std::span<const int32_t> ids(in.ids + begin * k, size_t(n * k));
   const std::span<const float> weights(in.weights + begin * k, size_t(n * k));
-  // Spread keys: a token meets copy (position + rank) mod |copies| of a replicated expert.
+  // Spread keys: the token of row r of the step meets copy (r + rank) mod |copies| of a
+  // replicated expert.
   const int rank = setup_.mailbox->fabric().rank();
-  for (int64_t i = 0; i < n; ++i)
-    spread_[size_t(i)] =
-        spread_key(in.positions != nullptr ? in.positions[begin + i] : begin + i, rank);
+  for (int64_t i = 0; i < n; ++i) spread_[size_t(i)] = spread_key(begin + i, rank);
   XDS_RETURN_IF_ERROR(ex_->dispatch(int(n), ids, weights, maps_[size_t(in.layer)], key, more,
                                     int8 ? xccl::SenderRows::kInt8 : xccl::SenderRows::kBf16,
                                     std::span<const uint32_t>(spread_.data(), size_t(n))));

@@ -15,7 +15,7 @@
 //        bit for bit) or rounded to bf16 (kBF16: the expert products round their inputs
 //        anyway);
 //     2. dispatch (routes through the layer's map; receivers check every sender's version; an
-//        expert with several copies serves a token by spread_key(position, rank),
+//        expert with several copies serves the token of row i of in.x by spread_key(i, rank),
 //        engine/eplb_maps.h);
 //     3. this device's slots run on the rows it received (GroupedExperts, f32 out);
 //     4. combine: each expert side pre-sums per (token, source) in f32 and the source sums one
@@ -36,8 +36,8 @@
 // sits at the start of the staging area).
 //
 // Thread-safety: one run() at a time, on the device's collective thread (the Mailbox is not
-// thread-safe); the copy and expert work use the given pool. The config, weights, mailbox and
-// pool must outlive the exchange.
+// thread-safe); the copy and expert work use the model's pool. The model and the mailbox must
+// outlive the exchange.
 #pragma once
 
 #include <cstdint>
@@ -48,10 +48,9 @@
 #include "base/thread_pool.h"
 #include "model/causal_lm.h"
 #include "model/compute_dtype.h"
-#include "model/config.h"
-#include "model/deepseek_v3_weights.h"
 #include "model/grouped_experts.h"
 #include "model/moe_exchange.h"
+#include "model/moe_weights.h"
 #include "xccl/expert_map.h"
 #include "xccl/mailbox.h"
 #include "xccl/moe.h"
@@ -72,16 +71,11 @@ struct EpMoeOptions {
   bool int8_rows = false;
 };
 
-// The model side comes either from a CausalLm (its info, compute dtype, pool and
-// moe_weights()), or from a DeepSeek-V3 config and weights with a compute dtype and pool
-// (model == nullptr). The routed-expert weights are mmap'd and shared read-only; the slots
+// The model side is a CausalLm: its info (experts, top-k, MoE layers), compute dtype, pool
+// and moe_weights(). The routed-expert weights are mmap'd and shared read-only; the slots
 // bind only this device's experts.
 struct EpMoeSetup {
   CausalLm* model = nullptr;
-  const DeepseekV3Config* config = nullptr;    // without a model
-  const DeepseekV3Weights* weights = nullptr;  // without a model
-  ComputeDType compute = ComputeDType::kF32;   // without a model
-  ThreadPool* pool = nullptr;                  // without a model: copies and expert products
   xccl::Mailbox* mailbox = nullptr;  // the device's mailbox; world = every device of the EP group
   EpMoeOptions options;
 };
@@ -93,8 +87,6 @@ class EpMoeExchange final : public MoeExchange {
   static Result<std::unique_ptr<EpMoeExchange>> create(const EpMoeSetup& setup);
   // Staging bytes per arena for an instance of `devices` devices.
   static uint64_t staging_bytes(const ModelInfo& info, int devices, ComputeDType compute,
-                                const EpMoeOptions& options);
-  static uint64_t staging_bytes(const DeepseekV3Config& config, int devices, ComputeDType compute,
                                 const EpMoeOptions& options);
   // The exchange's MoeConfig (row and vector types from the compute dtype; slots E / N + S).
   // With options.int8_rows the INT8 staging is included (int8); create() turns
@@ -113,9 +105,7 @@ class EpMoeExchange final : public MoeExchange {
   // map of the wrong shape or mixed versions; the maps in force then stay.
   // A redundant slot (index >= E / N) that a map fills is bound to the weights given by
   // set_redundant_slot for that (layer, slot) and expert, never to anything else: a map that
-  // names a redundant slot holding another expert (or nothing) is InvalidArgument. Without
-  // any set_redundant_slot call (tests of the exchange alone) such slots bind the model's
-  // own weights of the expert.
+  // names a redundant slot holding another expert (or nothing) is InvalidArgument.
   Status set_expert_maps(std::vector<xccl::ExpertMap> maps);
   // Declares what redundant slot `slot` (in [E / N, E / N + S)) of `layer` holds: `logical`'s
   // weights at `weights` (owned by the caller, alive while bound), or nothing (logical -1).
@@ -146,8 +136,7 @@ class EpMoeExchange final : public MoeExchange {
   const Times& times() const { return times_; }
 
  private:
-  EpMoeExchange(const EpMoeSetup& setup, const ModelInfo& info, std::unique_ptr<xccl::Exchange> ex,
-                int slots);
+  EpMoeExchange(const EpMoeSetup& setup, std::unique_ptr<xccl::Exchange> ex, int slots);
   const MoeWeights* moe_weights(int64_t layer) const;
   // Slot weights of one layer from `map` into `out` (nothing else changes).
   Status bind_layer(int64_t layer, const xccl::ExpertMap& map,
@@ -155,8 +144,9 @@ class EpMoeExchange final : public MoeExchange {
   Status run_round(const MoeExchangeInput& in, int64_t begin, int64_t n, bool more,
                    uint64_t key, bool first);
 
-  EpMoeSetup setup_;  // model, or config + weights + compute + pool
-  ModelInfo info_;    // the model's, or derived from the config
+  EpMoeSetup setup_;
+  ModelInfo info_;    // the model's
+  ThreadPool& pool_;  // the model's
   std::unique_ptr<xccl::Exchange> ex_;
   int slots_ = 0;
   int64_t n_layers_ = 0;                 // main + MTP layers
@@ -172,7 +162,6 @@ class EpMoeExchange final : public MoeExchange {
   std::vector<int32_t> logical_;         // [slots] scratch of bind_layer
   std::vector<int64_t> moe_row_;         // [n_layers_] row of a MoE layer in slot_rows_, or -1
   std::vector<int64_t> slot_rows_;       // [moe layers, slots] cumulative
-  bool redundant_declared_ = false;      // set_redundant_slot was called
   // [n_layers_][S]: what each redundant slot holds (expert, weights); expert -1: nothing.
   std::vector<std::vector<std::pair<int, const MlpWeights*>>> redundant_;
   std::vector<uint32_t> spread_;         // [max_tokens] spread keys of a round

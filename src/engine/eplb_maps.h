@@ -6,8 +6,9 @@
 //   slots [0, E / N) of device d hold its primary experts d · (E / N) + s, slots
 //   [E / N, E / N + S) its redundant copies (eplb/planner.h, plan_slots).
 //   replicas: [E] -> physical slot ids, the primary first, then the replicas in placement
-//   order; a token meets copy replicas[e][(position + rank) mod |replicas[e]|] (P078–P079,
-//   eplb::spread_slot), which ExpertMap::physical gives for the key spread_key(position, rank).
+//   order; the token of row i of a step's batch meets copy replicas[e][(i + rank) mod
+//   |replicas[e]|] (P078–P079, eplb::spread_slot), which ExpertMap::physical gives for the key
+//   spread_key(i, rank).
 //
 // Thread-safety: pure functions, callable from any thread.
 #pragma once
@@ -22,11 +23,12 @@
 
 namespace xds::engine {
 
-// The key ExpertMap::physical reduces modulo the number of copies: (position + rank) mod 2^32.
-// Equal to eplb::spread_index's copy for every count of copies that divides 2^32 and, for
-// positions below 2^31, for every count (positions are bounded by the context length).
-inline uint32_t spread_key(int64_t position, int rank) {
-  return static_cast<uint32_t>(static_cast<uint64_t>(position) + static_cast<uint64_t>(rank));
+// The key ExpertMap::physical reduces modulo the number of copies: (row + rank) mod 2^32, row
+// being the token's row in the step's batch on this device. Equal to eplb::spread_index's copy
+// for every count of copies that divides 2^32 and, for rows below 2^31, for every count (a
+// step's rows are bounded by its token budget).
+inline uint32_t spread_key(int64_t row, int rank) {
+  return static_cast<uint32_t>(static_cast<uint64_t>(row) + static_cast<uint64_t>(rank));
 }
 
 // [E] -> physical ids of the copies plan_slots gave (primary first). InvalidArgument for an

@@ -28,7 +28,7 @@
 
 #include "base/huge_page_buffer.h"
 #include "base/status.h"
-#include "model/deepseek_v3_weights.h"
+#include "model/moe_weights.h"
 
 namespace xds::engine {
 

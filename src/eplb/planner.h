@@ -116,15 +116,18 @@ struct Slot {
 // range, more than S replicas on one device, two copies of one expert on one device.
 Result<std::vector<std::vector<Slot>>> plan_slots(const Shape& shape, const LayerPlan& plan);
 
-// The copy that serves a token: copies[(position + rank) mod |copies|], so that the ranks
-// of a data-parallel group start their round-robin at different copies. position: the
-// token's position; rank: the DP rank. copies must not be empty.
-inline size_t spread_index(size_t n_copies, uint64_t position, uint64_t rank) {
-  return static_cast<size_t>((position % n_copies + rank % n_copies) % n_copies);
+// The copy that serves a token (P078-P079): copies[(row + rank) mod |copies|]. row: the
+// token's row in the step's batch on its device; rank: the device's DP rank. Consecutive rows
+// of one device meet the copies in turn (a decode batch whose sequences all sit at one
+// position still spreads over every copy), and the ranks of a data-parallel group start
+// their round-robin at different copies; each device decides alone, with no communication.
+// copies must not be empty.
+inline size_t spread_index(size_t n_copies, uint64_t row, uint64_t rank) {
+  return static_cast<size_t>((row % n_copies + rank % n_copies) % n_copies);
 }
-inline const Slot& spread_slot(std::span<const Slot> copies, uint64_t position, uint64_t rank) {
+inline const Slot& spread_slot(std::span<const Slot> copies, uint64_t row, uint64_t rank) {
   XDS_CHECK(!copies.empty(), "spread_slot: an expert with no copy");
-  return copies[spread_index(copies.size(), position, rank)];
+  return copies[spread_index(copies.size(), row, rank)];
 }
 
 // Predicted per-device load of one layer under a plan: load(d) = sum over the copies on d

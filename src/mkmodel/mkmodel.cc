@@ -23,10 +23,11 @@
 #include "base/read_file.h"
 #include "base/thread_pool.h"
 #include "mkmodel/router_skew.h"
-#include "mkmodel/w8a8_rtn.h"
 #include "model/moe_routing.h"
 #include "model/quant_config.h"
 #include "model/safetensors.h"
+#include "quant/checkpoint_writer.h"
+#include "quant/w8a8_rtn.h"
 #include "tensor/dtype.h"
 
 namespace xds {
@@ -508,7 +509,7 @@ void fit_router_skew(const MkModelOptions& o, const DeepseekV3Config& c, std::ve
     XDS_CHECK(job.gate && job.bias, "no router tensors for layer {}", l);
     jobs.push_back(job);
   }
-  const GatingParams gating = GatingParams::from_config(c);
+  const GatingParams gating = gating_params(c);
   const RouterSkew skew{zipf_a, o.router_skew_seed};
   pool.parallel_for(static_cast<int64_t>(jobs.size()), [&](int64_t b, int64_t e, int) {
     for (int64_t j = b; j < e; ++j) {
@@ -774,24 +775,6 @@ Status write_random_checkpoint(const MkModelOptions& o) {
     fit_router_skew(o, c, specs, pool, zipf_a);
   }
   return write_tensor_files(o, specs, pool);
-}
-
-Status copy_checkpoint_side_files(const std::string& from, const std::string& to,
-                                  std::initializer_list<std::string_view> also_skip) {
-  std::error_code ec;
-  for (const auto& e : std::filesystem::directory_iterator(from, ec)) {
-    const std::string name = e.path().filename().string();
-    if (!e.is_regular_file() || name == "config.json" || name.ends_with(".safetensors") ||
-        name == "model.safetensors.index.json" ||
-        std::find(also_skip.begin(), also_skip.end(), name) != also_skip.end()) {
-      continue;
-    }
-    std::filesystem::copy_file(e.path(), to + "/" + name,
-                               std::filesystem::copy_options::overwrite_existing, ec);
-    if (ec) return internal_error("{}: cannot copy to {}: {}", e.path().string(), to, ec.message());
-  }
-  if (ec) return internal_error("{}: cannot list: {}", from, ec.message());
-  return {};
 }
 
 }  // namespace xds

@@ -15,13 +15,12 @@
 #pragma once
 
 #include <cstdint>
-#include <initializer_list>
 #include <optional>
 #include <string>
 #include <string_view>
 
 #include "base/status.h"
-#include "model/config.h"
+#include "model/deepseek_v3/config.h"
 
 namespace xds {
 
@@ -42,7 +41,7 @@ struct MkModelOptions {
   // router_skew_seed and the layer (mkmodel/router_skew.h); "": U(-0.05, 0.05) as above.
   std::string router_skew;
   uint64_t router_skew_seed = 0;
-  // W8A8 (compressed-tensors, round to nearest per output channel: mkmodel/w8a8_rtn.h):
+  // W8A8 (compressed-tensors, round to nearest per output channel: quant/w8a8_rtn.h):
   // the random model's attention and MLP projections written as I8 + weight_scale, the
   // values rounded to `dtype` first, so that the same seed without it gives the float model
   // they were quantized from.
@@ -63,12 +62,6 @@ Result<DeepseekV3Config> mkmodel_config(const MkModelOptions& opts);
 // Writes the checkpoint into opts.out_dir (created if needed; existing files of the same
 // names are replaced); with from_dir set, the W8A8 copy described above.
 Status write_random_checkpoint(const MkModelOptions& opts);
-
-// A rewritten checkpoint's other files (tokenizer, generation config, ...): the regular files
-// of `from` copied into `to` (same names replaced), except config.json, the safetensors
-// shards, their index and the names in `also_skip`.
-Status copy_checkpoint_side_files(const std::string& from, const std::string& to,
-                                  std::initializer_list<std::string_view> also_skip = {});
 
 // f32 -> E4M3 (e4m3fn), round to nearest even, saturating to +-448, NaN -> 0x7f; the same
 // results as xds::f32_to_f8e4m3, in a few operations.

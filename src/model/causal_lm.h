@@ -21,6 +21,7 @@
 #include "model/compute_dtype.h"
 #include "model/kv_storage.h"
 #include "model/moe_exchange.h"
+#include "model/moe_routing.h"
 #include "model/step_io.h"
 
 namespace xds {
@@ -52,6 +53,9 @@ struct ModelOptions {
   bool overlap_shared = false;
 };
 
+// What the engine knows of a model: sizes, layers, tokens, and its MoE (what the expert
+// exchange, the expert slots, EPLB and gating need), whatever the family. A dense model has
+// no moe_layers and n_routed_experts 0.
 struct ModelInfo {
   std::string model_type;  // config.json's model_type ("deepseek_v3")
   std::string name;        // the checkpoint directory's last path component
@@ -59,9 +63,15 @@ struct ModelInfo {
   int64_t hidden_size = 0;
   int64_t num_layers = 0;    // decoder layers (cache layers [0, num_layers))
   int64_t n_mtp_layers = 0;  // MTP layers (cache layers [num_layers, num_layers + n_mtp_layers))
-  int64_t n_routed_experts = 0;
-  int64_t experts_per_token = 0;
+  int64_t n_routed_experts = 0;   // E, per MoE layer
+  int64_t experts_per_token = 0;  // top-k
   std::vector<int64_t> moe_layers;  // cache-layer ids of the MoE layers, ascending, MTP included
+  // The router's rule of every MoE layer (score, top-k method, groups, normalisation,
+  // scaling); gating.num_experts == n_routed_experts, gating.top_k == experts_per_token.
+  GatingParams gating;
+  int64_t expert_intermediate_size = 0;  // I: a routed expert's MLP width
+  int64_t n_shared_experts = 0;          // shared experts of each MoE layer (0: none)
+  int64_t shared_intermediate_size = 0;  // their MLP's width (n_shared_experts * I)
   int64_t max_position_embeddings = 0;
   std::vector<int64_t> eos_token_ids;  // generation_config.json (else config.json)
   std::optional<int64_t> bos_token_id;
@@ -107,6 +117,27 @@ class CausalLm {
   // binds its expert slots to (bind_expert_slots, grouped_experts.h).
   virtual const MoeWeights* moe_weights(int64_t layer) const = 0;
   virtual ThreadPool& pool() = 0;
+
+  // Called on the stepping thread after each decoder layer that forward or forward_mtp runs
+  // (the MTP layer and steps with no tokens included), with `context` and the cache layer:
+  // what lets a caller's loop answer a heartbeat inside a long step. The callback must not
+  // call into the model. nullptr (the default) calls nothing; an unset callback costs one
+  // branch per layer. Set between steps.
+  using LayerCallback = void (*)(void* context, int64_t layer);
+  void set_layer_callback(LayerCallback fn, void* context) {
+    layer_callback_ = fn;
+    layer_context_ = context;
+  }
+
+ protected:
+  // An implementation calls this after each layer it runs.
+  void after_layer(int64_t layer) const {
+    if (layer_callback_ != nullptr) layer_callback_(layer_context_, layer);
+  }
+
+ private:
+  LayerCallback layer_callback_ = nullptr;
+  void* layer_context_ = nullptr;
 };
 
 }  // namespace xds

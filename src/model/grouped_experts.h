@@ -33,7 +33,7 @@
 #include "base/status.h"
 #include "base/thread_pool.h"
 #include "model/compute_dtype.h"
-#include "model/deepseek_v3_weights.h"
+#include "model/moe_weights.h"
 #include "model/int8_mlp.h"
 #include "model/moe_exchange.h"
 #include "tensor/dtype.h"

@@ -14,7 +14,7 @@
 
 #include "base/thread_pool.h"
 #include "kernels/cpu/int8_quant.h"
-#include "model/deepseek_v3_weights.h"
+#include "model/moe_weights.h"
 
 namespace xds {
 

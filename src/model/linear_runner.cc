@@ -3,7 +3,6 @@
 #include "base/check.h"
 #include "kernels/cpu/int8_matrix.h"
 #include "kernels/cpu/linear.h"
-#include "model/deepseek_v3.h"
 
 namespace xds {
 

@@ -3,19 +3,15 @@
 #include <algorithm>
 #include <cstring>
 
-#include "model/deepseek_v3.h"
-
 namespace xds {
-
-const MoeWeights& LocalMoeExchange::layer_weights(int64_t layer) const {
-  if (layer < config_.num_hidden_layers) return *weights_.layers[layer].moe;
-  return *weights_.mtp[layer - config_.num_hidden_layers].layer.moe;
-}
 
 Status LocalMoeExchange::run(const MoeExchangeInput& in) {
   if (in.n == 0 && in.overlap == nullptr) return {};
-  const MoeWeights& w = layer_weights(in.layer);
-  const int64_t d = config_.hidden_size;
+  if (in.layer < 0 || in.layer >= static_cast<int64_t>(layers_.size()) ||
+      layers_[static_cast<size_t>(in.layer)] == nullptr)
+    return invalid_argument("MoE: layer {} has no routed experts", in.layer);
+  const MoeWeights& w = *layers_[static_cast<size_t>(in.layer)];
+  const int64_t d = hidden_;
   const int64_t experts = static_cast<int64_t>(w.experts.size());
   if (in.top_k > 64) return unimplemented("MoE: num_experts_per_tok {} > 64", in.top_k);
 

@@ -7,31 +7,32 @@
 // expert map: slot e holds expert e). Thread-safety: one run() at a time.
 #pragma once
 
+#include <cstdint>
+#include <utility>
 #include <vector>
 
-#include "model/deepseek_v3_weights.h"
 #include "model/grouped_experts.h"
 #include "model/linear_runner.h"
 #include "model/moe_exchange.h"
+#include "model/moe_weights.h"
 
 namespace xds {
 
 class LocalMoeExchange final : public MoeExchange {
  public:
-  LocalMoeExchange(const DeepseekV3Config& config, const DeepseekV3Weights& weights,
-                   LinearRunner& linear)
-      : config_(config),
-        weights_(weights),
+  // layers: [cache layers] each layer's routed experts (nullptr for a dense one; the weights
+  // outlive the exchange); hidden: D.
+  LocalMoeExchange(std::vector<const MoeWeights*> layers, int64_t hidden, LinearRunner& linear)
+      : layers_(std::move(layers)),
+        hidden_(hidden),
         pool_(linear.pool()),
         experts_(linear.compute(), linear.pool()) {}
-  // n = 0 (a step with no tokens) does nothing.
+  // n = 0 (a step with no tokens) does nothing. InvalidArgument for a layer without experts.
   Status run(const MoeExchangeInput& in) override;
 
  private:
-  const MoeWeights& layer_weights(int64_t layer) const;
-
-  const DeepseekV3Config& config_;
-  const DeepseekV3Weights& weights_;
+  std::vector<const MoeWeights*> layers_;
+  int64_t hidden_ = 0;
   ThreadPool& pool_;
   GroupedExperts experts_;
   std::vector<const MlpWeights*> slots_;  // [E] the identity map

@@ -1,8 +1,18 @@
 // The MoE layer's view of "where the experts are" (docs/design/architecture.md, "Experts
 // are addressed through a map"). Gating yields logical expert ids; an exchange computes
 //   out[t] = Σ_j weights[t, j] · expert_{ids[t, j]}(x[t])
-// wherever those experts live: locally (LocalMoeExchange), on the other devices of an
-// expert-parallel instance (engine/), or on expert devices across A2E/E2A (disagg/).
+// wherever those experts live: locally (LocalMoeExchange, model/local_moe.h), on the other
+// devices of an expert-parallel instance (EpMoeExchange, engine/ep_moe_exchange.h), or on
+// expert devices across A2E/E2A (xccl/a2e.h).
+//
+// The interface is family-independent: the input is plain rows, ids and weights of one
+// layer, and what an exchange needs to know of the model comes from ModelInfo (experts,
+// top-k, MoE layers: causal_lm.h) and the layers' MoeWeights (moe_weights.h). An
+// attention-to-expert exchange implements run() on an attention device as: the rows, ids and
+// weights of `layer` go out through A2E (xccl::A2e, the device's DP domain and round), the
+// expert devices compute, and E2A brings back one [n, hidden] sum into `out`; the expert
+// devices run their side from the same (layer, step) keys and need no model forward.
+// Copies of a replicated expert are chosen by the row of x (eplb::spread_slot).
 #pragma once
 
 #include <cstdint>
@@ -30,8 +40,11 @@ class OverlapWork {
   ~OverlapWork() = default;
 };
 
+// One MoE layer of one step on this device. Row t of x, ids, weights and out is the step's
+// token t (batch order); every device of an exchange makes the same sequence of calls, one
+// per MoE layer the step runs, n = 0 included.
 struct MoeExchangeInput {
-  int64_t layer = 0;         // decoder layer index (MTP layers included)
+  int64_t layer = 0;         // cache layer index (MTP layers included)
   const float* x = nullptr;  // [n, hidden] post-attention-normed activations
   int64_t n = 0;
   const int32_t* ids = nullptr;    // [n, top_k] logical expert ids
@@ -40,14 +53,13 @@ struct MoeExchangeInput {
   float* out = nullptr;  // [n, hidden] overwritten with the routed experts' sum
   // Optional: when run() returns, every slice of it has run (to completion).
   OverlapWork* overlap = nullptr;
-  // Optional: [n] each token's position in its sequence. An expert with several copies
-  // (EPLB's replicas) serves a token by its position (P078); null: by its index in the batch.
-  const int64_t* positions = nullptr;
 };
 
+// Thread-safety: run() is called on the model's stepping thread, one at a time.
 class MoeExchange {
  public:
   virtual ~MoeExchange() = default;
+  // Overwrites in.out's n rows; an error leaves them unspecified (the step fails).
   virtual Status run(const MoeExchangeInput& in) = 0;
 };
 

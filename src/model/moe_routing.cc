@@ -7,19 +7,6 @@
 
 namespace xds {
 
-GatingParams GatingParams::from_config(const DeepseekV3Config& c) {
-  GatingParams p;
-  p.num_experts = c.n_routed_experts;
-  p.top_k = c.num_experts_per_tok;
-  p.n_group = c.n_group;
-  p.topk_group = c.topk_group;
-  p.score = c.scoring_func;
-  p.method = c.topk_method;
-  p.norm_topk_prob = c.norm_topk_prob;
-  p.routed_scaling_factor = c.routed_scaling_factor;
-  return p;
-}
-
 namespace {
 
 constexpr float kMinusInf = -std::numeric_limits<float>::infinity();

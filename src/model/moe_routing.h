@@ -9,9 +9,19 @@
 
 #include <cstdint>
 
-#include "model/config.h"
 
 namespace xds {
+
+enum class GatingScore { kSigmoid, kSoftmax };  // the router's score: sigmoid or softmax
+// How the top-k experts are chosen: kNoauxTc on the scores plus a correction bias within the
+// best groups (a group ranks by its two best biased scores; DeepSeek-V3); kGreedy over every
+// expert; kGroupLimitedGreedy within the best groups (a group ranks by its best score).
+enum class TopkMethod { kNoauxTc, kGreedy, kGroupLimitedGreedy };
+
+// Limits of the router's fixed-size stack arrays (moe_routing.cc); a model's loader checks
+// them. DeepSeek-V3 has 256 experts in 8 groups, Kimi K2 384 in 1.
+inline constexpr int64_t kMaxRoutedExperts = 1024;
+inline constexpr int64_t kMaxExpertGroups = 256;
 
 struct GatingParams {
   int64_t num_experts = 0;
@@ -22,8 +32,6 @@ struct GatingParams {
   TopkMethod method = TopkMethod::kNoauxTc;
   bool norm_topk_prob = true;
   double routed_scaling_factor = 1.0;
-
-  static GatingParams from_config(const DeepseekV3Config& c);
 };
 
 // logits: [num_experts] router logits of one token; bias: [num_experts] or null.

@@ -6,7 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/read_file.h"
-#include "model/deepseek_v3.h"
+#include "model/deepseek_v3/deepseek_v3.h"
 #include "model/scripted_lm.h"
 
 namespace xds {

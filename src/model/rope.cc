@@ -18,20 +18,20 @@ double yarn_correction_dim(double num_rotations, int64_t dim, double base, doubl
 
 }  // namespace
 
-RopeTable::RopeTable(const DeepseekV3Config& c) : dim_(c.qk_rope_head_dim) {
+RopeTable::RopeTable(const RopeParams& c) : dim_(c.dim) {
   const int64_t half = dim_ / 2;
   inv_freq_.resize(static_cast<size_t>(half));
   for (int64_t i = 0; i < half; ++i) {
     inv_freq_[i] =
-        std::pow(c.rope_theta, -2.0 * static_cast<double>(i) / static_cast<double>(dim_));
+        std::pow(c.theta, -2.0 * static_cast<double>(i) / static_cast<double>(dim_));
   }
-  softmax_scale_ = 1.0 / std::sqrt(static_cast<double>(c.qk_head_dim()));
-  if (c.rope_scaling) {
-    const RopeScaling& y = *c.rope_scaling;
+  softmax_scale_ = 1.0 / std::sqrt(static_cast<double>(c.qk_head_dim));
+  if (c.scaling) {
+    const RopeScaling& y = *c.scaling;
     double low = std::floor(yarn_correction_dim(
-        y.beta_fast, dim_, c.rope_theta, static_cast<double>(y.original_max_position_embeddings)));
+        y.beta_fast, dim_, c.theta, static_cast<double>(y.original_max_position_embeddings)));
     double high = std::ceil(yarn_correction_dim(
-        y.beta_slow, dim_, c.rope_theta, static_cast<double>(y.original_max_position_embeddings)));
+        y.beta_slow, dim_, c.theta, static_cast<double>(y.original_max_position_embeddings)));
     low = std::max(low, 0.0);
     high = std::min(high, static_cast<double>(dim_ - 1));
     if (low == high) high += 0.001;

@@ -6,15 +6,30 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <vector>
-
-#include "model/config.h"
 
 namespace xds {
 
+struct RopeScaling {  // YaRN
+  double factor = 1.0;
+  int64_t original_max_position_embeddings = 4096;
+  double beta_fast = 32.0;
+  double beta_slow = 1.0;
+  double mscale = 1.0;
+  double mscale_all_dim = 0.0;
+};
+
+struct RopeParams {
+  int64_t dim = 0;          // rope dims per head (even)
+  int64_t qk_head_dim = 0;  // the whole query/key head (the softmax scale's base)
+  double theta = 10000.0;
+  std::optional<RopeScaling> scaling;  // none: plain rope
+};
+
 class RopeTable {
  public:
-  explicit RopeTable(const DeepseekV3Config& config);
+  explicit RopeTable(const RopeParams& params);
 
   // Makes positions [0, max_position) available.
   void ensure(int64_t max_position);

@@ -23,7 +23,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "model/deepseek_v3_weights.h"
+#include "model/moe_weights.h"
 #include "model/moe_exchange.h"
 
 namespace xds {
@@ -35,8 +35,8 @@ class SharedMlpOverlap final : public OverlapWork {
   // where the matrix takes it (panels_dot_for), else the fp32 one on the widened values.)
   static bool supported(const MlpWeights& mlp);
 
-  // Work per slice by default: ~30 µs of one thread at ~100 GFLOP/s, short beside a
-  // routed expert (~0.5 ms), so the slices spread over the experts' phase.
+  // Work per slice by default: a small fraction of one routed expert's time, so that the
+  // slices spread over the experts' phase.
   static constexpr double kSliceFlops = 3e6;
 
   // x: [n, D] (row stride D); gate, up: scratch [n, I] each; out: [n, D] (overwritten).

@@ -1,5 +1,5 @@
 // Calibration: the input statistics of every linear the W8A8 layout quantizes
-// (mkmodel/w8a8_rtn.h), taken from the float model's own forward over a calibration text.
+// (quant/w8a8_rtn.h), taken from the float model's own forward over a calibration text.
 //
 // The model's LinearRunner shows each linear's input rows (attention q_a/q_b/q, kv_a, o_proj;
 // dense and shared MLPs); the routed experts run elsewhere, so their inputs are rebuilt from
@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "base/status.h"
-#include "model/deepseek_v3.h"
+#include "model/deepseek_v3/deepseek_v3.h"
 
 namespace xds {
 

@@ -2,6 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <filesystem>
+
 #include <nlohmann/json.hpp>
 
 #include "base/atomic_file.h"
@@ -55,6 +58,24 @@ Status write_sharded_safetensors(const std::string& dir, const std::vector<OutTe
   XDS_ASSIGN_OR_RETURN(AtomicFile f, AtomicFile::create(dir + "/model.safetensors.index.json"));
   XDS_RETURN_IF_ERROR(f.write(index.dump(2) + "\n"));
   return f.commit();
+}
+
+Status copy_checkpoint_side_files(const std::string& from, const std::string& to,
+                                  std::initializer_list<std::string_view> also_skip) {
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(from, ec)) {
+    const std::string name = e.path().filename().string();
+    if (!e.is_regular_file() || name == "config.json" || name.ends_with(".safetensors") ||
+        name == "model.safetensors.index.json" ||
+        std::find(also_skip.begin(), also_skip.end(), name) != also_skip.end()) {
+      continue;
+    }
+    std::filesystem::copy_file(e.path(), to + "/" + name,
+                               std::filesystem::copy_options::overwrite_existing, ec);
+    if (ec) return internal_error("{}: cannot copy to {}: {}", e.path().string(), to, ec.message());
+  }
+  if (ec) return internal_error("{}: cannot list: {}", from, ec.message());
+  return {};
 }
 
 }  // namespace xds

@@ -7,7 +7,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "base/status.h"
@@ -26,5 +28,11 @@ struct OutTensor {
 // shape and dtype (naming it), an I/O failure (naming the file).
 Status write_sharded_safetensors(const std::string& dir, const std::vector<OutTensor>& tensors,
                                  int64_t max_shard_bytes);
+
+// A rewritten checkpoint's other files (tokenizer, generation config, ...): the regular files
+// of `from` copied into `to` (same names replaced), except config.json, the safetensors
+// shards, their index and the names in `also_skip`.
+Status copy_checkpoint_side_files(const std::string& from, const std::string& to,
+                                  std::initializer_list<std::string_view> also_skip = {});
 
 }  // namespace xds

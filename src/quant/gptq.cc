@@ -7,7 +7,7 @@
 #include <cmath>
 #include <numeric>
 
-#include "mkmodel/w8a8_rtn.h"
+#include "quant/w8a8_rtn.h"
 
 namespace xds {
 namespace {

@@ -1,5 +1,5 @@
 // GPTQ for one linear layer, channel-wise symmetric INT8 (the W8A8 layout of
-// mkmodel/w8a8_rtn.h: one scale per output row).
+// quant/w8a8_rtn.h: one scale per output row).
 //
 // Given W [rows, cols] (float, row-major) and the Hessian H = Σ_t x_t x_tᵀ [cols, cols] of the
 // layer's calibration inputs x_t [cols], GPTQ quantizes W column by column and spreads each
@@ -41,7 +41,7 @@ struct QuantizedLinear {
 Result<QuantizedLinear> gptq_quantize(std::span<const float> w, int64_t rows, int64_t cols,
                                       std::span<const double> h, const GptqOptions& o);
 
-// Round to nearest per row (mkmodel/w8a8_rtn.h), for comparison and for linears without
+// Round to nearest per row (quant/w8a8_rtn.h), for comparison and for linears without
 // calibration data.
 QuantizedLinear rtn_quantize(std::span<const float> w, int64_t rows, int64_t cols,
                              DType scale_dtype);

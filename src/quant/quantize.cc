@@ -13,10 +13,8 @@
 #include "base/atomic_file.h"
 #include "base/bf16.h"
 #include "base/read_file.h"
-#include "mkmodel/mkmodel.h"
-#include "mkmodel/w8a8_rtn.h"
-#include "model/config.h"
-#include "model/deepseek_v3.h"
+#include "model/deepseek_v3/config.h"
+#include "model/deepseek_v3/deepseek_v3.h"
 #include "model/quant_config.h"
 #include "model/safetensors.h"
 #include "model/weights.h"
@@ -24,6 +22,7 @@
 #include "quant/checkpoint_writer.h"
 #include "quant/gptq.h"
 #include "quant/smooth_quant.h"
+#include "quant/w8a8_rtn.h"
 #include "tokenizer/tokenizer.h"
 
 namespace xds {

@@ -13,7 +13,7 @@
 //      quantized linear on its (smoothed) Hessian, or RTN for `method` rtn and for experts
 //      below min_expert_samples;
 //   3. the checkpoint in the compressed-tensors W8A8 layout the runtime loads
-//      (model/quant_config.h, mkmodel/w8a8_rtn.h): config.json gains quantization_config,
+//      (model/quant_config.h, quant/w8a8_rtn.h): config.json gains quantization_config,
 //      each quantized linear is `weight` I8 [out, in] + `weight_scale` [out, 1] in the float
 //      model's dtype, every other tensor is kept in its dtype (norms and router gates with
 //      the smoothing folded in), safetensors shards + model.safetensors.index.json, the

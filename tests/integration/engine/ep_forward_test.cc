@@ -23,7 +23,7 @@
 #include "engine/ep_moe_exchange.h"
 #include "engine/step_sync.h"
 #include "mkmodel/mkmodel.h"
-#include "model/deepseek_v3.h"
+#include "model/deepseek_v3/deepseek_v3.h"
 #include "xccl/launcher.h"
 #include "xccl/thread_fabric.h"
 #include "xccl/transport.h"
@@ -190,6 +190,15 @@ int run_device(xccl::Fabric& f, const std::string& dir, const std::vector<Prompt
   if (!ep.ok()) return fail(ep.status().to_string());
   m.set_moe_exchange(ep->get());
   if (gc.replicas) {
+    // Device r's first spare slot holds the model's own weights of the expert replica_maps
+    // puts there: the first expert of device r + 1.
+    const int primary = int(m.info().n_routed_experts) / f.world_size();
+    const int held = ((f.rank() + 1) % f.world_size()) * primary;
+    for (int64_t l : (*ep)->moe_layers()) {
+      const Status st = (*ep)->set_redundant_slot(l, primary, held,
+                                                  &m.moe_weights(l)->experts[size_t(held)]);
+      if (!st.ok()) return fail(st.to_string());
+    }
     const Status st = (*ep)->set_expert_maps(
         replica_maps(**ep, m.info().n_routed_experts, f.world_size()));
     if (!st.ok()) return fail(st.to_string());
@@ -436,8 +445,8 @@ TEST(EpForward, W8A8ExpertsOnInt8RowsOnFourDevicesMatchTheSingleProcessLogits) {
   run_group({.devices = 4, .int8 = true, .int8_rows = true});
 }
 
-// Set-up errors name what is wrong (devices as threads; the DeepSeek-V3 config + weights form
-// of the set-up): 16 experts over 3 devices, and an arena whose staging is too small.
+// Set-up errors name what is wrong (devices as threads sharing one loaded model): 16 experts
+// over 3 devices, and an arena whose staging is too small.
 TEST(EpForward, SetUpErrorsAreClear) {
   auto m = DeepseekV3Model::load(make_model(), model_options());
   ASSERT_TRUE(m.ok()) << m.status().to_string();
@@ -449,18 +458,15 @@ TEST(EpForward, SetUpErrorsAreClear) {
     a.ring_slots = 1;
     a.slot_bytes = 64;
     a.staging_bytes =
-        EpMoeExchange::staging_bytes((*m)->config(), 2, ComputeDType::kF32, ep) - 4096;
+        EpMoeExchange::staging_bytes((*m)->info(), 2, ComputeDType::kF32, ep) - 4096;
     a.app_bytes = 0;
     auto tf = xccl::ThreadFabric::create(a, 1);
     ASSERT_TRUE(tf.ok());
     auto st = (*tf)->run([&](xccl::Fabric& f) -> Status {
       auto t = xccl::make_transport("shm", f);
       xccl::Mailbox mb(f, **t);
-      ThreadPool pool(1);
       EpMoeSetup setup;
-      setup.config = &(*m)->config();
-      setup.weights = &(*m)->weights();
-      setup.pool = &pool;
+      setup.model = m->get();
       setup.mailbox = &mb;
       setup.options = ep;
       return EpMoeExchange::create(setup).status();

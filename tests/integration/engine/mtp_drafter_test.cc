@@ -17,7 +17,7 @@
 #include "engine/mtp_drafter.h"
 #include "mkmodel/mkmodel.h"
 #include "test_models.h"
-#include "model/deepseek_v3.h"
+#include "model/deepseek_v3/deepseek_v3.h"
 #include "model/kv_cache.h"
 #include "model/speculative_decode.h"
 

@@ -16,7 +16,7 @@
 #include "mkmodel/mkmodel.h"
 #include "test_models.h"
 #include "model/block_allocator.h"
-#include "model/deepseek_v3.h"
+#include "model/deepseek_v3/deepseek_v3.h"
 #include "model/kv_storage.h"
 #include "model/linear_runner.h"
 #include "model/local_moe.h"
@@ -122,11 +122,55 @@ TEST(Registry, UnknownOrMissingTypesAreClearErrors) {
   EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
 }
 
+// The tiny preset's MoE as ModelInfo describes it, from the values mkmodel writes
+// (mkmodel_config): 16 experts, top-4 in 4 groups keeping 2, sigmoid scores with the
+// correction bias (noaux_tc), normalised, scaled by 2.5; experts 96 wide, one shared expert;
+// layer 0 dense, layers 1-2 and the MTP layer 3 MoE.
+TEST(CausalLm, ModelInfoDescribesTheMoe) {
+  const auto m = load_tiny();
+  ASSERT_NE(m, nullptr);
+  const ModelInfo& info = m->info();
+  EXPECT_EQ(info.n_routed_experts, 16);
+  EXPECT_EQ(info.experts_per_token, 4);
+  EXPECT_EQ(info.moe_layers, (std::vector<int64_t>{1, 2, 3}));
+  EXPECT_EQ(info.gating.num_experts, 16);
+  EXPECT_EQ(info.gating.top_k, 4);
+  EXPECT_EQ(info.gating.n_group, 4);
+  EXPECT_EQ(info.gating.topk_group, 2);
+  EXPECT_EQ(info.gating.score, GatingScore::kSigmoid);
+  EXPECT_EQ(info.gating.method, TopkMethod::kNoauxTc);
+  EXPECT_TRUE(info.gating.norm_topk_prob);
+  EXPECT_DOUBLE_EQ(info.gating.routed_scaling_factor, 2.5);
+  EXPECT_EQ(info.expert_intermediate_size, 96);
+  EXPECT_EQ(info.n_shared_experts, 1);
+  EXPECT_EQ(info.shared_intermediate_size, 96);
+  for (int64_t l = 0; l < info.num_layers + info.n_mtp_layers; ++l) {
+    const MoeWeights* w = m->moe_weights(l);
+    const bool moe = std::find(info.moe_layers.begin(), info.moe_layers.end(), l) !=
+                     info.moe_layers.end();
+    ASSERT_EQ(w != nullptr, moe) << l;
+    if (!moe) continue;
+    EXPECT_EQ(static_cast<int64_t>(w->experts.size()), info.n_routed_experts);
+    EXPECT_EQ(w->experts[0].gate_proj.rows, info.expert_intermediate_size);
+    ASSERT_TRUE(w->shared.has_value());
+    EXPECT_EQ(w->shared->gate_proj.rows, info.shared_intermediate_size);
+  }
+}
+
+// Every cache layer's routed experts (nullptr for a dense layer).
+std::vector<const MoeWeights*> moe_layers_of(const CausalLm& m) {
+  std::vector<const MoeWeights*> layers;
+  for (int64_t l = 0; l < m.info().num_layers + m.info().n_mtp_layers; ++l)
+    layers.push_back(m.moe_weights(l));
+  return layers;
+}
+
 // Records each exchange call (layer, rows) and computes it with the local experts.
 class RecordingExchange final : public MoeExchange {
  public:
-  RecordingExchange(const DeepseekV3Model& m, ThreadPool& pool)
-      : linear_(ComputeDType::kF32, pool), local_(m.config(), m.weights(), linear_) {}
+  RecordingExchange(const CausalLm& m, ThreadPool& pool)
+      : linear_(ComputeDType::kF32, pool),
+        local_(moe_layers_of(m), m.info().hidden_size, linear_) {}
   Status run(const MoeExchangeInput& in) override {
     calls.emplace_back(in.layer, in.n);
     return local_.run(in);
@@ -179,6 +223,43 @@ TEST(CausalLm, ZeroTokenStepsJoinEveryMoeExchangeInLayerOrder) {
   EXPECT_EQ(rec.calls, (std::vector<std::pair<int64_t, int64_t>>{{3, 0}}));
   EXPECT_TRUE(out.logits.empty());
   m->set_moe_exchange(nullptr);  // the local experts again
+}
+
+// The layer callback runs once after each decoder layer, in order: every layer of forward
+// (a step with tokens and one without), the MTP layer of forward_mtp; none once cleared.
+TEST(CausalLm, LayerCallbackRunsOnceAfterEachLayer) {
+  const auto m = load_tiny();
+  ASSERT_NE(m, nullptr);
+  const int64_t layers = m->info().num_layers;
+  ASSERT_EQ(layers, 3);
+  std::vector<int64_t> seen;
+  m->set_layer_callback(
+      [](void* context, int64_t layer) {
+        static_cast<std::vector<int64_t>*>(context)->push_back(layer);
+      },
+      &seen);
+  KvStorage kv = owned_storage(*m, 4);
+  StepOutput out;
+  const std::vector<int32_t> table = {0};
+  const auto ids = random_ids(5, 512, 7);
+  const TokenChunk chunk{0, ids, table, false};
+  ASSERT_TRUE(m->forward({&chunk, 1}, kv, out).ok());
+  EXPECT_EQ(seen, (std::vector<int64_t>{0, 1, 2}));
+
+  seen.clear();
+  ASSERT_TRUE(m->forward({}, kv, out).ok());
+  EXPECT_EQ(seen, (std::vector<int64_t>{0, 1, 2}));
+
+  seen.clear();
+  const std::vector<float> h(static_cast<size_t>(4 * m->info().hidden_size), 0.5f);
+  const MtpChunk mtp{0, std::span(ids).subspan(1, 4), h.data(), table};
+  ASSERT_TRUE(m->forward_mtp(0, {&mtp, 1}, kv, out).ok());
+  EXPECT_EQ(seen, (std::vector<int64_t>{3}));
+
+  seen.clear();
+  m->set_layer_callback(nullptr, nullptr);
+  ASSERT_TRUE(m->forward({&chunk, 1}, kv, out).ok());
+  EXPECT_TRUE(seen.empty());
 }
 
 // routed_token_counts (EPLB's Collect step) against a second count made from the routing

@@ -14,7 +14,7 @@
 #include "kernels/cpu/mla_attention.h"
 #include "mkmodel/mkmodel.h"
 #include "test_models.h"
-#include "model/deepseek_v3.h"
+#include "model/deepseek_v3/deepseek_v3.h"
 
 namespace xds {
 namespace {

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "kernels/cpu/mla_attention.h"
-#include "model/deepseek_v3.h"
+#include "model/deepseek_v3/deepseek_v3.h"
 #include "test_models.h"
 
 namespace xds {

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "base/bf16.h"
-#include "model/deepseek_v3.h"
+#include "model/deepseek_v3/deepseek_v3.h"
 #include "model/safetensors.h"
 
 namespace xds {

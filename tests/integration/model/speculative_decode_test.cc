@@ -18,7 +18,7 @@
 
 #include "mkmodel/mkmodel.h"
 #include "test_models.h"
-#include "model/deepseek_v3.h"
+#include "model/deepseek_v3/deepseek_v3.h"
 #include "model/speculative_decode.h"
 
 namespace xds {

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "mkmodel/mkmodel.h"
-#include "model/deepseek_v3.h"
+#include "model/deepseek_v3/deepseek_v3.h"
 
 namespace xds {
 namespace {

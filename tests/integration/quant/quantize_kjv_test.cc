@@ -22,8 +22,8 @@
 
 #include "base/bf16.h"
 #include "mkmodel/mkmodel.h"
-#include "mkmodel/w8a8_rtn.h"
-#include "model/deepseek_v3.h"
+#include "quant/w8a8_rtn.h"
+#include "model/deepseek_v3/deepseek_v3.h"
 #include "model/safetensors.h"
 #include "quant/checkpoint_writer.h"
 #include "quant/quantize.h"

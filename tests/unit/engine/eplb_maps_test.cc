@@ -1,6 +1,6 @@
 // EPLB's map and slot logic in the engine (engine/eplb_maps.h) against hand-derived cases:
 // physical ids of a plan's copies, the disabled map, the redundant slots a device must hold,
-// the position spread as the dispatcher sees it (xccl plan_routes with spread keys) against
+// the row spread as the dispatcher sees it (xccl plan_routes with spread keys) against
 // eplb::spread_slot, and device loads from slot counts.
 #include "engine/eplb_maps.h"
 
@@ -76,7 +76,7 @@ TEST(EplbMaps, LayerMapsCoverOnlyTheMoeLayersUnderOneVersion) {
 }
 
 // The dispatcher's choice of copy (ExpertMap::physical with spread_key) is eplb::spread_slot's:
-// copies[(position + rank) mod |copies|], for 2 and 3 copies, ranks 0-3, positions 0-40.
+// copies[(row + rank) mod |copies|], for 2 and 3 copies, ranks 0-3, rows 0-40.
 TEST(EplbMaps, SpreadKeyPicksTheCopyOfSpreadSlot) {
   xccl::ExpertMap m = xccl::ExpertMap::identity(8, 2, 6, 1);
   m.replicas[1] = {1, 10};
@@ -85,27 +85,27 @@ TEST(EplbMaps, SpreadKeyPicksTheCopyOfSpreadSlot) {
   ASSERT_TRUE(slots.ok());
   std::vector<eplb::Slot> three = {{1, 2}, {0, 4}, {1, 5}};  // physical 8, 4, 11
   for (int rank = 0; rank < 4; ++rank)
-    for (int64_t pos = 0; pos <= 40; ++pos) {
-      const uint32_t key = spread_key(pos, rank);
+    for (int64_t row = 0; row <= 40; ++row) {
+      const uint32_t key = spread_key(row, rank);
       EXPECT_EQ(m.physical(1, key),
-                eplb::spread_slot((*slots)[1], uint64_t(pos), uint64_t(rank)).physical(kShape));
+                eplb::spread_slot((*slots)[1], uint64_t(row), uint64_t(rank)).physical(kShape));
       EXPECT_EQ(m.physical(6, key),
-                eplb::spread_slot(three, uint64_t(pos), uint64_t(rank)).physical(kShape));
+                eplb::spread_slot(three, uint64_t(row), uint64_t(rank)).physical(kShape));
     }
-  // By hand: position 5, rank 1 -> copy 6 mod 2 = 0 (physical 1); rank 2 -> copy 1 (10).
+  // By hand: row 5, rank 1 -> copy 6 mod 2 = 0 (physical 1); rank 2 -> copy 1 (10).
   EXPECT_EQ(m.physical(1, spread_key(5, 1)), 1);
   EXPECT_EQ(m.physical(1, spread_key(5, 2)), 10);
 }
 
-// plan_routes with spread keys: tokens at positions 4, 5, 6 (rank 0) all pick expert 1; its
-// copies are physical 1 (device 0 slot 1) and 10 (device 1 slot 4): positions 4 and 6 go to
-// device 0, position 5 to device 1.
-TEST(EplbMaps, RoutesFollowThePositionSpread) {
+// plan_routes with spread keys: rows 0, 1, 2 of a step (rank 0) all pick expert 1; its
+// copies are physical 1 (device 0 slot 1) and 10 (device 1 slot 4): rows 0 and 2 go to
+// device 0, row 1 to device 1.
+TEST(EplbMaps, RoutesFollowTheRowSpread) {
   xccl::ExpertMap m = xccl::ExpertMap::identity(8, 2, 6, 1);
   m.replicas[1] = {1, 10};
   const std::vector<int32_t> ids = {1, 1, 1};
   const std::vector<float> w = {1.f, 1.f, 1.f};
-  const std::vector<uint32_t> keys = {spread_key(4, 0), spread_key(5, 0), spread_key(6, 0)};
+  const std::vector<uint32_t> keys = {spread_key(0, 0), spread_key(1, 0), spread_key(2, 0)};
   xccl::RoutePlan plan;
   ASSERT_TRUE(xccl::plan_routes_into(m, ids, w, 3, 1, plan, keys).ok());
   ASSERT_EQ(plan.per_device[0].size(), 2u);
@@ -117,6 +117,36 @@ TEST(EplbMaps, RoutesFollowThePositionSpread) {
   EXPECT_EQ(plan.per_device[1][0].local_expert[0], 4);
   // Too few keys: an error, not a read past the end.
   EXPECT_FALSE(xccl::plan_routes_into(m, ids, w, 3, 1, plan, std::span(keys).first(2)).ok());
+}
+
+// A decode batch of 6 sequences that all sit at position 100, on DP rank 1: the step's rows
+// 0..5 all pick expert 6, whose copies are physical 8 (device 1 slot 2), 4 (device 0 slot 4)
+// and 11 (device 1 slot 5). Row r meets copy (r + 1) mod 3: rows 2 and 5 -> 8, rows 0 and
+// 3 -> 4, rows 1 and 4 -> 11, so every copy serves two rows (spreading by the position, all
+// six would meet one copy).
+TEST(EplbMaps, ADecodeBatchAtOnePositionSpreadsOverEveryCopy) {
+  xccl::ExpertMap m = xccl::ExpertMap::identity(8, 2, 6, 1);
+  m.replicas[6] = {8, 4, 11};
+  constexpr int kRows = 6, kRank = 1;
+  const std::vector<int32_t> ids(kRows, 6);
+  const std::vector<float> w(kRows, 1.f);
+  std::vector<uint32_t> keys;
+  for (int row = 0; row < kRows; ++row) keys.push_back(spread_key(row, kRank));
+  xccl::RoutePlan plan;
+  ASSERT_TRUE(xccl::plan_routes_into(m, ids, w, kRows, 1, plan, keys).ok());
+  // Device 0 (copy 4, local slot 4): rows 0 and 3.
+  ASSERT_EQ(plan.per_device[0].size(), 2u);
+  EXPECT_EQ(plan.per_device[0][0].token, 0u);
+  EXPECT_EQ(plan.per_device[0][1].token, 3u);
+  EXPECT_EQ(plan.per_device[0][0].local_expert[0], 4);
+  EXPECT_EQ(plan.per_device[0][1].local_expert[0], 4);
+  // Device 1: rows 1, 2, 4, 5 in row order; 1 and 4 on slot 5 (copy 11), 2 and 5 on slot 2.
+  ASSERT_EQ(plan.per_device[1].size(), 4u);
+  const std::vector<std::pair<uint32_t, int>> want = {{1, 5}, {2, 2}, {4, 5}, {5, 2}};
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_EQ(plan.per_device[1][i].token, want[i].first) << i;
+    EXPECT_EQ(plan.per_device[1][i].local_expert[0], want[i].second) << i;
+  }
 }
 
 TEST(EplbMaps, DeviceLoadFromSlotCounts) {

@@ -1,5 +1,5 @@
 // The EPLB planner against cases worked out by hand from the rules in eplb/planner.h; the
-// expert map (plan_slots), the position spread and the load prediction likewise.
+// expert map (plan_slots), the row spread and the load prediction likewise.
 #include "eplb/planner.h"
 
 #include <gtest/gtest.h>
@@ -272,7 +272,7 @@ TEST(PlanSlots, RejectsPlansThatBreakTheShape) {
 
 TEST(Spread, RoundRobinFromTheRank) {
   const std::vector<Slot> copies = {{0, 0}, {1, 2}, {3, 5}};
-  // (position + rank) mod 3.
+  // (row + rank) mod 3.
   EXPECT_EQ(spread_slot(copies, 0, 0), (Slot{0, 0}));
   EXPECT_EQ(spread_slot(copies, 1, 0), (Slot{1, 2}));
   EXPECT_EQ(spread_slot(copies, 0, 2), (Slot{3, 5}));
@@ -283,11 +283,11 @@ TEST(Spread, RoundRobinFromTheRank) {
   // A single copy serves everything.
   const std::vector<Slot> one = {{2, 7}};
   EXPECT_EQ(spread_slot(one, 12345, 77), (Slot{2, 7}));
-  // Any n consecutive positions of one rank meet every copy once; two ranks at the same
-  // position meet different copies.
+  // Any n consecutive rows of one rank meet every copy once; two ranks at the same row meet
+  // different copies.
   for (uint64_t rank = 0; rank < 5; ++rank) {
     std::vector<int> hits(5, 0);
-    for (uint64_t pos = 100; pos < 105; ++pos) ++hits[spread_index(5, pos, rank)];
+    for (uint64_t row = 100; row < 105; ++row) ++hits[spread_index(5, row, rank)];
     EXPECT_EQ(hits, (std::vector<int>{1, 1, 1, 1, 1}));
     EXPECT_NE(spread_index(5, 9, rank), spread_index(5, 9, rank + 1));
   }

@@ -1,4 +1,4 @@
-#include "model/config.h"
+#include "model/deepseek_v3/config.h"
 
 #include <gtest/gtest.h>
 

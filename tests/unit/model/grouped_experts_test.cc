@@ -289,19 +289,11 @@ TEST(GroupedExperts, InconsistentInputIsAnErrorNamingTheField) {
 TEST(LocalMoeExchange, SumsEachTokensExpertsAsTheReference) {
   std::mt19937 rng(17);
   const std::vector<Expert> experts = make_experts(5, rng);
-  DeepseekV3Config config;
-  config.hidden_size = kD;
-  config.moe_intermediate_size = kI;
-  config.num_hidden_layers = 1;
-  config.n_routed_experts = 5;
-  config.num_experts_per_tok = 2;
-  DeepseekV3Weights weights;
-  weights.layers.resize(1);
-  weights.layers[0].moe.emplace();
-  for (const Expert& e : experts) weights.layers[0].moe->experts.push_back(e.refs());
+  MoeWeights layer;
+  for (const Expert& e : experts) layer.experts.push_back(e.refs());
   ThreadPool pool(2);
   LinearRunner linear(ComputeDType::kF32, pool);
-  LocalMoeExchange exchange(config, weights, linear);
+  LocalMoeExchange exchange({&layer}, kD, linear);
 
   constexpr int64_t kN = 7, kK = 2;
   const std::vector<float> x = random_values(kN * kD, 1.0f, rng);

@@ -141,7 +141,7 @@ class MkModelSkew : public xds::testing::TempDirTest {
     const std::vector<float> gate = read_f32(ck, p + "weight");                   // [E, d]
     const std::vector<float> bias = read_f32(ck, p + "e_score_correction_bias");  // [E]
     const int64_t e = c.n_routed_experts, d = c.hidden_size;
-    const GatingParams g = GatingParams::from_config(c);
+    const GatingParams g = gating_params(c);
     std::mt19937 rng(1000 + l);
     std::normal_distribution<double> normal(0.0, 1.0);
     std::vector<double> x(static_cast<size_t>(d));  // [d]

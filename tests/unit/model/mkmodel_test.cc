@@ -9,7 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "model/deepseek_v3_weights.h"
+#include "model/deepseek_v3/deepseek_v3_weights.h"
 #include "model/safetensors.h"
 #include "model/weights.h"
 #include "test_files.h"

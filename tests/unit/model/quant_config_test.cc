@@ -10,7 +10,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "model/config.h"
+#include "model/deepseek_v3/config.h"
 
 namespace xds {
 namespace {

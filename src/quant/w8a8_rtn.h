@@ -1,6 +1,7 @@
-// Round-to-nearest W8A8 weights for mkmodel --weights-int8 (random checkpoints, or an RTN
-// copy of an existing one with --from): the compressed-tensors layout the runtime loads
-// (model/quant_config.h, model/int8_weights.h).
+// The W8A8 rule: which linears are quantized, and round-to-nearest per output row, in the
+// compressed-tensors layout the runtime loads (model/quant_config.h, model/int8_weights.h).
+// The quantizer (quantize.h) and mkmodel --weights-int8 (random checkpoints, or an RTN copy
+// of an existing one with --from) both write it.
 //
 // Quantized: every decoder layer's q_a_proj, q_b_proj, q_proj, kv_a_proj_with_mqa, o_proj
 // and the gate_proj / up_proj / down_proj of its dense MLP, shared and routed experts.

@@ -1,4 +1,4 @@
-#include "model/deepseek_v3.h"
+#include "model/deepseek_v3/deepseek_v3.h"
 
 #include <algorithm>
 #include <cstring>
@@ -12,7 +12,7 @@
 #include "kernels/cpu/mla_attention.h"
 #include "kernels/cpu/ops.h"
 #include "model/config_json.h"
-#include "model/deepseek_v3_batch.h"
+#include "model/deepseek_v3/deepseek_v3_batch.h"
 #include "model/linear_runner.h"
 #include "model/local_moe.h"
 #include "model/moe_routing.h"
@@ -27,12 +27,11 @@ namespace {
 // below, waking it costs more than the work.
 constexpr int64_t kPoolMinRows = 32;
 
-
 // The MoE layer keeps its own LinearRunner (a bf16 scratch of its own).
 struct OwnedLocalMoe final : MoeExchange {
-  OwnedLocalMoe(const DeepseekV3Config& c, const DeepseekV3Weights& w, ComputeDType dt,
+  OwnedLocalMoe(std::vector<const MoeWeights*> layers, int64_t hidden, ComputeDType dt,
                 ThreadPool& pool)
-      : linear(dt, pool), exchange(c, w, linear) {}
+      : linear(dt, pool), exchange(std::move(layers), hidden, linear) {}
   Status run(const MoeExchangeInput& in) override { return exchange.run(in); }
   LinearRunner linear;
   LocalMoeExchange exchange;
@@ -57,6 +56,10 @@ ModelInfo make_info(const std::string& dir, const DeepseekV3Config& c) {
   for (int64_t l = 0; l < c.num_hidden_layers + c.num_nextn_predict_layers; ++l) {
     if (c.is_moe_layer(l)) info.moe_layers.push_back(l);
   }
+  info.gating = gating_params(c);
+  info.expert_intermediate_size = c.moe_intermediate_size;
+  info.n_shared_experts = c.n_shared_experts;
+  info.shared_intermediate_size = c.n_shared_experts * c.moe_intermediate_size;
   info.max_position_embeddings = c.max_position_embeddings;
   info.eos_token_ids = c.eos_token_ids;
   info.bos_token_id = c.bos_token_id;
@@ -99,10 +102,13 @@ Result<std::unique_ptr<DeepseekV3Model>> DeepseekV3Model::load(const std::string
   XDS_ASSIGN_OR_RETURN(m->weights_,
                        bind_deepseek_v3_weights(m->config_, *m->checkpoint_, *m->store_));
   m->store_->finish_progress();
-  m->rope_ = std::make_unique<RopeTable>(m->config_);
+  m->rope_ = std::make_unique<RopeTable>(rope_params(m->config_));
   m->linear_ = std::make_unique<LinearRunner>(options.compute, *m->pool_);
-  m->local_exchange_ =
-      std::make_unique<OwnedLocalMoe>(m->config_, m->weights_, options.compute, *m->pool_);
+  std::vector<const MoeWeights*> moe_layers;
+  for (int64_t l = 0; l < m->config_.num_hidden_layers + m->config_.num_nextn_predict_layers; ++l)
+    moe_layers.push_back(m->moe_weights(l));
+  m->local_exchange_ = std::make_unique<OwnedLocalMoe>(std::move(moe_layers), m->config_.hidden_size,
+                                                       options.compute, *m->pool_);
   m->exchange_ = m->local_exchange_.get();
   m->batch_ = std::make_unique<Batch>();
   m->info_ = make_info(dir, m->config_);
@@ -206,13 +212,11 @@ void DeepseekV3Model::run_mlp(const MlpWeights& w, const float* xn, int64_t n, f
 }
 
 bool DeepseekV3Model::overlaps_shared(const MlpWeights& shared, int64_t n) const {
-  // Overlap pays while the shared MLP is compute-bound (8+ tokens) and the routed experts
-  // memory-bound (on average at most 4 tokens per expert). At bench-2.6b's batch 16 the MoE
-  // phase took 5-14 % less (medians of three sets of interleaved pairs); at batch 64 (6
-  // tokens per expert) 2-5 % more, so it runs after the routed experts there
-  // (docs/design/cpu_kernels.md, "Experts"). With the weights in 2 MB pages (eighteenth
-  // session) it cost 2-3 ms at batch 16 too, so ModelOptions::overlap_shared is off unless
-  // asked for.
+  // Overlap can pay only while the shared MLP is compute-bound (8+ tokens) and the routed
+  // experts memory-bound (on average at most 4 tokens per expert); past that it runs after
+  // the routed experts. With the weights in 2 MB pages the routed experts stream fast enough
+  // that it does not pay at all, so ModelOptions::overlap_shared is off unless asked for
+  // (docs/design/cpu_kernels.md, "Experts").
   constexpr int64_t kMinTokens = 8, kMaxTokensPerExpert = 4;
   return options_.overlap_shared && n >= kMinTokens &&
          n * config_.num_experts_per_tok <= kMaxTokensPerExpert * config_.n_routed_experts &&
@@ -229,7 +233,7 @@ Status DeepseekV3Model::run_moe(const MoeWeights& w, int64_t layer, const Batch&
   kernels::linear_f32(xn, n, d, w.router, logits, e, *pool_);
   int32_t* ids = grow(s_ids_, n * k);
   float* weights = grow(s_weights_, n * k);
-  const GatingParams gp = GatingParams::from_config(config_);
+  const GatingParams& gp = info_.gating;
   const float* bias = w.score_bias.empty() ? nullptr : w.score_bias.data();
   // A token's routing reads only its own logits: any thread, same result.
   float* scratch_all = grow(s_gating_, 2 * e * pool_->num_threads());
@@ -249,7 +253,6 @@ Status DeepseekV3Model::run_moe(const MoeWeights& w, int64_t layer, const Batch&
   }
   float* routed = grow(s_routed_, n * d);
   MoeExchangeInput in{layer, xn, n, ids, weights, k, routed};
-  if (static_cast<int64_t>(b.pos.size()) == n) in.positions = b.pos.data();
   // The shared experts (compute-bound from a few tokens on) between the routed ones
   // (memory-bound at decode), when they can run in slices; else after them.
   std::optional<SharedMlpOverlap> shared;
@@ -383,11 +386,13 @@ Status DeepseekV3Model::append_chunk(Batch& b, size_t index, int64_t start_pos,
 
 Status DeepseekV3Model::run_empty_step(int64_t first_layer, int64_t end_layer) {
   for (int64_t l = first_layer; l < end_layer; ++l) {
-    if (moe_weights(l) == nullptr) continue;
-    MoeExchangeInput in;
-    in.layer = l;
-    in.top_k = config_.num_experts_per_tok;
-    XDS_RETURN_IF_ERROR(exchange_->run(in));
+    if (moe_weights(l) != nullptr) {
+      MoeExchangeInput in;
+      in.layer = l;
+      in.top_k = config_.num_experts_per_tok;
+      XDS_RETURN_IF_ERROR(exchange_->run(in));
+    }
+    after_layer(l);
   }
   return {};
 }
@@ -417,6 +422,7 @@ Status DeepseekV3Model::forward(std::span<const TokenChunk> chunks, KvStorage& k
   }
   for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
     XDS_RETURN_IF_ERROR(run_layer(weights_.layers[l], l, b, kv, x));
+    after_layer(l);
   }
   out.hidden.resize(static_cast<size_t>(b.n * d));
   pool_->parallel_for(b.n, [&](int64_t t0, int64_t t1, int) {
@@ -481,6 +487,7 @@ Status DeepseekV3Model::forward_mtp(int64_t k, std::span<const MtpChunk> chunks,
   float* x = grow(s_x_, b.n * d);
   linear(cat, b.n, 2 * d, w.eh_proj, x, d);
   XDS_RETURN_IF_ERROR(run_layer(w.layer, layer, b, kv, x));
+  after_layer(layer);
   // The residual output before shared_head.norm: the input hidden of a chained draft. The
   // chunks' hidden rows were consumed into `cat` above, so they may point into out.hidden.
   out.hidden.assign(x, x + b.n * d);

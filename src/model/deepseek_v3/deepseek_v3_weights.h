@@ -1,6 +1,9 @@
 // The DeepSeek-V3 weights, bound in the kernels' layout (MatrixRef into the checkpoint's
 // mmap, or into a shared repack file for F16/FP8 checkpoints). Tensor names and shapes:
-// docs/design/deepseek_v3_forward.md. D = hidden, H = heads, C = kv_lora_rank.
+// docs/design/deepseek_v3_forward.md. D = hidden, H = heads, C = kv_lora_rank. The MLPs and
+// MoE layers bind into the family-independent MlpWeights / MoeWeights (model/moe_weights.h):
+// router = mlp.gate.weight, score_bias = e_score_correction_bias, shared width
+// n_shared_experts * moe_intermediate_size.
 #pragma once
 
 #include <optional>
@@ -9,7 +12,8 @@
 #include <vector>
 
 #include "base/status.h"
-#include "model/config.h"
+#include "model/deepseek_v3/config.h"
+#include "model/moe_weights.h"
 #include "tensor/matrix.h"
 
 namespace xds {
@@ -29,19 +33,6 @@ struct MlaWeights {
   std::vector<MatrixRef> uk_t, uv;    // per head, panels: W_UK[h]ᵀ [C, Dn], W_UV[h] [Dv, C]
                                       // (weights.h bind_absorbed_heads; empty: slice kv_b)
   MatrixRef o_proj;                   // [D, H*Dv]
-};
-
-struct MlpWeights {
-  MatrixRef gate_proj;  // [I, D]
-  MatrixRef up_proj;    // [I, D]
-  MatrixRef down_proj;  // [D, I]
-};
-
-struct MoeWeights {
-  MatrixRef router;                   // [E, D] (mlp.gate.weight)
-  std::span<const float> score_bias;  // [E] e_score_correction_bias, empty if none
-  std::vector<MlpWeights> experts;    // [E]
-  std::optional<MlpWeights> shared;   // width n_shared * moe_intermediate_size
 };
 
 struct LayerWeights {

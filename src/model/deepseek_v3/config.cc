@@ -4,7 +4,7 @@
 // and its constraint; cross-field rules (divisibility, gating method vs scoring) follow in
 // validate_cross_fields(). Errors read
 //   "<file>: field '<key>': expected <what>, found <json value>".
-#include "model/config.h"
+#include "model/deepseek_v3/config.h"
 
 #include <cmath>
 #include <string_view>
@@ -385,6 +385,28 @@ Result<DeepseekV3Config> load_deepseek_v3_config(const std::string& dir) {
   if (gen_path.empty()) return c;
   XDS_RETURN_IF_ERROR(check_token_ids(gen_path, c));
   return c;
+}
+
+GatingParams gating_params(const DeepseekV3Config& c) {
+  GatingParams p;
+  p.num_experts = c.n_routed_experts;
+  p.top_k = c.num_experts_per_tok;
+  p.n_group = c.n_group;
+  p.topk_group = c.topk_group;
+  p.score = c.scoring_func;
+  p.method = c.topk_method;
+  p.norm_topk_prob = c.norm_topk_prob;
+  p.routed_scaling_factor = c.routed_scaling_factor;
+  return p;
+}
+
+RopeParams rope_params(const DeepseekV3Config& c) {
+  RopeParams p;
+  p.dim = c.qk_rope_head_dim;
+  p.qk_head_dim = c.qk_head_dim();
+  p.theta = c.rope_theta;
+  p.scaling = c.rope_scaling;
+  return p;
 }
 
 }  // namespace xds

@@ -9,31 +9,16 @@
 #include <vector>
 
 #include "base/status.h"
+#include "model/moe_routing.h"
 #include "model/quant_config.h"
+#include "model/rope.h"
 
 namespace xds {
-
-enum class GatingScore { kSigmoid, kSoftmax };       // scoring_func
-enum class TopkMethod { kNoauxTc, kGreedy, kGroupLimitedGreedy };  // topk_method
-
-struct RopeScaling {      // rope_scaling, type "yarn"
-  double factor = 1.0;
-  int64_t original_max_position_embeddings = 4096;
-  double beta_fast = 32.0;
-  double beta_slow = 1.0;
-  double mscale = 1.0;
-  double mscale_all_dim = 0.0;
-};
 
 struct Fp8Quantization {  // quantization_config with quant_method "fp8"
   int64_t block_rows = 128;  // weight_block_size[0]
   int64_t block_cols = 128;  // weight_block_size[1]
 };
-
-// Limits of the router's fixed-size stack arrays (model/moe_routing.cc); checked when a
-// config is read. DeepSeek-V3 has 256 experts in 8 groups, Kimi K2 384 in 1.
-inline constexpr int64_t kMaxRoutedExperts = 1024;
-inline constexpr int64_t kMaxExpertGroups = 256;
 
 // Bounds on the sizes a config may give, so that no product the loader forms from them (a
 // tensor's expected shape, heads × head dims × widths, its bytes) can overflow int64: an
@@ -62,8 +47,8 @@ struct DeepseekV3Config {
   int64_t moe_layer_freq = 1;
   double routed_scaling_factor = 1.0;
   bool norm_topk_prob = true;
-  GatingScore scoring_func = GatingScore::kSigmoid;
-  TopkMethod topk_method = TopkMethod::kNoauxTc;
+  GatingScore scoring_func = GatingScore::kSigmoid;  // scoring_func
+  TopkMethod topk_method = TopkMethod::kNoauxTc;     // topk_method
   std::optional<int64_t> q_lora_rank;   // null in config.json: q_proj without low rank
   int64_t kv_lora_rank = 0;
   int64_t qk_nope_head_dim = 0;
@@ -71,7 +56,7 @@ struct DeepseekV3Config {
   int64_t v_head_dim = 0;
   double rms_norm_eps = 1e-6;
   double rope_theta = 10000.0;
-  std::optional<RopeScaling> rope_scaling;
+  std::optional<RopeScaling> rope_scaling;  // rope_scaling, type "yarn"
   int64_t max_position_embeddings = 4096;
   bool tie_word_embeddings = false;
   std::optional<Fp8Quantization> fp8;    // present when the checkpoint is block-FP8
@@ -86,6 +71,11 @@ struct DeepseekV3Config {
            (layer % moe_layer_freq) == 0;
   }
 };
+
+// The router's rule of every MoE layer.
+GatingParams gating_params(const DeepseekV3Config& c);
+// The rotary table's parameters of MLA's rope part.
+RopeParams rope_params(const DeepseekV3Config& c);
 
 // Reads `dir/config.json` (and `dir/generation_config.json` if present). Every field used
 // is validated; an error names the file and the field, what was expected and what was found.

@@ -11,7 +11,7 @@
 #include "kernels/cpu/linear.h"
 #include "kernels/cpu/mla_attention.h"
 #include "kernels/cpu/ops.h"
-#include "model/deepseek_v3_batch.h"
+#include "model/deepseek_v3/deepseek_v3_batch.h"
 #include "model/linear_runner.h"
 
 namespace xds {
@@ -183,7 +183,7 @@ void DeepseekV3Model::run_attention(const MlaWeights& w, int64_t cache_layer, co
     // parts one after another into its own scratch (which stays in its L2) and merges them
     // straight into lat_out. With fewer, a unit is one part, so that the threads share a
     // token's parts; the parts' unnormalised sums then go through part_out (every line a
-    // cold write and a read back: 4 MB a layer at batch 64 of bench-2.6b) and are merged
+    // cold write and a read back) and are merged
     // after all units. Either way the same parts are merged in the same order: same bits.
     using Item = AbsorbedItem;
     using Unit = AbsorbedUnit;

@@ -1,4 +1,4 @@
-#include "mkmodel/w8a8_rtn.h"
+#include "quant/w8a8_rtn.h"
 
 #include <algorithm>
 #include <cmath>

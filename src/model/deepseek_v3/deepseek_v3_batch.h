@@ -5,7 +5,7 @@
 #include <span>
 #include <vector>
 
-#include "model/deepseek_v3.h"
+#include "model/deepseek_v3/deepseek_v3.h"
 
 namespace xds {
 

@@ -1,4 +1,4 @@
-#include "model/deepseek_v3_weights.h"
+#include "model/deepseek_v3/deepseek_v3_weights.h"
 
 #include <fmt/format.h>
 
@@ -87,8 +87,8 @@ class Binder {
     l.attn.uv = std::move(heads.uv);
     if (!l.attn.uv.empty()) {
       // The heads have their own panels; kv_b_proj is then only the prefill's expansion, a
-      // product of every context row: as panels too (widened to fp32 and multiplied by sgemm
-      // it took ~155 ms of bench-2.6b's 512-token prefill, its FLOPs ~45 at the panels' rate).
+      // product of every context row: as panels too (far cheaper than widening it to fp32
+      // for sgemm).
       XDS_ASSIGN_OR_RETURN(l.attn.kv_b_proj,
                            linear(a + ".kv_b_proj.weight", kv_b_rows, c_.kv_lora_rank));
     }
