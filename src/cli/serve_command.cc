@@ -14,6 +14,7 @@
 
 #include <fmt/format.h>
 
+#include "base/process_name.h"
 #include "cli/commands.h"
 #include "cli/model_flags.h"
 #include "serve/gateway.h"
@@ -216,7 +217,7 @@ void on_gateway_signal(int) {
 // `gateway`), named "xds-gateway" in ps and /proc/PID/comm (the threads made later inherit
 // it).
 Status run_gateway(const serve::GatewayOptions& o, bool shutdown_instance) {
-  ::prctl(PR_SET_NAME, "xds-gateway");
+  set_process_name(process_name("gateway"));
   XDS_ASSIGN_OR_RETURN(auto gateway, serve::Gateway::create(o));
   g_gateway = gateway.get();
   struct sigaction sa = {};
@@ -263,6 +264,7 @@ Status serve_disaggregated(const EngineArgs& e, const GatewayArgs& g, const Disa
                             .status());
     io.role = prefill ? "prefill" : "decode";
     io.pin = false;  // the instances share the machine's cores
+    io.instance = i;  // "xds-<i>-dp<r>" in ps
     addresses.push_back(listen);
     children.push_back(Child{std::move(io), -1});
   }

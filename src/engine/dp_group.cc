@@ -15,6 +15,7 @@
 #include "base/clock.h"
 #include "base/env.h"
 #include "base/log.h"
+#include "base/process_name.h"
 #include "engine/engine_core.h"
 #include "engine/eplb_agent.h"
 #include "engine/ep_moe_exchange.h"
@@ -517,9 +518,9 @@ Result<uint64_t> ep_staging_bytes(const std::string& model_dir, const ModelOptio
 }
 
 int run_dp_group(xccl::Fabric& fabric, const DpGroupOptions& options) {
-  // "xds-dp<rank>" in ps and /proc/PID/comm (the threads made later inherit it).
-  const std::string name = fmt::format("xds-dp{}", fabric.rank());
-  ::prctl(PR_SET_NAME, name.c_str());
+  // "xds-dp<rank>" (or "xds-<instance>-dp<rank>") in ps and /proc/PID/comm; the threads made
+  // later inherit it.
+  set_process_name(process_name("dp", options.instance, fabric.rank()));
   pin_threads(options.cpu);
   DpGroup group(fabric, options);
   Status st = group.init();

@@ -35,6 +35,8 @@ struct DpGroupOptions {
   std::string shell_address;           // this group -> shell (connect a PUSH)
   std::string output_address;          // this group -> its output process (connect a PUSH)
   int32_t cpu = -1;                    // pin the device's threads from this core (-1: no)
+  int32_t instance = -1;               // the instance's index where a machine runs several
+                                       // (base/process_name.h), -1 where it runs one
   int64_t speculative_tokens = 0;      // MTP drafts per decode step (0: off)
   int64_t speculative_mtp_layers = 0;  // MTP layers the drafts use (0: all the model has)
   int32_t redundant_slots = 0;         // EPLB: S spare expert slots per device and MoE layer

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <iterator>
 
+#include "base/clock.h"
 #include "base/log.h"
 #include "engine/distflow.h"
 #include "engine/speculative_stage.h"
@@ -77,6 +78,23 @@ Status EngineCore::init() {
 }
 
 Status EngineCore::add_request(EngineRequest r) { return table_->add(std::move(r)); }
+
+void EngineCore::set_heartbeat(std::function<void()> fn) {
+  heartbeat_ = std::move(fn);
+  if (!heartbeat_) {
+    model_->set_layer_callback(nullptr, nullptr);
+    return;
+  }
+  model_->set_layer_callback(
+      [](void* context, int64_t /*layer*/) {
+        auto* self = static_cast<EngineCore*>(context);
+        const int64_t now = now_ns();
+        if (now - self->heartbeat_last_ns_ < kHeartbeatPeriodNs) return;
+        self->heartbeat_last_ns_ = now;
+        self->heartbeat_();
+      },
+      this);
+}
 
 void EngineCore::cancel(const std::string& id, int32_t index) { table_->cancel(id, index); }
 

@@ -82,9 +82,12 @@ class EngineCore {
   Status execute(bool lockstep);
   std::vector<TokenDelta>& deltas() { return table_->deltas(); }
 
-  // Called from inside a step (today: after the main forward; the model's layers do not call
-  // it yet). The DP group answers heartbeats with it.
-  void set_heartbeat(std::function<void()> fn) { heartbeat_ = std::move(fn); }
+  // Called from inside a step: after the main forward, and between the model's layers
+  // (CausalLm::set_layer_callback) at most every kHeartbeatPeriodNs, so a long step (a big
+  // prefill chunk) still answers. The DP group answers heartbeats with it; `fn` must not call
+  // into the model.
+  static constexpr int64_t kHeartbeatPeriodNs = 10'000'000;
+  void set_heartbeat(std::function<void()> fn);
 
   CausalLm& model() { return *model_; }
   KvStorage& storage() { return *storage_; }
@@ -115,6 +118,7 @@ class EngineCore {
   int64_t block_bytes_ = 0;
   std::string kv_format_;
   std::function<void()> heartbeat_;
+  int64_t heartbeat_last_ns_ = 0;  // steady clock of the last between-layers call
   StepPlan plan_;
   StepOutput out_;
   int64_t steps_ = 0;

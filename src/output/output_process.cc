@@ -15,6 +15,7 @@
 #include <zmq.hpp>
 
 #include "base/log.h"
+#include "base/process_name.h"
 #include "output/output_processor.h"
 #include "protocol/messages.h"
 #include "protocol/zmq_io.h"
@@ -219,8 +220,8 @@ class OutputLoop {
 }  // namespace
 
 int run_output_process(const OutputProcessOptions& options) {
-  const std::string name = fmt::format("xds-out{}", options.group);
-  ::prctl(PR_SET_NAME, name.c_str());  // "xds-out<group>" in ps and /proc/PID/comm
+  // "xds-out<group>" (or "xds-<instance>-out<group>") in ps and /proc/PID/comm.
+  set_process_name(process_name("out", options.instance, options.group));
   std::optional<Tokenizer> tokenizer;
   if (!options.model_dir.empty() && Tokenizer::has_tokenizer_files(options.model_dir)) {
     Result<Tokenizer> t = Tokenizer::load(options.model_dir);

@@ -31,6 +31,8 @@ struct OutputProcessOptions {
   std::string listen_address;  // bind a PULL here (from the DP group)
   std::string cancel_address;  // connect a PUSH here (to the DP group); "" = no cancel path
   int group = 0;               // the DP group's index, for log lines
+  int instance = -1;           // the instance's index where a machine runs several
+                               // (base/process_name.h), -1 where it runs one
 };
 
 // Serves until kShutdown; returns 0, or 1 when the sockets or the tokenizer cannot be set up

@@ -69,6 +69,7 @@ Status run_instance(const InstanceOptions& options) {
     o.model_dir = options.group.model_dir;
     o.listen_address = output_inputs[static_cast<size_t>(g)];
     o.group = g;
+    o.instance = options.instance;
     o.cancel_address = shell_input;
     XDS_ASSIGN_OR_RETURN(pid_t pid, spawn_output_process(o));
     outputs.push_back(pid);
@@ -89,6 +90,7 @@ Status run_instance(const InstanceOptions& options) {
   for (int g = 0; g < options.dp; ++g) {
     engine::DpGroupOptions o = options.group;
     o.model.threads = threads;
+    o.instance = options.instance;
     o.control_address = group_inputs[static_cast<size_t>(g)];
     o.shell_address = shell_input;
     o.output_address = output_inputs[static_cast<size_t>(g)];
@@ -112,6 +114,7 @@ Status run_instance(const InstanceOptions& options) {
   so.block_size = options.group.block_size;
   so.placement = options.placement;
   so.eplb = options.eplb;
+  so.instance = options.instance;
   ProcessWatch watch;
   for (size_t g = 0; g < devices.pids().size(); ++g) {
     XDS_RETURN_IF_ERROR(watch.add(devices.pids()[g], fmt::format("DP group {}", g)));

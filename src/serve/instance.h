@@ -31,6 +31,9 @@ struct InstanceOptions {
   PlacementPolicy placement;
   EplbControlOptions eplb;       // the shell's EPLB (n_groups = dp)
   bool pin = true;               // pin device k's threads from core k * threads where cores allow
+  // Where one machine runs several instances: this one's index, carried in its processes'
+  // names ("xds-<i>-dp<r>", base/process_name.h); -1 where it runs one.
+  int instance = -1;
 };
 
 // Runs until SIGTERM/SIGINT or a gateway's kShutdown: then drains (the groups finish their

@@ -11,6 +11,7 @@
 #include <zmq.hpp>
 
 #include "base/clock.h"
+#include "base/process_name.h"
 #include "base/log.h"
 #include "protocol/messages.h"
 #include "protocol/zmq_io.h"
@@ -420,7 +421,7 @@ class Shell::Loop {
 Shell::Shell(ShellOptions options) : options_(std::move(options)) {}
 
 Status Shell::run() {
-  ::prctl(PR_SET_NAME, "xds-shell", 0, 0, 0);
+  set_process_name(process_name("shell", options_.instance));  // "xds-shell", "xds-<i>-shell"
   Loop loop(options_, stats_);
   XDS_RETURN_IF_ERROR(loop.bind());
   return loop.run(stop_);

@@ -55,6 +55,7 @@ struct ShellOptions {
   // death ends run() with that error after kFailed to every gateway (no failover yet).
   std::function<std::string()> process_failure;
   EplbControlOptions eplb;  // n_groups is filled from group_inputs
+  int32_t instance = -1;    // the instance's index where a machine runs several, -1: one
 };
 
 // The decision log of run(), for tests and /metrics.

@@ -83,6 +83,15 @@ def expert_tokens(text):
     return out
 
 
+def comm(pid):
+    """The process's name as ps shows it (/proc/PID/comm), "" once it is gone."""
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
 def descendants(pid):
     """Pids whose parent chain reaches pid (from /proc)."""
     children = {}
@@ -208,6 +217,12 @@ def main():
     finally:
         family = descendants(server.pid)
         check(len(family) >= 1 + 2 * args.dp, f"instance, devices and output processes: {family}")
+        # Every process names itself: the gateway (serve's own process), the instance's shell,
+        # and per DP group r its device "xds-dp<r>" and output process "xds-out<r>".
+        names = [comm(p) for p in [server.pid] + family]
+        want = ["xds-gateway", "xds-shell"] + [f"xds-{kind}{r}" for r in range(args.dp)
+                                               for kind in ("dp", "out")]
+        check(all(w in names for w in want), f"process names {sorted(names)} hold {want}")
         server.send_signal(signal.SIGTERM)
         try:
             out, _ = server.communicate(timeout=60)

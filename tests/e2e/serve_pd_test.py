@@ -29,7 +29,7 @@ import time
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from serve_e2e_test import descendants, free_port, http, metric, wait_healthy  # noqa: E402
+from serve_e2e_test import comm, descendants, free_port, http, metric, wait_healthy  # noqa: E402
 # The reference generation and the failure list of the speculative-decoding test.
 from serve_spec_test import check, failures, generate  # noqa: E402
 
@@ -137,6 +137,12 @@ def check_combined(args, refs, k, prefill_dp=1, backend="auto"):
         if not wait_healthy(base, proc):
             check(False, f"{what}: not healthy")
             return
+        # Several instances on one machine: each one's processes carry its index
+        # (instance 0 prefills, 1 decodes): "xds-<i>-shell", "xds-<i>-dp<r>", "xds-<i>-out<r>".
+        names = {comm(pid) for pid in descendants(proc.pid)}
+        want = {f"xds-{i}-{kind}" for i in (0, 1) for kind in ("shell", "dp0", "out0")}
+        want |= {f"xds-0-{kind}{r}" for r in range(prefill_dp) for kind in ("dp", "out")}
+        check(want <= names, f"{what}: process names {sorted(names)} hold {sorted(want)}")
         greedy = {"temperature": 0, "ignore_eos": True}
         handed = 0
 
