@@ -15,7 +15,7 @@ namespace xds {
 namespace {
 
 // Row-major (F32) expert matrices are 1-4 MB, so widening them for sgemm already pays from
-// ~16 tokens on (prefill of bench-2.6b: expert time -9 % against the default 64). BF16 panels
+// ~16 tokens on (docs/benchmarks.md, "Measurements behind choices in the code"). BF16 panels
 // ignore the threshold: the panel kernel runs at every n (linear.h).
 constexpr int64_t kExpertSgemmMinTokens = 16;
 

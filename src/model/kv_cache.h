@@ -7,8 +7,8 @@
 // anyway: half the bytes for the same products):
 //   latent: C = latent_dim elements, c = kv_a_layernorm(kv_a[:C]); row stride
 //           padded_latent_stride(C), an odd number of cache lines (528 floats or 544 bf16 at
-//           C = 512: +3 / +6 % memory, +6-9 % absorbed attention in a cold single-thread
-//           microbenchmark)
+//           C = 512; what the padding costs and buys: docs/benchmarks.md, "Measurements behind
+//           choices in the code")
 //   rope:   rope_dim elements, rotated k_pe
 // or, for an INT8 cache (dtype kI8), the INT8 latent's three planes (kv_storage.h).
 // laid out block-major as KvStorage describes.

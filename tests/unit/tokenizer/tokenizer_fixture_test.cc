@@ -87,7 +87,7 @@ INSTANTIATE_TEST_SUITE_P(Families, FamilyTest, ::testing::Values("qwen3", "deeps
 // Long runs of one character: 64 KiB of spaces, letters, newlines through DeepSeek-V3's three
 // Split regexes and BPE. The regex scan is linear in the run and BPE merging is O(n log n)
 // (min-heap over a linked list), so this stays fast; the result must still round-trip.
-// Scaling measured with bench/tokenizer: 64 KiB -> 1 MiB grows ~25x.
+// bench/tokenizer measures the scaling (docs/benchmarks.md).
 TEST(TokenizerLongRuns, RoundTrip) {
   const Tokenizer* t = &test::fixture_tokenizer("deepseek_v3");
   for (const char ch : {' ', 'a', '\n'}) {
