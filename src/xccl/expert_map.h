@@ -29,9 +29,9 @@ struct ExpertMap {
   int n_logical() const { return static_cast<int>(replicas.size()); }
   Status validate() const;
   // Which slot serves (token, logical e): replicas are used round-robin by `token`, the
-  // token's spread key (its index in the batch, or what the caller chose: EPLB spreads by
-  // position + rank, see plan_routes_into). A single replica (the common case, on the
-  // dispatch path per token and expert) skips the modulo.
+  // token's spread key (its index in the batch, or what the caller chose: EPLB spreads by the
+  // token's row in the step's batch + rank, see plan_routes_into). A single replica (the
+  // common case, on the dispatch path per token and expert) skips the modulo.
   int32_t physical(int logical, uint32_t token) const {
     const auto& r = replicas[static_cast<size_t>(logical)];
     return r.size() == 1 ? r[0] : r[token % r.size()];
