@@ -1,9 +1,12 @@
 // A DP group (P050): one device process that owns its requests, scheduler, KV blocks,
-// prefix cache, executor and sampler, and streams token ids to its output process. With
-// expert parallelism (n_groups > 1) every MoE layer dispatches and combines over XCCL with
-// the other groups, so all groups step together: before each step they exchange a header
-// (engine/step_sync.h); a group without work joins with zero tokens, and when no group has
-// work they all sleep on their control socket until the shell's next kWake.
+// prefix cache, executor and sampler, and streams token ids to its output process. Its parts:
+// the engine core (engine/engine_core.h: model, KV, request table, scheduler, sampler,
+// speculative stage), the handoff stage (engine/handoff_stage.h: DistFlow and the cooperative
+// prefill pool), and the loop in dp_group.cc (sockets, step sync, sleep, load reports, the
+// EPLB agent). With expert parallelism (n_groups > 1) every MoE layer dispatches and combines
+// over XCCL with the other groups, so all groups step together: before each step they
+// exchange a header (engine/step_sync.h); a group without work joins with zero tokens, and
+// when no group has work they all sleep on their control socket until the shell's next kWake.
 //
 // Thread-safety: run_dp_group() owns everything it creates; it runs on the device process's
 // main thread.

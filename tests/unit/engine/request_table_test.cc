@@ -28,10 +28,15 @@ KvStorage make_storage(int64_t blocks) {
   return std::move(r).value();
 }
 
+KvManager make_kv(int32_t blocks, bool cache) {
+  auto r = KvManager::create({.num_blocks = blocks, .block_size = kBs, .prefix_cache = cache});
+  EXPECT_TRUE(r.ok()) << r.status().to_string();
+  return std::move(r).value();
+}
+
 struct Fixture {
   explicit Fixture(int32_t blocks = 16, bool cache = false, int64_t max_num_seqs = 4)
-      : kv(KvManager::create({.num_blocks = blocks, .block_size = kBs, .prefix_cache = cache})
-               .value()),
+      : kv(make_kv(blocks, cache)),
         storage(make_storage(blocks)),
         table(options(max_num_seqs), kv, &storage) {}
 
