@@ -1,4 +1,5 @@
 // `xdeepserve generate`: stream a generation from one prompt, then print throughput.
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <optional>
@@ -13,9 +14,9 @@
 #include "cli/commands.h"
 #include "cli/model_flags.h"
 #include "cli/prompt.h"
+#include "engine/sampler.h"
 #include "engine/speculative.h"
-#include "kernels/cpu/sampling.h"
-#include "model/deepseek_v3/deepseek_v3.h"
+#include "model/registry.h"
 #include "model/speculative_decode.h"
 
 namespace xds::cli {
@@ -61,7 +62,25 @@ Result<std::vector<int32_t>> parse_ids(const std::string& text) {
   return ids;
 }
 
-void print_stats(const GenerateArgs& a, const DeepseekV3Model& model, int64_t n_prompt,
+// The request's sampling options as serve's gateway builds them for the same values, with
+// the seed of choice 0 (the request's own): the same draws, so the same tokens.
+engine::SamplingOptions sampling_options(const GenerateArgs& a) {
+  engine::SamplingOptions so;
+  so.temperature = a.temperature;
+  so.top_p = a.top_p;
+  so.top_k = static_cast<int32_t>(std::min<int64_t>(a.top_k, INT32_MAX));
+  so.seed = a.seed;
+  so.ignore_eos = a.ignore_eos;
+  so.max_tokens = static_cast<int32_t>(a.max_tokens);
+  return so;
+}
+
+bool is_eos(const ModelInfo& info, int32_t token) {
+  return std::find(info.eos_token_ids.begin(), info.eos_token_ids.end(), token) !=
+         info.eos_token_ids.end();
+}
+
+void print_stats(const GenerateArgs& a, const CausalLm& model, int64_t n_prompt,
                  double prefill_s, int64_t decode_tokens, double decode_s) {
   std::fprintf(stderr,
                "prefill: %lld tokens in %.3f s (%.1f tokens/s); decode: %lld tokens in %.3f s "
@@ -69,16 +88,17 @@ void print_stats(const GenerateArgs& a, const DeepseekV3Model& model, int64_t n_
                static_cast<long long>(n_prompt), prefill_s, n_prompt / std::max(prefill_s, 1e-9),
                static_cast<long long>(decode_tokens), decode_s,
                decode_tokens > 0 ? decode_tokens / std::max(decode_s, 1e-9) : 0.0,
-               a.compute_dtype.c_str(), std::string(dtype_name(model.kv_cache_dtype())).c_str());
+               a.compute_dtype.c_str(), kv_cache_dtype_name(model).c_str());
 }
 
 // --speculative-tokens k > 0: MTP drafts verified by the main model, k per step
 // (model/speculative_decode.h); the acceptance rule is the engine's (engine/speculative.h),
-// so the sampled draws are the engine sampler's, keyed by (seed, position, draw), not the
-// plain loop's: the same distribution, other tokens. Greedy output is the plain loop's.
-Status run_speculative(const GenerateArgs& a, DeepseekV3Model& model, PromptCodec& codec,
+// so the sampled tokens are serve's with the same k: the acceptance test and the residual
+// draw take their own draws at a position, so they differ from the plain loop's (the same
+// distribution, other tokens). Greedy output is the plain loop's.
+Status run_speculative(const GenerateArgs& a, CausalLm& model, PromptCodec& codec,
                        std::span<const int32_t> prompt, int64_t valid_vocab) {
-  const DeepseekV3Config& cfg = model.config();
+  const ModelInfo& info = model.info();
   if (!a.dump_logits.empty() || !a.dump_routing.empty()) {
     return invalid_argument(
         "--dump-logits and --dump-routing write one row per position of a plain run; they "
@@ -86,24 +106,20 @@ Status run_speculative(const GenerateArgs& a, DeepseekV3Model& model, PromptCode
   }
   MtpSpecDecodeOptions o;
   XDS_ASSIGN_OR_RETURN(o.spec, mtp_spec_config(a.speculative.tokens, a.speculative.mtp_layers,
-                                               cfg.num_nextn_predict_layers));
+                                               info.n_mtp_layers));
   o.max_tokens = a.max_tokens;
-  if (!a.ignore_eos) o.stop_ids.assign(cfg.eos_token_ids.begin(), cfg.eos_token_ids.end());
-  o.max_length = cfg.max_position_embeddings;
+  if (!a.ignore_eos) o.stop_ids.assign(info.eos_token_ids.begin(), info.eos_token_ids.end());
+  o.max_length = info.max_position_embeddings;
   o.valid_vocab = valid_vocab;
   o.prefill_chunk = a.prefill_chunk;
   const int64_t n_prompt = static_cast<int64_t>(prompt.size());
   XDS_ASSIGN_OR_RETURN(KvCache cache,
-                       model.make_cache(n_prompt + a.max_tokens + o.spec.draft_tokens + 16));
+                       make_kv_cache(model, n_prompt + a.max_tokens + o.spec.draft_tokens + 16));
 
-  engine::SamplingOptions so;
-  so.temperature = a.temperature;
-  so.top_p = a.top_p;
-  so.top_k = static_cast<int32_t>(std::min<int64_t>(a.top_k, INT32_MAX));
-  so.seed = a.seed;
+  const engine::SamplingOptions so = sampling_options(a);
   engine::Sampler sampler;
   engine::SpecVerifyResult verdict;
-  const int64_t vocab = cfg.vocab_size;
+  const int64_t vocab = info.vocab_size;
   auto accept = [&](const MtpSpecRows& rows, std::vector<int32_t>& tokens) -> Status {
     const int64_t n = static_cast<int64_t>(rows.drafts.size());
     for (int64_t r = 0; r <= n; ++r) {  // row r holds the logits at position - 1 + r
@@ -124,12 +140,16 @@ Status run_speculative(const GenerateArgs& a, DeepseekV3Model& model, PromptCode
     return {};
   };
   MtpSpecDecoder dec(model, cache, cache.add_sequence(), o, accept);
-  bool first = true;
+  engine::TokenDelta delta;
   auto emit = [&] {
-    for (const int32_t t : dec.last_emitted()) {
-      codec.emit(t, first);
-      first = false;
+    const std::span<const int32_t> run = dec.last_emitted();
+    delta.tokens.assign(run.begin(), run.end());
+    delta.finish_reason.clear();
+    if (dec.finished()) {
+      delta.finish_reason = !run.empty() && is_eos(info, run.back()) && !a.ignore_eos ? "stop"
+                                                                                      : "length";
     }
+    codec.emit(delta);
   };
   const auto t0 = Clock::now();
   XDS_RETURN_IF_ERROR(dec.prefill(prompt));
@@ -161,21 +181,15 @@ Status run_speculative(const GenerateArgs& a, DeepseekV3Model& model, PromptCode
 }
 
 Status run_generate(const GenerateArgs& a) {
+  if (!(a.top_p > 0.0f)) {  // serve's range: the sampler keeps at least one candidate
+    return invalid_argument("--top-p must be greater than 0 and at most 1, got {}", a.top_p);
+  }
   ModelOptions mo;
   XDS_RETURN_IF_ERROR(parse_dtype_flags(a.compute_dtype, a.kv_cache_dtype, mo));
-  if (a.attention == "auto") {
-    mo.attention = AttentionMode::kAuto;
-  } else if (a.attention == "absorbed") {
-    mo.attention = AttentionMode::kAbsorbed;
-  } else if (a.attention == "expanded") {
-    mo.attention = AttentionMode::kExpanded;
-  } else {
-    return invalid_argument("--attention must be auto, absorbed or expanded, got '{}'",
-                            a.attention);
-  }
+  XDS_RETURN_IF_ERROR(parse_attention_flag(a.attention, mo));
   mo.threads = a.threads;
-  XDS_ASSIGN_OR_RETURN(auto model, DeepseekV3Model::load(a.model, mo));
-  const DeepseekV3Config& cfg = model->config();
+  XDS_ASSIGN_OR_RETURN(std::unique_ptr<CausalLm> model, load_causal_lm(a.model, mo));
+  const ModelInfo& info = model->info();
 
   XDS_ASSIGN_OR_RETURN(PromptCodec codec, PromptCodec::open(a.model, a.chat_template));
   std::vector<int32_t> prompt;
@@ -184,17 +198,17 @@ Status run_generate(const GenerateArgs& a) {
   } else {
     XDS_ASSIGN_OR_RETURN(prompt, codec.encode_prompt(a.prompt, a.chat));
   }
-  const int64_t valid_vocab = codec.valid_vocab(cfg.vocab_size);
+  const int64_t valid_vocab = codec.valid_vocab(info.vocab_size);
 
   const int64_t total = static_cast<int64_t>(prompt.size()) + a.max_tokens;
-  if (total > cfg.max_position_embeddings) {
+  if (total > info.max_position_embeddings) {
     return invalid_argument(
         "prompt ({} tokens) + --max-tokens {} exceeds the model's max_position_embeddings {}",
-        prompt.size(), a.max_tokens, cfg.max_position_embeddings);
+        prompt.size(), a.max_tokens, info.max_position_embeddings);
   }
   if (a.speculative.tokens > 0) return run_speculative(a, *model, codec, prompt, valid_vocab);
   XDS_RETURN_IF_ERROR(check_speculative_flags(a.speculative, a.model));
-  XDS_ASSIGN_OR_RETURN(KvCache cache, model->make_cache(total + 16));
+  XDS_ASSIGN_OR_RETURN(KvCache cache, make_kv_cache(*model, total + 16));
   const int64_t seq = cache.add_sequence();
 
   // The dumps appear whole or not at all: a run that fails midway (non-finite logits, a
@@ -241,29 +255,41 @@ Status run_generate(const GenerateArgs& a) {
   }
   const double prefill_s = seconds_since(t0);
 
-  kernels::SamplingParams sp{a.temperature, a.top_p, a.top_k, a.seed};
-  std::vector<std::pair<float, int32_t>> scratch;
-  const float* last = out.logits.data() + (out.logits.size() - cfg.vocab_size);
-  std::vector<float> row(last, last + cfg.vocab_size);
-  int64_t pos = n_prompt;
+  // Each token is drawn as serve's DP group draws it: the engine's sampler, keyed by (seed,
+  // the position being sampled, draw 0), penalties over the output so far.
+  const engine::SamplingOptions so = sampling_options(a);
+  engine::Sampler sampler;
+  std::vector<int32_t> tokens(prompt.begin(), prompt.end());  // prompt, then output
+  engine::TokenDelta delta;
+  const int64_t vocab = info.vocab_size;
+  const float* row = out.logits.data() + (out.logits.size() - vocab);
   int64_t generated = 0;
   const auto t1 = Clock::now();
   while (generated < a.max_tokens) {
-    XDS_RETURN_IF_ERROR(check_finite_logits(a.model, pos - 1, row.data(), valid_vocab));
-    const int32_t next = kernels::sample_token(row.data(), valid_vocab, sp,
-                                               kernels::sampling_uniform(a.seed, pos), scratch);
+    const int64_t pos = static_cast<int64_t>(tokens.size());
+    XDS_RETURN_IF_ERROR(check_finite_logits(a.model, pos - 1, row, valid_vocab));
+    engine::SampleInput in;
+    in.logits = row;
+    in.valid_vocab = valid_vocab;
+    in.options = &so;
+    in.prompt = prompt;
+    in.output = std::span<const int32_t>(tokens).subspan(prompt.size());
+    in.position = pos;
+    XDS_ASSIGN_OR_RETURN(const int32_t next, sampler.sample(in, nullptr));
+    tokens.push_back(next);
     ++generated;
-    codec.emit(next, generated == 1);
-    const bool eos = std::find(cfg.eos_token_ids.begin(), cfg.eos_token_ids.end(), next) !=
-                     cfg.eos_token_ids.end();
-    if ((eos && !a.ignore_eos) || generated == a.max_tokens) break;
+    delta.tokens.assign(1, next);
+    delta.finish_reason = is_eos(info, next) && !a.ignore_eos ? "stop"
+                          : generated == a.max_tokens        ? "length"
+                                                             : "";
+    codec.emit(delta);
+    if (!delta.finish_reason.empty()) break;
     step_start = pos;
     XDS_ASSIGN_OR_RETURN(const TokenChunk tc,
-                         cache.chunk(seq, pos, std::span<const int32_t>(&next, 1)));
+                         cache.chunk(seq, pos, std::span<const int32_t>(tokens).subspan(pos, 1)));
     XDS_RETURN_IF_ERROR(model->forward({&tc, 1}, cache.storage(), out));
     XDS_RETURN_IF_ERROR(write_rows(out));
-    row.assign(out.logits.begin(), out.logits.begin() + cfg.vocab_size);
-    ++pos;
+    row = out.logits.data();
   }
   const double decode_s = seconds_since(t1);
   codec.finish();

@@ -1,5 +1,6 @@
 #include "cli/model_flags.h"
 
+#include "base/memory_info.h"
 #include "model/registry.h"
 #include "model/speculative_decode.h"
 
@@ -27,6 +28,34 @@ Status parse_dtype_flags(const std::string& compute, const std::string& kv_cache
                             kv_cache);
   }
   return {};
+}
+
+Status parse_attention_flag(const std::string& attention, ModelOptions& mo) {
+  if (attention == "auto") {
+    mo.attention = AttentionMode::kAuto;
+  } else if (attention == "absorbed") {
+    mo.attention = AttentionMode::kAbsorbed;
+  } else if (attention == "expanded") {
+    mo.attention = AttentionMode::kExpanded;
+  } else {
+    return invalid_argument("--attention must be auto, absorbed or expanded, got '{}'", attention);
+  }
+  return {};
+}
+
+Result<KvCache> make_kv_cache(const CausalLm& model, int64_t tokens) {
+  constexpr int64_t kBlock = 16;
+  KvStorageShape shape;
+  shape.layout = model.kv_layout();
+  shape.block_size = kBlock;
+  shape.num_blocks = (tokens + kBlock - 1) / kBlock;
+  return KvCache::create(shape, available_memory_bytes());
+}
+
+std::string kv_cache_dtype_name(const CausalLm& model) {
+  const KvLayout layout = model.kv_layout();
+  return layout.planes.empty() ? std::string("none")
+                               : std::string(dtype_name(layout.planes[0].dtype));
 }
 
 void add_speculative_flags(CLI::App* cmd, SpeculativeFlags& f) {

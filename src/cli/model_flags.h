@@ -1,6 +1,6 @@
 // The model flags that several commands share: --compute-dtype and --kv-cache-dtype
 // (generate, perplexity, serve, instance), --speculative-tokens and --speculative-mtp-layers
-// (generate, serve, instance).
+// (generate, serve, instance); and the KV cache of a command that runs its sequences itself.
 #pragma once
 
 #include <cstdint>
@@ -10,6 +10,7 @@
 
 #include "base/status.h"
 #include "model/causal_lm.h"
+#include "model/kv_cache.h"
 
 namespace xds::cli {
 
@@ -22,6 +23,15 @@ inline constexpr const char* kKvCacheDTypeHelp =
 // Sets mo.compute and mo.kv_cache from the flags' text; InvalidArgument naming the flag and
 // the value otherwise. (Combinations the model cannot run are refused by its load().)
 Status parse_dtype_flags(const std::string& compute, const std::string& kv_cache, ModelOptions& mo);
+
+// Sets mo.attention from --attention's text (auto, absorbed or expanded).
+Status parse_attention_flag(const std::string& attention, ModelOptions& mo);
+
+// A KvCache of `model`'s planes (CausalLm::kv_layout) with room for `tokens` positions in
+// blocks of 16; ResourceExhausted when the machine lacks the memory (KvCache::create).
+Result<KvCache> make_kv_cache(const CausalLm& model, int64_t tokens);
+// The element type of the cache's first plane (the latent): "F32", "BF16" or "I8".
+std::string kv_cache_dtype_name(const CausalLm& model);
 
 // MTP speculative decoding: k drafts per step (0: off) and the MTP layers they use (0: all).
 struct SpeculativeFlags {

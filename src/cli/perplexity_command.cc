@@ -28,7 +28,7 @@
 #include "base/read_file.h"
 #include "cli/commands.h"
 #include "cli/model_flags.h"
-#include "model/deepseek_v3/deepseek_v3.h"
+#include "model/registry.h"
 #include "tokenizer/tokenizer.h"
 
 namespace xds::cli {
@@ -61,12 +61,12 @@ int32_t argmax_row(const float* row, int64_t n) {
 
 // One window's rows (see the header). `main` holds the main model's output over the window
 // (every logit row, every hidden row); the MTP layers' cache rows of `seq` are written.
-Status mtp_agreement_window(DeepseekV3Model& model, KvCache& cache, int64_t seq,
+Status mtp_agreement_window(CausalLm& model, KvCache& cache, int64_t seq,
                             std::span<const int32_t> ids, const StepOutput& main, int64_t layer2,
                             MtpAgreement& acc) {
   const int64_t n = static_cast<int64_t>(ids.size());
   if (n < 3) return {};
-  const int64_t v = model.config().vocab_size, d = model.config().hidden_size;
+  const int64_t v = model.info().vocab_size, d = model.info().hidden_size;
   std::vector<int32_t> main_top(static_cast<size_t>(n));  // [n] the main model's argmax
   for (int64_t i = 0; i < n; ++i) main_top[i] = argmax_row(main.logits.data() + i * v, v);
   // The teacher-forced rows 0 .. n-2 of layer 0 (and of the draft-2 layer if another).
@@ -113,21 +113,22 @@ Status run_perplexity(const PerplexityArgs& a) {
   ModelOptions mo;
   XDS_RETURN_IF_ERROR(parse_dtype_flags(a.compute_dtype, a.kv_cache_dtype, mo));
   mo.threads = a.threads;
-  XDS_ASSIGN_OR_RETURN(auto model, DeepseekV3Model::load(a.model, mo));
-  const int64_t vocab = model->config().vocab_size;
+  XDS_ASSIGN_OR_RETURN(std::unique_ptr<CausalLm> model, load_causal_lm(a.model, mo));
+  const ModelInfo& info = model->info();
+  const int64_t vocab = info.vocab_size;
   const int64_t n = static_cast<int64_t>(ids.size());
   const int64_t windows = (n + a.window - 1) / a.window;
   if (const int64_t longest = std::min(a.window, n);
-      longest > model->config().max_position_embeddings) {
+      longest > info.max_position_embeddings) {
     return invalid_argument(
         "--window {}: windows of {} tokens exceed the model's max_position_embeddings {}", a.window,
-        longest, model->config().max_position_embeddings);
+        longest, info.max_position_embeddings);
   }
-  if (a.mtp_agreement && model->config().num_nextn_predict_layers == 0) {
+  if (a.mtp_agreement && info.n_mtp_layers == 0) {
     return invalid_argument("--mtp-agreement: {} has no MTP layer (num_nextn_predict_layers 0)",
                             a.model);
   }
-  const int64_t mtp_layers = model->config().num_nextn_predict_layers;
+  const int64_t mtp_layers = info.n_mtp_layers;
   // The MTP layer of draft 2 (0-based): min(1, used layers - 1).
   const int64_t layer2 = std::min<int64_t>(
       1, (a.mtp_layers > 0 ? std::min(a.mtp_layers, mtp_layers) : mtp_layers) - 1);
@@ -139,7 +140,7 @@ Status run_perplexity(const PerplexityArgs& a) {
   for (int64_t w = 0; w < windows; ++w) {
     const int64_t begin = w * a.window, len = std::min(a.window, n - begin);
     if (len < 2) continue;
-    XDS_ASSIGN_OR_RETURN(KvCache cache, model->make_cache(len + 16));
+    XDS_ASSIGN_OR_RETURN(KvCache cache, make_kv_cache(*model, len + 16));
     const int64_t seq = cache.add_sequence();
     XDS_ASSIGN_OR_RETURN(
         const TokenChunk ch,

@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <optional>
 
+#include "output/output_processor.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
 
@@ -10,7 +11,8 @@ namespace xds::cli {
 
 struct PromptCodec::Impl {
   std::optional<Tokenizer> tokenizer;
-  std::optional<IncrementalDetokenizer> stream;
+  std::optional<output::OutputProcessor> output;  // with a tokenizer
+  int64_t emitted = 0;                            // ids written (the form without one)
   std::string chat_template_file;
   std::string model_dir;
 };
@@ -28,7 +30,12 @@ Result<PromptCodec> PromptCodec::open(const std::string& model_dir,
   if (Tokenizer::has_tokenizer_files(model_dir)) {
     XDS_ASSIGN_OR_RETURN(Tokenizer tok, Tokenizer::load(model_dir));
     codec.impl_->tokenizer.emplace(std::move(tok));
-    codec.impl_->stream.emplace(*codec.impl_->tokenizer);
+    output::ChoiceSetup setup;
+    setup.request_id = "generate";
+    setup.options.detokenize = true;
+    setup.tokenizer = &*codec.impl_->tokenizer;
+    XDS_ASSIGN_OR_RETURN(output::OutputProcessor output, output::OutputProcessor::create(setup));
+    codec.impl_->output.emplace(std::move(output));
   }
   return codec;
 }
@@ -56,20 +63,24 @@ int64_t PromptCodec::valid_vocab(int64_t model_vocab) const {
   return std::min(model_vocab, impl_->tokenizer->vocab_size());
 }
 
-void PromptCodec::emit(int32_t id, bool first) {
-  if (impl_->stream) {
-    const std::string text = impl_->stream->push(id);
-    std::fwrite(text.data(), 1, text.size(), stdout);
+void PromptCodec::emit(const protocol::TokenDelta& delta) {
+  if (impl_->output) {
+    const output::OutputStep step = impl_->output->consume(delta);
+    std::fwrite(step.delta.text.data(), 1, step.delta.text.size(), stdout);
   } else {
-    std::printf(first ? "%d" : ",%d", id);
+    for (const int32_t id : delta.tokens) {
+      std::printf(impl_->emitted++ == 0 ? "%d" : ",%d", id);
+    }
   }
   std::fflush(stdout);
 }
 
 void PromptCodec::finish() {
-  if (impl_->stream) {
-    const std::string text = impl_->stream->flush();
-    std::fwrite(text.data(), 1, text.size(), stdout);
+  if (impl_->output && !impl_->output->finished()) {
+    protocol::TokenDelta end;
+    end.finish_reason = "length";
+    const output::OutputStep step = impl_->output->consume(end);
+    std::fwrite(step.delta.text.data(), 1, step.delta.text.size(), stdout);
   }
   std::printf("\n");
   std::fflush(stdout);

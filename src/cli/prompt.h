@@ -1,6 +1,8 @@
 // PromptCodec: text in and out for the CLI commands. With tokenizer files in the model
 // directory, prompts are encoded (through the chat template with --chat) and generated
-// ids are streamed as text; without them, ids are printed comma-separated.
+// ids are streamed as text by the output process's per-choice code (output::OutputProcessor:
+// the detokenizer and the stop rules, so the text is what serve streams for the same ids);
+// without them, ids are printed comma-separated.
 #pragma once
 
 #include <memory>
@@ -8,6 +10,7 @@
 #include <vector>
 
 #include "base/status.h"
+#include "protocol/payloads.h"
 
 namespace xds::cli {
 
@@ -23,8 +26,10 @@ class PromptCodec {
   Result<std::vector<int32_t>> encode_prompt(const std::string& text, bool chat) const;
   // Ids at or beyond this never win sampling: the tokenizer's vocabulary (or the model's).
   int64_t valid_vocab(int64_t model_vocab) const;
-  // Streams one generated id to stdout (text or "id," form).
-  void emit(int32_t id, bool first);
+  // Streams a step's generated ids to stdout (text, or the "id,id" form). A delta whose
+  // finish_reason is "stop" ends with the stop token, whose text is not written (as serve).
+  void emit(const protocol::TokenDelta& delta);
+  // Ends the output: what the detokenizer held back, then a newline.
   void finish();
 
  private:
