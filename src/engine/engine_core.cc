@@ -17,6 +17,7 @@ Result<std::unique_ptr<EngineCore>> EngineCore::create(const EngineCoreOptions& 
   return core;
 }
 
+EngineCore::EngineCore(const EngineCoreOptions& options) : o_(options) {}
 EngineCore::~EngineCore() = default;
 
 Status EngineCore::init() {

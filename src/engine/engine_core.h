@@ -103,7 +103,8 @@ class EngineCore {
   int64_t steps() const { return steps_; }
 
  private:
-  explicit EngineCore(const EngineCoreOptions& options) : o_(options) {}
+  // Out of line: SpeculativeStage is incomplete here.
+  explicit EngineCore(const EngineCoreOptions& options);
   Status init();
 
   EngineCoreOptions o_;

@@ -110,17 +110,17 @@ TEST(EngineCore, GreedyTokensEqualThePlainLoopAloneAndBatched) {
 
   ASSERT_TRUE((*core)->add_request(greedy("alone", p0, 6)).ok());
   Outputs o = run(**core);
-  EXPECT_EQ(o.tokens[{"alone", 0}], r0);
-  EXPECT_EQ(o.reason[{"alone", 0}], "length");
+  EXPECT_EQ((o.tokens[{"alone", 0}]), r0);
+  EXPECT_EQ((o.reason[{"alone", 0}]), "length");
 
   ASSERT_TRUE((*core)->add_request(greedy("a", p0, 6)).ok());
   ASSERT_TRUE((*core)->add_request(greedy("b", p1, 4)).ok());
   ASSERT_TRUE((*core)->add_request(greedy("c", p2, 5)).ok());
   EXPECT_FALSE((*core)->add_request(greedy("c", p2, 5)).ok());  // an id already held
   o = run(**core);
-  EXPECT_EQ(o.tokens[{"a", 0}], r0);
-  EXPECT_EQ(o.tokens[{"b", 0}], r1);
-  EXPECT_EQ(o.tokens[{"c", 0}], r2);
+  EXPECT_EQ((o.tokens[{"a", 0}]), r0);
+  EXPECT_EQ((o.tokens[{"b", 0}]), r1);
+  EXPECT_EQ((o.tokens[{"c", 0}]), r2);
 }
 
 TEST(EngineCore, CancelAbortsAndForkedGreedyChoicesAgree) {
@@ -134,7 +134,7 @@ TEST(EngineCore, CancelAbortsAndForkedGreedyChoicesAgree) {
   ASSERT_TRUE((*core)->step(&d).ok());
   (*core)->cancel("x", -1);
   Outputs o = run(**core);
-  EXPECT_EQ(o.reason[{"x", 0}], "abort");
+  EXPECT_EQ((o.reason[{"x", 0}]), "abort");
   const std::vector<int32_t> r = reference(p, 5);
   // The first step's deltas carried the first tokens.
   for (const TokenDelta& x : d) {
@@ -142,8 +142,8 @@ TEST(EngineCore, CancelAbortsAndForkedGreedyChoicesAgree) {
     auto& t = o.tokens[{x.request_id, x.index}];
     t.insert(t.begin(), x.tokens.begin(), x.tokens.end());
   }
-  EXPECT_EQ(o.tokens[{"two", 0}], r);
-  EXPECT_EQ(o.tokens[{"two", 1}], r);
+  EXPECT_EQ((o.tokens[{"two", 0}]), r);
+  EXPECT_EQ((o.tokens[{"two", 1}]), r);
 }
 
 }  // namespace
