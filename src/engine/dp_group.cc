@@ -160,6 +160,9 @@ Status DpGroup::init() {
   XDS_ASSIGN_OR_RETURN(core_, EngineCore::create(eo));
   XDS_RETURN_IF_ERROR(handoff_->attach(*core_));
   core_->set_heartbeat([this] { answer_heartbeats(); });
+  // The prefix cache's block-hash events go to the shell after each step (send_cache_events),
+  // and from there to the gateways, which route by them (P096).
+  core_->kv().record_cache_events(o_.prefix_cache);
 
   if (fabric_.world_size() > 1) {
     XDS_ASSIGN_OR_RETURN(transport_, xccl::make_transport("shm", fabric_));
