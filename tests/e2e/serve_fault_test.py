@@ -19,7 +19,7 @@ import time
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from serve_e2e_test import descendants, free_port, wait_healthy  # noqa: E402
+from serve_e2e_test import comm, descendants, free_port, wait_healthy  # noqa: E402
 
 failures = []
 
@@ -28,14 +28,6 @@ def check(cond, what):
     if not cond:
         failures.append(what)
         print(f"FAILED: {what}", file=sys.stderr)
-
-
-def comm(pid):
-    try:
-        with open(f"/proc/{pid}/comm") as f:
-            return f.read().strip()
-    except OSError:
-        return ""
 
 
 def main():
