@@ -15,14 +15,13 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 import unittest
-import urllib.error
-import urllib.request
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "e2e"))
+from serve_e2e_test import free_port, http, wait_healthy  # noqa: E402
 
 XDS = None
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..")
@@ -39,22 +38,6 @@ def run(*args, timeout=600):
     return p.returncode, p.stdout, p.stderr
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def post(url, body, timeout=600):
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST")
-    req.add_header("Content-Type", "application/json")
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode()
-
-
 class Server:
     def __init__(self, model, k):
         self.port = free_port()
@@ -65,20 +48,13 @@ class Server:
         if k > 0:
             cmd += ["--speculative-tokens", str(k)]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        deadline = time.time() + 180
-        while time.time() < deadline and self.proc.poll() is None:
-            try:
-                with urllib.request.urlopen(self.base + "/health", timeout=5) as r:
-                    if r.status == 200:
-                        return
-            except OSError:
-                pass
-            time.sleep(0.3)
+        if wait_healthy(self.base, self.proc, timeout_s=180):
+            return
         out = self.stop()
         raise AssertionError(f"serve {model} k={k} did not become healthy: {out[-1000:]}")
 
     def complete(self, body):
-        status, text = post(self.base + "/v1/completions", body)
+        status, text, _ = http("POST", self.base + "/v1/completions", body, timeout=600)
         if status != 200:
             raise AssertionError(f"completion {body}: {status} {text[:500]}")
         return json.loads(text)["choices"][0]
