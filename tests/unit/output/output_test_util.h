@@ -15,9 +15,7 @@
 
 namespace xds::output::test {
 
-inline std::string source_root() {
-  return std::filesystem::path(__FILE__).parent_path().parent_path().parent_path().parent_path();
-}
+inline std::string source_root() { return XDS_SOURCE_DIR; }
 
 // "kjv" (the shipped model), "deepseek_v3" or "qwen3" (tests/fixtures/tokenizer).
 inline const Tokenizer& tokenizer(const std::string& name) {
