@@ -14,10 +14,10 @@
 #include "cli/commands.h"
 #include "cli/model_flags.h"
 #include "cli/prompt.h"
+#include "engine/engine_core.h"
 #include "engine/sampler.h"
-#include "engine/speculative.h"
+#include "engine/speculative_stage.h"
 #include "model/registry.h"
-#include "model/speculative_decode.h"
 
 namespace xds::cli {
 namespace {
@@ -75,12 +75,7 @@ engine::SamplingOptions sampling_options(const GenerateArgs& a) {
   return so;
 }
 
-bool is_eos(const ModelInfo& info, int32_t token) {
-  return std::find(info.eos_token_ids.begin(), info.eos_token_ids.end(), token) !=
-         info.eos_token_ids.end();
-}
-
-void print_stats(const GenerateArgs& a, const CausalLm& model, int64_t n_prompt,
+void print_stats(const GenerateArgs& a, const std::string& kv_dtype, int64_t n_prompt,
                  double prefill_s, int64_t decode_tokens, double decode_s) {
   std::fprintf(stderr,
                "prefill: %lld tokens in %.3f s (%.1f tokens/s); decode: %lld tokens in %.3f s "
@@ -88,108 +83,123 @@ void print_stats(const GenerateArgs& a, const CausalLm& model, int64_t n_prompt,
                static_cast<long long>(n_prompt), prefill_s, n_prompt / std::max(prefill_s, 1e-9),
                static_cast<long long>(decode_tokens), decode_s,
                decode_tokens > 0 ? decode_tokens / std::max(decode_s, 1e-9) : 0.0,
-               a.compute_dtype.c_str(), kv_cache_dtype_name(model).c_str());
+               a.compute_dtype.c_str(), kv_dtype.c_str());
 }
 
-// --speculative-tokens k > 0: MTP drafts verified by the main model, k per step
-// (model/speculative_decode.h); the acceptance rule is the engine's (engine/speculative.h),
-// so the sampled tokens are serve's with the same k: the acceptance test and the residual
-// draw take their own draws at a position, so they differ from the plain loop's (the same
-// distribution, other tokens). Greedy output is the plain loop's.
-Status run_speculative(const GenerateArgs& a, CausalLm& model, PromptCodec& codec,
-                       std::span<const int32_t> prompt, int64_t valid_vocab) {
-  const ModelInfo& info = model.info();
-  if (!a.dump_logits.empty() || !a.dump_routing.empty()) {
-    return invalid_argument(
-        "--dump-logits and --dump-routing write one row per position of a plain run; they "
-        "cannot be combined with --speculative-tokens");
-  }
-  MtpSpecDecodeOptions o;
-  XDS_ASSIGN_OR_RETURN(o.spec, mtp_spec_config(a.speculative.tokens, a.speculative.mtp_layers,
-                                               info.n_mtp_layers));
-  o.max_tokens = a.max_tokens;
-  if (!a.ignore_eos) o.stop_ids.assign(info.eos_token_ids.begin(), info.eos_token_ids.end());
-  o.max_length = info.max_position_embeddings;
-  o.valid_vocab = valid_vocab;
-  o.prefill_chunk = a.prefill_chunk;
-  const int64_t n_prompt = static_cast<int64_t>(prompt.size());
-  XDS_ASSIGN_OR_RETURN(KvCache cache,
-                       make_kv_cache(model, n_prompt + a.max_tokens + o.spec.draft_tokens + 16));
-
-  const engine::SamplingOptions so = sampling_options(a);
-  engine::Sampler sampler;
-  engine::SpecVerifyResult verdict;
-  const int64_t vocab = info.vocab_size;
-  auto accept = [&](const MtpSpecRows& rows, std::vector<int32_t>& tokens) -> Status {
-    const int64_t n = static_cast<int64_t>(rows.drafts.size());
-    for (int64_t r = 0; r <= n; ++r) {  // row r holds the logits at position - 1 + r
-      XDS_RETURN_IF_ERROR(check_finite_logits(a.model, rows.position - 1 + r,
-                                              rows.logits + r * vocab, valid_vocab));
-    }
-    engine::SpecVerifyInput in;
-    in.logits = rows.logits;
-    in.row_stride = vocab;
-    in.valid_vocab = valid_vocab;
-    in.drafts = rows.drafts;
-    in.options = &so;
-    in.prompt = prompt;
-    in.output = rows.output;
-    in.position = rows.position;
-    XDS_RETURN_IF_ERROR(engine::speculative_accept(sampler, in, verdict));
-    tokens.insert(tokens.end(), verdict.tokens.begin(), verdict.tokens.end());
-    return {};
-  };
-  MtpSpecDecoder dec(model, cache, cache.add_sequence(), o, accept);
-  engine::TokenDelta delta;
-  auto emit = [&] {
-    const std::span<const int32_t> run = dec.last_emitted();
-    delta.tokens.assign(run.begin(), run.end());
-    delta.finish_reason.clear();
-    if (dec.finished()) {
-      delta.finish_reason = !run.empty() && is_eos(info, run.back()) && !a.ignore_eos ? "stop"
-                                                                                      : "length";
-    }
-    codec.emit(delta);
-  };
-  const auto t0 = Clock::now();
-  XDS_RETURN_IF_ERROR(dec.prefill(prompt));
-  const double prefill_s = seconds_since(t0);
-  emit();
-  const auto t1 = Clock::now();
-  while (!dec.finished()) {
-    XDS_RETURN_IF_ERROR(dec.step());
-    emit();
-  }
-  const double decode_s = seconds_since(t1);
-  codec.finish();
-  const MtpSpecStats& st = dec.stats();
+void print_speculative_stats(const engine::SpeculativeStage& spec) {
+  const engine::SpecStats& st = spec.stats();
   std::string rates;
-  for (size_t i = 0; i < st.accepted_at.size(); ++i) {
-    rates += fmt::format(" {:.3f}", st.verified_at[i] > 0 ? double(st.accepted_at[i]) /
-                                                                st.verified_at[i]
-                                                          : 0.0);
+  for (size_t i = 0; i < st.accepted.size(); ++i) {
+    rates +=
+        fmt::format(" {:.3f}", st.drafted[i] > 0 ? double(st.accepted[i]) / st.drafted[i] : 0.0);
   }
   std::fprintf(stderr,
                "speculative: %lld drafts per step from %lld MTP layer(s); %lld steps; acceptance "
                "per draft position:%s; mean tokens per step %.3f\n",
-               static_cast<long long>(o.spec.draft_tokens), static_cast<long long>(o.spec.layers),
-               static_cast<long long>(st.steps), rates.c_str(),
-               st.steps > 0 ? double(st.step_tokens) / st.steps : 0.0);
-  print_stats(a, model, n_prompt, prefill_s, static_cast<int64_t>(dec.output().size()) - 1,
-              decode_s);
+               static_cast<long long>(spec.config().draft_tokens),
+               static_cast<long long>(spec.config().layers), static_cast<long long>(st.steps),
+               rates.c_str(), st.steps > 0 ? double(st.tokens) / st.steps : 0.0);
+}
+
+// --dump-logits and --dump-routing. The files appear whole or not at all: a run that fails
+// midway (non-finite logits, a full disk) leaves no truncated file that a comparison script
+// could read as complete.
+class Dumps {
+ public:
+  Status open(const GenerateArgs& a) {
+    if (!a.dump_logits.empty()) {
+      auto f = AtomicFile::create(a.dump_logits);
+      if (!f.ok()) return invalid_argument("--dump-logits: {}", f.status().message());
+      logits_.emplace(std::move(*f));
+    }
+    if (!a.dump_routing.empty()) {
+      auto f = AtomicFile::create(a.dump_routing);
+      if (!f.ok()) return invalid_argument("--dump-routing: {}", f.status().message());
+      routing_.emplace(std::move(*f));
+    }
+    return {};
+  }
+  bool logits() const { return logits_.has_value(); }
+  bool any() const { return logits_ || routing_; }
+
+  // The model's routing observer: the experts of the step's token `token` (batch order) in
+  // `layer`, kept until the step's chunk says where the token sits.
+  void observe(CausalLm& model) {
+    if (!routing_) return;
+    model.set_routing_observer(
+        [this](int64_t layer, int64_t token, std::span<const int32_t> experts) {
+          routes_.push_back({layer, token, std::vector<int32_t>(experts.begin(), experts.end())});
+        });
+  }
+
+  // One sequence: a step runs one chunk; its logits rows are every position's
+  // (EngineCoreOptions::all_logits) and the routes' rows are its positions.
+  Status write_step(std::span<const TokenChunk> chunks, const StepOutput& out) {
+    if (logits_) {
+      XDS_RETURN_IF_ERROR(logits_->write(out.logits.data(), out.logits.size() * sizeof(float)));
+    }
+    if (routing_ && !chunks.empty()) {
+      for (const Route& r : routes_) {
+        // A failed write is kept by the file and returned by commit().
+        (void)routing_->write(fmt::format("{{\"layer\":{},\"row\":{},\"experts\":[{}]}}\n", r.layer,
+                                          chunks[0].start_pos + r.token,
+                                          fmt::join(r.experts, ",")));
+      }
+    }
+    routes_.clear();
+    return {};
+  }
+
+  Status commit(CausalLm& model) {
+    if (logits_) XDS_RETURN_IF_ERROR(logits_->commit());
+    if (routing_) {
+      model.set_routing_observer(nullptr);
+      XDS_RETURN_IF_ERROR(routing_->commit());
+    }
+    return {};
+  }
+
+ private:
+  struct Route {
+    int64_t layer = 0, token = 0;
+    std::vector<int32_t> experts;
+  };
+  std::optional<AtomicFile> logits_, routing_;
+  std::vector<Route> routes_;
+};
+
+// Every logits row of a step is finite, else DataLoss naming the position it predicts from.
+Status check_step_logits(const std::string& model, std::span<const TokenChunk> chunks,
+                         const StepOutput& out, int64_t vocab, int64_t valid_vocab) {
+  int64_t row = 0;
+  for (const TokenChunk& c : chunks) {
+    const int64_t count = static_cast<int64_t>(c.tokens.size());
+    const int64_t rows = c.all_logits ? count : 1;
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t position = c.start_pos + (c.all_logits ? r : count - 1);
+      XDS_RETURN_IF_ERROR(
+          check_finite_logits(model, position, out.logits.data() + (row + r) * vocab, valid_vocab));
+    }
+    row += rows;
+  }
   return {};
 }
 
+// One request through the engine core (engine/engine_core.h): the DP group's request table,
+// scheduler, sampler and speculative stage, without sockets, so the tokens are serve's for
+// the same request and seed (with --speculative-tokens k too: the acceptance test and the
+// residual draw take their own draws, so sampled tokens differ from k = 0's: the same
+// distribution, other tokens; greedy output is k = 0's). The text goes through the output
+// process's detokenizer (PromptCodec).
 Status run_generate(const GenerateArgs& a) {
   if (!(a.top_p > 0.0f)) {  // serve's range: the sampler keeps at least one candidate
     return invalid_argument("--top-p must be greater than 0 and at most 1, got {}", a.top_p);
   }
-  ModelOptions mo;
-  XDS_RETURN_IF_ERROR(parse_dtype_flags(a.compute_dtype, a.kv_cache_dtype, mo));
-  XDS_RETURN_IF_ERROR(parse_attention_flag(a.attention, mo));
-  mo.threads = a.threads;
-  XDS_ASSIGN_OR_RETURN(std::unique_ptr<CausalLm> model, load_causal_lm(a.model, mo));
-  const ModelInfo& info = model->info();
+  engine::EngineCoreOptions o;
+  XDS_RETURN_IF_ERROR(parse_dtype_flags(a.compute_dtype, a.kv_cache_dtype, o.model));
+  XDS_RETURN_IF_ERROR(parse_attention_flag(a.attention, o.model));
+  o.model.threads = a.threads;
+  XDS_ASSIGN_OR_RETURN(const ModelInfo info, load_model_info(a.model));
 
   XDS_ASSIGN_OR_RETURN(PromptCodec codec, PromptCodec::open(a.model, a.chat_template));
   std::vector<int32_t> prompt;
@@ -198,107 +208,73 @@ Status run_generate(const GenerateArgs& a) {
   } else {
     XDS_ASSIGN_OR_RETURN(prompt, codec.encode_prompt(a.prompt, a.chat));
   }
-  const int64_t valid_vocab = codec.valid_vocab(info.vocab_size);
-
-  const int64_t total = static_cast<int64_t>(prompt.size()) + a.max_tokens;
+  const int64_t n_prompt = static_cast<int64_t>(prompt.size());
+  const int64_t total = n_prompt + a.max_tokens;
   if (total > info.max_position_embeddings) {
     return invalid_argument(
         "prompt ({} tokens) + --max-tokens {} exceeds the model's max_position_embeddings {}",
         prompt.size(), a.max_tokens, info.max_position_embeddings);
   }
-  if (a.speculative.tokens > 0) return run_speculative(a, *model, codec, prompt, valid_vocab);
   XDS_RETURN_IF_ERROR(check_speculative_flags(a.speculative, a.model));
-  XDS_ASSIGN_OR_RETURN(KvCache cache, make_kv_cache(*model, total + 16));
-  const int64_t seq = cache.add_sequence();
+  Dumps dumps;
+  if (a.speculative.tokens > 0 && (!a.dump_logits.empty() || !a.dump_routing.empty())) {
+    return invalid_argument(
+        "--dump-logits and --dump-routing write one row per position of a plain run; they "
+        "cannot be combined with --speculative-tokens");
+  }
+  XDS_RETURN_IF_ERROR(dumps.open(a));
 
-  // The dumps appear whole or not at all: a run that fails midway (non-finite logits, a
-  // full disk) leaves no truncated file that a comparison script could read as complete.
-  std::optional<AtomicFile> logits_file, routing_file;
-  if (!a.dump_logits.empty()) {
-    auto f = AtomicFile::create(a.dump_logits);
-    if (!f.ok()) return invalid_argument("--dump-logits: {}", f.status().message());
-    logits_file.emplace(std::move(*f));
-  }
-  if (!a.dump_routing.empty()) {
-    auto f = AtomicFile::create(a.dump_routing);
-    if (!f.ok()) return invalid_argument("--dump-routing: {}", f.status().message());
-    routing_file.emplace(std::move(*f));
-  }
-  int64_t step_start = 0;
-  if (routing_file) {
-    model->set_routing_observer([&](int64_t layer, int64_t token,
-                                    std::span<const int32_t> experts) {
-      // A failed write is kept by the file and returned by commit().
-      (void)routing_file->write(fmt::format("{{\"layer\":{},\"row\":{},\"experts\":[{}]}}\n", layer,
-                                            step_start + token, fmt::join(experts, ",")));
-    });
-  }
-  const bool dump = logits_file.has_value();
-  auto write_rows = [&](const StepOutput& out) -> Status {
-    if (!dump) return {};
-    return logits_file->write(out.logits.data(), out.logits.size() * sizeof(float));
+  // One sequence: steps of one prefill chunk (--prefill-chunk, or the whole prompt), then
+  // one decode (1 + k tokens with k drafts) each.
+  const int64_t k = a.speculative.tokens;
+  o.model_dir = a.model;
+  o.max_num_seqs = 1;
+  o.max_num_batched_tokens = std::max(a.prefill_chunk > 0 ? a.prefill_chunk : n_prompt, k + 1);
+  o.prefix_cache = false;
+  o.kv_tokens = total + k + 16;
+  o.valid_vocab = codec.valid_vocab(info.vocab_size);
+  o.speculative_tokens = k;
+  o.speculative_mtp_layers = a.speculative.mtp_layers;
+  o.all_logits = dumps.logits();
+  const int64_t valid_vocab = std::min(o.valid_vocab, info.vocab_size);
+  o.after_forward = [&](std::span<const TokenChunk> chunks, const StepOutput& out) -> Status {
+    XDS_RETURN_IF_ERROR(check_step_logits(a.model, chunks, out, info.vocab_size, valid_vocab));
+    return dumps.write_step(chunks, out);
   };
+  XDS_ASSIGN_OR_RETURN(std::unique_ptr<engine::EngineCore> core, engine::EngineCore::create(o));
+  dumps.observe(core->model());
 
-  // Prefill, in chunks of --prefill-chunk tokens over the cached blocks (0: one chunk).
-  StepOutput out;
-  const auto t0 = Clock::now();
-  const int64_t n_prompt = static_cast<int64_t>(prompt.size());
-  const int64_t chunk = a.prefill_chunk > 0 ? a.prefill_chunk : n_prompt;
-  for (int64_t p = 0; p < n_prompt; p += chunk) {
-    const int64_t count = std::min(chunk, n_prompt - p);
-    step_start = p;
-    XDS_ASSIGN_OR_RETURN(
-        const TokenChunk tc,
-        cache.chunk(seq, p, std::span<const int32_t>(prompt).subspan(p, count), dump));
-    XDS_RETURN_IF_ERROR(model->forward({&tc, 1}, cache.storage(), out));
-    XDS_RETURN_IF_ERROR(write_rows(out));
-  }
-  const double prefill_s = seconds_since(t0);
+  engine::EngineRequest r;
+  r.id = "generate";
+  r.prompt = prompt;
+  r.sampling = sampling_options(a);
+  XDS_RETURN_IF_ERROR(core->add_request(std::move(r)));
 
-  // Each token is drawn as serve's DP group draws it: the engine's sampler, keyed by (seed,
-  // the position being sampled, draw 0), penalties over the output so far.
-  const engine::SamplingOptions so = sampling_options(a);
-  engine::Sampler sampler;
-  std::vector<int32_t> tokens(prompt.begin(), prompt.end());  // prompt, then output
-  engine::TokenDelta delta;
-  const int64_t vocab = info.vocab_size;
-  const float* row = out.logits.data() + (out.logits.size() - vocab);
+  std::vector<engine::TokenDelta> deltas;
   int64_t generated = 0;
-  const auto t1 = Clock::now();
-  while (generated < a.max_tokens) {
-    const int64_t pos = static_cast<int64_t>(tokens.size());
-    XDS_RETURN_IF_ERROR(check_finite_logits(a.model, pos - 1, row, valid_vocab));
-    engine::SampleInput in;
-    in.logits = row;
-    in.valid_vocab = valid_vocab;
-    in.options = &so;
-    in.prompt = prompt;
-    in.output = std::span<const int32_t>(tokens).subspan(prompt.size());
-    in.position = pos;
-    XDS_ASSIGN_OR_RETURN(const int32_t next, sampler.sample(in, nullptr));
-    tokens.push_back(next);
-    ++generated;
-    delta.tokens.assign(1, next);
-    delta.finish_reason = is_eos(info, next) && !a.ignore_eos ? "stop"
-                          : generated == a.max_tokens        ? "length"
-                                                             : "";
-    codec.emit(delta);
-    if (!delta.finish_reason.empty()) break;
-    step_start = pos;
-    XDS_ASSIGN_OR_RETURN(const TokenChunk tc,
-                         cache.chunk(seq, pos, std::span<const int32_t>(tokens).subspan(pos, 1)));
-    XDS_RETURN_IF_ERROR(model->forward({&tc, 1}, cache.storage(), out));
-    XDS_RETURN_IF_ERROR(write_rows(out));
-    row = out.logits.data();
+  double prefill_s = 0.0;
+  bool finished = false;
+  const auto t0 = Clock::now();
+  auto t1 = t0;
+  while (!finished && core->has_work()) {
+    deltas.clear();
+    XDS_RETURN_IF_ERROR(core->step(&deltas));
+    for (const engine::TokenDelta& d : deltas) {
+      if (generated == 0 && !d.tokens.empty()) {
+        prefill_s = seconds_since(t0);  // the prompt's steps and the first token's draw
+        t1 = Clock::now();
+      }
+      generated += static_cast<int64_t>(d.tokens.size());
+      codec.emit(d);
+      finished = finished || !d.finish_reason.empty();
+    }
   }
   const double decode_s = seconds_since(t1);
   codec.finish();
-  if (logits_file) XDS_RETURN_IF_ERROR(logits_file->commit());
-  if (routing_file) {
-    model->set_routing_observer(nullptr);
-    XDS_RETURN_IF_ERROR(routing_file->commit());
-  }
-  print_stats(a, *model, n_prompt, prefill_s, generated - 1, decode_s);
+  XDS_RETURN_IF_ERROR(dumps.commit(core->model()));
+  if (core->speculative() != nullptr) print_speculative_stats(*core->speculative());
+  print_stats(a, kv_cache_dtype_name(core->model()), n_prompt, prefill_s,
+              std::max<int64_t>(generated - 1, 0), decode_s);
   return {};
 }
 

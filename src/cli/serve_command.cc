@@ -35,10 +35,14 @@ Result<int64_t> parse_size(const std::string& flag, const std::string& text) {
   }
   double mult = 1;
   const std::string suffix = text.substr(used);
-  if (suffix == "K" || suffix == "k" || suffix == "KiB") mult = 1024.0;
-  else if (suffix == "M" || suffix == "m" || suffix == "MiB") mult = 1024.0 * 1024;
-  else if (suffix == "G" || suffix == "g" || suffix == "GiB") mult = 1024.0 * 1024 * 1024;
-  else if (!suffix.empty()) return invalid_argument("{}: unknown suffix in '{}' (K, M or G)", flag, text);
+  if (suffix == "K" || suffix == "k" || suffix == "KiB")
+    mult = 1024.0;
+  else if (suffix == "M" || suffix == "m" || suffix == "MiB")
+    mult = 1024.0 * 1024;
+  else if (suffix == "G" || suffix == "g" || suffix == "GiB")
+    mult = 1024.0 * 1024 * 1024;
+  else if (!suffix.empty())
+    return invalid_argument("{}: unknown suffix in '{}' (K, M or G)", flag, text);
   if (!(v > 0) || v * mult > 9.0e18) return invalid_argument("{}: '{}' must be > 0", flag, text);
   return static_cast<int64_t>(v * mult);
 }
@@ -163,25 +167,25 @@ Result<serve::InstanceOptions> instance_options(const EngineArgs& a, const std::
   o.threads_per_device = a.threads_per_device;
   o.placement.reserve_ratio = a.kv_reserve_ratio;
   engine::DpGroupOptions& g = o.group;
-  g.model_dir = a.model;
-  XDS_RETURN_IF_ERROR(parse_dtype_flags(a.compute_dtype, a.kv_cache_dtype, g.model));
-  g.max_num_seqs = a.max_num_seqs;
-  g.max_num_batched_tokens = a.max_num_batched_tokens;
-  g.chunked_prefill = !a.no_chunked_prefill;
-  g.prefix_cache = !a.no_prefix_cache;
-  XDS_ASSIGN_OR_RETURN(g.kv_memory_bytes, parse_size("--kv-memory", a.kv_memory));
-  g.max_model_len = a.max_model_len;
+  g.core.model_dir = a.model;
+  XDS_RETURN_IF_ERROR(parse_dtype_flags(a.compute_dtype, a.kv_cache_dtype, g.core.model));
+  g.core.max_num_seqs = a.max_num_seqs;
+  g.core.max_num_batched_tokens = a.max_num_batched_tokens;
+  g.core.chunked_prefill = !a.no_chunked_prefill;
+  g.core.prefix_cache = !a.no_prefix_cache;
+  XDS_ASSIGN_OR_RETURN(g.core.kv_memory_bytes, parse_size("--kv-memory", a.kv_memory));
+  g.core.max_model_len = a.max_model_len;
   XDS_RETURN_IF_ERROR(check_speculative_flags(a.speculative, a.model));
-  g.speculative_tokens = a.speculative.tokens;
-  g.speculative_mtp_layers = a.speculative.mtp_layers;
+  g.core.speculative_tokens = a.speculative.tokens;
+  g.core.speculative_mtp_layers = a.speculative.mtp_layers;
   if (a.redundant_slots > 0 && a.dp < 2)
     return invalid_argument("--redundant-slots {} needs expert parallelism (--dp > 1, got {})",
                             a.redundant_slots, a.dp);
   g.redundant_slots = a.redundant_slots;
   g.eplb_window_ns = static_cast<int64_t>(a.eplb_window_s * 1e9);
-  g.kv_transfer_timeout_ns = static_cast<int64_t>(a.kv_transfer_timeout_s * 1e9);
-  g.kv_transfer_host = a.kv_transfer_host;
-  g.kv_transfer_backend = a.kv_transfer_backend;
+  g.handoff.kv_transfer_timeout_ns = static_cast<int64_t>(a.kv_transfer_timeout_s * 1e9);
+  g.handoff.kv_transfer_host = a.kv_transfer_host;
+  g.handoff.kv_transfer_backend = a.kv_transfer_backend;
   o.eplb.redundant_slots = a.redundant_slots;
   o.eplb.slices = a.eplb_slices;
   o.eplb.interval_s = a.eplb_interval_s;
@@ -224,8 +228,7 @@ Status run_gateway(const serve::GatewayOptions& o, bool shutdown_instance) {
   sa.sa_handler = on_gateway_signal;
   ::sigaction(SIGTERM, &sa, nullptr);
   ::sigaction(SIGINT, &sa, nullptr);
-  std::fprintf(stderr, "xdeepserve: serving on http://%s:%d/v1\n", o.host.c_str(),
-               gateway->port());
+  std::fprintf(stderr, "xdeepserve: serving on http://%s:%d/v1\n", o.host.c_str(), gateway->port());
   Status st = gateway->run(shutdown_instance);
   g_gateway = nullptr;
   return st;
@@ -258,12 +261,12 @@ Status serve_disaggregated(const EngineArgs& e, const GatewayArgs& g, const Disa
     if (a.threads_per_device == 0) a.threads_per_device = std::max(1, cores / devices);
     const std::string listen = fmt::format("tcp://127.0.0.1:{}", (first_port + i) % 65536);
     XDS_ASSIGN_OR_RETURN(serve::InstanceOptions io, instance_options(a, listen));
-    XDS_RETURN_IF_ERROR(engine::ep_staging_bytes(io.group.model_dir, io.group.model,
-                                                 io.group.max_num_batched_tokens, io.dp,
+    XDS_RETURN_IF_ERROR(engine::ep_staging_bytes(io.group.core.model_dir, io.group.core.model,
+                                                 io.group.core.max_num_batched_tokens, io.dp,
                                                  io.group.redundant_slots)
                             .status());
     io.role = prefill ? "prefill" : "decode";
-    io.pin = false;  // the instances share the machine's cores
+    io.pin = false;   // the instances share the machine's cores
     io.instance = i;  // "xds-<i>-dp<r>" in ps
     addresses.push_back(listen);
     children.push_back(Child{std::move(io), -1});
@@ -338,8 +341,8 @@ void add_serve_commands(CLI::App& app, int* exit_code) {
       if (!io.ok()) return report(io.status(), exit_code);
       // What the instance refuses before it starts (a model that --dp cannot spread), refused
       // here: the gateway would otherwise serve with no instance behind it.
-      if (auto staging = engine::ep_staging_bytes(io->group.model_dir, io->group.model,
-                                                  io->group.max_num_batched_tokens, io->dp,
+      if (auto staging = engine::ep_staging_bytes(io->group.core.model_dir, io->group.core.model,
+                                                  io->group.core.max_num_batched_tokens, io->dp,
                                                   io->group.redundant_slots);
           !staging.ok()) {
         return report(staging.status(), exit_code);
@@ -387,11 +390,10 @@ void add_serve_commands(CLI::App& app, int* exit_code) {
   {
     auto g = std::make_shared<GatewayArgs>();
     auto model = std::make_shared<std::string>();
-    auto instances =
-        std::make_shared<std::vector<std::string>>(std::vector<std::string>{"tcp://127.0.0.1:8100"});
+    auto instances = std::make_shared<std::vector<std::string>>(
+        std::vector<std::string>{"tcp://127.0.0.1:8100"});
     auto max_model_len = std::make_shared<int64_t>(0);
-    CLI::App* cmd =
-        app.add_subcommand("gateway", "The HTTP front of instances started separately");
+    CLI::App* cmd = app.add_subcommand("gateway", "The HTTP front of instances started separately");
     cmd->add_option("--model", *model, "Model directory (tokenizer, chat template, config)")
         ->required();
     cmd->add_option("--instance,--instances", *instances,

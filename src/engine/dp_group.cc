@@ -17,8 +17,8 @@
 #include "base/log.h"
 #include "base/process_name.h"
 #include "engine/engine_core.h"
-#include "engine/eplb_agent.h"
 #include "engine/ep_moe_exchange.h"
+#include "engine/eplb_agent.h"
 #include "engine/handoff_stage.h"
 #include "engine/speculative_stage.h"
 #include "engine/step_sync.h"
@@ -37,7 +37,7 @@ namespace {
 using protocol::recv_message;
 using protocol::send_message;
 
-constexpr int64_t kLoadPeriodNs = 20'000'000;  // a kLoad to the shell at most every 20 ms
+constexpr int64_t kLoadPeriodNs = 20'000'000;           // a kLoad to the shell at most every 20 ms
 constexpr int64_t kExpertLoadPeriodNs = 1'000'000'000;  // expert counts in it about every 1 s
 
 // The exchange's round size: a step's tokens (decodes + prefill chunks) in at most a few rounds.
@@ -61,35 +61,6 @@ Result<std::unique_ptr<EplbAgent>> make_eplb_agent(CausalLm& model, EpMoeExchang
   if (env::eplb_fail_load_rank() == ex.rank())
     a.loader = std::make_unique<FailingReplicaLoader>(std::make_unique<CopyReplicaLoader>());
   return EplbAgent::create(std::move(a));
-}
-
-EngineCoreOptions engine_options(const DpGroupOptions& o) {
-  EngineCoreOptions e;
-  e.model_dir = o.model_dir;
-  e.model = o.model;
-  e.max_num_seqs = o.max_num_seqs;
-  e.max_num_batched_tokens = o.max_num_batched_tokens;
-  e.chunked_prefill = o.chunked_prefill;
-  e.prefix_cache = o.prefix_cache;
-  e.kv_memory_bytes = o.kv_memory_bytes;
-  e.block_size = o.block_size;
-  e.max_model_len = o.max_model_len;
-  e.speculative_tokens = o.speculative_tokens;
-  e.speculative_mtp_layers = o.speculative_mtp_layers;
-  e.park_prefill_only = o.export_kv;
-  return e;
-}
-
-HandoffOptions handoff_options(const DpGroupOptions& o, int rank) {
-  HandoffOptions h;
-  h.rank = rank;
-  h.export_kv = o.export_kv;
-  if (o.export_kv) h.link_name = distflow_link_name(getppid(), rank);
-  h.kv_transfer_host = o.kv_transfer_host;
-  h.kv_transfer_backend = o.kv_transfer_backend;
-  h.kv_transfer_timeout_ns = o.kv_transfer_timeout_ns;
-  h.cooperative_prefill = o.cooperative_prefill;
-  return h;
 }
 
 // The loop around the engine core: control messages, DistFlow service, the step header
@@ -143,8 +114,8 @@ class DpGroup {
   zmq::socket_t output_{ctx_, zmq::socket_type::push};
   std::deque<Message> held_;  // received by answer_heartbeats(), handled by poll_control()
 
-  uint64_t wake_seen_ = 0;    // highest kWake seq received
-  uint64_t wake_slept_ = 0;   // the highest any device had seen when all went to sleep
+  uint64_t wake_seen_ = 0;   // highest kWake seq received
+  uint64_t wake_slept_ = 0;  // the highest any device had seen when all went to sleep
   bool draining_ = false;
   int64_t last_load_ns_ = 0;
   int64_t last_expert_load_ns_ = 0;
@@ -154,15 +125,19 @@ class DpGroup {
 };
 
 Status DpGroup::init() {
-  handoff_ = std::make_unique<HandoffStage>(handoff_options(o_, fabric_.rank()));
-  EngineCoreOptions eo = engine_options(o_);
+  HandoffOptions ho = o_.handoff;
+  ho.rank = fabric_.rank();
+  if (ho.export_kv) ho.link_name = distflow_link_name(getppid(), ho.rank);
+  handoff_ = std::make_unique<HandoffStage>(ho);
+  EngineCoreOptions eo = o_.core;
+  eo.park_prefill_only = ho.export_kv;
   eo.kv_storage = handoff_->storage_factory();
   XDS_ASSIGN_OR_RETURN(core_, EngineCore::create(eo));
   XDS_RETURN_IF_ERROR(handoff_->attach(*core_));
   core_->set_heartbeat([this] { answer_heartbeats(); });
   // The prefix cache's block-hash events go to the shell after each step (send_cache_events),
   // and from there to the gateways, which route by them (P096).
-  core_->kv().record_cache_events(o_.prefix_cache);
+  core_->kv().record_cache_events(o_.core.prefix_cache);
 
   if (fabric_.world_size() > 1) {
     XDS_ASSIGN_OR_RETURN(transport_, xccl::make_transport("shm", fabric_));
@@ -173,7 +148,7 @@ Status DpGroup::init() {
     EpMoeSetup setup;
     setup.model = &core_->model();
     setup.mailbox = mailbox_.get();
-    setup.options = ep_options(o_.max_num_batched_tokens, o_.redundant_slots);
+    setup.options = ep_options(o_.core.max_num_batched_tokens, o_.redundant_slots);
     XDS_ASSIGN_OR_RETURN(exchange_, EpMoeExchange::create(setup));
     core_->model().set_moe_exchange(exchange_.get());
     XDS_ASSIGN_OR_RETURN(eplb_, make_eplb_agent(core_->model(), *exchange_, o_));
@@ -190,12 +165,13 @@ Status DpGroup::init() {
     return unavailable("DP group {}: cannot connect its sockets: {}", fabric_.rank(), e.what());
   }
   if (eplb_)
-    XDS_LOG_INFO("DP group {}: {} redundant expert slots per MoE layer, {:.1f} MiB reserved "
-                 "(slots and their staging)",
-                 fabric_.rank(), o_.redundant_slots, double(eplb_->reserved_bytes()) / (1 << 20));
+    XDS_LOG_INFO(
+        "DP group {}: {} redundant expert slots per MoE layer, {:.1f} MiB reserved "
+        "(slots and their staging)",
+        fabric_.rank(), o_.redundant_slots, double(eplb_->reserved_bytes()) / (1 << 20));
   const int64_t blocks = core_->kv().allocator().num_blocks();
   XDS_LOG_INFO("DP group {}: {} KV blocks of {} tokens ({:.1f} MiB), max model len {}",
-               fabric_.rank(), blocks, o_.block_size,
+               fabric_.rank(), blocks, o_.core.block_size,
                static_cast<double>(blocks * core_->kv_block_bytes()) / (1 << 20),
                core_->max_model_len());
   send_load(/*force=*/true);
@@ -213,9 +189,7 @@ Status DpGroup::poll_control(int wait_ms) {
   zmq::pollitem_t items[3] = {{control_.handle(), 0, ZMQ_POLLIN, 0},
                               {nullptr, handoff_->listen_fd(), ZMQ_POLLIN, 0},
                               {nullptr, handoff_->ucx_listen_fd(), ZMQ_POLLIN, 0}};
-  const size_t n_items = !handoff_->exporting()        ? 1
-                         : handoff_->ucx_listen_fd() >= 0 ? 3
-                                                          : 2;
+  const size_t n_items = !handoff_->exporting() ? 1 : handoff_->ucx_listen_fd() >= 0 ? 3 : 2;
   if (wait_ms != 0) {
     try {
       zmq::poll(items, n_items, std::chrono::milliseconds(wait_ms));
@@ -345,18 +319,18 @@ void DpGroup::send_load(bool force) {
   l.kv_transfers_done = hs.transfers_done;
   l.kv_transfers_expired = hs.transfers_expired;
   l.kv_pulled_bytes = hs.pulled_bytes;
-  l.max_num_seqs = o_.max_num_seqs;
+  l.max_num_seqs = o_.core.max_num_seqs;
   const KvUsage u = core_->kv().usage();
   l.kv_blocks_total = u.total;
   l.kv_blocks_used = u.used;
   // Running sequences' growth (usage().reserved) plus the waiting ones' whole expectation.
   int64_t reserved = u.reserved;
   for (const Sequence* s : table.waiting()) {
-    reserved += blocks_for(s->prompt_len() + s->sampling.max_tokens, o_.block_size) *
-                s->sampling.n;
+    reserved +=
+        blocks_for(s->prompt_len() + s->sampling.max_tokens, o_.core.block_size) * s->sampling.n;
   }
   l.kv_blocks_reserved = reserved;
-  l.block_size = o_.block_size;
+  l.block_size = o_.core.block_size;
   l.prefix_hits = table.stats().prefix_hits;
   l.prefix_queries = table.stats().prefix_queries;
   l.preemptions = table.stats().preemptions;
@@ -398,8 +372,8 @@ Result<StepDecision> DpGroup::decide(uint64_t step) {
   mine.wake_seq = wake_seen_;
   StepDecision decision;
   if (!sync_) {
-    decision.action = local_work ? StepAction::kRun
-                      : mine.stop ? StepAction::kStop
+    decision.action = local_work   ? StepAction::kRun
+                      : mine.stop  ? StepAction::kStop
                       : has_work() ? StepAction::kSkip
                                    : StepAction::kSleep;
     decision.step = step;
@@ -413,18 +387,17 @@ Result<StepDecision> DpGroup::decide(uint64_t step) {
   mine.busy = (has_work() && tokens == 0) || eplb_->busy();
   mine.map_version = eplb_->loaded_version();
   XDS_ASSIGN_OR_RETURN(decision, sync_->exchange(mine));
-  if (decision.action != StepAction::kAbort && o_.cooperative_prefill) {
-    XDS_ASSIGN_OR_RETURN(
-        const bool assigned,
-        handoff_->cooperate(
-            *sync_, [this](EngineRequest r) { add_request(std::move(r)); },
-            [this](const std::string& id) { cancel(id, -1); }));
+  if (decision.action != StepAction::kAbort && o_.handoff.cooperative_prefill) {
+    XDS_ASSIGN_OR_RETURN(const bool assigned,
+                         handoff_->cooperate(
+                             *sync_, [this](EngineRequest r) { add_request(std::move(r)); },
+                             [this](const std::string& id) { cancel(id, -1); }));
     // New work here or elsewhere: plan it at once instead of sleeping or stopping.
     if (assigned && decision.action != StepAction::kRun) decision.action = StepAction::kSkip;
   }
   if (decision.action != StepAction::kAbort) {  // EPLB: maps switch at this boundary
-    XDS_ASSIGN_OR_RETURN(auto switched, eplb_->at_step_boundary(decision.map_version,
-                                                                decision.step, fabric_.rank()));
+    XDS_ASSIGN_OR_RETURN(auto switched, eplb_->at_step_boundary(decision.map_version, decision.step,
+                                                                fabric_.rank()));
     report_eplb(std::move(switched));
   }
   return decision;
@@ -506,8 +479,7 @@ void pin_threads(int cpu) {
 }  // namespace
 
 Result<uint64_t> ep_staging_bytes(const std::string& model_dir, const ModelOptions& model,
-                                  int32_t max_num_batched_tokens, int dp,
-                                  int32_t redundant_slots) {
+                                  int32_t max_num_batched_tokens, int dp, int32_t redundant_slots) {
   if (dp <= 1) return uint64_t{1} << 20;
   XDS_ASSIGN_OR_RETURN(const ModelInfo info, load_model_info(model_dir));
   if (info.moe_layers.empty()) {

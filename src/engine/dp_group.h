@@ -16,6 +16,8 @@
 #include <string>
 
 #include "base/status.h"
+#include "engine/engine_core.h"
+#include "engine/handoff_stage.h"
 #include "model/causal_lm.h"
 
 namespace xds::xccl {
@@ -25,39 +27,22 @@ class Fabric;
 namespace xds::engine {
 
 struct DpGroupOptions {
-  std::string model_dir;
-  ModelOptions model;                  // compute dtype, KV dtype, threads per device
-  int32_t max_num_seqs = 256;          // requests holding KV at once
-  int32_t max_num_batched_tokens = 2048;  // tokens per step (decodes + prefill chunks)
-  bool chunked_prefill = true;
-  bool prefix_cache = true;
-  int64_t kv_memory_bytes = 0;         // KV planes of this device (0: a default)
-  int64_t block_size = 16;
-  int64_t max_model_len = 0;           // 0: the model's max_position_embeddings
-  std::string control_address;         // shell -> this group (connect a PULL)
-  std::string shell_address;           // this group -> shell (connect a PUSH)
-  std::string output_address;          // this group -> its output process (connect a PUSH)
-  int32_t cpu = -1;                    // pin the device's threads from this core (-1: no)
-  int32_t instance = -1;               // the instance's index where a machine runs several
-                                       // (base/process_name.h), -1 where it runs one
-  int64_t speculative_tokens = 0;      // MTP drafts per decode step (0: off)
-  int64_t speculative_mtp_layers = 0;  // MTP layers the drafts use (0: all the model has)
-  int32_t redundant_slots = 0;         // EPLB: S spare expert slots per device and MoE layer
-  int64_t eplb_window_ns = 60'000'000'000;  // EPLB collect window (engine/eplb_agent.h)
+  // The model, the KV cache, the scheduler's limits and speculative decoding. Its
+  // park_prefill_only follows handoff.export_kv, and its kv_storage is the handoff stage's.
+  EngineCoreOptions core;
   // Prefill/decode disaggregation (engine/distflow.h): a prefill instance's groups keep their
   // KV in a region they export to decode groups (link name distflow_link_name(shell pid,
-  // group)); a parked transfer nobody completes in kv_transfer_timeout_ns is freed.
-  bool export_kv = false;
-  // This instance's host for KV transfers: a prefill group also listens for UCX pulls there
-  // (empty: shared memory only); a decode group compares it with the prefill side's address
-  // to pick the backend. kv_transfer_backend: auto | shm | ucx (engine/distflow.h).
-  std::string kv_transfer_host;
-  std::string kv_transfer_backend = "auto";
-  // The single-level cooperative prefill scheduler (engine/cooperative_prefill.h): every
-  // request reaches every group and they assign them together each step (prefill instances
-  // with several groups).
-  bool cooperative_prefill = false;
-  int64_t kv_transfer_timeout_ns = 60'000'000'000;
+  // group), filled with the rank by the group); the single-level cooperative prefill
+  // scheduler (engine/cooperative_prefill.h) for prefill instances with several groups.
+  HandoffOptions handoff;
+  std::string control_address;              // shell -> this group (connect a PULL)
+  std::string shell_address;                // this group -> shell (connect a PUSH)
+  std::string output_address;               // this group -> its output process (connect a PUSH)
+  int32_t cpu = -1;                         // pin the device's threads from this core (-1: no)
+  int32_t instance = -1;                    // the instance's index where a machine runs several
+                                            // (base/process_name.h), -1 where it runs one
+  int32_t redundant_slots = 0;              // EPLB: S spare expert slots per device and MoE layer
+  int64_t eplb_window_ns = 60'000'000'000;  // EPLB collect window (engine/eplb_agent.h)
 };
 
 // XCCL staging bytes each device's arena needs for the expert-parallel exchange of `dp`

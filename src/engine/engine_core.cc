@@ -41,7 +41,8 @@ Status EngineCore::init() {
   shape.num_blocks = 1;
   block_bytes_ = KvStorage::bytes_for(shape);
   if (block_bytes_ <= 0) return internal_error("engine: the model's KV layout is invalid");
-  const int64_t blocks = o_.kv_memory_bytes / block_bytes_;
+  const int64_t blocks = o_.kv_tokens > 0 ? (o_.kv_tokens + o_.block_size - 1) / o_.block_size
+                                          : o_.kv_memory_bytes / block_bytes_;
   if (blocks < 1) {
     return invalid_argument("--kv-memory {} bytes holds no KV block ({} bytes for {} tokens)",
                             o_.kv_memory_bytes, block_bytes_, o_.block_size);
@@ -73,12 +74,15 @@ Status EngineCore::init() {
   to.valid_vocab = valid_vocab_;
   for (int64_t id : info.eos_token_ids) to.eos_ids.push_back(static_cast<int32_t>(id));
   to.park_prefill_only = o_.park_prefill_only;
+  to.all_logits = o_.all_logits;
   table_ = std::make_unique<RequestTable>(to, *kv_, storage_.get());
   table_->set_speculative(spec_.get());
   return {};
 }
 
-Status EngineCore::add_request(EngineRequest r) { return table_->add(std::move(r)); }
+Status EngineCore::add_request(EngineRequest r) {
+  return table_->add(std::move(r));
+}
 
 void EngineCore::set_heartbeat(std::function<void()> fn) {
   heartbeat_ = std::move(fn);
@@ -97,9 +101,13 @@ void EngineCore::set_heartbeat(std::function<void()> fn) {
       this);
 }
 
-void EngineCore::cancel(const std::string& id, int32_t index) { table_->cancel(id, index); }
+void EngineCore::cancel(const std::string& id, int32_t index) {
+  table_->cancel(id, index);
+}
 
-Status EngineCore::plan() { return table_->plan(plan_); }
+Status EngineCore::plan() {
+  return table_->plan(plan_);
+}
 
 Status EngineCore::execute(bool lockstep) {
   if (!table_->has_work()) {
@@ -113,6 +121,7 @@ Status EngineCore::execute(bool lockstep) {
   Status st = table_->apply(plan_);
   if (st.ok()) st = model_->forward(table_->chunks(), *storage_, out_);
   if (st.ok() && heartbeat_) heartbeat_();
+  if (st.ok() && o_.after_forward) st = o_.after_forward(table_->chunks(), out_);
   if (st.ok()) {
     st = table_->commit(out_, info().vocab_size, info().hidden_size, sampler_, lockstep);
   }

@@ -15,17 +15,18 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "base/status.h"
 #include "engine/kv_manager.h"
-#include "protocol/payloads.h"
 #include "engine/request_table.h"
 #include "engine/sampler.h"
 #include "engine/scheduler.h"
 #include "model/causal_lm.h"
 #include "model/kv_storage.h"
+#include "protocol/payloads.h"
 
 namespace xds::engine {
 
@@ -35,6 +36,12 @@ class SpeculativeStage;
 using KvStorageFactory =
     std::function<Result<KvStorage>(const KvStorageShape& shape, const std::string& kv_format)>;
 
+// Sees a step's forward before its commit: the chunks run (batch order) and their output
+// (StepOutput::logits rows as RequestTable::commit reads them). An error fails the step
+// (it is rolled back). `generate` checks the logits are finite and writes --dump-logits here.
+using AfterForwardFn =
+    std::function<Status(std::span<const TokenChunk> chunks, const StepOutput& out)>;
+
 struct EngineCoreOptions {
   std::string model_dir;
   ModelOptions model;                     // compute dtype, KV dtype, threads per device
@@ -43,13 +50,16 @@ struct EngineCoreOptions {
   bool chunked_prefill = true;
   bool prefix_cache = true;
   int64_t kv_memory_bytes = 0;  // KV planes (> 0: at least one block)
+  int64_t kv_tokens = 0;        // > 0: KV planes for this many tokens instead (whole blocks)
   int64_t block_size = 16;
   int64_t max_model_len = 0;           // 0: the model's max_position_embeddings
   int64_t valid_vocab = 0;             // ids that can be sampled (0: the model's vocab_size)
   int64_t speculative_tokens = 0;      // MTP drafts per decode step (0: off)
   int64_t speculative_mtp_layers = 0;  // MTP layers the drafts use (0: all the model has)
   bool park_prefill_only = false;      // RequestTableOptions::park_prefill_only
+  bool all_logits = false;             // RequestTableOptions::all_logits
   KvStorageFactory kv_storage;         // null: KvStorage::create
+  AfterForwardFn after_forward;        // null: none
 };
 
 class EngineCore {

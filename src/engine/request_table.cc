@@ -34,7 +34,9 @@ std::string finish_reason_after(const Sequence& s, int32_t token,
 
 namespace {
 
-bool arrived_before(const Sequence* a, const Sequence* b) { return a->arrival < b->arrival; }
+bool arrived_before(const Sequence* a, const Sequence* b) {
+  return a->arrival < b->arrival;
+}
 
 }  // namespace
 
@@ -187,9 +189,9 @@ Status RequestTable::plan(StepPlan& plan) {
       q.computed = s->computed;
       q.blocks_held = s->kv >= 0 ? static_cast<int64_t>(kv_.table(s->kv).size()) : 0;
       if (s->state != SeqState::kRunning) {
-        const auto hit = kv_.match_prefix(std::span<const int32_t>(s->tokens).first(
-                                              static_cast<size_t>(s->target)),
-                                          (s->target - 1) / o_.block_size);
+        const auto hit = kv_.match_prefix(
+            std::span<const int32_t>(s->tokens).first(static_cast<size_t>(s->target)),
+            (s->target - 1) / o_.block_size);
         q.hit_blocks = hit.blocks;
         q.hit_evictable = hit.evictable;
       }
@@ -271,7 +273,7 @@ Status RequestTable::apply(const StepPlan& plan) {
     } else {
       tc.tokens = std::span<const int32_t>(s.tokens).subspan(static_cast<size_t>(c.start),
                                                              static_cast<size_t>(c.count));
-      tc.all_logits = false;
+      tc.all_logits = o_.all_logits;
     }
     XDS_RETURN_IF_ERROR(kv_.reserve(s.kv, c.start + static_cast<int64_t>(tc.tokens.size())));
     tc.blocks = kv_.table(s.kv);
@@ -283,8 +285,9 @@ Status RequestTable::apply(const StepPlan& plan) {
 
 Status RequestTable::commit(const StepOutput& out, int64_t vocab, int64_t hidden_size,
                             Sampler& sampler, bool run_empty_passes) {
-  // out.logits: per chunk one row (its last token), or one per token for a verify chunk
-  // (all_logits); out.hidden: every token's final-normed hidden, in chunk order.
+  // out.logits: per chunk one row (its last token), or one per token for a verify chunk and,
+  // with RequestTableOptions::all_logits, for a prefill chunk (TokenChunk::all_logits);
+  // out.hidden: every token's final-normed hidden, in chunk order.
   int64_t logit_row = 0, token_row = 0;
   for (size_t i = 0; i < chunks_.size(); ++i) {
     const int64_t count = static_cast<int64_t>(chunks_[i].tokens.size());
@@ -294,10 +297,11 @@ Status RequestTable::commit(const StepOutput& out, int64_t vocab, int64_t hidden
     logit_row += rows;
     token_row += count;
     if (chunk_seqs_[i]->state != SeqState::kRunning) continue;  // cancelled during the step
-    if (chunks_[i].all_logits) {
+    if (spec_ && plan_->chunks[i].decode) {
       XDS_RETURN_IF_ERROR(commit_verify(i, logits, hidden, vocab, hidden_size, sampler));
     } else {
-      XDS_RETURN_IF_ERROR(commit_prefill(i, logits, hidden, hidden_size, sampler));
+      XDS_RETURN_IF_ERROR(
+          commit_prefill(i, logits + (rows - 1) * vocab, hidden, hidden_size, sampler));
     }
   }
   if (!spec_) return {};
@@ -356,8 +360,7 @@ Status RequestTable::commit_prefill(size_t i, const float* row, const float* hid
     deltas_.push_back(std::move(d));
     if (!reason.empty()) {
       finish(*t, reason, /*emit=*/false);
-    } else if (o_.park_prefill_only &&
-               t->request->req.phase == RequestPhase::kPrefillOnly &&
+    } else if (o_.park_prefill_only && t->request->req.phase == RequestPhase::kPrefillOnly &&
                t->request->req.sampling.n == 1) {
       t->handoff_delta = static_cast<int64_t>(deltas_.size()) - 1;
       handoffs_.push_back(t);
@@ -474,8 +477,8 @@ Status RequestTable::rollback() {
     s.computed = v.computed;
     s.target = v.target;
     copies_.clear();
-    Status st = kv_.rewind(s.kv, std::span<const int32_t>(s.tokens).first(
-                                     static_cast<size_t>(s.computed)), copies_);
+    Status st = kv_.rewind(
+        s.kv, std::span<const int32_t>(s.tokens).first(static_cast<size_t>(s.computed)), copies_);
     if (!st.ok() && first.ok()) first = st;
     for (const BlockCopy& c : copies_) storage_->copy_block(c.src, c.dst);
   }

@@ -22,40 +22,40 @@
 
 #include <cstdint>
 #include <functional>
-#include <span>
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
 #include "base/status.h"
 #include "engine/kv_manager.h"
-#include "protocol/payloads.h"
 #include "engine/scheduler.h"
 #include "model/kv_storage.h"
 #include "model/speculative_decode.h"
 #include "model/step_io.h"
+#include "protocol/payloads.h"
 
 namespace xds::engine {
 
 enum class SeqState : uint8_t {
-  kWaiting,    // placed, holds no KV
-  kRunning,    // holds KV (prefilling or decoding)
-  kPreempted,  // lost its KV; recomputed when admitted again
-  kAwaitingKv, // decode phase of a disaggregated request: its KV waits on a prefill group
-  kPullingKv,  // its blocks reserved, the pull posted (KvPuller): running once it completes
-  kParked,     // prefill phase done: holds its KV until the decode side has pulled it
+  kWaiting,     // placed, holds no KV
+  kRunning,     // holds KV (prefilling or decoding)
+  kPreempted,   // lost its KV; recomputed when admitted again
+  kAwaitingKv,  // decode phase of a disaggregated request: its KV waits on a prefill group
+  kPullingKv,   // its blocks reserved, the pull posted (KvPuller): running once it completes
+  kParked,      // prefill phase done: holds its KV until the decode side has pulled it
   kFinished,
 };
 
 struct Request;
 
 struct Sequence {
-  int64_t id = 0;        // unique in the group
-  int64_t arrival = 0;   // FCFS order (forks share their parent's, +index)
+  int64_t id = 0;       // unique in the group
+  int64_t arrival = 0;  // FCFS order (forks share their parent's, +index)
   Request* request = nullptr;
-  int32_t index = 0;     // choice index
+  int32_t index = 0;         // choice index
   SamplingOptions sampling;  // the request's, with the choice's seed (choice_seed)
   SeqState state = SeqState::kWaiting;
   std::vector<int32_t> tokens;  // prompt + output
@@ -86,7 +86,7 @@ struct Request {
   EngineRequest req;
   std::vector<Sequence*> choices;  // [n], choice 0 first; the others after the fork
   bool cancelled = false;
-  int32_t finished = 0;            // choices finished
+  int32_t finished = 0;  // choices finished
 };
 
 inline int64_t Sequence::prompt_len() const {
@@ -101,12 +101,14 @@ struct RequestTableOptions {
   int64_t max_num_batched_tokens = 2048;
   bool chunked_prefill = true;
   int64_t block_size = 16;
-  int64_t max_model_len = 0;   // the context's end ("length"); > 0
-  int64_t valid_vocab = 0;     // ids that can be sampled: [0, valid_vocab)
+  int64_t max_model_len = 0;  // the context's end ("length"); > 0
+  int64_t valid_vocab = 0;    // ids that can be sampled: [0, valid_vocab)
   std::vector<int32_t> eos_ids;
   // Prefill/decode disaggregation: a prefill-only request (n = 1) that sampled its first token
   // is listed in handoffs() to be parked (engine/handoff_stage.h).
   bool park_prefill_only = false;
+  // Logits of every prefill token, not only each chunk's last (`generate --dump-logits`).
+  bool all_logits = false;
 };
 
 // Counters since creation.
@@ -127,7 +129,9 @@ class RequestTable {
   // MTP speculative decoding (null: off); it must outlive the table.
   void set_speculative(SpeculativeStage* spec) { spec_ = spec; }
   // Called by finish() for a parked sequence (its transfer is closed there).
-  void set_on_finish_parked(std::function<void(Sequence&)> fn) { on_finish_parked_ = std::move(fn); }
+  void set_on_finish_parked(std::function<void(Sequence&)> fn) {
+    on_finish_parked_ = std::move(fn);
+  }
 
   // A new request: waiting, or awaiting its KV for a decode phase (RequestPhase::kDecode).
   // InvalidArgument for an id the table holds.

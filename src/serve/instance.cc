@@ -51,9 +51,8 @@ Status run_instance(const InstanceOptions& options) {
     return invalid_argument("--role must be colocated, prefill or decode, got '{}'", options.role);
   }
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  const int threads = options.threads_per_device > 0
-                          ? options.threads_per_device
-                          : std::max(1, cores / options.dp);
+  const int threads =
+      options.threads_per_device > 0 ? options.threads_per_device : std::max(1, cores / options.dp);
 
   std::vector<std::string> group_inputs, output_inputs;
   for (int g = 0; g < options.dp; ++g) {
@@ -66,7 +65,7 @@ Status run_instance(const InstanceOptions& options) {
   std::vector<pid_t> outputs;
   for (int g = 0; g < options.dp; ++g) {
     output::OutputProcessOptions o;
-    o.model_dir = options.group.model_dir;
+    o.model_dir = options.group.core.model_dir;
     o.listen_address = output_inputs[static_cast<size_t>(g)];
     o.group = g;
     o.instance = options.instance;
@@ -77,10 +76,11 @@ Status run_instance(const InstanceOptions& options) {
 
   xccl::LaunchOptions lo;
   lo.devices = options.dp;
-  XDS_ASSIGN_OR_RETURN(lo.arena.staging_bytes,
-                       engine::ep_staging_bytes(options.group.model_dir, options.group.model,
-                                                options.group.max_num_batched_tokens, options.dp,
-                                                options.group.redundant_slots));
+  XDS_ASSIGN_OR_RETURN(
+      lo.arena.staging_bytes,
+      engine::ep_staging_bytes(options.group.core.model_dir, options.group.core.model,
+                               options.group.core.max_num_batched_tokens, options.dp,
+                               options.group.redundant_slots));
   if (options.pin && threads * options.dp <= cores) {
     // Device g on cores [g x threads, (g + 1) x threads): its pool's threads share them.
     for (int g = 0; g < options.dp; ++g) lo.cpus.push_back(g * threads);
@@ -89,20 +89,19 @@ Status run_instance(const InstanceOptions& options) {
   std::vector<engine::DpGroupOptions> per_group;
   for (int g = 0; g < options.dp; ++g) {
     engine::DpGroupOptions o = options.group;
-    o.model.threads = threads;
+    o.core.model.threads = threads;
     o.instance = options.instance;
     o.control_address = group_inputs[static_cast<size_t>(g)];
     o.shell_address = shell_input;
     o.output_address = output_inputs[static_cast<size_t>(g)];
-    o.export_kv = options.role == "prefill";
-    o.cooperative_prefill = options.role == "prefill" && options.dp > 1;
+    o.handoff.export_kv = options.role == "prefill";
+    o.handoff.cooperative_prefill = options.role == "prefill" && options.dp > 1;
     per_group.push_back(std::move(o));
   }
-  XDS_ASSIGN_OR_RETURN(
-      xccl::DeviceGroup devices,
-      xccl::DeviceGroup::spawn(lo, [&](xccl::Fabric& f) {
-        return engine::run_dp_group(f, per_group[static_cast<size_t>(f.rank())]);
-      }));
+  XDS_ASSIGN_OR_RETURN(xccl::DeviceGroup devices,
+                       xccl::DeviceGroup::spawn(lo, [&](xccl::Fabric& f) {
+                         return engine::run_dp_group(f, per_group[static_cast<size_t>(f.rank())]);
+                       }));
 
   ShellOptions so;
   so.listen = options.listen;
@@ -110,8 +109,8 @@ Status run_instance(const InstanceOptions& options) {
   so.cooperative = options.role == "prefill" && options.dp > 1;
   so.group_inputs = group_inputs;
   so.shell_input = shell_input;
-  so.max_num_seqs = options.group.max_num_seqs;
-  so.block_size = options.group.block_size;
+  so.max_num_seqs = options.group.core.max_num_seqs;
+  so.block_size = options.group.core.block_size;
   so.placement = options.placement;
   so.eplb = options.eplb;
   so.instance = options.instance;

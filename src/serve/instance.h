@@ -22,15 +22,15 @@ namespace xds::serve {
 struct InstanceOptions {
   std::string listen = "tcp://127.0.0.1:8100";  // the shell's address for gateways
   // colocated: prefill and decode; prefill: prefill, stream the first token, hand the KV to
-  // a decode instance (the groups export their KV: group.export_kv); decode: decode handoffs
-  // (it also serves whole requests a gateway sends it).
+  // a decode instance (the groups export their KV: group.handoff.export_kv); decode: decode
+  // handoffs (it also serves whole requests a gateway sends it).
   std::string role = "colocated";
   int dp = 1;
   engine::DpGroupOptions group;  // addresses are filled per group by run_instance
   int threads_per_device = 0;    // 0: the machine's cores / dp (at least 1)
   PlacementPolicy placement;
-  EplbControlOptions eplb;       // the shell's EPLB (n_groups = dp)
-  bool pin = true;               // pin device k's threads from core k * threads where cores allow
+  EplbControlOptions eplb;  // the shell's EPLB (n_groups = dp)
+  bool pin = true;          // pin device k's threads from core k * threads where cores allow
   // Where one machine runs several instances: this one's index, carried in its processes'
   // names ("xds-<i>-dp<r>", base/process_name.h); -1 where it runs one.
   int instance = -1;

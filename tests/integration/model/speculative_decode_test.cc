@@ -1,5 +1,6 @@
-// MTP speculative decoding in the runtime (model/speculative_decode.h) against independent
-// computations: plain one-token greedy decoding (the output with speculation must be the
+// MTP speculative decoding's bookkeeping (model/speculative_decode.h), run by a one-sequence
+// reference loop (mtp_reference_decoder.h) with plain and scripted acceptance, against
+// independent computations: plain one-token greedy decoding (the output with speculation must be the
 // same wherever the plain run's top-1 margin exceeds the numerics contract), a fresh
 // computation over the accepted tokens (rollback), drafts computed from scratch by direct
 // forward / forward_mtp calls (draft-extend), and the stop / max_tokens cuts against an
@@ -17,12 +18,21 @@
 #include <vector>
 
 #include "mkmodel/mkmodel.h"
-#include "test_models.h"
 #include "model/deepseek_v3/deepseek_v3.h"
 #include "model/speculative_decode.h"
+#include "mtp_reference_decoder.h"
+#include "test_models.h"
 
 namespace xds {
 namespace {
+
+using mtp_reference::mtp_spec_cut;
+using mtp_reference::MtpSpecAcceptFn;
+using mtp_reference::MtpSpecCut;
+using mtp_reference::MtpSpecDecodeOptions;
+using mtp_reference::MtpSpecDecoder;
+using mtp_reference::MtpSpecRows;
+using mtp_reference::MtpSpecStats;
 
 // The numerics contract of the f32 mode: a row within 1e-4 of its largest |logit| of the
 // float64 oracle (docs/design/architecture.md, "Numerics"); two f32 runs of the same row are
@@ -410,6 +420,32 @@ TEST(SpeculativeDecode, StopAndMaxTokensCutInsideAnAcceptedRun) {
   o.stop_ids = {runs.output[mid]};
   const SpecRun scripted_stop = spec_run(*m, prompt, o, scripted_accept(v, {2}));
   EXPECT_EQ(scripted_stop.output, std::vector<int32_t>(runs.output.begin(), first + 1));
+}
+
+TEST(MtpSpecCut, StopIdsAndRemaining) {
+  const std::vector<int32_t> run = {4, 7, 1, 9};
+  const std::vector<int32_t> eos = {1};
+  MtpSpecCut c = mtp_spec_cut(run, eos, 10);  // EOS third: emitted, then nothing
+  EXPECT_EQ(c.count, 3);
+  EXPECT_TRUE(c.stopped);
+  EXPECT_FALSE(c.length);
+  c = mtp_spec_cut(run, eos, 2);  // max_tokens first
+  EXPECT_EQ(c.count, 2);
+  EXPECT_FALSE(c.stopped);
+  EXPECT_TRUE(c.length);
+  c = mtp_spec_cut(run, eos, 3);  // both at the third: the stop id is the reason
+  EXPECT_EQ(c.count, 3);
+  EXPECT_TRUE(c.stopped);
+  c = mtp_spec_cut(run, {}, 4);  // exactly the remaining tokens
+  EXPECT_EQ(c.count, 4);
+  EXPECT_TRUE(c.length);
+  c = mtp_spec_cut(run, {}, 9);
+  EXPECT_EQ(c.count, 4);
+  EXPECT_FALSE(c.length || c.stopped);
+  const std::vector<int32_t> stops = {9, 4};
+  c = mtp_spec_cut(run, stops, 9);  // the first token already stops
+  EXPECT_EQ(c.count, 1);
+  EXPECT_TRUE(c.stopped);
 }
 
 }  // namespace

@@ -1,5 +1,5 @@
 // The pure bookkeeping of MTP speculative decoding (model/speculative_decode.h) against rows,
-// positions and cuts worked out by hand.
+// positions worked out by hand.
 #include "model/speculative_decode.h"
 
 #include <gtest/gtest.h>
@@ -161,32 +161,6 @@ TEST(MtpSpecState, ExtendAloneForAPrefillChunk) {
   mtp_spec_extended(s);
   EXPECT_EQ(s.mtp_length, 3);
   EXPECT_TRUE(s.pending_hidden.empty());
-}
-
-TEST(MtpSpecCut, StopIdsAndRemaining) {
-  const std::vector<int32_t> run = {4, 7, 1, 9};
-  const std::vector<int32_t> eos = {1};
-  MtpSpecCut c = mtp_spec_cut(run, eos, 10);  // EOS third: emitted, then nothing
-  EXPECT_EQ(c.count, 3);
-  EXPECT_TRUE(c.stopped);
-  EXPECT_FALSE(c.length);
-  c = mtp_spec_cut(run, eos, 2);  // max_tokens first
-  EXPECT_EQ(c.count, 2);
-  EXPECT_FALSE(c.stopped);
-  EXPECT_TRUE(c.length);
-  c = mtp_spec_cut(run, eos, 3);  // both at the third: the stop id is the reason
-  EXPECT_EQ(c.count, 3);
-  EXPECT_TRUE(c.stopped);
-  c = mtp_spec_cut(run, {}, 4);  // exactly the remaining tokens
-  EXPECT_EQ(c.count, 4);
-  EXPECT_TRUE(c.length);
-  c = mtp_spec_cut(run, {}, 9);
-  EXPECT_EQ(c.count, 4);
-  EXPECT_FALSE(c.length || c.stopped);
-  const std::vector<int32_t> stops = {9, 4};
-  c = mtp_spec_cut(run, stops, 9);  // the first token already stops
-  EXPECT_EQ(c.count, 1);
-  EXPECT_TRUE(c.stopped);
 }
 
 }  // namespace
