@@ -16,6 +16,8 @@
 //   cancelled    cancel(id): it leaves the queue; an offered head's offer is over.
 //   new load     offer(alive): the head to send again, once per offer; a head that is no
 //                longer alive is dropped (one per call) and nothing is offered.
+//   lost offer   offer_lost(): the instance the head was offered to failed, so no answer
+//                comes; the head keeps its place and the next offer() sends it again.
 //
 // Thread-safety: none; the gateway guards it with its mutex.
 #pragma once
@@ -47,12 +49,14 @@ class AdmissionQueue {
   void placed(const std::string& id);
   void cancel(const std::string& id);
   std::optional<std::string> offer(const std::function<bool(const std::string&)>& alive);
+  void offer_lost() { offered_ = false; }
   void clear();
 
   bool contains(const std::string& id) const { return members_.count(id) > 0; }
   size_t size() const { return order_.size(); }
   bool empty() const { return order_.empty(); }
   bool offer_in_flight() const { return offered_; }
+  const std::string* head() const { return order_.empty() ? nullptr : &order_.front(); }
 
  private:
   void erase(const std::string& id);

@@ -70,7 +70,7 @@ struct Gateway::Impl : GatewayHttp::Core {
     int remaining = 1;  // answers still expected (a /health probe asks every instance)
   };
   std::unordered_map<std::string, Probe> probes;  // /health probes and /admin calls in flight
-  std::string failure;  // the instance failed (FailedMsg): why
+  std::string failure;                            // the instance failed (FailedMsg): why
   std::string eplb_metrics;  // the shell's EPLB lines for /metrics (pushed about once a second)
 
   explicit Impl(const GatewayOptions& options)
@@ -123,9 +123,9 @@ struct Gateway::Impl : GatewayHttp::Core {
 
 Status Gateway::Impl::init() {
   XDS_ASSIGN_OR_RETURN(http, GatewayHttp::create(o, *this));
-  XDS_ASSIGN_OR_RETURN(link, GatewayLink::start(
-                                 o.instances, fmt::format("tcp://{}:0", o.output_host),
-                                 [this](int from, Message m) { on_message(from, std::move(m)); }));
+  XDS_ASSIGN_OR_RETURN(
+      link, GatewayLink::start(o.instances, fmt::format("tcp://{}:0", o.output_host),
+                               [this](int from, Message m) { on_message(from, std::move(m)); }));
   return http->start();
 }
 
@@ -337,20 +337,28 @@ void Gateway::Impl::fail_request(const std::shared_ptr<Pending>& p, const ApiErr
 void Gateway::Impl::on_instance_failed(int from, const std::string& why) {
   if (router.size() > 1 && from >= 0) {
     std::vector<std::shared_ptr<Pending>> failed, replaced;
-    bool any_left = false;
+    bool any_left = false, reoffer = false;
     {
       std::lock_guard<std::mutex> lock(mu);
       XDS_LOG_ERROR("gateway: instance {} ({}) failed: {}", o.instances[static_cast<size_t>(from)],
                     instance_state_name(router.state(from)), why);
       any_left = router.mark_failed(from);
+      // The waiting head offered to this instance gets no answer: it is offered again.
+      if (const std::string* head = admission.head(); head && admission.offer_in_flight()) {
+        auto it = live.find(*head);
+        if (it != live.end() && it->second->instance == from) {
+          admission.offer_lost();
+          reoffer = true;
+        }
+      }
       for (auto it = live.begin(); it != live.end();) {
         const std::shared_ptr<Pending>& p = it->second;
         if (p->instance != from || admission.contains(it->first)) {
           ++it;
           continue;
         }
-        const bool streamed = p->completion_tokens !=
-                              static_cast<int32_t>(p->req.handoff.output.size());
+        const bool streamed =
+            p->completion_tokens != static_cast<int32_t>(p->req.handoff.output.size());
         if (router.continues_elsewhere(p->decode_phase, streamed)) {
           replaced.push_back(p);
           ++it;
@@ -363,12 +371,13 @@ void Gateway::Impl::on_instance_failed(int from, const std::string& why) {
         it = live.erase(it);
       }
     }
-    const ApiError err = api_error(
-        503, fmt::format("the instance serving this request ({}) failed: {}",
-                         o.instances[static_cast<size_t>(from)], why),
-        "server_error", "instance_failed");
+    const ApiError err = api_error(503,
+                                   fmt::format("the instance serving this request ({}) failed: {}",
+                                               o.instances[static_cast<size_t>(from)], why),
+                                   "server_error", "instance_failed");
     for (const std::shared_ptr<Pending>& p : failed) fail_request(p, err);
     for (const std::shared_ptr<Pending>& p : replaced) submit(p);
+    if (reoffer && any_left) offer_waiting();
     if (!any_left) stopping.store(true);
     idle_cv.notify_all();
     return;
@@ -427,7 +436,7 @@ void Gateway::Impl::on_output(const OutputDelta& d) {
   auto it = live.find(d.request_id);
   if (it == live.end()) return;  // cancelled
   std::shared_ptr<Pending> p = it->second;
-  admission.placed(p->req.id);  // it was placed after all
+  admission.placed(p->req.id);                              // it was placed after all
   if (p->decode_phase) router.handoffs().taken(p->req.id);  // a decode group took it
   router.end_prefill(p->prefill);
   const int64_t now = now_ns();
@@ -541,9 +550,13 @@ Gateway::~Gateway() {
   if (impl_->link) impl_->link->stop();
 }
 
-int Gateway::port() const { return impl_->http->port(); }
+int Gateway::port() const {
+  return impl_->http->port();
+}
 
-void Gateway::stop() { impl_->stopping.store(true); }
+void Gateway::stop() {
+  impl_->stopping.store(true);
+}
 
 Status Gateway::run(bool shutdown_instance, int drain_s) {
   Impl& g = *impl_;

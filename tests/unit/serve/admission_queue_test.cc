@@ -26,7 +26,7 @@ TEST(AdmissionQueue, AcceptsUntilMaxWaitingAndAlwaysWhenEmpty) {
   AdmissionQueue none(0);
   EXPECT_TRUE(none.accepts_new());  // nothing waits
   EXPECT_EQ(none.defer("a"), AdmissionQueue::Deferral::kFull);
-  EXPECT_TRUE(none.hold("a"));      // backpressure ignores the limit
+  EXPECT_TRUE(none.hold("a"));  // backpressure ignores the limit
   EXPECT_FALSE(none.accepts_new());
 }
 
@@ -94,9 +94,9 @@ TEST(AdmissionQueue, CancelAndPlacedRemoveAnyWaitingRequest) {
   EXPECT_EQ(q.size(), 2u);
   q.cancel("zzz");  // not waiting: nothing happens
   EXPECT_EQ(q.size(), 2u);
-  q.placed("c");    // a request further back placed after all
+  q.placed("c");  // a request further back placed after all
   EXPECT_EQ(q.size(), 1u);
-  q.placed("c");    // not waiting any more: nothing happens
+  q.placed("c");  // not waiting any more: nothing happens
   EXPECT_EQ(q.offer(alive_all), "a");
   q.clear();
   EXPECT_TRUE(q.empty());
@@ -118,6 +118,25 @@ TEST(AdmissionQueue, ACancelledOfferedHeadLetsTheNextBeOffered) {
   ASSERT_EQ(q.defer("c"), AdmissionQueue::Deferral::kQueued);
   q.cancel("c");
   EXPECT_TRUE(q.offer_in_flight());
+}
+
+TEST(AdmissionQueue, AnOfferLostWithItsInstanceIsMadeAgainWithTheHeadInPlace) {
+  AdmissionQueue q(8);
+  ASSERT_EQ(q.defer("a"), AdmissionQueue::Deferral::kQueued);
+  ASSERT_EQ(q.defer("b"), AdmissionQueue::Deferral::kQueued);
+  ASSERT_NE(q.head(), nullptr);
+  EXPECT_EQ(*q.head(), "a");
+  EXPECT_EQ(q.offer(alive_all), "a");
+  EXPECT_EQ(q.offer(alive_all), std::nullopt);  // in flight: the queue would wait forever
+  q.offer_lost();                               // ... had its instance not been reported failed
+  EXPECT_FALSE(q.offer_in_flight());
+  EXPECT_EQ(q.size(), 2u);
+  EXPECT_EQ(*q.head(), "a");
+  EXPECT_EQ(q.offer(alive_all), "a");  // sent again (to a surviving instance)
+  q.placed("a");
+  EXPECT_EQ(q.offer(alive_all), "b");
+  q.placed("b");
+  EXPECT_EQ(q.head(), nullptr);
 }
 
 }  // namespace
