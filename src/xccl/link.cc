@@ -83,7 +83,7 @@ Status check_config(const ArenaConfig& ours, const ArenaConfig& theirs) {
 
 // This side's arena: a memfd sized up front and initialised. Returns the fd and the mapping.
 Status make_arena(const ArenaLayout& lay, int rank, uint32_t epoch, int& fd, std::byte*& base) {
-  fd = memfd_create(rank == 0 ? "xccl-link-r0" : "xccl-link-r1", MFD_CLOEXEC);
+  fd = create_owner_only_memfd(rank == 0 ? "xccl-link-r0" : "xccl-link-r1");
   if (fd < 0) return errno_status("memfd_create");
   if (fallocate(fd, 0, 0, static_cast<off_t>(lay.total)) != 0) {
     const Status st = resource_exhausted("xccl link: cannot reserve {} bytes for the arena: {}",

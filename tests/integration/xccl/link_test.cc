@@ -9,6 +9,7 @@
 
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -366,6 +367,20 @@ TEST(XcclLinkPeers, ASilentPeerDelaysNobodyAndIsDroppedAfterTheHandshakeTimeout)
   EXPECT_EQ(got.refused[0].code(), StatusCode::kDeadlineExceeded) << got.refused[0].to_string();
   EXPECT_EQ(listener->pending(), 0u);
   EXPECT_EQ(wait_child(silent), 0);
+}
+
+// Regions and arenas are memfds of mode 0600 (a memfd starts at 0777).
+TEST(XcclLinkPeers, MemfdsAreOwnerOnly) {
+  auto region = SharedRegion::create("test-mode", 4096);
+  ASSERT_TRUE(region.ok()) << region.status().to_string();
+  struct stat st{};
+  ASSERT_EQ(fstat(region->fd(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0600u);
+  const int fd = create_owner_only_memfd("test-mode-raw");
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(fstat(fd, &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0600u);
+  close(fd);
 }
 
 }  // namespace
