@@ -33,7 +33,7 @@ std::mutex& log_mutex() {
 }  // namespace
 
 bool log_admit(LogLevel level, std::string_view format) {
-  static LogRateLimiter limiter(kLogLinesPerSecond);  // (log_mutex)
+  static LogRateLimiter limiter(kLogLinesPerSecond);      // (log_mutex)
   static std::vector<LogRateLimiter::Summary> summaries;  // (log_mutex) reused
   std::lock_guard<std::mutex> lock(log_mutex());
   summaries.clear();

@@ -167,8 +167,9 @@ Result<std::unique_ptr<Fabric>> handshake(int sock, int rank, const ArenaConfig&
   // Who the peer is, from the kernel, before anything is sent (fds) or read (trusted).
   XDS_ASSIGN_OR_RETURN(const PeerCred cred, peer_cred(sock));
   if (cred.uid != geteuid()) {
-    return failed_precondition("xccl link: refused peer pid {} of uid {} (this side runs as uid {})",
-                               cred.pid, cred.uid, geteuid());
+    return failed_precondition(
+        "xccl link: refused peer pid {} of uid {} (this side runs as uid {})", cred.pid, cred.uid,
+        geteuid());
   }
   ArenaConfig cfg = config;
   cfg.world_size = 2;
@@ -301,7 +302,9 @@ LinkListener& LinkListener::operator=(LinkListener&& o) noexcept {
   return *this;
 }
 
-LinkListener::~LinkListener() { close_all(); }
+LinkListener::~LinkListener() {
+  close_all();
+}
 
 void LinkListener::close_all() {
   for (const Pending& p : pending_) close(p.sock);
@@ -381,9 +384,9 @@ LinkListener::Accepted LinkListener::accept_ready(const ArenaConfig& config, uin
     }
     if (!ready) {
       auto cred = peer_cred(pending_[i].sock);
-      out.refused.push_back(deadline_exceeded(
-          "xccl link: peer pid {} sent no hello within {} ms; dropped",
-          cred.ok() ? cred->pid : 0, handshake_timeout_ms));
+      out.refused.push_back(
+          deadline_exceeded("xccl link: peer pid {} sent no hello within {} ms; dropped",
+                            cred.ok() ? cred->pid : 0, handshake_timeout_ms));
       drop_pending(i);
       continue;
     }

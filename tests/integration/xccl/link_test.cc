@@ -265,7 +265,8 @@ TEST(XcclLinkPeers, APeerOfAnotherUidIsRefusedAndReceivesNoFd) {
     return closed_without_anything(s) ? 0 : 12;
   });
   LinkListener::Accepted got;
-  serve_listener(*listener, config_with_lanes(1), 10'000, got, [&] { return !got.refused.empty(); });
+  serve_listener(*listener, config_with_lanes(1), 10'000, got,
+                 [&] { return !got.refused.empty(); });
   ASSERT_EQ(got.refused.size(), 1u);
   EXPECT_TRUE(got.formed.empty());
   EXPECT_EQ(got.refused[0].code(), StatusCode::kFailedPrecondition);
@@ -274,7 +275,8 @@ TEST(XcclLinkPeers, APeerOfAnotherUidIsRefusedAndReceivesNoFd) {
   EXPECT_EQ(listener->pending(), 0u);
   EXPECT_EQ(wait_child(child), 0);
   // The listener still serves its own user.
-  const pid_t peer = fork_child([&] { return link_connect(name, config_with_lanes(1), 1, 10'000).ok() ? 0 : 10; });
+  const pid_t peer =
+      fork_child([&] { return link_connect(name, config_with_lanes(1), 1, 10'000).ok() ? 0 : 10; });
   auto fabric = listener->accept(config_with_lanes(1), 1, 10'000);
   EXPECT_TRUE(fabric.ok()) << fabric.status().to_string();
   EXPECT_EQ(wait_child(peer), 0);
