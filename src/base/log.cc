@@ -2,8 +2,11 @@
 
 #include <mutex>
 #include <string>
+#include <vector>
 
+#include "base/clock.h"
 #include "base/env.h"
+#include "base/log_rate_limit.h"
 
 namespace xds {
 
@@ -18,10 +21,33 @@ LogLevel log_level() {
   return level;
 }
 
-void log_write(LogLevel level, const std::string& msg) {
+namespace {
+
+constexpr const char* kTags[] = {"D", "I", "W", "E"};
+
+std::mutex& log_mutex() {
   static std::mutex mu;
-  static constexpr const char* kTags[] = {"D", "I", "W", "E"};
-  std::lock_guard<std::mutex> lock(mu);
+  return mu;
+}
+
+}  // namespace
+
+bool log_admit(LogLevel level, std::string_view format) {
+  static LogRateLimiter limiter(kLogLinesPerSecond);      // (log_mutex)
+  static std::vector<LogRateLimiter::Summary> summaries;  // (log_mutex) reused
+  std::lock_guard<std::mutex> lock(log_mutex());
+  summaries.clear();
+  const bool print = limiter.admit(format, static_cast<int>(level), now_ns(), summaries);
+  for (const LogRateLimiter::Summary& s : summaries) {
+    std::fprintf(stderr, "[%s] (suppressed %llu similar messages: %.*s)\n", kTags[s.tag],
+                 static_cast<unsigned long long>(s.suppressed), static_cast<int>(s.format.size()),
+                 s.format.data());
+  }
+  return print;
+}
+
+void log_write(LogLevel level, const std::string& msg) {
+  std::lock_guard<std::mutex> lock(log_mutex());
   std::fprintf(stderr, "[%s] %s\n", kTags[static_cast<int>(level)], msg.c_str());
 }
 

@@ -1,8 +1,16 @@
 // Minimal leveled logging to stderr. The level is read once from XDS_LOG_LEVEL (base/env.h)
 // (debug|info|warn|error; default info) by log_level() below.
+//
+// Rate-limited per call site (base/log_rate_limit.h): beyond kLogLinesPerSecond lines of one
+// format in a second the rest are dropped (never formatted) and a line
+// "(suppressed K similar messages: <format>)" follows once that second is over, with the
+// next line logged. A loop that fails the same way a million times logs ~20 lines a second.
+//
+// Thread-safety: all functions may be called from any thread.
 #pragma once
 
 #include <cstdio>
+#include <string_view>
 
 #include <fmt/format.h>
 
@@ -14,9 +22,15 @@ enum class LogLevel { kDebug = 0, kInfo = 1, kWarn = 2, kError = 3 };
 LogLevel log_level();
 void log_write(LogLevel level, const std::string& msg);
 
+inline constexpr int kLogLinesPerSecond = 20;  // per call site (format string)
+// Whether a line of the call site `format` is printed now (writes pending summaries first).
+bool log_admit(LogLevel level, std::string_view format);
+
 template <typename... Args>
 void log(LogLevel level, fmt::format_string<Args...> f, Args&&... args) {
   if (level < log_level()) return;
+  const fmt::string_view site = f;  // the call site's literal
+  if (!log_admit(level, std::string_view(site.data(), site.size()))) return;
   log_write(level, fmt::format(f, std::forward<Args>(args)...));
 }
 

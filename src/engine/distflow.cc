@@ -20,8 +20,9 @@ constexpr uint64_t kRingOffset = 64;
 constexpr uint64_t kFormatOffset = kRingOffset + 8 * kCompletionSlots;
 constexpr uint64_t kFormatMax = 4096;
 constexpr int kLinkTimeoutMs = 30'000;
-// The prefill side waits this long for a connecting peer's hello (sent right after connect):
-// a peer that dies mid-handshake must not stall the prefill group's steps.
+// A connecting peer's hello (sent right after connect) must arrive within this; the prefill
+// side never waits for it (xccl::LinkListener::accept_ready), it drops a silent peer then.
+// The UCX listener still waits up to this long for its peer's handshake.
 constexpr int kAcceptTimeoutMs = 2'000;
 constexpr uint32_t kLinkEpoch = 1;
 
@@ -125,17 +126,16 @@ void KvSender::adopt(Peer p) {
 }
 
 Status KvSender::accept_pending() {
-  while (true) {
-    pollfd p{listener_.fd(), POLLIN, 0};
-    if (poll(&p, 1, 0) <= 0) break;
-    auto fabric = listener_.accept(distflow_link_config(), kLinkEpoch, kAcceptTimeoutMs, &region_);
-    if (!fabric.ok()) {  // a peer that failed its hello fails only itself
-      XDS_LOG_WARN("DistFlow {}: a decode group could not link: {}", link_name_,
-                   fabric.status().to_string());
-      continue;
-    }
+  // Never waits: a peer whose hello has not arrived stays pending (and is dropped after
+  // kAcceptTimeoutMs); one of another uid is refused before it is sent anything.
+  xccl::LinkListener::Accepted a =
+      listener_.accept_ready(distflow_link_config(), kLinkEpoch, kAcceptTimeoutMs, &region_);
+  for (const Status& st : a.refused) {  // a peer that failed its hello fails only itself
+    XDS_LOG_WARN("DistFlow {}: a peer could not link: {}", link_name_, st.to_string());
+  }
+  for (auto& fabric : a.formed) {
     Peer peer;
-    peer.fabric = std::move(fabric).value();
+    peer.fabric = std::move(fabric);
     adopt(std::move(peer));
   }
   while (ucx_) {

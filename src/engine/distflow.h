@@ -106,6 +106,8 @@ class KvSender {
   // Appends the transfer ids completed since the last call, from every live link.
   void poll_completions(std::vector<uint64_t>& done);
   int links() const { return static_cast<int>(links_.size()); }
+  // Peers connected whose hello has not arrived yet (dropped after the handshake timeout).
+  size_t pending_links() const { return listener_.pending(); }
 
  private:
   KvSender(std::string name, xccl::LinkListener listener, xccl::SharedRegion region,

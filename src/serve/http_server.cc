@@ -34,6 +34,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/log.h"
+#include "serve/accept_backoff.h"
 
 namespace xds::serve {
 
@@ -113,6 +114,8 @@ struct ServerCore {
   // unregister.
   net::io_context ioc;
   std::optional<tcp::acceptor> acceptor;
+  std::optional<net::steady_timer> accept_timer;  // (acceptor's strand) the backoff's wait
+  int accept_delay_ms = 0;                          // (acceptor's strand) serve/accept_backoff.h
   std::optional<net::executor_work_guard<net::io_context::executor_type>> work;
   std::vector<std::thread> threads;
   uint16_t bound_port = 0;
@@ -650,10 +653,19 @@ void ServerCore::do_accept() {
       auto c = std::make_shared<Connection>(std::move(socket), this);
       register_connection(c);
       c->start();
-    } else if (ec) {
-      XDS_LOG_WARN("http: accept failed: {}", ec.message());
     }
-    do_accept();
+    accept_delay_ms = next_accept_delay_ms(accept_delay_ms, ec ? ec.value() : 0);
+    if (ec) {
+      XDS_LOG_WARN("http: accept failed: {} (next try in {} ms)", ec.message(), accept_delay_ms);
+    }
+    if (accept_delay_ms == 0) return do_accept();
+    // Out of descriptors or memory: the next accept() would fail at once too (the connection
+    // stays in the backlog); wait instead of spinning.
+    accept_timer->expires_after(std::chrono::milliseconds(accept_delay_ms));
+    accept_timer->async_wait([this](error_code wait_ec) {
+      if (wait_ec || !acceptor->is_open()) return;
+      do_accept();
+    });
   });
 }
 
@@ -695,6 +707,7 @@ Status HttpServer::start() {
                        s.options.port, ec.message());
   }
   s.bound_port = s.acceptor->local_endpoint().port();
+  s.accept_timer.emplace(s.acceptor->get_executor());
   s.work.emplace(net::make_work_guard(s.ioc));
   s.do_accept();
   for (int i = 0; i < s.options.threads; ++i) {
@@ -723,6 +736,7 @@ void HttpServer::stop(std::chrono::milliseconds drain) {
     net::post(s.acceptor->get_executor(), [&s, &done] {
       error_code ec;
       s.acceptor->close(ec);
+      if (s.accept_timer) s.accept_timer->cancel();
       done.set_value();
     });
     done.get_future().wait();

@@ -17,6 +17,7 @@
 #include <cstring>
 
 #include "xccl/process_fabric.h"
+#include "xccl/shared_region.h"
 
 namespace xds::xccl {
 namespace {
@@ -185,7 +186,7 @@ Result<DeviceGroup> DeviceGroup::spawn(const LaunchOptions& opts,
   };
   for (size_t r = 0; r < W; ++r) {
     const std::string name = fmt::format("xccl-e{}-r{}", opts.epoch, r);
-    const int fd = memfd_create(name.c_str(), MFD_CLOEXEC);
+    const int fd = create_owner_only_memfd(name.c_str());
     if (fd < 0) {
       Status st = errno_status("memfd_create");
       close_all();

@@ -2,17 +2,22 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <sys/epoll.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
+#include <sys/timerfd.h>
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "base/clock.h"
+#include "base/peer_cred.h"
 #include "xccl/process_fabric.h"
 
 namespace xds::xccl {
@@ -78,7 +83,7 @@ Status check_config(const ArenaConfig& ours, const ArenaConfig& theirs) {
 
 // This side's arena: a memfd sized up front and initialised. Returns the fd and the mapping.
 Status make_arena(const ArenaLayout& lay, int rank, uint32_t epoch, int& fd, std::byte*& base) {
-  fd = memfd_create(rank == 0 ? "xccl-link-r0" : "xccl-link-r1", MFD_CLOEXEC);
+  fd = create_owner_only_memfd(rank == 0 ? "xccl-link-r0" : "xccl-link-r1");
   if (fd < 0) return errno_status("memfd_create");
   if (fallocate(fd, 0, 0, static_cast<off_t>(lay.total)) != 0) {
     const Status st = resource_exhausted("xccl link: cannot reserve {} bytes for the arena: {}",
@@ -159,6 +164,13 @@ Status recv_hello(int sock, int64_t deadline_ns, Hello& h, int& arena_fd, int& r
 Result<std::unique_ptr<Fabric>> handshake(int sock, int rank, const ArenaConfig& config,
                                           uint32_t epoch, int64_t deadline_ns,
                                           const SharedRegion* exported) {
+  // Who the peer is, from the kernel, before anything is sent (fds) or read (trusted).
+  XDS_ASSIGN_OR_RETURN(const PeerCred cred, peer_cred(sock));
+  if (cred.uid != geteuid()) {
+    return failed_precondition(
+        "xccl link: refused peer pid {} of uid {} (this side runs as uid {})", cred.pid, cred.uid,
+        geteuid());
+  }
   ArenaConfig cfg = config;
   cfg.world_size = 2;
   XDS_RETURN_IF_ERROR(validate(cfg));
@@ -212,11 +224,6 @@ Result<std::unique_ptr<Fabric>> handshake(int sock, int rank, const ArenaConfig&
     }
   }
   if (peer_region_fd >= 0) close(peer_region_fd);
-  ucred cred{};
-  socklen_t cred_len = sizeof(cred);
-  if (st.ok() && getsockopt(sock, SOL_SOCKET, SO_PEERCRED, &cred, &cred_len) != 0) {
-    st = errno_status("getsockopt(SO_PEERCRED)");
-  }
   int pidfd = -1;
   if (st.ok()) {
     pidfd = static_cast<int>(syscall(SYS_pidfd_open, cred.pid, 0));
@@ -239,7 +246,7 @@ Result<std::unique_ptr<Fabric>> handshake(int sock, int rank, const ArenaConfig&
 }  // namespace
 
 Result<LinkListener> LinkListener::listen(const std::string& name) {
-  const int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  const int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0) return errno_status("socket");
   socklen_t len = 0;
   const sockaddr_un a = address_of(name, len);
@@ -257,27 +264,162 @@ Result<LinkListener> LinkListener::listen(const std::string& name) {
     close(fd);
     return st;
   }
-  return LinkListener(fd);
+  const int ep = epoll_create1(EPOLL_CLOEXEC);
+  const int timer = timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK);
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  bool ok = ep >= 0 && timer >= 0;
+  ok = ok && epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev) == 0;
+  ok = ok && epoll_ctl(ep, EPOLL_CTL_ADD, timer, &ev) == 0;
+  if (!ok) {
+    const Status st = errno_status("epoll/timerfd");
+    for (int f : {fd, ep, timer})
+      if (f >= 0) close(f);
+    return st;
+  }
+  return LinkListener(fd, ep, timer);
 }
 
-LinkListener::LinkListener(LinkListener&& o) noexcept : fd_(o.fd_) { o.fd_ = -1; }
+LinkListener::LinkListener(LinkListener&& o) noexcept
+    : fd_(std::exchange(o.fd_, -1)),
+      epoll_fd_(std::exchange(o.epoll_fd_, -1)),
+      timer_fd_(std::exchange(o.timer_fd_, -1)),
+      pending_(std::move(o.pending_)),
+      stash_(std::move(o.stash_)) {
+  o.pending_.clear();
+}
+
 LinkListener& LinkListener::operator=(LinkListener&& o) noexcept {
-  std::swap(fd_, o.fd_);
+  if (this != &o) {
+    close_all();
+    fd_ = std::exchange(o.fd_, -1);
+    epoll_fd_ = std::exchange(o.epoll_fd_, -1);
+    timer_fd_ = std::exchange(o.timer_fd_, -1);
+    pending_ = std::move(o.pending_);
+    o.pending_.clear();
+    stash_ = std::move(o.stash_);
+  }
   return *this;
 }
+
 LinkListener::~LinkListener() {
-  if (fd_ >= 0) close(fd_);
+  close_all();
+}
+
+void LinkListener::close_all() {
+  for (const Pending& p : pending_) close(p.sock);
+  pending_.clear();
+  for (int* f : {&fd_, &epoll_fd_, &timer_fd_}) {
+    if (*f >= 0) close(*f);
+    *f = -1;
+  }
+}
+
+void LinkListener::drop_pending(size_t i) {
+  epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, pending_[i].sock, nullptr);
+  close(pending_[i].sock);
+  pending_.erase(pending_.begin() + static_cast<ptrdiff_t>(i));
+}
+
+// The timer at the earliest pending deadline (disarmed with none); its count read first so
+// that fd() is not readable for an old expiry.
+void LinkListener::arm_timer() {
+  uint64_t expirations = 0;
+  (void)!read(timer_fd_, &expirations, sizeof(expirations));
+  itimerspec t{};
+  if (!pending_.empty()) {
+    int64_t earliest = pending_.front().deadline_ns;
+    for (const Pending& p : pending_) earliest = std::min(earliest, p.deadline_ns);
+    // CLOCK_MONOTONIC is now_ns()'s clock (steady_clock on Linux); at least 1 ns, as 0 disarms.
+    earliest = std::max<int64_t>(earliest, 1);
+    t.it_value.tv_sec = earliest / 1'000'000'000;
+    t.it_value.tv_nsec = earliest % 1'000'000'000;
+  }
+  timerfd_settime(timer_fd_, TFD_TIMER_ABSTIME, &t, nullptr);
+}
+
+// Accepts every peer connecting now: another uid is refused and closed before anything is
+// sent; the others wait in the pending list for their hello.
+void LinkListener::accept_connecting(int handshake_timeout_ms, Accepted& out) {
+  while (true) {
+    const int sock = accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (sock < 0) {
+      if (errno == EINTR || errno == ECONNABORTED) continue;
+      if (errno != EAGAIN && errno != EWOULDBLOCK) out.refused.push_back(errno_status("accept"));
+      return;
+    }
+    Status st = check_same_user(sock);
+    if (st.ok() && pending_.size() >= kMaxPending) {
+      st = resource_exhausted("{} peers already wait for their hello", pending_.size());
+    }
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.fd = sock;
+    if (st.ok() && epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, sock, &ev) != 0) {
+      st = errno_status("epoll_ctl(pending peer)");
+    }
+    if (!st.ok()) {
+      close(sock);
+      out.refused.push_back(st.with_context("xccl link"));
+      continue;
+    }
+    pending_.push_back({sock, now_ns() + int64_t{handshake_timeout_ms} * 1'000'000});
+  }
+}
+
+LinkListener::Accepted LinkListener::accept_ready(const ArenaConfig& config, uint32_t epoch,
+                                                  int handshake_timeout_ms,
+                                                  const SharedRegion* exported) {
+  Accepted out;
+  out.formed = std::move(stash_);
+  stash_.clear();
+  accept_connecting(handshake_timeout_ms, out);
+  const int64_t now = now_ns();
+  for (size_t i = 0; i < pending_.size();) {
+    pollfd p{pending_[i].sock, POLLIN, 0};
+    const bool ready = poll(&p, 1, 0) > 0;  // a hello, or a hang-up (then the hello check fails)
+    if (!ready && now < pending_[i].deadline_ns) {
+      ++i;
+      continue;
+    }
+    if (!ready) {
+      auto cred = peer_cred(pending_[i].sock);
+      out.refused.push_back(
+          deadline_exceeded("xccl link: peer pid {} sent no hello within {} ms; dropped",
+                            cred.ok() ? cred->pid : 0, handshake_timeout_ms));
+      drop_pending(i);
+      continue;
+    }
+    // The hello is there: the handshake reads it without waiting.
+    const int sock = pending_[i].sock;
+    const int64_t deadline = pending_[i].deadline_ns;
+    epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, sock, nullptr);
+    pending_.erase(pending_.begin() + static_cast<ptrdiff_t>(i));
+    auto fabric = handshake(sock, /*rank=*/0, config, epoch, std::max(deadline, now + 1), exported);
+    close(sock);
+    if (fabric.ok()) {
+      out.formed.push_back(std::move(fabric).value());
+    } else {
+      out.refused.push_back(fabric.status());
+    }
+  }
+  arm_timer();
+  return out;
 }
 
 Result<std::unique_ptr<Fabric>> LinkListener::accept(const ArenaConfig& config, uint32_t epoch,
                                                      int timeout_ms, const SharedRegion* exported) {
   const int64_t deadline = now_ns() + int64_t{timeout_ms} * 1'000'000;
-  XDS_RETURN_IF_ERROR(wait_readable(fd_, deadline, "peer connecting"));
-  const int sock = accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC);
-  if (sock < 0) return errno_status("accept");
-  auto fabric = handshake(sock, /*rank=*/0, config, epoch, deadline, exported);
-  close(sock);
-  return fabric;
+  while (true) {
+    Accepted a = accept_ready(config, epoch, timeout_ms, exported);
+    if (!a.formed.empty()) {
+      std::unique_ptr<Fabric> first = std::move(a.formed.front());
+      for (size_t i = 1; i < a.formed.size(); ++i) stash_.push_back(std::move(a.formed[i]));
+      return first;
+    }
+    if (!a.refused.empty()) return a.refused.front();
+    XDS_RETURN_IF_ERROR(wait_readable(epoll_fd_, deadline, "peer connecting"));
+  }
 }
 
 Result<std::unique_ptr<Fabric>> link_connect(const std::string& name, const ArenaConfig& config,

@@ -12,6 +12,18 @@
 // SO_PEERCRED (not from anything the peer says). Rank 0's arena holds the link's poison word,
 // as in every fabric.
 //
+// Peer checks: both sides check the other with SO_PEERCRED (base/peer_cred.h) right after
+// connect()/accept(), before anything is sent or read: a peer of another uid is refused and
+// closed without receiving a fd (the abstract namespace is open to every local user, and the
+// fds passed here map read-write). The connecting side checks the listener too, so a squatter
+// on the name gets nothing either.
+//
+// Silent peers cost nothing: the listener never blocks on a peer's hello. accept_ready()
+// accepts (and checks) whoever is connecting, keeps each in a pending list, and forms a link
+// only once that peer's hello has arrived; a pending peer with no hello after the handshake
+// timeout is dropped. fd() is an epoll fd over the listening socket, the pending peers and a
+// timer at the earliest pending deadline, so a caller that polls fd() wakes for each of them.
+//
 // Either side may also export a SharedRegion (e.g. a prefill DP group's KV cache): its fd
 // travels with the hello, the peer maps it, and both see it as Fabric::region(rank), addressed
 // by MemDesc{rank, offset, bytes, kExportRegion}. One region can be exported over many links.
@@ -22,6 +34,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "base/status.h"
 #include "xccl/fabric.h"
@@ -37,17 +50,47 @@ class LinkListener {
   LinkListener& operator=(LinkListener&& o) noexcept;
   ~LinkListener();
 
-  // Readable when a peer is connecting (poll it beside other sockets, then accept()).
-  int fd() const { return fd_; }
-  // Waits up to timeout_ms for one peer and forms the link (this side rank 0).
-  // DeadlineExceeded when nobody connects in time; the handshake's errors otherwise.
-  // `exported`, when given, must outlive the fabric.
+  // Readable when there is work for accept_ready(): a peer connecting, a pending peer's hello,
+  // or a pending peer's handshake deadline. Poll it beside other sockets.
+  int fd() const { return epoll_fd_; }
+
+  struct Accepted {
+    std::vector<std::unique_ptr<Fabric>> formed;  // links formed now (this side rank 0)
+    std::vector<Status> refused;  // peers dropped now: another uid, a bad hello, no hello in time
+  };
+  // Never waits. Accepts every peer connecting now (refusing other uids at once), forms the
+  // link of each pending peer whose hello arrived, drops pending peers that have waited
+  // handshake_timeout_ms. `exported`, when given, must outlive the fabrics.
+  Accepted accept_ready(const ArenaConfig& config, uint32_t epoch, int handshake_timeout_ms,
+                        const SharedRegion* exported = nullptr);
+  // Pending peers: accepted, same uid, hello not arrived yet.
+  size_t pending() const { return pending_.size(); }
+
+  // Waits up to timeout_ms for one link (accept_ready() in a loop). DeadlineExceeded when
+  // none formed in time; a refused peer's error when one was refused and none formed.
   Result<std::unique_ptr<Fabric>> accept(const ArenaConfig& config, uint32_t epoch,
                                          int timeout_ms, const SharedRegion* exported = nullptr);
 
+  // At most this many peers wait in the pending list; more are refused.
+  static constexpr size_t kMaxPending = 64;
+
  private:
-  explicit LinkListener(int fd) : fd_(fd) {}
-  int fd_ = -1;
+  struct Pending {
+    int sock = -1;
+    int64_t deadline_ns = 0;
+  };
+  LinkListener(int listen_fd, int epoll_fd, int timer_fd)
+      : fd_(listen_fd), epoll_fd_(epoll_fd), timer_fd_(timer_fd) {}
+  void accept_connecting(int handshake_timeout_ms, Accepted& out);
+  void drop_pending(size_t i);
+  void arm_timer();
+  void close_all();
+
+  int fd_ = -1;        // the listening socket (non-blocking)
+  int epoll_fd_ = -1;  // over fd_, timer_fd_ and every pending socket
+  int timer_fd_ = -1;  // fires at the earliest pending deadline
+  std::vector<Pending> pending_;
+  std::vector<std::unique_ptr<Fabric>> stash_;  // formed beyond what accept() returned
 };
 
 // Connects to the listener `name` and forms the link (this side rank 1), waiting up to

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -10,9 +11,21 @@
 
 namespace xds::xccl {
 
+int create_owner_only_memfd(const char* name) {
+  const int fd = memfd_create(name, MFD_CLOEXEC);
+  if (fd < 0) return -1;
+  if (fchmod(fd, 0600) != 0) {
+    const int e = errno;
+    close(fd);
+    errno = e;
+    return -1;
+  }
+  return fd;
+}
+
 Result<SharedRegion> SharedRegion::create(const std::string& name, uint64_t bytes) {
   if (bytes == 0) return invalid_argument("shared region '{}': size 0", name);
-  const int fd = memfd_create(name.c_str(), MFD_CLOEXEC);
+  const int fd = create_owner_only_memfd(name.c_str());
   if (fd < 0) return internal_error("memfd_create({}): {}", name, std::strerror(errno));
   if (fallocate(fd, 0, 0, static_cast<off_t>(bytes)) != 0) {
     const Status st = resource_exhausted("shared region '{}': cannot reserve {} bytes: {}", name,

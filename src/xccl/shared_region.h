@@ -16,6 +16,11 @@
 
 namespace xds::xccl {
 
+// memfd_create(name, MFD_CLOEXEC), then mode 0600 (a memfd starts at 0777; only its owner
+// should ever open it, e.g. through /proc/PID/fd). -1 with errno set on failure. Every memfd
+// of XCCL (arenas, exported regions) is made here.
+int create_owner_only_memfd(const char* name);
+
 class SharedRegion {
  public:
   // ResourceExhausted naming the bytes when the memory cannot be reserved. `name` shows in

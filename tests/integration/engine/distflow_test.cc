@@ -9,10 +9,13 @@
 #include <gtest/gtest.h>
 
 #include <poll.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstddef>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -101,6 +104,83 @@ void pull_and_complete(KvBackendChoice backend, int transfers) {
   EXPECT_EQ(done, ids);
   EXPECT_EQ(wait_child(child), 0);
   EXPECT_EQ((*sender)->links(), 1);
+}
+
+// A connection to the KV link that says nothing: a decode group linking after it pulls and
+// completes while the silent one is still connected (the prefill side never waits for a
+// hello), and the silent one is dropped at the handshake timeout having received no fd.
+TEST(DistFlow, ASilentConnectionDoesNotDelayAPull) {
+  const KvStorageShape shape = test_shape();
+  const std::string fmt = "test format S";
+  auto sender = KvSender::create(unique_name("silent"), shape, fmt);
+  ASSERT_TRUE(sender.ok()) << sender.status().to_string();
+  fill_blocks(**sender, shape);
+  const std::string link = (*sender)->link_name();
+  int connected[2];
+  ASSERT_EQ(pipe(connected), 0);
+  const pid_t silent = fork();
+  if (silent == 0) {
+    sockaddr_un a{};
+    a.sun_family = AF_UNIX;
+    const std::string path = "xdeepserve-link-" + link;
+    std::memcpy(a.sun_path + 1, path.data(), path.size());
+    const auto len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + path.size());
+    const int s = socket(AF_UNIX, SOCK_SEQPACKET, 0);
+    if (connect(s, reinterpret_cast<sockaddr*>(&a), len) != 0) _exit(10);
+    if (write(connected[1], "c", 1) != 1) _exit(11);
+    char buf[256];
+    char ctrl[CMSG_SPACE(4 * sizeof(int))];
+    iovec iov{buf, sizeof(buf)};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = ctrl;
+    msg.msg_controllen = sizeof(ctrl);
+    const ssize_t n = recvmsg(s, &msg, 0);  // until the prefill side drops it
+    _exit(n == 0 && CMSG_FIRSTHDR(&msg) == nullptr ? 0 : 12);
+  }
+  char c;
+  ASSERT_EQ(read(connected[0], &c, 1), 1);
+  const int64_t wait_until = now_ns() + 20'000'000'000;
+  while ((*sender)->pending_links() == 0 && now_ns() < wait_until) {
+    ASSERT_TRUE((*sender)->accept_pending().ok());
+    usleep(100);
+  }
+  ASSERT_EQ((*sender)->pending_links(), 1u);
+  constexpr int kTransfers = 3;
+  std::vector<uint64_t> ids;
+  for (int t = 0; t < kTransfers; ++t) ids.push_back((*sender)->open_transfer());
+  const pid_t decode = fork();
+  if (decode == 0) {
+    KvReceiver receiver(fmt, KvBackendChoice::kShm);
+    auto local = KvStorage::create(shape, -1);
+    if (!local.ok()) _exit(10);
+    for (int t = 0; t < kTransfers; ++t) {
+      KvHandoff h;
+      h.link = link;
+      h.transfer = ids[static_cast<size_t>(t)];
+      h.kv_format = fmt;
+      h.blocks = {static_cast<int32_t>(t)};
+      const std::vector<int32_t> dst = {4};
+      if (!receiver.pull(h, dst, *local).ok()) _exit(11);
+      const std::byte* got = local->block_ptr(4);
+      for (int64_t i = 0; i < local->block_bytes(); ++i)
+        if (got[i] != std::byte{pattern(t, i)}) _exit(12);
+    }
+    _exit(0);
+  }
+  EXPECT_EQ(serve_until(**sender, kTransfers), ids);
+  EXPECT_EQ(wait_child(decode), 0);
+  EXPECT_EQ((*sender)->links(), 1);
+  EXPECT_EQ((*sender)->pending_links(), 1u);  // the silent one is still connected
+  while ((*sender)->pending_links() != 0 && now_ns() < wait_until) {
+    ASSERT_TRUE((*sender)->accept_pending().ok());
+    usleep(1000);
+  }
+  EXPECT_EQ((*sender)->pending_links(), 0u);
+  EXPECT_EQ(wait_child(silent), 0);
+  close(connected[0]);
+  close(connected[1]);
 }
 
 // 2,500 transfers: more than two laps of the 1,024-slot completion ring.

@@ -2,11 +2,19 @@
 // child forks from the test process but forms the fabric only through the rendezvous socket,
 // as a separately started process does. Checked: one-sided gets, puts and signals in both
 // directions, the peer's death seen through its pidfd, a mismatched arena config refused on
-// both sides naming the field, the timeouts, and one listener per name.
+// both sides naming the field, the timeouts, and one listener per name. Peer checks: a peer
+// of another uid (a child running as "nobody") gets no fd, either way round; a peer that
+// connects and stays silent neither delays another peer's link nor stays forever.
 #include <gtest/gtest.h>
 
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+#include <cstddef>
 
 #include <cerrno>
 #include <algorithm>
@@ -193,6 +201,188 @@ TEST(XcclLink, TimeoutsAndOneListenerPerName) {
   ASSERT_FALSE(no_listener.ok());
   EXPECT_EQ(no_listener.status().code(), StatusCode::kUnavailable);
   EXPECT_NE(no_listener.status().message().find("xdeepserve-link-nobody"), std::string::npos);
+}
+
+constexpr uid_t kNobody = 65534;
+
+// A raw SOCK_SEQPACKET connection to the listener `name` (what any local process can open).
+int raw_connect(const std::string& name) {
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  const std::string path = "xdeepserve-link-" + name;
+  std::memcpy(a.sun_path + 1, path.data(), path.size());
+  const auto len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + path.size());
+  const int s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  if (s < 0 || connect(s, reinterpret_cast<sockaddr*>(&a), len) != 0) return -1;
+  return s;
+}
+
+// Reads from `s` until the other side closes; true when it closed having sent no bytes and
+// no fds (SCM_RIGHTS). A close with our bytes unread reads as a reset: nothing received either.
+bool closed_without_anything(int s) {
+  char buf[512];
+  char ctrl[CMSG_SPACE(4 * sizeof(int))];
+  iovec iov{buf, sizeof(buf)};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = ctrl;
+  msg.msg_controllen = sizeof(ctrl);
+  ssize_t n;
+  do n = recvmsg(s, &msg, MSG_CMSG_CLOEXEC);
+  while (n < 0 && errno == EINTR);
+  const bool closed = n == 0 || (n < 0 && errno == ECONNRESET);
+  return closed && (n < 0 || CMSG_FIRSTHDR(&msg) == nullptr);
+}
+
+// Polls the listener (as DistFlow's prefill group does) until `done` says so or 20 s passed,
+// collecting what accept_ready() gives.
+template <typename Done>
+void serve_listener(LinkListener& l, const ArenaConfig& c, int handshake_ms,
+                    LinkListener::Accepted& got, Done done) {
+  const int64_t deadline = now_ns() + 20'000'000'000;
+  while (!done() && now_ns() < deadline) {
+    pollfd p{l.fd(), POLLIN, 0};
+    poll(&p, 1, 100);
+    LinkListener::Accepted a = l.accept_ready(c, 1, handshake_ms);
+    for (auto& f : a.formed) got.formed.push_back(std::move(f));
+    for (auto& st : a.refused) got.refused.push_back(std::move(st));
+  }
+}
+
+TEST(XcclLinkPeers, APeerOfAnotherUidIsRefusedAndReceivesNoFd) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to run a child as uid 65534";
+  const std::string name = unique_name("nobody-in");
+  auto listener = LinkListener::listen(name);
+  ASSERT_TRUE(listener.ok()) << listener.status().to_string();
+  const pid_t child = fork_child([&] {
+    if (setgid(kNobody) != 0 || setuid(kNobody) != 0) return 10;
+    const int s = raw_connect(name);
+    if (s < 0) return 11;
+    // Says hello-sized nothing useful, then waits for the listener's answer: none may come.
+    const char junk[8] = {};
+    (void)!send(s, junk, sizeof(junk), MSG_NOSIGNAL);
+    return closed_without_anything(s) ? 0 : 12;
+  });
+  LinkListener::Accepted got;
+  serve_listener(*listener, config_with_lanes(1), 10'000, got,
+                 [&] { return !got.refused.empty(); });
+  ASSERT_EQ(got.refused.size(), 1u);
+  EXPECT_TRUE(got.formed.empty());
+  EXPECT_EQ(got.refused[0].code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(got.refused[0].message().find("uid 65534"), std::string::npos)
+      << got.refused[0].to_string();
+  EXPECT_EQ(listener->pending(), 0u);
+  EXPECT_EQ(wait_child(child), 0);
+  // The listener still serves its own user.
+  const pid_t peer =
+      fork_child([&] { return link_connect(name, config_with_lanes(1), 1, 10'000).ok() ? 0 : 10; });
+  auto fabric = listener->accept(config_with_lanes(1), 1, 10'000);
+  EXPECT_TRUE(fabric.ok()) << fabric.status().to_string();
+  EXPECT_EQ(wait_child(peer), 0);
+}
+
+// A squatter of another uid on the name: the connecting side refuses it and sends no fd.
+TEST(XcclLinkPeers, AListenerOfAnotherUidIsRefusedByTheConnectingSide) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to run a child as uid 65534";
+  const std::string name = unique_name("nobody-out");
+  int ready[2];
+  ASSERT_EQ(pipe(ready), 0);
+  const pid_t squatter = fork_child([&] {
+    if (setgid(kNobody) != 0 || setuid(kNobody) != 0) return 10;
+    auto l = LinkListener::listen(name);
+    if (!l.ok()) return 11;
+    (void)!write(ready[1], "r", 1);
+    const int64_t deadline = now_ns() + 10'000'000'000;
+    while (now_ns() < deadline) {
+      LinkListener::Accepted a = l->accept_ready(config_with_lanes(1), 1, 10'000);
+      if (!a.formed.empty()) return 12;  // must never link to root
+      if (!a.refused.empty()) return 0;
+      usleep(1000);
+    }
+    return 13;
+  });
+  char c;
+  ASSERT_EQ(read(ready[0], &c, 1), 1);
+  auto fabric = link_connect(name, config_with_lanes(1), 1, 10'000);
+  ASSERT_FALSE(fabric.ok());
+  EXPECT_EQ(fabric.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(fabric.status().message().find("uid 65534"), std::string::npos)
+      << fabric.status().to_string();
+  EXPECT_EQ(wait_child(squatter), 0);
+  close(ready[0]);
+  close(ready[1]);
+}
+
+// A peer that connects and says nothing: a real peer that connects after it links and moves
+// data while the silent one is still pending; then the silent one is dropped at the handshake
+// timeout, having received nothing.
+TEST(XcclLinkPeers, ASilentPeerDelaysNobodyAndIsDroppedAfterTheHandshakeTimeout) {
+  const std::string name = unique_name("silent");
+  auto listener = LinkListener::listen(name);
+  ASSERT_TRUE(listener.ok()) << listener.status().to_string();
+  int connected[2];
+  ASSERT_EQ(pipe(connected), 0);
+  const pid_t silent = fork_child([&] {
+    const int s = raw_connect(name);
+    if (s < 0) return 10;
+    (void)!write(connected[1], "c", 1);
+    return closed_without_anything(s) ? 0 : 11;
+  });
+  char c;
+  ASSERT_EQ(read(connected[0], &c, 1), 1);
+  close(connected[0]);
+  close(connected[1]);
+  constexpr int kHandshakeMs = 3'000;
+  LinkListener::Accepted got;
+  // Accept the silent one first: it is pending.
+  serve_listener(*listener, config_with_lanes(1), kHandshakeMs, got,
+                 [&] { return listener->pending() == 1; });
+  ASSERT_EQ(listener->pending(), 1u);
+  const pid_t real = fork_child([&] {
+    auto fabric = link_connect(name, config_with_lanes(1), 1, 10'000);
+    if (!fabric.ok()) return 10;
+    Fabric& f = **fabric;
+    auto t = make_transport("shm", f);
+    if (!t.ok()) return 11;
+    if (!wait_signal(**t, {1, f.layout().signal_off(0, 0)}, 1)) return 14;  // "written"
+    std::vector<uint8_t> got_bytes(4096);
+    const MemDesc remote{0, f.layout().app, 4096};
+    if ((*t)->get(got_bytes.data(), remote, 0, 4096) != OpState::kDone) return 12;
+    return got_bytes == pattern(4096, 5) ? 0 : 13;
+  });
+  serve_listener(*listener, config_with_lanes(1), kHandshakeMs, got,
+                 [&] { return !got.formed.empty(); });
+  ASSERT_EQ(got.formed.size(), 1u);
+  Fabric& f = *got.formed[0];
+  const std::vector<uint8_t> a = pattern(4096, 5);
+  std::memcpy(f.local() + f.layout().app, a.data(), a.size());
+  auto t = make_transport("shm", f);
+  ASSERT_TRUE(t.ok());
+  ASSERT_TRUE(signal_peer(**t, f, {1, f.layout().signal_off(0, 0)}, 1));
+  EXPECT_EQ(wait_child(real), 0);  // the transfer completed
+  EXPECT_EQ(listener->pending(), 1u);  // the silent peer is still connected and pending
+  EXPECT_TRUE(got.refused.empty());
+  serve_listener(*listener, config_with_lanes(1), kHandshakeMs, got,
+                 [&] { return !got.refused.empty(); });
+  ASSERT_EQ(got.refused.size(), 1u);
+  EXPECT_EQ(got.refused[0].code(), StatusCode::kDeadlineExceeded) << got.refused[0].to_string();
+  EXPECT_EQ(listener->pending(), 0u);
+  EXPECT_EQ(wait_child(silent), 0);
+}
+
+// Regions and arenas are memfds of mode 0600 (a memfd starts at 0777).
+TEST(XcclLinkPeers, MemfdsAreOwnerOnly) {
+  auto region = SharedRegion::create("test-mode", 4096);
+  ASSERT_TRUE(region.ok()) << region.status().to_string();
+  struct stat st{};
+  ASSERT_EQ(fstat(region->fd(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0600u);
+  const int fd = create_owner_only_memfd("test-mode-raw");
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(fstat(fd, &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0600u);
+  close(fd);
 }
 
 }  // namespace
