@@ -17,6 +17,7 @@
 #include "base/process_name.h"
 #include "cli/commands.h"
 #include "cli/model_flags.h"
+#include "protocol/channel_security.h"
 #include "serve/gateway.h"
 #include "serve/instance.h"
 
@@ -304,16 +305,41 @@ void report(const Status& s, int* exit_code) {
 
 }  // namespace
 
+// The internal channels' keys (protocol/channel_security.h): from --cluster-secret-file, or
+// (serve, whose processes are all its children) a secret drawn for this run.
+Status init_channel_keys(const std::string& secret_file, bool required) {
+  if (secret_file.empty()) {
+    if (required) {
+      return invalid_argument(
+          "--cluster-secret-file is required: an instance and its gateways authenticate each "
+          "other with it (one file of random bytes, mode 0600, the same on every host)");
+    }
+    protocol::set_channel_keys(protocol::derive_curve_keys(protocol::random_cluster_secret()));
+    return {};
+  }
+  XDS_ASSIGN_OR_RETURN(const protocol::ClusterSecret secret,
+                       protocol::read_cluster_secret(secret_file));
+  protocol::set_channel_keys(protocol::derive_curve_keys(secret));
+  return {};
+}
+
+constexpr const char* kClusterSecretHelp =
+    "File (mode 0600) whose bytes key the CURVE authentication and encryption of the internal "
+    "ZeroMQ channels; the same file for an instance and its gateways";
+
 void add_serve_commands(CLI::App& app, int* exit_code) {
   {
     auto e = std::make_shared<EngineArgs>();
     auto g = std::make_shared<GatewayArgs>();
     auto instance_port = std::make_shared<int>(0);
     auto pd = std::make_shared<DisaggArgs>();
+    auto secret = std::make_shared<std::string>();
     CLI::App* cmd = app.add_subcommand(
         "serve", "OpenAI-compatible server: a gateway and one instance of --dp DP groups");
     add_engine_flags(cmd, *e);
     add_gateway_flags(cmd, *g);
+    cmd->add_option("--cluster-secret-file", *secret,
+                    std::string(kClusterSecretHelp) + " (default: a secret drawn for this run)");
     cmd->add_option("--instance-port", *instance_port,
                     "TCP port of the instance's shell (0: the HTTP port + 100; instances of a "
                     "disaggregated deployment take the ports after it)")
@@ -327,7 +353,10 @@ void add_serve_commands(CLI::App& app, int* exit_code) {
         ->check(CLI::Range(0, 64));
     cmd->add_option("--decode-dp", pd->decode_dp, "DP groups per decode instance (0: --dp)")
         ->check(CLI::Range(0, 64));
-    cmd->callback([e, g, instance_port, pd, exit_code] {
+    cmd->callback([e, g, instance_port, pd, secret, exit_code] {
+      if (Status st = init_channel_keys(*secret, /*required=*/false); !st.ok()) {
+        return report(st, exit_code);
+      }
       const int port = *instance_port > 0 ? *instance_port : (g->port + 100) % 65536;
       if ((pd->prefill > 0) != (pd->decode > 0)) {
         return report(invalid_argument("--prefill-instances {} and --decode-instances {}: "
@@ -372,15 +401,20 @@ void add_serve_commands(CLI::App& app, int* exit_code) {
     auto e = std::make_shared<EngineArgs>();
     auto listen = std::make_shared<std::string>("tcp://127.0.0.1:8100");
     auto role = std::make_shared<std::string>("colocated");
+    auto secret = std::make_shared<std::string>();
     CLI::App* cmd = app.add_subcommand(
         "instance", "A shell and --dp DP groups, reached by gateways at --listen");
     add_engine_flags(cmd, *e);
+    cmd->add_option("--cluster-secret-file", *secret, kClusterSecretHelp)->required();
     cmd->add_option("--listen", *listen, "ZeroMQ address of the shell (tcp://HOST:PORT)");
     cmd->add_option("--role", *role,
                     "colocated, prefill (hands each request's KV to a decode instance after "
                     "its first token) or decode")
         ->check(CLI::IsMember({"colocated", "prefill", "decode"}));
-    cmd->callback([e, listen, role, exit_code] {
+    cmd->callback([e, listen, role, secret, exit_code] {
+      if (Status st = init_channel_keys(*secret, /*required=*/true); !st.ok()) {
+        return report(st, exit_code);
+      }
       auto io = instance_options(*e, *listen);
       if (!io.ok()) return report(io.status(), exit_code);
       io->role = *role;
@@ -393,7 +427,9 @@ void add_serve_commands(CLI::App& app, int* exit_code) {
     auto instances = std::make_shared<std::vector<std::string>>(
         std::vector<std::string>{"tcp://127.0.0.1:8100"});
     auto max_model_len = std::make_shared<int64_t>(0);
+    auto secret = std::make_shared<std::string>();
     CLI::App* cmd = app.add_subcommand("gateway", "The HTTP front of instances started separately");
+    cmd->add_option("--cluster-secret-file", *secret, kClusterSecretHelp)->required();
     cmd->add_option("--model", *model, "Model directory (tokenizer, chat template, config)")
         ->required();
     cmd->add_option("--instance,--instances", *instances,
@@ -404,7 +440,10 @@ void add_serve_commands(CLI::App& app, int* exit_code) {
                     "Longest prompt + output (0: the model's max_position_embeddings)")
         ->check(CLI::NonNegativeNumber);
     add_gateway_flags(cmd, *g);
-    cmd->callback([g, model, instances, max_model_len, exit_code] {
+    cmd->callback([g, model, instances, max_model_len, secret, exit_code] {
+      if (Status st = init_channel_keys(*secret, /*required=*/true); !st.ok()) {
+        return report(st, exit_code);
+      }
       report(run_gateway(gateway_options(*g, *model, *max_model_len, *instances),
                          /*shutdown_instance=*/false),
              exit_code);

@@ -25,6 +25,7 @@
 #include "model/causal_lm.h"
 #include "model/kv_storage.h"
 #include "model/registry.h"
+#include "protocol/channel_security.h"
 #include "protocol/messages.h"
 #include "protocol/zmq_io.h"
 #include "xccl/fabric.h"
@@ -156,10 +157,13 @@ Status DpGroup::init() {
 
   try {
     control_.set(zmq::sockopt::linger, 0);
+    protocol::secure_connecting(control_);
     control_.connect(o_.control_address);
     shell_.set(zmq::sockopt::linger, 1000);
+    protocol::secure_connecting(shell_);
     shell_.connect(o_.shell_address);
     output_.set(zmq::sockopt::linger, 5000);
+    protocol::secure_connecting(output_);
     output_.connect(o_.output_address);
   } catch (const zmq::error_t& e) {
     return unavailable("DP group {}: cannot connect its sockets: {}", fabric_.rank(), e.what());

@@ -17,6 +17,7 @@
 #include "base/log.h"
 #include "base/process_name.h"
 #include "output/output_processor.h"
+#include "protocol/channel_security.h"
 #include "protocol/messages.h"
 #include "protocol/zmq_io.h"
 
@@ -48,13 +49,16 @@ class OutputLoop {
   }
 
   Status start() {
+    XDS_ASSIGN_OR_RETURN(zap_, protocol::ZapGuard::start(ctx_));
     try {
       in_.set(zmq::sockopt::linger, 0);
+      protocol::secure_binding(in_, options_.listen_address);
       in_.bind(options_.listen_address);
       if (!options_.cancel_address.empty()) {
         cancel_.emplace(ctx_, zmq::socket_type::push);
         cancel_->set(zmq::sockopt::linger, kLingerMs);
         cancel_->set(zmq::sockopt::sndtimeo, kSendTimeoutMs);
+        protocol::secure_connecting(*cancel_);
         cancel_->connect(options_.cancel_address);
       }
     } catch (const zmq::error_t& e) {
@@ -182,6 +186,7 @@ class OutputLoop {
       sock->set(zmq::sockopt::linger, kLingerMs);
       sock->set(zmq::sockopt::sndtimeo, kSendTimeoutMs);
       sock->set(zmq::sockopt::sndhwm, kSendHwm);
+      protocol::secure_connecting(*sock);
       sock->connect(address);
     } catch (const zmq::error_t& e) {
       XDS_LOG_WARN("output process {}: cannot connect to reply_to '{}': {}", options_.group,
@@ -210,6 +215,7 @@ class OutputLoop {
   const Tokenizer* tokenizer_;
   uint64_t process_seed_ = 0;
   zmq::context_t ctx_{1};
+  std::unique_ptr<protocol::ZapGuard> zap_;  // before the sockets: destroyed after them
   zmq::socket_t in_;
   std::optional<zmq::socket_t> cancel_;
   std::map<std::string, std::unique_ptr<zmq::socket_t>> replies_;  // by reply_to

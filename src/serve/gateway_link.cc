@@ -8,12 +8,14 @@
 #include <zmq.hpp>
 
 #include "base/log.h"
+#include "protocol/channel_security.h"
 #include "protocol/zmq_io.h"
 
 namespace xds::serve {
 
 struct GatewayLink::Sockets {
   zmq::context_t ctx{1};
+  std::unique_ptr<protocol::ZapGuard> zap;  // before the sockets: destroyed after them
   std::vector<zmq::socket_t> dealers;
   zmq::socket_t pull{ctx, zmq::socket_type::pull};
 };
@@ -26,8 +28,10 @@ Result<std::unique_ptr<GatewayLink>> GatewayLink::start(const std::vector<std::s
   link->sockets_ = std::make_unique<Sockets>();
   Sockets& s = *link->sockets_;
   if (instances.empty()) return invalid_argument("gateway: no instance address");
+  XDS_ASSIGN_OR_RETURN(s.zap, protocol::ZapGuard::start(s.ctx));
   try {
     s.pull.set(zmq::sockopt::linger, 0);
+    protocol::secure_binding(s.pull, output_bind);
     s.pull.bind(output_bind);
     link->reply_to_ = s.pull.get(zmq::sockopt::last_endpoint);
   } catch (const zmq::error_t& e) {
@@ -37,6 +41,7 @@ Result<std::unique_ptr<GatewayLink>> GatewayLink::start(const std::vector<std::s
     try {
       zmq::socket_t d(s.ctx, zmq::socket_type::dealer);
       d.set(zmq::sockopt::linger, 1000);
+      protocol::secure_connecting(d);
       d.connect(instance);
       s.dealers.push_back(std::move(d));
     } catch (const zmq::error_t& e) {

@@ -11,8 +11,9 @@
 #include <zmq.hpp>
 
 #include "base/clock.h"
-#include "base/process_name.h"
 #include "base/log.h"
+#include "base/process_name.h"
+#include "protocol/channel_security.h"
 #include "protocol/messages.h"
 #include "protocol/zmq_io.h"
 #include "serve/placement.h"
@@ -61,15 +62,19 @@ class Shell::Loop {
   }
 
   Status bind() {
+    XDS_ASSIGN_OR_RETURN(zap_, protocol::ZapGuard::start(ctx_));
     try {
       router_.set(zmq::sockopt::linger, 0);
       router_.set(zmq::sockopt::router_mandatory, 0);
+      protocol::secure_binding(router_, o_.listen);
       router_.bind(o_.listen);
       input_.set(zmq::sockopt::linger, 0);
+      protocol::secure_binding(input_, o_.shell_input);
       input_.bind(o_.shell_input);
       for (const std::string& address : o_.group_inputs) {
         groups_.emplace_back(ctx_, zmq::socket_type::push);
         groups_.back().set(zmq::sockopt::linger, 1000);
+        protocol::secure_binding(groups_.back(), address);
         groups_.back().bind(address);
       }
     } catch (const zmq::error_t& e) {
@@ -400,6 +405,7 @@ class Shell::Loop {
   ShellStats& stats_;
   const size_t n_groups_;
   zmq::context_t ctx_{1};
+  std::unique_ptr<protocol::ZapGuard> zap_;  // before the sockets: destroyed after them
   zmq::socket_t router_;
   zmq::socket_t input_;
   std::vector<zmq::socket_t> groups_;

@@ -25,6 +25,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 
@@ -267,20 +268,31 @@ def check_two_prefill(args, refs):
         stop_process(proc, what)
 
 
+def cluster_secret(mode=0o600):
+    """A new secret file: the instances and gateways started apart authenticate each other
+    with it (--cluster-secret-file, refused unless mode 0600)."""
+    path = os.path.join(tempfile.mkdtemp(prefix="xds_pd_"), "cluster.secret")
+    with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as f:
+        f.write(os.urandom(32))
+    os.chmod(path, mode)
+    return path
+
+
 def check_prefill_death(args, refs):
     """Two prefill instances and a decode instance started separately; one prefill instance is
     killed whole (shell included: no kFailed, only silence) while a request it prefilled
     decodes on the decode instance. That request completes exactly; the gateway takes the
     silent instance out after --instance-timeout and serves new requests on the other."""
     ports = [free_port() for _ in range(4)]
+    secret = cluster_secret()
     common = ["--model", args.model, "--threads-per-device", "1", "--compute-dtype", "f32",
-              "--kv-memory", "16M"]
+              "--kv-memory", "16M", "--cluster-secret-file", secret]
     procs = [spawn([args.xdeepserve, "instance", "--role", role, "--listen",
                     f"tcp://127.0.0.1:{port}"] + common)
              for role, port in zip(["prefill", "prefill", "decode"], ports)]
     gateway = spawn(
         [args.xdeepserve, "gateway", "--model", args.model, "--port", str(ports[3]),
-         "--instance-timeout", "3",
+         "--instance-timeout", "3", "--cluster-secret-file", secret,
          "--instances", ",".join(f"tcp://127.0.0.1:{p}" for p in ports[:3])])
     base = f"http://127.0.0.1:{ports[3]}"
     c = Client(base)
@@ -347,8 +359,16 @@ def check_prefill_death(args, refs):
 
 def check_separate(args, refs):
     pport, dport, gport = free_port(), free_port(), free_port()
+    # A secret file others can read is refused before anything starts, naming the fix.
+    loose = subprocess.run(
+        [args.xdeepserve, "instance", "--model", args.model, "--listen",
+         f"tcp://127.0.0.1:{pport}", "--cluster-secret-file", cluster_secret(0o644)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=60)
+    check(loose.returncode != 0 and b"chmod 600" in loose.stdout,
+          f"separate parts: a mode 0644 secret file: exit {loose.returncode}, {loose.stdout!r}")
+    secret = cluster_secret()
     common = ["--model", args.model, "--threads-per-device", "1", "--compute-dtype", "f32",
-              "--kv-transfer-timeout", "2"]
+              "--kv-transfer-timeout", "2", "--cluster-secret-file", secret]
     prefill = spawn(
         [args.xdeepserve, "instance", "--role", "prefill", "--listen",
          f"tcp://127.0.0.1:{pport}", "--kv-memory", "16M"] + common)
@@ -358,7 +378,7 @@ def check_separate(args, refs):
          f"tcp://127.0.0.1:{dport}", "--kv-memory", "140K", "--max-model-len", "64"] + common)
     gateway = spawn(
         [args.xdeepserve, "gateway", "--model", args.model, "--port", str(gport),
-         "--max-model-len", "64",
+         "--max-model-len", "64", "--cluster-secret-file", secret,
          "--instances", f"tcp://127.0.0.1:{pport},tcp://127.0.0.1:{dport}"])
     base = f"http://127.0.0.1:{gport}"
     c = Client(base)
