@@ -155,8 +155,9 @@ ApiResult<std::vector<int32_t>> GatewayHttp::prompt_ids(const ApiRequest& api, b
   // The prompt text is the caller's: untrusted unless the operator said otherwise. The
   // post-processor's BOS is the server's own and still added.
   std::string text = api.prompt_text.value_or("");
-  const PromptText prompt = o_.trust_request_special_tokens ? PromptText::trusted(std::move(text))
-                                                            : PromptText::from_request(std::move(text));
+  const PromptText prompt = o_.trust_request_special_tokens
+                                ? PromptText::trusted(std::move(text))
+                                : PromptText::from_request(std::move(text));
   auto enc = tokenizer_->encode(prompt, /*add_special_tokens=*/true);
   if (!enc.ok()) {
     return api_error(400, std::string(enc.status().message()), "invalid_request_error",

@@ -62,7 +62,8 @@ std::vector<AddedSegment> AddedTokenMatcher::split(std::string_view text,
   size_t seg_start = 0, i = 0;
   size_t next_untrusted = 0;  // index of the first untrusted range that ends after i
   while (i < text.size()) {
-    while (next_untrusted < untrusted.size() && untrusted[next_untrusted].end <= i) ++next_untrusted;
+    while (next_untrusted < untrusted.size() && untrusted[next_untrusted].end <= i)
+      ++next_untrusted;
     size_t limit = text.size();  // a token's content must end by here: trusted bytes only
     if (next_untrusted < untrusted.size()) {
       const TextRange& r = untrusted[next_untrusted];

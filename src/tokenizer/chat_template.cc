@@ -133,7 +133,8 @@ Result<PromptText> ChatTemplate::render_prompt(const nlohmann::ordered_json& mes
   }
   ctx.set("messages", jinja::Value::from_json(messages, /*untrusted=*/true));
   ctx.set("add_generation_prompt", jinja::Value::boolean(add_generation_prompt));
-  ctx.set("tools", tools.is_null() ? jinja::Value::none() : jinja::Value::from_json(tools, /*untrusted=*/true));
+  ctx.set("tools", tools.is_null() ? jinja::Value::none()
+                                   : jinja::Value::from_json(tools, /*untrusted=*/true));
   try {
     jinja::Value out = jinja::render(*body_, ctx);
     return PromptText{std::move(out.s), std::move(out.taint)};
@@ -147,7 +148,8 @@ Result<std::vector<int32_t>> encode_chat_ordered(const Tokenizer& tok, const Cha
                                                  bool add_generation_prompt,
                                                  const nlohmann::ordered_json& tools,
                                                  MessageTrust trust) {
-  XDS_ASSIGN_OR_RETURN(PromptText prompt, tmpl.render_prompt(messages, add_generation_prompt, tools));
+  XDS_ASSIGN_OR_RETURN(PromptText prompt,
+                       tmpl.render_prompt(messages, add_generation_prompt, tools));
   if (trust == MessageTrust::kTrusted) prompt.untrusted.clear();
   return encode_chat_prompt(tok, prompt);
 }
@@ -161,8 +163,8 @@ Result<std::vector<int32_t>> encode_chat_prompt(const Tokenizer& tok, const Prom
 Result<std::vector<int32_t>> encode_chat(const Tokenizer& tok, const ChatTemplate& tmpl,
                                          const nlohmann::json& messages, bool add_generation_prompt,
                                          MessageTrust trust) {
-  return encode_chat_ordered(tok, tmpl, nlohmann::ordered_json::parse(messages.dump()), add_generation_prompt,
-                             nullptr, trust);
+  return encode_chat_ordered(tok, tmpl, nlohmann::ordered_json::parse(messages.dump()),
+                             add_generation_prompt, nullptr, trust);
 }
 
 }  // namespace xds

@@ -58,7 +58,8 @@ class ChatTemplate {
 
   // render_ordered() with provenance: the bytes that came from `messages` and `tools` are
   // untrusted.
-  Result<PromptText> render_prompt(const nlohmann::ordered_json& messages, bool add_generation_prompt,
+  Result<PromptText> render_prompt(const nlohmann::ordered_json& messages,
+                                   bool add_generation_prompt,
                                    const nlohmann::ordered_json& tools = nullptr,
                                    const nlohmann::ordered_json& extra = nullptr) const;
 

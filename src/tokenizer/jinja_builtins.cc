@@ -133,7 +133,8 @@ Value str_method(const Value& obj, const std::string& name) {
   const Value sv = obj;  // with its taint, for the methods that return pieces of it
   if (name == "strip" || name == "lstrip" || name == "rstrip") {
     const bool l = name != "rstrip", r = name != "lstrip";
-    return bind([sv, l, r](Args& a, Kwargs&) { return strip(sv, a.empty() ? Value() : a[0], l, r); });
+    return bind(
+        [sv, l, r](Args& a, Kwargs&) { return strip(sv, a.empty() ? Value() : a[0], l, r); });
   }
   if (name == "split") {
     return bind([sv](Args& a, Kwargs& k) {
@@ -150,7 +151,8 @@ Value str_method(const Value& obj, const std::string& name) {
   }
   if (name == "upper" || name == "lower" || name == "title" || name == "capitalize") {
     const int mode = name == "upper" ? 0 : name == "lower" ? 1 : name == "title" ? 2 : 3;
-    return bind([sv, mode](Args&, Kwargs&) { return Value::string(case_map(sv.s, mode), sv.taint); });
+    return bind(
+        [sv, mode](Args&, Kwargs&) { return Value::string(case_map(sv.s, mode), sv.taint); });
   }
   if (name == "replace") {
     return bind([sv](Args& a, Kwargs&) {
@@ -392,8 +394,11 @@ Value slice(const Value& obj, const Value& lo_v, const Value& hi_v, const Value&
   Value str = Value::string("");  // each code point with its own taint
   Value out = Value::new_list();
   for (int64_t i = lo; step > 0 ? i < hi : i > hi; i += step) {
-    if (is_str) append_str(&str, cp_substr(obj, u, at, i, i + 1));
-    else out.list->push_back((*obj.list)[i]);
+    if (is_str) {
+      append_str(&str, cp_substr(obj, u, at, i, i + 1));
+    } else {
+      out.list->push_back((*obj.list)[i]);
+    }
   }
   return is_str ? str : out;
 }
@@ -491,7 +496,8 @@ Value apply_filter(const std::string& name, const Value& v, Args& args, Kwargs& 
       isep = need_str((*seps.list)[0], "tojson separators");
       ksep = need_str((*seps.list)[1], "tojson separators");
     }
-    return derived_string(to_json(v, indent, isep, ksep, truthy(arg(args, kwargs, 99, "sort_keys", none))), v);
+    return derived_string(
+        to_json(v, indent, isep, ksep, truthy(arg(args, kwargs, 99, "sort_keys", none))), v);
   }
   if (name == "trim") {
     need_str(v, "trim");
@@ -573,14 +579,16 @@ Value apply_filter(const std::string& name, const Value& v, Args& args, Kwargs& 
     const List items = iterate(v);
     for (size_t k = 0; k < items.size(); ++k) {
       if (k) append_str(&out, sep);
-      append_str(&out, to_str_value(attr.is_undefined() ? items[k] : attr_path(items[k], to_str(attr))));
+      append_str(&out,
+                 to_str_value(attr.is_undefined() ? items[k] : attr_path(items[k], to_str(attr))));
     }
     return out;
   }
   if (name == "items") {
     if (!v.is_mapping()) fail("filter 'items' needs a mapping");
     Value out = Value::new_list();
-    for (const auto& [k, x] : v.dict->items) out.list->push_back(Value::new_list({key_value(*v.dict, k), x}));
+    for (const auto& [k, x] : v.dict->items)
+      out.list->push_back(Value::new_list({key_value(*v.dict, k), x}));
     return out;
   }
   if (name == "dictsort") {
@@ -588,7 +596,8 @@ Value apply_filter(const std::string& name, const Value& v, Args& args, Kwargs& 
     auto items = v.dict->items;
     std::stable_sort(items.begin(), items.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
     Value out = Value::new_list();
-    for (const auto& [k, x] : items) out.list->push_back(Value::new_list({key_value(*v.dict, k), x}));
+    for (const auto& [k, x] : items)
+      out.list->push_back(Value::new_list({key_value(*v.dict, k), x}));
     return out;
   }
   if (name == "selectattr" || name == "rejectattr" || name == "select" || name == "reject") {
@@ -677,7 +686,8 @@ Value apply_filter(const std::string& name, const Value& v, Args& args, Kwargs& 
     while (last <= s.size()) {
       const size_t nl = s.find('\n', last);
       const size_t end = nl == std::string::npos ? s.size() : nl;
-      if ((first_line ? first : true) && (blank || end > last) && !(first_line && !first)) out.s += pad;
+      if ((first_line ? first : true) && (blank || end > last) && !(first_line && !first))
+        out.s += pad;
       append_str(&out, substr(sv, last, nl == std::string::npos ? end : end + 1));
       first_line = false;
       if (nl == std::string::npos) break;
@@ -685,7 +695,8 @@ Value apply_filter(const std::string& name, const Value& v, Args& args, Kwargs& 
     }
     return out;
   }
-  if (name == "wordcount") return Value::integer(static_cast<int64_t>(split(to_str_value(v), none, -1).list->size()));
+  if (name == "wordcount")
+    return Value::integer(static_cast<int64_t>(split(to_str_value(v), none, -1).list->size()));
   fail(fmt::format("unsupported filter '{}'", name));
 }
 

@@ -49,8 +49,12 @@ class Interpreter {
 
   Flow exec_one(const Stmt& s, Value* out) {
     switch (s.kind) {
-      case Stmt::Kind::kText: out->s += s.text; return Flow::kNormal;  // the template's own: trusted
-      case Stmt::Kind::kOutput: append_str(out, to_str_value(eval(*s.expr))); return Flow::kNormal;
+      case Stmt::Kind::kText:  // the template's own text: trusted
+        out->s += s.text;
+        return Flow::kNormal;
+      case Stmt::Kind::kOutput:
+        append_str(out, to_str_value(eval(*s.expr)));
+        return Flow::kNormal;
       case Stmt::Kind::kIf:
         for (const auto& [cond, body] : s.branches) {
           if (cond == nullptr || truthy(eval(*cond))) return exec(body, out);
@@ -329,8 +333,11 @@ class Interpreter {
         if (r.i > 100000) fail(e.line, "repetition count too large");
         Value out = l.is_string() ? Value::string("") : Value::new_list();
         for (int64_t k = 0; k < r.i; ++k) {
-          if (l.is_string()) append_str(&out, l);
-          else out.list->insert(out.list->end(), l.list->begin(), l.list->end());
+          if (l.is_string()) {
+            append_str(&out, l);
+          } else {
+            out.list->insert(out.list->end(), l.list->begin(), l.list->end());
+          }
         }
         return out;
       }

@@ -189,7 +189,8 @@ constexpr int kMaxTaintDepth = 64;  // deeper (or cyclic) containers count as un
 
 bool deep_tainted_rec(const Value& v, int depth) {
   switch (v.type) {
-    case Value::Type::kString: return !v.taint.empty();
+    case Value::Type::kString:
+      return !v.taint.empty();
     case Value::Type::kList:
       if (depth >= kMaxTaintDepth) return true;
       for (const Value& x : *v.list) {
@@ -204,15 +205,19 @@ bool deep_tainted_rec(const Value& v, int depth) {
         if (deep_tainted_rec(x, depth + 1)) return true;
       }
       return false;
-    default: return false;
+    default:
+      return false;
   }
 }
 }  // namespace
 
-bool deep_tainted(const Value& v) { return deep_tainted_rec(v, 0); }
+bool deep_tainted(const Value& v) {
+  return deep_tainted_rec(v, 0);
+}
 
 Value derived_string(std::string out, const Value& src) {
-  return deep_tainted(src) ? Value::untrusted_string(std::move(out)) : Value::string(std::move(out));
+  return deep_tainted(src) ? Value::untrusted_string(std::move(out))
+                           : Value::string(std::move(out));
 }
 
 Value to_str_value(const Value& v) {
@@ -341,7 +346,8 @@ Value cp_substr(const Value& v, const std::u32string& u, const std::vector<size_
     return Value::string(std::move(text), taint::slice(v.taint, b, e));
   }
   // Ill-formed bytes became U+FFFD: the piece is untrusted as a whole when any of it was.
-  return taint::overlaps(v.taint, b, e) ? Value::untrusted_string(std::move(text)) : Value::string(std::move(text));
+  return taint::overlaps(v.taint, b, e) ? Value::untrusted_string(std::move(text))
+                                        : Value::string(std::move(text));
 }
 
 std::u32string to_u32(const std::string& s) {

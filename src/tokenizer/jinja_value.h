@@ -136,6 +136,7 @@ std::string from_u32(const std::u32string& s);
 // Byte offset where each code point of to_u32(s) starts, then s.size() ([n_code_points + 1]).
 std::vector<size_t> u32_offsets(const std::string& s);
 // Code points [cb, ce) of the string v (u = to_u32(v.s), at = u32_offsets(v.s)) with their taint.
-Value cp_substr(const Value& v, const std::u32string& u, const std::vector<size_t>& at, size_t cb, size_t ce);
+Value cp_substr(const Value& v, const std::u32string& u, const std::vector<size_t>& at, size_t cb,
+                size_t ce);
 
 }  // namespace xds::jinja

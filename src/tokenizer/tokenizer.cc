@@ -331,11 +331,13 @@ Result<std::vector<int32_t>> Tokenizer::encode(std::string_view text, bool add_s
   return encode_impl(text, {}, add_special_tokens);
 }
 
-Result<std::vector<int32_t>> Tokenizer::encode(const PromptText& text, bool add_special_tokens) const {
+Result<std::vector<int32_t>> Tokenizer::encode(const PromptText& text,
+                                               bool add_special_tokens) const {
   return encode_impl(text.text, text.untrusted, add_special_tokens);
 }
 
-Result<std::vector<int32_t>> Tokenizer::encode_impl(std::string_view text, const TaintRanges& untrusted,
+Result<std::vector<int32_t>> Tokenizer::encode_impl(std::string_view text,
+                                                    const TaintRanges& untrusted,
                                                     bool add_special_tokens) const {
   const Impl& t = *impl_;
   if (const size_t bad = utf8::find_invalid(text); bad != std::string_view::npos) {

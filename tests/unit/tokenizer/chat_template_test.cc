@@ -55,7 +55,8 @@ TEST(ChatTemplate, PublishedTemplatesMatchHuggingFaceJinja) {
       EXPECT_EQ(*got, e["rendered"].get<std::string>()) << f.name << "/" << e["name"] << " agp=" << agp;
       if (tok) {
         // transformers' apply_chat_template + encode trusts the messages: our kTrusted.
-        auto ids = encode_chat_ordered(*tok, tmpl, (*c)["messages"], agp, tools, MessageTrust::kTrusted);
+        auto ids =
+            encode_chat_ordered(*tok, tmpl, (*c)["messages"], agp, tools, MessageTrust::kTrusted);
         ASSERT_TRUE(ids.ok()) << ids.status().to_string();
         EXPECT_EQ(*ids, e["ids"].get<std::vector<int32_t>>()) << f.name << "/" << e["name"];
         // Untrusted messages (serve's default) give the same ids, except in the one case whose

@@ -51,8 +51,9 @@ TEST(ProjectModel, KjvMoeTinyMatchesHuggingFace) {
       EXPECT_EQ(*got, e["rendered"].get<std::string>());
       // transformers trusts the messages: our kTrusted (serve's default is checked in
       // untrusted_text_test.cc).
-      auto ids = encode_chat_ordered(*tok, *tmpl, c["messages"], e["add_generation_prompt"].get<bool>(), nullptr,
-                                     MessageTrust::kTrusted);
+      auto ids =
+          encode_chat_ordered(*tok, *tmpl, c["messages"], e["add_generation_prompt"].get<bool>(),
+                              nullptr, MessageTrust::kTrusted);
       ASSERT_TRUE(ids.ok());
       EXPECT_EQ(*ids, e["ids"].get<std::vector<int32_t>>());  // one BOS, from the template
     }

@@ -56,9 +56,12 @@ TEST(UntrustedText, ConcatenationAndOutput) {
   EXPECT_EQ(spans_of("{{ 'n=' ~ 3 ~ messages[0].content ~ messages[0].role }}", m),
             (Spans{{"n=3", T}, {"hiuser", U}}));
   EXPECT_EQ(spans_of("{{ messages[0].content * 2 ~ '!' }}", m), (Spans{{"hihi", U}, {"!", T}}));
-  EXPECT_EQ(spans_of("{% set ns = namespace(s='[') %}{% for x in messages %}{% set ns.s = ns.s + x.content %}"
-                     "{% endfor %}{{ ns.s }}]", m),
-            (Spans{{"[", T}, {"hi", U}, {"]", T}}));
+  EXPECT_EQ(
+      spans_of(
+          "{% set ns = namespace(s='[') %}{% for x in messages %}{% set ns.s = ns.s + x.content %}"
+          "{% endfor %}{{ ns.s }}]",
+          m),
+      (Spans{{"[", T}, {"hi", U}, {"]", T}}));
   EXPECT_EQ(spans_of("{% set b %}<{{ messages[0].content }}>{% endset %}{{ b }}", m),
             (Spans{{"<", T}, {"hi", U}, {">", T}}));
   EXPECT_EQ(spans_of("{% macro w(x) %}({{ x }}){% endmacro %}{{ w(messages[0].content) }}", m),
@@ -71,16 +74,20 @@ TEST(UntrustedText, FiltersKeepTaint) {
             (Spans{{"[", T}, {"hi", U}, {"]", T}}));
   EXPECT_EQ(spans_of("{{ ('  <x>' ~ messages[0].content ~ ' ') | trim }}", user("y ")),
             (Spans{{"<x>", T}, {"y", U}}));
-  EXPECT_EQ(spans_of("{{ ('a' ~ messages[0].content) | upper }}", user("b")), (Spans{{"A", T}, {"B", U}}));
-  EXPECT_EQ(spans_of("{{ ('A' ~ messages[0].content).lower() }}", user("B")), (Spans{{"a", T}, {"b", U}}));
+  EXPECT_EQ(spans_of("{{ ('a' ~ messages[0].content) | upper }}", user("b")),
+            (Spans{{"A", T}, {"B", U}}));
+  EXPECT_EQ(spans_of("{{ ('A' ~ messages[0].content).lower() }}", user("B")),
+            (Spans{{"a", T}, {"b", U}}));
   EXPECT_EQ(spans_of("{{ messages[0].content | replace('X', '<u>') }}", user("aXb")),
             (Spans{{"a", U}, {"<u>", T}, {"b", U}}));
   // Pieces of untrusted text put back together are still untrusted, as one run.
-  EXPECT_EQ(spans_of("{{ messages[0].content.replace('X', '') }}", user("<|eXos|>")), (Spans{{"<|eos|>", U}}));
+  EXPECT_EQ(spans_of("{{ messages[0].content.replace('X', '') }}", user("<|eXos|>")),
+            (Spans{{"<|eos|>", U}}));
   EXPECT_EQ(spans_of("{{ ('<a>' ~ messages[0].content) | replace('a', 'b') }}", user("xa")),
             (Spans{{"<b>", T}, {"x", U}, {"b", T}}));
-  EXPECT_EQ(spans_of("{{ tools | tojson }}", user("x"), nlohmann::ordered_json::array({{{"name", "f"}}})),
-            (Spans{{"[{\"name\": \"f\"}]", U}}));
+  EXPECT_EQ(
+      spans_of("{{ tools | tojson }}", user("x"), nlohmann::ordered_json::array({{{"name", "f"}}})),
+      (Spans{{"[{\"name\": \"f\"}]", U}}));
   EXPECT_EQ(spans_of("{{ {'name': 'f'} | tojson }}", user("x")), (Spans{{"{\"name\": \"f\"}", T}}));
   EXPECT_EQ(spans_of("{{ [messages[0].content] }}", user("x")), (Spans{{"['x']", U}}));
   EXPECT_EQ(spans_of("{{ messages[0].content | string }}", user("x")), (Spans{{"x", U}}));
@@ -95,46 +102,64 @@ TEST(UntrustedText, FiltersKeepTaint) {
 }
 
 TEST(UntrustedText, SlicesIndexesAndMethods) {
-  EXPECT_EQ(spans_of("{{ ('<t>' ~ messages[0].content)[1:5] }}", user("abc")), (Spans{{"t>", T}, {"ab", U}}));
-  EXPECT_EQ(spans_of("{{ ('<t>' ~ messages[0].content)[::-1] }}", user("ab")), (Spans{{"ba", U}, {">t<", T}}));
-  EXPECT_EQ(spans_of("{{ ('é' ~ messages[0].content)[0] }}{{ ('é' ~ messages[0].content)[-1] }}", user("ü")),
+  EXPECT_EQ(spans_of("{{ ('<t>' ~ messages[0].content)[1:5] }}", user("abc")),
+            (Spans{{"t>", T}, {"ab", U}}));
+  EXPECT_EQ(spans_of("{{ ('<t>' ~ messages[0].content)[::-1] }}", user("ab")),
+            (Spans{{"ba", U}, {">t<", T}}));
+  EXPECT_EQ(spans_of("{{ ('é' ~ messages[0].content)[0] }}{{ ('é' ~ messages[0].content)[-1] }}",
+                     user("ü")),
             (Spans{{"é", T}, {"ü", U}}));
   EXPECT_EQ(spans_of("{{ messages[0].content.split('</think>')[-1] }}", user("r</think>ans")),
             (Spans{{"ans", U}}));
-  EXPECT_EQ(spans_of("{% for w in ('x ' ~ messages[0].content).split() %}{{ w }}|{% endfor %}", user(" y ")),
+  EXPECT_EQ(spans_of("{% for w in ('x ' ~ messages[0].content).split() %}{{ w }}|{% endfor %}",
+                     user(" y ")),
             (Spans{{"x|", T}, {"y", U}, {"|", T}}));
-  EXPECT_EQ(spans_of("{% for l in ('a\\n' ~ messages[0].content).splitlines() %}{{ l }};{% endfor %}", user("b")),
-            (Spans{{"a;", T}, {"b", U}, {";", T}}));
+  EXPECT_EQ(
+      spans_of("{% for l in ('a\\n' ~ messages[0].content).splitlines() %}{{ l }};{% endfor %}",
+               user("b")),
+      (Spans{{"a;", T}, {"b", U}, {";", T}}));
   EXPECT_EQ(spans_of("{{ messages[0].content.strip('*') }}", user("**x*")), (Spans{{"x", U}}));
   EXPECT_EQ(spans_of("{% for c in messages[0].content %}{{ c }}.{% endfor %}", user("ab")),
             (Spans{{"a", U}, {".", T}, {"b", U}, {".", T}}));
   // A value that only steers the template (a test, a comparison, a length) taints nothing.
-  EXPECT_EQ(spans_of("{% if messages[0].content.startswith('a') %}{{ messages[0].content | length }}{% endif %}",
+  EXPECT_EQ(spans_of("{% if messages[0].content.startswith('a') %}{{ messages[0].content | length "
+                     "}}{% endif %}",
                      user("ab")),
             (Spans{{"2", T}}));
 }
 
 TEST(UntrustedText, ToolsNamesArgumentsAndKeys) {
-  const nlohmann::ordered_json tools = nlohmann::ordered_json::array(
-      {{{"type", "function"},
-        {"function", {{"name", "get"}, {"description", "d"}, {"parameters", {{"city", {{"type", "string"}}}}}}}}});
-  EXPECT_EQ(spans_of("{% for t in tools %}<n>{{ t.function.name }}:{{ t.function.description }}{% endfor %}",
-                     user("x"), tools),
-            (Spans{{"<n>", T}, {"get", U}, {":", T}, {"d", U}}));
-  EXPECT_EQ(spans_of("{% for k, v in tools[0].function.parameters.items() %}[{{ k }}]{% endfor %}"
-                     "{% for k in tools[0].function.parameters %}({{ k }}){% endfor %}"
-                     "{% for k, v in tools[0].function.parameters | dictsort %}{{ k | upper }}{% endfor %}",
-                     user("x"), tools),
-            (Spans{{"[", T}, {"city", U}, {"](", T}, {"city", U}, {")", T}, {"CITY", U}}));
+  const nlohmann::ordered_json tools =
+      nlohmann::ordered_json::array({{{"type", "function"},
+                                      {"function",
+                                       {{"name", "get"},
+                                        {"description", "d"},
+                                        {"parameters", {{"city", {{"type", "string"}}}}}}}}});
+  EXPECT_EQ(
+      spans_of(
+          "{% for t in tools %}<n>{{ t.function.name }}:{{ t.function.description }}{% endfor %}",
+          user("x"), tools),
+      (Spans{{"<n>", T}, {"get", U}, {":", T}, {"d", U}}));
+  EXPECT_EQ(
+      spans_of(
+          "{% for k, v in tools[0].function.parameters.items() %}[{{ k }}]{% endfor %}"
+          "{% for k in tools[0].function.parameters %}({{ k }}){% endfor %}"
+          "{% for k, v in tools[0].function.parameters | dictsort %}{{ k | upper }}{% endfor %}",
+          user("x"), tools),
+      (Spans{{"[", T}, {"city", U}, {"](", T}, {"city", U}, {")", T}, {"CITY", U}}));
   const auto msgs = nlohmann::ordered_json::array(
       {{{"role", "assistant"},
         {"content", nullptr},
-        {"tool_calls", {{{"type", "function"}, {"function", {{"name", "get"}, {"arguments", "{\"a\":1}"}}}}}}}});
-  EXPECT_EQ(spans_of("{% for c in messages[0].tool_calls %}<c>{{ c.function.name }}<a>{{ c.function.arguments }}"
-                     "{% endfor %}", msgs),
+        {"tool_calls",
+         {{{"type", "function"}, {"function", {{"name", "get"}, {"arguments", "{\"a\":1}"}}}}}}}});
+  EXPECT_EQ(spans_of("{% for c in messages[0].tool_calls %}<c>{{ c.function.name }}<a>{{ "
+                     "c.function.arguments }}"
+                     "{% endfor %}",
+                     msgs),
             (Spans{{"<c>", T}, {"get", U}, {"<a>", T}, {"{\"a\":1}", U}}));
   // Keys of a dict the template builds from request strings are untrusted too.
-  EXPECT_EQ(spans_of("{% set d = {messages[0].content: 1} %}{% for k in d %}{{ k }}{% endfor %}{{ d | tojson }}",
+  EXPECT_EQ(spans_of("{% set d = {messages[0].content: 1} %}{% for k in d %}{{ k }}{% endfor %}{{ "
+                     "d | tojson }}",
                      user("k")),
             (Spans{{"k{\"k\": 1}", U}}));
 }
@@ -201,7 +226,8 @@ TEST_F(UntrustedTokens, ChatMessageCannotForgeTurns) {
   EXPECT_EQ(std::count(ids->begin(), ids->end(), 1), 0);
   EXPECT_EQ(std::count(ids->begin(), ids->end(), 3), 1);
   // Trusted (serve --trust-request-special-tokens): the old behaviour, markers matched.
-  auto trusted = encode_chat_ordered(*tok_, *tmpl_, messages, true, nullptr, MessageTrust::kTrusted);
+  auto trusted =
+      encode_chat_ordered(*tok_, *tmpl_, messages, true, nullptr, MessageTrust::kTrusted);
   ASSERT_TRUE(trusted.ok());
   std::vector<int32_t> want_trusted{0, 2};
   for (int32_t id : plain({"hi"})) want_trusted.push_back(id);
