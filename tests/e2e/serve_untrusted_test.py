@@ -53,7 +53,7 @@ def serve_and_measure(args, flags, label):
     port, iport = free_port(), free_port()
     base = f"http://127.0.0.1:{port}"
     cmd = [args.xdeepserve, "serve", "--model", args.model, "--port", str(port),
-           "--instance-port", str(iport), "--max-num-seqs", "4", "--kv-memory", "16M",
+           "--instance-port", str(iport), "--max-num-seqs", "4", "--kv-memory", "64M",
            "--threads-per-device", "1", "--served-model-name", "kjv"] + flags
     server = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     out = {}
