@@ -52,9 +52,13 @@ Result<std::vector<int32_t>> PromptCodec::encode_prompt(const std::string& text,
   if (chat) {
     XDS_ASSIGN_OR_RETURN(ChatTemplate tmpl,
                          ChatTemplate::load(impl_->model_dir, impl_->chat_template_file));
+    // As serve does by default: the message content is untrusted (special-token text in it is
+    // plain text), so `generate --chat` gives the ids serve gives for the same message.
     const nlohmann::json messages = nlohmann::json::array({{{"role", "user"}, {"content", text}}});
-    return encode_chat(*impl_->tokenizer, tmpl, messages, /*add_generation_prompt=*/true);
+    return encode_chat(*impl_->tokenizer, tmpl, messages, /*add_generation_prompt=*/true,
+                       MessageTrust::kUntrusted);
   }
+  // A plain --prompt is the operator's own text: special tokens in it are matched.
   return impl_->tokenizer->encode(text, /*add_special_tokens=*/true);
 }
 

@@ -79,6 +79,7 @@ struct GatewayArgs {
   std::string chat_template;
   std::string reasoning_parser;
   std::string tool_call_parser;
+  bool trust_request_special_tokens = false;
   int64_t max_queue = 1024;
   int64_t long_prompt_tokens = 2048;
   int64_t instance_timeout_s = 30;
@@ -149,6 +150,10 @@ void add_gateway_flags(CLI::App* cmd, GatewayArgs& a) {
                   "Split <think>...</think> into reasoning_content: deepseek_r1 or qwen3");
   cmd->add_option("--tool-call-parser", a.tool_call_parser,
                   "Parse tool calls: deepseek_v3 or qwen3");
+  cmd->add_flag("--trust-request-special-tokens", a.trust_request_special_tokens,
+                "Match special tokens in request text too (message content, tools, raw "
+                "completion prompts); for trusted callers only: by default that text is "
+                "tokenized as plain text, so a user cannot forge chat turns");
   cmd->add_option("--max-queue", a.max_queue, "Waiting requests before 503")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
   cmd->add_option("--long-prompt-tokens", a.long_prompt_tokens,
@@ -210,6 +215,7 @@ serve::GatewayOptions gateway_options(const GatewayArgs& a, const std::string& m
   o.instance_timeout_s = a.instance_timeout_s;
   o.reasoning_parser = a.reasoning_parser;
   o.tool_call_parser = a.tool_call_parser;
+  o.trust_request_special_tokens = a.trust_request_special_tokens;
   return o;
 }
 

@@ -5,6 +5,10 @@
 //   xdeepserve tokenize --model DIR --file F [--chat] [--chat-template FILE]
 //   xdeepserve tokenize --model DIR --messages M.json [--render]   (M: [..] or {"messages", "tools"})
 //   xdeepserve tokenize --model DIR --decode 1,2,3 [--skip-special]
+//
+// --text/--file alone are the operator's text: special tokens in them are matched. Through the
+// chat template (--chat, --messages) the message content is untrusted, as serve treats it
+// (docs/design/tokenizer.md, "Untrusted text").
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -87,7 +91,9 @@ Status run_tokenize(const TokenizeArgs& a) {
       std::fputc('\n', stdout);
       return {};
     }
-    XDS_ASSIGN_OR_RETURN(ids, encode_chat_ordered(tok, tmpl, messages, /*add_generation_prompt=*/true, tools));
+    // Messages and tools are untrusted, as serve treats them by default: the ids equal serve's.
+    XDS_ASSIGN_OR_RETURN(ids, encode_chat_ordered(tok, tmpl, messages, /*add_generation_prompt=*/true,
+                                                  tools, MessageTrust::kUntrusted));
   } else {
     std::string text = a.text;
     if (!a.file.empty()) {

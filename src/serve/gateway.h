@@ -51,6 +51,11 @@ struct GatewayOptions {
   int64_t instance_timeout_s = 30;
   std::string reasoning_parser;   // "" or deepseek_r1 / qwen3
   std::string tool_call_parser;   // "" or deepseek_v3 / qwen3
+  // False: special tokens are matched only in the chat template's own text; request text
+  // (message content, tools, a raw completion prompt) is tokenized as plain text
+  // (docs/design/tokenizer.md, "Untrusted text"). True: matched everywhere, for callers that
+  // build prompts with special tokens themselves.
+  bool trust_request_special_tokens = false;
   int io_threads = 2;
 };
 

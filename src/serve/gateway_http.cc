@@ -137,8 +137,10 @@ ApiResult<std::vector<int32_t>> GatewayHttp::prompt_ids(const ApiRequest& api, b
     }
     nlohmann::ordered_json tools = nullptr;
     if (!api.tools.empty()) tools = nlohmann::ordered_json::parse(api.tools_json.dump());
+    const MessageTrust trust =
+        o_.trust_request_special_tokens ? MessageTrust::kTrusted : MessageTrust::kUntrusted;
     auto enc = encode_chat_ordered(*tokenizer_, *chat_template_, make_template_messages(api),
-                                   api.add_generation_prompt, tools);
+                                   api.add_generation_prompt, tools, trust);
     if (!enc.ok()) {
       return api_error(400, std::string(enc.status().message()), "invalid_request_error",
                        "invalid_value", "messages");
@@ -150,7 +152,13 @@ ApiResult<std::vector<int32_t>> GatewayHttp::prompt_ids(const ApiRequest& api, b
     return api_error(400, "this model has no tokenizer: give the prompt as an array of token ids",
                      "invalid_request_error", "invalid_type", "prompt");
   }
-  auto enc = tokenizer_->encode(api.prompt_text.value_or(""), /*add_special_tokens=*/true);
+  // The prompt text is the caller's: untrusted unless the operator said otherwise. The
+  // post-processor's BOS is the server's own and still added.
+  std::string text = api.prompt_text.value_or("");
+  const PromptText prompt = o_.trust_request_special_tokens
+                                ? PromptText::trusted(std::move(text))
+                                : PromptText::from_request(std::move(text));
+  auto enc = tokenizer_->encode(prompt, /*add_special_tokens=*/true);
   if (!enc.ok()) {
     return api_error(400, std::string(enc.status().message()), "invalid_request_error",
                      "invalid_value", "prompt");

@@ -56,15 +56,28 @@ int32_t AddedTokenMatcher::child(int32_t node, uint8_t b) const {
   return (it != ch.end() && it->first == b) ? it->second : -1;
 }
 
-std::vector<AddedSegment> AddedTokenMatcher::split(std::string_view text) const {
+std::vector<AddedSegment> AddedTokenMatcher::split(std::string_view text,
+                                                   const TaintRanges& untrusted) const {
   std::vector<AddedSegment> out;
   size_t seg_start = 0, i = 0;
+  size_t next_untrusted = 0;  // index of the first untrusted range that ends after i
   while (i < text.size()) {
+    while (next_untrusted < untrusted.size() && untrusted[next_untrusted].end <= i)
+      ++next_untrusted;
+    size_t limit = text.size();  // a token's content must end by here: trusted bytes only
+    if (next_untrusted < untrusted.size()) {
+      const TextRange& r = untrusted[next_untrusted];
+      if (r.begin <= i) {  // inside untrusted text: no token starts here
+        i = r.end;
+        continue;
+      }
+      limit = r.begin;
+    }
     // Longest token starting at i (that satisfies single_word).
     int32_t best = -1;
     size_t best_end = 0;
     int32_t n = 0;
-    for (size_t k = i; k < text.size(); ++k) {
+    for (size_t k = i; k < limit; ++k) {
       n = child(n, static_cast<uint8_t>(text[k]));
       if (n < 0) break;
       const int32_t t = nodes_[n].token;

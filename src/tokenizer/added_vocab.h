@@ -10,6 +10,8 @@
 #include <string_view>
 #include <vector>
 
+#include "tokenizer/prompt_text.h"
+
 namespace xds {
 
 struct AddedToken {
@@ -34,8 +36,10 @@ class AddedTokenMatcher {
   explicit AddedTokenMatcher(const std::vector<AddedToken>& tokens);
 
   bool empty() const { return tokens_.empty(); }
-  // Tiles `text` into text ranges and matched tokens, in order.
-  std::vector<AddedSegment> split(std::string_view text) const;
+  // Tiles `text` into text ranges and matched tokens, in order. A token matches only where
+  // its content lies wholly outside the `untrusted` byte ranges (prompt_text.h); its
+  // lstrip / rstrip may still take whitespace from them.
+  std::vector<AddedSegment> split(std::string_view text, const TaintRanges& untrusted = {}) const;
 
  private:
   struct Node {

@@ -115,6 +115,14 @@ Result<std::string> ChatTemplate::render_ordered(const nlohmann::ordered_json& m
                                                  bool add_generation_prompt,
                                                  const nlohmann::ordered_json& tools,
                                                  const nlohmann::ordered_json& extra) const {
+  XDS_ASSIGN_OR_RETURN(PromptText p, render_prompt(messages, add_generation_prompt, tools, extra));
+  return std::move(p.text);
+}
+
+Result<PromptText> ChatTemplate::render_prompt(const nlohmann::ordered_json& messages,
+                                               bool add_generation_prompt,
+                                               const nlohmann::ordered_json& tools,
+                                               const nlohmann::ordered_json& extra) const {
   if (!messages.is_array()) {
     return invalid_argument("chat template ({}): messages must be a JSON array, got {}", name_, messages.type_name());
   }
@@ -123,11 +131,13 @@ Result<std::string> ChatTemplate::render_ordered(const nlohmann::ordered_json& m
   if (extra.is_object()) {
     for (auto it = extra.begin(); it != extra.end(); ++it) ctx.set(it.key(), jinja::Value::from_json(it.value()));
   }
-  ctx.set("messages", jinja::Value::from_json(messages));
+  ctx.set("messages", jinja::Value::from_json(messages, /*untrusted=*/true));
   ctx.set("add_generation_prompt", jinja::Value::boolean(add_generation_prompt));
-  ctx.set("tools", tools.is_null() ? jinja::Value::none() : jinja::Value::from_json(tools));
+  ctx.set("tools", tools.is_null() ? jinja::Value::none()
+                                   : jinja::Value::from_json(tools, /*untrusted=*/true));
   try {
-    return jinja::render(*body_, ctx);
+    jinja::Value out = jinja::render(*body_, ctx);
+    return PromptText{std::move(out.s), std::move(out.taint)};
   } catch (const jinja::TemplateError& e) {
     return invalid_argument("chat template ({}): {}", name_, e.what());
   }
@@ -136,16 +146,25 @@ Result<std::string> ChatTemplate::render_ordered(const nlohmann::ordered_json& m
 Result<std::vector<int32_t>> encode_chat_ordered(const Tokenizer& tok, const ChatTemplate& tmpl,
                                                  const nlohmann::ordered_json& messages,
                                                  bool add_generation_prompt,
-                                                 const nlohmann::ordered_json& tools) {
-  XDS_ASSIGN_OR_RETURN(std::string prompt, tmpl.render_ordered(messages, add_generation_prompt, tools));
+                                                 const nlohmann::ordered_json& tools,
+                                                 MessageTrust trust) {
+  XDS_ASSIGN_OR_RETURN(PromptText prompt,
+                       tmpl.render_prompt(messages, add_generation_prompt, tools));
+  if (trust == MessageTrust::kTrusted) prompt.untrusted.clear();
+  return encode_chat_prompt(tok, prompt);
+}
+
+Result<std::vector<int32_t>> encode_chat_prompt(const Tokenizer& tok, const PromptText& prompt) {
   XDS_ASSIGN_OR_RETURN(std::vector<int32_t> ids, tok.encode(prompt, /*add_special_tokens=*/false));
   if (tok.adds_bos() && (ids.empty() || ids.front() != *tok.bos_id())) ids.insert(ids.begin(), *tok.bos_id());
   return ids;
 }
 
 Result<std::vector<int32_t>> encode_chat(const Tokenizer& tok, const ChatTemplate& tmpl,
-                                         const nlohmann::json& messages, bool add_generation_prompt) {
-  return encode_chat_ordered(tok, tmpl, nlohmann::ordered_json::parse(messages.dump()), add_generation_prompt);
+                                         const nlohmann::json& messages, bool add_generation_prompt,
+                                         MessageTrust trust) {
+  return encode_chat_ordered(tok, tmpl, nlohmann::ordered_json::parse(messages.dump()),
+                             add_generation_prompt, nullptr, trust);
 }
 
 }  // namespace xds

@@ -3,6 +3,13 @@
 // variables transformers passes: messages, tools, add_generation_prompt, bos_token, eos_token,
 // unk_token, pad_token (and any extra context). Jinja subset: see jinja_ast.h / jinja_eval.h.
 //
+// Trust: every string in `messages` and `tools` (content, names, tool descriptions, call
+// arguments, dict keys) is untrusted; the template's own text and its context (bos_token, the
+// `extra` variables) are trusted. render_prompt() returns which bytes are which, through every
+// string operation of the template (jinja_value.h), and encode_chat*() matches special tokens
+// only in the trusted bytes (docs/design/tokenizer.md, "Untrusted text"). A caller that puts
+// request values into `extra` must not: they would be trusted.
+//
 // Thread-safety: immutable after construction; render() may run concurrently.
 #pragma once
 
@@ -13,6 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/status.h"
+#include "tokenizer/prompt_text.h"
 #include "tokenizer/tokenizer.h"
 
 namespace xds {
@@ -48,6 +56,13 @@ class ChatTemplate {
                                      const nlohmann::ordered_json& tools = nullptr,
                                      const nlohmann::ordered_json& extra = nullptr) const;
 
+  // render_ordered() with provenance: the bytes that came from `messages` and `tools` are
+  // untrusted.
+  Result<PromptText> render_prompt(const nlohmann::ordered_json& messages,
+                                   bool add_generation_prompt,
+                                   const nlohmann::ordered_json& tools = nullptr,
+                                   const nlohmann::ordered_json& extra = nullptr) const;
+
   const std::string& source() const { return *source_; }
 
  private:
@@ -57,14 +72,25 @@ class ChatTemplate {
   nlohmann::ordered_json context_ = nlohmann::ordered_json::object();
 };
 
-// Chat prompt -> ids: render, encode without the post-processor, then prepend BOS only when the
-// tokenizer is configured to add one (add_bos_token) and the rendered prompt does not already
-// start with it — a template that emits {{ bos_token }} is not given a second one.
+// Whether the text of messages and tools may hold special tokens: kUntrusted (the server's
+// default) encodes it as ordinary text; kTrusted (serve --trust-request-special-tokens, for
+// callers who build their prompts themselves) matches special tokens everywhere, as
+// transformers' apply_chat_template does.
+enum class MessageTrust { kUntrusted, kTrusted };
+
+// Chat prompt -> ids: render, encode without the post-processor (special tokens matched only in
+// the trusted bytes), then prepend BOS only when the tokenizer is configured to add one
+// (add_bos_token) and the prompt does not already start with it — a template that emits
+// {{ bos_token }} is not given a second one.
 Result<std::vector<int32_t>> encode_chat(const Tokenizer& tok, const ChatTemplate& tmpl,
-                                         const nlohmann::json& messages, bool add_generation_prompt);
+                                         const nlohmann::json& messages, bool add_generation_prompt,
+                                         MessageTrust trust = MessageTrust::kUntrusted);
 Result<std::vector<int32_t>> encode_chat_ordered(const Tokenizer& tok, const ChatTemplate& tmpl,
                                                  const nlohmann::ordered_json& messages,
                                                  bool add_generation_prompt,
-                                                 const nlohmann::ordered_json& tools = nullptr);
+                                                 const nlohmann::ordered_json& tools = nullptr,
+                                                 MessageTrust trust = MessageTrust::kUntrusted);
+// The last two steps for a prompt already rendered.
+Result<std::vector<int32_t>> encode_chat_prompt(const Tokenizer& tok, const PromptText& prompt);
 
 }  // namespace xds

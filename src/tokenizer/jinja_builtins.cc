@@ -30,8 +30,9 @@ bool is_space32(char32_t c) {
          c == 0x205F || c == 0x3000;
 }
 
-std::string strip(const std::string& s, const Value& chars, bool left, bool right) {
-  const std::u32string u = to_u32(s);
+// sv (a string) without the leading / trailing characters; keeps the taint of what is left.
+Value strip(const Value& sv, const Value& chars, bool left, bool right) {
+  const std::u32string u = to_u32(sv.s);
   std::u32string set;
   const bool ws = chars.is_undefined() || chars.is_none();
   if (!ws) set = to_u32(need_str(chars, "strip"));
@@ -39,13 +40,16 @@ std::string strip(const std::string& s, const Value& chars, bool left, bool righ
   size_t b = 0, e = u.size();
   while (left && b < e && drop(u[b])) ++b;
   while (right && e > b && drop(u[e - 1])) --e;
-  return from_u32(u.substr(b, e - b));
+  return cp_substr(sv, u, u32_offsets(sv.s), b, e);
 }
 
-Value split(const std::string& s, const Value& sep, int64_t maxsplit) {
+// str.split; each piece keeps its bytes' taint.
+Value split(const Value& sv, const Value& sep, int64_t maxsplit) {
+  const std::string& s = sv.s;
   Value out = Value::new_list();
   if (sep.is_undefined() || sep.is_none()) {
     const std::u32string u = to_u32(s);
+    const std::vector<size_t> at = u32_offsets(s);
     size_t i = 0;
     while (i < u.size()) {
       while (i < u.size() && is_space32(u[i])) ++i;
@@ -53,12 +57,12 @@ Value split(const std::string& s, const Value& sep, int64_t maxsplit) {
       if (maxsplit >= 0 && static_cast<int64_t>(out.list->size()) >= maxsplit) {
         size_t e = u.size();
         while (e > i && is_space32(u[e - 1])) --e;
-        out.list->push_back(Value::string(from_u32(u.substr(i, e - i))));
+        out.list->push_back(cp_substr(sv, u, at, i, e));
         break;
       }
       size_t j = i;
       while (j < u.size() && !is_space32(u[j])) ++j;
-      out.list->push_back(Value::string(from_u32(u.substr(i, j - i))));
+      out.list->push_back(cp_substr(sv, u, at, i, j));
       i = j;
     }
     return out;
@@ -68,28 +72,32 @@ Value split(const std::string& s, const Value& sep, int64_t maxsplit) {
   size_t last = 0, p;
   while ((maxsplit < 0 || static_cast<int64_t>(out.list->size()) < maxsplit) &&
          (p = s.find(d, last)) != std::string::npos) {
-    out.list->push_back(Value::string(s.substr(last, p - last)));
+    out.list->push_back(substr(sv, last, p));
     last = p + d.size();
   }
-  out.list->push_back(Value::string(s.substr(last)));
+  out.list->push_back(substr(sv, last, s.size()));
   return out;
 }
 
-std::string replace_all(const std::string& s, const std::string& from, const std::string& to, int64_t count) {
-  if (from.empty()) return s;
-  std::string out;
+// str.replace: the kept bytes keep their taint, each inserted copy of `to` has to's.
+Value replace_all(const Value& sv, const Value& from_v, const Value& to, int64_t count) {
+  const std::string& s = sv.s;
+  const std::string& from = from_v.s;
+  if (from.empty()) return sv;
+  Value out = Value::string("");
   size_t last = 0, p;
   int64_t n = 0;
   while ((count < 0 || n < count) && (p = s.find(from, last)) != std::string::npos) {
-    out.append(s, last, p - last);
-    out += to;
+    append_str(&out, substr(sv, last, p));
+    append_str(&out, to);
     last = p + from.size();
     ++n;
   }
-  out.append(s, last);
+  append_str(&out, substr(sv, last, s.size()));
   return out;
 }
 
+// Byte for byte (ASCII case only), so a string's taint ranges stay where they are.
 std::string case_map(const std::string& s, int mode) {  // 0 upper, 1 lower, 2 title, 3 capitalize
   std::string out = s;
   bool prev_alpha = false;
@@ -122,14 +130,16 @@ Value bind(NativeFn f) { return Value::callable(std::move(f)); }
 
 Value str_method(const Value& obj, const std::string& name) {
   const std::string s = obj.s;
+  const Value sv = obj;  // with its taint, for the methods that return pieces of it
   if (name == "strip" || name == "lstrip" || name == "rstrip") {
     const bool l = name != "rstrip", r = name != "lstrip";
-    return bind([s, l, r](Args& a, Kwargs&) { return Value::string(strip(s, a.empty() ? Value() : a[0], l, r)); });
+    return bind(
+        [sv, l, r](Args& a, Kwargs&) { return strip(sv, a.empty() ? Value() : a[0], l, r); });
   }
   if (name == "split") {
-    return bind([s](Args& a, Kwargs& k) {
+    return bind([sv](Args& a, Kwargs& k) {
       const Value ms = arg(a, k, 1, "maxsplit", Value::integer(-1));
-      return split(s, arg(a, k, 0, "sep", Value()), ms.i);
+      return split(sv, arg(a, k, 0, "sep", Value()), ms.i);
     });
   }
   if (name == "startswith" || name == "endswith") {
@@ -141,13 +151,15 @@ Value str_method(const Value& obj, const std::string& name) {
   }
   if (name == "upper" || name == "lower" || name == "title" || name == "capitalize") {
     const int mode = name == "upper" ? 0 : name == "lower" ? 1 : name == "title" ? 2 : 3;
-    return bind([s, mode](Args&, Kwargs&) { return Value::string(case_map(s, mode)); });
+    return bind(
+        [sv, mode](Args&, Kwargs&) { return Value::string(case_map(sv.s, mode), sv.taint); });
   }
   if (name == "replace") {
-    return bind([s](Args& a, Kwargs&) {
+    return bind([sv](Args& a, Kwargs&) {
       if (a.size() < 2) fail("replace: expected 2 arguments");
-      return Value::string(replace_all(s, need_str(a[0], "replace"), need_str(a[1], "replace"),
-                                       a.size() > 2 ? a[2].i : -1));
+      need_str(a[0], "replace");
+      need_str(a[1], "replace");
+      return replace_all(sv, a[0], a[1], a.size() > 2 ? a[2].i : -1);
     });
   }
   if (name == "find" || name == "rfind" || name == "count" || name == "index") {
@@ -169,25 +181,29 @@ Value str_method(const Value& obj, const std::string& name) {
     });
   }
   if (name == "join") {
-    return bind([s](Args& a, Kwargs&) {
-      std::string out;
+    return bind([sv](Args& a, Kwargs&) {
+      Value out = Value::string("");
       const List items = a.empty() ? List{} : iterate(a[0]);
-      for (size_t k = 0; k < items.size(); ++k) out += (k ? s : "") + to_str(items[k]);
-      return Value::string(out);
+      for (size_t k = 0; k < items.size(); ++k) {
+        if (k) append_str(&out, sv);
+        append_str(&out, to_str_value(items[k]));
+      }
+      return out;
     });
   }
   if (name == "splitlines") {
-    return bind([s](Args&, Kwargs&) {
+    return bind([sv](Args&, Kwargs&) {
+      const std::string& s = sv.s;
       Value out = Value::new_list();
       size_t last = 0;
       for (size_t k = 0; k < s.size(); ++k) {
         if (s[k] == '\n' || s[k] == '\r') {
-          out.list->push_back(Value::string(s.substr(last, k - last)));
+          out.list->push_back(substr(sv, last, k));
           if (s[k] == '\r' && k + 1 < s.size() && s[k + 1] == '\n') ++k;
           last = k + 1;
         }
       }
-      if (last < s.size()) out.list->push_back(Value::string(s.substr(last)));
+      if (last < s.size()) out.list->push_back(substr(sv, last, s.size()));
       return out;
     });
   }
@@ -219,8 +235,8 @@ Value dict_method(const Value& obj, const std::string& name) {
     return bind([d, name](Args&, Kwargs&) {
       Value out = Value::new_list();
       for (const auto& [k, v] : d->items) {
-        if (name == "items") out.list->push_back(Value::new_list({Value::string(k), v}));
-        if (name == "keys") out.list->push_back(Value::string(k));
+        if (name == "items") out.list->push_back(Value::new_list({key_value(*d, k), v}));
+        if (name == "keys") out.list->push_back(key_value(*d, k));
         if (name == "values") out.list->push_back(v);
       }
       return out;
@@ -344,7 +360,7 @@ Value get_item(const Value& obj, const Value& key) {
     int64_t i = key.type == Value::Type::kBool ? key.b : key.i;
     if (i < 0) i += n;
     if (i < 0 || i >= n) return Value::undefined(fmt::format("[{}]", key.i));
-    return obj.is_list() ? (*obj.list)[i] : Value::string(from_u32(u.substr(i, 1)));
+    return obj.is_list() ? (*obj.list)[i] : cp_substr(obj, u, u32_offsets(obj.s), i, i + 1);
   }
   if (key.is_string()) return get_attr(obj, key.s);
   return Value::undefined(to_str(key));
@@ -374,13 +390,17 @@ Value slice(const Value& obj, const Value& lo_v, const Value& hi_v, const Value&
     lo = std::min(lo, n - 1);
     hi = std::min(hi, n - 1);
   }
-  std::u32string su;
+  const std::vector<size_t> at = is_str ? u32_offsets(obj.s) : std::vector<size_t>();
+  Value str = Value::string("");  // each code point with its own taint
   Value out = Value::new_list();
   for (int64_t i = lo; step > 0 ? i < hi : i > hi; i += step) {
-    if (is_str) su.push_back(u[i]);
-    else out.list->push_back((*obj.list)[i]);
+    if (is_str) {
+      append_str(&str, cp_substr(obj, u, at, i, i + 1));
+    } else {
+      out.list->push_back((*obj.list)[i]);
+    }
   }
-  return is_str ? Value::string(from_u32(su)) : out;
+  return is_str ? str : out;
 }
 
 bool contains(const Value& c, const Value& item) {
@@ -402,12 +422,14 @@ List iterate(const Value& v) {
     case Value::Type::kList: return *v.list;
     case Value::Type::kDict: {
       List out;
-      for (const auto& kv : v.dict->items) out.push_back(Value::string(kv.first));
+      for (const auto& kv : v.dict->items) out.push_back(key_value(*v.dict, kv.first));
       return out;
     }
     case Value::Type::kString: {
       List out;
-      for (const char32_t c : to_u32(v.s)) out.push_back(Value::string(from_u32(std::u32string(1, c))));
+      const std::u32string u = to_u32(v.s);
+      const std::vector<size_t> at = u32_offsets(v.s);
+      for (size_t k = 0; k < u.size(); ++k) out.push_back(cp_substr(v, u, at, k, k + 1));
       return out;
     }
     case Value::Type::kUndefined: return {};
@@ -474,10 +496,12 @@ Value apply_filter(const std::string& name, const Value& v, Args& args, Kwargs& 
       isep = need_str((*seps.list)[0], "tojson separators");
       ksep = need_str((*seps.list)[1], "tojson separators");
     }
-    return Value::string(to_json(v, indent, isep, ksep, truthy(arg(args, kwargs, 99, "sort_keys", none))));
+    return derived_string(
+        to_json(v, indent, isep, ksep, truthy(arg(args, kwargs, 99, "sort_keys", none))), v);
   }
   if (name == "trim") {
-    return Value::string(strip(need_str(v, "trim"), arg(args, kwargs, 0, "chars", none), true, true));
+    need_str(v, "trim");
+    return strip(v, arg(args, kwargs, 0, "chars", none), true, true);
   }
   if (name == "default" || name == "d") {
     const bool boolean = truthy(arg(args, kwargs, 1, "boolean", none));
@@ -487,17 +511,19 @@ Value apply_filter(const std::string& name, const Value& v, Args& args, Kwargs& 
     }
     return v;
   }
-  if (name == "string") return Value::string(to_str(v));
+  if (name == "string") return to_str_value(v);
   if (name == "safe") return v;
-  if (name == "escape" || name == "e") return Value::string(html_escape(to_str(v)));
-  if (name == "upper") return Value::string(case_map(to_str(v), 0));
-  if (name == "lower") return Value::string(case_map(to_str(v), 1));
-  if (name == "title") return Value::string(case_map(to_str(v), 2));
-  if (name == "capitalize") return Value::string(case_map(to_str(v), 3));
+  if (name == "escape" || name == "e") return derived_string(html_escape(to_str(v)), v);
+  if (name == "upper" || name == "lower" || name == "title" || name == "capitalize") {
+    const int mode = name == "upper" ? 0 : name == "lower" ? 1 : name == "title" ? 2 : 3;
+    const Value sv = to_str_value(v);
+    return Value::string(case_map(sv.s, mode), sv.taint);
+  }
   if (name == "replace") {
     if (args.size() < 2) fail("filter 'replace' needs 2 arguments");
-    return Value::string(replace_all(to_str(v), need_str(args[0], "replace"), need_str(args[1], "replace"),
-                                     args.size() > 2 ? args[2].i : -1));
+    need_str(args[0], "replace");
+    need_str(args[1], "replace");
+    return replace_all(to_str_value(v), args[0], args[1], args.size() > 2 ? args[2].i : -1);
   }
   if (name == "int") {
     if (v.type == Value::Type::kFloat) return Value::integer(static_cast<int64_t>(v.f));
@@ -540,26 +566,29 @@ Value apply_filter(const std::string& name, const Value& v, Args& args, Kwargs& 
     if (v.is_string()) {
       std::u32string u = to_u32(v.s);
       std::reverse(u.begin(), u.end());
-      return Value::string(from_u32(u));
+      return derived_string(from_u32(u), v);
     }
     List items = iterate(v);
     std::reverse(items.begin(), items.end());
     return Value::new_list(std::move(items));
   }
   if (name == "join") {
-    const std::string sep = to_str(arg(args, kwargs, 0, "d", Value::string("")));
+    const Value sep = to_str_value(arg(args, kwargs, 0, "d", Value::string("")));
     const Value attr = arg(args, kwargs, 1, "attribute", none);
-    std::string out;
+    Value out = Value::string("");
     const List items = iterate(v);
     for (size_t k = 0; k < items.size(); ++k) {
-      out += (k ? sep : "") + to_str(attr.is_undefined() ? items[k] : attr_path(items[k], to_str(attr)));
+      if (k) append_str(&out, sep);
+      append_str(&out,
+                 to_str_value(attr.is_undefined() ? items[k] : attr_path(items[k], to_str(attr))));
     }
-    return Value::string(out);
+    return out;
   }
   if (name == "items") {
     if (!v.is_mapping()) fail("filter 'items' needs a mapping");
     Value out = Value::new_list();
-    for (const auto& [k, x] : v.dict->items) out.list->push_back(Value::new_list({Value::string(k), x}));
+    for (const auto& [k, x] : v.dict->items)
+      out.list->push_back(Value::new_list({key_value(*v.dict, k), x}));
     return out;
   }
   if (name == "dictsort") {
@@ -567,7 +596,8 @@ Value apply_filter(const std::string& name, const Value& v, Args& args, Kwargs& 
     auto items = v.dict->items;
     std::stable_sort(items.begin(), items.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
     Value out = Value::new_list();
-    for (const auto& [k, x] : items) out.list->push_back(Value::new_list({Value::string(k), x}));
+    for (const auto& [k, x] : items)
+      out.list->push_back(Value::new_list({key_value(*v.dict, k), x}));
     return out;
   }
   if (name == "selectattr" || name == "rejectattr" || name == "select" || name == "reject") {
@@ -648,23 +678,25 @@ Value apply_filter(const std::string& name, const Value& v, Args& args, Kwargs& 
     const bool first = truthy(arg(args, kwargs, 1, "first", none));
     const bool blank = truthy(arg(args, kwargs, 2, "blank", none));
     const std::string pad(static_cast<size_t>(std::max<int64_t>(0, width)), ' ');
-    const std::string s = to_str(v);
-    std::string out;
+    const Value sv = to_str_value(v);
+    const std::string& s = sv.s;
+    Value out = Value::string("");  // the padding is the template's; each line keeps its taint
     size_t last = 0;
     bool first_line = true;
     while (last <= s.size()) {
       const size_t nl = s.find('\n', last);
-      const std::string line = s.substr(last, nl == std::string::npos ? std::string::npos : nl - last);
-      if ((first_line ? first : true) && (blank || !line.empty()) && !(first_line && !first)) out += pad;
-      out += line;
+      const size_t end = nl == std::string::npos ? s.size() : nl;
+      if ((first_line ? first : true) && (blank || end > last) && !(first_line && !first))
+        out.s += pad;
+      append_str(&out, substr(sv, last, nl == std::string::npos ? end : end + 1));
       first_line = false;
       if (nl == std::string::npos) break;
-      out += '\n';
       last = nl + 1;
     }
-    return Value::string(out);
+    return out;
   }
-  if (name == "wordcount") return Value::integer(static_cast<int64_t>(split(to_str(v), none, -1).list->size()));
+  if (name == "wordcount")
+    return Value::integer(static_cast<int64_t>(split(to_str_value(v), none, -1).list->size()));
   fail(fmt::format("unsupported filter '{}'", name));
 }
 
@@ -672,6 +704,7 @@ void add_globals(Dict* g) {
   g->set("namespace", Value::callable([](Args& a, Kwargs& k) {
     Value ns = Value::new_namespace();
     if (!a.empty() && a[0].is_mapping()) {
+      ns.dict->untrusted_keys = a[0].dict->untrusted_keys;
       for (const auto& [key, v] : a[0].dict->items) ns.dict->set(key, v);
     }
     for (const auto& [key, v] : k) ns.dict->set(key, v);

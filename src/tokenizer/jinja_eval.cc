@@ -28,7 +28,7 @@ class Interpreter {
     for (const auto& [k, v] : context.items) frames_[0][k] = v;
   }
 
-  Flow exec(const Body& body, std::string* out) {
+  Flow exec(const Body& body, Value* out) {
     for (const auto& s : body) {
       const Flow f = exec_one(*s, out);
       if (f != Flow::kNormal) return f;
@@ -47,10 +47,14 @@ class Interpreter {
     return Value::undefined(name);
   }
 
-  Flow exec_one(const Stmt& s, std::string* out) {
+  Flow exec_one(const Stmt& s, Value* out) {
     switch (s.kind) {
-      case Stmt::Kind::kText: *out += s.text; return Flow::kNormal;
-      case Stmt::Kind::kOutput: *out += to_str(eval(*s.expr)); return Flow::kNormal;
+      case Stmt::Kind::kText:  // the template's own text: trusted
+        out->s += s.text;
+        return Flow::kNormal;
+      case Stmt::Kind::kOutput:
+        append_str(out, to_str_value(eval(*s.expr)));
+        return Flow::kNormal;
       case Stmt::Kind::kIf:
         for (const auto& [cond, body] : s.branches) {
           if (cond == nullptr || truthy(eval(*cond))) return exec(body, out);
@@ -59,9 +63,9 @@ class Interpreter {
       case Stmt::Kind::kFor: return exec_for(s, out);
       case Stmt::Kind::kSet: assign(s, eval(*s.expr)); return Flow::kNormal;
       case Stmt::Kind::kSetBlock: {
-        std::string buf;
+        Value buf = Value::string("");
         exec(s.body, &buf);
-        assign(s, Value::string(buf));
+        assign(s, std::move(buf));
         return Flow::kNormal;
       }
       case Stmt::Kind::kMacro: define_macro(s); return Flow::kNormal;
@@ -95,7 +99,7 @@ class Interpreter {
     for (size_t k = 0; k < s.targets.size(); ++k) f[s.targets[k]] = (*item.list)[k];
   }
 
-  Flow exec_for(const Stmt& s, std::string* out) {
+  Flow exec_for(const Stmt& s, Value* out) {
     const Value seq = eval(*s.expr);
     if (seq.is_none()) fail(s.line, "'NoneType' object is not iterable");
     List items;
@@ -167,7 +171,7 @@ class Interpreter {
       frames_.push_back(saved[0]);
       frames_.push_back(std::move(f));
       ++depth_;
-      std::string buf;
+      Value buf = Value::string("");
       try {
         exec(m->body, &buf);
       } catch (...) {
@@ -179,7 +183,7 @@ class Interpreter {
       --depth_;
       saved[0] = std::move(frames_[0]);
       frames_.swap(saved);
-      return Value::string(buf);
+      return buf;
     });
   }
 
@@ -268,6 +272,7 @@ class Interpreter {
         for (size_t k = 0; k < e.args.size(); ++k) {
           const Value key = eval(*e.args[k]);
           if (!key.is_string()) fail(e.line, "dict literal keys must be strings");
+          if (!key.taint.empty()) d.dict->untrusted_keys = true;
           d.dict->set(key.s, eval(*e.values[k]));
         }
         return d;
@@ -296,7 +301,11 @@ class Interpreter {
     if (op == ">=") return Value::boolean(compare(l, r) >= 0);
     if (op == "in") return Value::boolean(contains(r, l));
     if (op == "not in") return Value::boolean(!contains(r, l));
-    if (op == "~") return Value::string(to_str(l) + to_str(r));
+    if (op == "~") {
+      Value out = to_str_value(l);
+      append_str(&out, to_str_value(r));
+      return out;
+    }
     const bool ints = (l.type == Value::Type::kInt || l.type == Value::Type::kBool) &&
                       (r.type == Value::Type::kInt || r.type == Value::Type::kBool);
     const bool nums = (l.is_number() || l.type == Value::Type::kBool) && (r.is_number() || r.type == Value::Type::kBool);
@@ -304,7 +313,11 @@ class Interpreter {
     if (op == "+") {
       if (ints) return Value::integer(li + ri);
       if (nums) return Value::number(l.as_double() + r.as_double());
-      if (l.is_string() && r.is_string()) return Value::string(l.s + r.s);
+      if (l.is_string() && r.is_string()) {
+        Value out = l;
+        append_str(&out, r);
+        return out;
+      }
       if (l.is_list() && r.is_list()) {
         List out = *l.list;
         out.insert(out.end(), r.list->begin(), r.list->end());
@@ -320,8 +333,11 @@ class Interpreter {
         if (r.i > 100000) fail(e.line, "repetition count too large");
         Value out = l.is_string() ? Value::string("") : Value::new_list();
         for (int64_t k = 0; k < r.i; ++k) {
-          if (l.is_string()) out.s += l.s;
-          else out.list->insert(out.list->end(), l.list->begin(), l.list->end());
+          if (l.is_string()) {
+            append_str(&out, l);
+          } else {
+            out.list->insert(out.list->end(), l.list->begin(), l.list->end());
+          }
         }
         return out;
       }
@@ -367,9 +383,9 @@ class Interpreter {
 
 }  // namespace
 
-std::string render(const Body& body, const Dict& context) {
+Value render(const Body& body, const Dict& context) {
   Interpreter in(context);
-  std::string out;
+  Value out = Value::string("");
   in.exec(body, &out);
   return out;
 }

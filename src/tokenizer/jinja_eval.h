@@ -6,11 +6,13 @@
 #include <string>
 
 #include "tokenizer/jinja_ast.h"
+#include "tokenizer/jinja_value.h"
 
 namespace xds::jinja {
 
-// Renders `body` with `context` variables (plus the global functions). Throws TemplateError
-// with "line N: ..." on errors.
-std::string render(const Body& body, const Dict& context);
+// Renders `body` with `context` variables (plus the global functions): a string whose taint
+// (jinja_value.h) marks the bytes that came from untrusted context values. Throws
+// TemplateError with "line N: ..." on errors.
+Value render(const Body& body, const Dict& context);
 
 }  // namespace xds::jinja

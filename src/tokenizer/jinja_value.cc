@@ -24,22 +24,26 @@ void Dict::set(const std::string& k, Value v) {
   }
 }
 
-Value Value::from_json(const nlohmann::ordered_json& j) {
+Value Value::from_json(const nlohmann::ordered_json& j, bool untrusted) {
   switch (j.type()) {
     case nlohmann::ordered_json::value_t::null: return none();
     case nlohmann::ordered_json::value_t::boolean: return boolean(j.get<bool>());
     case nlohmann::ordered_json::value_t::number_integer: return integer(j.get<int64_t>());
     case nlohmann::ordered_json::value_t::number_unsigned: return integer(static_cast<int64_t>(j.get<uint64_t>()));
     case nlohmann::ordered_json::value_t::number_float: return number(j.get<double>());
-    case nlohmann::ordered_json::value_t::string: return string(j.get<std::string>());
+    case nlohmann::ordered_json::value_t::string:
+      return untrusted ? untrusted_string(j.get<std::string>()) : string(j.get<std::string>());
     case nlohmann::ordered_json::value_t::array: {
       Value v = new_list();
-      for (const auto& e : j) v.list->push_back(from_json(e));
+      for (const auto& e : j) v.list->push_back(from_json(e, untrusted));
       return v;
     }
     case nlohmann::ordered_json::value_t::object: {
       Value v = new_dict();
-      for (auto it = j.begin(); it != j.end(); ++it) v.dict->items.emplace_back(it.key(), from_json(it.value()));
+      v.dict->untrusted_keys = untrusted && !j.empty();
+      for (auto it = j.begin(); it != j.end(); ++it) {
+        v.dict->items.emplace_back(it.key(), from_json(it.value(), untrusted));
+      }
       return v;
     }
     default: return none();
@@ -180,6 +184,62 @@ std::string to_str(const Value& v) {
   }
 }
 
+namespace {
+constexpr int kMaxTaintDepth = 64;  // deeper (or cyclic) containers count as untrusted
+
+bool deep_tainted_rec(const Value& v, int depth) {
+  switch (v.type) {
+    case Value::Type::kString:
+      return !v.taint.empty();
+    case Value::Type::kList:
+      if (depth >= kMaxTaintDepth) return true;
+      for (const Value& x : *v.list) {
+        if (deep_tainted_rec(x, depth + 1)) return true;
+      }
+      return false;
+    case Value::Type::kDict:
+    case Value::Type::kNamespace:
+      if (depth >= kMaxTaintDepth) return true;
+      if (v.dict->untrusted_keys) return true;
+      for (const auto& [k, x] : v.dict->items) {
+        if (deep_tainted_rec(x, depth + 1)) return true;
+      }
+      return false;
+    default:
+      return false;
+  }
+}
+}  // namespace
+
+bool deep_tainted(const Value& v) {
+  return deep_tainted_rec(v, 0);
+}
+
+Value derived_string(std::string out, const Value& src) {
+  return deep_tainted(src) ? Value::untrusted_string(std::move(out))
+                           : Value::string(std::move(out));
+}
+
+Value to_str_value(const Value& v) {
+  if (v.is_string()) return v;
+  return derived_string(to_str(v), v);
+}
+
+Value key_value(const Dict& d, const std::string& key) {
+  return d.untrusted_keys ? Value::untrusted_string(key) : Value::string(key);
+}
+
+void append_str(Value* dst, const Value& src) {
+  taint::append(&dst->taint, src.taint, dst->s.size());
+  dst->s += src.s;
+}
+
+Value substr(const Value& s, size_t begin, size_t end) {
+  end = std::min(end, s.s.size());
+  begin = std::min(begin, end);
+  return Value::string(s.s.substr(begin, end - begin), taint::slice(s.taint, begin, end));
+}
+
 std::string repr(const Value& v) {
   switch (v.type) {
     case Value::Type::kString: return py_quote(v.s);
@@ -263,6 +323,31 @@ std::string type_name(const Value& v) {
     case Value::Type::kCallable: return "function";
   }
   return "?";
+}
+
+std::vector<size_t> u32_offsets(const std::string& s) {
+  std::vector<size_t> at;
+  size_t i = 0;
+  while (i < s.size()) {
+    at.push_back(i);
+    char32_t cp;
+    const size_t n = utf8::decode_one(s, i, &cp);
+    i += n == 0 ? utf8::invalid_run(s, i) : n;
+  }
+  at.push_back(s.size());
+  return at;
+}
+
+Value cp_substr(const Value& v, const std::u32string& u, const std::vector<size_t>& at, size_t cb,
+                size_t ce) {
+  std::string text = from_u32(u.substr(cb, ce - cb));
+  const size_t b = at[cb], e = at[ce];
+  if (std::string_view(v.s).substr(b, e - b) == text) {
+    return Value::string(std::move(text), taint::slice(v.taint, b, e));
+  }
+  // Ill-formed bytes became U+FFFD: the piece is untrusted as a whole when any of it was.
+  return taint::overlaps(v.taint, b, e) ? Value::untrusted_string(std::move(text))
+                                        : Value::string(std::move(text));
 }
 
 std::u32string to_u32(const std::string& s) {

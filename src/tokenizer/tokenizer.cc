@@ -328,6 +328,17 @@ bool Tokenizer::has_tokenizer_files(const std::string& model_dir) {
 }
 
 Result<std::vector<int32_t>> Tokenizer::encode(std::string_view text, bool add_special_tokens) const {
+  return encode_impl(text, {}, add_special_tokens);
+}
+
+Result<std::vector<int32_t>> Tokenizer::encode(const PromptText& text,
+                                               bool add_special_tokens) const {
+  return encode_impl(text.text, text.untrusted, add_special_tokens);
+}
+
+Result<std::vector<int32_t>> Tokenizer::encode_impl(std::string_view text,
+                                                    const TaintRanges& untrusted,
+                                                    bool add_special_tokens) const {
   const Impl& t = *impl_;
   if (const size_t bad = utf8::find_invalid(text); bad != std::string_view::npos) {
     return invalid_argument("encode: input is not valid UTF-8 at byte offset {} (0x{:02x})", bad,
@@ -365,7 +376,7 @@ Result<std::vector<int32_t>> Tokenizer::encode(std::string_view text, bool add_s
     }
     return {};
   };
-  for (const AddedSegment& seg : t.raw_matcher.split(text)) {
+  for (const AddedSegment& seg : t.raw_matcher.split(text, untrusted)) {
     if (seg.id >= 0) {
       ids.push_back(seg.id);
       continue;
@@ -376,7 +387,9 @@ Result<std::vector<int32_t>> Tokenizer::encode(std::string_view text, bool add_s
       XDS_ASSIGN_OR_RETURN(normalized, t.normalizer.apply(piece));
       piece = normalized;
     }
-    if (t.norm_matcher.empty()) {
+    // The normalizer moves bytes, so a piece with untrusted bytes in it matches no normalized
+    // token at all (safe: never a token from untrusted text; rare: such tokenizers are few).
+    if (t.norm_matcher.empty() || taint::overlaps(untrusted, seg.begin, seg.end)) {
       XDS_RETURN_IF_ERROR(encode_text(piece));
       continue;
     }

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "base/status.h"
+#include "tokenizer/prompt_text.h"
 
 namespace xds {
 
@@ -41,8 +42,15 @@ class Tokenizer {
                                           const std::string& name = "tokenizer.json");
   static bool has_tokenizer_files(const std::string& model_dir);
 
-  // add_special_tokens: apply the post-processor (BOS as configured).
+  // add_special_tokens: apply the post-processor (BOS as configured). All of `text` is trusted:
+  // added and special tokens are matched everywhere in it.
   Result<std::vector<int32_t>> encode(std::string_view text, bool add_special_tokens) const;
+  // The same with added / special tokens matched only in the trusted bytes of `text`: the
+  // untrusted bytes go through the normalizer, pre-tokenizer and BPE as ordinary text, together
+  // with their trusted neighbours up to the next matched token (so text without any token text
+  // in its untrusted bytes encodes exactly as encode(text.text) does). With a normalizer and
+  // added tokens marked "normalized", a piece holding untrusted bytes matches none of those.
+  Result<std::vector<int32_t>> encode(const PromptText& text, bool add_special_tokens) const;
   std::string decode(std::span<const int32_t> ids, bool skip_special_tokens) const;
 
   // Number of ids the tokenizer can produce (vocabulary and added tokens): max id + 1.
@@ -70,6 +78,8 @@ class Tokenizer {
   struct Impl;
 
  private:
+  Result<std::vector<int32_t>> encode_impl(std::string_view text, const TaintRanges& untrusted,
+                                           bool add_special_tokens) const;
   std::shared_ptr<const Impl> impl_;
 };
 

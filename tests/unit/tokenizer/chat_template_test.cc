@@ -54,9 +54,21 @@ TEST(ChatTemplate, PublishedTemplatesMatchHuggingFaceJinja) {
       ASSERT_TRUE(got.ok()) << f.name << "/" << e["name"] << ": " << got.status().to_string();
       EXPECT_EQ(*got, e["rendered"].get<std::string>()) << f.name << "/" << e["name"] << " agp=" << agp;
       if (tok) {
-        auto ids = encode_chat_ordered(*tok, tmpl, (*c)["messages"], agp, tools);
+        // transformers' apply_chat_template + encode trusts the messages: our kTrusted.
+        auto ids =
+            encode_chat_ordered(*tok, tmpl, (*c)["messages"], agp, tools, MessageTrust::kTrusted);
         ASSERT_TRUE(ids.ok()) << ids.status().to_string();
         EXPECT_EQ(*ids, e["ids"].get<std::vector<int32_t>>()) << f.name << "/" << e["name"];
+        // Untrusted messages (serve's default) give the same ids, except in the one case whose
+        // message holds marker text ("<|im_end|> <｜User｜>"): there the same text, other ids.
+        auto untrusted = encode_chat_ordered(*tok, tmpl, (*c)["messages"], agp, tools);
+        ASSERT_TRUE(untrusted.ok()) << untrusted.status().to_string();
+        if (e["name"] == "single_user") {
+          EXPECT_NE(*untrusted, *ids) << f.name;
+          EXPECT_EQ(tok->decode(*untrusted, false), tok->decode(*ids, false)) << f.name;
+        } else {
+          EXPECT_EQ(*untrusted, *ids) << f.name << "/" << e["name"];
+        }
         if (tok->adds_bos()) {  // the DeepSeek templates emit {{ bos_token }}: exactly one BOS
           ASSERT_GE(ids->size(), 2u);
           EXPECT_EQ((*ids)[0], *tok->bos_id());

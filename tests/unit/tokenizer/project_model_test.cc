@@ -49,7 +49,11 @@ TEST(ProjectModel, KjvMoeTinyMatchesHuggingFace) {
       auto got = tmpl->render_ordered(c["messages"], e["add_generation_prompt"].get<bool>());
       ASSERT_TRUE(got.ok()) << got.status().to_string();
       EXPECT_EQ(*got, e["rendered"].get<std::string>());
-      auto ids = encode_chat_ordered(*tok, *tmpl, c["messages"], e["add_generation_prompt"].get<bool>());
+      // transformers trusts the messages: our kTrusted (serve's default is checked in
+      // untrusted_text_test.cc).
+      auto ids =
+          encode_chat_ordered(*tok, *tmpl, c["messages"], e["add_generation_prompt"].get<bool>(),
+                              nullptr, MessageTrust::kTrusted);
       ASSERT_TRUE(ids.ok());
       EXPECT_EQ(*ids, e["ids"].get<std::vector<int32_t>>());  // one BOS, from the template
     }
