@@ -19,6 +19,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -49,6 +50,23 @@ def http(method, url, body=None, key=None, raw=None, timeout=60):
             return r.status, r.read().decode(), dict(r.headers)
     except urllib.error.HTTPError as e:
         return e.code, e.read().decode(), dict(e.headers)
+
+
+class Served:
+    """`xdeepserve serve` on free ports (`--port`, `--instance-port`), its stdout and stderr
+    gathered by a thread into `output` (a list of lines)."""
+
+    def __init__(self, xdeepserve, model, extra):
+        self.port, iport = free_port(), free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.process = subprocess.Popen(
+            [xdeepserve, "serve", "--model", model, "--port", str(self.port),
+             "--instance-port", str(iport)] + list(extra),
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.output = []
+        self.reader = threading.Thread(target=lambda: self.output.extend(self.process.stdout),
+                                       daemon=True)
+        self.reader.start()
 
 
 def wait_healthy(base, server, timeout_s=120):

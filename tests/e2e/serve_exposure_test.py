@@ -12,10 +12,9 @@ import os
 import stat
 import subprocess
 import sys
-import threading
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from serve_e2e_test import descendants, free_port, http, wait_healthy  # noqa: E402
+from serve_e2e_test import Served, descendants, http, wait_healthy  # noqa: E402
 
 failures = []
 
@@ -99,16 +98,10 @@ def main():
     args = ap.parse_args()
 
     shm_before = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
-    port, iport = free_port(), free_port()
-    base = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen(
-        [args.xdeepserve, "serve", "--model", args.model, "--port", str(port),
-         "--instance-port", str(iport), "--dp", "2", "--kv-memory", "16M",
-         "--threads-per-device", "1"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    output = []
-    reader = threading.Thread(target=lambda: output.extend(server.stdout), daemon=True)
-    reader.start()
+    served = Served(args.xdeepserve, args.model,
+                    ["--dp", "2", "--kv-memory", "16M", "--threads-per-device", "1"])
+    server, base, port, output, reader = (served.process, served.base, served.port,
+                                          served.output, served.reader)
     try:
         check(wait_healthy(base, server), "the server did not become healthy")
         status, _, _ = http("POST", base + "/v1/completions",

@@ -19,7 +19,7 @@ import time
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from serve_e2e_test import comm, descendants, free_port, wait_healthy  # noqa: E402
+from serve_e2e_test import Served, comm, descendants, wait_healthy  # noqa: E402
 
 failures = []
 
@@ -36,16 +36,9 @@ def main():
     ap.add_argument("--model", required=True)
     args = ap.parse_args()
 
-    port, iport = free_port(), free_port()
-    base = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen(
-        [args.xdeepserve, "serve", "--model", args.model, "--port", str(port),
-         "--instance-port", str(iport), "--dp", "2", "--kv-memory", "16M",
-         "--threads-per-device", "1"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    output = []
-    reader = threading.Thread(target=lambda: output.extend(server.stdout), daemon=True)
-    reader.start()
+    served = Served(args.xdeepserve, args.model,
+                    ["--dp", "2", "--kv-memory", "16M", "--threads-per-device", "1"])
+    server, base, output, reader = served.process, served.base, served.output, served.reader
     try:
         check(wait_healthy(base, server), "the server did not become healthy")
         started = descendants(server.pid)
