@@ -161,8 +161,9 @@ void add_gateway_flags(CLI::App* cmd, GatewayArgs& a) {
                   "gateway keeps them off instances prefilling short ones (and the reverse)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
   cmd->add_option("--instance-timeout", a.instance_timeout_s,
-                  "Several instances: seconds without an answer to the gateway's heartbeats "
-                  "after which an instance is taken out as failed")
+                  "Seconds without an answer to the gateway's heartbeats (counted from the "
+                  "instance's first answer) after which an instance is taken out as failed "
+                  "(with one instance: its requests fail and serving stops)")
       ->check(CLI::Range(int64_t{2}, int64_t{86400}));
 }
 

@@ -501,9 +501,10 @@ void Gateway::Impl::finish_pending(const std::shared_ptr<Pending>& p,
 }
 
 void Gateway::Impl::sweep(int64_t& last_heartbeat_ns) {
-  if (router.size() > 1) {
-    // Heartbeats: an instance silent past --instance-timeout is out (a whole instance killed
-    // at once sends no FailedMsg).
+  {
+    // Heartbeats: an instance silent past --instance-timeout since it last answered is out (a
+    // whole instance killed at once, or its shell, sends no FailedMsg). With one instance its
+    // requests fail and the gateway stops instead of waiting forever.
     const int64_t now = now_ns();
     if (now - last_heartbeat_ns >= 1'000'000'000) {
       last_heartbeat_ns = now;
@@ -561,10 +562,6 @@ void Gateway::stop() {
 Status Gateway::run(bool shutdown_instance, int drain_s) {
   Impl& g = *impl_;
   int64_t last_heartbeat_ns = 0;
-  {
-    std::lock_guard<std::mutex> lock(g.mu);
-    g.router.heard_all(now_ns());
-  }
   while (!g.stopping.load()) {
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
     g.sweep(last_heartbeat_ns);

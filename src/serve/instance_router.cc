@@ -6,20 +6,28 @@ namespace xds::serve {
 
 InstanceState instance_state(protocol::InstanceRole role) {
   switch (role) {
-    case protocol::InstanceRole::kColocated: return InstanceState::kColocated;
-    case protocol::InstanceRole::kPrefill: return InstanceState::kPrefill;
-    case protocol::InstanceRole::kDecode: return InstanceState::kDecode;
+    case protocol::InstanceRole::kColocated:
+      return InstanceState::kColocated;
+    case protocol::InstanceRole::kPrefill:
+      return InstanceState::kPrefill;
+    case protocol::InstanceRole::kDecode:
+      return InstanceState::kDecode;
   }
   return InstanceState::kUnknown;
 }
 
 const char* instance_state_name(InstanceState state) {
   switch (state) {
-    case InstanceState::kColocated: return "colocated";
-    case InstanceState::kPrefill: return "prefill";
-    case InstanceState::kDecode: return "decode";
-    case InstanceState::kFailed: return "failed";
-    case InstanceState::kUnknown: break;
+    case InstanceState::kColocated:
+      return "colocated";
+    case InstanceState::kPrefill:
+      return "prefill";
+    case InstanceState::kDecode:
+      return "decode";
+    case InstanceState::kFailed:
+      return "failed";
+    case InstanceState::kUnknown:
+      break;
   }
   return "";
 }
@@ -196,7 +204,8 @@ bool InstanceRouter::continues_elsewhere(bool decode_phase, bool streamed_since_
 std::vector<int32_t> InstanceRouter::silent(int64_t now_ns, int64_t timeout_ns) const {
   std::vector<int32_t> out;
   for (size_t i = 0; i < views_.size(); ++i) {
-    if (views_[i].state != InstanceState::kFailed && now_ns - views_[i].last_heard_ns > timeout_ns)
+    if (views_[i].state != InstanceState::kFailed && views_[i].last_heard_ns > 0 &&
+        now_ns - views_[i].last_heard_ns > timeout_ns)
       out.push_back(static_cast<int32_t>(i));
   }
   return out;

@@ -52,7 +52,7 @@ enum class InstanceState {
   kColocated,
   kPrefill,
   kDecode,
-  kFailed,   // taken out by the gateway
+  kFailed,  // taken out by the gateway
 };
 
 // The state of an instance that reports `role`.
@@ -111,8 +111,7 @@ class InstanceRouter {
   // i's load report (engine::merge_load per group).
   void update_loads(int32_t i, std::vector<engine::GroupLoad> loads);
   // i's prefix-cache events: chain hashes added and removed (one count per group).
-  void update_blocks(int32_t i, std::span<const uint64_t> added,
-                     std::span<const uint64_t> removed);
+  void update_blocks(int32_t i, std::span<const uint64_t> added, std::span<const uint64_t> removed);
 
   // Where a request goes now (see the top of this file). `prompt`: its prompt ids.
   InstanceRoute route(std::span<const int32_t> prompt, bool decode_phase) const;
@@ -128,7 +127,9 @@ class InstanceRouter {
   // A request of a failed instance: true when it continues on another decode instance (a
   // decode phase that streamed nothing since its handoff, and a decode instance is left).
   bool continues_elsewhere(bool decode_phase, bool streamed_since_handoff) const;
-  // Instances not failed and not heard from for more than `timeout_ns` before `now_ns`.
+  // Instances not failed and not heard from for more than `timeout_ns` before `now_ns`. An
+  // instance never heard from is not silent: its timer starts with its first answer (a first
+  // load can take minutes).
   std::vector<int32_t> silent(int64_t now_ns, int64_t timeout_ns) const;
 
   // Every instance's groups' last loads, numbered across instances, for /metrics.
@@ -144,7 +145,7 @@ class InstanceRouter {
     InstanceState state = InstanceState::kUnknown;
     int64_t last_heard_ns = 0;
     std::vector<engine::GroupLoad> loads;
-    std::unordered_map<uint64_t, int32_t> cached;  // chain hash -> groups holding it
+    std::unordered_map<uint64_t, int32_t> cached;   // chain hash -> groups holding it
     int32_t long_inflight = 0, short_inflight = 0;  // prefills sent, first token not back
   };
   // Requests per DP group: running + waiting + parked, over its groups.

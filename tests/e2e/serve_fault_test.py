@@ -1,12 +1,16 @@
 #!/usr/bin/python3
-"""A device process killed outright fails the instance cleanly (no failover yet): requests in
-flight end with an error instead of waiting for tokens that never come, `xdeepserve serve`
-exits with an error naming the dead process, and no process of it is left behind.
+"""A process of the instance killed outright fails the instance cleanly (no recovery yet):
+requests in flight end with an error instead of waiting for tokens that never come,
+`xdeepserve serve` exits with an error naming what happened, and no process of it is left
+behind.
 
-The server runs --dp 2; a streamed request decodes; then `kill -9` hits one DP group
-(`xds-dp1` in /proc/PID/comm). Checked: the stream ends with an error event naming the group
-within seconds, the server process exits non-zero, its stderr names the group and the
-signal, and every process it had started is gone.
+The server runs --dp 2; a streamed request decodes; then `kill -9` hits, in two runs:
+- one DP group (`xds-dp1` in /proc/PID/comm): the stream ends within seconds with an error
+  naming the group and the signal (the shell sees the death by pidfd);
+- the instance's shell (`xds-shell`), which sends nothing more: the gateway's heartbeats go
+  unanswered and after --instance-timeout (2 s) the stream ends with an error saying so.
+Checked each time: the error event, the server's non-zero exit, its log, and that every
+process it had started is gone.
 """
 import argparse
 import json
@@ -30,20 +34,17 @@ def check(cond, what):
         print(f"FAILED: {what}", file=sys.stderr)
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--xdeepserve", required=True)
-    ap.add_argument("--model", required=True)
-    args = ap.parse_args()
-
+def check_kill(args, victim, said):
+    """kill -9 of the process named `victim`; `said`: what the error and the log must name."""
     served = Served(args.xdeepserve, args.model,
-                    ["--dp", "2", "--kv-memory", "16M", "--threads-per-device", "1"])
+                    ["--dp", "2", "--kv-memory", "16M", "--threads-per-device", "1",
+                     "--instance-timeout", "2"])
     server, base, output, reader = served.process, served.base, served.output, served.reader
     try:
         check(wait_healthy(base, server), "the server did not become healthy")
         started = descendants(server.pid)
-        victims = [p for p in started if comm(p) == "xds-dp1"]
-        check(len(victims) == 1, f"one process named xds-dp1 among {[comm(p) for p in started]}")
+        victims = [p for p in started if comm(p) == victim]
+        check(len(victims) == 1, f"one process named {victim} among {[comm(p) for p in started]}")
 
         events, first_token = [], threading.Event()
 
@@ -71,22 +72,22 @@ def main():
         if victims:
             os.kill(victims[0], signal.SIGKILL)
         t.join(30)
-        check(not t.is_alive(), "the stream still waits 30 s after the kill")
-        check(time.time() - killed_at < 15, "the stream took more than 15 s to end")
+        check(not t.is_alive(), f"{victim}: the stream still waits 30 s after the kill")
+        check(time.time() - killed_at < 15, f"{victim}: the stream took more than 15 s to end")
         errors = [e for e in events if '"error"' in e]
-        check(errors and "DP group 1" in errors[-1] and "signal 9" in errors[-1],
-              f"the stream ends with an error naming the group: {events[-3:]}")
+        check(errors and all(w in errors[-1] for w in said),
+              f"{victim}: the stream ends with an error naming {said}: {events[-3:]}")
         try:
             code = server.wait(30)
         except subprocess.TimeoutExpired:
             code = None
-        check(code not in (None, 0), f"serve exit code {code} (want an error)")
+        check(code not in (None, 0), f"{victim}: serve exit code {code} (want an error)")
         reader.join(5)
         log = "".join(output)
-        check("DP group 1" in log and "signal 9" in log, f"the log names the death: {log[-800:]}")
+        check(all(w in log for w in said), f"{victim}: the log names {said}: {log[-800:]}")
         time.sleep(0.5)
         left = [p for p in started if os.path.exists(f"/proc/{p}") and comm(p)]
-        check(not left, f"processes left behind: {[(p, comm(p)) for p in left]}")
+        check(not left, f"{victim}: processes left behind: {[(p, comm(p)) for p in left]}")
     finally:
         if server.poll() is None:
             server.kill()
@@ -96,6 +97,15 @@ def main():
                 os.kill(p, signal.SIGKILL)
             except OSError:
                 pass
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--xdeepserve", required=True)
+    ap.add_argument("--model", required=True)
+    args = ap.parse_args()
+    check_kill(args, "xds-dp1", ["DP group 1", "signal 9"])
+    check_kill(args, "xds-shell", ["no answer for 2 s"])
     if failures:
         print(f"{len(failures)} check(s) failed", file=sys.stderr)
         sys.exit(1)

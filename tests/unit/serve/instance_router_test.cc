@@ -102,7 +102,7 @@ TEST(InstanceRouter, InFlightPrefillsCountAsLoadUntilTheyEnd) {
   EXPECT_EQ(a.instance, 0);
   // A long prompt avoids 0, which prefills a short one, even at equal load: 1 then.
   PrefillTicket b;
-  r.count_prefill(b, 1, 10);  // both at 2 now, both prefill short prompts
+  r.count_prefill(b, 1, 10);                     // both at 2 now, both prefill short prompts
   EXPECT_EQ(r.route(prompt(150), false).to, 0);  // all hold short ones: least loaded, tie -> 0
   r.end_prefill(a);
   EXPECT_EQ(a.instance, -1);
@@ -188,10 +188,19 @@ TEST(InstanceRouter, SilentInstancesAreThoseNotHeardWithinTheTimeout) {
   InstanceRouter r(3, policy());
   r.heard_all(1000);
   r.heard(1, 1900);
-  EXPECT_TRUE(r.silent(1500, 500).empty());          // 500 is not past 500
+  EXPECT_TRUE(r.silent(1500, 500).empty());  // 500 is not past 500
   EXPECT_EQ(r.silent(1501, 500), (std::vector<int32_t>{0, 2}));
   r.mark_failed(2);
   EXPECT_EQ(r.silent(5000, 500), (std::vector<int32_t>{0, 1}));  // failed ones are out already
+}
+
+TEST(InstanceRouter, AnInstanceNeverHeardFromIsNotSilentYet) {
+  InstanceRouter r(2, policy());
+  r.heard(1, 1000);  // instance 0 still loads its model: its timer has not started
+  EXPECT_TRUE(r.silent(1500, 500).empty());
+  EXPECT_EQ(r.silent(1501, 500), (std::vector<int32_t>{1}));
+  r.heard(0, 100'000);  // its first answer starts it
+  EXPECT_EQ(r.silent(100'600, 500), (std::vector<int32_t>{0, 1}));
 }
 
 TEST(InstanceRouter, GroupLoadsAreNumberedAcrossInstances) {
@@ -217,7 +226,7 @@ TEST(HandoffQueue, DefersOnceOffersTheHeadAndDropsTheGone) {
   EXPECT_TRUE(q.defer("c"));
   EXPECT_EQ(q.offer(is_alive), "a");
   EXPECT_EQ(q.offer(is_alive), std::nullopt);  // one offer at a time
-  EXPECT_FALSE(q.defer("a"));  // refused again: keeps its place, the offer is over
+  EXPECT_FALSE(q.defer("a"));                  // refused again: keeps its place, the offer is over
   EXPECT_FALSE(q.offer_in_flight());
   EXPECT_EQ(q.size(), 3u);
   EXPECT_EQ(q.offer(is_alive), "a");
