@@ -25,6 +25,7 @@ using namespace protocol;  // the message structs, one per kind
 
 constexpr int64_t kPingTimeoutNs = int64_t{30} * 1'000'000'000;
 constexpr int64_t kEplbPushPeriodNs = 1'000'000'000;
+constexpr int kGroupSendTimeoutMs = 2000;
 
 // A health probe in flight: which gateway asked, and which groups have answered.
 struct PendingPing {
@@ -74,6 +75,10 @@ class Shell::Loop {
       for (const std::string& address : o_.group_inputs) {
         groups_.emplace_back(ctx_, zmq::socket_type::push);
         groups_.back().set(zmq::sockopt::linger, 1000);
+        // A group that died leaves its PUSH without a peer, where a send would block the loop
+        // (and with it the death's report) forever; a live group drains its socket between
+        // the model's layers, far within this.
+        groups_.back().set(zmq::sockopt::sndtimeo, kGroupSendTimeoutMs);
         protocol::secure_binding(groups_.back(), address);
         groups_.back().bind(address);
       }
@@ -380,7 +385,7 @@ class Shell::Loop {
 
   void to_group(size_t g, const Message& m) {
     Status st = send_message(groups_[g], m);
-    if (!st.ok()) XDS_LOG_WARN("shell: {}", st.message());
+    if (!st.ok()) XDS_LOG_WARN("shell: to DP group {}: {}", g, st.message());
   }
 
   void to_groups(const Message& m) {
