@@ -83,6 +83,7 @@ struct GatewayArgs {
   int64_t max_queue = 1024;
   int64_t long_prompt_tokens = 2048;
   int64_t instance_timeout_s = 30;
+  int64_t shutdown_timeout_s = 60;
 };
 
 void add_engine_flags(CLI::App* cmd, EngineArgs& a) {
@@ -165,6 +166,10 @@ void add_gateway_flags(CLI::App* cmd, GatewayArgs& a) {
                   "instance's first answer) after which an instance is taken out as failed "
                   "(with one instance: its requests fail and serving stops)")
       ->check(CLI::Range(int64_t{2}, int64_t{86400}));
+  cmd->add_option("--shutdown-timeout", a.shutdown_timeout_s,
+                  "On SIGTERM or SIGINT: seconds in-flight requests may take to finish (new "
+                  "ones get 503) before the server stops and cuts what is left")
+      ->check(CLI::Range(int64_t{0}, int64_t{86400}));
 }
 
 Result<serve::InstanceOptions> instance_options(const EngineArgs& a, const std::string& listen) {
@@ -214,6 +219,7 @@ serve::GatewayOptions gateway_options(const GatewayArgs& a, const std::string& m
   o.max_queue = a.max_queue;
   o.long_prompt_tokens = a.long_prompt_tokens;
   o.instance_timeout_s = a.instance_timeout_s;
+  o.shutdown_timeout_s = a.shutdown_timeout_s;
   o.reasoning_parser = a.reasoning_parser;
   o.tool_call_parser = a.tool_call_parser;
   o.trust_request_special_tokens = a.trust_request_special_tokens;
@@ -237,7 +243,7 @@ Status run_gateway(const serve::GatewayOptions& o, bool shutdown_instance) {
   ::sigaction(SIGTERM, &sa, nullptr);
   ::sigaction(SIGINT, &sa, nullptr);
   std::fprintf(stderr, "xdeepserve: serving on http://%s:%d/v1\n", o.host.c_str(), gateway->port());
-  Status st = gateway->run(shutdown_instance);
+  Status st = gateway->run(shutdown_instance, static_cast<int>(o.shutdown_timeout_s));
   g_gateway = nullptr;
   return st;
 }

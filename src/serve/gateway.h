@@ -41,16 +41,17 @@ struct GatewayOptions {
   // is prefilled on one, then continued on the other (docs/design/disaggregation.md).
   std::vector<std::string> instances;
   std::string output_host = "127.0.0.1";  // where output processes reach this gateway
-  int64_t max_model_len = 0;      // 0: the model's max_position_embeddings
-  int64_t max_queue = 1024;       // waiting requests before 503
+  int64_t max_model_len = 0;              // 0: the model's max_position_embeddings
+  int64_t max_queue = 1024;               // waiting requests before 503
   // Several instances: prompts this long or longer are "long" for length-aware routing
   // (serve/instance_routing.h).
   int64_t long_prompt_tokens = 2048;
   // Several instances: an instance that answers none of the gateway's heartbeats (a ping a
   // second) for this long is taken out as failed, as when its shell reports a FailedMsg.
   int64_t instance_timeout_s = 30;
-  std::string reasoning_parser;   // "" or deepseek_r1 / qwen3
-  std::string tool_call_parser;   // "" or deepseek_v3 / qwen3
+  int64_t shutdown_timeout_s = 60;  // SIGTERM: how long in-flight requests may finish
+  std::string reasoning_parser;     // "" or deepseek_r1 / qwen3
+  std::string tool_call_parser;     // "" or deepseek_v3 / qwen3
   // False: special tokens are matched only in the chat template's own text; request text
   // (message content, tools, a raw completion prompt) is tokenized as plain text
   // (docs/design/tokenizer.md, "Untrusted text"). True: matched everywhere, for callers that

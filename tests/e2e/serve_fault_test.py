@@ -10,7 +10,8 @@ The server runs --dp 2; a streamed request decodes; then `kill -9` hits, in two 
 - the instance's shell (`xds-shell`), which sends nothing more: the gateway's heartbeats go
   unanswered and after --instance-timeout (2 s) the stream ends with an error saying so.
 Checked each time: the error event, the server's non-zero exit, its log, and that every
-process it had started is gone.
+process it had started is gone. Then SIGTERM under a stream: with --shutdown-timeout 60 the
+stream is drained to its end; with 0 the server stops at once and the stream ends; both exit 0.
 """
 import argparse
 import json
@@ -34,6 +35,67 @@ def check(cond, what):
         print(f"FAILED: {what}", file=sys.stderr)
 
 
+def start_stream(base, max_tokens):
+    """A streamed greedy completion in a thread: (thread, its data events, set at the first)."""
+    events, first_token = [], threading.Event()
+
+    def stream():
+        body = {"prompt": "In the beginning", "max_tokens": max_tokens, "temperature": 0,
+                "ignore_eos": True, "stream": True}
+        req = urllib.request.Request(base + "/v1/completions", data=json.dumps(body).encode(),
+                                     method="POST")
+        req.add_header("Content-Type", "application/json")
+        try:
+            with urllib.request.urlopen(req, timeout=60) as r:
+                for line in r:
+                    line = line.decode().strip()
+                    if line.startswith("data: "):
+                        events.append(line[6:])
+                        first_token.set()
+        except Exception as e:  # noqa: BLE001 -- a dropped connection is an outcome too
+            events.append(f"exception: {e}")
+        first_token.set()
+
+    t = threading.Thread(target=stream)
+    t.start()
+    return t, events, first_token
+
+
+def check_drain(args, shutdown_timeout, max_tokens):
+    """SIGTERM under a stream: with time enough (60 s) the stream finishes whole; with
+    --shutdown-timeout 0 the server stops at once (plus the instance's own stop) and the stream
+    ends rather than hangs. Either way serve exits 0."""
+    what = f"SIGTERM, --shutdown-timeout {shutdown_timeout}, {max_tokens} tokens"
+    served = Served(args.xdeepserve, args.model,
+                    ["--kv-memory", "16M", "--threads-per-device", "1", "--shutdown-timeout",
+                     str(shutdown_timeout)])
+    server = served.process
+    try:
+        check(wait_healthy(served.base, server), f"{what}: not healthy")
+        t, events, first_token = start_stream(served.base, max_tokens)
+        check(first_token.wait(60), f"{what}: no token before SIGTERM")
+        server.send_signal(signal.SIGTERM)
+        sent_at = time.time()
+        try:
+            code = server.wait(shutdown_timeout + 30)
+        except subprocess.TimeoutExpired:
+            code = None
+        stopped_in = time.time() - sent_at
+        check(code == 0, f"{what}: exit code {code} after {stopped_in:.1f} s (want 0)")
+        t.join(10)
+        check(not t.is_alive(), f"{what}: the stream still waits after the server stopped")
+        finished = [e for e in events if '"finish_reason":"length"' in e.replace(" ", "")]
+        if shutdown_timeout >= 30:
+            check(finished and events[-1] == "[DONE]",
+                  f"{what}: the stream was cut, not drained: {events[-2:]}")
+        else:  # whether the stream got to its end first depends on the machine's speed
+            check(stopped_in < shutdown_timeout + 15, f"{what}: stopped after {stopped_in:.1f} s")
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+
+
 def check_kill(args, victim, said):
     """kill -9 of the process named `victim`; `said`: what the error and the log must name."""
     served = Served(args.xdeepserve, args.model,
@@ -46,27 +108,7 @@ def check_kill(args, victim, said):
         victims = [p for p in started if comm(p) == victim]
         check(len(victims) == 1, f"one process named {victim} among {[comm(p) for p in started]}")
 
-        events, first_token = [], threading.Event()
-
-        def stream():
-            body = {"prompt": "In the beginning", "max_tokens": 480, "temperature": 0,
-                    "ignore_eos": True, "stream": True}
-            req = urllib.request.Request(base + "/v1/completions", data=json.dumps(body).encode(),
-                                         method="POST")
-            req.add_header("Content-Type", "application/json")
-            try:
-                with urllib.request.urlopen(req, timeout=60) as r:
-                    for line in r:
-                        line = line.decode().strip()
-                        if line.startswith("data: "):
-                            events.append(line[6:])
-                            first_token.set()
-            except Exception as e:  # noqa: BLE001 -- a dropped connection is an outcome too
-                events.append(f"exception: {e}")
-            first_token.set()
-
-        t = threading.Thread(target=stream)
-        t.start()
+        t, events, first_token = start_stream(base, 480)
         check(first_token.wait(60), "no token before the kill")
         killed_at = time.time()
         if victims:
@@ -106,6 +148,8 @@ def main():
     args = ap.parse_args()
     check_kill(args, "xds-dp1", ["DP group 1", "signal 9"])
     check_kill(args, "xds-shell", ["no answer for 2 s"])
+    check_drain(args, shutdown_timeout=60, max_tokens=48)
+    check_drain(args, shutdown_timeout=0, max_tokens=480)
     if failures:
         print(f"{len(failures)} check(s) failed", file=sys.stderr)
         sys.exit(1)
