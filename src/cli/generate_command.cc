@@ -120,7 +120,6 @@ class Dumps {
     return {};
   }
   bool logits() const { return logits_.has_value(); }
-  bool any() const { return logits_ || routing_; }
 
   // The model's routing observer: the experts of the step's token `token` (batch order) in
   // `layer`, kept until the step's chunk says where the token sits.
@@ -236,9 +235,8 @@ Status run_generate(const GenerateArgs& a) {
   o.speculative_tokens = k;
   o.speculative_mtp_layers = a.speculative.mtp_layers;
   o.all_logits = dumps.logits();
-  const int64_t valid_vocab = std::min(o.valid_vocab, info.vocab_size);
   o.after_forward = [&](std::span<const TokenChunk> chunks, const StepOutput& out) -> Status {
-    XDS_RETURN_IF_ERROR(check_step_logits(a.model, chunks, out, info.vocab_size, valid_vocab));
+    XDS_RETURN_IF_ERROR(check_step_logits(a.model, chunks, out, info.vocab_size, o.valid_vocab));
     return dumps.write_step(chunks, out);
   };
   XDS_ASSIGN_OR_RETURN(std::unique_ptr<engine::EngineCore> core, engine::EngineCore::create(o));

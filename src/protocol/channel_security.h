@@ -91,12 +91,11 @@ class ZapGuard {
 
  private:
   ZapGuard() = default;
-  void run(zmq::context_t& ctx, std::atomic<int>& ready);
+  void run(zmq::socket_t rep);
 
   std::thread thread_;
   std::atomic<bool> stop_{false};
   std::atomic<int64_t> refused_{0};
-  std::string bind_error_;
 };
 
 }  // namespace xds::protocol

@@ -14,16 +14,7 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from serve_e2e_test import Served, descendants, http, wait_healthy  # noqa: E402
-
-failures = []
-
-
-def check(cond, what):
-    if not cond:
-        failures.append(what)
-        print(f"FAILED: {what}", file=sys.stderr)
-
+from serve_e2e_test import FAILURES, Served, check, descendants, http, wait_healthy  # noqa: E402
 
 def fds_of(pid):
     """(fd path, link target) of every open fd of pid."""
@@ -140,9 +131,9 @@ def main():
         except subprocess.TimeoutExpired:
             server.kill()
             server.wait()
-    if failures:
+    if FAILURES:
         print("".join(output[-40:]), file=sys.stderr)
-        print(f"{len(failures)} check(s) failed", file=sys.stderr)
+        print(f"{len(FAILURES)} check(s) failed", file=sys.stderr)
         return 1
     print("serve_exposure_test: all checks passed")
     return 0

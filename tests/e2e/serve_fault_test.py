@@ -24,16 +24,7 @@ import time
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from serve_e2e_test import Served, comm, descendants, wait_healthy  # noqa: E402
-
-failures = []
-
-
-def check(cond, what):
-    if not cond:
-        failures.append(what)
-        print(f"FAILED: {what}", file=sys.stderr)
-
+from serve_e2e_test import FAILURES, Served, check, comm, descendants, wait_healthy  # noqa: E402
 
 def start_stream(base, max_tokens):
     """A streamed greedy completion in a thread: (thread, its data events, set at the first)."""
@@ -150,8 +141,8 @@ def main():
     check_kill(args, "xds-shell", ["no answer for 2 s"])
     check_drain(args, shutdown_timeout=60, max_tokens=48)
     check_drain(args, shutdown_timeout=0, max_tokens=480)
-    if failures:
-        print(f"{len(failures)} check(s) failed", file=sys.stderr)
+    if FAILURES:
+        print(f"{len(FAILURES)} check(s) failed", file=sys.stderr)
         sys.exit(1)
     print("ok")
 
