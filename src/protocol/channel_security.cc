@@ -153,18 +153,14 @@ ZapVerdict zap_decide(const ZapRequest& r, const CurveKeys* keys, uid_t self) {
 }
 
 Result<std::unique_ptr<ZapGuard>> ZapGuard::start(zmq::context_t& ctx) {
-  // Bound here, so the guarded sockets bound after start() find it; then the handler's
-  // thread owns it (a socket may move to another thread across the thread's start).
-  zmq::socket_t rep(ctx, zmq::socket_type::rep);
-  try {
-    rep.set(zmq::sockopt::linger, 0);
-    rep.bind(kZapEndpoint);
-  } catch (const zmq::error_t& e) {
-    return internal_error("ZAP handler: cannot bind {}: {}", kZapEndpoint, e.what());
-  }
   std::unique_ptr<ZapGuard> g(new ZapGuard());
-  g->thread_ =
-      std::thread([raw = g.get(), rep = std::move(rep)]() mutable { raw->run(std::move(rep)); });
+  std::atomic<int> ready{0};  // 1: bound, -1: failed
+  g->thread_ = std::thread([&ctx, &ready, raw = g.get()] { raw->run(ctx, ready); });
+  while (ready.load() == 0) std::this_thread::yield();
+  if (ready.load() < 0) {
+    g->thread_.join();
+    return internal_error("ZAP handler: cannot bind {}: {}", kZapEndpoint, g->bind_error_);
+  }
   return g;
 }
 
@@ -173,7 +169,17 @@ ZapGuard::~ZapGuard() {
   if (thread_.joinable()) thread_.join();
 }
 
-void ZapGuard::run(zmq::socket_t rep) {
+void ZapGuard::run(zmq::context_t& ctx, std::atomic<int>& ready) {
+  zmq::socket_t rep(ctx, zmq::socket_type::rep);
+  rep.set(zmq::sockopt::linger, 0);
+  try {
+    rep.bind(kZapEndpoint);
+  } catch (const zmq::error_t& e) {
+    bind_error_ = e.what();
+    ready.store(-1);
+    return;
+  }
+  ready.store(1);
   const uid_t self = ::geteuid();
   while (!stop_.load(std::memory_order_relaxed)) {
     zmq::pollitem_t item{rep.handle(), 0, ZMQ_POLLIN, 0};

@@ -91,11 +91,12 @@ class ZapGuard {
 
  private:
   ZapGuard() = default;
-  void run(zmq::socket_t rep);
+  void run(zmq::context_t& ctx, std::atomic<int>& ready);
 
   std::thread thread_;
   std::atomic<bool> stop_{false};
   std::atomic<int64_t> refused_{0};
+  std::string bind_error_;
 };
 
 }  // namespace xds::protocol
