@@ -69,6 +69,11 @@ struct EngineArgs {
   double kv_transfer_timeout_s = 60;
   std::string kv_transfer_host;
   std::string kv_transfer_backend = "auto";
+  int max_restarts = 3;
+  double restart_window_s = 600;
+  int64_t group_heartbeat_interval_ms = 500;
+  double group_timeout_s = 3;
+  bool fault_injection = false;
 };
 
 struct GatewayArgs {
@@ -82,7 +87,9 @@ struct GatewayArgs {
   bool trust_request_special_tokens = false;
   int64_t max_queue = 1024;
   int64_t long_prompt_tokens = 2048;
-  int64_t instance_timeout_s = 30;
+  int64_t instance_heartbeat_ms = 1000;
+  int64_t instance_timeout_s = 10;
+  int64_t recovery_timeout_s = 120;
   int64_t shutdown_timeout_s = 60;
 };
 
@@ -137,6 +144,24 @@ void add_engine_flags(CLI::App* cmd, EngineArgs& a) {
                   "How decode groups pull KV: auto (shared memory on one host, UCX between "
                   "hosts), shm or ucx")
       ->check(CLI::IsMember({"auto", "shm", "ucx"}));
+  cmd->add_option("--max-restarts", a.max_restarts,
+                  "Times the instance may restart its processes (a process died or hung) "
+                  "within --restart-window before it is declared failed")
+      ->check(CLI::Range(0, 1000));
+  cmd->add_option("--restart-window", a.restart_window_s,
+                  "Seconds over which --max-restarts counts restarts")
+      ->check(finite_range(1.0, 1e7));
+  cmd->add_option("--group-heartbeat-interval", a.group_heartbeat_interval_ms,
+                  "Milliseconds between the shell's heartbeats to each DP group (answered by "
+                  "the group's own step loop)")
+      ->check(CLI::Range(int64_t{10}, int64_t{60000}));
+  cmd->add_option("--group-timeout", a.group_timeout_s,
+                  "Seconds a DP group that is up may leave the heartbeats unanswered before "
+                  "it is declared hung and the instance restarts")
+      ->check(finite_range(0.1, 86400.0));
+  cmd->add_flag("--fault-injection", a.fault_injection,
+                "Accept POST /admin/faults (behind --api-key): kill, hang or disturb a DP "
+                "group on request, for testing recovery");
 }
 
 void add_gateway_flags(CLI::App* cmd, GatewayArgs& a) {
@@ -161,11 +186,18 @@ void add_gateway_flags(CLI::App* cmd, GatewayArgs& a) {
                   "Several instances: prompts of this many tokens or more are long, and the "
                   "gateway keeps them off instances prefilling short ones (and the reverse)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
+  cmd->add_option("--instance-heartbeat-interval", a.instance_heartbeat_ms,
+                  "Milliseconds between the gateway's heartbeats to each instance's shell")
+      ->check(CLI::Range(int64_t{10}, int64_t{60000}));
   cmd->add_option("--instance-timeout", a.instance_timeout_s,
                   "Seconds without an answer to the gateway's heartbeats (counted from the "
-                  "instance's first answer) after which an instance is taken out as failed "
-                  "(with one instance: its requests fail and serving stops)")
-      ->check(CLI::Range(int64_t{2}, int64_t{86400}));
+                  "instance's first answer) after which an instance is taken out: its requests "
+                  "are recomputed elsewhere, or wait for it to come back")
+      ->check(CLI::Range(int64_t{1}, int64_t{86400}));
+  cmd->add_option("--recovery-timeout", a.recovery_timeout_s,
+                  "Seconds the requests of a failed instance (and new ones, while no instance "
+                  "serves) wait to be served again before they fail with 503")
+      ->check(CLI::Range(int64_t{1}, int64_t{86400}));
   cmd->add_option("--shutdown-timeout", a.shutdown_timeout_s,
                   "On SIGTERM or SIGINT: seconds in-flight requests may take to finish (new "
                   "ones get 503) before the server stops and cuts what is left")
@@ -201,6 +233,11 @@ Result<serve::InstanceOptions> instance_options(const EngineArgs& a, const std::
   o.eplb.redundant_slots = a.redundant_slots;
   o.eplb.slices = a.eplb_slices;
   o.eplb.interval_s = a.eplb_interval_s;
+  o.max_restarts = a.max_restarts;
+  o.restart_window_s = static_cast<int64_t>(a.restart_window_s);
+  o.group_heartbeat_interval_ms = a.group_heartbeat_interval_ms;
+  o.group_timeout_ms = static_cast<int64_t>(a.group_timeout_s * 1000);
+  o.fault_injection = a.fault_injection;
   return o;
 }
 
@@ -218,13 +255,39 @@ serve::GatewayOptions gateway_options(const GatewayArgs& a, const std::string& m
   o.max_model_len = max_model_len;
   o.max_queue = a.max_queue;
   o.long_prompt_tokens = a.long_prompt_tokens;
+  o.instance_heartbeat_ms = a.instance_heartbeat_ms;
   o.instance_timeout_s = a.instance_timeout_s;
+  o.recovery_timeout_s = a.recovery_timeout_s;
   o.shutdown_timeout_s = a.shutdown_timeout_s;
   o.reasoning_parser = a.reasoning_parser;
   o.tool_call_parser = a.tool_call_parser;
   o.trust_request_special_tokens = a.trust_request_special_tokens;
   return o;
 }
+
+// An instance process that `serve` forked: polled by the gateway (it stops serving once the
+// instance has exited for good: restarted too often, or killed as a whole), then waited for.
+struct InstanceChild {
+  pid_t pid = -1;
+  bool reaped = false;
+  int status = 0;
+
+  // Non-empty once it exited: how.
+  std::string exited() {
+    if (!reaped && ::waitpid(pid, &status, WNOHANG) == pid) reaped = true;
+    if (!reaped) return {};
+    return WIFSIGNALED(status) ? fmt::format("the instance was killed by signal {}", WTERMSIG(status))
+                               : fmt::format("the instance exited with code {}", WEXITSTATUS(status));
+  }
+  int wait() {
+    if (!reaped) {
+      while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+      }
+      reaped = true;
+    }
+    return status;
+  }
+};
 
 serve::Gateway* g_gateway = nullptr;
 void on_gateway_signal(int) {
@@ -297,11 +360,24 @@ Status serve_disaggregated(const EngineArgs& e, const GatewayArgs& g, const Disa
       ::_exit(s.ok() ? 0 : 1);
     }
   }
-  Status st = run_gateway(gateway_options(g, e.model, e.max_model_len, addresses),
-                          /*shutdown_instance=*/true);
-  for (Child& c : children) {
-    int status = 0;
-    ::waitpid(c.pid, &status, 0);
+  std::vector<InstanceChild> watched;
+  for (const Child& c : children) watched.push_back(InstanceChild{c.pid});
+  serve::GatewayOptions go = gateway_options(g, e.model, e.max_model_len, addresses);
+  go.fault_injection = e.fault_injection;
+  go.instances_exited = [&watched] {
+    // Each instance restarts its own processes; once every one has exited, nothing serves.
+    std::string all;
+    for (InstanceChild& w : watched) {
+      const std::string how = w.exited();
+      if (how.empty()) return std::string();
+      all += (all.empty() ? "" : "; ") + how;
+    }
+    return all;
+  };
+  Status st = run_gateway(go, /*shutdown_instance=*/true);
+  for (size_t k = 0; k < children.size(); ++k) {
+    Child& c = children[k];
+    const int status = watched[k].wait();
     if (st.ok() && !(WIFEXITED(status) && WEXITSTATUS(status) == 0))
       st = internal_error("the {} instance at {} ended with status {}", c.options.role,
                           c.options.listen, status);
@@ -400,10 +476,12 @@ void add_serve_commands(CLI::App& app, int* exit_code) {
         if (!s.ok()) std::fprintf(stderr, "error: instance: %s\n", s.to_string().c_str());
         ::_exit(s.ok() ? 0 : 1);
       }
-      const Status s = run_gateway(gateway_options(*g, e->model, e->max_model_len, {listen}),
-                                   /*shutdown_instance=*/true);
-      int status = 0;
-      ::waitpid(child, &status, 0);
+      InstanceChild watched{child};
+      serve::GatewayOptions go = gateway_options(*g, e->model, e->max_model_len, {listen});
+      go.fault_injection = e->fault_injection;
+      go.instances_exited = [&watched] { return watched.exited(); };
+      const Status s = run_gateway(go, /*shutdown_instance=*/true);
+      const int status = watched.wait();
       report(s, exit_code);
       if (s.ok() && !(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
         report(internal_error("the instance ended with status {}", status), exit_code);
@@ -453,13 +531,17 @@ void add_serve_commands(CLI::App& app, int* exit_code) {
                     "Longest prompt + output (0: the model's max_position_embeddings)")
         ->check(CLI::NonNegativeNumber);
     add_gateway_flags(cmd, *g);
-    cmd->callback([g, model, instances, max_model_len, secret, exit_code] {
+    auto faults = std::make_shared<bool>(false);
+    cmd->add_flag("--fault-injection", *faults,
+                  "Accept POST /admin/faults (behind --api-key) and pass each fault to the "
+                  "instance it names (which must run with --fault-injection too)");
+    cmd->callback([g, model, instances, max_model_len, secret, faults, exit_code] {
       if (Status st = init_channel_keys(*secret, /*required=*/true); !st.ok()) {
         return report(st, exit_code);
       }
-      report(run_gateway(gateway_options(*g, *model, *max_model_len, *instances),
-                         /*shutdown_instance=*/false),
-             exit_code);
+      serve::GatewayOptions go = gateway_options(*g, *model, *max_model_len, *instances);
+      go.fault_injection = *faults;
+      report(run_gateway(go, /*shutdown_instance=*/false), exit_code);
     });
   }
 }

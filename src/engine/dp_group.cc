@@ -2,6 +2,7 @@
 
 #include <pthread.h>
 #include <sched.h>
+#include <signal.h>
 #include <sys/prctl.h>
 #include <unistd.h>
 
@@ -9,6 +10,7 @@
 #include <chrono>
 #include <deque>
 #include <optional>
+#include <thread>
 
 #include <zmq.hpp>
 
@@ -72,9 +74,10 @@ class DpGroup {
   Status init();
   Status run();
   // Answers the pings queued on the control socket and keeps every other message for the
-  // next poll_control(): callable from inside a step (between layers), so that a long step
-  // does not look like a dead group.
-  void answer_heartbeats();
+  // next poll_control(): callable from inside a step (between layers, and from inside an
+  // XCCL wait, naming the rank it waits for), so that a long step does not look like a dead
+  // group and a wait on a dead peer blames that peer.
+  void answer_heartbeats(int32_t waiting_on = -1);
 
  private:
   // Control messages: drain what is queued (block up to `wait_ms` for the first; -1 forever).
@@ -98,6 +101,9 @@ class DpGroup {
   // The prefix cache's block-hash events since the last call, to the shell (kBlocks).
   void send_cache_events();
   void report_eplb(std::optional<EplbReport> r);
+  // Injected faults (POST /admin/faults): each strikes once this group has run its
+  // after_steps more steps.
+  void strike_due_faults();
 
   xccl::Fabric& fabric_;
   DpGroupOptions o_;
@@ -114,6 +120,12 @@ class DpGroup {
   zmq::socket_t shell_{ctx_, zmq::socket_type::push};
   zmq::socket_t output_{ctx_, zmq::socket_type::push};
   std::deque<Message> held_;  // received by answer_heartbeats(), handled by poll_control()
+  int32_t waiting_on_ = -1;   // the rank an XCCL wait waits for while it answers pings
+  struct PendingFault {
+    protocol::FaultSpec fault;
+    int64_t at_step = 0;  // strikes once steps_ reaches it
+  };
+  std::vector<PendingFault> faults_;
 
   uint64_t wake_seen_ = 0;   // highest kWake seq received
   uint64_t wake_slept_ = 0;  // the highest any device had seen when all went to sleep
@@ -136,6 +148,10 @@ Status DpGroup::init() {
   XDS_ASSIGN_OR_RETURN(core_, EngineCore::create(eo));
   XDS_RETURN_IF_ERROR(handoff_->attach(*core_));
   core_->set_heartbeat([this] { answer_heartbeats(); });
+  // Waits inside collectives answer too, on this thread only (the sockets are this thread's).
+  fabric_.set_wait_hook([this, self = std::this_thread::get_id()](int blocking) {
+    if (std::this_thread::get_id() == self) answer_heartbeats(blocking);
+  });
   // The prefix cache's block-hash events go to the shell after each step (send_cache_events),
   // and from there to the gateways, which route by them (P096).
   core_->kv().record_cache_events(o_.core.prefix_cache);
@@ -213,20 +229,22 @@ Status DpGroup::poll_control(int wait_ms) {
   return {};
 }
 
-void DpGroup::answer_heartbeats() {
+void DpGroup::answer_heartbeats(int32_t waiting_on) {
+  waiting_on_ = waiting_on;
   while (true) {
     auto m = recv_message(control_, /*dontwait=*/true);
     if (!m.ok()) {
       XDS_LOG_WARN("DP group {}: {}", fabric_.rank(), m.status().message());
       continue;
     }
-    if (!m->has_value()) return;
+    if (!m->has_value()) break;
     if (std::holds_alternative<protocol::PingMsg>(**m)) {
       on_message(std::move(**m));
     } else {
       held_.push_back(std::move(**m));
     }
   }
+  waiting_on_ = -1;
 }
 
 void DpGroup::on_message(Message m) {
@@ -240,7 +258,12 @@ void DpGroup::on_message(Message m) {
     protocol::PongMsg pong;
     pong.seq = ping->seq;
     pong.group = fabric_.rank();
-    (void)send_message(shell_, pong);
+    pong.waiting_on = waiting_on_;
+    (void)send_message(shell_, pong, /*dontwait=*/true);
+  } else if (const auto* f = std::get_if<protocol::FaultMsg>(&m)) {
+    XDS_LOG_WARN("DP group {}: fault {} injected, strikes after {} step(s)", fabric_.rank(),
+                 f->fault.id, f->fault.after_steps);
+    faults_.push_back(PendingFault{f->fault, steps_ + f->fault.after_steps});
   } else if (std::holds_alternative<protocol::ShutdownMsg>(m)) {
     draining_ = true;
   } else if (const auto* e = std::get_if<protocol::EplbCommandMsg>(&m)) {
@@ -251,11 +274,48 @@ void DpGroup::on_message(Message m) {
   }
 }
 
+void DpGroup::strike_due_faults() {
+  for (auto it = faults_.begin(); it != faults_.end();) {
+    if (steps_ < it->at_step) {
+      ++it;
+      continue;
+    }
+    const protocol::FaultSpec f = it->fault;
+    it = faults_.erase(it);
+    switch (f.kind) {
+      case protocol::FaultKind::kKill:
+        XDS_LOG_WARN("DP group {}: fault {}: killing this device process", fabric_.rank(), f.id);
+        ::kill(::getpid(), SIGKILL);
+        break;
+      case protocol::FaultKind::kHang:
+        XDS_LOG_WARN("DP group {}: fault {}: this group's loop stops answering", fabric_.rank(),
+                     f.id);
+        while (true) ::pause();
+      default:
+        XDS_LOG_WARN("DP group {}: fault {}: kind {} is not handled by a DP group", fabric_.rank(),
+                     f.id, static_cast<int>(f.kind));
+    }
+  }
+}
+
 void DpGroup::add_request(EngineRequest r) {
   if (handoff_->pool(r)) return;
-  if (core_->table().requests().count(r.id)) {
-    XDS_LOG_WARN("DP group {}: duplicate request id {}", fabric_.rank(), r.id);
-    return;
+  if (auto held = core_->table().requests().find(r.id); held != core_->table().requests().end()) {
+    if (held->second->req.attempt >= r.attempt) {
+      XDS_LOG_WARN("DP group {}: duplicate request id {}", fabric_.rank(), r.id);
+      return;
+    }
+    // Sent again by the gateway (it gave this attempt up while the group was slow to answer):
+    // the old attempt ends here, its last deltas reach the output process before the new
+    // attempt's options do.
+    core_->cancel(r.id, -1);
+    release_finished();
+    send_tokens();
+    if (core_->table().requests().count(r.id)) {
+      XDS_LOG_WARN("DP group {}: request {} is still pulling its KV; attempt {} dropped",
+                   fabric_.rank(), r.id, r.attempt);
+      return;
+    }
   }
   // The output process learns the request's output options (stop strings, parsers, where to
   // stream) before its first token.
@@ -434,6 +494,7 @@ Status DpGroup::run() {
   uint64_t step = 0;
   while (true) {
     XDS_RETURN_IF_ERROR(poll_control(0));
+    if (!faults_.empty()) strike_due_faults();
     XDS_RETURN_IF_ERROR(service_distflow());
     release_finished();
     if (has_work()) {

@@ -60,6 +60,7 @@ Sequence* RequestTable::find(int64_t seq) {
 
 Status RequestTable::add(EngineRequest r) {
   if (requests_.count(r.id)) return invalid_argument("duplicate request id {}", r.id);
+  if (!r.resume.empty()) return add_resumed(std::move(r));
   const RequestPhase phase = r.phase;
   auto req = std::make_unique<Request>();
   req->req = std::move(r);
@@ -83,6 +84,59 @@ Status RequestTable::add(EngineRequest r) {
     waiting_.push_back(seq.get());
   }
   seqs_[seq->id] = std::move(seq);
+  requests_[req->req.id] = std::move(req);
+  return {};
+}
+
+Status RequestTable::add_resumed(EngineRequest r) {
+  const int32_t n = std::max<int32_t>(1, r.sampling.n);
+  if (static_cast<int32_t>(r.resume.size()) != n ||
+      (!r.resume_finished.empty() && static_cast<int32_t>(r.resume_finished.size()) != n)) {
+    return invalid_argument("request {}: resumes {} choices ({} finish flags), n is {}", r.id,
+                            r.resume.size(), r.resume_finished.size(), n);
+  }
+  if (r.phase == RequestPhase::kDecode) {
+    return invalid_argument("request {}: a decode phase cannot be resumed", r.id);
+  }
+  auto req = std::make_unique<Request>();
+  req->req = std::move(r);
+  req->resumed = true;
+  const EngineRequest& er = req->req;
+  const int64_t arrival = next_arrival_;
+  next_arrival_ += 1 + n;
+  for (int32_t i = 0; i < n; ++i) {
+    const std::vector<int32_t>& done = er.resume[static_cast<size_t>(i)];
+    const int64_t total = static_cast<int64_t>(er.prompt.size() + done.size());
+    if (o_.max_model_len > 0 && total > o_.max_model_len) {
+      return invalid_argument("request {}: choice {} resumes {} tokens, the context holds {}",
+                              er.id, i, total, o_.max_model_len);
+    }
+    auto seq = std::make_unique<Sequence>();
+    seq->id = next_seq_++;
+    seq->arrival = arrival + i;
+    seq->request = req.get();
+    seq->index = i;
+    seq->sampling = er.sampling;
+    seq->sampling.seed = choice_seed(er.sampling.seed, i);
+    seq->tokens = er.prompt;
+    seq->tokens.insert(seq->tokens.end(), done.begin(), done.end());
+    seq->target = total;
+    if (!er.resume_finished.empty() && er.resume_finished[static_cast<size_t>(i)] != 0) {
+      seq->state = SeqState::kFinished;
+      req->finished += 1;
+    } else if (done.empty()) {
+      waiting_.push_back(seq.get());
+    } else {
+      // As preempt(): everything before the last streamed token is prefilled, then that token
+      // is decoded, sampling the next position.
+      seq->target = total - 1;
+      seq->state = SeqState::kPreempted;
+      insert_sorted(preempted_, seq.get());
+    }
+    req->choices.push_back(seq.get());
+    seqs_[seq->id] = std::move(seq);
+  }
+  req->choices[0]->forked = n > 1;
   requests_[req->req.id] = std::move(req);
   return {};
 }
@@ -332,7 +386,7 @@ Status RequestTable::commit_prefill(size_t i, const float* row, const float* hid
   }
   // Every choice that shares this prefill samples its first token from the same row.
   samplers_.assign(1, &s);
-  if (s.forked && s.output_len() == 0) {
+  if (s.forked && s.output_len() == 0 && !s.request->resumed) {
     for (size_t k = 1; k < s.request->choices.size(); ++k) {
       if (s.request->choices[k]->output_len() == 0) samplers_.push_back(s.request->choices[k]);
     }

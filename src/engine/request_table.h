@@ -87,6 +87,9 @@ struct Request {
   std::vector<Sequence*> choices;  // [n], choice 0 first; the others after the fork
   bool cancelled = false;
   int32_t finished = 0;  // choices finished
+  // Sent again after a fault (EngineRequest::resume): every choice was made at add(), each
+  // recomputed from its own tokens; none is forked and none samples for another.
+  bool resumed = false;
 };
 
 inline int64_t Sequence::prompt_len() const {
@@ -134,7 +137,10 @@ class RequestTable {
   }
 
   // A new request: waiting, or awaiting its KV for a decode phase (RequestPhase::kDecode).
-  // InvalidArgument for an id the table holds.
+  // A resumed one (EngineRequest::resume, n entries): each choice made at once, recomputed
+  // from prompt + its resumed ids like a preempted sequence (waiting when it has none, ended
+  // when resume_finished says so); nothing already resumed is sent again. InvalidArgument for
+  // an id the table holds, or a resume that does not match n or the context.
   Status add(EngineRequest r);
   // Stops choice `index` of request `id` (-1: every choice); its request is released by
   // release_finished() once every choice ended. A choice whose KV is being pulled ends when
@@ -202,6 +208,7 @@ class RequestTable {
   Status commit_verify(size_t i, const float* rows, const float* hidden, int64_t vocab,
                        int64_t hidden_size, Sampler& sampler);
   bool emit_token(Sequence& t, int32_t token, TokenDelta& d);
+  Status add_resumed(EngineRequest r);
   Status fork_choices(Sequence& parent);
   static void remove_from(std::vector<Sequence*>& list, const Sequence* s);
   void insert_sorted(std::vector<Sequence*>& list, Sequence* s);

@@ -36,6 +36,7 @@ constexpr int kSendHwm = 100000;      // deltas queued per gateway before a send
 
 struct RequestState {
   std::string reply_to;
+  int32_t attempt = 0;  // EngineRequest::attempt, carried by every delta
   std::vector<OutputProcessor> choices;  // [n]
   int32_t finished = 0;
 };
@@ -97,6 +98,7 @@ class OutputLoop {
   void add_request(const EngineRequest& r) {
     RequestState st;
     st.reply_to = r.reply_to;
+    st.attempt = r.attempt;
     const int32_t n = std::max<int32_t>(1, r.sampling.n);
     Status error;
     for (int32_t i = 0; i < n && error.ok(); ++i) {
@@ -122,6 +124,7 @@ class OutputLoop {
         d.index = i;
         d.error = error.message();
         d.finish_reason = "abort";
+        d.attempt = r.attempt;
         pending_[r.reply_to].push_back(std::move(d));
       }
       send_cancel(r.id);
@@ -135,6 +138,19 @@ class OutputLoop {
       replay.request_id = r.id;
       replay.tokens = r.handoff.output;
       for (OutputProcessor& c : st.choices) (void)c.consume(replay);
+    }
+    // A request sent again after a fault (token recomputation): each choice replays what the
+    // client already has, and a choice that had ended counts as finished.
+    for (size_t i = 0; i < r.resume.size() && i < st.choices.size(); ++i) {
+      if (i < r.resume_finished.size() && r.resume_finished[i] != 0) {
+        ++st.finished;
+        continue;
+      }
+      TokenDelta replay;
+      replay.request_id = r.id;
+      replay.index = static_cast<int32_t>(i);
+      replay.tokens = r.resume[i];
+      if (!replay.tokens.empty()) (void)st.choices[i].consume(replay);
     }
     requests_[r.id] = std::move(st);
   }
@@ -156,11 +172,13 @@ class OutputLoop {
         step.delta.request_id = d.request_id;
         step.delta.index = d.index;
         step.delta.handoff = d.handoff;
+        step.delta.attempt = st.attempt;
         pending_[st.reply_to].push_back(std::move(step.delta));
         requests_.erase(it);
         continue;
       }
       if (!step.emit) continue;
+      step.delta.attempt = st.attempt;
       if (step.finished) ++st.finished;
       // A stop string ended this choice while the device still runs it: stop that choice
       // now (the others of an n > 1 request go on).

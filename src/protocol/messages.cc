@@ -7,7 +7,7 @@ namespace xds::protocol {
 namespace {
 
 constexpr size_t kKinds = std::variant_size_v<Message>;
-static_assert(kKinds == static_cast<size_t>(MessageKind::kEnded),
+static_assert(kKinds == static_cast<size_t>(MessageKind::kFault),
               "one MessageKind per alternative of Message, in the same order");
 
 // The tags are the alternatives' positions in Message, from 1.
@@ -49,7 +49,7 @@ const char* kind_name(MessageKind kind) {
       "request", "cancel",       "tokens",        "output",       "load",
       "wake",    "shutdown",     "ping",          "pong",         "rejected",
       "eplb command", "eplb report", "admin request", "admin reply", "eplb state push",
-      "failed",  "blocks",       "ended"};
+      "failed",  "blocks",       "ended",         "fault"};
   const auto i = static_cast<size_t>(kind);
   return i >= 1 && i <= kKinds ? kNames[i - 1] : "unknown";
 }

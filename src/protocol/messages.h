@@ -18,7 +18,9 @@
 //   AdminRequestMsg  gateway -> shell: an /admin call
 //   AdminReplyMsg    shell -> gateway: its answer
 //   EplbStatePushMsg shell -> gateways: the EPLB metrics lines, about once a second
-//   FailedMsg        shell -> gateways: the instance cannot serve any more
+//   FailedMsg        shell -> gateways: the instance lost a process; it restarts (recovering)
+//                    or cannot serve any more
+//   FaultMsg         shell -> a DP group: an injected fault (POST /admin/faults)
 //   BlocksMsg        DP group -> shell -> gateways: prefix-cache block-hash events (P096)
 //   EndedMsg         DP group -> shell: requests it released (the shell forgets their group)
 //
@@ -50,10 +52,15 @@ Result<InstanceRole> parse_instance_role(std::string_view text);
 enum class AdminCall : int32_t {
   kEplbState = 1,      // GET /admin/eplb
   kEplbRebalance = 2,  // POST /admin/eplb/rebalance
+  kInjectFault = 3,    // POST /admin/faults (body: the fault, serve/fault_injection.h)
+  kListFaults = 4,     // GET /admin/faults
 };
 
 struct RequestMsg {
   EngineRequest request;
+  // gateway -> shell: the incarnation the gateway addressed (PongMsg::incarnation; 0: any).
+  // A shell of another incarnation refuses it (RejectedMsg::stale).
+  uint64_t incarnation = 0;
 };
 
 struct CancelMsg {
@@ -72,6 +79,7 @@ struct OutputMsg {
 struct LoadMsg {
   std::vector<GroupLoad> loads;
   InstanceRole role = InstanceRole::kColocated;  // shell -> gateway: the instance's role
+  uint64_t incarnation = 0;  // shell -> gateway: which start of the instance (PongMsg)
 };
 
 struct WakeMsg {
@@ -91,6 +99,15 @@ struct PongMsg {
   uint64_t seq = 0;      // group -> shell
   int32_t group = -1;    // group -> shell: the answering DP group
   InstanceRole role = InstanceRole::kColocated;  // shell -> gateway
+  // shell -> gateway: a number drawn at each start of the instance (a change tells the
+  // gateway that the instance restarted and lost every request it held), whether every DP
+  // group is up, and if not why ("starting", "recovering: ...").
+  uint64_t incarnation = 0;
+  bool ready = true;
+  std::string state{};
+  // group -> shell: the rank of the peer this group waits for inside an XCCL collective
+  // (answered from inside the wait), -1 when it waits for nobody.
+  int32_t waiting_on = -1;
 };
 
 struct RejectedMsg {
@@ -99,6 +116,7 @@ struct RejectedMsg {
   // The request can never be placed (larger than any group's KV): the gateway answers 400
   // instead of queueing it.
   bool never = false;
+  int32_t attempt = 0;  // EngineRequest::attempt of the refused request
 };
 
 struct EplbCommandMsg {
@@ -112,6 +130,7 @@ struct EplbReportMsg {
 struct AdminRequestMsg {
   std::string call_id;
   AdminCall call = AdminCall::kEplbState;
+  std::string body{};  // the request's JSON body (kInjectFault)
 };
 
 struct AdminReplyMsg {
@@ -126,6 +145,16 @@ struct EplbStatePushMsg {
 
 struct FailedMsg {
   std::string reason;
+  // True: the instance restarts its processes (a new incarnation follows); the gateway keeps
+  // its requests and sends them again, recomputed, once it is back. False: it stops for good.
+  bool recovering = false;
+  std::string kind{};  // "dead_process" (a process died) or "hang" (a group stopped answering)
+};
+
+// An injected fault (serve/fault_injection.h) for one DP group: it strikes after the group has
+// run `after_steps` more steps.
+struct FaultMsg {
+  FaultSpec fault;
 };
 
 struct BlocksMsg {
@@ -142,7 +171,7 @@ struct EndedMsg {
 using Message = std::variant<RequestMsg, CancelMsg, TokensMsg, OutputMsg, LoadMsg, WakeMsg,
                              ShutdownMsg, PingMsg, PongMsg, RejectedMsg, EplbCommandMsg,
                              EplbReportMsg, AdminRequestMsg, AdminReplyMsg, EplbStatePushMsg,
-                             FailedMsg, BlocksMsg, EndedMsg>;
+                             FailedMsg, BlocksMsg, EndedMsg, FaultMsg>;
 
 // The wire tag of each kind; never reused.
 enum class MessageKind : int32_t {
@@ -164,6 +193,7 @@ enum class MessageKind : int32_t {
   kFailed = 16,
   kBlocks = 17,
   kEnded = 18,
+  kFault = 19,
 };
 MessageKind kind_of(const Message& m);
 // "request", "cancel", ... for log lines.
@@ -174,21 +204,23 @@ const char* kind_name(MessageKind kind);
 std::string encode(const Message& m);
 Result<Message> decode(const void* data, size_t size);
 
-NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(RequestMsg, request)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(RequestMsg, request, incarnation)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(CancelMsg, request_id, index)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(TokensMsg, tokens)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(OutputMsg, outputs)
-NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(LoadMsg, loads, role)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(LoadMsg, loads, role, incarnation)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(WakeMsg, seq, group)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(PingMsg, probe_id, seq)
-NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(PongMsg, probe_id, seq, group, role)
-NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(RejectedMsg, request_id, reason, never)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(PongMsg, probe_id, seq, group, role, incarnation,
+                                                ready, state, waiting_on)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(RejectedMsg, request_id, reason, never, attempt)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(EplbCommandMsg, command)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(EplbReportMsg, report)
-NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(AdminRequestMsg, call_id, call)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(AdminRequestMsg, call_id, call, body)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(AdminReplyMsg, call_id, http_status, body)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(EplbStatePushMsg, metrics_text)
-NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(FailedMsg, reason)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(FailedMsg, reason, recovering, kind)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(FaultMsg, fault)
 // ShutdownMsg has no fields (the macros need at least one).
 inline void to_json(nlohmann::json& j, const ShutdownMsg&) { j = nlohmann::json::object(); }
 inline void from_json(const nlohmann::json&, ShutdownMsg&) {}

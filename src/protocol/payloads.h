@@ -84,6 +84,17 @@ struct EngineRequest {
   // > 0: shared by every DP group of a cooperative prefill instance, numbered in the order
   // the shell sent it (engine/cooperative_prefill.h); the groups agree who prefills it.
   uint64_t pool_number = 0;
+  // Token recomputation (docs/design/reliability.md): the request lost its KV (its group or
+  // instance failed) and is sent again. resume[i]: the output ids choice i already streamed
+  // to the client (empty, or n entries); resume_finished[i] != 0: choice i has ended. The DP
+  // group re-prefills prompt + resume[i] and samples from the next position on (the sampler
+  // is counter-based, so the tokens are those of a run without the fault); the output process
+  // replays resume[i] without sending it.
+  std::vector<std::vector<int32_t>> resume;
+  std::vector<int32_t> resume_finished;
+  // The gateway's attempt number of this request (0 first, +1 per resend): its output deltas
+  // carry it, so a delta of an earlier attempt that arrives late is dropped, never streamed.
+  int32_t attempt = 0;
 };
 
 struct TokenLogprob {
@@ -127,6 +138,7 @@ struct OutputDelta {
   int32_t cached_tokens = 0;
   std::string error;                       // non-empty: the request failed (message)
   KvHandoff handoff;  // set: the prefill side is done; the gateway places the decode phase
+  int32_t attempt = 0;  // EngineRequest::attempt of the request it answers
 };
 
 // Per-DP-group load, sent by each DP group to its shell after steps (at most every few ms)
@@ -201,6 +213,25 @@ struct EplbReport {
   int64_t loaded_bytes = 0;     // kSwitched: bytes copied into this device's slots
 };
 
+// Fault injection (POST /admin/faults, serve/fault_injection.h): what strikes a DP group.
+enum class FaultKind : int32_t {
+  kKill = 1,            // the device process kills itself (SIGKILL)
+  kHang = 2,            // its step loop stops for good (no answer, no step)
+  kExchangeError = 3,   // the next step's MoE exchange fails once (rolled back, re-run)
+  kLinkDelay = 4,       // its DistFlow link serves slowly for duration_ms (probes answered)
+  kLinkDrop = 5,        // its DistFlow link stops answering for duration_ms
+  kRetireKvBlocks = 6,  // `blocks` of its KV blocks in use are retired (bad memory)
+};
+struct FaultSpec {
+  uint64_t id = 0;           // the shell's number for it
+  FaultKind kind = FaultKind::kKill;
+  int32_t instance = 0;      // the instance's index in the gateway's list
+  int32_t group = 0;         // the DP group it strikes
+  int64_t after_steps = 0;   // steps of that group after it arrives
+  int64_t duration_ms = 0;   // link faults
+  int64_t blocks = 1;        // kRetireKvBlocks
+};
+
 // Stores `incoming` in `kept` (the same group's previous load), keeping kept's expert counts
 // when `incoming` carries none (they are sent about once a second, the rest of a load far
 // more often).
@@ -219,7 +250,7 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(KvHandoff, link, ucx_address, tr
                                                 rows, output, kv_format, prefill_group, drafts)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(EngineRequest, id, prompt, sampling, output,
                                                 reply_to, arrival_us, phase, handoff,
-                                                pool_number)
+                                                pool_number, resume, resume_finished, attempt)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(TokenLogprob, token, logprob, top)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(ToolCall, id, name, arguments)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(TokenDelta, request_id, index, tokens, logprobs,
@@ -228,7 +259,7 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(TokenDelta, request_id, index, t
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(OutputDelta, request_id, index, text, reasoning,
                                                 token_ids, logprobs, token_texts, tool_calls,
                                                 finish_reason, prompt_tokens, completion_tokens,
-                                                cached_tokens, error, handoff)
+                                                cached_tokens, error, handoff, attempt)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(GroupLoad, group, running, waiting, max_num_seqs,
                                                 kv_blocks_total, kv_blocks_used,
                                                 kv_blocks_reserved, block_size, prefix_hits,
@@ -241,6 +272,8 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(GroupLoad, group, running, waiti
                                                 window_map_version, window_uniform, kv_parked,
                                                 kv_transfers_done, kv_transfers_expired,
                                                 kv_pulled_bytes)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(FaultSpec, id, kind, instance, group, after_steps,
+                                                duration_ms, blocks)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(EplbCommand, op, version, moe_layers, replicas)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(EplbReport, group, version, state, error,
                                                 disable_step, switch_step, loaded_bytes)

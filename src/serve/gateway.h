@@ -21,6 +21,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -46,9 +47,18 @@ struct GatewayOptions {
   // Several instances: prompts this long or longer are "long" for length-aware routing
   // (serve/instance_routing.h).
   int64_t long_prompt_tokens = 2048;
-  // Several instances: an instance that answers none of the gateway's heartbeats (a ping a
-  // second) for this long is taken out as failed, as when its shell reports a FailedMsg.
-  int64_t instance_timeout_s = 30;
+  // The gateway <-> shell heartbeat (answered by the shell's own loop): a ping every
+  // instance_heartbeat_ms; an instance that answers none for instance_timeout_s is out, as
+  // when its shell reports a FailedMsg (docs/design/reliability.md).
+  int64_t instance_heartbeat_ms = 1000;
+  int64_t instance_timeout_s = 10;
+  // How long the requests of a failed instance (and new ones) wait for an instance to serve
+  // them again before they fail with 503.
+  int64_t recovery_timeout_s = 120;
+  bool fault_injection = false;  // POST/GET /admin/faults (else 404)
+  // `serve`: polled by the gateway; non-empty once the instance processes it started have
+  // exited for good (the gateway then stops with that error).
+  std::function<std::string()> instances_exited;
   int64_t shutdown_timeout_s = 60;  // SIGTERM: how long in-flight requests may finish
   std::string reasoning_parser;     // "" or deepseek_r1 / qwen3
   std::string tool_call_parser;     // "" or deepseek_v3 / qwen3

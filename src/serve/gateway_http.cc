@@ -10,6 +10,7 @@
 
 #include "base/clock.h"
 #include "model/registry.h"
+#include "serve/fault_injection.h"
 
 namespace xds::serve {
 
@@ -111,6 +112,21 @@ void GatewayHttp::routes() {
   });
   http_->route("POST", "/admin/eplb/rebalance", [this](HttpRequest r, Responder resp) {
     if (authorized(r, resp)) core_.admin(protocol::AdminCall::kEplbRebalance, std::move(resp));
+  });
+  if (!o_.fault_injection) return;  // /admin/faults: 404 like any unknown path
+  http_->route("POST", "/admin/faults", [this](HttpRequest r, Responder resp) {
+    if (!authorized(r, resp)) return;
+    Result<protocol::FaultSpec> f =
+        parse_fault(r.body, static_cast<int32_t>(o_.instances.size()));
+    if (!f.ok()) {
+      resp.send(make_error_response(
+          api_error(400, f.status().message(), "invalid_request_error", "invalid_fault")));
+      return;
+    }
+    core_.inject_fault(*f, std::move(resp));
+  });
+  http_->route("GET", "/admin/faults", [this](HttpRequest r, Responder resp) {
+    if (authorized(r, resp)) core_.list_faults(std::move(resp));
   });
 }
 

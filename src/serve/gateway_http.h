@@ -64,6 +64,10 @@ class GatewayHttp {
     virtual void health(Responder responder) = 0;
     // An /admin call: the first instance's answer.
     virtual void admin(protocol::AdminCall call, Responder responder) = 0;
+    // POST /admin/faults (already parsed and checked): the answer of the shell that strikes,
+    // 202 {"id": N}. GET /admin/faults: the faults sent and what followed.
+    virtual void inject_fault(protocol::FaultSpec fault, Responder responder) = 0;
+    virtual void list_faults(Responder responder) = 0;
     virtual std::string metrics_text() = 0;
   };
 

@@ -34,7 +34,14 @@ GatewayMetrics::GatewayMetrics()
       itl_(reg_.histogram("xdeepserve_inter_token_latency_seconds",
                           "Between consecutive deltas of a request.", latency_buckets())),
       e2e_(reg_.histogram("xdeepserve_e2e_request_latency_seconds",
-                          "From arrival to the last token.", latency_buckets())) {
+                          "From arrival to the last token.", latency_buckets())),
+      recovery_(reg_.histogram("xdeepserve_fault_recovery_seconds",
+                               "From an instance's failure to the first token of one of the "
+                               "requests it held, recomputed.",
+                               latency_buckets())),
+      recomputed_(reg_.counter("xdeepserve_requests_recomputed_total",
+                               "Requests sent again after their instance failed (recomputed "
+                               "from their prompt and the tokens they had streamed).")) {
   for (const char* outcome : {"success", "cancelled", "rejected", "error"}) {
     reg_.counter("xdeepserve_requests_total", "Finished requests by outcome.",
                  {{"outcome", outcome}});
@@ -51,6 +58,31 @@ void GatewayMetrics::count_tokens(int64_t prompt, int64_t generated) {
   prompt_tokens_.inc(static_cast<double>(prompt));
   generation_tokens_.inc(static_cast<double>(generated));
 }
+
+void GatewayMetrics::count_instance_failure(int32_t instance, const std::string& kind) {
+  reg_.counter("xdeepserve_instance_failures_total",
+               "Instance failures seen by the gateway: dead_process (a process died), hang (a "
+               "DP group stopped answering), silent (the shell stopped answering), final (no "
+               "restart left).",
+               {{"instance", std::to_string(instance)}, {"kind", kind}})
+      .inc();
+}
+
+void GatewayMetrics::count_instance_restart(int32_t instance) {
+  reg_.counter("xdeepserve_instance_restarts_total",
+               "New incarnations of an instance (its processes started again).",
+               {{"instance", std::to_string(instance)}})
+      .inc();
+}
+
+void GatewayMetrics::set_instance_up(int32_t instance, bool up) {
+  reg_.gauge("xdeepserve_instance_up", "1 while the instance serves, 0 while it is out.",
+             {{"instance", std::to_string(instance)}})
+      .set(up ? 1.0 : 0.0);
+}
+
+void GatewayMetrics::count_recomputed() { recomputed_.inc(); }
+void GatewayMetrics::observe_fault_recovery(double s) { recovery_.observe(s); }
 
 void GatewayMetrics::observe_ttft(double s) { ttft_.observe(s); }
 void GatewayMetrics::observe_tpot(double s) { tpot_.observe(s); }

@@ -11,6 +11,12 @@
 //   batch_size{group}, prefix_cache_hits_total{group}, prefix_cache_queries_total{group},
 //   steps_total{group}                         gauges (the group's last report)
 //   requests_running / requests_waiting without a label: the sums
+//   instance_failures_total{instance,kind}    counter  dead_process | hang | silent | final
+//   instance_restarts_total{instance}         counter  new incarnations seen
+//   instance_up{instance}                     gauge    1 serving, 0 recovering or failed
+//   requests_recomputed_total                 counter  requests sent again after a failure
+//   fault_recovery_seconds                    histogram from an instance's failure to the
+//                                             first token of one of its recomputed requests
 //
 // Thread-safety: every method is thread-safe.
 #pragma once
@@ -35,6 +41,12 @@ class GatewayMetrics {
   // Several instances (prefill/decode disaggregation): a decode phase no decode instance
   // could take at once.
   void count_handoff_deferred();
+  // Faults (docs/design/reliability.md).
+  void count_instance_failure(int32_t instance, const std::string& kind);
+  void count_instance_restart(int32_t instance);
+  void set_instance_up(int32_t instance, bool up);
+  void count_recomputed();
+  void observe_fault_recovery(double s);
   // Several instances, before render(): the decode phases waiting in the gateway and the
   // prefix-cache blocks the gateway knows each instance holds (index = instance).
   void set_instances_state(size_t handoffs_waiting, std::span<const size_t> cached_blocks);
@@ -47,7 +59,8 @@ class GatewayMetrics {
 
   MetricsRegistry reg_;
   Counter &prompt_tokens_, &generation_tokens_;
-  Histogram &ttft_, &tpot_, &itl_, &e2e_;
+  Histogram &ttft_, &tpot_, &itl_, &e2e_, &recovery_;
+  Counter& recomputed_;
 };
 
 }  // namespace xds::serve

@@ -7,15 +7,20 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
+#include <random>
 #include <thread>
 #include <vector>
 
 #include <fmt/format.h>
 
+#include "base/clock.h"
 #include "base/log.h"
+#include "base/process_name.h"
 #include "output/output_process.h"
 #include "protocol/zmq_io.h"
 #include "serve/process_watch.h"
+#include "serve/restart_budget.h"
 #include "serve/shell.h"
 #include "xccl/launcher.h"
 
@@ -23,9 +28,22 @@ namespace xds::serve {
 namespace {
 
 Shell* g_shell = nullptr;
+volatile sig_atomic_t g_incarnation_pid = 0;  // the supervisor's current child
+volatile sig_atomic_t g_stopping = 0;
+
+// How an incarnation process ends (its exit code, read by the supervisor).
+constexpr int kExitClean = 0;    // shut down on request
+constexpr int kExitFatal = 1;    // could not start (bad options, a port in use)
+constexpr int kExitRestart = 75; // a process died or hung: start again
 
 void on_stop_signal(int) {
   if (g_shell) g_shell->stop();
+}
+
+// The supervisor passes SIGTERM/SIGINT on to the incarnation, which drains.
+void on_supervisor_signal(int sig) {
+  g_stopping = 1;
+  if (g_incarnation_pid > 0) ::kill(static_cast<pid_t>(g_incarnation_pid), sig);
 }
 
 // Forks one output process; it dies with this one.
@@ -43,13 +61,9 @@ Result<pid_t> spawn_output_process(const output::OutputProcessOptions& o) {
 
 }  // namespace
 
-Status run_instance(const InstanceOptions& options) {
-  if (options.dp < 1 || options.dp > 64) {
-    return invalid_argument("--dp must be in [1, 64], got {}", options.dp);
-  }
-  if (options.role != "colocated" && options.role != "prefill" && options.role != "decode") {
-    return invalid_argument("--role must be colocated, prefill or decode, got '{}'", options.role);
-  }
+// One start of the instance: its processes, then the shell until it stops or fails.
+static Status run_incarnation(const InstanceOptions& options, uint32_t epoch, uint64_t incarnation,
+                       bool will_restart) {
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   const int threads =
       options.threads_per_device > 0 ? options.threads_per_device : std::max(1, cores / options.dp);
@@ -76,6 +90,7 @@ Status run_instance(const InstanceOptions& options) {
 
   xccl::LaunchOptions lo;
   lo.devices = options.dp;
+  lo.epoch = epoch;
   XDS_ASSIGN_OR_RETURN(
       lo.arena.staging_bytes,
       engine::ep_staging_bytes(options.group.core.model_dir, options.group.core.model,
@@ -114,6 +129,11 @@ Status run_instance(const InstanceOptions& options) {
   so.placement = options.placement;
   so.eplb = options.eplb;
   so.instance = options.instance;
+  so.incarnation = incarnation;
+  so.will_restart = will_restart;
+  so.group_heartbeat_interval_ms = options.group_heartbeat_interval_ms;
+  so.group_timeout_ms = options.group_timeout_ms;
+  so.fault_injection = options.fault_injection;
   ProcessWatch watch;
   for (size_t g = 0; g < devices.pids().size(); ++g) {
     XDS_RETURN_IF_ERROR(watch.add(devices.pids()[g], fmt::format("DP group {}", g)));
@@ -128,13 +148,13 @@ Status run_instance(const InstanceOptions& options) {
   sa.sa_handler = on_stop_signal;
   ::sigaction(SIGTERM, &sa, nullptr);
   ::sigaction(SIGINT, &sa, nullptr);
-  XDS_LOG_INFO("instance: shell on {}, {} DP group(s), {} thread(s) each", options.listen,
-               options.dp, threads);
+  XDS_LOG_INFO("instance: shell on {}, {} DP group(s), {} thread(s) each, epoch {}",
+               options.listen, options.dp, threads, epoch);
   Status st = shell.run();
   g_shell = nullptr;
   if (!st.ok()) {
-    // A process died (or the shell failed): the survivors may wait on it forever; the device
-    // group's destructor kills and reaps them.
+    // A process died or hung (or the shell failed): the survivors may wait on it forever; the
+    // device group's destructor kills and reaps them.
     XDS_LOG_ERROR("{}", st.message());
     for (pid_t pid : outputs) ::kill(pid, SIGKILL);
     for (pid_t pid : outputs) ::waitpid(pid, nullptr, 0);
@@ -154,6 +174,68 @@ Status run_instance(const InstanceOptions& options) {
     }
   }
   return {};
+}
+
+Status run_instance(const InstanceOptions& options) {
+  if (options.dp < 1 || options.dp > 64) {
+    return invalid_argument("--dp must be in [1, 64], got {}", options.dp);
+  }
+  if (options.role != "colocated" && options.role != "prefill" && options.role != "decode") {
+    return invalid_argument("--role must be colocated, prefill or decode, got '{}'", options.role);
+  }
+  if (options.max_restarts < 0) {
+    return invalid_argument("--max-restarts must be at least 0, got {}", options.max_restarts);
+  }
+  set_process_name(process_name("inst", options.instance));
+  struct sigaction sa = {};
+  sa.sa_handler = on_supervisor_signal;
+  ::sigaction(SIGTERM, &sa, nullptr);
+  ::sigaction(SIGINT, &sa, nullptr);
+  RestartBudget budget(options.max_restarts, options.restart_window_s * 1'000'000'000);
+  std::mt19937_64 draw{std::random_device{}()};
+  const pid_t supervisor = ::getpid();
+  for (uint32_t epoch = 1;; ++epoch) {
+    const uint64_t incarnation = draw() | 1;  // never 0 ("any incarnation")
+    const bool will_restart = budget.allows(now_ns());
+    const pid_t child = ::fork();
+    if (child < 0) return internal_error("instance: fork failed: {}", errno);
+    if (child == 0) {
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (::getppid() != supervisor) ::_exit(kExitFatal);
+      struct sigaction dfl = {};
+      dfl.sa_handler = SIG_DFL;
+      ::sigaction(SIGTERM, &dfl, nullptr);
+      ::sigaction(SIGINT, &dfl, nullptr);
+      const Status st = run_incarnation(options, epoch, incarnation, will_restart);
+      if (st.ok()) ::_exit(kExitClean);
+      if (st.code() == StatusCode::kAborted) ::_exit(kExitRestart);
+      std::fprintf(stderr, "error: instance: %s\n", st.to_string().c_str());
+      ::_exit(kExitFatal);
+    }
+    g_incarnation_pid = child;
+    if (g_stopping) ::kill(child, SIGTERM);
+    int status = 0;
+    while (::waitpid(child, &status, 0) < 0 && errno == EINTR) {
+    }
+    g_incarnation_pid = 0;
+    const bool clean = WIFEXITED(status) && WEXITSTATUS(status) == kExitClean;
+    if (clean) return {};
+    const std::string how =
+        WIFSIGNALED(status) ? fmt::format("was killed by signal {}", WTERMSIG(status))
+                            : fmt::format("exited with code {}", WEXITSTATUS(status));
+    if (g_stopping) return unavailable("instance: stopping, and its processes {}", how);
+    if (epoch == 1 && WIFEXITED(status) && WEXITSTATUS(status) == kExitFatal) {
+      return unavailable("instance: could not start (its shell {})", how);
+    }
+    const int64_t now = now_ns();
+    if (!budget.allows(now)) {
+      return unavailable("instance: its processes failed again ({}) after {} restart(s) within {} s",
+                         how, options.max_restarts, options.restart_window_s);
+    }
+    budget.restarted(now);
+    XDS_LOG_WARN("instance: its processes failed (the shell {}); restart {} (epoch {})", how,
+                 budget.total(), epoch + 1);
+  }
 }
 
 }  // namespace xds::serve

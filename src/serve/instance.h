@@ -1,5 +1,18 @@
 // An instance (the paper's TE): a shell plus N device processes (one DP group each, experts
-// spread over all of them) plus one output process per group.
+// spread over all of them) plus one output process per group, under a supervisor that
+// restarts them all (restart the world, P118).
+//
+//   supervisor (xds-inst, no sockets)
+//     └─ incarnation: the shell (xds-shell) ─┬─ DP group k (xds-dp<k>), XCCL epoch = start
+//                                            └─ output process k (xds-out<k>)
+//
+// A process of the incarnation that dies (pidfd) or a group that stops answering the shell's
+// heartbeat ends it: the shell tells the gateways (FailedMsg, recovering), every process of
+// the incarnation is killed, and the supervisor starts a new one -- fresh fabric, new epoch,
+// the weights mapped again from the page cache -- with a new incarnation number, from which
+// the gateways learn to send their requests again (recomputed from the tokens they streamed).
+// An incarnation killed as a whole (its shell) is restarted the same way. At most
+// max_restarts within restart_window_s; one more failure and the instance stops with an error.
 //
 // Start order: the output processes and the device group are forked first (xccl::DeviceGroup:
 // the devices share the XCCL fabric's memfd arenas and die with the shell through
@@ -34,10 +47,16 @@ struct InstanceOptions {
   // Where one machine runs several instances: this one's index, carried in its processes'
   // names ("xds-<i>-dp<r>", base/process_name.h); -1 where it runs one.
   int instance = -1;
+  int max_restarts = 3;             // restarts allowed within restart_window_s
+  int64_t restart_window_s = 600;
+  int64_t group_heartbeat_interval_ms = 500;  // shell -> DP group pings
+  int64_t group_timeout_ms = 3000;            // a group silent this long is hung
+  bool fault_injection = false;               // POST /admin/faults reaches the groups
 };
 
 // Runs until SIGTERM/SIGINT or a gateway's kShutdown: then drains (the groups finish their
-// requests), stops every process and returns.
+// requests), stops every process and returns. Errors: the first start failed (bad options, a
+// port in use), or the instance failed more often than max_restarts allows.
 Status run_instance(const InstanceOptions& options);
 
 }  // namespace xds::serve

@@ -24,6 +24,8 @@ const char* instance_state_name(InstanceState state) {
       return "prefill";
     case InstanceState::kDecode:
       return "decode";
+    case InstanceState::kRecovering:
+      return "recovering";
     case InstanceState::kFailed:
       return "failed";
     case InstanceState::kUnknown:
@@ -77,8 +79,34 @@ void InstanceRouter::heard_all(int64_t now_ns) {
 }
 
 void InstanceRouter::report_role(int32_t i, protocol::InstanceRole role) {
+  if (serving(i)) views_[static_cast<size_t>(i)].state = instance_state(role);
+}
+
+bool InstanceRouter::restarted(int32_t i, uint64_t incarnation) {
   View& v = views_[static_cast<size_t>(i)];
-  if (v.state != InstanceState::kFailed) v.state = instance_state(role);
+  const bool changed = v.incarnation != 0 && incarnation != v.incarnation;
+  v.incarnation = incarnation;
+  return changed;
+}
+
+bool InstanceRouter::rejoin(int32_t i, protocol::InstanceRole role) {
+  if (serving(i)) return false;
+  View& v = views_[static_cast<size_t>(i)];
+  v.state = instance_state(role);
+  v.why.clear();
+  return true;
+}
+
+bool InstanceRouter::serving(int32_t i) const {
+  const InstanceState s = views_[static_cast<size_t>(i)].state;
+  return s != InstanceState::kRecovering && s != InstanceState::kFailed;
+}
+
+bool InstanceRouter::any_serving() const {
+  for (size_t i = 0; i < views_.size(); ++i) {
+    if (serving(static_cast<int32_t>(i))) return true;
+  }
+  return false;
 }
 
 void InstanceRouter::update_loads(int32_t i, std::vector<engine::GroupLoad> loads) {
@@ -147,7 +175,10 @@ int32_t InstanceRouter::route_among(InstanceState role, std::span<const int32_t>
 
 InstanceRoute InstanceRouter::route(std::span<const int32_t> prompt, bool decode_phase) const {
   InstanceRoute r;
-  if (views_.size() <= 1) return r;
+  if (views_.size() <= 1) {
+    r.to = serving(0) ? 0 : -1;
+    return r;
+  }
   int32_t to = -1;
   if (decode_phase) {
     r.phase = engine::RequestPhase::kDecode;
@@ -168,7 +199,12 @@ InstanceRoute InstanceRouter::route(std::span<const int32_t> prompt, bool decode
       if (to >= 0) break;
     }
   }
-  r.to = to < 0 ? 0 : to;  // roles not reported yet
+  if (to < 0) {  // roles not reported yet: the first instance that may serve
+    for (size_t i = 0; i < views_.size() && to < 0; ++i) {
+      if (serving(static_cast<int32_t>(i))) to = static_cast<int32_t>(i);
+    }
+  }
+  r.to = to;
   return r;
 }
 
@@ -187,14 +223,14 @@ void InstanceRouter::end_prefill(PrefillTicket& t) {
   t.instance = -1;
 }
 
-bool InstanceRouter::mark_failed(int32_t i) {
+bool InstanceRouter::mark_failed(int32_t i, bool recovering, std::string why) {
   View& failed = views_[static_cast<size_t>(i)];
-  failed.state = InstanceState::kFailed;
+  failed.state = recovering ? InstanceState::kRecovering : InstanceState::kFailed;
+  failed.why = std::move(why);
   failed.loads.clear();
   failed.cached.clear();
-  bool any_left = false;
-  for (const View& v : views_) any_left = any_left || v.state != InstanceState::kFailed;
-  return any_left;
+  failed.long_inflight = failed.short_inflight = 0;
+  return any_serving();
 }
 
 bool InstanceRouter::continues_elsewhere(bool decode_phase, bool streamed_since_handoff) const {
@@ -204,7 +240,7 @@ bool InstanceRouter::continues_elsewhere(bool decode_phase, bool streamed_since_
 std::vector<int32_t> InstanceRouter::silent(int64_t now_ns, int64_t timeout_ns) const {
   std::vector<int32_t> out;
   for (size_t i = 0; i < views_.size(); ++i) {
-    if (views_[i].state != InstanceState::kFailed && views_[i].last_heard_ns > 0 &&
+    if (serving(static_cast<int32_t>(i)) && views_[i].last_heard_ns > 0 &&
         now_ns - views_[i].last_heard_ns > timeout_ns)
       out.push_back(static_cast<int32_t>(i));
   }

@@ -21,9 +21,12 @@
 // KV stays parked on the prefill side meanwhile. Its head is offered again on each load
 // report, one offer at a time; heads no longer alive are dropped.
 //
-// Failover: an instance whose shell reports a FailedMsg, or that answers no heartbeat for the
-// timeout, is out (mark_failed()); of its requests, a decode phase that streamed nothing since
-// its handoff continues on another decode instance, the rest fail.
+// Failover (docs/design/reliability.md): an instance whose shell reports a FailedMsg, or that
+// answers no heartbeat for the timeout, is out (mark_failed(): recovering when it restarts, or
+// failed); nothing is routed to it. Its requests are sent again by the gateway (a decode phase
+// that streamed nothing since its handoff to another decode instance, the rest recomputed from
+// what they streamed). It is back (rejoin()) when its shell answers again, ready; a new
+// incarnation number (restarted()) tells the gateway the instance lost what it held.
 //
 // Thread-safety: none; the gateway guards it with its mutex. No sockets, no clock: times are
 // arguments.
@@ -52,7 +55,8 @@ enum class InstanceState {
   kColocated,
   kPrefill,
   kDecode,
-  kFailed,  // taken out by the gateway
+  kRecovering,  // restarting its processes (or silent): out until it answers, ready
+  kFailed,      // failed for good (it may still come back as a new incarnation)
 };
 
 // The state of an instance that reports `role`.
@@ -106,14 +110,26 @@ class InstanceRouter {
   // A message came from instance i's shell at `now_ns`.
   void heard(int32_t i, int64_t now_ns);
   void heard_all(int64_t now_ns);
-  // i reported its role (ignored once it failed).
+  // i reported its role (ignored while it is out: rejoin() brings it back).
   void report_role(int32_t i, protocol::InstanceRole role);
+  // i's shell answered with `incarnation`: true when it differs from the one known before
+  // (the instance restarted; a first answer is no restart). Recorded either way.
+  bool restarted(int32_t i, uint64_t incarnation);
+  uint64_t incarnation(int32_t i) const { return views_[static_cast<size_t>(i)].incarnation; }
+  // i answered ready with `role`: true when it was out and now serves again.
+  bool rejoin(int32_t i, protocol::InstanceRole role);
+  // Routable: neither recovering nor failed (an instance that has not reported yet is).
+  bool serving(int32_t i) const;
+  bool any_serving() const;
+  // Why i is out ("" while it serves).
+  const std::string& why(int32_t i) const { return views_[static_cast<size_t>(i)].why; }
   // i's load report (engine::merge_load per group).
   void update_loads(int32_t i, std::vector<engine::GroupLoad> loads);
   // i's prefix-cache events: chain hashes added and removed (one count per group).
   void update_blocks(int32_t i, std::span<const uint64_t> added, std::span<const uint64_t> removed);
 
-  // Where a request goes now (see the top of this file). `prompt`: its prompt ids.
+  // Where a request goes now (see the top of this file). `prompt`: its prompt ids. to = -1:
+  // no instance serves now (the request waits).
   InstanceRoute route(std::span<const int32_t> prompt, bool decode_phase) const;
   // A prefill (or whole request) sent to `to`: counted there, unless `t` counts one already.
   // With one instance nothing is counted (there is nothing to choose).
@@ -121,15 +137,15 @@ class InstanceRouter {
   // Its prefill is over (first token, failure or cancel): uncounted where it was sent.
   void end_prefill(PrefillTicket& t);
 
-  // Takes i out: kFailed, loads and cached blocks forgotten. True when another instance
-  // is left.
-  bool mark_failed(int32_t i);
+  // Takes i out (kRecovering when it restarts, else kFailed; `why` kept for /health), loads
+  // and cached blocks forgotten. True when another instance still serves.
+  bool mark_failed(int32_t i, bool recovering = false, std::string why = {});
   // A request of a failed instance: true when it continues on another decode instance (a
   // decode phase that streamed nothing since its handoff, and a decode instance is left).
   bool continues_elsewhere(bool decode_phase, bool streamed_since_handoff) const;
-  // Instances not failed and not heard from for more than `timeout_ns` before `now_ns`. An
-  // instance never heard from is not silent: its timer starts with its first answer (a first
-  // load can take minutes).
+  // Serving instances not heard from for more than `timeout_ns` before `now_ns`. An instance
+  // never heard from is not silent: its timer starts with its first answer (a first load can
+  // take minutes).
   std::vector<int32_t> silent(int64_t now_ns, int64_t timeout_ns) const;
 
   // Every instance's groups' last loads, numbered across instances, for /metrics.
@@ -144,6 +160,8 @@ class InstanceRouter {
   struct View {
     InstanceState state = InstanceState::kUnknown;
     int64_t last_heard_ns = 0;
+    uint64_t incarnation = 0;  // 0: not known yet
+    std::string why;           // out: why
     std::vector<engine::GroupLoad> loads;
     std::unordered_map<uint64_t, int32_t> cached;   // chain hash -> groups holding it
     int32_t long_inflight = 0, short_inflight = 0;  // prefills sent, first token not back

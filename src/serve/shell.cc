@@ -26,6 +26,15 @@ using namespace protocol;  // the message structs, one per kind
 constexpr int64_t kPingTimeoutNs = int64_t{30} * 1'000'000'000;
 constexpr int64_t kEplbPushPeriodNs = 1'000'000'000;
 constexpr int kGroupSendTimeoutMs = 2000;
+constexpr int kFailedLingerMs = 1000;  // time for the FailedMsg to reach the gateways
+constexpr const char* kHeartbeatId = "heartbeat";  // the gateway's heartbeat probe
+
+// What the shell knows of each group's liveness (the shell <-> group heartbeat level).
+struct GroupLiveness {
+  bool up = false;           // its first message came (its load, once loaded)
+  int64_t answered_ns = 0;   // its last pong, from its own loop
+  int32_t waiting_on = -1;   // that pong came from inside a collective waiting for this rank
+};
 
 // A health probe in flight: which gateway asked, and which groups have answered.
 struct PendingPing {
@@ -50,6 +59,7 @@ class Shell::Loop {
         input_(ctx_, zmq::socket_type::pull),
         eplb_(eplb_options(options)) {
     stats_.placed_per_group.assign(n_groups_, 0);
+    liveness_.resize(n_groups_);
     loads_.resize(n_groups_);
     for (size_t g = 0; g < n_groups_; ++g) {
       loads_[g].group = static_cast<int32_t>(g);
@@ -65,7 +75,7 @@ class Shell::Loop {
   Status bind() {
     XDS_ASSIGN_OR_RETURN(zap_, protocol::ZapGuard::start(ctx_));
     try {
-      router_.set(zmq::sockopt::linger, 0);
+      router_.set(zmq::sockopt::linger, kFailedLingerMs);
       router_.set(zmq::sockopt::router_mandatory, 0);
       protocol::secure_binding(router_, o_.listen);
       router_.bind(o_.listen);
@@ -91,12 +101,16 @@ class Shell::Loop {
   Status run(const std::atomic<bool>& stop) {
     bool running = true;
     while (running && !stop.load(std::memory_order_relaxed)) {
-      if (o_.process_failure) {
-        if (std::string failure = o_.process_failure(); !failure.empty()) {
-          to_gateways(FailedMsg{failure});
-          // No Shutdown: a PUSH to a dead group would block; the caller kills the rest.
-          return unavailable("instance: {}", failure);
-        }
+      std::string failure = o_.process_failure ? o_.process_failure() : std::string();
+      const char* kind = "dead_process";
+      if (failure.empty()) {
+        failure = hung_group(now_ns());
+        kind = "hang";
+      }
+      if (!failure.empty()) {
+        to_gateways(FailedMsg{failure, o_.will_restart, kind});
+        // No Shutdown: a PUSH to a dead group would block; the caller kills the rest.
+        return aborted("instance: {}", failure);
       }
       zmq::pollitem_t items[] = {{router_.handle(), 0, ZMQ_POLLIN, 0},
                                  {input_.handle(), 0, ZMQ_POLLIN, 0}};
@@ -151,8 +165,52 @@ class Shell::Loop {
     }
   }
 
+  // A group that is up and has not answered the heartbeat for group_timeout_ms: what to say
+  // about it ("" while every group answers). A group blocked in a collective still answers,
+  // naming the peer it waits on; when the silent group is such a peer, it alone is blamed.
+  std::string hung_group(int64_t now) const {
+    const int64_t timeout = o_.group_timeout_ms * 1'000'000;
+    for (size_t g = 0; g < n_groups_; ++g) {
+      const GroupLiveness& l = liveness_[g];
+      if (!l.up || now - l.answered_ns <= timeout) continue;
+      std::string waiting;
+      for (size_t o = 0; o < n_groups_; ++o) {
+        if (o != g && liveness_[o].waiting_on == static_cast<int32_t>(g)) {
+          waiting += fmt::format("{}{}", waiting.empty() ? "" : ", ", o);
+        }
+      }
+      return fmt::format("DP group {} answered no heartbeat for {} ms{}", g,
+                         (now - l.answered_ns) / 1'000'000,
+                         waiting.empty() ? "" : fmt::format(" (DP group {} waits on it)", waiting));
+    }
+    return {};
+  }
+
+  bool all_up() const {
+    for (const GroupLiveness& l : liveness_) {
+      if (!l.up) return false;
+    }
+    return true;
+  }
+
+  // A message from group g: the first one marks it up (its heartbeat timer starts).
+  void group_spoke(int32_t g, int64_t now) {
+    if (g < 0 || static_cast<size_t>(g) >= n_groups_) return;
+    GroupLiveness& l = liveness_[static_cast<size_t>(g)];
+    if (!l.up) {
+      l.up = true;
+      l.answered_ns = now;
+    }
+  }
+
   // EPLB rounds and metrics, expired probes, the load table to the gateways.
   void periodic(int64_t now) {
+    if (now - last_group_ping_ns_ >= o_.group_heartbeat_interval_ms * 1'000'000) {
+      last_group_ping_ns_ = now;
+      PingMsg ping;
+      ping.seq = ++ping_seq_;  // a pong to it only marks its group alive
+      to_groups(ping);
+    }
     if (eplb_.due(now)) (void)eplb_rebalance();
     if (eplb_.enabled() && now - last_eplb_push_ns_ >= kEplbPushPeriodNs) {
       to_gateways(EplbStatePushMsg{eplb_.metrics_text()});
@@ -165,6 +223,7 @@ class Shell::Loop {
       LoadMsg lm;
       lm.loads = loads_;
       lm.role = role_;
+      lm.incarnation = o_.incarnation;
       if (!experts_dirty_) {  // the gateways keep the counts they have
         for (GroupLoad& l : lm.loads) {
           l.expert_tokens.clear();
@@ -182,6 +241,17 @@ class Shell::Loop {
 
   bool on(const std::string* from, RequestMsg& m) {
     if (from == nullptr) return unexpected(from, m);
+    if (m.incarnation != 0 && m.incarnation != o_.incarnation) {
+      // Sent to the instance before it restarted: the gateway resends it, recomputed, once it
+      // has seen this incarnation.
+      ++stats_.stale;
+      RejectedMsg rej;
+      rej.request_id = m.request.id;
+      rej.attempt = m.request.attempt;
+      rej.reason = "the instance restarted";
+      to_gateway(*from, rej);
+      return true;
+    }
     place(*from, std::move(m.request));
     return true;
   }
@@ -194,6 +264,17 @@ class Shell::Loop {
 
   bool on(const std::string* from, PingMsg& m) {
     if (from == nullptr) return unexpected(from, m);
+    if (m.probe_id == kHeartbeatId) {
+      // The gateway <-> shell level: answered here, from the shell's loop.
+      PongMsg pong;
+      pong.probe_id = m.probe_id;
+      pong.role = role_;
+      pong.incarnation = o_.incarnation;
+      pong.ready = all_up();
+      if (!pong.ready) pong.state = "starting: its DP groups are loading";
+      to_gateway(*from, pong);
+      return true;
+    }
     const uint64_t id = ++ping_seq_;
     pings_[id] = PendingPing{*from, m.probe_id, std::vector<bool>(n_groups_, false),
                              now_ns() + kPingTimeoutNs};
@@ -217,6 +298,7 @@ class Shell::Loop {
     if (from != nullptr) return unexpected(from, m);
     for (const GroupLoad& l : m.loads) {
       if (l.group < 0 || static_cast<size_t>(l.group) >= n_groups_) continue;
+      group_spoke(l.group, now_ns());
       if (!l.expert_tokens.empty()) experts_dirty_ = true;
       eplb_.on_window(l);
       merge_load(loads_[static_cast<size_t>(l.group)], l);
@@ -227,10 +309,14 @@ class Shell::Loop {
 
   bool on(const std::string* from, PongMsg& m) {
     if (from != nullptr) return unexpected(from, m);
+    if (m.group < 0 || static_cast<size_t>(m.group) >= n_groups_) return true;
+    const int64_t now = now_ns();
+    group_spoke(m.group, now);
+    GroupLiveness& l = liveness_[static_cast<size_t>(m.group)];
+    l.answered_ns = now;
+    l.waiting_on = m.waiting_on;
     auto it = pings_.find(m.seq);
-    if (it == pings_.end() || m.group < 0 || static_cast<size_t>(m.group) >= n_groups_) {
-      return true;
-    }
+    if (it == pings_.end()) return true;
     it->second.answered[static_cast<size_t>(m.group)] = true;
     bool all = true;
     for (bool a : it->second.answered) all = all && a;
@@ -299,6 +385,7 @@ class Shell::Loop {
       ++stats_.rejected;
       RejectedMsg rej;
       rej.request_id = r.id;
+      rej.attempt = r.attempt;
       int64_t largest = 0;
       for (const GroupLoad& l : loads_) largest = std::max(largest, l.kv_blocks_total);
       const int64_t need = placement_blocks(pr, std::max<int64_t>(1, o_.block_size));
@@ -375,10 +462,35 @@ class Shell::Loop {
       case AdminCall::kEplbRebalance:
         a = eplb_rebalance();
         break;
+      case AdminCall::kInjectFault:
+        a = inject_fault(m.body);
+        break;
       default:
         a = {404, {{"error", fmt::format("unknown admin call {}", static_cast<int>(m.call))}}};
     }
     to_gateway(gateway, AdminReplyMsg{m.call_id, a.status, a.body.dump()});
+  }
+
+  // POST /admin/faults, already checked by the gateway: forwarded to the group it strikes.
+  EplbAnswer inject_fault(const std::string& body) {
+    if (!o_.fault_injection) {
+      return {404, {{"error", "fault injection is off (start with --fault-injection)"}}};
+    }
+    FaultSpec f;
+    try {
+      f = nlohmann::json::parse(body).get<FaultSpec>();
+    } catch (const nlohmann::json::exception& e) {
+      return {400, {{"error", fmt::format("fault: {}", e.what())}}};
+    }
+    if (f.group < 0 || static_cast<size_t>(f.group) >= n_groups_) {
+      return {400, {{"error", fmt::format("fault: 'group' {} is out of range: the instance has {}",
+                                          f.group, n_groups_)}}};
+    }
+    XDS_LOG_WARN("shell: injecting fault {} (kind {}) into DP group {} after {} step(s)", f.id,
+                 static_cast<int>(f.kind), f.group, f.after_steps);
+    to_group(static_cast<size_t>(f.group), FaultMsg{f});
+    wake();  // a sleeping group counts steps only when it runs them
+    return {202, {{"id", f.id}}};
   }
 
   // --- sockets ---
@@ -417,6 +529,8 @@ class Shell::Loop {
   EplbControl eplb_;
   InstanceRole role_ = InstanceRole::kColocated;
   std::vector<GroupLoad> loads_;
+  std::vector<GroupLiveness> liveness_;
+  int64_t last_group_ping_ns_ = 0;
   std::unordered_map<std::string, int> owner_;  // request id -> the group it was placed on
   std::map<uint64_t, PendingPing> pings_;
   std::map<std::string, int64_t> gateways_;  // identity -> last seen (ns)

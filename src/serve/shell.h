@@ -9,7 +9,13 @@
 //           ◀─Load───────       (every group's load, at most every load_period_ms)
 //   output processes ──Cancel (a stop string matched)──▶ shell ──▶ the group that holds it
 //   each group ──Ended (requests it released)──▶ shell (it forgets where they were placed)
-//           ◀─Failed─────       (a device process died: every gateway fails its requests)
+//           ◀─Failed─────       (a process died or hangs: the instance restarts, or stops)
+//           ──Ping(heartbeat)─▶ answered by the shell's own loop: Pong with the incarnation
+//                               and whether every group is up
+//   shell ──Ping──▶ each group every group_heartbeat_interval_ms; a group that is up and
+//           has not answered for group_timeout_ms is hung (a pong from inside a collective
+//           names the peer it waits on, which is blamed instead)
+//           ──AdminRequest(faults)──▶ Fault ──▶ the group it strikes
 //   a sleeping group that holds work ──Wake──▶ shell ──Wake(new seq)──▶ every group
 //   each group ──Blocks (prefix-cache block-hash events)──▶ shell ──▶ every gateway
 //           ──AdminRequest──▶ (GET /admin/eplb, POST /admin/eplb/rebalance) ─▶ AdminReply
@@ -52,8 +58,18 @@ struct ShellOptions {
   int64_t load_period_ms = 50;
   PlacementPolicy placement;
   // Polled every loop: empty while every process of the instance lives, else what died. A
-  // death ends run() with that error after kFailed to every gateway (no failover yet).
+  // death, or a hung group, ends run() with that error after kFailed to every gateway.
   std::function<std::string()> process_failure;
+  // Whether the instance will start again after a failure (FailedMsg::recovering).
+  bool will_restart = false;
+  // Which start of the instance this is (PongMsg::incarnation); requests addressed to
+  // another incarnation are refused.
+  uint64_t incarnation = 0;
+  // The shell <-> DP group heartbeat: a ping to every group this often; a group that is up (it
+  // sent its first load) and answered none for group_timeout_ms is declared hung.
+  int64_t group_heartbeat_interval_ms = 500;
+  int64_t group_timeout_ms = 3000;
+  bool fault_injection = false;  // POST /admin/faults is forwarded (else 404)
   EplbControlOptions eplb;  // n_groups is filled from group_inputs
   int32_t instance = -1;    // the instance's index where a machine runs several, -1: one
 };
@@ -62,6 +78,7 @@ struct ShellOptions {
 struct ShellStats {
   int64_t placed = 0, rejected = 0, cancels = 0;
   int64_t cancels_dropped = 0;  // for requests no group holds (ended, or never placed)
+  int64_t stale = 0;            // requests addressed to another incarnation, refused
   std::vector<int64_t> placed_per_group;
 };
 
@@ -69,8 +86,9 @@ class Shell {
  public:
   explicit Shell(ShellOptions options);
   // Serves until a gateway sends Shutdown or stop() is called, then tells every group to
-  // drain (Shutdown) and returns. Names the calling process `xds-shell`. Errors: a socket
-  // that cannot bind; a process that died (process_failure).
+  // drain (Shutdown) and returns. Names the calling process `xds-shell`. Errors: kUnavailable
+  // for a socket that cannot bind; kAborted for a process that died or a group that hangs
+  // (after a FailedMsg to every gateway).
   Status run();
   // Async-signal-safe.
   void stop() { stop_.store(true, std::memory_order_relaxed); }

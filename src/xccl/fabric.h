@@ -19,6 +19,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string_view>
 #include <vector>
 
@@ -117,6 +118,17 @@ class Fabric {
   }
   bool light_publish() const { return light_publish_; }
 
+  // Called by every wait of this device that has left its spin phase, at most once per
+  // kWaitHookPeriodNs, with the rank it waits for: the owner answers its heartbeat from inside
+  // a collective there, naming that peer (engine/dp_group.cc). It must not wait on the fabric.
+  void set_wait_hook(std::function<void(int blocking)> hook) { wait_hook_ = std::move(hook); }
+  void wait_hook(int blocking, int64_t now_ns) {
+    if (!wait_hook_ || now_ns - wait_hook_ns_ < kWaitHookPeriodNs) return;
+    wait_hook_ns_ = now_ns;
+    wait_hook_(blocking);
+  }
+  static constexpr int64_t kWaitHookPeriodNs = 10'000'000;
+
  protected:
   Fabric(int rank, uint32_t epoch, const ArenaLayout& layout, std::vector<std::byte*> arenas)
       : rank_(rank),
@@ -134,6 +146,8 @@ class Fabric {
   std::vector<std::byte*> arenas_;  // [world_size] mapped bases, arenas_[rank_] is local
   std::vector<Region> regions_;     // [world_size] exported regions
   bool light_publish_;
+  std::function<void(int)> wait_hook_;
+  int64_t wait_hook_ns_ = 0;
 };
 
 

@@ -77,6 +77,7 @@ Status WaitLoop::idle(int blocking) {
       return f_.poison(rec);
     }
   }
+  f_.wait_hook(blocking, now);
   if (phase == BackoffPhase::kYield) {
     sched_yield();
     return Status::ok_status();

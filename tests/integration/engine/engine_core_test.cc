@@ -2,7 +2,9 @@
 // request the greedy tokens of a plain reference loop over the same checkpoint (one sequence,
 // the prompt as one chunk, then one token per forward, argmax over the logits row), alone and
 // batched with others; a cancel ends a request with "abort"; a request of n = 2 greedy
-// choices gives the same tokens twice.
+// choices gives the same tokens twice; a request resumed from the first k tokens of a run
+// (token recomputation after a fault) gives exactly the rest of that run, sampled with a seed
+// and with penalties as well as greedy, n = 2 included.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -144,6 +146,50 @@ TEST(EngineCore, CancelAbortsAndForkedGreedyChoicesAgree) {
   }
   EXPECT_EQ((o.tokens[{"two", 0}]), r);
   EXPECT_EQ((o.tokens[{"two", 1}]), r);
+}
+
+// The request of a fault-free run, cut after `k` tokens per choice and sent again with them.
+EngineRequest resumed(EngineRequest r, const Outputs& whole, size_t k) {
+  r.id += "-resumed";
+  for (int32_t i = 0; i < r.sampling.n; ++i) {
+    const std::vector<int32_t>& t = whole.tokens.at({r.id.substr(0, r.id.size() - 8), i});
+    r.resume.emplace_back(t.begin(), t.begin() + static_cast<std::ptrdiff_t>(std::min(k, t.size())));
+    r.resume_finished.push_back(k >= t.size() ? 1 : 0);
+  }
+  return r;
+}
+
+TEST(EngineCore, AResumedRequestContinuesExactlyWhereTheRunWas) {
+  auto core = EngineCore::create(core_options());
+  ASSERT_TRUE(core.ok()) << core.status().to_string();
+  const int64_t vocab = (*core)->info().vocab_size;
+  const std::vector<int32_t> p = fixtures::random_ids(23, vocab, 9);
+  EngineRequest g = greedy("g", p, 9);
+  EngineRequest s = greedy("s", p, 12, /*n=*/2);
+  s.sampling.temperature = 0.9f;
+  s.sampling.top_p = 0.95f;
+  s.sampling.seed = 1234;
+  s.sampling.frequency_penalty = 0.7f;  // the counts must include the resumed tokens
+  s.sampling.presence_penalty = 0.3f;
+  ASSERT_TRUE((*core)->add_request(g).ok());
+  ASSERT_TRUE((*core)->add_request(s).ok());
+  const Outputs whole = run(**core);
+  ASSERT_EQ((whole.tokens.at({"g", 0})), reference(p, 9));
+
+  for (size_t k : {size_t{1}, size_t{4}, size_t{8}}) {
+    SCOPED_TRACE(k);
+    ASSERT_TRUE((*core)->add_request(resumed(g, whole, k)).ok());
+    ASSERT_TRUE((*core)->add_request(resumed(s, whole, k)).ok());
+    Outputs rest = run(**core);
+    for (const auto& [id, n] : {std::pair<std::string, int32_t>{"g", 1}, {"s", 2}}) {
+      for (int32_t i = 0; i < n; ++i) {
+        const std::vector<int32_t>& t = whole.tokens.at({id, i});
+        const std::vector<int32_t> tail(t.begin() + static_cast<std::ptrdiff_t>(k), t.end());
+        EXPECT_EQ((rest.tokens[{id + "-resumed", i}]), tail) << id << " choice " << i;
+        EXPECT_EQ((rest.reason[{id + "-resumed", i}]), whole.reason.at({id, i}));
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -182,6 +182,64 @@ TEST(RequestTable, PreemptedSequenceIsRecomputedWithoutSampling) {
   EXPECT_EQ(output_of(s), (std::vector<int32_t>{6, 2, 4}));
 }
 
+TEST(RequestTable, AResumedRequestIsRecomputedThenDecodesWithoutResending) {
+  Fixture f;
+  EngineRequest r = request("a", {1, 2, 3, 4, 5}, 4);
+  r.resume = {{6, 2}};
+  ASSERT_TRUE(f.table.add(r).ok());
+  ASSERT_EQ(f.table.preempted().size(), 1u);
+  const Sequence& s = *f.table.preempted()[0];
+  EXPECT_EQ(s.target, 6);  // the prompt and the first resumed token
+  EXPECT_EQ(f.table.stats().preemptions, 0);
+  // The recompute sends nothing; the decode of token 2 at position 6 samples position 7.
+  EXPECT_TRUE(f.step({0}).empty());
+  std::vector<TokenDelta> d = f.step({4});
+  ASSERT_EQ(d.size(), 1u);
+  EXPECT_EQ(d[0].tokens, std::vector<int32_t>{4});
+  EXPECT_EQ(d[0].finish_reason, "");
+  // max_tokens counts the resumed tokens: 6 2 4 3 is the fourth.
+  d = f.step({3});
+  ASSERT_EQ(d.size(), 1u);
+  EXPECT_EQ(d[0].tokens, std::vector<int32_t>{3});
+  EXPECT_EQ(d[0].finish_reason, "length");
+}
+
+TEST(RequestTable, ResumedChoicesRunApartAndEndedOnesStayEnded) {
+  Fixture f;
+  EngineRequest r = request("a", {1, 2, 3, 4, 5}, 6, /*n=*/3);
+  r.resume = {{6, 2}, {}, {5}};
+  r.resume_finished = {0, 0, 1};
+  ASSERT_TRUE(f.table.add(r).ok());
+  EXPECT_EQ(f.table.preempted().size(), 1u);  // choice 0
+  EXPECT_EQ(f.table.waiting().size(), 1u);    // choice 1: nothing streamed yet
+  // One step: choice 0 recomputes [0, 6), choice 1 prefills [0, 5) and samples its own first
+  // token (no fork, and choice 0 samples nothing yet).
+  std::vector<TokenDelta> d = f.step({0, 3});
+  ASSERT_EQ(d.size(), 1u);
+  EXPECT_EQ(d[0].index, 1);
+  EXPECT_EQ(d[0].tokens, std::vector<int32_t>{3});
+  EXPECT_EQ(f.table.requests().at("a")->choices.size(), 3u);
+  d = f.step({kEos, kEos});
+  ASSERT_EQ(d.size(), 2u);
+  for (const TokenDelta& x : d) EXPECT_EQ(x.finish_reason, "stop");
+  std::vector<std::string> released;
+  f.table.release_finished(&released);
+  EXPECT_EQ(released, std::vector<std::string>{"a"});
+}
+
+TEST(RequestTable, AResumeThatDoesNotMatchIsRefused) {
+  Fixture f;
+  EngineRequest r = request("a", {1, 2, 3}, 4, /*n=*/2);
+  r.resume = {{6}};
+  EXPECT_EQ(f.table.add(r).code(), StatusCode::kInvalidArgument);
+  r.resume = {{6}, {5}};
+  r.resume_finished = {0};
+  EXPECT_EQ(f.table.add(r).code(), StatusCode::kInvalidArgument);
+  r.resume_finished.clear();
+  r.resume[1].assign(70, 1);  // past max_model_len 64
+  EXPECT_EQ(f.table.add(r).code(), StatusCode::kInvalidArgument);
+}
+
 TEST(RequestTable, ForkedChoicesShareThePrefillRow) {
   Fixture f;
   ASSERT_TRUE(f.table.add(request("a", {1, 2, 3, 4, 5, 6}, 4, /*n=*/2)).ok());

@@ -92,8 +92,16 @@ TEST(Messages, Request) {
   r.phase = RequestPhase::kDecode;
   r.handoff = handoff();
   r.pool_number = 8;
+  r.resume = {{4, 5}, {}};
+  r.resume_finished = {0, 1};
+  r.attempt = 3;
+  m.incarnation = 0x8000000000000001ULL;
 
+  EXPECT_EQ(round_trip(m).incarnation, 0x8000000000000001ULL);
   const EngineRequest o = round_trip(m).request;
+  EXPECT_EQ(o.resume, (std::vector<std::vector<int32_t>>{{4, 5}, {}}));
+  EXPECT_EQ(o.resume_finished, (std::vector<int32_t>{0, 1}));
+  EXPECT_EQ(o.attempt, 3);
   EXPECT_EQ(o.id, "cmpl-1");
   EXPECT_EQ(o.prompt, (std::vector<int32_t>{1, 2, 3}));
   EXPECT_EQ(o.sampling.temperature, 0.5f);
@@ -284,13 +292,28 @@ TEST(Messages, WakeShutdownPingPong) {
   EXPECT_EQ(q.seq, 10u);
   EXPECT_EQ(q.group, 3);
   EXPECT_EQ(q.role, InstanceRole::kDecode);
+  EXPECT_EQ(q.incarnation, 0u);  // defaults of the fields it did not set
+  EXPECT_TRUE(q.ready);
+  EXPECT_EQ(q.waiting_on, -1);
+  PongMsg h;
+  h.probe_id = "heartbeat";
+  h.incarnation = 0xfedcba9876543211ULL;
+  h.ready = false;
+  h.state = "starting";
+  h.waiting_on = 1;
+  const PongMsg oh = round_trip(h);
+  EXPECT_EQ(oh.incarnation, 0xfedcba9876543211ULL);
+  EXPECT_FALSE(oh.ready);
+  EXPECT_EQ(oh.state, "starting");
+  EXPECT_EQ(oh.waiting_on, 1);
 }
 
 TEST(Messages, Rejected) {
-  const RejectedMsg o = round_trip(RejectedMsg{"cmpl-5", "too long", true});
+  const RejectedMsg o = round_trip(RejectedMsg{"cmpl-5", "too long", true, 2});
   EXPECT_EQ(o.request_id, "cmpl-5");
   EXPECT_EQ(o.reason, "too long");
   EXPECT_TRUE(o.never);
+  EXPECT_EQ(o.attempt, 2);
 }
 
 TEST(Messages, EplbCommandAndReport) {
@@ -325,7 +348,7 @@ TEST(Messages, EplbCommandAndReport) {
 }
 
 TEST(Messages, Admin) {
-  const AdminRequestMsg a = round_trip(AdminRequestMsg{"admin-3", AdminCall::kEplbRebalance});
+  const AdminRequestMsg a = round_trip(AdminRequestMsg{"admin-3", AdminCall::kEplbRebalance, "{}"});
   EXPECT_EQ(a.call_id, "admin-3");
   EXPECT_EQ(a.call, AdminCall::kEplbRebalance);
   const AdminReplyMsg r = round_trip(AdminReplyMsg{"admin-3", 409, "{\"error\":\"busy\"}"});
@@ -337,8 +360,24 @@ TEST(Messages, Admin) {
 }
 
 TEST(Messages, FailedBlocksEnded) {
-  const FailedMsg f = round_trip(FailedMsg{"DP group 1 died"});
+  const FailedMsg f = round_trip(FailedMsg{"DP group 1 died", true, "dead_process"});
   EXPECT_EQ(f.reason, "DP group 1 died");
+  EXPECT_TRUE(f.recovering);
+  EXPECT_EQ(f.kind, "dead_process");
+  FaultMsg fm;
+  fm.fault.id = 7;
+  fm.fault.kind = FaultKind::kLinkDrop;
+  fm.fault.instance = 1;
+  fm.fault.group = 3;
+  fm.fault.after_steps = 5;
+  fm.fault.duration_ms = 250;
+  const FaultMsg of = round_trip(fm);
+  EXPECT_EQ(of.fault.id, 7u);
+  EXPECT_EQ(of.fault.kind, FaultKind::kLinkDrop);
+  EXPECT_EQ(of.fault.instance, 1);
+  EXPECT_EQ(of.fault.group, 3);
+  EXPECT_EQ(of.fault.after_steps, 5);
+  EXPECT_EQ(of.fault.duration_ms, 250);
   const BlocksMsg b = round_trip(BlocksMsg{2, {0xffffffffffffffffULL, 1}, {7}});
   EXPECT_EQ(b.group, 2);
   EXPECT_EQ(b.added, (std::vector<uint64_t>{0xffffffffffffffffULL, 1}));

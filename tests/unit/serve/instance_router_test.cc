@@ -184,6 +184,47 @@ TEST(InstanceRouter, FailoverTakesAnInstanceOutAndWhatIsLeftRunsWholeRequests) {
   EXPECT_FALSE(r.mark_failed(0));  // none left
 }
 
+TEST(InstanceRouter, ARecoveringInstanceIsOutUntilItAnswersReadyAndARestartIsSeen) {
+  InstanceRouter r(2, policy());
+  r.report_role(0, protocol::InstanceRole::kColocated);
+  r.report_role(1, protocol::InstanceRole::kColocated);
+  r.update_loads(0, {group(0)});
+  r.update_loads(1, {group(5)});
+  EXPECT_EQ(r.route(prompt(10), false).to, 0);  // the less loaded
+  EXPECT_FALSE(r.restarted(0, 77));              // a first answer is no restart
+  EXPECT_TRUE(r.mark_failed(0, /*recovering=*/true, "DP group 1 died"));  // 1 still serves
+  EXPECT_EQ(r.state(0), InstanceState::kRecovering);
+  EXPECT_STREQ(instance_state_name(InstanceState::kRecovering), "recovering");
+  EXPECT_FALSE(r.serving(0));
+  EXPECT_EQ(r.why(0), "DP group 1 died");
+  EXPECT_EQ(r.route(prompt(10), false).to, 1);  // nothing goes to 0 meanwhile
+  r.report_role(0, protocol::InstanceRole::kColocated);  // a report alone does not bring it back
+  EXPECT_EQ(r.state(0), InstanceState::kRecovering);
+  EXPECT_TRUE(r.restarted(0, 78));   // a new incarnation
+  EXPECT_FALSE(r.restarted(0, 78));  // seen already
+  EXPECT_EQ(r.incarnation(0), 78u);
+  EXPECT_TRUE(r.rejoin(0, protocol::InstanceRole::kColocated));
+  EXPECT_FALSE(r.rejoin(0, protocol::InstanceRole::kColocated));  // serving already
+  EXPECT_TRUE(r.serving(0));
+  EXPECT_EQ(r.why(0), "");
+  EXPECT_EQ(r.route(prompt(10), false).to, 0);  // its loads were forgotten: no load
+}
+
+TEST(InstanceRouter, WithNothingServingARequestHasNowhereToGo) {
+  InstanceRouter one(1, policy());
+  EXPECT_EQ(one.route(prompt(3), false).to, 0);
+  EXPECT_FALSE(one.mark_failed(0, /*recovering=*/true));
+  EXPECT_FALSE(one.any_serving());
+  EXPECT_EQ(one.route(prompt(3), false).to, -1);
+  InstanceRouter two(2, policy());  // roles not reported yet: the first that may serve
+  two.heard_all(10);
+  two.mark_failed(0);
+  EXPECT_EQ(two.route(prompt(3), false).to, 1);
+  two.mark_failed(1, true);
+  EXPECT_EQ(two.route(prompt(3), false).to, -1);
+  EXPECT_TRUE(two.silent(1'000'000, 1).empty());  // out already: not silent again
+}
+
 TEST(InstanceRouter, SilentInstancesAreThoseNotHeardWithinTheTimeout) {
   InstanceRouter r(3, policy());
   r.heard_all(1000);
