@@ -214,6 +214,7 @@ Status DpGroup::poll_control(int wait_ms) {
 }
 
 void DpGroup::answer_heartbeats() {
+  handoff_->answer_probes();  // a long step is not a dead KV link either
   while (true) {
     auto m = recv_message(control_, /*dontwait=*/true);
     if (!m.ok()) {
@@ -323,6 +324,9 @@ void DpGroup::send_load(bool force) {
   l.kv_transfers_done = hs.transfers_done;
   l.kv_transfers_expired = hs.transfers_expired;
   l.kv_pulled_bytes = hs.pulled_bytes;
+  l.kv_probes_saturated = hs.probes_saturated;
+  l.kv_links_failed = hs.links_failed;
+  l.kv_handoffs_recomputed = hs.handoffs_recomputed;
   l.max_num_seqs = o_.core.max_num_seqs;
   const KvUsage u = core_->kv().usage();
   l.kv_blocks_total = u.total;
