@@ -2,6 +2,7 @@
 
 #include <poll.h>
 #include <sched.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cstring>
@@ -19,12 +20,25 @@ constexpr uint64_t kConsumedOffset = 0;
 constexpr uint64_t kRingOffset = 64;
 constexpr uint64_t kFormatOffset = kRingOffset + 8 * kCompletionSlots;
 constexpr uint64_t kFormatMax = 4096;
+constexpr uint64_t kProbeOffset = kFormatOffset + kFormatMax;
+constexpr uint64_t kAnswerOffset = kProbeOffset + 64;
+constexpr uint64_t kHoldOffset = kAnswerOffset + 8;
+constexpr uint64_t kAppBytes = kProbeOffset + 128;
+static_assert(kRingOffset % 64 == 0 && kFormatOffset % 64 == 0);
+static_assert(kProbeOffset % 64 == 0 && kAnswerOffset % 64 == 0,
+              "the probe and its answer sit on lines of their own (different writers)");
+static_assert(kHoldOffset / 64 == kAnswerOffset / 64, "answer and hold: one line, one writer");
+// A decode side copies at most this many bytes between two looks at its pull's clock.
+constexpr uint64_t kWatchBatchBytes = uint64_t{16} << 20;
+// How often a decode side looks at a held link again.
+constexpr useconds_t kHoldPollUs = 200;
 constexpr int kLinkTimeoutMs = 30'000;
 // A connecting peer's hello (sent right after connect) must arrive within this; the prefill
 // side never waits for it (xccl::LinkListener::accept_ready), it drops a silent peer then.
 // The UCX listener still waits up to this long for its peer's handshake.
 constexpr int kAcceptTimeoutMs = 2'000;
-constexpr uint32_t kLinkEpoch = 1;
+// 2: the probe lines (app area grew by 128 bytes).
+constexpr uint32_t kLinkEpoch = 2;
 
 std::atomic<uint64_t>& word_at(std::byte* p) { return *reinterpret_cast<std::atomic<uint64_t>*>(p); }
 
@@ -49,7 +63,7 @@ xccl::ArenaConfig distflow_link_config() {
   c.ring_slots = 2;
   c.slot_bytes = 4096;
   c.staging_bytes = 4096;
-  c.app_bytes = kFormatOffset + kFormatMax;
+  c.app_bytes = kAppBytes;
   return c;
 }
 
@@ -64,6 +78,11 @@ xccl::UcxLinkOptions distflow_ucx_options() {
   o.timeout_ms = kLinkTimeoutMs;
   o.ucx_config = {{"TX_SEG_SIZE", "64k"}, {"RX_SEG_SIZE", "64k"}};
   return o;
+}
+
+PullState pull_state(const Status& st) {
+  if (st.ok()) return PullState::kDone;
+  return st.code() == StatusCode::kUnavailable ? PullState::kLinkFailed : PullState::kFailed;
 }
 
 Result<KvBackendChoice> parse_kv_backend(const std::string& name) {
@@ -119,6 +138,8 @@ void KvSender::adopt(Peer p) {
   std::memcpy(app + kFormatOffset + 8, format_.data(), len);
   // The peer reads the format only after it sees this word (release pairs with its acquire).
   word_at(app + kConsumedOffset).store(0, std::memory_order_release);
+  word_at(app + kAnswerOffset).store(0, std::memory_order_release);
+  word_at(app + kHoldOffset).store(hold_ ? 1 : 0, std::memory_order_release);
   word_at(p.arena + p.ready_signal).store(1, std::memory_order_release);
   XDS_LOG_INFO("DistFlow {}: decode group linked over {} ({} links)", link_name_,
                p.ucx ? "ucx" : "shared memory", links_.size() + 1);
@@ -157,18 +178,58 @@ Status KvSender::accept_pending() {
   return {};
 }
 
+void KvSender::poll_peer(Peer& p, std::vector<uint64_t>& done) {
+  std::byte* app = p.arena + p.app;
+  const uint64_t posted = word_at(p.arena + p.posted_signal).load(std::memory_order_acquire);
+  while (p.consumed < posted) {
+    uint64_t id = 0;
+    std::memcpy(&id, app + kRingOffset + 8 * (p.consumed % kCompletionSlots), 8);
+    done.push_back(id);
+    ++p.consumed;
+  }
+  word_at(app + kConsumedOffset).store(p.consumed, std::memory_order_release);
+}
+
 void KvSender::poll_completions(std::vector<uint64_t>& done) {
+  for (Peer& p : links_) poll_peer(p, done);
+}
+
+int KvSender::answer_probes() {
+  int answered = 0;
   for (Peer& p : links_) {
     std::byte* app = p.arena + p.app;
-    const uint64_t posted = word_at(p.arena + p.posted_signal).load(std::memory_order_acquire);
-    while (p.consumed < posted) {
-      uint64_t id = 0;
-      std::memcpy(&id, app + kRingOffset + 8 * (p.consumed % kCompletionSlots), 8);
-      done.push_back(id);
-      ++p.consumed;
-    }
-    word_at(app + kConsumedOffset).store(p.consumed, std::memory_order_release);
+    const uint64_t probe = word_at(app + kProbeOffset).load(std::memory_order_acquire);
+    if (probe == p.answered) continue;
+    word_at(app + kAnswerOffset).store(probe, std::memory_order_release);
+    p.answered = probe;
+    ++answered;
   }
+  return answered;
+}
+
+void KvSender::hold_links(bool hold) {
+  hold_ = hold;
+  for (Peer& p : links_)
+    word_at(p.arena + p.app + kHoldOffset).store(hold ? 1 : 0, std::memory_order_release);
+}
+
+int KvSender::drop_failed_links(std::vector<uint64_t>& done) {
+  int dropped = 0;
+  for (auto it = links_.begin(); it != links_.end();) {
+    Peer& p = *it;
+    const bool poisoned = p.fabric && p.fabric->poison_word() != 0;
+    if (!poisoned && (p.fabric ? p.fabric->peer_alive(1) : p.ucx->peer_alive())) {
+      ++it;
+      continue;
+    }
+    poll_peer(p, done);  // what it completed before it failed still counts
+    XDS_LOG_WARN("DistFlow {}: dropped a {} link to a decode group: {}", link_name_,
+                 p.ucx ? "ucx" : "shared-memory",
+                 poisoned ? "it declared the link failed" : "the decode group is gone");
+    it = links_.erase(it);
+    ++dropped;
+  }
+  return dropped;
 }
 
 Status KvReceiver::read(Peer& p, const xccl::MemDesc& src, void* dst, uint64_t n,
@@ -256,17 +317,100 @@ Status KvReceiver::pull(const KvHandoff& h, std::span<const int32_t> dst, KvStor
     return internal_error("DistFlow: {} blocks to pull into {}", h.blocks.size(), dst.size());
   }
   XDS_ASSIGN_OR_RETURN(Peer * p, peer(h));
-  xccl::Transport& t = *p->transport;
+  Status st = pull_from(*p, h, dst, local);
+  if (pull_state(st) == PullState::kLinkFailed) drop_link(h.link);
+  return st;
+}
+
+void KvReceiver::drop_link(const std::string& link) {
+  auto it = links_.find(link);
+  if (it == links_.end()) return;
+  Peer& p = it->second;
+  if (p.fabric) {  // the prefill side drops a poisoned link (KvSender::drop_failed_links)
+    xccl::PoisonRecord rec;
+    rec.epoch = p.fabric->epoch();
+    rec.peer = 0;
+    rec.reason = p.fabric->peer_alive(0) ? xccl::PoisonReason::kSilent : xccl::PoisonReason::kDead;
+    rec.op = xccl::OpKind::kGet;
+    rec.detector = 1;
+    (void)p.fabric->poison(rec);
+  }  // UCX: closing the link is the prefill side's EOF
+  links_.erase(it);
+}
+
+Status KvReceiver::watch(Peer& p, PullWatch& w, const KvHandoff& h) {
+  const int64_t now = now_ns();
+  const uint64_t probe_at = p.layout.app + kProbeOffset;
+  if (w.probe == 0) {
+    if (now < w.probe_at_ns) return {};
+    const uint64_t n = ++p.probes;
+    if (p.transport->put_with_signal({0, probe_at, 0}, 0, nullptr, 0, {0, probe_at}, n) ==
+            xccl::OpState::kFailed ||
+        p.transport->flush() == xccl::OpState::kFailed) {
+      return unavailable("DistFlow: link {} failed: probe {} could not be sent", h.link, n);
+    }
+    w.probe = n;
+    w.probe_sent_ns = now;
+    return {};
+  }
+  uint64_t answer = 0;
+  XDS_RETURN_IF_ERROR(read(p, {0, p.layout.app + kAnswerOffset, 8}, &answer, 8, h.link));
+  if (answer >= w.probe) {
+    ++probes_saturated_;
+    if (probes_total_) probes_total_->fetch_add(1, std::memory_order_relaxed);
+    if (w.answered++ == 0) {
+      XDS_LOG_INFO(
+          "DistFlow: link {} is slow but alive: transfer {} at {} ms (expected {} ms), "
+          "probe {} answered",
+          h.link, h.transfer, (now - w.start_ns) / 1'000'000, w.expected_ns / 1'000'000, w.probe);
+    }
+    w.probe = 0;
+    w.probe_at_ns = now + probe_.slack_ns;
+    return {};
+  }
+  if (now - w.probe_sent_ns < probe_.probe_timeout_ns) return {};
+  return unavailable(
+      "DistFlow: link {} failed: probe {} unanswered for {} ms, {} ms into transfer {} "
+      "(expected {} ms)",
+      h.link, w.probe, (now - w.probe_sent_ns) / 1'000'000, (now - w.start_ns) / 1'000'000,
+      h.transfer, w.expected_ns / 1'000'000);
+}
+
+Status KvReceiver::wait_unheld(Peer& p, PullWatch& w, const KvHandoff& h,
+                               const xccl::MemDesc& held) {
+  while (true) {
+    uint64_t hold = 0, word = 0;
+    XDS_RETURN_IF_ERROR(read(p, {0, p.layout.app + kHoldOffset, 8}, &hold, 8, h.link));
+    if (hold == 0) return {};
+    XDS_RETURN_IF_ERROR(read(p, held, &word, 8, h.link));
+    if (word != h.transfer)
+      return aborted("DistFlow: transfer {} of {} was freed while held", h.transfer, h.link);
+    XDS_RETURN_IF_ERROR(watch(p, w, h));
+    usleep(kHoldPollUs);
+  }
+}
+
+Status KvReceiver::pull_from(Peer& p, const KvHandoff& h, std::span<const int32_t> dst,
+                             KvStorage& local) {
+  xccl::Transport& t = *p.transport;
   const uint64_t block_bytes = static_cast<uint64_t>(local.block_bytes());
-  if (p->region_bytes < 8 * kTransferSlots)
+  if (p.region_bytes < 8 * kTransferSlots)
     return failed_precondition("DistFlow: link {} exports no KV region", h.link);
-  const uint64_t kv_bytes = p->region_bytes - 8 * kTransferSlots;
+  PullWatch w;
+  w.start_ns = now_ns();
+  w.expected_ns = static_cast<int64_t>(static_cast<double>(block_bytes * dst.size()) /
+                                       probe_.expected_bytes_per_s * 1e9) +
+                  probe_.slack_ns;
+  w.probe_at_ns = w.start_ns + w.expected_ns;
+  const uint64_t kv_bytes = p.region_bytes - 8 * kTransferSlots;
   const xccl::MemDesc held{0, kv_bytes + 8 * (h.transfer % kTransferSlots), 8, xccl::kExportRegion};
   uint64_t word = 0;
-  XDS_RETURN_IF_ERROR(read(*p, held, &word, 8, h.link));
+  XDS_RETURN_IF_ERROR(read(p, held, &word, 8, h.link));
   if (word != h.transfer)
     return aborted("DistFlow: transfer {} of {} was already freed (its deadline passed)",
                    h.transfer, h.link);
+  XDS_RETURN_IF_ERROR(wait_unheld(p, w, h, held));
+  uint64_t batch = 0;  // bytes issued since the last flush
   for (size_t i = 0; i < dst.size(); ++i) {
     const uint64_t off = static_cast<uint64_t>(h.blocks[i]) * block_bytes;
     if (h.blocks[i] < 0 || off + block_bytes > kv_bytes) {
@@ -276,10 +420,17 @@ Status KvReceiver::pull(const KvHandoff& h, std::span<const int32_t> dst, KvStor
     const xccl::MemDesc src{0, off, block_bytes, xccl::kExportRegion};
     if (t.get(local.block_ptr(dst[i]), src, 0, block_bytes) == xccl::OpState::kFailed)
       return unavailable("DistFlow: get from {} failed", h.link);
+    batch += block_bytes;
+    if (batch >= kWatchBatchBytes && i + 1 < dst.size()) {
+      if (t.flush() == xccl::OpState::kFailed)
+        return unavailable("DistFlow: the pulls from {} failed", h.link);
+      batch = 0;
+      XDS_RETURN_IF_ERROR(watch(p, w, h));
+    }
   }
   if (t.flush() == xccl::OpState::kFailed)
     return unavailable("DistFlow: the pulls from {} failed", h.link);
-  XDS_RETURN_IF_ERROR(read(*p, held, &word, 8, h.link));  // the copies before the re-check
+  XDS_RETURN_IF_ERROR(read(p, held, &word, 8, h.link));  // the copies before the re-check
   if (word != h.transfer)
     return aborted("DistFlow: transfer {} of {} was freed during the pull", h.transfer, h.link);
   pulled_bytes_ += static_cast<int64_t>(block_bytes * dst.size());
@@ -287,25 +438,29 @@ Status KvReceiver::pull(const KvHandoff& h, std::span<const int32_t> dst, KvStor
   const int64_t deadline = now_ns() + int64_t{kLinkTimeoutMs} * 1'000'000;
   while (true) {
     uint64_t consumed = 0;
-    XDS_RETURN_IF_ERROR(read(*p, {0, p->layout.app + kConsumedOffset, 8}, &consumed, 8, h.link));
-    if (p->posted - consumed < kCompletionSlots) break;
-    if (now_ns() > deadline || !p->alive())
+    XDS_RETURN_IF_ERROR(read(p, {0, p.layout.app + kConsumedOffset, 8}, &consumed, 8, h.link));
+    if (p.posted - consumed < kCompletionSlots) break;
+    if (now_ns() > deadline || !p.alive())
       return unavailable("DistFlow: prefill group {} stopped reading its completions", h.link);
+    XDS_RETURN_IF_ERROR(watch(p, w, h));
     sched_yield();
   }
-  const xccl::MemDesc slot{0, p->layout.app + kRingOffset + 8 * (p->posted % kCompletionSlots), 8};
+  const xccl::MemDesc slot{0, p.layout.app + kRingOffset + 8 * (p.posted % kCompletionSlots), 8};
   const uint64_t id = h.transfer;
-  if (t.put_with_signal(slot, 0, &id, 8, {0, p->layout.signal_off(1, 0)}, p->posted + 1) ==
+  if (t.put_with_signal(slot, 0, &id, 8, {0, p.layout.signal_off(1, 0)}, p.posted + 1) ==
           xccl::OpState::kFailed ||
       t.flush() == xccl::OpState::kFailed) {
     return unavailable("DistFlow: the completion to {} failed", h.link);
   }
-  ++p->posted;
+  ++p.posted;
   return {};
 }
 
 KvPuller::KvPuller(KvReceiver receiver, KvStorage& local)
-    : receiver_(std::move(receiver)), local_(local), thread_([this] { loop(); }) {}
+    : receiver_(std::move(receiver)), local_(local) {
+  receiver_.count_probes_into(&probes_saturated_);
+  thread_ = std::thread([this] { loop(); });
+}
 
 KvPuller::~KvPuller() {
   {
@@ -344,7 +499,7 @@ void KvPuller::loop() {
     Status st = receiver_.pull(job.handoff, job.dst, local_);
     pulled_bytes_.store(receiver_.pulled_bytes(), std::memory_order_relaxed);
     std::lock_guard<std::mutex> lock(mu_);
-    done_.push_back(Done{job.seq, std::move(st)});
+    done_.push_back(Done{job.seq, pull_state(st), std::move(st)});
   }
 }
 

@@ -21,13 +21,37 @@
 // reads of the prefill side -- the format, the ring's consumed count, the validity table,
 // the blocks -- it reads through the link's Transport, so both backends run the same code.
 //
-// The completion ring lives in the prefill side's (rank 0's) arena, app area:
+// The completion ring, the format and the probe lines live in the prefill side's (rank 0's)
+// arena, app area (every field a u64; each 64-byte line has one writer):
 //   [0, 8)                          consumed: completions the prefill side has read (it writes)
 //   [64, 64 + 8 * kCompletionSlots) transfer ids, slot = completion number % kCompletionSlots
-//   [kFormatOffset, +8 + len)       the sender's KV format: u64 length, then the text
+//                                   (the decode side writes)
+//   kFormatOffset = 64 + 8 * kCompletionSlots
+//   [kFormatOffset, +8 + len)       the sender's KV format: u64 length, then the text (len
+//                                   < kFormatMax = 4096; the prefill side writes it once)
+//   kProbeOffset = kFormatOffset + kFormatMax
+//   [kProbeOffset, +8)              probe: the decode side's latest probe number, from 1 (it
+//                                   writes it as a signal word: put_with_signal, no data)
+//   [kProbeOffset + 64, +8)         answer: the latest probe number the prefill side has
+//                                   written back (it writes)
+//   [kProbeOffset + 72, +8)         hold: 1 while the prefill side holds this link's transfers
+//                                   (fault injection: HandoffStage::inject_link_fault), else 0
+//                                   (it writes)
+//   app bytes = kProbeOffset + 128
 // Rank 1 (the decode side) writes slot n, then signal (1 -> 0, index 0) = n + 1; it waits
 // while n - consumed >= kCompletionSlots. The decode side checks the format when it links,
 // and every handoff carries it too.
+//
+// Probing (P116): a pull that runs past its expected time (bytes / KvProbeOptions::
+// expected_bytes_per_s + slack_ns) sends a probe (number n) and polls the answer word; the
+// prefill side writes every probe number back from its DP group's loop (answer_probes(), also
+// between a long step's layers). Answered (answer >= n): the link is saturated, not dead; the
+// pull goes on and probes again after another slack. Not answered within probe_timeout_ns: the
+// link failed; the pull ends Unavailable, the decode side poisons the link (shared memory:
+// rank 0's poison word; UCX: the link is closed) and forgets it, so the next pull links anew,
+// and the prefill side drops poisoned or dead links (drop_failed_links()). A decode side
+// polls while it waits (hold, ring room) and between batches of copies; a single blocked UCX
+// flush still ends only at the link's flush timeout.
 //
 // The region holds the KV blocks, then a table of kTransferSlots words: slot id % kTransferSlots
 // holds the transfer id while its blocks are held for it, 0 once freed. The decode side reads
@@ -64,6 +88,20 @@ namespace xds::engine {
 
 inline constexpr uint64_t kCompletionSlots = 1024;
 inline constexpr uint64_t kTransferSlots = 4096;
+
+// When a pull counts as slow and when a slow link counts as failed (the header comment).
+struct KvProbeOptions {
+  double expected_bytes_per_s = 1e9;       // conservative: a pull is slow past bytes / this
+  int64_t slack_ns = 200'000'000;          // ... plus this (also the pause between probes)
+  int64_t probe_timeout_ns = 500'000'000;  // a probe unanswered this long: the link failed
+};
+
+// How a pull ended: kDone; kFailed (this handoff's KV cannot be had: a freed transfer, a
+// format mismatch, a malformed handoff; the request ends); kLinkFailed (the link failed under
+// the pull: a probe unanswered, the peer gone, an operation failed -- the status is
+// Unavailable; the link is forgotten and the request can be recomputed from its tokens).
+enum class PullState : uint8_t { kDone, kFailed, kLinkFailed };
+PullState pull_state(const Status& st);
 
 // The text both sides must agree on before a block means the same thing to both: the model
 // (type, hidden size, vocabulary, layers, MTP layers), block size, every plane's dtype,
@@ -105,6 +143,16 @@ class KvSender {
   std::span<std::byte> kv_bytes() { return region_.span().first(region_.bytes() - 8 * kTransferSlots); }
   // Appends the transfer ids completed since the last call, from every live link.
   void poll_completions(std::vector<uint64_t>& done);
+  // Writes every link's latest probe number back; returns how many links had a new one.
+  // Cheap (one load per link): call it every loop and between a long step's layers.
+  int answer_probes();
+  // Holds (true) or releases every link's transfers: while held, a decode side waits before
+  // its copies (probing as usual). Links formed meanwhile start held. Fault injection only.
+  void hold_links(bool hold);
+  // Drops the links a decode side declared failed (poisoned) or whose peer is gone, after
+  // appending their last completions to `done`; returns how many. A syscall per link: call it
+  // about once a second.
+  int drop_failed_links(std::vector<uint64_t>& done);
   int links() const { return static_cast<int>(links_.size()); }
   // Peers connected whose hello has not arrived yet (dropped after the handshake timeout).
   size_t pending_links() const { return listener_.pending(); }
@@ -122,7 +170,9 @@ class KvSender {
     std::byte* arena = nullptr;            // this side's arena of the link
     uint64_t app = 0, posted_signal = 0, ready_signal = 0;  // offsets in it
     uint64_t consumed = 0;
+    uint64_t answered = 0;  // the latest probe number written back
   };
+  void poll_peer(Peer& p, std::vector<uint64_t>& done);
   // A formed link (fabric or ucx set): its arena offsets filled in, its format written, its
   // ring opened.
   void adopt(Peer p);
@@ -133,6 +183,7 @@ class KvSender {
   std::string format_;
   std::vector<Peer> links_;
   uint64_t transfers_ = 0;
+  bool hold_ = false;
 };
 
 // Which backend a decode group pulls with: kAuto picks from its own host and the prefill
@@ -143,14 +194,27 @@ Result<KvBackendChoice> parse_kv_backend(const std::string& name);
 class KvReceiver {
  public:
   explicit KvReceiver(std::string format, KvBackendChoice backend = KvBackendChoice::kAuto,
-                      std::string self_host = "127.0.0.1")
-      : format_(std::move(format)), backend_(backend), self_host_(std::move(self_host)) {}
+                      std::string self_host = "127.0.0.1", KvProbeOptions probe = {})
+      : format_(std::move(format)),
+        backend_(backend),
+        self_host_(std::move(self_host)),
+        probe_(probe) {}
   // Copies blocks h.blocks of h.link's region into `dst` (same count) of `local`, then posts
-  // h.transfer to the sender's completion ring. FailedPrecondition naming both formats when
-  // they differ; Unavailable when the link cannot be formed or its peer died.
+  // h.transfer to the sender's completion ring, probing the link while the pull is slow.
+  // FailedPrecondition naming both formats when they differ; Aborted when the transfer was
+  // freed; Unavailable, naming the link and why, when the link cannot be formed, its peer
+  // died, an operation on it failed or a probe went unanswered (the link is then poisoned and
+  // forgotten: the next pull links anew).
   Status pull(const KvHandoff& h, std::span<const int32_t> dst, KvStorage& local);
   // Bytes pulled so far (for the load report).
   int64_t pulled_bytes() const { return pulled_bytes_; }
+  // Probes answered while a pull was slow, so far.
+  int64_t probes_saturated() const { return probes_saturated_; }
+  // Also counts each of them into *total as it is answered (KvPuller's, read by the DP
+  // group's thread while a pull runs); *total must outlive the receiver.
+  void count_probes_into(std::atomic<int64_t>* total) { probes_total_ = total; }
+  // Links held now (a failed one is forgotten).
+  size_t links() const { return links_.size(); }
 
  private:
   struct Peer {
@@ -161,16 +225,37 @@ class KvReceiver {
     xccl::ArenaLayout layout;
     uint64_t region_bytes = 0;
     uint64_t posted = 0;
+    uint64_t probes = 0;  // the latest probe number sent
     bool alive() { return fabric ? fabric->peer_alive(0) : ucx->peer_alive(); }
   };
+  // One pull's clock: when it counts as slow, and its probe in flight.
+  struct PullWatch {
+    int64_t start_ns = 0;
+    int64_t expected_ns = 0;  // bytes / expected_bytes_per_s + slack_ns
+    int64_t probe_at_ns = 0;  // probe when past this with none in flight
+    uint64_t probe = 0;       // the probe awaiting its answer (0: none)
+    int64_t probe_sent_ns = 0;
+    int64_t answered = 0;  // probes answered in this pull
+  };
   Result<Peer*> peer(const KvHandoff& h);
+  Status pull_from(Peer& p, const KvHandoff& h, std::span<const int32_t> dst, KvStorage& local);
+  // Probes the link when the pull is slow; Unavailable when a probe went unanswered too long.
+  Status watch(Peer& p, PullWatch& w, const KvHandoff& h);
+  // Waits while the prefill side holds the link's transfers (watching; Aborted when the
+  // transfer is freed meanwhile).
+  Status wait_unheld(Peer& p, PullWatch& w, const KvHandoff& h, const xccl::MemDesc& held);
+  // Poisons and forgets `link` after a pull on it failed Unavailable (the caller logs why).
+  void drop_link(const std::string& link);
   // n bytes at `src` of the prefill side into dst, complete (get, then flush).
   Status read(Peer& p, const xccl::MemDesc& src, void* dst, uint64_t n, const std::string& link);
   std::string format_;
   KvBackendChoice backend_;
   std::string self_host_;
+  KvProbeOptions probe_;
   std::unordered_map<std::string, Peer> links_;
   int64_t pulled_bytes_ = 0;
+  int64_t probes_saturated_ = 0;
+  std::atomic<int64_t>* probes_total_ = nullptr;
 };
 
 // KvReceiver on a thread of its own (the decode side's asynchronous receive, P101/P103): the
@@ -190,11 +275,13 @@ class KvPuller {
   void post(int64_t seq, KvHandoff handoff, std::vector<int32_t> dst);
   struct Done {
     int64_t seq = 0;
+    PullState state = PullState::kDone;  // pull_state(status)
     Status status;
   };
   // Appends the pulls completed since the last call (never waits).
   void poll(std::vector<Done>& out);
   int64_t pulled_bytes() const { return pulled_bytes_.load(std::memory_order_relaxed); }
+  int64_t probes_saturated() const { return probes_saturated_.load(std::memory_order_relaxed); }
 
  private:
   struct Job {
@@ -212,6 +299,7 @@ class KvPuller {
   std::vector<Done> done_;  // guarded by mu_
   bool stop_ = false;       // guarded by mu_
   std::atomic<int64_t> pulled_bytes_{0};
+  std::atomic<int64_t> probes_saturated_{0};
   std::thread thread_;
 };
 

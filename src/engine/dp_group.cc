@@ -231,6 +231,7 @@ Status DpGroup::poll_control(int wait_ms) {
 
 void DpGroup::answer_heartbeats(int32_t waiting_on) {
   waiting_on_ = waiting_on;
+  handoff_->answer_probes();  // a long step is not a dead KV link either
   while (true) {
     auto m = recv_message(control_, /*dontwait=*/true);
     if (!m.ok()) {
@@ -291,6 +292,17 @@ void DpGroup::strike_due_faults() {
         XDS_LOG_WARN("DP group {}: fault {}: this group's loop stops answering", fabric_.rank(),
                      f.id);
         while (true) ::pause();
+      case protocol::FaultKind::kLinkDelay:
+      case protocol::FaultKind::kLinkDrop: {
+        LinkFault lf;
+        lf.kind = f.kind == protocol::FaultKind::kLinkDelay ? LinkFault::kDelay : LinkFault::kDrop;
+        lf.duration_ms = f.duration_ms;
+        Status st = handoff_->inject_link_fault(lf);
+        XDS_LOG_WARN("DP group {}: fault {}: its KV links {} for {} ms{}", fabric_.rank(), f.id,
+                     lf.kind == LinkFault::kDelay ? "are slow" : "stop answering", f.duration_ms,
+                     st.ok() ? "" : " -- refused: " + st.message());
+        break;
+      }
       default:
         XDS_LOG_WARN("DP group {}: fault {}: kind {} is not handled by a DP group", fabric_.rank(),
                      f.id, static_cast<int>(f.kind));
@@ -383,6 +395,9 @@ void DpGroup::send_load(bool force) {
   l.kv_transfers_done = hs.transfers_done;
   l.kv_transfers_expired = hs.transfers_expired;
   l.kv_pulled_bytes = hs.pulled_bytes;
+  l.kv_probes_saturated = hs.probes_saturated;
+  l.kv_links_failed = hs.links_failed;
+  l.kv_handoffs_recomputed = hs.handoffs_recomputed;
   l.max_num_seqs = o_.core.max_num_seqs;
   const KvUsage u = core_->kv().usage();
   l.kv_blocks_total = u.total;

@@ -8,6 +8,16 @@
 #include "engine/speculative_stage.h"
 
 namespace xds::engine {
+namespace {
+
+// How often the prefill side looks for links a decode group declared failed (a syscall each).
+constexpr int64_t kLinkCheckPeriodNs = 1'000'000'000;
+
+const char* link_fault_name(LinkFault::Kind k) {
+  return k == LinkFault::kDelay ? "delay" : "drop";
+}
+
+}  // namespace
 
 HandoffStage::HandoffStage(const HandoffOptions& options) : o_(options) {}
 
@@ -27,7 +37,8 @@ Status HandoffStage::attach(EngineCore& core) {
   XDS_ASSIGN_OR_RETURN(const KvBackendChoice backend, parse_kv_backend(o_.kv_transfer_backend));
   puller_ = std::make_unique<KvPuller>(
       KvReceiver(core.kv_format(), backend,
-                 o_.kv_transfer_host.empty() ? std::string("127.0.0.1") : o_.kv_transfer_host),
+                 o_.kv_transfer_host.empty() ? std::string("127.0.0.1") : o_.kv_transfer_host,
+                 o_.kv_probe),
       core.storage());
   core.table().set_on_finish_parked([this](Sequence& s) {
     sender_->close_transfer(s.transfer);
@@ -110,13 +121,50 @@ Result<bool> HandoffStage::cooperate(StepSync& sync,
   return any;
 }
 
+void HandoffStage::answer_probes() {
+  if (sender_ && fault_ != LinkFault::kDrop) sender_->answer_probes();
+}
+
+Status HandoffStage::inject_link_fault(LinkFault f) {
+  if (!sender_) {
+    return failed_precondition("DP group {}: a link fault needs a prefill group (it exports no KV)",
+                               o_.rank);
+  }
+  if (f.duration_ms <= 0) {
+    if (fault_)
+      XDS_LOG_WARN("DP group {}: KV link fault ({}) ended", o_.rank, link_fault_name(*fault_));
+    fault_.reset();
+    sender_->hold_links(false);
+    return {};
+  }
+  fault_ = f.kind;
+  fault_end_ns_ = now_ns() + f.duration_ms * 1'000'000;
+  sender_->hold_links(true);
+  XDS_LOG_WARN("DP group {}: KV link fault injected: {} for {} ms on {}", o_.rank,
+               link_fault_name(f.kind), f.duration_ms, sender_->link_name());
+  return {};
+}
+
+void HandoffStage::serve_links() {
+  const int64_t now = now_ns();
+  if (fault_ && now >= fault_end_ns_) (void)inject_link_fault({*fault_, 0});
+  if (fault_ != LinkFault::kDrop) {  // a dropped link answers nothing
+    sender_->answer_probes();
+    sender_->poll_completions(completed_);
+  }
+  if (now - links_checked_ns_ >= kLinkCheckPeriodNs) {
+    links_checked_ns_ = now;
+    sender_->drop_failed_links(completed_);
+  }
+}
+
 Status HandoffStage::service(bool* ended) {
   *ended = false;
   RequestTable& table = core_->table();
   if (sender_) {
     XDS_RETURN_IF_ERROR(sender_->accept_pending());
     completed_.clear();
-    sender_->poll_completions(completed_);
+    serve_links();
     const size_t pulled = completed_.size();
     const int64_t now = now_ns();
     for (auto& [id, p] : parked_) {
@@ -144,8 +192,19 @@ Status HandoffStage::service(bool* ended) {
   for (const KvPuller::Done& d : pulled_) {
     Sequence& s = *table.find(d.seq);
     table.end_pull(s);
-    if (!d.status.ok() || s.cancel_after_pull) {
-      if (!d.status.ok())
+    if (d.state == PullState::kLinkFailed) ++links_failed_;
+    if (d.state == PullState::kLinkFailed && !s.cancel_after_pull) {
+      // The prompt and the prefill side's tokens are here: recompute the KV instead.
+      XDS_LOG_WARN(
+          "DP group {}: request {}: {}; the link is dropped (made anew by the next "
+          "pull) and the request's KV is recomputed here",
+          o_.rank, s.request->req.id, d.status.message());
+      table.recompute_handoff(s);
+      ++handoffs_recomputed_;
+      continue;
+    }
+    if (d.state != PullState::kDone || s.cancel_after_pull) {
+      if (d.state != PullState::kDone)
         XDS_LOG_WARN("DP group {}: request {}: {}", o_.rank, s.request->req.id,
                      d.status.message());
       table.finish(s, "abort");
@@ -220,6 +279,9 @@ HandoffStats HandoffStage::stats() const {
   st.transfers_done = transfers_done_;
   st.transfers_expired = transfers_expired_;
   st.pulled_bytes = puller_ ? puller_->pulled_bytes() : 0;
+  st.probes_saturated = puller_ ? puller_->probes_saturated() : 0;
+  st.links_failed = links_failed_;
+  st.handoffs_recomputed = handoffs_recomputed_;
   return st;
 }
 

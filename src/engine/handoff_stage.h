@@ -7,6 +7,10 @@
 //     and start decoding once the pull completes.
 //   The cooperative prefill pool (engine/cooperative_prefill.h): pooled requests reach every
 //     group and are assigned together after each step header.
+//   Link probing (P116, engine/distflow.h): a slow pull probes its prefill group; a link that
+//     does not answer is failed, and its handoff is recomputed here from its tokens
+//     (RequestTable::recompute_handoff) instead of ending. inject_link_fault() makes a
+//     prefill group's links slow or dead, for tests and the admin fault endpoint.
 //
 // Thread-safety: not thread-safe; the device's main thread owns it (KvPuller's own thread
 // writes only the blocks it was given).
@@ -16,6 +20,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -38,6 +43,8 @@ struct HandoffOptions {
   std::string kv_transfer_backend = "auto";
   int64_t kv_transfer_timeout_ns = 60'000'000'000;  // a parked transfer nobody pulls is freed
   bool cooperative_prefill = false;
+  // Decode side: when a pull is slow (probe the link) and when a slow link is failed.
+  KvProbeOptions kv_probe;
 };
 
 struct HandoffStats {
@@ -45,6 +52,26 @@ struct HandoffStats {
   int64_t transfers_done = 0;     // pulled by a decode group
   int64_t transfers_expired = 0;  // freed at the deadline
   int64_t pulled_bytes = 0;       // decode side
+  // Decode side, cumulative: probes answered while a pull was slow (saturated), pulls whose
+  // link failed, and the handoffs recomputed here after one (those not cancelled meanwhile).
+  int64_t probes_saturated = 0;
+  int64_t links_failed = 0;
+  int64_t handoffs_recomputed = 0;
+};
+
+// A fault of a prefill group's KV links (every link of its KvSender), for tests and the admin
+// fault endpoint (the DP group's FaultMsg handler):
+//   kDelay: the links hold their transfers (a decode side waits before copying) while they
+//           still answer probes and read completions: pulls are slow but alive, and the
+//           decode side counts its answered probes as saturated.
+//   kDrop:  the links hold their transfers and answer no probe and read no completion: the
+//           decode side's probe goes unanswered, it declares the link failed, drops it and
+//           recomputes the request. Transfers it abandoned stay parked here until their
+//           deadline (the link that would have carried their completion is gone).
+struct LinkFault {
+  enum Kind : uint8_t { kDelay, kDrop };
+  Kind kind = kDelay;
+  int64_t duration_ms = 0;  // from now; 0 ends the fault in force
 };
 
 class HandoffStage {
@@ -80,6 +107,12 @@ class HandoffStage {
   Status start_pulls(const StepPlan& plan);
   // After the step's commit: the table's handoffs are parked, their transfer on the delta.
   void park();
+  // Prefill side: answers the decode groups' probes (service() does too; the DP group also
+  // calls it between a long step's layers, so that a busy group is not a dead link).
+  void answer_probes();
+  // Prefill side: `f` for f.duration_ms on every link, replacing the fault in force (the
+  // LinkFault comment); FailedPrecondition on a group that exports no KV.
+  Status inject_link_fault(LinkFault f);
 
   bool has_parked() const { return !parked_.empty(); }
   int listen_fd() const { return sender_ ? sender_->listen_fd() : -1; }
@@ -103,6 +136,14 @@ class HandoffStage {
   std::unordered_map<uint64_t, Parked> parked_;  // by transfer id
   std::vector<uint64_t> completed_;              // scratch
   int64_t transfers_done_ = 0, transfers_expired_ = 0;
+  int64_t links_failed_ = 0, handoffs_recomputed_ = 0;
+  // The injected link fault in force (prefill side), and when it ends.
+  std::optional<LinkFault::Kind> fault_;
+  int64_t fault_end_ns_ = 0;
+  int64_t links_checked_ns_ = 0;  // the last KvSender::drop_failed_links
+  // The prefill side's per-loop work on its links: faults ending, probes, completions, failed
+  // links dropped; the ids completed are appended to completed_.
+  void serve_links();
 };
 
 }  // namespace xds::engine

@@ -222,6 +222,21 @@ void RequestTable::end_pull(Sequence& s) {
   s.state = SeqState::kAwaitingKv;  // for finish(): nothing writes its blocks any more
 }
 
+void RequestTable::recompute_handoff(Sequence& s) {
+  XDS_CHECK(s.state == SeqState::kAwaitingKv && s.output_len() > 0,
+            "recompute_handoff: seq {} is not an awaiting handoff", s.id);
+  remove_from(awaiting_, &s);
+  if (s.kv >= 0) kv_.free(s.kv);
+  s.kv = -1;
+  s.computed = 0;
+  s.cached_tokens = 0;
+  s.spec = {};
+  // As preempt(): the last sampled token is the next decode's input, not prefilled.
+  s.target = static_cast<int64_t>(s.tokens.size()) - 1;
+  s.state = SeqState::kPreempted;
+  insert_sorted(preempted_, &s);
+}
+
 void RequestTable::start_running(Sequence& s) {
   s.state = SeqState::kRunning;
   insert_sorted(running_, &s);

@@ -190,6 +190,10 @@ class RequestTable {
   // and -> running once the pull completed (its KV committed by the caller).
   void start_pull(Sequence& s);
   void end_pull(Sequence& s);
+  // A handoff whose KV cannot be pulled (its link failed), after end_pull(): its blocks are
+  // freed and it is recomputed from its tokens (prompt + the prefill side's output) like a
+  // preempted sequence, then decodes on. Not counted as a preemption.
+  void recompute_handoff(Sequence& s);
   void start_running(Sequence& s);
   void park(Sequence& s);  // running -> parked: its KV kept for a transfer
   const RequestTableStats& stats() const { return stats_; }

@@ -165,6 +165,9 @@ struct GroupLoad {
   // DistFlow: transfers parked here now; cumulative: completed by a decode group, expired
   // (freed after the deadline), and the KV bytes this group pulled as a decode side.
   int64_t kv_parked = 0, kv_transfers_done = 0, kv_transfers_expired = 0, kv_pulled_bytes = 0;
+  // DistFlow link probing (P116), cumulative, decode side: probes a prefill group answered
+  // while a pull ran slow (the link saturated), pulls whose link failed, handoffs recomputed.
+  int64_t kv_probes_saturated = 0, kv_links_failed = 0, kv_handoffs_recomputed = 0;
   int64_t moe_ns = 0;       // expert-parallel MoE phase (dispatch to combine done), cumulative
   // Tokens this group routed to each logical expert, cumulative (CausalLm::
   // routed_token_counts): [moe_layers.size(), n_experts] row-major. Sent about once a second;
@@ -271,7 +274,8 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(GroupLoad, group, running, waiti
                                                 window_slot_tokens, slots_per_device,
                                                 window_map_version, window_uniform, kv_parked,
                                                 kv_transfers_done, kv_transfers_expired,
-                                                kv_pulled_bytes)
+                                                kv_pulled_bytes, kv_probes_saturated,
+                                                kv_links_failed, kv_handoffs_recomputed)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(FaultSpec, id, kind, instance, group, after_steps,
                                                 duration_ms, blocks)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(EplbCommand, op, version, moe_layers, replicas)

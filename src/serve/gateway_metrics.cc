@@ -213,6 +213,16 @@ std::string GatewayMetrics::render(std::span<const engine::GroupLoad> loads) {
     reg_.gauge("xdeepserve_kv_pulled_bytes", "KV bytes pulled from prefill groups, "
                "cumulative, per decode DP group.", g)
         .set(static_cast<double>(l.kv_pulled_bytes));
+    reg_.gauge("xdeepserve_kv_probes_saturated", "Probes a prefill group answered while a KV "
+               "pull ran slow (the link saturated, not failed), cumulative, per decode DP "
+               "group.", g)
+        .set(static_cast<double>(l.kv_probes_saturated));
+    reg_.gauge("xdeepserve_kv_links_failed", "KV pulls whose link failed (a probe unanswered, "
+               "the peer gone), cumulative, per decode DP group.", g)
+        .set(static_cast<double>(l.kv_links_failed));
+    reg_.gauge("xdeepserve_kv_handoffs_recomputed", "Handoffs whose KV was recomputed on the "
+               "decode group after their link failed, cumulative, per decode DP group.", g)
+        .set(static_cast<double>(l.kv_handoffs_recomputed));
     running += l.running;
     waiting += l.waiting;
   }

@@ -233,6 +233,11 @@ def check_combined(args, refs, k, prefill_dp=1, backend="auto"):
         check(sum_metric(text, "xdeepserve_kv_pulled_bytes") > 0, f"{what}: no KV bytes pulled")
         check(sum_metric(text, "xdeepserve_kv_transfers_expired") == 0,
               f"{what}: transfers expired")
+        # Undisturbed links: rendered per group, and no pull found its link failed.
+        check("xdeepserve_kv_links_failed{" in text and
+              sum_metric(text, "xdeepserve_kv_links_failed") == 0 and
+              sum_metric(text, "xdeepserve_kv_handoffs_recomputed") == 0,
+              f"{what}: links failed or recomputed handoffs in an undisturbed run")
     finally:
         stop_process(proc, what)
 

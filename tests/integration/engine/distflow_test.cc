@@ -3,7 +3,11 @@
 // link only through the rendezvous socket, as a separately started process does. Checked:
 // pulled blocks equal the prefill side's bytes (a pattern written per block), completions come
 // back in order through more than one lap of the ring, a transfer freed before the pull is
-// refused (not read as KV), and a KV format mismatch is refused naming both formats.
+// refused (not read as KV), and a KV format mismatch is refused naming both formats. Link
+// probing (P116): a link whose prefill side holds the transfer but answers probes is slow
+// but alive (every probe answered, the pull completes with the right bytes); one that stops
+// answering is declared failed, poisoned, dropped by both sides, and made anew for the next
+// pull -- over shared memory and over UCX.
 #include "engine/distflow.h"
 
 #include <gtest/gtest.h>
@@ -14,8 +18,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstddef>
+#include <cstdio>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -244,6 +250,169 @@ TEST(DistFlow, ThePullerCompletesEveryPostedPull) {
   const std::vector<uint64_t> done = serve_until(**sender, kPulls);
   EXPECT_EQ(done, ids);
   EXPECT_EQ(wait_child(child), 0);
+}
+
+// Probing thresholds for the tests: slow after 20 ms, so that the held pulls probe at once;
+// a generous probe timeout where the prefill side answers, a short one where it must not.
+KvProbeOptions probe_options(int64_t probe_timeout_ms) {
+  KvProbeOptions o;
+  o.slack_ns = 20'000'000;
+  o.probe_timeout_ns = probe_timeout_ms * 1'000'000;
+  return o;
+}
+
+// Serves the links (answering probes when `answer`) until `fd` is readable (or 20 s passed);
+// returns the probes answered.
+int serve_until_readable(KvSender& sender, int fd, bool answer) {
+  int answered = 0;
+  std::vector<uint64_t> done;
+  const int64_t deadline = now_ns() + 20'000'000'000;
+  while (now_ns() < deadline) {
+    EXPECT_TRUE(sender.accept_pending().ok());
+    if (answer) answered += sender.answer_probes();
+    sender.poll_completions(done);
+    pollfd p{fd, POLLIN, 0};
+    if (poll(&p, 1, 0) > 0) break;
+    usleep(100);
+  }
+  EXPECT_TRUE(done.empty());
+  return answered;
+}
+
+// The prefill side holds its links until the decode side has probed three times, answering
+// every probe (a decode side sends probe n + 1 only after it saw probe n answered, so it has
+// counted at least two): the pull waits, saturated, then completes with the bytes.
+void held_link_is_saturated(KvBackendChoice backend) {
+  const KvStorageShape shape = test_shape();
+  const std::string fmt = "test format H";
+  setenv("UCX_TLS", "tcp", 1);
+  auto sender = KvSender::create(unique_name("held"), shape, fmt,
+                                 backend == KvBackendChoice::kUcx ? "127.0.0.1" : "");
+  ASSERT_TRUE(sender.ok()) << sender.status().to_string();
+  fill_blocks(**sender, shape);
+  (*sender)->hold_links(true);
+  const uint64_t id = (*sender)->open_transfer();
+  const std::string link = (*sender)->link_name(), ucx_address = (*sender)->ucx_address();
+  const pid_t child = fixtures::fork_child([&] {
+    KvReceiver receiver(fmt, backend, "127.0.0.1", probe_options(/*probe_timeout_ms=*/10'000));
+    auto local = KvStorage::create(shape, -1);
+    if (!local.ok()) return 10;
+    KvHandoff h;
+    h.link = link;
+    h.ucx_address = ucx_address;
+    h.transfer = id;
+    h.kv_format = fmt;
+    h.blocks = {3, 6};
+    const std::vector<int32_t> dst = {0, 1};
+    const Status st = receiver.pull(h, dst, *local);
+    if (!st.ok()) {
+      std::fprintf(stderr, "pull: %s\n", st.to_string().c_str());
+      return 11;
+    }
+    for (size_t k = 0; k < dst.size(); ++k)
+      for (int64_t i = 0; i < local->block_bytes(); ++i)
+        if (local->block_ptr(dst[k])[i] != std::byte{pattern(h.blocks[k], i)}) return 12;
+    if (receiver.probes_saturated() < 2) return 13;
+    return receiver.links() == 1 ? 0 : 14;
+  });
+  int answered = 0;
+  std::vector<uint64_t> done;
+  const int64_t deadline = now_ns() + 20'000'000'000;
+  while (done.empty() && now_ns() < deadline) {
+    ASSERT_TRUE((*sender)->accept_pending().ok());
+    answered += (*sender)->answer_probes();
+    if (answered >= 3) (*sender)->hold_links(false);
+    (*sender)->poll_completions(done);
+    usleep(100);
+  }
+  EXPECT_GE(answered, 3);
+  EXPECT_EQ(done, std::vector<uint64_t>{id});
+  EXPECT_EQ(fixtures::wait_child(child), 0);
+  EXPECT_EQ((*sender)->links(), 1);
+}
+
+TEST(DistFlow, AHeldLinkThatAnswersProbesIsSaturatedAndThePullCompletes) {
+  held_link_is_saturated(KvBackendChoice::kShm);
+}
+
+TEST(DistFlow, AHeldLinkThatAnswersProbesIsSaturatedOverUcx) {
+  held_link_is_saturated(KvBackendChoice::kUcx);
+}
+
+// The prefill side holds its links and answers no probe: the pull fails Unavailable naming
+// the link and the probe, the decode side forgets the link and the prefill side drops it;
+// released, the next pull links anew and completes.
+void silent_link_is_failed_and_made_again(KvBackendChoice backend) {
+  const KvStorageShape shape = test_shape();
+  const std::string fmt = "test format F";
+  setenv("UCX_TLS", "tcp", 1);
+  auto sender = KvSender::create(unique_name("failed"), shape, fmt,
+                                 backend == KvBackendChoice::kUcx ? "127.0.0.1" : "");
+  ASSERT_TRUE(sender.ok()) << sender.status().to_string();
+  fill_blocks(**sender, shape);
+  (*sender)->hold_links(true);
+  const uint64_t first = (*sender)->open_transfer(), second = (*sender)->open_transfer();
+  const std::string link = (*sender)->link_name(), ucx_address = (*sender)->ucx_address();
+  int failed[2], go[2];
+  ASSERT_EQ(pipe(failed), 0);
+  ASSERT_EQ(pipe(go), 0);
+  const pid_t child = fixtures::fork_child([&] {
+    KvReceiver receiver(fmt, backend, "127.0.0.1", probe_options(/*probe_timeout_ms=*/300));
+    auto local = KvStorage::create(shape, -1);
+    if (!local.ok()) return 10;
+    KvHandoff h;
+    h.link = link;
+    h.ucx_address = ucx_address;
+    h.transfer = first;
+    h.kv_format = fmt;
+    h.blocks = {2};
+    const std::vector<int32_t> dst = {7};
+    const Status st = receiver.pull(h, dst, *local);
+    const std::string report = st.to_string();
+    if (write(failed[1], report.data(), report.size()) != static_cast<ssize_t>(report.size()))
+      return 11;
+    if (pull_state(st) != PullState::kLinkFailed || receiver.links() != 0) return 12;
+    char c;
+    if (read(go[0], &c, 1) != 1) return 13;
+    h.transfer = second;
+    h.blocks = {5};
+    if (!receiver.pull(h, dst, *local).ok()) return 14;
+    for (int64_t i = 0; i < local->block_bytes(); ++i)
+      if (local->block_ptr(7)[i] != std::byte{pattern(5, i)}) return 15;
+    return receiver.links() == 1 ? 0 : 16;
+  });
+  EXPECT_EQ(serve_until_readable(**sender, failed[0], /*answer=*/false), 0);
+  char buf[512];
+  const ssize_t n = read(failed[0], buf, sizeof(buf));
+  const std::string report(buf, static_cast<size_t>(std::max<ssize_t>(n, 0)));
+  EXPECT_NE(report.find("Unavailable"), std::string::npos) << report;
+  EXPECT_NE(report.find(link), std::string::npos) << report;
+  EXPECT_NE(report.find("probe 1 unanswered"), std::string::npos) << report;
+  // The decode side poisoned (shared memory) or closed (UCX) the link: dropped here.
+  std::vector<uint64_t> done;
+  int dropped = 0;
+  const int64_t deadline = now_ns() + 20'000'000'000;
+  while (dropped == 0 && now_ns() < deadline) {
+    dropped = (*sender)->drop_failed_links(done);
+    usleep(1000);
+  }
+  EXPECT_EQ(dropped, 1);
+  EXPECT_EQ((*sender)->links(), 0);
+  EXPECT_TRUE(done.empty());
+  (*sender)->hold_links(false);
+  ASSERT_EQ(write(go[1], "g", 1), 1);
+  EXPECT_EQ(serve_until(**sender, 1), std::vector<uint64_t>{second});
+  EXPECT_EQ(fixtures::wait_child(child), 0);
+  EXPECT_EQ((*sender)->links(), 1);  // made anew
+  for (int fd : {failed[0], failed[1], go[0], go[1]}) close(fd);
+}
+
+TEST(DistFlow, ALinkThatStopsAnsweringIsFailedDroppedAndMadeAgain) {
+  silent_link_is_failed_and_made_again(KvBackendChoice::kShm);
+}
+
+TEST(DistFlow, ALinkThatStopsAnsweringIsFailedOverUcx) {
+  silent_link_is_failed_and_made_again(KvBackendChoice::kUcx);
 }
 
 TEST(DistFlow, AFreedTransferIsRefusedAndAFormatMismatchNamesBothFormats) {

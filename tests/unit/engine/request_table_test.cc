@@ -352,5 +352,45 @@ TEST(RequestTable, DecodeHandoffsWaitForTheirPull) {
   EXPECT_TRUE(f.plan.chunks.empty());
 }
 
+// A handoff whose link failed during its pull: its reserved blocks go back, and it is
+// recomputed from prompt + the prefill side's first token like a preempted sequence (one
+// chunk [0, 5) that samples nothing, then the decode of that token at position 5).
+TEST(RequestTable, AHandoffWhoseLinkFailedIsRecomputedFromItsTokens) {
+  Fixture f(4);  // 4 blocks of 4
+  EngineRequest r = request("d", {1, 2, 3, 4, 5}, 4);
+  r.phase = RequestPhase::kDecode;
+  r.handoff.rows = 5;
+  r.handoff.output = {6};
+  ASSERT_TRUE(f.table.add(std::move(r)).ok());
+  Sequence& s = *f.table.awaiting().at(0);
+  // What HandoffStage::start_pulls does: blocks for the 5 rows reserved, the pull posted.
+  s.kv = f.kv.add_sequence();
+  ASSERT_TRUE(f.kv.reserve(s.kv, 5).ok());
+  f.table.start_pull(s);
+  EXPECT_EQ(f.kv.available(), 2);
+  f.table.end_pull(s);  // the pull ended: its link failed
+  f.table.recompute_handoff(s);
+  EXPECT_EQ(s.state, SeqState::kPreempted);
+  EXPECT_EQ(s.kv, -1);
+  EXPECT_EQ(f.kv.available(), 4);
+  EXPECT_EQ(s.computed, 0);
+  EXPECT_EQ(s.target, 5);  // the prompt; the first token is the next decode's input
+  EXPECT_TRUE(f.table.awaiting().empty());
+  ASSERT_EQ(f.table.preempted().size(), 1u);
+  EXPECT_EQ(f.table.stats().preemptions, 0);
+  std::vector<TokenDelta> d = f.step({0});
+  EXPECT_TRUE(d.empty());
+  EXPECT_EQ(s.state, SeqState::kRunning);
+  EXPECT_EQ(s.computed, 5);
+  EXPECT_EQ(f.kv.length(s.kv), 5);
+  d = f.step({3});
+  ASSERT_EQ(d.size(), 1u);
+  EXPECT_EQ(d[0].request_id, "d");
+  EXPECT_EQ(d[0].tokens, std::vector<int32_t>{3});
+  EXPECT_EQ(output_of(s), (std::vector<int32_t>{6, 3}));
+  EXPECT_EQ(s.computed, 6);
+  f.kv.check_invariants();
+}
+
 }  // namespace
 }  // namespace xds::engine

@@ -229,6 +229,9 @@ TEST(Messages, Load) {
   l.kv_transfers_done = 3;
   l.kv_transfers_expired = 1;
   l.kv_pulled_bytes = 4096;
+  l.kv_probes_saturated = 5;
+  l.kv_links_failed = 2;
+  l.kv_handoffs_recomputed = 1;
   l.moe_ns = 123456;
   l.expert_tokens = {1, 2, 3, 4};
   l.moe_layers = {3, 4};
@@ -267,6 +270,9 @@ TEST(Messages, Load) {
   EXPECT_EQ(t.kv_transfers_done, 3);
   EXPECT_EQ(t.kv_transfers_expired, 1);
   EXPECT_EQ(t.kv_pulled_bytes, 4096);
+  EXPECT_EQ(t.kv_probes_saturated, 5);
+  EXPECT_EQ(t.kv_links_failed, 2);
+  EXPECT_EQ(t.kv_handoffs_recomputed, 1);
   EXPECT_EQ(t.moe_ns, 123456);
   EXPECT_EQ(t.expert_tokens, (std::vector<int64_t>{1, 2, 3, 4}));
   EXPECT_EQ(t.moe_layers, (std::vector<int64_t>{3, 4}));
