@@ -292,6 +292,14 @@ void DpGroup::strike_due_faults() {
         XDS_LOG_WARN("DP group {}: fault {}: this group's loop stops answering", fabric_.rank(),
                      f.id);
         while (true) ::pause();
+      case protocol::FaultKind::kRetireKvBlocks: {
+        const int64_t n = core_->table().retire_kv_blocks(f.blocks);
+        XDS_LOG_WARN("DP group {}: fault {}: {} KV block(s) retired, {} sequence(s) recomputed so "
+                     "far",
+                     fabric_.rank(), f.id, n, core_->table().stats().retired_recomputes);
+        send_load(/*force=*/true);
+        break;
+      }
       case protocol::FaultKind::kLinkDelay:
       case protocol::FaultKind::kLinkDrop: {
         LinkFault lf;
@@ -413,6 +421,7 @@ void DpGroup::send_load(bool force) {
   l.prefix_hits = table.stats().prefix_hits;
   l.prefix_queries = table.stats().prefix_queries;
   l.preemptions = table.stats().preemptions;
+  l.kv_blocks_retired = table.stats().kv_blocks_retired;
   l.steps = steps_;
   l.last_batch_size = last_batch_;
   if (const SpeculativeStage* spec = core_->speculative()) {

@@ -225,12 +225,27 @@ int64_t KvManager::capacity(int64_t seq) const {
   return static_cast<int64_t>(live_seq(seq).table.size()) * block_size_;
 }
 
+void KvManager::retire(std::span<const int32_t> blocks) {
+  for (const int32_t b : blocks) {
+    cache_.forget(alloc_, b);
+    alloc_.retire(b);
+  }
+}
+
+bool KvManager::holds_retired(int64_t seq) const {
+  for (const int32_t b : live_seq(seq).table) {
+    if (alloc_.retired(b)) return true;
+  }
+  return false;
+}
+
 KvUsage KvManager::usage() const {
   KvUsage u;
   u.total = alloc_.num_blocks();
   u.free = alloc_.free_count();
   u.cached = cache_.evictable_count();
-  u.used = u.total - u.free - u.cached;
+  u.retired = alloc_.retired_count();
+  u.used = u.total - u.free - u.cached - u.retired;
   for (const Seq& s : seqs_) {
     if (!s.live) continue;
     u.reserved += std::max<int64_t>(

@@ -49,6 +49,7 @@ struct KvUsage {
   int64_t free = 0;      // on the allocator's free list
   int64_t used = 0;      // held by a sequence
   int64_t cached = 0;    // held only by the prefix cache (evictable)
+  int64_t retired = 0;   // taken out of use (bad memory), held or not
   int64_t reserved = 0;  // promised to live sequences' expected lengths, not yet held
 };
 
@@ -95,6 +96,11 @@ class KvManager {
   Result<int64_t> fork(int64_t parent, std::vector<BlockCopy>& copies);
   // The length `seq` is expected to reach (prompt + max_tokens), for usage().reserved.
   void expect(int64_t seq, int64_t tokens);
+  // Bad memory (P120): `blocks` leave the prefix cache and are never handed out again. The
+  // sequences holding them must be recomputed (holds_retired); their blocks go back when
+  // they are freed, the retired ones excepted.
+  void retire(std::span<const int32_t> blocks);
+  bool holds_retired(int64_t seq) const;
 
   std::span<const int32_t> table(int64_t seq) const;
   int64_t length(int64_t seq) const;

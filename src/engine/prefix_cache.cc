@@ -167,6 +167,16 @@ bool PrefixCache::evict_one(BlockAllocator& alloc) {
   return true;
 }
 
+void PrefixCache::forget(BlockAllocator& alloc, int32_t b) {
+  if (!cached(b)) return;
+  if (in_lru_[static_cast<size_t>(b)]) lru_remove(b);
+  erase_slot(hash_index_[b]);
+  hash_index_[b] = -1;
+  --cached_;
+  if (recording_) events_.removed.push_back(hash_[b]);
+  alloc.unref(b);
+}
+
 void PrefixCache::record_events(bool on) {
   recording_ = on;
   events_.added.reserve(hash_.size());

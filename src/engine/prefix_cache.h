@@ -77,6 +77,9 @@ class PrefixCache {
   void release(BlockAllocator& alloc, int32_t b);
   // Frees the least recently used evictable block; false when none is evictable.
   bool evict_one(BlockAllocator& alloc);
+  // Block `b` leaves the cache (it was retired: never matched again); the cache's reference
+  // is dropped. Nothing when b is not cached.
+  void forget(BlockAllocator& alloc, int32_t b);
 
   // Block-hash events (P096: the gateway routes by what each instance has cached): with
   // recording on, every insert appends its chain hash to `added` and every eviction to

@@ -194,6 +194,33 @@ void RequestTable::preempt(Sequence& s) {
   insert_sorted(preempted_, &s);
 }
 
+int64_t RequestTable::retire_kv_blocks(int64_t count) {
+  std::vector<int32_t> blocks;
+  for (const Sequence* s : running_) {
+    const std::span<const int32_t> table = kv_.table(s->kv);
+    const auto committed = static_cast<size_t>(
+        std::min<int64_t>(static_cast<int64_t>(table.size()),
+                          (kv_.length(s->kv) + o_.block_size - 1) / o_.block_size));
+    for (size_t i = 0; i < committed && static_cast<int64_t>(blocks.size()) < count; ++i) {
+      if (std::find(blocks.begin(), blocks.end(), table[i]) == blocks.end() &&
+          !kv_.allocator().retired(table[i])) {
+        blocks.push_back(table[i]);
+      }
+    }
+  }
+  kv_.retire(blocks);
+  stats_.kv_blocks_retired += static_cast<int64_t>(blocks.size());
+  std::vector<Sequence*> hit;
+  for (Sequence* s : running_) {
+    if (s->kv >= 0 && kv_.holds_retired(s->kv)) hit.push_back(s);
+  }
+  for (Sequence* s : hit) {
+    preempt(*s);
+    ++stats_.retired_recomputes;
+  }
+  return static_cast<int64_t>(blocks.size());
+}
+
 void RequestTable::release_finished(std::vector<std::string>* released) {
   for (auto it = requests_.begin(); it != requests_.end();) {
     Request& r = *it->second;

@@ -118,6 +118,8 @@ struct RequestTableOptions {
 struct RequestTableStats {
   int64_t prefix_hits = 0, prefix_queries = 0;  // blocks
   int64_t preemptions = 0;
+  int64_t kv_blocks_retired = 0;    // retire_kv_blocks()
+  int64_t retired_recomputes = 0;   // sequences recomputed because they held a retired block
 };
 
 class RequestTable {
@@ -150,6 +152,11 @@ class RequestTable {
   void finish(Sequence& s, const std::string& reason, bool emit = true);
   // Drops its KV; recomputed when admitted again.
   void preempt(Sequence& s);
+  // Bad memory (P120), between steps: retires up to `count` KV blocks that running sequences
+  // hold (their committed blocks, in the running order; KvManager::retire), then every
+  // running sequence holding a retired block is preempted: recomputed into good blocks, its
+  // tokens kept, nothing sent twice. Returns the blocks retired.
+  int64_t retire_kv_blocks(int64_t count);
   // Drops the requests whose choices all ended; their ids are appended to *released.
   void release_finished(std::vector<std::string>* released = nullptr);
   bool has_work() const {

@@ -1,5 +1,6 @@
 #include "model/block_allocator.h"
 
+#include <algorithm>
 #include <limits>
 
 namespace xds {
@@ -7,6 +8,7 @@ namespace xds {
 BlockAllocator::BlockAllocator(int32_t num_blocks) {
   XDS_CHECK(num_blocks >= 0, "BlockAllocator: {} blocks", num_blocks);
   refcount_.assign(static_cast<size_t>(num_blocks), 0);
+  retired_.assign(static_cast<size_t>(num_blocks), 0);
   free_.reserve(static_cast<size_t>(num_blocks));
   for (int32_t b = num_blocks - 1; b >= 0; --b) free_.push_back(b);
 }
@@ -51,8 +53,19 @@ void BlockAllocator::ref(std::span<const int32_t> blocks) {
 int32_t BlockAllocator::unref(int32_t b) {
   check_held(b, "unref");  // a second unref of a freed block (double free) stops here
   int32_t& count = refcount_[static_cast<size_t>(b)];
-  if (--count == 0) free_.push_back(b);
+  if (--count == 0 && !retired(b)) free_.push_back(b);
   return count;
+}
+
+void BlockAllocator::retire(int32_t b) {
+  XDS_CHECK(b >= 0 && b < num_blocks(), "BlockAllocator::retire: block {} out of range [0, {})",
+            b, num_blocks());
+  if (retired(b)) return;
+  retired_[static_cast<size_t>(b)] = 1;
+  ++retired_count_;
+  if (refcount_[static_cast<size_t>(b)] == 0) {
+    free_.erase(std::find(free_.begin(), free_.end(), b));
+  }
 }
 
 void BlockAllocator::unref(std::span<const int32_t> blocks) {
@@ -80,17 +93,22 @@ void BlockAllocator::check_invariants() const {
     XDS_CHECK(!on_free_list[static_cast<size_t>(b)], "block {} twice on the free list", b);
     on_free_list[static_cast<size_t>(b)] = true;
   }
-  int32_t held = 0;
+  int32_t held = 0, idle_retired = 0;
   for (int32_t b = 0; b < num_blocks(); ++b) {
     const int32_t count = refcount_[static_cast<size_t>(b)];
     XDS_CHECK(count >= 0, "block {}: refcount {}", b, count);
-    XDS_CHECK((count == 0) == on_free_list[static_cast<size_t>(b)],
-              "block {}: refcount {} but {} the free list", b, count,
-              on_free_list[static_cast<size_t>(b)] ? "on" : "not on");
-    if (count > 0) ++held;
+    XDS_CHECK((count == 0 && !retired(b)) == on_free_list[static_cast<size_t>(b)],
+              "block {}: refcount {}{} but {} the free list", b, count,
+              retired(b) ? ", retired," : "", on_free_list[static_cast<size_t>(b)] ? "on" : "not on");
+    if (count > 0) {
+      ++held;
+    } else if (retired(b)) {
+      ++idle_retired;
+    }
   }
-  XDS_CHECK(held + free_count() == num_blocks(), "{} held + {} free != {} blocks", held,
-            free_count(), num_blocks());
+  XDS_CHECK(held + free_count() + idle_retired == num_blocks(),
+            "{} held + {} free + {} retired != {} blocks", held, free_count(), idle_retired,
+            num_blocks());
 }
 
 }  // namespace xds

@@ -12,13 +12,18 @@
 //                  is never written: its holder takes a private copy (ensure_writable), copies
 //                  the rows and writes the copy (copy on write).
 //
+//   retire(b)      b is bad memory (P120): never handed out again. A free block leaves the free
+//                  list at once; a held one stays with its holders and does not return to the
+//                  free list when its last holder lets go.
+//
 // Cached-but-unreferenced blocks: a prefix cache keeps its own reference (the block stays
 // at refcount 1, owned by the cache, while no sequence uses it); a sequence that hits the
 // cache ref()s it (2); evicting it is the cache's unref() (back to 0, free).
 //
 // Order: free blocks are handed out last-freed first; a fresh allocator hands out 0, 1, 2...
-// Invariants (checked by check_invariants): free_count() + held blocks == N; a block is on
-// the free list exactly when its refcount is 0. Misuse (unref or ref of a free block, a
+// Invariants (checked by check_invariants): free_count() + held blocks + retired blocks held
+// by nobody == N; a block is on the free list exactly when its refcount is 0 and it is not
+// retired. Misuse (unref or ref of a free block, a
 // bad id) is a bug in the caller and aborts with XDS_CHECK.
 //
 // Thread-safety: not thread-safe; one owner (a DP group's scheduler) calls it.
@@ -58,6 +63,10 @@ class BlockAllocator {
   void unref(std::span<const int32_t> blocks);
 
   int32_t refcount(int32_t b) const;
+  // Takes block `b` out of use for good (see the top of this file); retiring it twice is one.
+  void retire(int32_t b);
+  bool retired(int32_t b) const { return retired_[static_cast<size_t>(b)] != 0; }
+  int32_t retired_count() const { return retired_count_; }
   // Whether block `b` (held) may be written by its holder: refcount == 1.
   bool writable(int32_t b) const { return refcount(b) == 1; }
 
@@ -80,6 +89,8 @@ class BlockAllocator {
 
   std::vector<int32_t> refcount_;  // [N]
   std::vector<int32_t> free_;      // free block ids; allocate() takes from the back
+  std::vector<uint8_t> retired_;   // [N]
+  int32_t retired_count_ = 0;
 };
 
 }  // namespace xds

@@ -156,6 +156,7 @@ struct GroupLoad {
   int64_t steps = 0;
   double last_batch_size = 0;
   int64_t preemptions = 0;  // cumulative
+  int64_t kv_blocks_retired = 0;  // cumulative: KV blocks taken out of use (bad memory)
   // MTP speculative decoding, cumulative: verify steps that had drafts, the tokens those steps
   // gave (accepted drafts + 1 each), and per draft position i the drafts verified and accepted.
   int64_t spec_steps = 0;
@@ -275,7 +276,8 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(GroupLoad, group, running, waiti
                                                 window_map_version, window_uniform, kv_parked,
                                                 kv_transfers_done, kv_transfers_expired,
                                                 kv_pulled_bytes, kv_probes_saturated,
-                                                kv_links_failed, kv_handoffs_recomputed)
+                                                kv_links_failed, kv_handoffs_recomputed,
+                                                kv_blocks_retired)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(FaultSpec, id, kind, instance, group, after_steps,
                                                 duration_ms, blocks)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(EplbCommand, op, version, moe_layers, replicas)

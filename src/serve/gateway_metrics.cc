@@ -196,6 +196,9 @@ std::string GatewayMetrics::render(std::span<const engine::GroupLoad> loads) {
     reg_.gauge("xdeepserve_preemptions", "Requests preempted (KV exhausted; recomputed "
                "later), cumulative, per DP group.", g)
         .set(static_cast<double>(l.preemptions));
+    reg_.gauge("xdeepserve_kv_blocks_retired", "KV blocks taken out of use (bad memory; the "
+               "requests holding them recomputed), cumulative, per DP group.", g)
+        .set(static_cast<double>(l.kv_blocks_retired));
     reg_.gauge("xdeepserve_steps", "Forward steps run, cumulative, per DP group.", g)
         .set(static_cast<double>(l.steps));
     reg_.gauge("xdeepserve_moe_seconds", "Time in the expert-parallel MoE phase (dispatch "

@@ -92,6 +92,30 @@ TEST(KvManager, ASecondRequestHitsTheFirstOnesPrompt) {
   kv.check_invariants();
 }
 
+TEST(KvManager, ARetiredBlockLeavesTheCacheAndIsNeverUsedAgain) {
+  KvManager kv = make(6);
+  const auto prompt = tokens(10);  // 2 full blocks (cached) + 2 tokens
+  const int64_t a = prefilled(kv, prompt);
+  const std::vector<int32_t> a_blocks(kv.table(a).begin(), kv.table(a).end());
+  EXPECT_FALSE(kv.holds_retired(a));
+  kv.retire(std::vector<int32_t>{a_blocks[0]});
+  EXPECT_TRUE(kv.holds_retired(a));
+  EXPECT_EQ(kv.prefix_cache().cached_count(), 1);  // block 1 stays cached
+  EXPECT_EQ(kv.usage().retired, 1);
+  kv.check_invariants();
+  kv.free(a);
+  // The prompt no longer hits: its chain starts with the retired block.
+  EXPECT_EQ(kv.match_prefix(prompt, -1).blocks, 0);
+  KvUsage u = kv.usage();
+  EXPECT_EQ(u.free + u.cached + u.retired, 6);
+  // Every block a pool of 6 can still give, none of them the retired one.
+  const int64_t b = kv.add_sequence();
+  ASSERT_TRUE(kv.reserve(b, 5 * kBs).ok());
+  for (const int32_t blk : kv.table(b)) EXPECT_NE(blk, a_blocks[0]);
+  EXPECT_FALSE(kv.reserve(b, 6 * kBs).ok());
+  kv.check_invariants();
+}
+
 TEST(KvManager, PressureEvictsCachedBlocksOldestFirst) {
   KvManager kv = make(6);
   const int64_t a = prefilled(kv, tokens(8, 100));  // blocks 0, 1

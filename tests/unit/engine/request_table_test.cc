@@ -240,6 +240,37 @@ TEST(RequestTable, AResumeThatDoesNotMatchIsRefused) {
   EXPECT_EQ(f.table.add(r).code(), StatusCode::kInvalidArgument);
 }
 
+TEST(RequestTable, RetiredBlocksAreRecomputedIntoGoodOnesAndNeverReused) {
+  Fixture f;
+  ASSERT_TRUE(f.table.add(request("a", {1, 2, 3, 4, 5}, 10)).ok());
+  ASSERT_TRUE(f.table.add(request("b", {1, 2, 3, 4, 6}, 10)).ok());
+  (void)f.step({6, 3});
+  (void)f.step({2, 2});  // a: 1 2 3 4 5 6 2, b: 1 2 3 4 6 3 2; 6 positions of KV each
+  Sequence& a = *f.table.running().at(0);
+  Sequence& b = *f.table.running().at(1);
+  const int32_t bad = f.kv.table(a.kv)[0];  // a's first block, [1 2 3 4]
+  EXPECT_EQ(f.table.retire_kv_blocks(1), 1);
+  EXPECT_EQ(f.table.stats().kv_blocks_retired, 1);
+  // a held it and is recomputed; b holds its own blocks (no prefix cache here) and runs on.
+  EXPECT_EQ(a.state, SeqState::kPreempted);
+  EXPECT_EQ(b.state, SeqState::kRunning);
+  EXPECT_EQ(f.table.stats().retired_recomputes, 1);
+  EXPECT_TRUE(f.kv.allocator().retired(bad));
+  // b decodes while a recomputes [0, 6) (no delta for a), then both decode: the same tokens
+  // as if nothing had happened, and the bad block is in nobody's table.
+  std::vector<TokenDelta> d = f.step({4, 0});
+  ASSERT_EQ(d.size(), 1u);
+  EXPECT_EQ(d[0].request_id, "b");
+  d = f.step({5, 1});
+  ASSERT_EQ(d.size(), 2u);
+  EXPECT_EQ(output_of(a), (std::vector<int32_t>{6, 2, 5}));
+  EXPECT_EQ(output_of(b), (std::vector<int32_t>{3, 2, 4, 1}));
+  for (const Sequence* s : {&a, &b}) {
+    for (const int32_t blk : f.kv.table(s->kv)) EXPECT_NE(blk, bad);
+  }
+  f.kv.check_invariants();
+}
+
 TEST(RequestTable, ForkedChoicesShareThePrefillRow) {
   Fixture f;
   ASSERT_TRUE(f.table.add(request("a", {1, 2, 3, 4, 5, 6}, 4, /*n=*/2)).ok());

@@ -31,6 +31,28 @@ TEST(BlockAllocator, AllocatesInOrderAndReusesTheLastFreedFirst) {
   a.check_invariants();
 }
 
+// Hand-derived: a retired block is never handed out again, free or held when retired.
+TEST(BlockAllocator, ARetiredBlockIsNeverHandedOutAgain) {
+  BlockAllocator a(4);
+  EXPECT_EQ(a.allocate().value(), 0);
+  EXPECT_EQ(a.allocate().value(), 1);
+  a.retire(3);  // free: off the free list at once
+  a.retire(0);  // held: stays with its holder
+  a.retire(0);  // twice is once
+  EXPECT_EQ(a.retired_count(), 2);
+  EXPECT_EQ(a.free_count(), 1);  // block 2
+  EXPECT_EQ(a.refcount(0), 1);
+  a.check_invariants();
+  EXPECT_EQ(a.unref(0), 0);  // its last holder lets go: it does not come back
+  EXPECT_EQ(a.free_count(), 1);
+  a.check_invariants();
+  EXPECT_EQ(a.allocate().value(), 2);
+  EXPECT_FALSE(a.allocate().ok());  // 0 and 3 retired, 1 held
+  EXPECT_EQ(a.unref(1), 0);
+  EXPECT_EQ(a.allocate().value(), 1);
+  a.check_invariants();
+}
+
 TEST(BlockAllocator, ExhaustionIsAnErrorThatNamesThePool) {
   BlockAllocator a(2);
   ASSERT_TRUE(a.allocate().ok());
