@@ -227,7 +227,7 @@ int64_t KvManager::capacity(int64_t seq) const {
 
 void KvManager::retire(std::span<const int32_t> blocks) {
   for (const int32_t b : blocks) {
-    cache_.forget(alloc_, b);
+    if (use_cache_) cache_.forget(alloc_, b);
     alloc_.retire(b);
   }
 }
@@ -270,8 +270,9 @@ void KvManager::check_invariants() const {
               alloc_.refcount(b), want);
   }
   const KvUsage u = usage();
-  XDS_CHECK(u.free + u.used + u.cached == u.total, "free {} + used {} + cached {} != {}", u.free,
-            u.used, u.cached, u.total);
+  XDS_CHECK(u.free + u.used + u.cached + u.retired == u.total,
+            "free {} + used {} + cached {} + retired {} != {}", u.free, u.used, u.cached, u.retired,
+            u.total);
 }
 
 }  // namespace xds::engine

@@ -148,11 +148,13 @@ TEST(EngineCore, CancelAbortsAndForkedGreedyChoicesAgree) {
   EXPECT_EQ((o.tokens[{"two", 1}]), r);
 }
 
-// The request of a fault-free run, cut after `k` tokens per choice and sent again with them.
+// The request of a fault-free run, cut after `k` tokens per choice and sent again with them
+// (as "<id>-<k>").
 EngineRequest resumed(EngineRequest r, const Outputs& whole, size_t k) {
-  r.id += "-resumed";
+  const std::string id = r.id;
+  r.id += "-" + std::to_string(k);
   for (int32_t i = 0; i < r.sampling.n; ++i) {
-    const std::vector<int32_t>& t = whole.tokens.at({r.id.substr(0, r.id.size() - 8), i});
+    const std::vector<int32_t>& t = whole.tokens.at({id, i});
     r.resume.emplace_back(t.begin(), t.begin() + static_cast<std::ptrdiff_t>(std::min(k, t.size())));
     r.resume_finished.push_back(k >= t.size() ? 1 : 0);
   }
@@ -185,8 +187,9 @@ TEST(EngineCore, AResumedRequestContinuesExactlyWhereTheRunWas) {
       for (int32_t i = 0; i < n; ++i) {
         const std::vector<int32_t>& t = whole.tokens.at({id, i});
         const std::vector<int32_t> tail(t.begin() + static_cast<std::ptrdiff_t>(k), t.end());
-        EXPECT_EQ((rest.tokens[{id + "-resumed", i}]), tail) << id << " choice " << i;
-        EXPECT_EQ((rest.reason[{id + "-resumed", i}]), whole.reason.at({id, i}));
+        const std::string resumed_id = id + "-" + std::to_string(k);
+        EXPECT_EQ((rest.tokens[{resumed_id, i}]), tail) << id << " choice " << i;
+        EXPECT_EQ((rest.reason[{resumed_id, i}]), whole.reason.at({id, i}));
       }
     }
   }
