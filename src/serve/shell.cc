@@ -100,6 +100,7 @@ class Shell::Loop {
 
   Status run(const std::atomic<bool>& stop) {
     bool running = true;
+    last_group_ping_ns_ = now_ns();  // the first heartbeat one interval after the start
     while (running && !stop.load(std::memory_order_relaxed)) {
       std::string failure = o_.process_failure ? o_.process_failure() : std::string();
       const char* kind = "dead_process";
