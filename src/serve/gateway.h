@@ -11,7 +11,9 @@
 // Its parts: gateway_http.h (the routes; parsing, templating and tokenizing a request),
 // admission_queue.h (requests waiting for room), instance_router.h (the instances' roles and
 // loads, where each request and each decode handoff goes, failover) and gateway_link.h (the
-// sockets); gateway.cc holds the requests in flight and wires the parts together.
+// sockets); gateway.cc holds the requests in flight and wires the parts together, and
+// gateway_recovery.cc answers instance failures and restarts (gateway_impl.h: their shared
+// state).
 //
 // Threads: the HTTP server's io threads run the handlers; one messaging thread owns the
 // ZeroMQ sockets (DEALER to the shell, PULL for outputs) and wakes on an eventfd when a handler
