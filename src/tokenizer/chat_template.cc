@@ -2,6 +2,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 #include "base/read_file.h"
@@ -11,8 +12,8 @@
 namespace xds {
 namespace {
 
-Result<nlohmann::ordered_json> read_config(const std::string& path) {
-  XDS_ASSIGN_OR_RETURN(std::string text, read_whole_file(path));
+// tokenizer_config.json's text as a JSON object; `path` names it in errors.
+Result<nlohmann::ordered_json> parse_config(std::string_view text, const std::string& path) {
   try {
     auto j = nlohmann::ordered_json::parse(text);
     if (!j.is_object()) return invalid_argument("{}: expected a JSON object", path);
@@ -20,6 +21,47 @@ Result<nlohmann::ordered_json> read_config(const std::string& path) {
   } catch (const nlohmann::json::parse_error& e) {
     return invalid_argument("{}: invalid JSON: {}", path, e.what());
   }
+}
+
+Result<nlohmann::ordered_json> read_config(const std::string& path) {
+  XDS_ASSIGN_OR_RETURN(std::string text, read_whole_file(path));
+  return parse_config(text, path);
+}
+
+// The special-token variables (bos_token, ...) of a parsed tokenizer_config.json.
+nlohmann::ordered_json special_tokens_of(const nlohmann::ordered_json& cfg) {
+  nlohmann::ordered_json ctx = nlohmann::ordered_json::object();
+  for (const char* key : {"bos_token", "eos_token", "unk_token", "pad_token"}) {
+    if (!cfg.contains(key)) continue;
+    const auto& v = cfg[key];
+    if (v.is_string()) ctx[key] = v;
+    else if (v.is_object() && v.contains("content") && v["content"].is_string()) ctx[key] = v["content"];
+  }
+  return ctx;
+}
+
+// The template source of a parsed tokenizer_config.json: its "chat_template" string, or the
+// "default" entry of a named list; nullopt when the field is absent or null.
+Result<std::optional<std::string>> template_source_of(const nlohmann::ordered_json& cfg,
+                                                      const std::string& path) {
+  using Source = std::optional<std::string>;
+  if (!cfg.contains("chat_template") || cfg["chat_template"].is_null()) return Source();
+  const auto& ct = cfg["chat_template"];
+  if (ct.is_string()) return Source(ct.get<std::string>());
+  if (!ct.is_array()) {
+    return invalid_argument("{}: field 'chat_template': expected a string or a list, got {}", path,
+                            ct.type_name());
+  }
+  std::string src;
+  for (const auto& e : ct) {
+    if (e.is_object() && e.value("name", "") == "default" && e.contains("template") && e["template"].is_string()) {
+      src = e["template"].get<std::string>();
+    }
+  }
+  if (src.empty()) {
+    return invalid_argument("{}: field 'chat_template': a list without a \"default\" entry", path);
+  }
+  return Source(std::move(src));
 }
 
 }  // namespace
@@ -43,43 +85,30 @@ Result<ChatTemplate> ChatTemplate::from_file(const std::string& path) {
 
 Result<nlohmann::ordered_json> ChatTemplate::special_tokens_context(const std::string& model_dir) {
   const std::string path = (std::filesystem::path(model_dir) / "tokenizer_config.json").string();
-  nlohmann::ordered_json ctx = nlohmann::ordered_json::object();
-  if (!std::filesystem::exists(path)) return ctx;
+  if (!std::filesystem::exists(path)) return nlohmann::ordered_json::object();
   XDS_ASSIGN_OR_RETURN(auto cfg, read_config(path));
-  for (const char* key : {"bos_token", "eos_token", "unk_token", "pad_token"}) {
-    if (!cfg.contains(key)) continue;
-    const auto& v = cfg[key];
-    if (v.is_string()) ctx[key] = v;
-    else if (v.is_object() && v.contains("content") && v["content"].is_string()) ctx[key] = v["content"];
-  }
-  return ctx;
+  return special_tokens_of(cfg);
+}
+
+Result<ChatTemplate> ChatTemplate::from_tokenizer_config_text(std::string_view text,
+                                                              const std::string& path) {
+  XDS_ASSIGN_OR_RETURN(auto cfg, parse_config(text, path));
+  XDS_ASSIGN_OR_RETURN(std::optional<std::string> src, template_source_of(cfg, path));
+  if (!src) return not_found("{}: field 'chat_template': missing", path);
+  XDS_ASSIGN_OR_RETURN(auto t, from_string(*src, path + " chat_template"));
+  return t.with_context(special_tokens_of(cfg));
 }
 
 Result<ChatTemplate> ChatTemplate::from_tokenizer_config(const std::string& model_dir) {
   const std::string path = (std::filesystem::path(model_dir) / "tokenizer_config.json").string();
   const std::string jinja_path = (std::filesystem::path(model_dir) / "chat_template.jinja").string();
-  XDS_ASSIGN_OR_RETURN(auto ctx, special_tokens_context(model_dir));
+  nlohmann::ordered_json ctx = nlohmann::ordered_json::object();
   if (std::filesystem::exists(path)) {
     XDS_ASSIGN_OR_RETURN(auto cfg, read_config(path));
-    if (cfg.contains("chat_template") && !cfg["chat_template"].is_null()) {
-      const auto& ct = cfg["chat_template"];
-      std::string src;
-      if (ct.is_string()) {
-        src = ct.get<std::string>();
-      } else if (ct.is_array()) {
-        for (const auto& e : ct) {
-          if (e.is_object() && e.value("name", "") == "default" && e.contains("template") && e["template"].is_string()) {
-            src = e["template"].get<std::string>();
-          }
-        }
-        if (src.empty()) {
-          return invalid_argument("{}: field 'chat_template': a list without a \"default\" entry", path);
-        }
-      } else {
-        return invalid_argument("{}: field 'chat_template': expected a string or a list, got {}", path,
-                                ct.type_name());
-      }
-      XDS_ASSIGN_OR_RETURN(auto t, from_string(src, path + " chat_template"));
+    ctx = special_tokens_of(cfg);
+    XDS_ASSIGN_OR_RETURN(std::optional<std::string> src, template_source_of(cfg, path));
+    if (src) {
+      XDS_ASSIGN_OR_RETURN(auto t, from_string(*src, path + " chat_template"));
       return t.with_context(ctx);
     }
   }

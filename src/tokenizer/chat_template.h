@@ -15,6 +15,7 @@
 
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -36,6 +37,11 @@ class ChatTemplate {
   // What `--chat-template FILE` means: `override_file` when non-empty (with the model's special
   // tokens as context), otherwise the model's own template.
   static Result<ChatTemplate> load(const std::string& model_dir, const std::string& override_file);
+  // The template of a tokenizer_config.json's text, with its special tokens as context (pure:
+  // from_tokenizer_config() without the files). `path` names it in errors. NotFound when the
+  // config has no "chat_template".
+  static Result<ChatTemplate> from_tokenizer_config_text(std::string_view text,
+                                                         const std::string& path);
   // `name` names the source in errors.
   static Result<ChatTemplate> from_string(const std::string& source, const std::string& name);
 
