@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/huge_page_buffer.h"
+#include "base/json_depth.h"
 #include "base/read_file.h"
 
 namespace xds {
@@ -222,6 +223,11 @@ Result<SafetensorsHeader> parse_safetensors_header(const std::byte* bytes, size_
                      kMaxHeaderBytes);
   }
   const char* hdr = reinterpret_cast<const char*>(bytes + 8);
+  // Real headers nest 3 levels; deeper ones would exhaust the stack of the error messages'
+  // dump() (base/json_depth.h).
+  if (json_nesting_exceeds(std::string_view(hdr, n), kMaxJsonDepth)) {
+    return data_loss("{}: bad header: JSON nested deeper than {} levels", path, kMaxJsonDepth);
+  }
   json j = json::parse(hdr, hdr + n, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) {
     return data_loss("{}: bad header: the {}-byte header is not valid JSON", path, n);
@@ -318,6 +324,9 @@ Result<std::map<std::string, std::string>> read_weight_map(const std::string& in
 
 Result<std::map<std::string, std::string>> parse_safetensors_index(std::string_view text,
                                                                    const std::string& index_path) {
+  if (json_nesting_exceeds(text, kMaxJsonDepth)) {
+    return invalid_argument("{}: JSON nested deeper than {} levels", index_path, kMaxJsonDepth);
+  }
   json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return invalid_argument("{}: not valid JSON", index_path);
   if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object()) {
