@@ -5,6 +5,7 @@
 #include <optional>
 #include <sstream>
 
+#include "base/json_depth.h"
 #include "base/read_file.h"
 #include "tokenizer/jinja_ast.h"
 #include "tokenizer/jinja_eval.h"
@@ -14,6 +15,9 @@ namespace {
 
 // tokenizer_config.json's text as a JSON object; `path` names it in errors.
 Result<nlohmann::ordered_json> parse_config(std::string_view text, const std::string& path) {
+  if (json_nesting_exceeds(text, kMaxJsonDepth)) {
+    return invalid_argument("{}: JSON nested deeper than {} levels", path, kMaxJsonDepth);
+  }
   try {
     auto j = nlohmann::ordered_json::parse(text);
     if (!j.is_object()) return invalid_argument("{}: expected a JSON object", path);
@@ -54,7 +58,9 @@ Result<std::optional<std::string>> template_source_of(const nlohmann::ordered_js
   }
   std::string src;
   for (const auto& e : ct) {
-    if (e.is_object() && e.value("name", "") == "default" && e.contains("template") && e["template"].is_string()) {
+    // {"name": "default", "template": "..."}; entries of another shape are skipped.
+    if (e.is_object() && e.contains("name") && e["name"] == "default" && e.contains("template") &&
+        e["template"].is_string()) {
       src = e["template"].get<std::string>();
     }
   }
