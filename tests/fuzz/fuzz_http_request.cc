@@ -43,7 +43,7 @@ void check_complete(const HttpParseOutcome& out, std::string_view bytes,
     std::string upper = name;
     for (char& c : upper) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
     const auto first = std::find_if(req.headers.begin(), req.headers.end(),
-                                    [&](const auto& h) { return h.first == name; });
+                                    [&req_name = name](const auto& h) { return h.first == req_name; });
     XDS_CHECK(req.header(upper) == first->second, "header('{}')", upper);
   }
   XDS_CHECK(out.parsed.version == 10 || out.parsed.version == 11, "version {}",
