@@ -11,6 +11,21 @@ namespace xds {
 
 namespace {
 constexpr size_t kSmallWord = 24;  // below this, a quadratic scan beats the heap
+
+// The byte of a byte-fallback token "<0xAB>": exactly two hex digits. (sscanf's %2X also
+// took "<0x-1>", as 0xFFFFFFFF: an index far outside the 256-entry table.)
+std::optional<uint8_t> fallback_byte(const std::string& text) {
+  if (text.size() != 6 || !text.starts_with("<0x") || text.back() != '>') return std::nullopt;
+  auto hex = [](char c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    return -1;
+  };
+  const int hi = hex(text[3]), lo = hex(text[4]);
+  if (hi < 0 || lo < 0) return std::nullopt;
+  return static_cast<uint8_t>(hi * 16 + lo);
+}
 }  // namespace
 
 Result<BpeModel> BpeModel::from_json(const nlohmann::json& model, bool byte_level,
@@ -102,11 +117,9 @@ Result<BpeModel> BpeModel::from_parts(const nlohmann::json& model, const VocabLi
     } else {
       bpe.id_to_bytes_[id] = text;
       bpe.bytes_to_id_.emplace(text, id);
-      unsigned v = 0;
-      if (text.size() == 6 && text.starts_with("<0x") && text.back() == '>' &&
-          std::sscanf(text.c_str() + 3, "%2X", &v) == 1) {
-        bpe.fallback_ids_[v] = static_cast<int32_t>(id);
-        bpe.id_to_bytes_[id] = std::string(1, static_cast<char>(v));
+      if (const std::optional<uint8_t> v = fallback_byte(text)) {
+        bpe.fallback_ids_[*v] = static_cast<int32_t>(id);
+        bpe.id_to_bytes_[id] = std::string(1, static_cast<char>(*v));
       }
     }
   }
