@@ -132,6 +132,12 @@ Result<ChatTemplate> ChatTemplate::load(const std::string& model_dir, const std:
   return t.with_context(ctx);
 }
 
+ChatTemplate ChatTemplate::with_limits(const jinja::RenderLimits& limits) const {
+  ChatTemplate t = *this;
+  t.limits_ = limits;
+  return t;
+}
+
 ChatTemplate ChatTemplate::with_context(const nlohmann::ordered_json& extra) const {
   ChatTemplate t = *this;
   if (extra.is_object()) {
@@ -161,17 +167,18 @@ Result<PromptText> ChatTemplate::render_prompt(const nlohmann::ordered_json& mes
   if (!messages.is_array()) {
     return invalid_argument("chat template ({}): messages must be a JSON array, got {}", name_, messages.type_name());
   }
-  jinja::Dict ctx;
-  for (auto it = context_.begin(); it != context_.end(); ++it) ctx.set(it.key(), jinja::Value::from_json(it.value()));
-  if (extra.is_object()) {
-    for (auto it = extra.begin(); it != extra.end(); ++it) ctx.set(it.key(), jinja::Value::from_json(it.value()));
-  }
-  ctx.set("messages", jinja::Value::from_json(messages, /*untrusted=*/true));
-  ctx.set("add_generation_prompt", jinja::Value::boolean(add_generation_prompt));
-  ctx.set("tools", tools.is_null() ? jinja::Value::none()
-                                   : jinja::Value::from_json(tools, /*untrusted=*/true));
   try {
-    jinja::Value out = jinja::render(*body_, ctx);
+    // from_json refuses values nested deeper than jinja::kMaxValueDepth.
+    jinja::Dict ctx;
+    for (auto it = context_.begin(); it != context_.end(); ++it) ctx.set(it.key(), jinja::Value::from_json(it.value()));
+    if (extra.is_object()) {
+      for (auto it = extra.begin(); it != extra.end(); ++it) ctx.set(it.key(), jinja::Value::from_json(it.value()));
+    }
+    ctx.set("messages", jinja::Value::from_json(messages, /*untrusted=*/true));
+    ctx.set("add_generation_prompt", jinja::Value::boolean(add_generation_prompt));
+    ctx.set("tools", tools.is_null() ? jinja::Value::none()
+                                     : jinja::Value::from_json(tools, /*untrusted=*/true));
+    jinja::Value out = jinja::render(*body_, ctx, limits_);
     return PromptText{std::move(out.s), std::move(out.taint)};
   } catch (const jinja::TemplateError& e) {
     return invalid_argument("chat template ({}): {}", name_, e.what());

@@ -21,6 +21,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/status.h"
+#include "tokenizer/jinja_eval.h"
 #include "tokenizer/prompt_text.h"
 #include "tokenizer/tokenizer.h"
 
@@ -48,6 +49,9 @@ class ChatTemplate {
   // A copy whose render context also holds these variables (e.g. bos_token for a template
   // loaded with from_file). Keys already present are replaced.
   ChatTemplate with_context(const nlohmann::ordered_json& extra) const;
+  // A copy that renders within these bounds (jinja_eval.h; the defaults otherwise): a render
+  // beyond one fails with an error naming it.
+  ChatTemplate with_limits(const jinja::RenderLimits& limits) const;
   // The special-token variables (bos_token, eos_token, unk_token, pad_token) of a model's
   // tokenizer_config.json; an empty object when the file is absent.
   static Result<nlohmann::ordered_json> special_tokens_context(const std::string& model_dir);
@@ -76,6 +80,7 @@ class ChatTemplate {
   std::shared_ptr<const std::string> source_;
   std::shared_ptr<const std::vector<std::shared_ptr<const jinja::Stmt>>> body_;
   nlohmann::ordered_json context_ = nlohmann::ordered_json::object();
+  jinja::RenderLimits limits_;
 };
 
 // Whether the text of messages and tools may hold special tokens: kUntrusted (the server's

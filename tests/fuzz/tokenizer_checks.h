@@ -22,9 +22,14 @@ void check_tokenizer(const Tokenizer& tok, bool stream_equals_decode);
 const nlohmann::ordered_json& fixed_messages();
 const nlohmann::ordered_json& fixed_tools();
 
-// Renders the conversation (with and without the generation prompt); a rendered prompt's
-// untrusted ranges must be in the form prompt_text.h states (sorted, non-empty, disjoint, not
-// adjacent, inside the text). An error must be a Status, never an exception.
+// Smaller render bounds than the defaults (jinja_eval.h), so that a template that loops until
+// it hits one costs the fuzzer a fraction of a second, not many.
+jinja::RenderLimits fuzz_render_limits();
+
+// Renders the conversation (with and without the generation prompt) within
+// fuzz_render_limits(); a rendered prompt's untrusted ranges must be in the form
+// prompt_text.h states (sorted, non-empty, disjoint, not adjacent, inside the text). An error
+// must be a Status, never an exception.
 void check_template(const ChatTemplate& tmpl);
 
 }  // namespace xds::fuzz
