@@ -309,7 +309,7 @@ Result<Tokenizer> Tokenizer::from_json_text(std::string_view tokenizer_json,
   impl->strip_leading = dec.strip_leading;
   impl->strip_char = dec.strip_char;
   impl->vocab_size = impl->model.size();
-  for (const auto& a : impl->added) impl->vocab_size = std::max<int64_t>(impl->vocab_size, a.id + 1);
+  for (const auto& a : impl->added) impl->vocab_size = std::max<int64_t>(impl->vocab_size, int64_t{a.id} + 1);
   const int64_t listed = static_cast<int64_t>(parsed.vocab.size() + impl->added.size());
   if (impl->vocab_size > 2 * listed + kIdGapSlack) {
     return invalid_argument("{}: field 'added_tokens': ids reach {} but only {} tokens are listed "
