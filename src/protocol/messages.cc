@@ -46,7 +46,9 @@ class MessageReader {
 
   bool null() { return item() && dom_.null(); }
   bool boolean(bool v) { return item() && dom_.boolean(v); }
-  bool number_integer(nlohmann::json::number_integer_t v) { return item() && dom_.number_integer(v); }
+  bool number_integer(nlohmann::json::number_integer_t v) {
+    return item() && dom_.number_integer(v);
+  }
   bool number_unsigned(nlohmann::json::number_unsigned_t v) {
     return item() && dom_.number_unsigned(v);
   }
@@ -96,7 +98,8 @@ class MessageReader {
   }
   bool enter(bool array) {
     item();
-    if (frames_.size() >= kMaxNesting) return fail(fmt::format("nested deeper than {} levels", kMaxNesting));
+    if (frames_.size() >= kMaxNesting)
+      return fail(fmt::format("nested deeper than {} levels", kMaxNesting));
     frames_.push_back({array, "", 0});
     return true;
   }
@@ -164,9 +167,9 @@ Result<Message> decode(const void* data, size_t size) {
   const auto* p = static_cast<const uint8_t*>(data);
   nlohmann::json j;
   MessageReader reader(&j);
-  const bool read = nlohmann::json::sax_parse(p, p + size, &reader,
-                                              nlohmann::json::input_format_t::msgpack,
-                                              /*strict=*/true);
+  const bool read =
+      nlohmann::json::sax_parse(p, p + size, &reader, nlohmann::json::input_format_t::msgpack,
+                                /*strict=*/true);
   if (!read && !reader.error().empty()) {
     return invalid_argument("control message: {}", reader.error());
   }

@@ -2,9 +2,9 @@
 
 #include <cctype>
 
+#include <fmt/format.h>
 #include <boost/asio/buffer.hpp>
 #include <boost/beast/core/string.hpp>
-#include <fmt/format.h>
 
 namespace xds::serve {
 
@@ -78,8 +78,7 @@ HttpParseOutcome parse_http_request(std::string_view bytes, const HttpRequestLim
   while (!parser->is_header_done()) {
     if (!feed(/*reading_header=*/true)) return out;
   }
-  out.expects_continue =
-      boost::beast::iequals(parser->get()[http::field::expect], "100-continue");
+  out.expects_continue = boost::beast::iequals(parser->get()[http::field::expect], "100-continue");
   parser->eager(true);
   while (!parser->is_done()) {
     if (!feed(/*reading_header=*/false)) return out;

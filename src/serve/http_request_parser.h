@@ -59,9 +59,9 @@ enum class HttpParseState {
 };
 struct HttpParseOutcome {
   HttpParseState state = HttpParseState::kIncomplete;
-  ParsedHttpRequest parsed;  // kComplete
-  HttpParseError error;      // kFailed
-  size_t consumed = 0;       // bytes the parser took
+  ParsedHttpRequest parsed;       // kComplete
+  HttpParseError error;           // kFailed
+  size_t consumed = 0;            // bytes the parser took
   bool expects_continue = false;  // the header asked for "Expect: 100-continue"
 };
 HttpParseOutcome parse_http_request(std::string_view bytes, const HttpRequestLimits& limits);

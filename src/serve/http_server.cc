@@ -20,9 +20,9 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
+#include <future>
 #include <map>
 #include <mutex>
-#include <future>
 #include <optional>
 #include <thread>
 #include <unordered_map>

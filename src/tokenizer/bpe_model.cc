@@ -79,8 +79,10 @@ Result<BpeModel> BpeModel::from_parts(const nlohmann::json& model, const VocabLi
   if (model.contains("dropout") && model["dropout"].is_number() && model["dropout"].get<double>() > 0) {
     return unimplemented("{}: field 'model.dropout': BPE dropout is not supported", file);
   }
-  XDS_ASSIGN_OR_RETURN(bpe.byte_fallback_, json_field::field_or(model, "byte_fallback", false, file, "model"));
-  XDS_ASSIGN_OR_RETURN(bpe.ignore_merges_, json_field::field_or(model, "ignore_merges", false, file, "model"));
+  XDS_ASSIGN_OR_RETURN(bpe.byte_fallback_,
+                       json_field::field_or(model, "byte_fallback", false, file, "model"));
+  XDS_ASSIGN_OR_RETURN(bpe.ignore_merges_,
+                       json_field::field_or(model, "ignore_merges", false, file, "model"));
 
   int64_t max_id = -1;
   for (const auto& [text, id] : vocab) {
@@ -93,9 +95,10 @@ Result<BpeModel> BpeModel::from_parts(const nlohmann::json& model, const VocabLi
   // a slack), so that a small file cannot ask for gigabytes ("a": 2147483647).
   constexpr int64_t kIdGapSlack = 1024;
   if (max_id + 1 > 2 * static_cast<int64_t>(vocab.size()) + kIdGapSlack) {
-    return invalid_argument("{}: field 'model.vocab': ids reach {} but only {} tokens are listed "
-                            "(ids may leave gaps, but not more than the listed tokens plus {})",
-                            file, max_id, vocab.size(), kIdGapSlack);
+    return invalid_argument(
+        "{}: field 'model.vocab': ids reach {} but only {} tokens are listed "
+        "(ids may leave gaps, but not more than the listed tokens plus {})",
+        file, max_id, vocab.size(), kIdGapSlack);
   }
   bpe.id_to_bytes_.resize(max_id + 1);
   bpe.id_to_text_.resize(max_id + 1);

@@ -38,8 +38,10 @@ nlohmann::ordered_json special_tokens_of(const nlohmann::ordered_json& cfg) {
   for (const char* key : {"bos_token", "eos_token", "unk_token", "pad_token"}) {
     if (!cfg.contains(key)) continue;
     const auto& v = cfg[key];
-    if (v.is_string()) ctx[key] = v;
-    else if (v.is_object() && v.contains("content") && v["content"].is_string()) ctx[key] = v["content"];
+    if (v.is_string())
+      ctx[key] = v;
+    else if (v.is_object() && v.contains("content") && v["content"].is_string())
+      ctx[key] = v["content"];
   }
   return ctx;
 }
@@ -170,9 +172,11 @@ Result<PromptText> ChatTemplate::render_prompt(const nlohmann::ordered_json& mes
   try {
     // from_json refuses values nested deeper than jinja::kMaxValueDepth.
     jinja::Dict ctx;
-    for (auto it = context_.begin(); it != context_.end(); ++it) ctx.set(it.key(), jinja::Value::from_json(it.value()));
+    for (auto it = context_.begin(); it != context_.end(); ++it)
+      ctx.set(it.key(), jinja::Value::from_json(it.value()));
     if (extra.is_object()) {
-      for (auto it = extra.begin(); it != extra.end(); ++it) ctx.set(it.key(), jinja::Value::from_json(it.value()));
+      for (auto it = extra.begin(); it != extra.end(); ++it)
+        ctx.set(it.key(), jinja::Value::from_json(it.value()));
     }
     ctx.set("messages", jinja::Value::from_json(messages, /*untrusted=*/true));
     ctx.set("add_generation_prompt", jinja::Value::boolean(add_generation_prompt));

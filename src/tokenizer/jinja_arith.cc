@@ -34,9 +34,13 @@ int64_t int_mul(int64_t a, int64_t b) {
   return r;
 }
 
-int64_t int_neg(int64_t a) { return int_sub(0, a); }
+int64_t int_neg(int64_t a) {
+  return int_sub(0, a);
+}
 
-int64_t int_abs(int64_t a) { return a < 0 ? int_neg(a) : a; }
+int64_t int_abs(int64_t a) {
+  return a < 0 ? int_neg(a) : a;
+}
 
 int64_t int_floordiv(int64_t a, int64_t b) {
   if (a == std::numeric_limits<int64_t>::min() && b == -1) overflow(a, "//", b);
@@ -69,6 +73,8 @@ int64_t int_pow(int64_t a, int64_t b) {
   return result;
 }
 
-bool fits_int64(double d) { return d >= -0x1p63 && d < 0x1p63; }
+bool fits_int64(double d) {
+  return d >= -0x1p63 && d < 0x1p63;
+}
 
 }  // namespace xds::jinja

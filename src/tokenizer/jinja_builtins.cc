@@ -89,7 +89,8 @@ Value replace_all(const Value& sv, const Value& from_v, const Value& to, int64_t
   // Sized before it is built ('a' * 100000 | replace('a', 'b' * 100000)).
   if (to.s.size() > from.size()) {
     size_t found = 0;
-    for (size_t p = s.find(from); p != std::string::npos && (count < 0 || static_cast<int64_t>(found) < count);
+    for (size_t p = s.find(from);
+         p != std::string::npos && (count < 0 || static_cast<int64_t>(found) < count);
          p = s.find(from, p + from.size())) {
       ++found;
     }
@@ -462,7 +463,8 @@ List iterate(const Value& v) {
     case Value::Type::kString: {
       List out;
       const std::u32string u = to_u32(v.s);
-      if (u.size() > (size_t{1} << 20)) fail("cannot iterate a string of more than 2^20 characters");
+      if (u.size() > (size_t{1} << 20))
+        fail("cannot iterate a string of more than 2^20 characters");
       const std::vector<size_t> at = u32_offsets(v.s);
       for (size_t k = 0; k < u.size(); ++k) out.push_back(cp_substr(v, u, at, k, k + 1));
       return out;
@@ -525,7 +527,8 @@ Value apply_filter(const std::string& name, const Value& v, Args& args, Kwargs& 
   if (name == "tojson") {
     const Value ind = arg(args, kwargs, 0, "indent", none);
     if (ind.type == Value::Type::kInt && ind.i > 1024) fail("tojson: indent must be at most 1024");
-    const int indent = ind.type == Value::Type::kInt ? static_cast<int>(std::max<int64_t>(ind.i, -1)) : -1;
+    const int indent =
+        ind.type == Value::Type::kInt ? static_cast<int>(std::max<int64_t>(ind.i, -1)) : -1;
     std::string isep = indent >= 0 ? "," : ", ", ksep = ": ";
     const Value seps = arg(args, kwargs, 99, "separators", none);
     if (seps.is_list() && seps.list->size() == 2) {
@@ -768,8 +771,8 @@ void add_globals(Dict* g) {
     const int64_t step = a.size() == 3 ? a[2].i : 1;
     if (step == 0) fail("range: step must not be zero");
     // The count first, in 128 bits: start + k * step never overflows for the items kept.
-    const __int128 span = step > 0 ? static_cast<__int128>(stop) - start
-                                   : static_cast<__int128>(start) - stop;
+    const __int128 span =
+        step > 0 ? static_cast<__int128>(stop) - start : static_cast<__int128>(start) - stop;
     const __int128 by = step > 0 ? static_cast<__int128>(step) : -static_cast<__int128>(step);
     const __int128 count = span <= 0 ? 0 : (span + by - 1) / by;
     if (count > 1000001) fail("range: more than 1000000 items");

@@ -31,7 +31,8 @@ int64_t cost_of(const Value& v) {
   if (v.is_list()) {
     for (const Value& x : *v.list) c += 1 + bytes(x);
   } else if (v.is_mapping()) {
-    for (const auto& [k, x] : v.dict->items) c += 1 + static_cast<int64_t>(k.size() / 64) + bytes(x);
+    for (const auto& [k, x] : v.dict->items)
+      c += 1 + static_cast<int64_t>(k.size() / 64) + bytes(x);
   }
   return c;
 }
@@ -81,8 +82,8 @@ class Interpreter {
   void charge(int64_t n) {
     steps_ += n;
     if (steps_ > limits_.max_steps) {
-      throw TemplateError(fmt::format("more than {} steps of work (a loop that does not end?)",
-                                      limits_.max_steps));
+      throw TemplateError(
+          fmt::format("more than {} steps of work (a loop that does not end?)", limits_.max_steps));
     }
   }
   // A string or list built here must stay within the limits.

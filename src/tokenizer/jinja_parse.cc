@@ -28,12 +28,15 @@ Value int_literal(const Token& tk) {
   int64_t v = 0;
   const char* end = tk.text.data() + tk.text.size();
   const auto [p, ec] = std::from_chars(tk.text.data(), end, v);
-  if (ec != std::errc() || p != end) fail(tk.line, fmt::format("integer literal {} out of range", tk.text));
+  if (ec != std::errc() || p != end)
+    fail(tk.line, fmt::format("integer literal {} out of range", tk.text));
   return Value::integer(v);
 }
 
 // A float literal ("digits.digits"): beyond the double range it is inf, as in Python.
-Value float_literal(const Token& tk) { return Value::number(std::strtod(tk.text.c_str(), nullptr)); }
+Value float_literal(const Token& tk) {
+  return Value::number(std::strtod(tk.text.c_str(), nullptr));
+}
 
 bool is_ws(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
 

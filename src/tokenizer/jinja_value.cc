@@ -33,7 +33,8 @@ namespace {
 
 void check_printed(const std::string& out) {
   if (out.size() > kMaxBuiltBytes) {
-    throw TemplateError(fmt::format("a value too large to print (more than {} bytes)", kMaxBuiltBytes));
+    throw TemplateError(
+        fmt::format("a value too large to print (more than {} bytes)", kMaxBuiltBytes));
   }
 }
 

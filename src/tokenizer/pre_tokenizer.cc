@@ -124,17 +124,20 @@ Status PreTokenizer::add_steps(const nlohmann::json& j, const std::string& file,
   }
   if (type == "ByteLevel") {
     pt->byte_level_ = true;
-    XDS_ASSIGN_OR_RETURN(const bool prefix, json_field::field_or(j, "add_prefix_space", false, file, field));
-    XDS_ASSIGN_OR_RETURN(const bool use_regex, json_field::field_or(j, "use_regex", true, file, field));
-    if (prefix) pt->steps_.push_back(Step{Kind::kByteLevelPrefix, nullptr, "", SplitBehavior::kIsolated, false});
+    XDS_ASSIGN_OR_RETURN(const bool prefix,
+                         json_field::field_or(j, "add_prefix_space", false, file, field));
+    XDS_ASSIGN_OR_RETURN(const bool use_regex,
+                         json_field::field_or(j, "use_regex", true, file, field));
+    if (prefix)
+      pt->steps_.push_back(
+          Step{Kind::kByteLevelPrefix, nullptr, "", SplitBehavior::kIsolated, false});
     if (use_regex) return add_regex(kGpt2Pattern, SplitBehavior::kIsolated, false);
     return {};
   }
   if (type == "Digits") {
     XDS_ASSIGN_OR_RETURN(const bool individual,
                          json_field::field_or(j, "individual_digits", false, file, field));
-    return add_regex(individual ? R"(\p{N})" : R"(\p{N}+)",
-                     SplitBehavior::kIsolated, false);
+    return add_regex(individual ? R"(\p{N})" : R"(\p{N}+)", SplitBehavior::kIsolated, false);
   }
   if (type == "Whitespace") return add_regex(R"(\w+|[^\w\s]+)", SplitBehavior::kRemoved, true);
   if (type == "WhitespaceSplit") return add_regex(R"(\s+)", SplitBehavior::kRemoved, false);

@@ -81,8 +81,10 @@ Status parse_added_tokens(const nlohmann::json& j, const std::string& name,
     if (!t.is_object() || !t.contains("id") || !t["id"].is_number_integer() ||
         t["id"].get<int64_t>() < 0 || t["id"].get<int64_t>() > INT32_MAX ||
         !t.contains("content") || !t["content"].is_string()) {
-      return invalid_argument("{}: field 'added_tokens[{}]': expected {{\"id\": int in [0, 2^31), "
-                              "\"content\": string, ...}}, got {}", name, i, t.dump());
+      return invalid_argument(
+          "{}: field 'added_tokens[{}]': expected {{\"id\": int in [0, 2^31), "
+          "\"content\": string, ...}}, got {}",
+          name, i, t.dump());
     }
     AddedToken a;
     a.id = static_cast<int32_t>(t["id"].get<int64_t>());
@@ -133,7 +135,8 @@ Status parse_decoder(const nlohmann::json& d, const std::string& name, const std
     XDS_ASSIGN_OR_RETURN(std::string content, field_or(d, "content", std::string(), name, field));
     spec->replaces.emplace_back((*p)["String"].get<std::string>(), std::move(content));
   } else if (type == "Strip") {
-    XDS_ASSIGN_OR_RETURN(const std::string content, field_or(d, "content", std::string(" "), name, field));
+    XDS_ASSIGN_OR_RETURN(const std::string content,
+                         field_or(d, "content", std::string(" "), name, field));
     XDS_ASSIGN_OR_RETURN(const int64_t stop, field_or(d, "stop", int64_t{0}, name, field));
     XDS_ASSIGN_OR_RETURN(const int64_t start, field_or(d, "start", int64_t{0}, name, field));
     if (content.size() != 1 || stop != 0) {
@@ -141,14 +144,16 @@ Status parse_decoder(const nlohmann::json& d, const std::string& name, const std
                            "supported", name, field);
     }
     if (start < 0 || start > INT32_MAX) {
-      return invalid_argument("{}: field '{}.start': expected a count >= 0, got {}", name, field, start);
+      return invalid_argument("{}: field '{}.start': expected a count >= 0, got {}", name, field,
+                              start);
     }
     spec->strip_char = content[0];
     spec->strip_leading = static_cast<int>(start);
   } else if (type == "Metaspace") {
     XDS_ASSIGN_OR_RETURN(std::string replacement,
                          field_or(d, "replacement", std::string("\xE2\x96\x81"), name, field));
-    XDS_ASSIGN_OR_RETURN(const bool add_prefix_space, field_or(d, "add_prefix_space", true, name, field));
+    XDS_ASSIGN_OR_RETURN(const bool add_prefix_space,
+                         field_or(d, "add_prefix_space", true, name, field));
     XDS_ASSIGN_OR_RETURN(const std::string scheme,
                          field_or(d, "prepend_scheme", std::string("always"), name, field));
     spec->replaces.emplace_back(std::move(replacement), " ");
@@ -162,7 +167,8 @@ Status parse_decoder(const nlohmann::json& d, const std::string& name, const std
 }
 
 // A token id in a file: an integer in [0, 2^31).
-Result<int32_t> id_value(const nlohmann::json& v, const std::string& name, const std::string& field) {
+Result<int32_t> id_value(const nlohmann::json& v, const std::string& name,
+                         const std::string& field) {
   if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > INT32_MAX ||
       (v.is_number_unsigned() && v.get<uint64_t>() > INT32_MAX)) {
     return invalid_argument("{}: field '{}': expected a token id (an integer in [0, 2^31)), got {}",
@@ -191,15 +197,16 @@ Status parse_post_processor(const nlohmann::json& p, const Tokenizer::Impl& t,
     static const nlohmann::json kEmpty = nlohmann::json::array();
     const auto it = p.find(key);
     if (it == p.end() || it->is_null()) return &kEmpty;
-    if (!it->is_array()) return invalid_argument("{}: field '{}.{}': expected a list", name, field, key);
+    if (!it->is_array())
+      return invalid_argument("{}: field '{}.{}': expected a list", name, field, key);
     return &*it;
   };
   if (type == "ByteLevel") return {};
   if (type == "Sequence") {
     XDS_ASSIGN_OR_RETURN(const nlohmann::json* ps, list("processors"));
     for (size_t i = 0; i < ps->size(); ++i) {
-      XDS_RETURN_IF_ERROR(parse_post_processor((*ps)[i], t, name,
-                                               fmt::format("{}.processors[{}]", field, i), prefix, suffix));
+      XDS_RETURN_IF_ERROR(parse_post_processor(
+          (*ps)[i], t, name, fmt::format("{}.processors[{}]", field, i), prefix, suffix));
     }
     return {};
   }
@@ -214,11 +221,13 @@ Status parse_post_processor(const nlohmann::json& p, const Tokenizer::Impl& t,
         seen_a = true;
         continue;
       }
-      if (!item.is_object() || !item.contains("SpecialToken") || !item["SpecialToken"].is_object()) {
+      if (!item.is_object() || !item.contains("SpecialToken") ||
+          !item["SpecialToken"].is_object()) {
         return invalid_argument("{}: field '{}': unexpected item {}", name, where, item.dump());
       }
-      XDS_ASSIGN_OR_RETURN(const std::string tok,
-                           field_or(item["SpecialToken"], "id", std::string(), name, where + ".SpecialToken"));
+      XDS_ASSIGN_OR_RETURN(
+          const std::string tok,
+          field_or(item["SpecialToken"], "id", std::string(), name, where + ".SpecialToken"));
       std::vector<int32_t> ids;
       if (st != p.end() && st->is_object() && st->contains(tok) && (*st)[tok].is_object() &&
           (*st)[tok].contains("ids")) {
@@ -228,7 +237,8 @@ Status parse_post_processor(const nlohmann::json& p, const Tokenizer::Impl& t,
           return invalid_argument("{}: field '{}': expected a list of ids", name, ids_field);
         }
         for (size_t k = 0; k < list_ids.size(); ++k) {
-          XDS_ASSIGN_OR_RETURN(int32_t id, id_value(list_ids[k], name, fmt::format("{}[{}]", ids_field, k)));
+          XDS_ASSIGN_OR_RETURN(int32_t id,
+                               id_value(list_ids[k], name, fmt::format("{}[{}]", ids_field, k)));
           ids.push_back(id);
         }
       } else {
@@ -247,7 +257,8 @@ Status parse_post_processor(const nlohmann::json& p, const Tokenizer::Impl& t,
       if (it == p.end() || !it->is_array() || it->size() != 2) {
         return invalid_argument("{}: field '{}.{}': expected [token, id]", name, field, key);
       }
-      XDS_ASSIGN_OR_RETURN(int32_t id, id_value((*it)[1], name, fmt::format("{}.{}[1]", field, key)));
+      XDS_ASSIGN_OR_RETURN(int32_t id,
+                           id_value((*it)[1], name, fmt::format("{}.{}[1]", field, key)));
       (std::string_view(key) == "cls" ? prefix : suffix)->push_back(id);
     }
     return {};
@@ -309,12 +320,14 @@ Result<Tokenizer> Tokenizer::from_json_text(std::string_view tokenizer_json,
   impl->strip_leading = dec.strip_leading;
   impl->strip_char = dec.strip_char;
   impl->vocab_size = impl->model.size();
-  for (const auto& a : impl->added) impl->vocab_size = std::max<int64_t>(impl->vocab_size, int64_t{a.id} + 1);
+  for (const auto& a : impl->added)
+    impl->vocab_size = std::max<int64_t>(impl->vocab_size, int64_t{a.id} + 1);
   const int64_t listed = static_cast<int64_t>(parsed.vocab.size() + impl->added.size());
   if (impl->vocab_size > 2 * listed + kIdGapSlack) {
-    return invalid_argument("{}: field 'added_tokens': ids reach {} but only {} tokens are listed "
-                            "(ids may leave gaps, but not more than the listed tokens plus {})",
-                            name, impl->vocab_size - 1, listed, kIdGapSlack);
+    return invalid_argument(
+        "{}: field 'added_tokens': ids reach {} but only {} tokens are listed "
+        "(ids may leave gaps, but not more than the listed tokens plus {})",
+        name, impl->vocab_size - 1, listed, kIdGapSlack);
   }
   impl->pieces.resize(impl->vocab_size);
   impl->special.assign(impl->vocab_size, 0);
@@ -378,8 +391,10 @@ Result<Tokenizer> Tokenizer::from_json_text(std::string_view tokenizer_json,
     for (const auto* ids : {&impl->prefix, &impl->suffix}) {
       for (const int32_t id : *ids) {
         if (id >= impl->vocab_size) {
-          return invalid_argument("{}: field 'post_processor': id {} is not in the vocabulary "
-                                  "(ids below {})", name, id, impl->vocab_size);
+          return invalid_argument(
+              "{}: field 'post_processor': id {} is not in the vocabulary "
+              "(ids below {})",
+              name, id, impl->vocab_size);
         }
       }
     }

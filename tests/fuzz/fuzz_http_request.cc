@@ -42,12 +42,12 @@ void check_complete(const HttpParseOutcome& out, std::string_view bytes,
     // header() finds the first of that name, whatever the case asked for.
     std::string upper = name;
     for (char& c : upper) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-    const auto first = std::find_if(req.headers.begin(), req.headers.end(),
-                                    [&req_name = name](const auto& h) { return h.first == req_name; });
+    const auto first =
+        std::find_if(req.headers.begin(), req.headers.end(),
+                     [&req_name = name](const auto& h) { return h.first == req_name; });
     XDS_CHECK(req.header(upper) == first->second, "header('{}')", upper);
   }
-  XDS_CHECK(out.parsed.version == 10 || out.parsed.version == 11, "version {}",
-            out.parsed.version);
+  XDS_CHECK(out.parsed.version == 10 || out.parsed.version == 11, "version {}", out.parsed.version);
 }
 
 }  // namespace
@@ -58,15 +58,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const HttpParseOutcome small = xds::serve::parse_http_request(bytes, kSmallLimits);
   const HttpParseOutcome large = xds::serve::parse_http_request(bytes, kServerLimits);
   if (small.state == HttpParseState::kFailed) {
-    XDS_CHECK(small.error.status == 400 || small.error.status == 413 ||
-                  small.error.status == 431,
+    XDS_CHECK(small.error.status == 400 || small.error.status == 413 || small.error.status == 431,
               "status {}", small.error.status);
   }
   if (small.state == HttpParseState::kComplete) {
     check_complete(small, bytes, kSmallLimits);
     XDS_CHECK(large.state == HttpParseState::kComplete, "complete under the small limits only");
-    XDS_CHECK(large.consumed == small.consumed && large.parsed.request.body ==
-                                                      small.parsed.request.body &&
+    XDS_CHECK(large.consumed == small.consumed &&
+                  large.parsed.request.body == small.parsed.request.body &&
                   large.parsed.request.target == small.parsed.request.target &&
                   large.parsed.request.headers == small.parsed.request.headers,
               "the limits changed the request");

@@ -35,8 +35,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
     XDS_CHECK(t.nbytes == numel * static_cast<uint64_t>(xds::dtype_size(t.dtype)),
               "tensor '{}': {} bytes for shape {}", t.name, t.nbytes, t.shape_string());
-    XDS_CHECK(t.nbytes <= static_cast<size_t>(end - t.data), "tensor '{}' beyond the file",
-              t.name);
+    XDS_CHECK(t.nbytes <= static_cast<size_t>(end - t.data), "tensor '{}' beyond the file", t.name);
     if (t.nbytes > 0) {
       volatile std::byte first = t.data[0];
       volatile std::byte last = t.data[t.nbytes - 1];

@@ -76,7 +76,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (!tmpl.ok()) return 0;
   xds::fuzz::check_template(tmpl.value());
   if (tok.ok()) {
-    (void)xds::encode_chat_ordered(tok.value(), tmpl.value().with_limits(xds::fuzz::fuzz_render_limits()),
+    (void)xds::encode_chat_ordered(tok.value(),
+                                   tmpl.value().with_limits(xds::fuzz::fuzz_render_limits()),
                                    xds::fuzz::fixed_messages(),
                                    /*add_generation_prompt=*/true, xds::fuzz::fixed_tools());
   }

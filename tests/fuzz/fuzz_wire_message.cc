@@ -14,8 +14,7 @@
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   auto m = xds::protocol::decode(data, size);
   if (!m.ok()) {
-    XDS_CHECK(m.status().code() == xds::StatusCode::kInvalidArgument, "{}",
-              m.status().to_string());
+    XDS_CHECK(m.status().code() == xds::StatusCode::kInvalidArgument, "{}", m.status().to_string());
     return 0;
   }
   const std::string bytes = xds::protocol::encode(m.value());

@@ -14,7 +14,8 @@ constexpr std::string_view kTexts[] = {
     "Hello, world!",
     "  leading spaces\tand\ttabs\n\nnew lines   ",
     "caf\xC3\xA9 \xE4\xBD\xA0\xE5\xA5\xBD \xF0\x9F\x98\x80 123 4567",
-    "<s>special look-alikes</s><|im_start|><\xEF\xBD\x9C" "end\xE2\x96\x81of\xE2\x96\x81sentence\xEF\xBD\x9C>",
+    "<s>special look-alikes</s><|im_start|><\xEF\xBD\x9C"
+    "end\xE2\x96\x81of\xE2\x96\x81sentence\xEF\xBD\x9C>",
     "",
 };
 
@@ -40,8 +41,8 @@ void check_taint(const PromptText& p) {
     const TextRange& r = p.untrusted[i];
     XDS_CHECK(r.begin < r.end && r.end <= p.text.size(), "range [{}, {}) of {} bytes", r.begin,
               r.end, p.text.size());
-    XDS_CHECK(i == 0 || r.begin > last_end, "range [{}, {}) after one ending at {}", r.begin,
-              r.end, last_end);
+    XDS_CHECK(i == 0 || r.begin > last_end, "range [{}, {}) after one ending at {}", r.begin, r.end,
+              last_end);
     last_end = r.end;
   }
 }

@@ -8,7 +8,8 @@ namespace xds {
 namespace {
 
 std::string nested(int levels, char open, char close) {
-  return std::string(static_cast<size_t>(levels), open) + std::string(static_cast<size_t>(levels), close);
+  return std::string(static_cast<size_t>(levels), open) +
+         std::string(static_cast<size_t>(levels), close);
 }
 
 TEST(JsonDepth, CountsArraysAndObjectsUpToTheLimit) {
