@@ -23,7 +23,7 @@ seconds="${XDS_FUZZ_SECONDS:-60}"
 while getopts "t:h" opt; do
   case "$opt" in
     t) seconds="$OPTARG" ;;
-    *) sed -n '2,19p' "$0"; exit 2 ;;
+    *) sed -n '2,18p' "$0"; exit 2 ;;
   esac
 done
 shift $((OPTIND - 1))
