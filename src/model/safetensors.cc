@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/huge_page_buffer.h"
+#include "base/json_depth.h"
 #include "base/read_file.h"
 
 namespace xds {
@@ -203,15 +204,14 @@ MappedFile::~MappedFile() {
 
 // ---- SafetensorsFile ----
 
-Result<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
-  XDS_ASSIGN_OR_RETURN(MappedFile m, MappedFile::open(path));
-  const size_t size = m.size();
+Result<SafetensorsHeader> parse_safetensors_header(const std::byte* bytes, size_t size,
+                                                   const std::string& path) {
   if (size < 8) {
     return data_loss("{}: truncated file: {} bytes, expected at least 8 for the header length",
                      path, size);
   }
   uint64_t n = 0;
-  for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<uint8_t>(m.data()[i]);
+  for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<uint8_t>(bytes[i]);
   if (n > size - 8) {
     return data_loss(
         "{}: bad header: header length {} goes beyond the end of the file "
@@ -222,7 +222,12 @@ Result<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
     return data_loss("{}: bad header: header length {} exceeds the format's limit of {}", path, n,
                      kMaxHeaderBytes);
   }
-  const char* hdr = reinterpret_cast<const char*>(m.data() + 8);
+  const char* hdr = reinterpret_cast<const char*>(bytes + 8);
+  // Real headers nest 3 levels; deeper ones would exhaust the stack of the error messages'
+  // dump() (base/json_depth.h).
+  if (json_nesting_exceeds(std::string_view(hdr, n), kMaxJsonDepth)) {
+    return data_loss("{}: bad header: JSON nested deeper than {} levels", path, kMaxJsonDepth);
+  }
   json j = json::parse(hdr, hdr + n, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) {
     return data_loss("{}: bad header: the {}-byte header is not valid JSON", path, n);
@@ -231,9 +236,9 @@ Result<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
     return data_loss("{}: bad header: expected a JSON object, found {}", path, short_dump(j));
   }
   const uint64_t data_size = size - 8 - n;
-  const std::byte* data = m.data() + 8 + n;
+  const std::byte* data = bytes + 8 + n;
 
-  SafetensorsFile f;
+  SafetensorsHeader h;
   std::vector<std::pair<uint64_t, TensorView>> entries;
   entries.reserve(j.size());
   for (auto it = j.begin(); it != j.end(); ++it) {
@@ -247,7 +252,7 @@ Result<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
           return data_loss("{}: bad header: '__metadata__' value '{}' must be a string, found {}",
                            path, mt.key(), short_dump(*mt));
         }
-        f.metadata_[mt.key()] = mt->get<std::string>();
+        h.metadata[mt.key()] = mt->get<std::string>();
       }
       continue;
     }
@@ -285,12 +290,18 @@ Result<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
     return data_loss("{}: bad header: the tensors cover {} bytes of data but the file holds {}",
                      path, pos, data_size);
   }
-  f.tensors_ = std::make_unique<std::vector<TensorView>>();
-  f.tensors_->reserve(entries.size());
-  for (auto& e : entries) {
-    f.index_.emplace(e.second.name, f.tensors_->size());
-    f.tensors_->push_back(std::move(e.second));
-  }
+  h.tensors.reserve(entries.size());
+  for (auto& e : entries) h.tensors.push_back(std::move(e.second));
+  return h;
+}
+
+Result<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
+  XDS_ASSIGN_OR_RETURN(MappedFile m, MappedFile::open(path));
+  XDS_ASSIGN_OR_RETURN(SafetensorsHeader h, parse_safetensors_header(m.data(), m.size(), path));
+  SafetensorsFile f;
+  f.metadata_ = std::move(h.metadata);
+  f.tensors_ = std::make_unique<std::vector<TensorView>>(std::move(h.tensors));
+  for (size_t i = 0; i < f.tensors_->size(); ++i) f.index_.emplace((*f.tensors_)[i].name, i);
   f.map_ = std::make_unique<MappedFile>(std::move(m));
   return f;
 }
@@ -306,6 +317,16 @@ namespace {
 
 Result<std::map<std::string, std::string>> read_weight_map(const std::string& index_path) {
   XDS_ASSIGN_OR_RETURN(const std::string text, read_whole_file(index_path));
+  return parse_safetensors_index(text, index_path);
+}
+
+}  // namespace
+
+Result<std::map<std::string, std::string>> parse_safetensors_index(std::string_view text,
+                                                                   const std::string& index_path) {
+  if (json_nesting_exceeds(text, kMaxJsonDepth)) {
+    return invalid_argument("{}: JSON nested deeper than {} levels", index_path, kMaxJsonDepth);
+  }
   json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return invalid_argument("{}: not valid JSON", index_path);
   if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object()) {
@@ -330,8 +351,6 @@ Result<std::map<std::string, std::string>> read_weight_map(const std::string& in
   }
   return wm;
 }
-
-}  // namespace
 
 Result<Checkpoint> Checkpoint::open(const std::string& dir) {
   Checkpoint c;

@@ -61,6 +61,24 @@ struct SafetensorsEntry {
 // in this order), padded with spaces to a multiple of 8: the data area is 8-byte aligned.
 std::string safetensors_header(std::span<const SafetensorsEntry> entries);
 
+// A safetensors file's header, parsed and validated against the file's size (the layout
+// above): the tensors in file order (ascending data offset; `data` points into the bytes that
+// were parsed) and the "__metadata__" strings.
+struct SafetensorsHeader {
+  std::vector<TensorView> tensors;
+  std::map<std::string, std::string> metadata;
+};
+// Parses the `size` bytes of a whole file; `path` names it in errors (and in TensorView::file).
+// Pure: SafetensorsFile::open() is this on a mapping.
+Result<SafetensorsHeader> parse_safetensors_header(const std::byte* bytes, size_t size,
+                                                   const std::string& path);
+
+// model.safetensors.index.json's "weight_map": tensor name -> shard file name (a plain name in
+// the checkpoint's directory; a path, "." or ".." is refused). `index_path` names the file in
+// errors. Pure: Checkpoint::open() reads the file and calls this.
+Result<std::map<std::string, std::string>> parse_safetensors_index(std::string_view text,
+                                                                   const std::string& index_path);
+
 // A read-only memory mapping of a whole file (MAP_SHARED, so processes share pages).
 class MappedFile {
  public:

@@ -1,4 +1,5 @@
-// The HTTP server: Beast/Asio stay in this file.
+// The HTTP server: Beast/Asio stay in this file (and in http_request_parser.{h,cc}, the pure
+// part of reading a request).
 //
 // Per connection, everything below runs on the connection's strand (the socket's executor):
 //
@@ -18,11 +19,10 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cctype>
 #include <condition_variable>
+#include <future>
 #include <map>
 #include <mutex>
-#include <future>
 #include <optional>
 #include <thread>
 #include <unordered_map>
@@ -35,6 +35,7 @@
 
 #include "base/log.h"
 #include "serve/accept_backoff.h"
+#include "serve/http_request_parser.h"
 
 namespace xds::serve {
 
@@ -46,12 +47,6 @@ using error_code = boost::system::error_code;
 
 namespace {
 
-std::string lower(std::string_view s) {
-  std::string out(s);
-  for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return out;
-}
-
 std::string default_error_body(int status, std::string_view message) {
   const char* type = status >= 500 ? "server_error" : "invalid_request_error";
   nlohmann::json j = {{"error",
@@ -62,6 +57,14 @@ std::string default_error_body(int status, std::string_view message) {
 
 std::string chunk_frame(std::string_view data) {
   return fmt::format("{:x}\r\n{}\r\n", data.size(), data);
+}
+
+// A read error that means the client went away (closed, reset, or the read was cancelled):
+// the connection closes without an answer. Any other error is the parser's (see
+// http_parse_error).
+bool peer_gone(const error_code& ec) {
+  return ec == http::error::end_of_stream || ec == net::error::eof ||
+         ec == net::error::operation_aborted || ec == net::error::connection_reset;
 }
 
 }  // namespace
@@ -209,7 +212,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   bool stream_final_ = false;  // the write in flight ends the stream
   unsigned version_ = 11;
   uint64_t timer_gen_ = 0;
-  std::optional<http::request_parser<http::string_body>> parser_;
+  std::optional<BeastRequestParser> parser_;
   std::shared_ptr<ExchangeState> exchange_;  // the request being answered
   std::unique_ptr<http::response<http::string_body>> response_;  // the whole answer in flight
   std::string stream_head_;  // status line + headers of a stream, not yet written
@@ -233,9 +236,8 @@ void Connection::read_request() {
     close_connection();
     return;
   }
-  parser_.emplace();
-  parser_->header_limit(static_cast<uint32_t>(server_->options.max_header_bytes));
-  parser_->body_limit(server_->options.max_body_bytes);
+  reset_request_parser(parser_, {.max_header_bytes = server_->options.max_header_bytes,
+                                 .max_body_bytes = server_->options.max_body_bytes});
   arm_timer(server_->options.idle_timeout);
   if (reading_) {
     // The watch read is still pending: cancel it; on_watch then starts the header read
@@ -258,13 +260,11 @@ void Connection::start_header_read() {
 void Connection::on_header(error_code ec) {
   reading_ = false;
   if (phase_ == Phase::kClosed) return;
-  if (ec == http::error::body_limit) return send_error(413, "request body too large");
-  if (ec == http::error::header_limit) return send_error(431, "request headers too large");
-  if (ec == http::error::end_of_stream || ec == net::error::eof ||
-      ec == net::error::operation_aborted || ec == net::error::connection_reset) {
-    return close_connection();
+  if (peer_gone(ec)) return close_connection();
+  if (ec) {
+    const HttpParseError e = http_parse_error(ec, /*reading_header=*/true);
+    return send_error(e.status, e.message);
   }
-  if (ec) return send_error(400, fmt::format("malformed HTTP request: {}", ec.message()));
   if (parser_->is_done()) return dispatch_request();
   auto continue_read = [self = shared_from_this()] {
     self->reading_ = true;
@@ -288,29 +288,21 @@ void Connection::on_header(error_code ec) {
 void Connection::on_body(error_code ec) {
   reading_ = false;
   if (phase_ == Phase::kClosed) return;
-  if (ec == http::error::body_limit) return send_error(413, "request body too large");
-  if (ec == http::error::end_of_stream || ec == net::error::eof ||
-      ec == net::error::operation_aborted || ec == net::error::connection_reset) {
-    return close_connection();
+  if (peer_gone(ec)) return close_connection();
+  if (ec) {
+    const HttpParseError e = http_parse_error(ec, /*reading_header=*/false);
+    return send_error(e.status, e.message);
   }
-  if (ec) return send_error(400, fmt::format("malformed HTTP request: {}", ec.message()));
   dispatch_request();
 }
 
 void Connection::dispatch_request() {
   cancel_timer();
-  auto msg = parser_->release();
+  ParsedHttpRequest parsed = to_parsed_request(parser_->release());
   parser_.reset();
-  version_ = msg.version();
-  keep_alive_ = msg.keep_alive() && !stopping_;
-  HttpRequest req;
-  req.method = std::string(msg.method_string());
-  req.target = std::string(msg.target());
-  req.path = req.target.substr(0, req.target.find('?'));
-  for (const auto& f : msg) {
-    req.headers.emplace_back(lower(std::string(f.name_string())), std::string(f.value()));
-  }
-  req.body = std::move(msg.body());
+  version_ = parsed.version;
+  keep_alive_ = parsed.keep_alive && !stopping_;
+  HttpRequest req = std::move(parsed.request);
 
   auto route = server_->routes.find(req.path);
   if (route == server_->routes.end()) {
@@ -623,13 +615,6 @@ std::string sse_event_bytes(std::string_view data) {
   }
   out += '\n';
   return out;
-}
-
-std::string HttpRequest::header(std::string_view name) const {
-  for (const auto& [k, v] : headers) {
-    if (k == lower(name)) return v;
-  }
-  return {};
 }
 
 // ---- HttpServer ---------------------------------------------------------------------------

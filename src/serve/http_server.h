@@ -10,7 +10,8 @@
 // open, the connection watches the socket: a client that goes away fires the
 // `on_disconnect` callbacks at once (so the engine can cancel the request).
 //
-// Beast and Asio stay inside http_server.cc (this header is a pimpl): including it is cheap.
+// Beast and Asio stay inside http_server.cc and http_request_parser.{h,cc} (this header is a
+// pimpl): including it is cheap.
 //
 // Thread-safety: HttpServer: route() only before start(); start(), stop(), port() and
 // open_connections() from any one thread. Responder and StreamHandle: every method is

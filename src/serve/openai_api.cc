@@ -8,6 +8,8 @@
 
 #include <fmt/format.h>
 
+#include "base/json_depth.h"
+
 namespace xds::serve {
 
 // Requests are read as ordered JSON (the client's key order survives into the template).
@@ -167,6 +169,10 @@ std::string to_json_text(const nlohmann::json& j) {
 }
 
 ApiResult<json> parse_json_body(std::string_view body) {
+  // Deeper bodies would exhaust the stack of what copies and prints them (base/json_depth.h).
+  if (json_nesting_exceeds(body, kMaxJsonDepth)) {
+    return malformed_json(fmt::format("nested deeper than {} levels", kMaxJsonDepth));
+  }
   json j = json::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return malformed_json("invalid JSON");
   if (!j.is_object()) return malformed_json(fmt::format("got a JSON {}", j.type_name()));
@@ -252,9 +258,12 @@ class FieldReader {
       return x;
     }
     if (v.is_number_float()) {  // 5.0 is accepted as 5
-      double d = v.get<double>();
-      if (std::floor(d) == d && d >= static_cast<double>(lo) && d <= static_cast<double>(hi)) {
-        return static_cast<int64_t>(d);
+      const double d = v.get<double>();
+      // [-2^63, 2^63): the doubles that convert to int64_t (2^63 itself would not, and
+      // double(INT64_MAX) rounds up to it).
+      if (std::floor(d) == d && d >= -0x1p63 && d < 0x1p63) {
+        const auto x = static_cast<int64_t>(d);
+        if (x >= lo && x <= hi) return x;
       }
     }
     fail(invalid_type(name, "an integer"));

@@ -4,12 +4,28 @@
 #include <queue>
 
 #include "tokenizer/byte_level.h"
+#include "tokenizer/json_field.h"
 #include "tokenizer/utf8.h"
 
 namespace xds {
 
 namespace {
 constexpr size_t kSmallWord = 24;  // below this, a quadratic scan beats the heap
+
+// The byte of a byte-fallback token "<0xAB>": exactly two hex digits. (sscanf's %2X also
+// took "<0x-1>", as 0xFFFFFFFF: an index far outside the 256-entry table.)
+std::optional<uint8_t> fallback_byte(const std::string& text) {
+  if (text.size() != 6 || !text.starts_with("<0x") || text.back() != '>') return std::nullopt;
+  auto hex = [](char c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    return -1;
+  };
+  const int hi = hex(text[3]), lo = hex(text[4]);
+  if (hi < 0 || lo < 0) return std::nullopt;
+  return static_cast<uint8_t>(hi * 16 + lo);
+}
 }  // namespace
 
 Result<BpeModel> BpeModel::from_json(const nlohmann::json& model, bool byte_level,
@@ -63,8 +79,10 @@ Result<BpeModel> BpeModel::from_parts(const nlohmann::json& model, const VocabLi
   if (model.contains("dropout") && model["dropout"].is_number() && model["dropout"].get<double>() > 0) {
     return unimplemented("{}: field 'model.dropout': BPE dropout is not supported", file);
   }
-  bpe.byte_fallback_ = model.value("byte_fallback", false);
-  bpe.ignore_merges_ = model.value("ignore_merges", false);
+  XDS_ASSIGN_OR_RETURN(bpe.byte_fallback_,
+                       json_field::field_or(model, "byte_fallback", false, file, "model"));
+  XDS_ASSIGN_OR_RETURN(bpe.ignore_merges_,
+                       json_field::field_or(model, "ignore_merges", false, file, "model"));
 
   int64_t max_id = -1;
   for (const auto& [text, id] : vocab) {
@@ -72,6 +90,15 @@ Result<BpeModel> BpeModel::from_parts(const nlohmann::json& model, const VocabLi
       return invalid_argument("{}: field 'model.vocab[\"{}\"]': expected a non-negative id, got {}", file, text, id);
     }
     max_id = std::max<int64_t>(max_id, id);
+  }
+  // Ids index dense tables: gaps are allowed, but not more unused ids than listed tokens (plus
+  // a slack), so that a small file cannot ask for gigabytes ("a": 2147483647).
+  constexpr int64_t kIdGapSlack = 1024;
+  if (max_id + 1 > 2 * static_cast<int64_t>(vocab.size()) + kIdGapSlack) {
+    return invalid_argument(
+        "{}: field 'model.vocab': ids reach {} but only {} tokens are listed "
+        "(ids may leave gaps, but not more than the listed tokens plus {})",
+        file, max_id, vocab.size(), kIdGapSlack);
   }
   bpe.id_to_bytes_.resize(max_id + 1);
   bpe.id_to_text_.resize(max_id + 1);
@@ -93,11 +120,9 @@ Result<BpeModel> BpeModel::from_parts(const nlohmann::json& model, const VocabLi
     } else {
       bpe.id_to_bytes_[id] = text;
       bpe.bytes_to_id_.emplace(text, id);
-      unsigned v = 0;
-      if (text.size() == 6 && text.starts_with("<0x") && text.back() == '>' &&
-          std::sscanf(text.c_str() + 3, "%2X", &v) == 1) {
-        bpe.fallback_ids_[v] = static_cast<int32_t>(id);
-        bpe.id_to_bytes_[id] = std::string(1, static_cast<char>(v));
+      if (const std::optional<uint8_t> v = fallback_byte(text)) {
+        bpe.fallback_ids_[*v] = static_cast<int32_t>(id);
+        bpe.id_to_bytes_[id] = std::string(1, static_cast<char>(*v));
       }
     }
   }

@@ -15,11 +15,13 @@
 
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "base/status.h"
+#include "tokenizer/jinja_eval.h"
 #include "tokenizer/prompt_text.h"
 #include "tokenizer/tokenizer.h"
 
@@ -36,12 +38,20 @@ class ChatTemplate {
   // What `--chat-template FILE` means: `override_file` when non-empty (with the model's special
   // tokens as context), otherwise the model's own template.
   static Result<ChatTemplate> load(const std::string& model_dir, const std::string& override_file);
+  // The template of a tokenizer_config.json's text, with its special tokens as context (pure:
+  // from_tokenizer_config() without the files). `path` names it in errors. NotFound when the
+  // config has no "chat_template".
+  static Result<ChatTemplate> from_tokenizer_config_text(std::string_view text,
+                                                         const std::string& path);
   // `name` names the source in errors.
   static Result<ChatTemplate> from_string(const std::string& source, const std::string& name);
 
   // A copy whose render context also holds these variables (e.g. bos_token for a template
   // loaded with from_file). Keys already present are replaced.
   ChatTemplate with_context(const nlohmann::ordered_json& extra) const;
+  // A copy that renders within these bounds (jinja_eval.h; the defaults otherwise): a render
+  // beyond one fails with an error naming it.
+  ChatTemplate with_limits(const jinja::RenderLimits& limits) const;
   // The special-token variables (bos_token, eos_token, unk_token, pad_token) of a model's
   // tokenizer_config.json; an empty object when the file is absent.
   static Result<nlohmann::ordered_json> special_tokens_context(const std::string& model_dir);
@@ -70,6 +80,7 @@ class ChatTemplate {
   std::shared_ptr<const std::string> source_;
   std::shared_ptr<const std::vector<std::shared_ptr<const jinja::Stmt>>> body_;
   nlohmann::ordered_json context_ = nlohmann::ordered_json::object();
+  jinja::RenderLimits limits_;
 };
 
 // Whether the text of messages and tools may hold special tokens: kUntrusted (the server's

@@ -2,6 +2,10 @@
 // whitespace rules as transformers configures them (trim_blocks, lstrip_blocks, one trailing
 // newline dropped) plus the {%- / -%} controls. Anything outside the subset fails with the
 // template line and the construct ("line 7: unsupported tag 'include'").
+//
+// Parsing, evaluating and destroying the tree recurse once per level, so the parser refuses
+// expressions taller than kMaxNesting ("((((1))))", "a.b.c...", "1+1+1...") and blocks nested
+// deeper than that: a template can never exhaust the stack.
 // Thread-safety: a parsed Template is immutable and may be rendered concurrently.
 #pragma once
 
@@ -12,6 +16,9 @@
 #include "tokenizer/jinja_value.h"
 
 namespace xds::jinja {
+
+// The most nested levels of an expression tree (its height) and of blocks in one another.
+inline constexpr int kMaxNesting = 100;
 
 struct Expr;
 using ExprPtr = std::shared_ptr<const Expr>;
@@ -30,6 +37,7 @@ struct Expr {
   std::vector<std::pair<std::string, ExprPtr>> kwargs;  // kCall/kFilter/kTest kwargs
   std::vector<ExprPtr> values;   // kDict values
   bool negated = false;          // kTest: "is not"
+  int height = 1;                // nodes on the longest path down from here (<= kMaxNesting)
 };
 
 struct Stmt;

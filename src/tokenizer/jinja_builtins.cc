@@ -6,6 +6,8 @@
 
 #include <fmt/format.h>
 
+#include "tokenizer/jinja_arith.h"
+
 namespace xds::jinja {
 namespace {
 
@@ -84,6 +86,18 @@ Value replace_all(const Value& sv, const Value& from_v, const Value& to, int64_t
   const std::string& s = sv.s;
   const std::string& from = from_v.s;
   if (from.empty()) return sv;
+  // Sized before it is built ('a' * 100000 | replace('a', 'b' * 100000)).
+  if (to.s.size() > from.size()) {
+    size_t found = 0;
+    for (size_t p = s.find(from);
+         p != std::string::npos && (count < 0 || static_cast<int64_t>(found) < count);
+         p = s.find(from, p + from.size())) {
+      ++found;
+    }
+    if (s.size() + found * (to.s.size() - from.size()) > kMaxBuiltBytes) {
+      fail(fmt::format("replace: the result would exceed {} bytes", kMaxBuiltBytes));
+    }
+  }
   Value out = Value::string("");
   size_t last = 0, p;
   int64_t n = 0;
@@ -127,6 +141,20 @@ bool starts_or_ends(const std::string& s, const Value& what, bool start) {
 }
 
 Value bind(NativeFn f) { return Value::callable(std::move(f)); }
+
+// A method bound to a list or dict: the callable holds the container in its own `list` /
+// `dict` (so that reaches() and ~Value see it); `f` refers to it without owning it.
+Value bind_to(const Value& obj, NativeFn f) {
+  Value m = Value::callable(std::move(f));
+  m.list = obj.list;
+  m.dict = obj.dict;
+  return m;
+}
+
+// Storing `v` in the container `c` must not make a cycle (jinja_value.h).
+void check_no_cycle(const Value& v, const void* c, const char* what) {
+  if (reaches(v, c)) fail(fmt::format("{}: a list cannot contain itself", what));
+}
 
 Value str_method(const Value& obj, const std::string& name) {
   const std::string s = obj.s;
@@ -223,16 +251,16 @@ Value str_method(const Value& obj, const std::string& name) {
 }
 
 Value dict_method(const Value& obj, const std::string& name) {
-  auto d = obj.dict;
+  Dict* d = obj.dict.get();
   if (name == "get") {
-    return bind([d](Args& a, Kwargs&) {
+    return bind_to(obj, [d](Args& a, Kwargs&) {
       if (a.empty()) fail("get: missing key");
       const Value* v = a[0].is_string() ? d->find(a[0].s) : nullptr;
       return v ? *v : (a.size() > 1 ? a[1] : Value::none());
     });
   }
   if (name == "items" || name == "keys" || name == "values") {
-    return bind([d, name](Args&, Kwargs&) {
+    return bind_to(obj, [d, name](Args&, Kwargs&) {
       Value out = Value::new_list();
       for (const auto& [k, v] : d->items) {
         if (name == "items") out.list->push_back(Value::new_list({key_value(*d, k), v}));
@@ -246,23 +274,26 @@ Value dict_method(const Value& obj, const std::string& name) {
 }
 
 Value list_method(const Value& obj, const std::string& name) {
-  auto l = obj.list;
+  List* l = obj.list.get();
   if (name == "append") {
-    return bind([l](Args& a, Kwargs&) {
+    return bind_to(obj, [l](Args& a, Kwargs&) {
       if (a.size() != 1) fail("append: expected 1 argument");
+      check_no_cycle(a[0], l, "append");
       l->push_back(a[0]);
       return Value::none();
     });
   }
   if (name == "extend") {
-    return bind([l](Args& a, Kwargs&) {
+    return bind_to(obj, [l](Args& a, Kwargs&) {
       if (a.size() != 1) fail("extend: expected 1 argument");
-      for (auto& v : iterate(a[0])) l->push_back(v);
+      List items = iterate(a[0]);
+      for (const Value& v : items) check_no_cycle(v, l, "extend");
+      l->insert(l->end(), items.begin(), items.end());
       return Value::none();
     });
   }
   if (name == "pop") {
-    return bind([l](Args& a, Kwargs&) {
+    return bind_to(obj, [l](Args& a, Kwargs&) {
       if (l->empty()) fail("pop from empty list");
       int64_t i = a.empty() ? -1 : a[0].i;
       if (i < 0) i += static_cast<int64_t>(l->size());
@@ -273,16 +304,18 @@ Value list_method(const Value& obj, const std::string& name) {
     });
   }
   if (name == "insert") {
-    return bind([l](Args& a, Kwargs&) {
+    return bind_to(obj, [l](Args& a, Kwargs&) {
       if (a.size() != 2) fail("insert: expected 2 arguments");
-      int64_t i = std::clamp<int64_t>(a[0].i < 0 ? a[0].i + static_cast<int64_t>(l->size()) : a[0].i, 0,
-                                      static_cast<int64_t>(l->size()));
+      check_no_cycle(a[1], l, "insert");
+      const auto n = static_cast<int64_t>(l->size());
+      // a[0].i + n cannot overflow: n is a list's size, far from the int64 limits.
+      const int64_t i = std::clamp<int64_t>(a[0].i < 0 ? std::max(a[0].i, -n) + n : a[0].i, 0, n);
       l->insert(l->begin() + i, a[1]);
       return Value::none();
     });
   }
   if (name == "index" || name == "count") {
-    return bind([l, name](Args& a, Kwargs&) {
+    return bind_to(obj, [l, name](Args& a, Kwargs&) {
       if (a.empty()) fail(name + ": missing argument");
       int64_t n = 0;
       for (size_t k = 0; k < l->size(); ++k) {
@@ -393,11 +426,13 @@ Value slice(const Value& obj, const Value& lo_v, const Value& hi_v, const Value&
   const std::vector<size_t> at = is_str ? u32_offsets(obj.s) : std::vector<size_t>();
   Value str = Value::string("");  // each code point with its own taint
   Value out = Value::new_list();
-  for (int64_t i = lo; step > 0 ? i < hi : i > hi; i += step) {
+  // In 128 bits: i + step may leave the int64 range on the last turn ([5::2**63-1]).
+  for (__int128 i = lo; step > 0 ? i < hi : i > hi; i += step) {
+    const auto k = static_cast<size_t>(i);
     if (is_str) {
-      append_str(&str, cp_substr(obj, u, at, i, i + 1));
+      append_str(&str, cp_substr(obj, u, at, k, k + 1));
     } else {
-      out.list->push_back((*obj.list)[i]);
+      out.list->push_back((*obj.list)[k]);
     }
   }
   return is_str ? str : out;
@@ -428,6 +463,8 @@ List iterate(const Value& v) {
     case Value::Type::kString: {
       List out;
       const std::u32string u = to_u32(v.s);
+      if (u.size() > (size_t{1} << 20))
+        fail("cannot iterate a string of more than 2^20 characters");
       const std::vector<size_t> at = u32_offsets(v.s);
       for (size_t k = 0; k < u.size(); ++k) out.push_back(cp_substr(v, u, at, k, k + 1));
       return out;
@@ -461,7 +498,7 @@ bool apply_test(const std::string& name, const Value& v, Args& args) {
   }
   if (name == "divisibleby") {
     need(1);
-    return args[0].i != 0 && v.i % args[0].i == 0;
+    return args[0].i != 0 && int_mod(v.i, args[0].i) == 0;
   }
   if (name == "eq" || name == "equalto" || name == "sameas") {
     need(1);
@@ -489,7 +526,9 @@ Value apply_filter(const std::string& name, const Value& v, Args& args, Kwargs& 
   }
   if (name == "tojson") {
     const Value ind = arg(args, kwargs, 0, "indent", none);
-    const int indent = ind.type == Value::Type::kInt ? static_cast<int>(ind.i) : -1;
+    if (ind.type == Value::Type::kInt && ind.i > 1024) fail("tojson: indent must be at most 1024");
+    const int indent =
+        ind.type == Value::Type::kInt ? static_cast<int>(std::max<int64_t>(ind.i, -1)) : -1;
     std::string isep = indent >= 0 ? "," : ", ", ksep = ": ";
     const Value seps = arg(args, kwargs, 99, "separators", none);
     if (seps.is_list() && seps.list->size() == 2) {
@@ -526,7 +565,10 @@ Value apply_filter(const std::string& name, const Value& v, Args& args, Kwargs& 
     return replace_all(to_str_value(v), args[0], args[1], args.size() > 2 ? args[2].i : -1);
   }
   if (name == "int") {
-    if (v.type == Value::Type::kFloat) return Value::integer(static_cast<int64_t>(v.f));
+    if (v.type == Value::Type::kFloat) {
+      if (!fits_int64(v.f)) fail(fmt::format("int: {} does not fit a 64-bit integer", v.f));
+      return Value::integer(static_cast<int64_t>(v.f));
+    }
     if (v.type == Value::Type::kInt || v.type == Value::Type::kBool) return Value::integer(v.type == Value::Type::kBool ? v.b : v.i);
     if (v.is_string()) {
       try {
@@ -548,7 +590,7 @@ Value apply_filter(const std::string& name, const Value& v, Args& args, Kwargs& 
     return Value::number(0);
   }
   if (name == "abs") {
-    if (v.type == Value::Type::kInt) return Value::integer(std::llabs(v.i));
+    if (v.type == Value::Type::kInt) return Value::integer(int_abs(v.i));
     return Value::number(std::fabs(v.as_double()));
   }
   if (name == "round") {
@@ -636,8 +678,11 @@ Value apply_filter(const std::string& name, const Value& v, Args& args, Kwargs& 
     return out;
   }
   if (name == "unique") {
+    // Each item is compared with those kept: quadratic, so the input is bounded.
+    const List items = iterate(v);
+    if (items.size() > 4096) fail("filter 'unique': more than 4096 items");
     Value out = Value::new_list();
-    for (const Value& item : iterate(v)) {
+    for (const Value& item : items) {
       if (!contains(out, item)) out.list->push_back(item);
     }
     return out;
@@ -660,7 +705,7 @@ Value apply_filter(const std::string& name, const Value& v, Args& args, Kwargs& 
     for (const Value& x : iterate(v)) {
       if (x.type == Value::Type::kFloat) is_float = true;
       f += x.as_double();
-      i += x.type == Value::Type::kInt ? x.i : 0;
+      i = int_add(i, x.type == Value::Type::kInt ? x.i : 0);
     }
     return is_float ? Value::number(f) : Value::integer(i);
   }
@@ -675,6 +720,7 @@ Value apply_filter(const std::string& name, const Value& v, Args& args, Kwargs& 
   }
   if (name == "indent") {
     const int64_t width = arg(args, kwargs, 0, "width", Value::integer(4)).i;
+    if (width > 1024) fail("filter 'indent': width must be at most 1024");
     const bool first = truthy(arg(args, kwargs, 1, "first", none));
     const bool blank = truthy(arg(args, kwargs, 2, "blank", none));
     const std::string pad(static_cast<size_t>(std::max<int64_t>(0, width)), ' ');
@@ -724,10 +770,15 @@ void add_globals(Dict* g) {
     const int64_t stop = a.size() == 1 ? a[0].i : a[1].i;
     const int64_t step = a.size() == 3 ? a[2].i : 1;
     if (step == 0) fail("range: step must not be zero");
+    // The count first, in 128 bits: start + k * step never overflows for the items kept.
+    const __int128 span =
+        step > 0 ? static_cast<__int128>(stop) - start : static_cast<__int128>(start) - stop;
+    const __int128 by = step > 0 ? static_cast<__int128>(step) : -static_cast<__int128>(step);
+    const __int128 count = span <= 0 ? 0 : (span + by - 1) / by;
+    if (count > 1000001) fail("range: more than 1000000 items");
     Value out = Value::new_list();
-    for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) {
-      if (out.list->size() > 1000000) fail("range: more than 1000000 items");
-      out.list->push_back(Value::integer(i));
+    for (__int128 k = 0; k < count; ++k) {
+      out.list->push_back(Value::integer(static_cast<int64_t>(start + k * step)));
     }
     return out;
   }));

@@ -1,26 +1,47 @@
 #include "tokenizer/jinja_eval.h"
 
+#include <algorithm>
 #include <cmath>
 #include <unordered_map>
 
 #include <fmt/format.h>
 
+#include "tokenizer/jinja_arith.h"
 #include "tokenizer/jinja_builtins.h"
 
 namespace xds::jinja {
 namespace {
 
 constexpr int kMaxDepth = 64;  // macro call depth
+// A loop iteration builds the `loop` namespace (a dozen fields): it counts as this many steps.
+constexpr int64_t kIterationSteps = 16;
 
 [[noreturn]] void fail(int line, const std::string& msg) {
   throw TemplateError(fmt::format("line {}: {}", line, msg));
+}
+
+// The work a value stands for when it is built, copied or scanned (RenderLimits::max_steps):
+// one per list or dict item, one per 64 bytes of a string (its own or an item's). Shallow:
+// nested lists and dicts are shared, not copied.
+int64_t cost_of(const Value& v) {
+  auto bytes = [](const Value& x) {
+    return x.is_string() ? static_cast<int64_t>(x.s.size() / 64) : int64_t{0};
+  };
+  int64_t c = 1 + bytes(v);
+  if (v.is_list()) {
+    for (const Value& x : *v.list) c += 1 + bytes(x);
+  } else if (v.is_mapping()) {
+    for (const auto& [k, x] : v.dict->items)
+      c += 1 + static_cast<int64_t>(k.size() / 64) + bytes(x);
+  }
+  return c;
 }
 
 enum class Flow { kNormal, kBreak, kContinue };
 
 class Interpreter {
  public:
-  explicit Interpreter(const Dict& context) {
+  Interpreter(const Dict& context, const RenderLimits& limits) : limits_(limits) {
     frames_.emplace_back();
     Dict g;
     add_globals(&g);
@@ -29,6 +50,7 @@ class Interpreter {
   }
 
   Flow exec(const Body& body, Value* out) {
+    const Deeper deeper(this, body.empty() ? 0 : body.front()->line);
     for (const auto& s : body) {
       const Flow f = exec_one(*s, out);
       if (f != Flow::kNormal) return f;
@@ -39,6 +61,41 @@ class Interpreter {
  private:
   using Frame = std::unordered_map<std::string, Value>;
 
+  // One level of evaluation inside another (RenderLimits::max_depth).
+  class Deeper {
+   public:
+    Deeper(Interpreter* in, int line) : in_(in) {
+      if (++in_->nesting_ > in_->limits_.max_depth) {
+        --in_->nesting_;
+        fail(line, fmt::format("evaluation nested deeper than {} levels", in_->limits_.max_depth));
+      }
+    }
+    ~Deeper() { --in_->nesting_; }
+    Deeper(const Deeper&) = delete;
+    Deeper& operator=(const Deeper&) = delete;
+
+   private:
+    Interpreter* in_;
+  };
+
+  // Counts `n` steps of work (RenderLimits::max_steps).
+  void charge(int64_t n) {
+    steps_ += n;
+    if (steps_ > limits_.max_steps) {
+      throw TemplateError(
+          fmt::format("more than {} steps of work (a loop that does not end?)", limits_.max_steps));
+    }
+  }
+  // A string or list built here must stay within the limits.
+  void check_size(const Value& v) const {
+    if (v.is_string() && v.s.size() > limits_.max_string_bytes) {
+      throw TemplateError(fmt::format("a string of more than {} bytes", limits_.max_string_bytes));
+    }
+    if (v.is_list() && v.list->size() > limits_.max_list_items) {
+      throw TemplateError(fmt::format("a list of more than {} items", limits_.max_list_items));
+    }
+  }
+
   Value lookup(const std::string& name) const {
     for (size_t k = frames_.size(); k-- > 0;) {
       auto it = frames_[k].find(name);
@@ -48,12 +105,16 @@ class Interpreter {
   }
 
   Flow exec_one(const Stmt& s, Value* out) {
+    charge(1);
     switch (s.kind) {
       case Stmt::Kind::kText:  // the template's own text: trusted
+        charge(static_cast<int64_t>(s.text.size() / 64));
         out->s += s.text;
+        check_size(*out);
         return Flow::kNormal;
       case Stmt::Kind::kOutput:
         append_str(out, to_str_value(eval(*s.expr)));
+        check_size(*out);
         return Flow::kNormal;
       case Stmt::Kind::kIf:
         for (const auto& [cond, body] : s.branches) {
@@ -64,7 +125,7 @@ class Interpreter {
       case Stmt::Kind::kSet: assign(s, eval(*s.expr)); return Flow::kNormal;
       case Stmt::Kind::kSetBlock: {
         Value buf = Value::string("");
-        exec(s.body, &buf);
+        exec(s.body, &buf);  // sized as it grows, like the output
         assign(s, std::move(buf));
         return Flow::kNormal;
       }
@@ -84,6 +145,9 @@ class Interpreter {
     if (ns.type != Value::Type::kNamespace) {
       fail(s.line, fmt::format("cannot assign attribute '{}' on '{}' ({}): only namespace() objects "
                                "support attribute assignment", s.targets[1], s.targets[0], type_name(ns)));
+    }
+    if (reaches(v, ns.dict.get())) {
+      fail(s.line, fmt::format("namespace '{}' cannot contain itself", s.targets[0]));
     }
     ns.dict->set(s.targets[1], std::move(v));
   }
@@ -108,6 +172,7 @@ class Interpreter {
     } catch (const TemplateError& e) {
       fail(s.line, e.what());
     }
+    charge(static_cast<int64_t>(items.size()));
     frames_.emplace_back();
     if (s.filter) {
       List kept;
@@ -123,6 +188,7 @@ class Interpreter {
     }
     const auto n = static_cast<int64_t>(items.size());
     for (int64_t i = 0; i < n; ++i) {
+      charge(kIterationSteps);
       Frame& f = frames_.back();
       bind_targets(s, f, items[i]);
       Value loop = Value::new_namespace();
@@ -189,7 +255,12 @@ class Interpreter {
 
   Value eval(const Expr& e) {
     try {
-      return eval_inner(e);
+      const Deeper deeper(this, e.line);
+      charge(1);
+      Value v = eval_inner(e);
+      if (v.is_string()) charge(static_cast<int64_t>(v.s.size() / 64));  // copied
+      check_size(v);
+      return v;
     } catch (const TemplateError& err) {
       const std::string msg = err.what();
       if (msg.starts_with("line ")) throw;
@@ -197,9 +268,16 @@ class Interpreter {
     }
   }
 
+  // Evaluates the arguments of a call, filter or test, counting the work of scanning them.
   void eval_args(const Expr& e, Args* args, Kwargs* kwargs) {
-    for (const auto& a : e.args) args->push_back(eval(*a));
-    for (const auto& [k, v] : e.kwargs) kwargs->emplace_back(k, eval(*v));
+    for (const auto& a : e.args) {
+      args->push_back(eval(*a));
+      charge(cost_of(args->back()));
+    }
+    for (const auto& [k, v] : e.kwargs) {
+      kwargs->emplace_back(k, eval(*v));
+      charge(cost_of(kwargs->back().second));
+    }
   }
 
   static std::string undefined_msg(const Value& v) {
@@ -213,18 +291,24 @@ class Interpreter {
       case Expr::Kind::kAttr: {
         const Value obj = eval(*e.a);
         if (obj.is_undefined()) fail(e.line, undefined_msg(obj) + fmt::format(" (reading attribute '{}')", e.name));
-        return get_attr(obj, e.name);
+        Value out = get_attr(obj, e.name);
+        // A key is found by a scan of the dict; a method walks what it is bound to.
+        if (obj.is_mapping() || out.type == Value::Type::kCallable) charge(cost_of(obj));
+        return out;
       }
       case Expr::Kind::kItem: {
         const Value obj = eval(*e.a);
         const Value key = eval(*e.b);
         if (obj.is_undefined()) fail(e.line, undefined_msg(obj) + fmt::format(" (reading item {})", repr(key)));
+        if (!obj.is_list()) charge(cost_of(obj));  // a dict scan, a string's code points
         return get_item(obj, key);
       }
       case Expr::Kind::kSlice: {
         const Value obj = eval(*e.a);
         auto opt = [&](const ExprPtr& p) { return p ? eval(*p) : Value(); };
-        return slice(obj, opt(e.args[0]), opt(e.args[1]), opt(e.args[2]));
+        Value out = slice(obj, opt(e.args[0]), opt(e.args[1]), opt(e.args[2]));
+        charge(cost_of(out));
+        return out;
       }
       case Expr::Kind::kCall: {
         const Value fn = eval(*e.a);
@@ -235,17 +319,23 @@ class Interpreter {
         Args args;
         Kwargs kwargs;
         eval_args(e, &args, &kwargs);
-        return (*fn.fn)(args, kwargs);
+        Value out = (*fn.fn)(args, kwargs);
+        charge(cost_of(out));
+        return out;
       }
       case Expr::Kind::kFilter: {
         const Value v = eval(*e.a);
+        charge(cost_of(v));
         Args args;
         Kwargs kwargs;
         eval_args(e, &args, &kwargs);
-        return apply_filter(e.name, v, args, kwargs);
+        Value out = apply_filter(e.name, v, args, kwargs);
+        charge(cost_of(out));
+        return out;
       }
       case Expr::Kind::kTest: {
         const Value v = eval(*e.a);
+        charge(cost_of(v));
         Args args;
         Kwargs kwargs;
         eval_args(e, &args, &kwargs);
@@ -254,7 +344,7 @@ class Interpreter {
       case Expr::Kind::kUnary: {
         const Value v = eval(*e.a);
         if (e.name == "not") return Value::boolean(!truthy(v));
-        if (v.type == Value::Type::kInt) return Value::integer(e.name == "-" ? -v.i : v.i);
+        if (v.type == Value::Type::kInt) return Value::integer(e.name == "-" ? int_neg(v.i) : v.i);
         if (v.type == Value::Type::kFloat) return Value::number(e.name == "-" ? -v.f : v.f);
         fail(e.line, fmt::format("bad operand type for unary {}: '{}'", e.name, type_name(v)));
       }
@@ -265,10 +355,12 @@ class Interpreter {
       case Expr::Kind::kList: {
         Value l = Value::new_list();
         for (const auto& a : e.args) l.list->push_back(eval(*a));
+        charge(static_cast<int64_t>(e.args.size()));
         return l;
       }
       case Expr::Kind::kDict: {
         Value d = Value::new_dict();
+        charge(static_cast<int64_t>(e.args.size()));
         for (size_t k = 0; k < e.args.size(); ++k) {
           const Value key = eval(*e.args[k]);
           if (!key.is_string()) fail(e.line, "dict literal keys must be strings");
@@ -293,6 +385,8 @@ class Interpreter {
     }
     const Value l = eval(*e.a);
     const Value r = eval(*e.b);
+    // Comparing, searching and concatenating walk both operands.
+    charge(cost_of(l) + cost_of(r));
     if (op == "==") return Value::boolean(equals(l, r));
     if (op == "!=") return Value::boolean(!equals(l, r));
     if (op == "<") return Value::boolean(compare(l, r) < 0);
@@ -311,7 +405,7 @@ class Interpreter {
     const bool nums = (l.is_number() || l.type == Value::Type::kBool) && (r.is_number() || r.type == Value::Type::kBool);
     const int64_t li = l.type == Value::Type::kBool ? l.b : l.i, ri = r.type == Value::Type::kBool ? r.b : r.i;
     if (op == "+") {
-      if (ints) return Value::integer(li + ri);
+      if (ints) return Value::integer(int_add(li, ri));
       if (nums) return Value::number(l.as_double() + r.as_double());
       if (l.is_string() && r.is_string()) {
         Value out = l;
@@ -324,13 +418,22 @@ class Interpreter {
         return Value::new_list(std::move(out));
       }
     } else if (op == "-") {
-      if (ints) return Value::integer(li - ri);
+      if (ints) return Value::integer(int_sub(li, ri));
       if (nums) return Value::number(l.as_double() - r.as_double());
     } else if (op == "*") {
-      if (ints) return Value::integer(li * ri);
+      if (ints) return Value::integer(int_mul(li, ri));
       if (nums) return Value::number(l.as_double() * r.as_double());
       if ((l.is_string() || l.is_list()) && r.type == Value::Type::kInt) {
         if (r.i > 100000) fail(e.line, "repetition count too large");
+        // Sized before it is built: 'x' * 100000 * 100000 must not allocate first.
+        const auto times = static_cast<size_t>(std::max<int64_t>(r.i, 0));
+        if (l.is_string() && l.s.size() * times > limits_.max_string_bytes) {
+          fail(e.line, fmt::format("a string of more than {} bytes", limits_.max_string_bytes));
+        }
+        if (l.is_list() && l.list->size() * times > limits_.max_list_items) {
+          fail(e.line, fmt::format("a list of more than {} items", limits_.max_list_items));
+        }
+        charge(cost_of(l) * static_cast<int64_t>(times));
         Value out = l.is_string() ? Value::string("") : Value::new_list();
         for (int64_t k = 0; k < r.i; ++k) {
           if (l.is_string()) {
@@ -349,12 +452,7 @@ class Interpreter {
     } else if (op == "//" || op == "%") {
       if (ints) {
         if (ri == 0) fail(e.line, "integer division or modulo by zero");
-        int64_t q = li / ri, m = li % ri;
-        if (m != 0 && ((m < 0) != (ri < 0))) {
-          --q;
-          m += ri;
-        }
-        return Value::integer(op == "//" ? q : m);
+        return Value::integer(op == "//" ? int_floordiv(li, ri) : int_mod(li, ri));
       }
       if (nums) {
         const double a = l.as_double(), b = r.as_double();
@@ -364,11 +462,7 @@ class Interpreter {
       }
       if (l.is_string() && op == "%") fail(e.line, "unsupported construct: '%' string formatting");
     } else if (op == "**") {
-      if (ints && ri >= 0) {
-        int64_t out = 1;
-        for (int64_t k = 0; k < ri; ++k) out *= li;
-        return Value::integer(out);
-      }
+      if (ints && ri >= 0) return Value::integer(int_pow(li, ri));
       if (nums) return Value::number(std::pow(l.as_double(), r.as_double()));
     }
     if (l.is_undefined() || r.is_undefined()) {
@@ -378,13 +472,16 @@ class Interpreter {
   }
 
   std::vector<Frame> frames_;
-  int depth_ = 0;
+  int depth_ = 0;  // macro calls
+  const RenderLimits limits_;
+  int nesting_ = 0;    // Deeper levels open
+  int64_t steps_ = 0;  // work so far
 };
 
 }  // namespace
 
-Value render(const Body& body, const Dict& context) {
-  Interpreter in(context);
+Value render(const Body& body, const Dict& context, const RenderLimits& limits) {
+  Interpreter in(context, limits);
   Value out = Value::string("");
   in.exec(body, &out);
   return out;

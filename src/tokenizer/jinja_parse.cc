@@ -1,4 +1,7 @@
 // Lexer and recursive-descent parser for the Jinja subset (see jinja_ast.h).
+#include <algorithm>
+#include <charconv>
+#include <cstdlib>
 #include <cstring>
 #include <set>
 
@@ -18,6 +21,21 @@ struct Token {
 
 [[noreturn]] void fail(int line, const std::string& msg) {
   throw TemplateError(fmt::format("line {}: {}", line, msg));
+}
+
+// An integer literal: Python's are unbounded, ours int64_t.
+Value int_literal(const Token& tk) {
+  int64_t v = 0;
+  const char* end = tk.text.data() + tk.text.size();
+  const auto [p, ec] = std::from_chars(tk.text.data(), end, v);
+  if (ec != std::errc() || p != end)
+    fail(tk.line, fmt::format("integer literal {} out of range", tk.text));
+  return Value::integer(v);
+}
+
+// A float literal ("digits.digits"): beyond the double range it is inf, as in Python.
+Value float_literal(const Token& tk) {
+  return Value::number(std::strtod(tk.text.c_str(), nullptr));
 }
 
 bool is_ws(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
@@ -181,6 +199,24 @@ class Parser {
  public:
   explicit Parser(std::vector<Token> toks) : t_(std::move(toks)) {}
 
+  // One level of recursive descent (a parenthesis, a "not", a block, ...): deeper than
+  // kMaxNesting is an error while the stack is still shallow.
+  class Nest {
+   public:
+    Nest(Parser* p, int line) : p_(p) {
+      if (++p_->nesting_ > kMaxNesting) {
+        --p_->nesting_;
+        fail(line, fmt::format("nested deeper than {} levels", kMaxNesting));
+      }
+    }
+    ~Nest() { --p_->nesting_; }
+    Nest(const Nest&) = delete;
+    Nest& operator=(const Nest&) = delete;
+
+   private:
+    Parser* p_;
+  };
+
   Body parse_template() {
     std::string end;
     Body b = parse_body({}, &end);
@@ -254,6 +290,7 @@ class Parser {
   }
 
   std::shared_ptr<Stmt> parse_tag(const std::string& tag, int line) {
+    const Nest nest(this, line);
     auto s = std::make_shared<Stmt>();
     s->line = line;
     std::string end;
@@ -362,8 +399,28 @@ class Parser {
     e->line = line;
     return e;
   }
+  // A finished node: its height from its operands', at most kMaxNesting (chains such as
+  // a.b.c... or 1+1+1... grow without recursion in the parser, but not in the interpreter).
+  ExprPtr sealed(std::shared_ptr<Expr> e) {
+    int h = 0;
+    auto see = [&h](const ExprPtr& x) {
+      if (x) h = std::max(h, x->height);
+    };
+    see(e->a);
+    see(e->b);
+    see(e->c);
+    for (const auto& x : e->args) see(x);
+    for (const auto& x : e->values) see(x);
+    for (const auto& kv : e->kwargs) see(kv.second);
+    e->height = h + 1;
+    if (e->height > kMaxNesting) {
+      fail(e->line, fmt::format("expression nested deeper than {} levels", kMaxNesting));
+    }
+    return e;
+  }
 
   ExprPtr parse_expr() {
+    const Nest nest(this, peek().line);
     ExprPtr e = parse_or();
     while (is_name("if")) {
       auto c = node(Expr::Kind::kCond, peek().line);
@@ -374,7 +431,7 @@ class Parser {
         ++i_;
         c->c = parse_expr();
       }
-      e = c;
+      e = sealed(c);
     }
     return e;
   }
@@ -383,7 +440,7 @@ class Parser {
     e->name = op;
     e->a = std::move(l);
     e->b = std::move(r);
-    return e;
+    return sealed(e);
   }
   ExprPtr parse_or() {
     ExprPtr e = parse_and();
@@ -403,10 +460,11 @@ class Parser {
   }
   ExprPtr parse_not() {
     if (is_name("not")) {
+      const Nest nest(this, peek().line);
       auto e = node(Expr::Kind::kUnary, next().line);
       e->name = "not";
       e->a = parse_not();
-      return e;
+      return sealed(e);
     }
     return parse_compare();
   }
@@ -464,19 +522,21 @@ class Parser {
   }
   ExprPtr parse_unary() {
     if (is_op("-") || is_op("+")) {
+      const Nest nest(this, peek().line);
       auto e = node(Expr::Kind::kUnary, peek().line);
       e->name = next().text;
       e->a = parse_unary_nofilter();
-      return parse_filters(e);
+      return parse_filters(sealed(e));
     }
     return parse_filters(parse_postfix(parse_primary()));
   }
   ExprPtr parse_unary_nofilter() {
     if (is_op("-") || is_op("+")) {
+      const Nest nest(this, peek().line);
       auto e = node(Expr::Kind::kUnary, peek().line);
       e->name = next().text;
       e->a = parse_unary_nofilter();
-      return e;
+      return sealed(e);
     }
     return parse_postfix(parse_primary());
   }
@@ -507,12 +567,12 @@ class Parser {
         if (peek().kind == Token::Kind::kInt) {
           a->kind = Expr::Kind::kItem;
           auto idx = node(Expr::Kind::kLiteral, line);
-          idx->literal = Value::integer(std::stoll(next().text));
+          idx->literal = int_literal(next());
           a->b = idx;
         } else {
           a->name = expect_name();
         }
-        e = a;
+        e = sealed(a);
       } else if (is_op("[")) {
         ++i_;
         ExprPtr lo, hi, step;
@@ -535,12 +595,12 @@ class Parser {
         } else {
           a->b = lo;
         }
-        e = a;
+        e = sealed(a);
       } else if (is_op("(")) {
         auto c = node(Expr::Kind::kCall, line);
         c->a = e;
         parse_call_args(c.get());
-        e = c;
+        e = sealed(c);
       } else {
         return e;
       }
@@ -556,7 +616,7 @@ class Parser {
         f->name = expect_name();
         f->a = e;
         if (is_op("(")) parse_call_args(f.get());
-        e = parse_postfix(f);
+        e = parse_postfix(sealed(f));
       } else if (is_name("is")) {
         ++i_;
         auto t = node(Expr::Kind::kTest, line);
@@ -574,7 +634,7 @@ class Parser {
                     !is_name("if") && !is_name("else") && !is_name("is") && !is_name("in") && !is_name("not"))) {
           t->args.push_back(parse_primary());
         }
-        e = t;
+        e = sealed(t);
       } else {
         return e;
       }
@@ -594,8 +654,8 @@ class Parser {
         while (peek().kind == Token::Kind::kString) s += next().text;  // adjacent literals
         return lit(Value::string(s));
       }
-      case Token::Kind::kInt: return lit(Value::integer(std::stoll(tk.text)));
-      case Token::Kind::kFloat: return lit(Value::number(std::stod(tk.text)));
+      case Token::Kind::kInt: return lit(int_literal(tk));
+      case Token::Kind::kFloat: return lit(float_literal(tk));
       case Token::Kind::kName: {
         if (tk.text == "true" || tk.text == "True") return lit(Value::boolean(true));
         if (tk.text == "false" || tk.text == "False") return lit(Value::boolean(false));
@@ -619,7 +679,7 @@ class Parser {
               if (is_op(")")) break;
               t->args.push_back(parse_expr());
             }
-            e = t;
+            e = sealed(t);
           }
           expect_op(")");
           return e;
@@ -632,7 +692,7 @@ class Parser {
             else if (!is_op("]")) fail(peek().line, "expected ',' or ']' in list");
           }
           ++i_;
-          return l;
+          return sealed(l);
         }
         if (tk.text == "{") {
           auto d = node(Expr::Kind::kDict, tk.line);
@@ -644,7 +704,7 @@ class Parser {
             else if (!is_op("}")) fail(peek().line, "expected ',' or '}' in dict");
           }
           ++i_;
-          return d;
+          return sealed(d);
         }
         break;
       default: break;
@@ -654,6 +714,7 @@ class Parser {
 
   std::vector<Token> t_;
   size_t i_ = 0;
+  int nesting_ = 0;  // Nest levels open
 };
 
 }  // namespace

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <unordered_set>
 
 #include <fmt/format.h>
 
@@ -24,30 +25,102 @@ void Dict::set(const std::string& k, Value v) {
   }
 }
 
-Value Value::from_json(const nlohmann::ordered_json& j, bool untrusted) {
+namespace {
+
+[[noreturn]] void too_deep() {
+  throw TemplateError(fmt::format("a value nested deeper than {} levels", kMaxValueDepth));
+}
+
+void check_printed(const std::string& out) {
+  if (out.size() > kMaxBuiltBytes) {
+    throw TemplateError(
+        fmt::format("a value too large to print (more than {} bytes)", kMaxBuiltBytes));
+  }
+}
+
+Value from_json_rec(const nlohmann::ordered_json& j, bool untrusted, int depth) {
+  if (depth > kMaxValueDepth) too_deep();
   switch (j.type()) {
-    case nlohmann::ordered_json::value_t::null: return none();
-    case nlohmann::ordered_json::value_t::boolean: return boolean(j.get<bool>());
-    case nlohmann::ordered_json::value_t::number_integer: return integer(j.get<int64_t>());
-    case nlohmann::ordered_json::value_t::number_unsigned: return integer(static_cast<int64_t>(j.get<uint64_t>()));
-    case nlohmann::ordered_json::value_t::number_float: return number(j.get<double>());
+    case nlohmann::ordered_json::value_t::null: return Value::none();
+    case nlohmann::ordered_json::value_t::boolean: return Value::boolean(j.get<bool>());
+    case nlohmann::ordered_json::value_t::number_integer: return Value::integer(j.get<int64_t>());
+    case nlohmann::ordered_json::value_t::number_unsigned:
+      return Value::integer(static_cast<int64_t>(j.get<uint64_t>()));
+    case nlohmann::ordered_json::value_t::number_float: return Value::number(j.get<double>());
     case nlohmann::ordered_json::value_t::string:
-      return untrusted ? untrusted_string(j.get<std::string>()) : string(j.get<std::string>());
+      return untrusted ? Value::untrusted_string(j.get<std::string>())
+                       : Value::string(j.get<std::string>());
     case nlohmann::ordered_json::value_t::array: {
-      Value v = new_list();
-      for (const auto& e : j) v.list->push_back(from_json(e, untrusted));
+      Value v = Value::new_list();
+      for (const auto& e : j) v.list->push_back(from_json_rec(e, untrusted, depth + 1));
       return v;
     }
     case nlohmann::ordered_json::value_t::object: {
-      Value v = new_dict();
+      Value v = Value::new_dict();
       v.dict->untrusted_keys = untrusted && !j.empty();
       for (auto it = j.begin(); it != j.end(); ++it) {
-        v.dict->items.emplace_back(it.key(), from_json(it.value(), untrusted));
+        v.dict->items.emplace_back(it.key(), from_json_rec(it.value(), untrusted, depth + 1));
       }
       return v;
     }
-    default: return none();
+    default: return Value::none();
   }
+}
+
+}  // namespace
+
+Value Value::from_json(const nlohmann::ordered_json& j, bool untrusted) {
+  return from_json_rec(j, untrusted, 0);
+}
+
+Value::~Value() {
+  if (!(list && list.use_count() == 1) && !(dict && dict.use_count() == 1)) return;
+  // Every container held by an item of a container being freed moves to a work list; one is
+  // taken apart when the work list is its last owner. No destructor below recurses.
+  std::vector<std::shared_ptr<List>> lists;
+  std::vector<std::shared_ptr<Dict>> dicts;
+  auto take = [&](Value& x) {
+    if (x.list) lists.push_back(std::move(x.list));
+    if (x.dict) dicts.push_back(std::move(x.dict));
+  };
+  take(*this);
+  while (!lists.empty() || !dicts.empty()) {
+    if (!lists.empty()) {
+      std::shared_ptr<List> l = std::move(lists.back());
+      lists.pop_back();
+      if (l.use_count() == 1) {
+        for (Value& x : *l) take(x);
+      }
+    } else {
+      std::shared_ptr<Dict> d = std::move(dicts.back());
+      dicts.pop_back();
+      if (d.use_count() == 1) {
+        for (auto& kv : d->items) take(kv.second);
+      }
+    }
+  }
+}
+
+bool reaches(const Value& v, const void* container) {
+  std::vector<const Value*> todo{&v};
+  std::unordered_set<const void*> seen;
+  while (!todo.empty()) {
+    const Value* x = todo.back();
+    todo.pop_back();
+    if (x->list) {
+      if (x->list.get() == container) return true;
+      if (seen.insert(x->list.get()).second) {
+        for (const Value& y : *x->list) todo.push_back(&y);
+      }
+    }
+    if (x->dict) {
+      if (x->dict.get() == container) return true;
+      if (seen.insert(x->dict.get()).second) {
+        for (const auto& kv : x->dict->items) todo.push_back(&kv.second);
+      }
+    }
+  }
+  return false;
 }
 
 bool truthy(const Value& v) {
@@ -123,6 +196,8 @@ void json_rec(const Value& v, int indent, int depth, const std::string& isep, co
     out->push_back('\n');
     out->append(static_cast<size_t>(indent * d), ' ');
   };
+  if (depth > kMaxValueDepth) too_deep();
+  check_printed(*out);
   switch (v.type) {
     case Value::Type::kUndefined:
     case Value::Type::kNone: *out += "null"; break;
@@ -240,35 +315,54 @@ Value substr(const Value& s, size_t begin, size_t end) {
   return Value::string(s.s.substr(begin, end - begin), taint::slice(s.taint, begin, end));
 }
 
-std::string repr(const Value& v) {
+namespace {
+void repr_rec(const Value& v, int depth, std::string* out) {
+  if (depth > kMaxValueDepth) too_deep();
+  check_printed(*out);
   switch (v.type) {
-    case Value::Type::kString: return py_quote(v.s);
-    case Value::Type::kList: {
-      std::string out = "[";
-      for (size_t k = 0; k < v.list->size(); ++k) out += (k ? ", " : "") + repr((*v.list)[k]);
-      return out + "]";
-    }
-    case Value::Type::kDict: {
-      std::string out = "{";
-      for (size_t k = 0; k < v.dict->items.size(); ++k) {
-        out += (k ? ", " : "") + py_quote(v.dict->items[k].first) + ": " + repr(v.dict->items[k].second);
+    case Value::Type::kString: *out += py_quote(v.s); break;
+    case Value::Type::kList:
+      *out += "[";
+      for (size_t k = 0; k < v.list->size(); ++k) {
+        if (k) *out += ", ";
+        repr_rec((*v.list)[k], depth + 1, out);
       }
-      return out + "}";
-    }
-    case Value::Type::kNamespace: return "<Namespace>";
-    case Value::Type::kCallable: return "<function>";
-    default: return to_str(v);
+      *out += "]";
+      break;
+    case Value::Type::kDict:
+      *out += "{";
+      for (size_t k = 0; k < v.dict->items.size(); ++k) {
+        if (k) *out += ", ";
+        *out += py_quote(v.dict->items[k].first) + ": ";
+        repr_rec(v.dict->items[k].second, depth + 1, out);
+      }
+      *out += "}";
+      break;
+    case Value::Type::kNamespace: *out += "<Namespace>"; break;
+    case Value::Type::kCallable: *out += "<function>"; break;
+    default: *out += to_str(v);
   }
+}
+}  // namespace
+
+std::string repr(const Value& v) {
+  std::string out;
+  repr_rec(v, 0, &out);
+  check_printed(out);
+  return out;
 }
 
 std::string to_json(const Value& v, int indent, const std::string& item_sep, const std::string& key_sep,
                     bool sort_keys) {
   std::string out;
   json_rec(v, indent, 0, item_sep, key_sep, sort_keys, &out);
+  check_printed(out);
   return out;
 }
 
-bool equals(const Value& a, const Value& b) {
+namespace {
+bool equals_rec(const Value& a, const Value& b, int depth) {
+  if (depth > kMaxValueDepth) too_deep();
   const bool an = a.is_number() || a.type == Value::Type::kBool;
   const bool bn = b.is_number() || b.type == Value::Type::kBool;
   if (an && bn) return a.as_double() == b.as_double();
@@ -280,14 +374,14 @@ bool equals(const Value& a, const Value& b) {
     case Value::Type::kList:
       if (a.list->size() != b.list->size()) return false;
       for (size_t k = 0; k < a.list->size(); ++k) {
-        if (!equals((*a.list)[k], (*b.list)[k])) return false;
+        if (!equals_rec((*a.list)[k], (*b.list)[k], depth + 1)) return false;
       }
       return true;
     case Value::Type::kDict: {
       if (a.dict->items.size() != b.dict->items.size()) return false;
       for (const auto& [k, v] : a.dict->items) {
         const Value* o = b.dict->find(k);
-        if (o == nullptr || !equals(v, *o)) return false;
+        if (o == nullptr || !equals_rec(v, *o, depth + 1)) return false;
       }
       return true;
     }
@@ -295,19 +389,25 @@ bool equals(const Value& a, const Value& b) {
   }
 }
 
-int compare(const Value& a, const Value& b) {
+int compare_rec(const Value& a, const Value& b, int depth) {
+  if (depth > kMaxValueDepth) too_deep();
   const bool an = a.is_number() || a.type == Value::Type::kBool;
   const bool bn = b.is_number() || b.type == Value::Type::kBool;
   if (an && bn) return a.as_double() < b.as_double() ? -1 : a.as_double() > b.as_double() ? 1 : 0;
   if (a.is_string() && b.is_string()) return a.s < b.s ? -1 : a.s > b.s ? 1 : 0;
   if (a.is_list() && b.is_list()) {
     for (size_t k = 0; k < std::min(a.list->size(), b.list->size()); ++k) {
-      if (const int c = compare((*a.list)[k], (*b.list)[k]); c != 0) return c;
+      if (const int c = compare_rec((*a.list)[k], (*b.list)[k], depth + 1); c != 0) return c;
     }
     return a.list->size() < b.list->size() ? -1 : a.list->size() > b.list->size() ? 1 : 0;
   }
   throw TemplateError(fmt::format("cannot compare '{}' with '{}'", type_name(a), type_name(b)));
 }
+}  // namespace
+
+bool equals(const Value& a, const Value& b) { return equals_rec(a, b, 0); }
+
+int compare(const Value& a, const Value& b) { return compare_rec(a, b, 0); }
 
 std::string type_name(const Value& v) {
   switch (v.type) {

@@ -3,6 +3,12 @@
 // insertion order (tools | tojson prints keys as the caller gave them), strings are UTF-8 and
 // indexed / measured by code point.
 //
+// Lists and dicts may nest without bound (l = [l] in a loop): destroying one never recurses
+// (~Value takes the containers it last owns apart iteratively), the functions below that walk
+// values (repr, to_json, equals, compare, from_json) fail beyond kMaxValueDepth levels, and a
+// list or namespace may not contain itself (reaches(); cycles would leak). A bound method
+// (list.append) holds its list or dict in its own `list` / `dict`, so those walks see it.
+//
 // Taint: a string carries the byte ranges that came from untrusted input (Value::from_json with
 // untrusted = true: the request's messages and tools). Every operation that builds a string
 // from others keeps them — concatenation, ~, join, slicing, indexing, iteration, strip / trim,
@@ -31,6 +37,11 @@ struct TemplateError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// How deeply repr, to_json, equals, compare and from_json follow nested values.
+inline constexpr int kMaxValueDepth = 128;
+// The longest text repr / to_json and the string-building filters produce.
+inline constexpr size_t kMaxBuiltBytes = size_t{16} << 20;
+
 struct Value;
 using List = std::vector<Value>;
 struct Dict {
@@ -53,6 +64,14 @@ struct Value {
   std::shared_ptr<Dict> dict;      // kDict, kNamespace
   std::shared_ptr<NativeFn> fn;    // kCallable
   std::string undefined_name;      // kUndefined: what was looked up, for error messages
+
+  Value() = default;
+  Value(const Value&) = default;
+  Value(Value&&) noexcept = default;
+  Value& operator=(const Value&) = default;
+  Value& operator=(Value&&) noexcept = default;
+  // The last owner of a list or dict takes it apart without recursion (see above).
+  ~Value();
 
   static Value undefined(std::string name = "") {
     Value v;
@@ -111,6 +130,9 @@ std::string to_str(const Value& v);
 Value to_str_value(const Value& v);
 // Whether a string, or any string or key inside a list or dict, is untrusted.
 bool deep_tainted(const Value& v);
+// Whether `container` (a List or Dict) is `v`'s own or one nested in it (through lists, dicts
+// and bound methods): storing v in the container would make a cycle.
+bool reaches(const Value& v, const void* container);
 // A dict key read as a string value (untrusted when the dict's keys are).
 Value key_value(const Dict& d, const std::string& key);
 // dst (a string) += src (a string), taint included.

@@ -4,6 +4,7 @@
 
 #include <utf8proc.h>
 
+#include "tokenizer/json_field.h"
 #include "tokenizer/utf8.h"
 
 namespace xds {
@@ -66,14 +67,16 @@ Status Normalizer::add_steps(const nlohmann::json& j, const std::string& file,
     st.kind = Kind::kLowercase;
   } else if (type == "Prepend") {
     st.kind = Kind::kPrepend;
-    st.content = j.value("prepend", "");
+    XDS_ASSIGN_OR_RETURN(st.content,
+                         json_field::field_or(j, "prepend", std::string(), file, field));
   } else if (type == "Strip") {
     st.kind = Kind::kStrip;
-    st.strip_left = j.value("strip_left", true);
-    st.strip_right = j.value("strip_right", true);
+    XDS_ASSIGN_OR_RETURN(st.strip_left, json_field::field_or(j, "strip_left", true, file, field));
+    XDS_ASSIGN_OR_RETURN(st.strip_right, json_field::field_or(j, "strip_right", true, file, field));
   } else if (type == "Replace") {
     st.kind = Kind::kReplace;
-    st.content = j.value("content", "");
+    XDS_ASSIGN_OR_RETURN(st.content,
+                         json_field::field_or(j, "content", std::string(), file, field));
     const auto& p = j.contains("pattern") ? j["pattern"] : nlohmann::json();
     if (p.is_object() && p.contains("String") && p["String"].is_string()) {
       st.literal = p["String"].get<std::string>();

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <tuple>
 
+#include "tokenizer/json_field.h"
+
 namespace xds {
 namespace {
 // The GPT-2 pattern ByteLevel uses when use_regex is true.
@@ -101,8 +103,10 @@ Status PreTokenizer::add_steps(const nlohmann::json& j, const std::string& file,
     return {};
   }
   if (type == "Split") {
-    XDS_ASSIGN_OR_RETURN(auto beh, parse_behavior(j.value("behavior", "Isolated"), file, field));
-    const bool invert = j.value("invert", false);
+    XDS_ASSIGN_OR_RETURN(const std::string behavior,
+                         json_field::field_or(j, "behavior", std::string("Isolated"), file, field));
+    XDS_ASSIGN_OR_RETURN(auto beh, parse_behavior(behavior, file, field));
+    XDS_ASSIGN_OR_RETURN(const bool invert, json_field::field_or(j, "invert", false, file, field));
     const auto& p = j.contains("pattern") ? j["pattern"] : nlohmann::json();
     if (p.is_object() && p.contains("Regex") && p["Regex"].is_string()) {
       return add_regex(p["Regex"].get<std::string>(), beh, invert);
@@ -120,13 +124,20 @@ Status PreTokenizer::add_steps(const nlohmann::json& j, const std::string& file,
   }
   if (type == "ByteLevel") {
     pt->byte_level_ = true;
-    if (j.value("add_prefix_space", false)) pt->steps_.push_back(Step{Kind::kByteLevelPrefix, nullptr, "", SplitBehavior::kIsolated, false});
-    if (j.value("use_regex", true)) return add_regex(kGpt2Pattern, SplitBehavior::kIsolated, false);
+    XDS_ASSIGN_OR_RETURN(const bool prefix,
+                         json_field::field_or(j, "add_prefix_space", false, file, field));
+    XDS_ASSIGN_OR_RETURN(const bool use_regex,
+                         json_field::field_or(j, "use_regex", true, file, field));
+    if (prefix)
+      pt->steps_.push_back(
+          Step{Kind::kByteLevelPrefix, nullptr, "", SplitBehavior::kIsolated, false});
+    if (use_regex) return add_regex(kGpt2Pattern, SplitBehavior::kIsolated, false);
     return {};
   }
   if (type == "Digits") {
-    return add_regex(j.value("individual_digits", false) ? R"(\p{N})" : R"(\p{N}+)",
-                     SplitBehavior::kIsolated, false);
+    XDS_ASSIGN_OR_RETURN(const bool individual,
+                         json_field::field_or(j, "individual_digits", false, file, field));
+    return add_regex(individual ? R"(\p{N})" : R"(\p{N}+)", SplitBehavior::kIsolated, false);
   }
   if (type == "Whitespace") return add_regex(R"(\w+|[^\w\s]+)", SplitBehavior::kRemoved, true);
   if (type == "WhitespaceSplit") return add_regex(R"(\s+)", SplitBehavior::kRemoved, false);

@@ -7,10 +7,12 @@
 
 #include <nlohmann/json.hpp>
 
+#include "base/json_depth.h"
 #include "base/read_file.h"
 #include "tokenizer/added_vocab.h"
 #include "tokenizer/bpe_model.h"
 #include "tokenizer/byte_level.h"
+#include "tokenizer/json_field.h"
 #include "tokenizer/normalizer.h"
 #include "tokenizer/pre_tokenizer.h"
 #include "tokenizer/regex.h"
@@ -39,7 +41,16 @@ struct Tokenizer::Impl {
 
 namespace {
 
+using json_field::field_or;
+
+// The id space is dense (tables indexed by id): ids may leave gaps, but not more unused ids
+// than listed tokens (plus this slack), so that a small file cannot ask for gigabytes.
+constexpr int64_t kIdGapSlack = 1024;
+
 Result<nlohmann::json> parse_json(std::string_view text, const std::string& name) {
+  if (json_nesting_exceeds(text, kMaxJsonDepth)) {
+    return invalid_argument("{}: JSON nested deeper than {} levels", name, kMaxJsonDepth);
+  }
   try {
     return nlohmann::json::parse(text.begin(), text.end());
   } catch (const nlohmann::json::parse_error& e) {
@@ -66,19 +77,24 @@ Status parse_added_tokens(const nlohmann::json& j, const std::string& name,
   }
   for (size_t i = 0; i < j["added_tokens"].size(); ++i) {
     const auto& t = j["added_tokens"][i];
+    // An id beyond int32 would wrap around when stored (a negative index).
     if (!t.is_object() || !t.contains("id") || !t["id"].is_number_integer() ||
-        t["id"].get<int64_t>() < 0 || !t.contains("content") || !t["content"].is_string()) {
-      return invalid_argument("{}: field 'added_tokens[{}]': expected {{\"id\": int >= 0, "
-                              "\"content\": string, ...}}, got {}", name, i, t.dump());
+        t["id"].get<int64_t>() < 0 || t["id"].get<int64_t>() > INT32_MAX ||
+        !t.contains("content") || !t["content"].is_string()) {
+      return invalid_argument(
+          "{}: field 'added_tokens[{}]': expected {{\"id\": int in [0, 2^31), "
+          "\"content\": string, ...}}, got {}",
+          name, i, t.dump());
     }
     AddedToken a;
     a.id = static_cast<int32_t>(t["id"].get<int64_t>());
     a.content = t["content"].get<std::string>();
-    a.special = t.value("special", false);
-    a.lstrip = t.value("lstrip", false);
-    a.rstrip = t.value("rstrip", false);
-    a.single_word = t.value("single_word", false);
-    a.normalized = t.value("normalized", !a.special);
+    const std::string where = fmt::format("added_tokens[{}]", i);
+    XDS_ASSIGN_OR_RETURN(a.special, field_or(t, "special", false, name, where));
+    XDS_ASSIGN_OR_RETURN(a.lstrip, field_or(t, "lstrip", false, name, where));
+    XDS_ASSIGN_OR_RETURN(a.rstrip, field_or(t, "rstrip", false, name, where));
+    XDS_ASSIGN_OR_RETURN(a.single_word, field_or(t, "single_word", false, name, where));
+    XDS_ASSIGN_OR_RETURN(a.normalized, field_or(t, "normalized", !a.special, name, where));
     out->push_back(std::move(a));
   }
   return {};
@@ -112,22 +128,36 @@ Status parse_decoder(const nlohmann::json& d, const std::string& name, const std
   } else if (type == "ByteFallback" || type == "Fuse") {
     // <0xXX> tokens already decode to their byte; fusing is what concatenation does.
   } else if (type == "Replace") {
-    const auto& p = d.value("pattern", nlohmann::json());
-    if (!p.is_object() || !p.contains("String") || !p["String"].is_string()) {
+    const auto p = d.find("pattern");
+    if (p == d.end() || !p->is_object() || !p->contains("String") || !(*p)["String"].is_string()) {
       return unimplemented("{}: field '{}.pattern': only String patterns are supported", name, field);
     }
-    spec->replaces.emplace_back(p["String"].get<std::string>(), d.value("content", ""));
+    XDS_ASSIGN_OR_RETURN(std::string content, field_or(d, "content", std::string(), name, field));
+    spec->replaces.emplace_back((*p)["String"].get<std::string>(), std::move(content));
   } else if (type == "Strip") {
-    const std::string content = d.value("content", " ");
-    if (content.size() != 1 || d.value("stop", 0) != 0) {
+    XDS_ASSIGN_OR_RETURN(const std::string content,
+                         field_or(d, "content", std::string(" "), name, field));
+    XDS_ASSIGN_OR_RETURN(const int64_t stop, field_or(d, "stop", int64_t{0}, name, field));
+    XDS_ASSIGN_OR_RETURN(const int64_t start, field_or(d, "start", int64_t{0}, name, field));
+    if (content.size() != 1 || stop != 0) {
       return unimplemented("{}: field '{}': only Strip with a 1-byte content and stop 0 is "
                            "supported", name, field);
     }
+    if (start < 0 || start > INT32_MAX) {
+      return invalid_argument("{}: field '{}.start': expected a count >= 0, got {}", name, field,
+                              start);
+    }
     spec->strip_char = content[0];
-    spec->strip_leading = d.value("start", 0);
+    spec->strip_leading = static_cast<int>(start);
   } else if (type == "Metaspace") {
-    spec->replaces.emplace_back(d.value("replacement", "\xE2\x96\x81"), " ");
-    const bool prefix = d.value("add_prefix_space", true) && d.value("prepend_scheme", "always") != "never";
+    XDS_ASSIGN_OR_RETURN(std::string replacement,
+                         field_or(d, "replacement", std::string("\xE2\x96\x81"), name, field));
+    XDS_ASSIGN_OR_RETURN(const bool add_prefix_space,
+                         field_or(d, "add_prefix_space", true, name, field));
+    XDS_ASSIGN_OR_RETURN(const std::string scheme,
+                         field_or(d, "prepend_scheme", std::string("always"), name, field));
+    spec->replaces.emplace_back(std::move(replacement), " ");
+    const bool prefix = add_prefix_space && scheme != "never";
     spec->strip_leading = prefix ? 1 : 0;
     spec->strip_char = ' ';
   } else {
@@ -136,12 +166,25 @@ Status parse_decoder(const nlohmann::json& d, const std::string& name, const std
   return {};
 }
 
-// Post-processor ids around the sequence, from tokenizer.json's post_processor.
+// A token id in a file: an integer in [0, 2^31).
+Result<int32_t> id_value(const nlohmann::json& v, const std::string& name,
+                         const std::string& field) {
+  if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > INT32_MAX ||
+      (v.is_number_unsigned() && v.get<uint64_t>() > INT32_MAX)) {
+    return invalid_argument("{}: field '{}': expected a token id (an integer in [0, 2^31)), got {}",
+                            name, field, v.dump());
+  }
+  return static_cast<int32_t>(v.get<int64_t>());
+}
+
+// Post-processor ids around the sequence, from tokenizer.json's post_processor. The ids are
+// checked against the vocabulary by the caller.
 Status parse_post_processor(const nlohmann::json& p, const Tokenizer::Impl& t,
                             const std::string& name, const std::string& field,
                             std::vector<int32_t>* prefix, std::vector<int32_t>* suffix) {
   if (p.is_null()) return {};
-  const std::string type = p.value("type", "");
+  if (!p.is_object()) return invalid_argument("{}: field '{}': expected an object", name, field);
+  XDS_ASSIGN_OR_RETURN(const std::string type, field_or(p, "type", std::string(), name, field));
   auto lookup = [&](const std::string& tok) -> Result<int32_t> {
     for (const auto& a : t.added) {
       if (a.content == tok) return a.id;
@@ -149,31 +192,55 @@ Status parse_post_processor(const nlohmann::json& p, const Tokenizer::Impl& t,
     if (auto id = t.model.id_of_text(tok)) return *id;
     return invalid_argument("{}: field '{}': token \"{}\" is not in the vocabulary", name, field, tok);
   };
+  // A list field of the processor (absent or null: empty).
+  auto list = [&](const char* key) -> Result<const nlohmann::json*> {
+    static const nlohmann::json kEmpty = nlohmann::json::array();
+    const auto it = p.find(key);
+    if (it == p.end() || it->is_null()) return &kEmpty;
+    if (!it->is_array())
+      return invalid_argument("{}: field '{}.{}': expected a list", name, field, key);
+    return &*it;
+  };
   if (type == "ByteLevel") return {};
   if (type == "Sequence") {
-    const auto& ps = p.value("processors", nlohmann::json::array());
-    for (size_t i = 0; i < ps.size(); ++i) {
-      XDS_RETURN_IF_ERROR(parse_post_processor(ps[i], t, name,
-                                               fmt::format("{}.processors[{}]", field, i), prefix, suffix));
+    XDS_ASSIGN_OR_RETURN(const nlohmann::json* ps, list("processors"));
+    for (size_t i = 0; i < ps->size(); ++i) {
+      XDS_RETURN_IF_ERROR(parse_post_processor(
+          (*ps)[i], t, name, fmt::format("{}.processors[{}]", field, i), prefix, suffix));
     }
     return {};
   }
   if (type == "TemplateProcessing") {
-    const auto& single = p.value("single", nlohmann::json::array());
+    XDS_ASSIGN_OR_RETURN(const nlohmann::json* single, list("single"));
+    const auto st = p.find("special_tokens");
     bool seen_a = false;
-    for (const auto& item : single) {
-      if (item.contains("Sequence")) {
+    for (size_t i = 0; i < single->size(); ++i) {
+      const nlohmann::json& item = (*single)[i];
+      const std::string where = fmt::format("{}.single[{}]", field, i);
+      if (item.is_object() && item.contains("Sequence")) {
         seen_a = true;
         continue;
       }
-      if (!item.contains("SpecialToken")) {
-        return invalid_argument("{}: field '{}.single': unexpected item {}", name, field, item.dump());
+      if (!item.is_object() || !item.contains("SpecialToken") ||
+          !item["SpecialToken"].is_object()) {
+        return invalid_argument("{}: field '{}': unexpected item {}", name, where, item.dump());
       }
-      const std::string tok = item["SpecialToken"].value("id", "");
+      XDS_ASSIGN_OR_RETURN(
+          const std::string tok,
+          field_or(item["SpecialToken"], "id", std::string(), name, where + ".SpecialToken"));
       std::vector<int32_t> ids;
-      const auto& st = p.value("special_tokens", nlohmann::json::object());
-      if (st.contains(tok) && st[tok].contains("ids")) {
-        ids = st[tok]["ids"].get<std::vector<int32_t>>();
+      if (st != p.end() && st->is_object() && st->contains(tok) && (*st)[tok].is_object() &&
+          (*st)[tok].contains("ids")) {
+        const nlohmann::json& list_ids = (*st)[tok]["ids"];
+        const std::string ids_field = fmt::format("{}.special_tokens[\"{}\"].ids", field, tok);
+        if (!list_ids.is_array()) {
+          return invalid_argument("{}: field '{}': expected a list of ids", name, ids_field);
+        }
+        for (size_t k = 0; k < list_ids.size(); ++k) {
+          XDS_ASSIGN_OR_RETURN(int32_t id,
+                               id_value(list_ids[k], name, fmt::format("{}[{}]", ids_field, k)));
+          ids.push_back(id);
+        }
       } else {
         XDS_ASSIGN_OR_RETURN(int32_t id, lookup(tok));
         ids.push_back(id);
@@ -184,11 +251,16 @@ Status parse_post_processor(const nlohmann::json& p, const Tokenizer::Impl& t,
     return {};
   }
   if (type == "RobertaProcessing" || type == "BertProcessing") {
-    if (!p.contains("cls") || !p.contains("sep")) {
-      return invalid_argument("{}: field '{}': missing cls/sep", name, field);
+    // "cls": ["<s>", 0], "sep": ["</s>", 2]
+    for (const char* key : {"cls", "sep"}) {
+      const auto it = p.find(key);
+      if (it == p.end() || !it->is_array() || it->size() != 2) {
+        return invalid_argument("{}: field '{}.{}': expected [token, id]", name, field, key);
+      }
+      XDS_ASSIGN_OR_RETURN(int32_t id,
+                           id_value((*it)[1], name, fmt::format("{}.{}[1]", field, key)));
+      (std::string_view(key) == "cls" ? prefix : suffix)->push_back(id);
     }
-    prefix->push_back(p["cls"][1].get<int32_t>());
-    suffix->push_back(p["sep"][1].get<int32_t>());
     return {};
   }
   return unimplemented("{}: field '{}.type': post-processor \"{}\" is not supported", name, field, type);
@@ -248,7 +320,15 @@ Result<Tokenizer> Tokenizer::from_json_text(std::string_view tokenizer_json,
   impl->strip_leading = dec.strip_leading;
   impl->strip_char = dec.strip_char;
   impl->vocab_size = impl->model.size();
-  for (const auto& a : impl->added) impl->vocab_size = std::max<int64_t>(impl->vocab_size, a.id + 1);
+  for (const auto& a : impl->added)
+    impl->vocab_size = std::max<int64_t>(impl->vocab_size, int64_t{a.id} + 1);
+  const int64_t listed = static_cast<int64_t>(parsed.vocab.size() + impl->added.size());
+  if (impl->vocab_size > 2 * listed + kIdGapSlack) {
+    return invalid_argument(
+        "{}: field 'added_tokens': ids reach {} but only {} tokens are listed "
+        "(ids may leave gaps, but not more than the listed tokens plus {})",
+        name, impl->vocab_size - 1, listed, kIdGapSlack);
+  }
   impl->pieces.resize(impl->vocab_size);
   impl->special.assign(impl->vocab_size, 0);
   for (int32_t id = 0; id < impl->model.size(); ++id) {
@@ -285,7 +365,8 @@ Result<Tokenizer> Tokenizer::from_json_text(std::string_view tokenizer_json,
   tok.impl_ = impl;
   if (!impl->bos_token.empty()) impl->bos_id = tok.token_to_id(impl->bos_token);
   if (!impl->eos_token.empty()) impl->eos_id = tok.token_to_id(impl->eos_token);
-  impl->clean_up_spaces = cfg.value("clean_up_tokenization_spaces", false);
+  XDS_ASSIGN_OR_RETURN(impl->clean_up_spaces,
+                       field_or(cfg, "clean_up_tokenization_spaces", false, cfg_name, ""));
   const bool cfg_bos = cfg.contains("add_bos_token") && cfg["add_bos_token"].is_boolean();
   const bool cfg_eos = cfg.contains("add_eos_token") && cfg["add_eos_token"].is_boolean();
   if (cfg_bos || cfg_eos) {
@@ -306,6 +387,17 @@ Result<Tokenizer> Tokenizer::from_json_text(std::string_view tokenizer_json,
   } else {
     XDS_RETURN_IF_ERROR(parse_post_processor(j.value("post_processor", nlohmann::json()), *impl,
                                              name, "post_processor", &impl->prefix, &impl->suffix));
+    // Ids the file wrote down (special_tokens, cls/sep) must be ids encode may return.
+    for (const auto* ids : {&impl->prefix, &impl->suffix}) {
+      for (const int32_t id : *ids) {
+        if (id >= impl->vocab_size) {
+          return invalid_argument(
+              "{}: field 'post_processor': id {} is not in the vocabulary "
+              "(ids below {})",
+              name, id, impl->vocab_size);
+        }
+      }
+    }
   }
   return tok;
 }

@@ -1,5 +1,7 @@
 #include "tokenizer/tokenizer_json.h"
 
+#include "base/json_depth.h"
+
 namespace xds {
 namespace {
 
@@ -7,7 +9,7 @@ using json = nlohmann::json;
 
 class Sax {
  public:
-  Sax(TokenizerJson* out, const std::string& name) : out_(out), name_(name) {}
+  explicit Sax(TokenizerJson* out) : out_(out) {}
 
   bool null() { return value(json(nullptr)); }
   bool boolean(bool v) { return value(json(v)); }
@@ -141,7 +143,6 @@ class Sax {
   }
 
   TokenizerJson* out_;
-  const std::string& name_;
   std::vector<json*> stack_;       // open containers, root first
   std::vector<std::string> keys_;  // key under which each open container sits ("" for root)
   std::string key_;
@@ -154,8 +155,12 @@ class Sax {
 }  // namespace
 
 Result<TokenizerJson> parse_tokenizer_json(std::string_view text, const std::string& name) {
+  // The tree of the small parts is copied and printed recursively (base/json_depth.h).
+  if (json_nesting_exceeds(text, kMaxJsonDepth)) {
+    return invalid_argument("{}: JSON nested deeper than {} levels", name, kMaxJsonDepth);
+  }
   TokenizerJson out;
-  Sax sax(&out, name);
+  Sax sax(&out);
   const bool ok = json::sax_parse(text.begin(), text.end(), &sax);
   if (!ok) return invalid_argument("{}: {}", name, sax.error().empty() ? "invalid JSON" : sax.error());
   return out;
