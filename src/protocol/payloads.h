@@ -154,6 +154,9 @@ struct GroupLoad {
   // (freed after the deadline), and the KV bytes this group pulled as a decode side.
   int64_t kv_parked = 0, kv_transfers_done = 0, kv_transfers_expired = 0, kv_pulled_bytes = 0;
   int64_t moe_ns = 0;       // expert-parallel MoE phase (dispatch to combine done), cumulative
+  // Steps every group rolled back and ran again after a transient exchange error, cumulative
+  // (engine/step_sync.h, StepAttempts).
+  int64_t rollbacks = 0;
   // Tokens this group routed to each logical expert, cumulative (CausalLm::
   // routed_token_counts): [moe_layers.size(), n_experts] row-major. Sent about once a second;
   // empty in the loads between (the shell keeps the last one it got).
@@ -240,7 +243,7 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(GroupLoad, group, running, waiti
                                                 window_slot_tokens, slots_per_device,
                                                 window_map_version, window_uniform, kv_parked,
                                                 kv_transfers_done, kv_transfers_expired,
-                                                kv_pulled_bytes)
+                                                kv_pulled_bytes, rollbacks)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(EplbCommand, op, version, moe_layers, replicas)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(EplbReport, group, version, state, error,
                                                 disable_step, switch_step, loaded_bytes)
