@@ -26,6 +26,8 @@ std::string_view status_code_name(StatusCode code) {
       return "Aborted";
     case StatusCode::kCancelled:
       return "Cancelled";
+    case StatusCode::kAbandoned:
+      return "Abandoned";
     case StatusCode::kInternal:
       return "Internal";
   }

@@ -28,6 +28,8 @@ enum class StatusCode {
   kUnavailable,         // a peer is dead or unreachable
   kAborted,             // the operation was aborted (poisoned epoch, cancelled step)
   kCancelled,           // the caller cancelled it
+  kAbandoned,           // given up by every party together, nothing of it kept: retry it
+                        // (an XCCL step attempt after a transient error, xccl/mailbox.h)
   kInternal,            // a bug or an unexpected system error
 };
 
@@ -70,6 +72,7 @@ XDS_DEFINE_STATUS_BUILDER(deadline_exceeded, kDeadlineExceeded)
 XDS_DEFINE_STATUS_BUILDER(unavailable, kUnavailable)
 XDS_DEFINE_STATUS_BUILDER(aborted, kAborted)
 XDS_DEFINE_STATUS_BUILDER(cancelled, kCancelled)
+XDS_DEFINE_STATUS_BUILDER(abandoned, kAbandoned)
 XDS_DEFINE_STATUS_BUILDER(internal_error, kInternal)
 #undef XDS_DEFINE_STATUS_BUILDER
 

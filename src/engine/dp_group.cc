@@ -133,6 +133,7 @@ class DpGroup {
   int64_t last_load_ns_ = 0;
   int64_t last_expert_load_ns_ = 0;
   int64_t steps_ = 0;
+  StepAttempts attempts_;  // of the step in flight; rollbacks so far
   double last_batch_ = 0;
   PrefixCache::Events cache_events_;
 };
@@ -168,6 +169,7 @@ Status DpGroup::init() {
     setup.options = ep_options(o_.core.max_num_batched_tokens, o_.redundant_slots);
     XDS_ASSIGN_OR_RETURN(exchange_, EpMoeExchange::create(setup));
     core_->model().set_moe_exchange(exchange_.get());
+    core_->set_step_agreement([this] { return exchange_->agree_step(); });
     XDS_ASSIGN_OR_RETURN(eplb_, make_eplb_agent(core_->model(), *exchange_, o_));
   }
 
@@ -423,6 +425,7 @@ void DpGroup::send_load(bool force) {
   l.preemptions = table.stats().preemptions;
   l.kv_blocks_retired = table.stats().kv_blocks_retired;
   l.steps = steps_;
+  l.rollbacks = attempts_.rollbacks();
   l.last_batch_size = last_batch_;
   if (const SpeculativeStage* spec = core_->speculative()) {
     l.spec_steps = spec->stats().steps;
@@ -458,6 +461,7 @@ Result<StepDecision> DpGroup::decide(uint64_t step) {
   mine.requests = static_cast<uint32_t>(core_->table().requests().size());
   mine.stop = draining_ && !has_work() && !handoff_->has_parked();
   mine.wake_seq = wake_seen_;
+  mine.attempt = attempts_.attempt();
   StepDecision decision;
   if (!sync_) {
     decision.action = local_work   ? StepAction::kRun
@@ -545,8 +549,17 @@ Status DpGroup::run() {
       case StepAction::kRun:
         break;
     }
-    if (exchange_) exchange_->set_step(fabric_.epoch(), static_cast<uint32_t>(decision.step));
-    XDS_RETURN_IF_ERROR(core_->execute(/*lockstep=*/exchange_ != nullptr));
+    if (exchange_) {
+      exchange_->set_step(fabric_.epoch(), static_cast<uint32_t>(decision.step),
+                          attempts_.attempt());
+    }
+    const Status executed = core_->execute(/*lockstep=*/exchange_ != nullptr);
+    if (!attempts_.after_execute(executed)) return executed;
+    if (!executed.ok()) {  // every group rolled the step back: plan and run it again
+      XDS_LOG_WARN("DP group {}: step {} rolled back ({}); attempt {} follows", fabric_.rank(),
+                   decision.step, executed.message(), attempts_.attempt());
+      continue;
+    }
     handoff_->park();
     step = decision.next_step;
     ++steps_;

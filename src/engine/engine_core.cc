@@ -125,6 +125,7 @@ Status EngineCore::execute(bool lockstep) {
   if (st.ok()) {
     st = table_->commit(out_, info().vocab_size, info().hidden_size, sampler_, lockstep);
   }
+  if (st.ok() && agree_) st = agree_();
   if (!st.ok()) {
     Status undone = table_->rollback();
     if (!undone.ok()) XDS_LOG_WARN("engine: rolling the failed step back: {}", undone.message());

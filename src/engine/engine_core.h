@@ -6,8 +6,10 @@
 // step sync, calling plan() and execute() separately (the instance's groups agree on whether
 // to run in between).
 //
-// A step that fails (the forward, or the commit) is rolled back (RequestTable::rollback)
-// before its error is returned: no token of it is emitted and every sequence is as before.
+// A step that fails (the forward, the commit, or the groups' agreement on it) is rolled back
+// (RequestTable::rollback) before its error is returned: no token of it is emitted and every
+// sequence is as before. With expert parallelism a transient exchange error comes back as
+// Abandoned on every group (engine/ep_moe_exchange.h), and the DP group runs the step again.
 //
 // Thread-safety: not thread-safe; one thread creates and steps it.
 #pragma once
@@ -41,6 +43,11 @@ using KvStorageFactory =
 // (it is rolled back). `generate` checks the logits are finite and writes --dump-logits here.
 using AfterForwardFn =
     std::function<Status(std::span<const TokenChunk> chunks, const StepOutput& out)>;
+
+// Runs after a step's commit, before the step ends: with expert parallelism, every group's
+// agreement that the step stands (EpMoeExchange::agree_step). An error fails the step (it is
+// rolled back, its tokens with it).
+using StepAgreementFn = std::function<Status()>;
 
 struct EngineCoreOptions {
   std::string model_dir;
@@ -98,6 +105,8 @@ class EngineCore {
   // into the model.
   static constexpr int64_t kHeartbeatPeriodNs = 10'000'000;
   void set_heartbeat(std::function<void()> fn);
+  // See StepAgreementFn; null: none (one group alone).
+  void set_step_agreement(StepAgreementFn fn) { agree_ = std::move(fn); }
 
   CausalLm& model() { return *model_; }
   KvStorage& storage() { return *storage_; }
@@ -129,6 +138,7 @@ class EngineCore {
   int64_t block_bytes_ = 0;
   std::string kv_format_;
   std::function<void()> heartbeat_;
+  StepAgreementFn agree_;
   int64_t heartbeat_last_ns_ = 0;  // steady clock of the last between-layers call
   StepPlan plan_;
   StepOutput out_;

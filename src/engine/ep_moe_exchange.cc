@@ -4,7 +4,9 @@
 #include <cstring>
 
 #include "base/clock.h"
+#include "base/log.h"
 #include "engine/eplb_maps.h"
+#include "engine/step_sync.h"
 #include "kernels/cpu/int8_quant.h"
 #include "kernels/cpu/linear.h"
 #include "model/int8_mlp.h"
@@ -16,6 +18,10 @@ namespace {
 
 constexpr int kMaxPasses = 16;   // 4 bits of the key's phase
 constexpr int kMaxRounds = 256;  // 8 bits of the key's phase
+// The key's layer field of agree_step()'s barrier (MoE layers use 0 .. 4094; the step
+// headers 0xFFF, step_sync.h).
+constexpr uint16_t kAgreeLayer = 0xFFE;
+static_assert(kMaxStepAttempts <= 4, "collective_key tells 4 attempts of a step apart");
 
 int64_t total_layers(const ModelInfo& i) {
   return i.num_layers + i.n_mtp_layers;
@@ -115,6 +121,9 @@ EpMoeExchange::EpMoeExchange(const EpMoeSetup& setup, std::unique_ptr<xccl::Exch
   redundant_.assign(size_t(n_layers_), std::vector<std::pair<int, const MlpWeights*>>(
                                            size_t(std::max(redundant, 0)), {-1, nullptr}));
   spread_.resize(size_t(setup.options.max_tokens));
+  const xccl::Fabric& f = setup.mailbox->fabric();
+  for (int r = 0; r < f.world_size(); ++r)
+    if (r != f.rank()) peers_.push_back(r);
   out16_.resize(size_t(setup.options.max_tokens) * size_t(info_.hidden_size));
 }
 
@@ -192,10 +201,36 @@ Status EpMoeExchange::bind_layer(int64_t layer, const xccl::ExpertMap& m,
   return Status::ok_status();
 }
 
-void EpMoeExchange::set_step(uint32_t epoch, uint32_t step) {
+void EpMoeExchange::set_step(uint32_t epoch, uint32_t step, uint32_t attempt) {
   epoch_ = epoch;
   step_ = step;
+  attempt_ = attempt;
   std::fill(pass_.begin(), pass_.end(), uint16_t(0));
+  setup_.mailbox->watch(xccl::attempt_tag(step, attempt));
+  fail_step_ = fail_armed_;
+  fail_armed_ = false;
+}
+
+uint64_t EpMoeExchange::collective_key(uint32_t epoch, uint32_t step, uint32_t attempt,
+                                       uint16_t layer, uint16_t phase) {
+  return xccl::collective_key(epoch, (step << 2) | (attempt & 3), layer, phase);
+}
+
+Status EpMoeExchange::abandon_attempt(const Status& why) {
+  XDS_LOG_WARN("expert parallelism, device {}: step {} attempt {}: {}; giving the attempt up",
+               rank(), step_, attempt_, why.message());
+  XDS_RETURN_IF_ERROR(ex_->abandon(xccl::attempt_tag(step_, attempt_)));
+  return why;
+}
+
+Status EpMoeExchange::agree_step() {
+  const xccl::WaitCtx ctx{xccl::OpKind::kBarrier,
+                          xccl::deadline_after_ms(setup_.options.timeout_ms), {}};
+  const Status st = xccl::barrier(*setup_.mailbox, peers_,
+                                  collective_key(epoch_, step_, attempt_, kAgreeLayer, 0), ctx);
+  if (st.code() == StatusCode::kAbandoned) return abandon_attempt(st);
+  if (st.ok()) setup_.mailbox->watch(0);  // the attempt is over: nobody abandons it any more
+  return st;
 }
 
 Status EpMoeExchange::run(const MoeExchangeInput& in) {
@@ -215,13 +250,20 @@ Status EpMoeExchange::run(const MoeExchangeInput& in) {
         "expert parallelism: layer {} ran {} times since set_step (epoch {}, step {})", in.layer,
         pass, epoch_, step_);
   const uint64_t key =
-      xccl::collective_key(epoch_, step_, uint16_t(in.layer), uint16_t(pass << 8));
+      collective_key(epoch_, step_, attempt_, uint16_t(in.layer), uint16_t(pass << 8));
   ++pass;
+  if (fail_step_) {
+    fail_step_ = false;
+    return abandon_attempt(abandoned("device {}: injected exchange_error at step {} attempt {}",
+                                     rank(), step_, attempt_));
+  }
   for (int round = 0;; ++round) {
     const int64_t begin = std::min<int64_t>(in.n, int64_t(round) * c.max_tokens);
     const int64_t m = std::min<int64_t>(in.n - begin, c.max_tokens);
-    XDS_RETURN_IF_ERROR(run_round(in, begin, m, begin + m < in.n, key + uint64_t(round),
-                                  round == 0));
+    const Status st =
+        run_round(in, begin, m, begin + m < in.n, key + uint64_t(round), round == 0);
+    if (st.code() == StatusCode::kAbandoned) return abandon_attempt(st);
+    XDS_RETURN_IF_ERROR(st);
     if (!ex_->any_more()) break;
     if (round + 1 >= kMaxRounds)
       return internal_error("expert parallelism: a peer still has tokens after {} rounds",

@@ -27,10 +27,21 @@
 //   rows travel and reach the expert GEMM as INT8, so the expert outputs are the local
 //   run's bits and again only the combine's summation order differs.
 //
-// Collective keys: xccl::collective_key(epoch, step, layer, phase), phase = pass << 8 | round,
-// where pass counts this layer's run() calls since set_step() (MTP draft passes of one step
-// reuse a layer) and round < 256. The engine calls set_step(epoch, step) before each forward,
-// with the step every device agreed on (step_sync.h), so all devices present the same keys.
+// Collective keys: collective_key(epoch, step, attempt, layer, phase), phase = pass << 8 |
+// round, where pass counts this layer's run() calls since set_step() (MTP draft passes of one
+// step reuse a layer) and round < 256. The engine calls set_step(epoch, step, attempt) before
+// each forward, with the step and attempt every device agreed on (step_sync.h), so all
+// devices present the same keys.
+//
+// Step attempts (transient errors, xccl/mailbox.h "Abandoning a step attempt"): set_step()
+// makes the mailbox watch the attempt. When this device's exchange cannot go on -- a
+// transport operation failed, or fail_next_exchange() armed an injected fault -- or a peer's
+// abort marker ends one of its waits, run() (or agree_step()) gives the attempt up together
+// with every device (xccl::Exchange::abandon: every device stops, the sequence numbers are
+// re-read) and returns Abandoned: the step is rolled back everywhere (EngineCore) and run
+// again as attempt + 1, whose keys differ. agree_step(), after the step's last exchange,
+// makes sure no device keeps a step that another abandons. Any other error (a poisoned
+// epoch: a dead or silent peer, a failure while abandoning) stays permanent.
 //
 // Staging: staging_bytes() per arena (ArenaConfig::staging_bytes at least that; the exchange
 // sits at the start of the staging area).
@@ -96,8 +107,25 @@ class EpMoeExchange final : public MoeExchange {
   // Whether the rows reach the experts as INT8 (int8_rows and W8A8 experts).
   bool int8_rows() const { return ex_->config().int8_to_experts; }
 
-  // Before each forward: the step's (epoch, step) for the collective keys.
-  void set_step(uint32_t epoch, uint32_t step);
+  // Before each forward: the step's (epoch, step, attempt) for the collective keys; the
+  // mailbox watches the attempt from here.
+  void set_step(uint32_t epoch, uint32_t step, uint32_t attempt = 0);
+  // Pure: the key of (epoch, step, attempt, layer, phase): collective_key's step field is
+  // step << 2 | attempt mod 4 (attempts of one step differ; kMaxStepAttempts <= 4).
+  static uint64_t collective_key(uint32_t epoch, uint32_t step, uint32_t attempt, uint16_t layer,
+                                 uint16_t phase);
+
+  // After the step's last run() (the commit's MTP passes included), before its tokens count:
+  // a barrier of every device under the attempt's key. Ok: every device finished the attempt;
+  // Abandoned: some device gave it up (this one then gave it up too, see above); a poison
+  // status otherwise (a post of the barrier that fails cannot be taken back: permanent).
+  Status agree_step();
+
+  // Fault injection (the DP group's kExchangeError fault): the first run() after the next
+  // set_step() gives that step attempt up before it posts anything, as a failed transport
+  // operation would: every device's step returns Abandoned, is rolled back and run again.
+  // Cleared once it fired. Call on the device's collective thread, like everything here.
+  void fail_next_exchange() { fail_armed_ = true; }
 
   // Replaces every MoE layer's map: maps[l] for every layer index l (MTP layers included;
   // entries of dense layers are ignored), all MoE layers under one version. Call at a step
@@ -143,6 +171,9 @@ class EpMoeExchange final : public MoeExchange {
                     std::vector<const MlpWeights*>& out);
   Status run_round(const MoeExchangeInput& in, int64_t begin, int64_t n, bool more,
                    uint64_t key, bool first);
+  // `why` (Abandoned) after every device gave the attempt up, or the error that kept this
+  // device from giving it up (permanent).
+  Status abandon_attempt(const Status& why);
 
   EpMoeSetup setup_;
   ModelInfo info_;    // the model's
@@ -156,7 +187,9 @@ class EpMoeExchange final : public MoeExchange {
   uint64_t map_version_ = 0;
   GroupedExperts experts_;
   std::vector<uint16_t> pass_;           // [n_layers_] run() calls since set_step
-  uint32_t epoch_ = 0, step_ = 0;
+  uint32_t epoch_ = 0, step_ = 0, attempt_ = 0;
+  bool fail_armed_ = false;  // fail_next_exchange(): armed for the next set_step()
+  bool fail_step_ = false;   // this step attempt's first run() gives it up
   std::vector<float> expert_out_;        // [n_rows, D] f32 (kBF16 vectors: rounded after)
   std::vector<uint16_t> out16_;          // [max_tokens, D] bf16 combine output (kBF16)
   std::vector<int32_t> logical_;         // [slots] scratch of bind_layer
@@ -165,6 +198,7 @@ class EpMoeExchange final : public MoeExchange {
   // [n_layers_][S]: what each redundant slot holds (expert, weights); expert -1: nothing.
   std::vector<std::vector<std::pair<int, const MlpWeights*>>> redundant_;
   std::vector<uint32_t> spread_;         // [max_tokens] spread keys of a round
+  std::vector<int> peers_;               // every other device (agree_step)
   Times times_;
 };
 

@@ -17,7 +17,7 @@ xccl::MailWords pack_step_header(const StepHeader& h) {
   return xccl::MailWords{
       (kStepHeaderMagic << 48) | (kStepHeaderVersion << 40) | (flags << 32) | uint64_t(h.epoch),
       h.step,
-      uint64_t(h.tokens) | (uint64_t(h.moe_passes) << 32),
+      uint64_t(h.tokens) | (uint64_t(h.moe_passes) << 32) | (uint64_t(h.attempt & 0xFF) << 48),
       h.map_version,
       uint64_t(h.requests) | (uint64_t(h.abort_code) << 32),
       h.wake_seq};
@@ -33,7 +33,7 @@ Result<StepHeader> unpack_step_header(const xccl::MailWords& w) {
                      kStepHeaderVersion);
   if ((flags & ~kKnownFlags) != 0)
     return data_loss("step header: unknown flag bits {:#x}", flags & ~kKnownFlags);
-  if ((w[2] >> 48) != 0)
+  if ((w[2] >> 56) != 0)
     return data_loss("step header: reserved bits set (word 2 {:#x})", w[2]);
   StepHeader h;
   h.epoch = uint32_t(w[0]);
@@ -43,6 +43,7 @@ Result<StepHeader> unpack_step_header(const xccl::MailWords& w) {
   h.step = w[1];
   h.tokens = uint32_t(w[2]);
   h.moe_passes = uint16_t(w[2] >> 32);
+  h.attempt = uint32_t((w[2] >> 48) & 0xFF);
   h.map_version = w[3];
   h.requests = uint32_t(w[4]);
   h.abort_code = uint32_t(w[4] >> 32);
@@ -72,6 +73,7 @@ Result<StepDecision> merge_step_headers(std::span<const StepHeader> headers) {
   const StepHeader& first = headers[0];
   d.epoch = first.epoch;
   d.step = first.step;
+  d.attempt = first.attempt;
   d.next_step = first.step;
   d.map_version = std::numeric_limits<uint64_t>::max();
   bool busy = false, all_stop = true;
@@ -88,6 +90,9 @@ Result<StepDecision> merge_step_headers(std::span<const StepHeader> headers) {
       d.abort_rank = int(r);
     } else if (d.cause == AbortCause::kNone && h.step != first.step) {
       d.cause = AbortCause::kStepMismatch;
+      d.abort_rank = int(r);
+    } else if (d.cause == AbortCause::kNone && h.attempt != first.attempt) {
+      d.cause = AbortCause::kAttemptMismatch;
       d.abort_rank = int(r);
     }
     d.total_tokens += h.tokens;
@@ -114,6 +119,21 @@ Result<StepDecision> merge_step_headers(std::span<const StepHeader> headers) {
     d.action = StepAction::kSleep;
   }
   return d;
+}
+
+bool retry_step(const Status& st, uint32_t attempt) {
+  return st.code() == StatusCode::kAbandoned && attempt + 1 < kMaxStepAttempts;
+}
+
+bool StepAttempts::after_execute(const Status& executed) {
+  if (executed.ok()) {
+    attempt_ = 0;
+    return true;
+  }
+  if (!retry_step(executed, attempt_)) return false;
+  ++attempt_;
+  ++rollbacks_;
+  return true;
 }
 
 StepSync::StepSync(xccl::Mailbox& mb, std::vector<int> ranks, int64_t timeout_ms)

@@ -9,7 +9,7 @@
 //   w0  bits 48-63 kStepHeaderMagic · bits 40-47 format version · bits 32-39 flags
 //       (bit 0 abort, bit 1 busy, bit 2 stop) · bits 0-31 epoch
 //   w1  step (epoch-local step counter)
-//   w2  bits 0-31 tokens · bits 32-47 moe_passes · bits 48-63 zero
+//   w2  bits 0-31 tokens · bits 32-47 moe_passes · bits 48-55 attempt · bits 56-63 zero
 //   w3  expert-map version (the newest this device has fully loaded)
 //   w4  bits 0-31 requests (running + waiting) · bits 32-63 abort code
 //   w5  wake_seq: the highest kWake sequence number this device has received
@@ -18,7 +18,8 @@
 //
 // Decision rules (merge_step_headers, pure; headers in rank order, the device's own included):
 //   1. abort: any header with the abort flag (the lowest such rank is named, with its code);
-//      else any header whose epoch or step differs from rank 0's (named: out of step).
+//      else any header whose epoch, step or attempt differs from rank 0's (named: out of
+//      step).
 //   2. run:   some device has tokens > 0. moe_passes = the maximum over devices (at least 1):
 //      a device with fewer (or no) tokens joins every pass's dispatch and combine with zero
 //      tokens. map_version = the minimum over devices (the newest every device has loaded).
@@ -30,6 +31,11 @@
 //      to every device, so a wake any device sees later reaches all of them, and a wake some
 //      device already consumed before sleeping cannot wake one device alone.
 // A step that is not run does not advance the step counter (StepDecision::next_step).
+//
+// Attempts: a step whose exchange every device abandoned together (a transient error,
+// engine/ep_moe_exchange.h) is rolled back everywhere and run again as the same step with
+// attempt + 1, in the header and in the exchange's keys; StepAttempts counts them and gives
+// up after kMaxStepAttempts (the error is then returned as before: the group exits).
 //
 // Thread-safety: StepSync is driven by the device's one collective thread (it uses the
 // device's Mailbox, which is not thread-safe); the pure functions are safe anywhere.
@@ -45,7 +51,8 @@
 namespace xds::engine {
 
 inline constexpr uint64_t kStepHeaderMagic = 0x5354;  // "ST"
-inline constexpr uint64_t kStepHeaderVersion = 1;
+// 2: the attempt in word 2.
+inline constexpr uint64_t kStepHeaderVersion = 2;
 // The collective key's layer field for step headers (MoE layers use 0 .. 4094).
 inline constexpr uint16_t kStepHeaderLayer = 0xFFF;
 
@@ -61,6 +68,7 @@ struct StepHeader {
   uint32_t requests = 0;      // running + waiting requests (reported, not decided on)
   uint32_t abort_code = 0;    // the engine's reason code when abort is set
   uint64_t wake_seq = 0;      // highest kWake sequence number received
+  uint32_t attempt = 0;       // of this step (< 256): 0, then + 1 per rollback
 };
 
 xccl::MailWords pack_step_header(const StepHeader& h);
@@ -70,12 +78,19 @@ Result<StepHeader> unpack_step_header(const xccl::MailWords& w);
 enum class StepAction : uint8_t { kRun, kSkip, kSleep, kStop, kAbort };
 const char* step_action_name(StepAction a);
 
-enum class AbortCause : uint8_t { kNone, kRequested, kEpochMismatch, kStepMismatch };
+enum class AbortCause : uint8_t {
+  kNone,
+  kRequested,
+  kEpochMismatch,
+  kStepMismatch,
+  kAttemptMismatch,
+};
 
 struct StepDecision {
   StepAction action = StepAction::kSleep;
   uint32_t epoch = 0;         // rank 0's
   uint64_t step = 0;          // rank 0's: the step the keys of this step's collectives use
+  uint32_t attempt = 0;       // rank 0's (equal everywhere unless kAbort)
   uint64_t next_step = 0;     // step + 1 when run, else step
   int moe_passes = 0;         // kRun: passes every device runs (max over devices, >= 1)
   uint64_t map_version = 0;   // the minimum version every device has loaded
@@ -93,6 +108,31 @@ struct StepDecision {
 // Pure: the decision every device takes from the same headers (rank order). An empty span is
 // a caller error (InvalidArgument).
 Result<StepDecision> merge_step_headers(std::span<const StepHeader> headers);
+
+// How many times one step is tried before its error stands (attempts 0 .. kMax - 1; the
+// exchange's keys tell at most 4 apart, EpMoeExchange::collective_key).
+inline constexpr uint32_t kMaxStepAttempts = 3;
+
+// Pure: whether a step attempt that failed with `st` is run again: a transient error
+// (Abandoned: every device gave the attempt up together and rolled it back) below
+// kMaxStepAttempts attempts of the step. Anything else ends the group, as before.
+bool retry_step(const Status& st, uint32_t attempt);
+
+// The attempts of the step in flight and the rollbacks so far, for the DP group's loop.
+// Not thread-safe (the loop's thread).
+class StepAttempts {
+ public:
+  uint32_t attempt() const { return attempt_; }
+  int64_t rollbacks() const { return rollbacks_; }  // cumulative
+  // After the step ran with `executed`: ok -> the next step starts at attempt 0 (true); a
+  // retried error (retry_step) -> attempt + 1, one more rollback (true: run the step again);
+  // otherwise false (the caller returns the error).
+  bool after_execute(const Status& executed);
+
+ private:
+  uint32_t attempt_ = 0;
+  int64_t rollbacks_ = 0;
+};
 
 // One device's side of the header exchange. Holds a reference to the device's Mailbox (which
 // must outlive it) and reusable storage (no allocation per step once constructed).

@@ -170,6 +170,9 @@ struct GroupLoad {
   // while a pull ran slow (the link saturated), pulls whose link failed, handoffs recomputed.
   int64_t kv_probes_saturated = 0, kv_links_failed = 0, kv_handoffs_recomputed = 0;
   int64_t moe_ns = 0;       // expert-parallel MoE phase (dispatch to combine done), cumulative
+  // Steps every group rolled back and ran again after a transient exchange error, cumulative
+  // (engine/step_sync.h, StepAttempts).
+  int64_t rollbacks = 0;
   // Tokens this group routed to each logical expert, cumulative (CausalLm::
   // routed_token_counts): [moe_layers.size(), n_experts] row-major. Sent about once a second;
   // empty in the loads between (the shell keeps the last one it got).
@@ -277,7 +280,7 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(GroupLoad, group, running, waiti
                                                 kv_transfers_done, kv_transfers_expired,
                                                 kv_pulled_bytes, kv_probes_saturated,
                                                 kv_links_failed, kv_handoffs_recomputed,
-                                                kv_blocks_retired)
+                                                kv_blocks_retired, rollbacks)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(FaultSpec, id, kind, instance, group, after_steps,
                                                 duration_ms, blocks)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(EplbCommand, op, version, moe_layers, replicas)

@@ -172,6 +172,15 @@ void GatewayMetrics::set_instances_state(size_t handoffs_waiting,
   }
 }
 
+void GatewayMetrics::count_rollbacks(const engine::GroupLoad& l, Counter& c) {
+  std::lock_guard<std::mutex> lock(mu_);
+  int64_t& seen = rollbacks_seen_[l.group];
+  // A count below the last one: the group started again (from 0).
+  const int64_t added = l.rollbacks >= seen ? l.rollbacks - seen : l.rollbacks;
+  seen = l.rollbacks;
+  if (added > 0) c.inc(static_cast<double>(added));
+}
+
 std::string GatewayMetrics::render(std::span<const engine::GroupLoad> loads) {
   double running = 0, waiting = 0;
   for (const engine::GroupLoad& l : loads) {
@@ -204,6 +213,10 @@ std::string GatewayMetrics::render(std::span<const engine::GroupLoad> loads) {
     reg_.gauge("xdeepserve_moe_seconds", "Time in the expert-parallel MoE phase (dispatch "
                "to combine done, every MoE layer), cumulative, per DP group.", g)
         .set(static_cast<double>(l.moe_ns) * 1e-9);
+    count_rollbacks(l, reg_.counter("xdeepserve_step_rollbacks_total",
+                                    "Steps rolled back on every DP group and run again after a "
+                                    "transient expert-parallel exchange error, per DP group.",
+                                    g));
     reg_.gauge("xdeepserve_kv_transfers_parked", "Prefilled requests whose KV waits for a "
                "decode group to pull it (prefill/decode disaggregation), per DP group.", g)
         .set(static_cast<double>(l.kv_parked));

@@ -10,6 +10,9 @@
 //   requests_running{group}, requests_waiting{group}, kv_cache_usage_ratio{group},
 //   batch_size{group}, prefix_cache_hits_total{group}, prefix_cache_queries_total{group},
 //   steps_total{group}                         gauges (the group's last report)
+//   step_rollbacks_total{group}                counter: the group's cumulative count as it
+//                                              rises between renders (a group that starts
+//                                              again from 0 is counted on from there)
 //   requests_running / requests_waiting without a label: the sums
 //   instance_failures_total{instance,kind}    counter  dead_process | hang | silent | final
 //   instance_restarts_total{instance}         counter  new incarnations seen
@@ -21,6 +24,9 @@
 // Thread-safety: every method is thread-safe.
 #pragma once
 
+#include <cstdint>
+#include <map>
+#include <mutex>
 #include <span>
 #include <string>
 
@@ -56,11 +62,15 @@ class GatewayMetrics {
  private:
   void render_expert_tokens(std::span<const engine::GroupLoad> loads);
   void render_speculation(std::span<const engine::GroupLoad> loads);
+  // Adds what the group's rollback count rose by since the last render to its counter.
+  void count_rollbacks(const engine::GroupLoad& l, Counter& c);
 
   MetricsRegistry reg_;
   Counter &prompt_tokens_, &generation_tokens_;
   Histogram &ttft_, &tpot_, &itl_, &e2e_, &recovery_;
   Counter& recomputed_;
+  std::mutex mu_;
+  std::map<int32_t, int64_t> rollbacks_seen_;  // (mu_) group -> its last reported count
 };
 
 }  // namespace xds::serve

@@ -50,6 +50,8 @@ std::string_view reason_text(PoisonReason r) {
       return "is out of step (protocol mismatch)";
     case PoisonReason::kAborted:
       return "aborted";
+    case PoisonReason::kTransport:
+      return "could not be reached (a transport operation failed)";
   }
   return "unknown";
 }

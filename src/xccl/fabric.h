@@ -44,7 +44,9 @@ enum class OpKind : uint8_t {
 };
 std::string_view op_kind_name(OpKind k);
 
-enum class PoisonReason : uint8_t { kNone = 0, kDead, kSilent, kProtocol, kAborted };
+// kTransport: an operation towards the peer failed where no step attempt can be abandoned
+// instead (a step header, the step-end barrier, an abort marker: Mailbox).
+enum class PoisonReason : uint8_t { kNone = 0, kDead, kSilent, kProtocol, kAborted, kTransport };
 
 struct PoisonRecord {
   uint32_t epoch = 0;  // low 20 bits are kept

@@ -50,7 +50,8 @@
 namespace xds::xccl {
 
 inline constexpr uint64_t kArenaMagic = 0x4c43435853445821ull;  // "!XDSXCCL"
-inline constexpr uint32_t kLayoutVersion = 2;
+// 3: Channel::kAbandon.
+inline constexpr uint32_t kLayoutVersion = 3;
 inline constexpr size_t kLine = 64;
 inline constexpr size_t kPage = 4096;
 inline constexpr int kMaxWorld = 4096;  // poison word stores ranks in 12 bits
@@ -78,6 +79,8 @@ enum class Channel : uint32_t {
   kE2aAttentionDone,   // attention -> trampoline: pulled
   kBarrier,            // barriers / step headers with an even index
   kBarrierOdd,         // ... odd index (double-buffered: a peer may run one barrier ahead)
+  kAbandon,            // writer -> reader: not a message; the line's seq word is the writer's
+                       // marker of the newest step attempt it abandoned (Mailbox::abandon)
   kCount,
 };
 inline constexpr int kMailboxChannels = static_cast<int>(Channel::kCount);

@@ -31,6 +31,19 @@ void weighted_sum(RowDType t, const std::byte* const* rows, const float* w, int 
                       reinterpret_cast<uint16_t*>(out));
 }
 
+// A transport operation towards `peer` failed: the step attempt is given up, not the epoch
+// (Exchange::abandon).
+Status op_error(const Fabric& f, OpKind op, std::string_view what, int peer) {
+  return abandoned("xccl rank {}: {} rank {} failed during {}", f.rank(), what, peer,
+                   op_kind_name(op));
+}
+
+// Notes the first failing peer of a parallel section (any thread).
+void note_failure(std::atomic<int>& failed, int peer) {
+  int none = -1;
+  failed.compare_exchange_strong(none, peer, std::memory_order_relaxed);
+}
+
 int position(const std::vector<int>& v, int rank) {
   auto it = std::find(v.begin(), v.end(), rank);
   return it == v.end() ? -1 : static_cast<int>(it - v.begin());
@@ -132,6 +145,14 @@ Status Exchange::wait_released(bool tokens) {
   return Status::ok_status();
 }
 
+Status Exchange::abandon(uint64_t tag) {
+  XDS_RETURN_IF_ERROR(mb_.abandon(tag, ctx(roles_.tokens_op)));
+  // Every device stopped: nobody pulls this device's rows or pre-sums any more.
+  token_released_ = token_rounds_;
+  vector_released_ = vector_rounds_;
+  return Status::ok_status();
+}
+
 Status Exchange::finish() {
   if (my_sender_ >= 0) XDS_RETURN_IF_ERROR(wait_released(true));
   if (my_receiver_ >= 0) XDS_RETURN_IF_ERROR(wait_released(false));
@@ -200,8 +221,9 @@ Status Exchange::send_tokens(const RoutePlan& plan, uint64_t map_version, int n_
         return invalid_argument("moe send: route entry token {} >= n_tokens {}", e.token, n_tokens);
     if (roles_.receivers[d] == f_.rank()) continue;
     for (const RouteEntry& e : list) remote[e.token] = 1;
-    t_.put(MemDesc{f_.rank(), lay_.routes + d * list_bytes, list_bytes}, 0, list.data(),
-           list.size() * sizeof(RouteEntry));
+    if (op_failed(t_.put(MemDesc{f_.rank(), lay_.routes + d * list_bytes, list_bytes}, 0,
+                         list.data(), list.size() * sizeof(RouteEntry))))
+      return op_error(f_, roles_.tokens_op, "the route list put for", roles_.receivers[d]);
   }
   const bool int8 = cfg_.int8;
   if (cfg_.int8 && rows == SenderRows::kBf16) {
@@ -226,9 +248,10 @@ Status Exchange::send_tokens(const RoutePlan& plan, uint64_t map_version, int n_
       refs_[cur[plan.per_device[d][i].token]++] = {int32_t(d), uint32_t(i)};
   for (size_t d = 0; d < roles_.receivers.size(); ++d) {
     if (roles_.receivers[d] == f_.rank()) continue;
-    mb_.post(roles_.receivers[d], roles_.meta, key,
-             MailWords{plan.per_device[d].size(), map_version, uint64_t(n_tokens),
-                       (more ? kFlagMore : 0) | (int8 ? kFlagInt8 : 0), 0, 0});
+    if (op_failed(mb_.post(roles_.receivers[d], roles_.meta, key,
+                           MailWords{plan.per_device[d].size(), map_version, uint64_t(n_tokens),
+                                     (more ? kFlagMore : 0) | (int8 ? kFlagInt8 : 0), 0, 0})))
+      return op_error(f_, roles_.tokens_op, "the counts to", roles_.receivers[d]);
   }
   ++token_rounds_;
   key_released_[0] = key;
@@ -258,9 +281,11 @@ Status Exchange::recv_tokens(uint64_t key) {
     any_more_ |= (m[3] & kFlagMore) != 0;
     from_flags_[s] = int(m[3] & kFlagInt8);
     from_[s].resize(m[0]);
-    t_.get(from_[s].data(),
-           MemDesc{rank, lay_.routes + uint64_t(my_receiver_) * list_bytes, list_bytes}, 0,
-           m[0] * sizeof(RouteEntry));
+    if (op_failed(
+            t_.get(from_[s].data(),
+                   MemDesc{rank, lay_.routes + uint64_t(my_receiver_) * list_bytes, list_bytes}, 0,
+                   m[0] * sizeof(RouteEntry))))
+      return op_error(f_, c.op, "the route list get from", rank);
   }
   std::vector<std::span<const RouteEntry>> spans(from_.begin(), from_.end());
   group_by_expert_into(spans, cfg_.slots_per_device, layout_);
@@ -306,6 +331,7 @@ Status Exchange::recv_tokens(uint64_t key) {
   // Load/store transports: INT8 rows are dequantized while they are read from the peer (one
   // pass); others pull each row into a bounce buffer first.
   const bool direct = t_.caps().load_store;
+  std::atomic<int> failed{-1};  // the first sender whose rows could not be pulled
   parallel(int64_t(n_units), [&](int64_t b, int64_t e, int) {
     std::vector<std::byte> tmp(direct ? 0 : qbytes);
     uint64_t my_pulled = 0;
@@ -326,7 +352,8 @@ Status Exchange::recv_tokens(uint64_t key) {
           copy_bytes(dst, f_.arena(rank) + off, qbytes);
           my_pulled += qbytes;
         } else {
-          t_.get(dst, MemDesc{rank, off, qbytes}, 0, qbytes);
+          if (op_failed(t_.get(dst, MemDesc{rank, off, qbytes}, 0, qbytes)))
+            note_failure(failed, rank);
           my_pulled += qbytes;
         }
         ++u;
@@ -336,7 +363,8 @@ Status Exchange::recv_tokens(uint64_t key) {
         if (direct) {  // dequantize straight out of the peer's staging: the pull is the read
           dequantize_row_int8(f_.arena(rank) + off, cfg_.hidden, dst16);
         } else {
-          t_.get(tmp.data(), MemDesc{rank, off, qbytes}, 0, qbytes);
+          if (op_failed(t_.get(tmp.data(), MemDesc{rank, off, qbytes}, 0, qbytes)))
+            note_failure(failed, rank);
           dequantize_row_int8(tmp.data(), cfg_.hidden, dst16);
         }
         if (rank != f_.rank()) my_pulled += qbytes;
@@ -352,7 +380,9 @@ Status Exchange::recv_tokens(uint64_t key) {
         if (rank == f_.rank()) {  // contiguous_rows: own rows copied beside the pulled ones
           copy_bytes(dst, f_.local() + lay_.input + r.token * rows_stride_, bytes);
         } else {
-          t_.get(dst, MemDesc{rank, lay_.input + r.token * rows_stride_, bytes}, 0, bytes);
+          if (op_failed(
+                  t_.get(dst, MemDesc{rank, lay_.input + r.token * rows_stride_, bytes}, 0, bytes)))
+            note_failure(failed, rank);
           my_pulled += bytes;
         }
         u += int64_t(n);
@@ -361,7 +391,10 @@ Status Exchange::recv_tokens(uint64_t key) {
     pulled.fetch_add(my_pulled, std::memory_order_relaxed);
   });
   stats_.bytes_pulled_tokens += pulled.load();
-  for (int rank : remote_senders_) mb_.post(rank, roles_.done, key, MailWords{});
+  if (const int rank = failed.load(); rank >= 0) return op_error(f_, c.op, "a row get from", rank);
+  for (int rank : remote_senders_)
+    if (op_failed(mb_.post(rank, roles_.done, key, MailWords{})))
+      return op_error(f_, c.op, "the release to", rank);
   return Status::ok_status();
 }
 
@@ -392,16 +425,18 @@ Status Exchange::send_vectors(uint64_t key) {
                    presum + (s * size_t(cfg_.max_tokens) + i) * VS);
     }
   });
-  publish_vectors(key);
-  return Status::ok_status();
+  return publish_vectors(key);
 }
 
-void Exchange::publish_vectors(uint64_t key) {
-  for (size_t s = 0; s < roles_.senders.size(); ++s)
-    if (roles_.senders[s] != f_.rank())
-      mb_.post(roles_.senders[s], roles_.ready, key, MailWords{from_[s].size(), 0, 0, 0, 0, 0});
+Status Exchange::publish_vectors(uint64_t key) {
   ++vector_rounds_;
   key_released_[1] = key;
+  for (size_t s = 0; s < roles_.senders.size(); ++s)
+    if (roles_.senders[s] != f_.rank() &&
+        op_failed(mb_.post(roles_.senders[s], roles_.ready, key,
+                           MailWords{from_[s].size(), 0, 0, 0, 0, 0})))
+      return op_error(f_, roles_.vectors_op, "the pre-sums' ready flag to", roles_.senders[s]);
+  return Status::ok_status();
 }
 
 Status Exchange::wait_vectors_free() {
@@ -422,8 +457,7 @@ std::byte* Exchange::presum_vector_data(uint32_t unit) {
 Status Exchange::send_presummed(uint64_t key) {
   XDS_RETURN_IF_ERROR(wait_vectors_free());
   presummed_ = true;
-  publish_vectors(key);
-  return Status::ok_status();
+  return publish_vectors(key);
 }
 
 Status Exchange::combine_presummed(uint16_t* out, uint64_t key) {
@@ -464,6 +498,7 @@ Status Exchange::gather_into(std::byte* out, RowDType out_dtype, uint64_t key) {
   const size_t VS = size_t(vec_stride_);
   const size_t max_terms = roles_.receivers.size() + kMaxTopk;
   std::atomic<uint64_t> pulled{0};
+  std::atomic<int> failed{-1};  // the first receiver whose pre-sums could not be pulled
   parallel(n_tokens_, [&](int64_t b, int64_t e, int) {
     // Pulled pre-sums of one token; on load/store transports the sum reads them in place.
     const bool direct = t_.caps().load_store;
@@ -495,7 +530,7 @@ Status Exchange::gather_into(std::byte* out, RowDType out_dtype, uint64_t key) {
           rows[size_t(n)] = f_.arena(rank) + off;
         } else {
           std::byte* dst = tmp.data() + n_tmp++ * VS;
-          t_.get(dst, MemDesc{rank, off, VS}, 0, VS);
+          if (op_failed(t_.get(dst, MemDesc{rank, off, VS}, 0, VS))) note_failure(failed, rank);
           rows[size_t(n)] = dst;
         }
         my_pulled += VS;
@@ -506,7 +541,11 @@ Status Exchange::gather_into(std::byte* out, RowDType out_dtype, uint64_t key) {
     pulled.fetch_add(my_pulled, std::memory_order_relaxed);
   });
   stats_.bytes_pulled_vectors += pulled.load();
-  for (int rank : remote_receivers_) mb_.post(rank, roles_.cdone, key, MailWords{});
+  if (const int rank = failed.load(); rank >= 0)
+    return op_error(f_, roles_.vectors_op, "a pre-sum get from", rank);
+  for (int rank : remote_receivers_)
+    if (op_failed(mb_.post(rank, roles_.cdone, key, MailWords{})))
+      return op_error(f_, roles_.vectors_op, "the release to", rank);
   return Status::ok_status();
 }
 

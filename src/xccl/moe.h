@@ -222,6 +222,13 @@ class Exchange {
   // vectors). Call before dropping an Exchange whose channels another one will reuse.
   Status finish();
 
+  // A failed transport operation (a get, a put, a post) ends the call with Abandoned, as does
+  // a peer's abort marker while the mailbox watches the attempt (Mailbox::watch). Then every
+  // device of the fabric calls abandon(tag) (Mailbox::abandon): when it returns ok nobody
+  // posts or pulls anything of the attempt any more, no release is outstanding, and the
+  // next round starts clean (under new keys). Its error (a poison status) is permanent.
+  Status abandon(uint64_t tag);
+
   const ExchangeStats& stats() const { return stats_; }
   const MoeConfig& config() const { return cfg_; }
   int sender_pos() const { return my_sender_; }
@@ -231,7 +238,7 @@ class Exchange {
   Exchange(Mailbox& mb, const MoeConfig& cfg, ExchangeRoles roles, ThreadPool* pool);
   Status wait_released(bool tokens);
   // Tells every remote sender that this round's pre-summed vectors are ready to pull.
-  void publish_vectors(uint64_t key);
+  Status publish_vectors(uint64_t key);
   // Expert-output rows and gate weights of (sender position s, entry i); returns n_local.
   int entry_rows(size_t s, size_t i, const std::byte** rows, float* w) const;
   Status gather_into(std::byte* out, RowDType out_dtype, uint64_t key);

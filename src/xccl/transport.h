@@ -27,6 +27,10 @@ namespace xds::xccl {
 // State of asynchronous work (P2P handles, transport operations).
 enum class OpState : uint8_t { kInProgress, kDone, kFailed, kCancelled };
 std::string_view op_state_name(OpState s);
+// kFailed or kCancelled: the operation did not happen (kInProgress completes on flush()).
+inline bool op_failed(OpState s) {
+  return s == OpState::kFailed || s == OpState::kCancelled;
+}
 
 // Which memory of a rank a MemDesc points into: its arena, or the region it exports over a
 // link (Fabric::region, e.g. a prefill DP group's KV cache).

@@ -24,6 +24,14 @@ TEST(Status, CarriesCodeAndMessage) {
             "model.safetensors: tensor 'a.b' missing");
 }
 
+// A step attempt every device gave up (retry it) is not a poisoned epoch (Aborted).
+TEST(Status, AbandonedIsItsOwnCode) {
+  const Status s = abandoned("step {} attempt {} abandoned", 4, 0);
+  EXPECT_EQ(s.code(), StatusCode::kAbandoned);
+  EXPECT_NE(s.code(), aborted("x").code());
+  EXPECT_EQ(s.to_string(), "Abandoned: step 4 attempt 0 abandoned");
+}
+
 TEST(Result, PropagatesErrors) {
   EXPECT_EQ(doubled(4).value(), 8);
   auto r = doubled(-1);

@@ -28,11 +28,12 @@ TEST(StepHeader, PacksIntoTheDocumentedWords) {
   h.busy = true;
   h.requests = 12;
   h.wake_seq = 5;
+  h.attempt = 2;
   const xccl::MailWords w = pack_step_header(h);
-  // w0: magic "ST" @48, version 1 @40, flags (busy = 2) @32, epoch 3.
-  EXPECT_EQ(w[0], 0x5354'01'02'00000003ull);
+  // w0: magic "ST" @48, version 2 @40, flags (busy = 2) @32, epoch 3.
+  EXPECT_EQ(w[0], 0x5354'02'02'00000003ull);
   EXPECT_EQ(w[1], 41u);
-  EXPECT_EQ(w[2], (3ull << 32) | 1000u);
+  EXPECT_EQ(w[2], (2ull << 48) | (3ull << 32) | 1000u);
   EXPECT_EQ(w[3], 7u);
   EXPECT_EQ(w[4], 12u);
   EXPECT_EQ(w[5], 5u);
@@ -51,6 +52,7 @@ TEST(StepHeader, RoundTripsEveryField) {
   h.requests = 0x80000001u;
   h.abort_code = 0xDEADBEEFu;
   h.wake_seq = 0xFEDCBA9876543210ull;
+  h.attempt = 0xFF;
   auto u = unpack_step_header(pack_step_header(h));
   ASSERT_TRUE(u.ok()) << u.status().to_string();
   EXPECT_EQ(u->epoch, h.epoch);
@@ -62,6 +64,7 @@ TEST(StepHeader, RoundTripsEveryField) {
   EXPECT_EQ(u->requests, h.requests);
   EXPECT_EQ(u->abort_code, h.abort_code);
   EXPECT_EQ(u->wake_seq, h.wake_seq);
+  EXPECT_EQ(u->attempt, h.attempt);
 }
 
 TEST(StepHeader, RejectsWordsThatAreNotAHeader) {
@@ -71,13 +74,13 @@ TEST(StepHeader, RejectsWordsThatAreNotAHeader) {
   EXPECT_EQ(unpack_step_header(w).status().code(), StatusCode::kDataLoss);
   EXPECT_NE(unpack_step_header(w).status().message().find("magic"), std::string::npos);
   w = good;
-  w[0] += 1ull << 40;  // format version 2
-  EXPECT_NE(unpack_step_header(w).status().message().find("version 2"), std::string::npos);
+  w[0] += 1ull << 40;  // format version 3
+  EXPECT_NE(unpack_step_header(w).status().message().find("version 3"), std::string::npos);
   w = good;
   w[0] |= 0x80ull << 32;  // an unknown flag
   EXPECT_EQ(unpack_step_header(w).status().code(), StatusCode::kDataLoss);
   w = good;
-  w[2] |= 1ull << 50;  // reserved bits of word 2
+  w[2] |= 1ull << 58;  // reserved bits of word 2
   EXPECT_EQ(unpack_step_header(w).status().code(), StatusCode::kDataLoss);
 }
 
@@ -169,7 +172,46 @@ TEST(StepMerge, DevicesOutOfStepAbort) {
   d = merge_step_headers(h);
   EXPECT_EQ(d->cause, AbortCause::kEpochMismatch);
   EXPECT_EQ(d->abort_rank, 1);
+  // The same step, another attempt (a device that did not roll the step back).
+  h[1].epoch = 3;
+  h[2].attempt = 1;
+  d = merge_step_headers(h);
+  EXPECT_EQ(d->action, StepAction::kAbort);
+  EXPECT_EQ(d->cause, AbortCause::kAttemptMismatch);
+  EXPECT_EQ(d->abort_rank, 2);
+  for (StepHeader& x : h) x.attempt = 1;
+  d = merge_step_headers(h);
+  EXPECT_EQ(d->action, StepAction::kRun);
+  EXPECT_EQ(d->attempt, 1u);
   EXPECT_EQ(merge_step_headers({}).status().code(), StatusCode::kInvalidArgument);
+}
+
+// Only an abandoned attempt (every device gave it up together) is run again, and only while
+// fewer than kMaxStepAttempts (3) attempts of the step failed; a poisoned epoch never.
+TEST(StepRetry, OnlyAbandonedAttemptsBelowTheLimitRunAgain) {
+  const Status gone = abandoned("step attempt abandoned");
+  EXPECT_TRUE(retry_step(gone, 0));
+  EXPECT_TRUE(retry_step(gone, 1));
+  EXPECT_FALSE(retry_step(gone, 2));
+  EXPECT_FALSE(retry_step(aborted("xccl epoch 1 poisoned: peer 1 is dead"), 0));
+  EXPECT_FALSE(retry_step(internal_error("x"), 0));
+  EXPECT_FALSE(retry_step(Status::ok_status(), 0));
+
+  StepAttempts a;
+  EXPECT_TRUE(a.after_execute(gone));  // attempt 0 of step s fails
+  EXPECT_EQ(a.attempt(), 1u);
+  EXPECT_TRUE(a.after_execute({}));  // attempt 1 runs: the next step starts at 0
+  EXPECT_EQ(a.attempt(), 0u);
+  EXPECT_EQ(a.rollbacks(), 1);
+  EXPECT_TRUE(a.after_execute(gone));
+  EXPECT_TRUE(a.after_execute(gone));
+  EXPECT_EQ(a.attempt(), 2u);
+  EXPECT_FALSE(a.after_execute(gone));  // the third failure in a row stands
+  EXPECT_EQ(a.rollbacks(), 3);
+  StepAttempts b;
+  EXPECT_FALSE(b.after_execute(aborted("poisoned")));
+  EXPECT_EQ(b.rollbacks(), 0);
+  EXPECT_EQ(b.attempt(), 0u);
 }
 
 // What device r posts in step s of the threaded test: a deterministic mix of idle, busy,

@@ -233,6 +233,7 @@ TEST(Messages, Load) {
   l.kv_links_failed = 2;
   l.kv_handoffs_recomputed = 1;
   l.moe_ns = 123456;
+  l.rollbacks = 2;
   l.expert_tokens = {1, 2, 3, 4};
   l.moe_layers = {3, 4};
   l.n_experts = 2;
@@ -274,6 +275,7 @@ TEST(Messages, Load) {
   EXPECT_EQ(t.kv_links_failed, 2);
   EXPECT_EQ(t.kv_handoffs_recomputed, 1);
   EXPECT_EQ(t.moe_ns, 123456);
+  EXPECT_EQ(t.rollbacks, 2);
   EXPECT_EQ(t.expert_tokens, (std::vector<int64_t>{1, 2, 3, 4}));
   EXPECT_EQ(t.moe_layers, (std::vector<int64_t>{3, 4}));
   EXPECT_EQ(t.n_experts, 2);
