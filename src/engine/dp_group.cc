@@ -313,6 +313,16 @@ void DpGroup::strike_due_faults() {
                      st.ok() ? "" : " -- refused: " + st.message());
         break;
       }
+      case protocol::FaultKind::kExchangeError:
+        if (!exchange_) {
+          XDS_LOG_WARN("DP group {}: fault {}: refused, this group has no MoE exchange (--dp 1)",
+                       fabric_.rank(), f.id);
+          break;
+        }
+        XDS_LOG_WARN("DP group {}: fault {}: the next step's MoE exchange fails once",
+                     fabric_.rank(), f.id);
+        exchange_->fail_next_exchange();
+        break;
       default:
         XDS_LOG_WARN("DP group {}: fault {}: kind {} is not handled by a DP group", fabric_.rank(),
                      f.id, static_cast<int>(f.kind));

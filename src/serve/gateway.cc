@@ -228,6 +228,15 @@ void Gateway::Impl::on_message(int from, Message m) {
     if (from < 0) return;
     {
       std::lock_guard<std::mutex> lock(mu);
+      for (const engine::GroupLoad& l : load->loads) {
+        int64_t& seen = rollbacks_seen[{from, l.group}];
+        if (l.rollbacks > seen) {
+          faults.observe(from, fmt::format("DP group {} rolled a step back ({} so far)", l.group,
+                                           l.rollbacks),
+                         now_ns());
+        }
+        seen = l.rollbacks;
+      }
       router.update_loads(from, std::move(load->loads));
     }
     offer_waiting();

@@ -7,12 +7,14 @@
 
 #include <condition_variable>
 #include <deque>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <random>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "protocol/messages.h"
@@ -95,6 +97,9 @@ struct Gateway::Impl : GatewayHttp::Core {
   std::deque<std::string> orphans;
   int64_t unavailable_since_ns = 0;  // > 0: no instance has served since then
   FaultLog faults;
+  // (instance, group) -> the step rollbacks that group last reported (a rise is logged as an
+  // outcome of the instance's faults).
+  std::map<std::pair<int32_t, int32_t>, int64_t> rollbacks_seen;
   std::string eplb_metrics;  // the shell's EPLB lines for /metrics (pushed about once a second)
 
   explicit Impl(const GatewayOptions& options)

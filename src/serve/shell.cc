@@ -487,6 +487,10 @@ class Shell::Loop {
       return {400, {{"error", fmt::format("fault: 'group' {} is out of range: the instance has {}",
                                           f.group, n_groups_)}}};
     }
+    if (f.kind == protocol::FaultKind::kExchangeError && n_groups_ < 2) {
+      return {400, {{"error", "fault: exchange_error needs an expert-parallel exchange (--dp 2 or "
+                              "more); this instance has one DP group"}}};
+    }
     XDS_LOG_WARN("shell: injecting fault {} (kind {}) into DP group {} after {} step(s)", f.id,
                  static_cast<int>(f.kind), f.group, f.after_steps);
     to_group(static_cast<size_t>(f.group), FaultMsg{f});

@@ -9,7 +9,8 @@ One server (f32, --group-timeout 2, --fault-injection) takes, in turn:
   heartbeat finds it), kill -9 of the instance's shell (xds-shell: the whole incarnation goes,
   the supervisor starts another), and the same through POST /admin/faults (kill after 4
   steps, hang after 3 steps); then 3 KV blocks retired under the running requests (recomputed
-  inside their group, no restart).
+  inside their group, no restart), and an injected exchange error (the step rolled back on
+  both groups and run again: no restart, no recomputation).
 For each: the streams' texts against the fault-free batch, /health answering 503 while the
 instance recovers and 200 after, /metrics counting the restart and the recomputed requests,
 GET /admin/faults listing what followed, and the time from the fault to the next token
@@ -251,11 +252,28 @@ def main():
             restarts_expected=0)
         retired = metric(http("GET", base + "/metrics")[1], "xdeepserve_kv_blocks_retired")
         check(retired == 3, f"KV blocks retired: {retired} (want 3)")
+        # A transient exchange error: the step is rolled back on both groups and run again --
+        # no restart, nothing recomputed, the same text.
+        rollbacks_before = metric(http("GET", base + "/metrics")[1],
+                                  "xdeepserve_step_rollbacks_total")
+        timings["exchange error"] = check_recovered(
+            "POST /admin/faults exchange_error", served, reference,
+            lambda: post_fault(base, {"kind": "exchange_error", "group": 0, "after_steps": 2}),
+            restarts_expected=0)
+        deadline = time.time() + 10  # the groups' loads reach the gateway about once a second
+        while True:
+            rollbacks = metric(http("GET", base + "/metrics")[1],
+                               "xdeepserve_step_rollbacks_total") - rollbacks_before
+            if rollbacks >= 2 or time.time() > deadline:
+                break
+            time.sleep(0.2)
+        check(rollbacks == 2, f"step rollbacks counted {rollbacks} (want 2: one per group)")
         status, body, _ = http("GET", base + "/admin/faults")
         faults = json.loads(body).get("faults", []) if status == 200 else []
-        check(len(faults) == 3 and all(any("restarted" in e["event"] for e in f["after"])
-                                       for f in faults[:2]),
-              f"GET /admin/faults lists both faults and their restarts: {status} {body[:600]}")
+        check(len(faults) == 4 and all(any("restarted" in e["event"] for e in f["after"])
+                                       for f in faults[:2]) and
+              any("rolled a step back" in e["event"] for e in faults[3]["after"]),
+              f"GET /admin/faults lists the faults and what followed: {status} {body[:900]}")
         status, _, _ = http("POST", base + "/admin/faults", {"kind": "explode"})
         check(status == 400, f"an unknown fault kind: {status} (want 400)")
         for pid in stopped:  # the frozen group was killed by the restart; nothing to resume
