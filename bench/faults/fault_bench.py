@@ -13,8 +13,14 @@ Prints a table and writes JSON (--out). The physical floor beside it: the instan
 (`load_s`, /health from a cold start of serve, weights in the page cache) -- a restart cannot
 be faster than loading the model again.
 
+With --backup the instance runs with copies of every expert on the other group
+(--redundant-slots experts/2 --expert-backup): a lost group is left out (scale-down, no
+restart, only its requests recomputed) and joins again before the next fault; the faults are
+then kill -9 of a group, an injected hang and an injected exchange error (rolled back).
+
     bench/faults/fault_bench.py --xdeepserve build/release/src/cli/xdeepserve \\
-        --model models/kjv-moe-tiny [--streams 16] [--max-tokens 64] [--out F.json] [-- FLAGS]
+        --model models/kjv-moe-tiny [--backup] [--streams 16] [--max-tokens 64] [--out F.json]
+        [-- FLAGS]
 """
 import argparse
 import json
@@ -136,13 +142,17 @@ def measure(base, server, fault, strike, streams_n, max_tokens):
     stalls = sorted(stall(s) for s in streams)
     d = {k: metric(after, k) - metric(before, k) for k in
          ["xdeepserve_fault_recovery_seconds_sum", "xdeepserve_fault_recovery_seconds_count",
-          "xdeepserve_requests_recomputed_total"]}
+          "xdeepserve_requests_recomputed_total", "xdeepserve_instance_restarts_total",
+          "xdeepserve_instance_scale_downs_total", "xdeepserve_step_rollbacks_total"]}
     errors = metric(after, 'xdeepserve_requests_total{outcome="error"}') - \
         metric(before, 'xdeepserve_requests_total{outcome="error"}')
     n = d["xdeepserve_fault_recovery_seconds_count"]
     return {"fault": fault, "stall_median_s": stalls[len(stalls) // 2], "stall_max_s": stalls[-1],
             "recovery_mean_s": d["xdeepserve_fault_recovery_seconds_sum"] / n if n else None,
             "recomputed": int(d["xdeepserve_requests_recomputed_total"]), "failed": int(errors),
+            "restarts": int(d["xdeepserve_instance_restarts_total"]),
+            "scale_downs": int(d["xdeepserve_instance_scale_downs_total"]),
+            "rollbacks": int(d["xdeepserve_step_rollbacks_total"]),
             "unfinished": sum(1 for s in streams if s.finish != "length")}
 
 
@@ -153,6 +163,8 @@ def main():
     ap.add_argument("--streams", type=int, default=16)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--group-timeout", default="2")
+    ap.add_argument("--backup", action="store_true",
+                    help="copies of every expert on the other group: scale-down, not restart")
     ap.add_argument("--out")
     ap.add_argument("extra", nargs="*", help="more serve flags (after --)")
     a = ap.parse_args()
@@ -161,6 +173,10 @@ def main():
     argv = [a.xdeepserve, "serve", "--model", a.model, "--port", str(port), "--instance-port",
             str(iport), "--dp", "2", "--fault-injection", "--group-timeout", a.group_timeout,
             "--max-restarts", "20"] + a.extra
+    if a.backup:
+        with open(os.path.join(a.model, "config.json")) as f:
+            experts = json.load(f)["n_routed_experts"]
+        argv += ["--redundant-slots", str(experts // 2), "--expert-backup"]
     started = time.time()
     server = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     rows = []
@@ -180,6 +196,20 @@ def main():
         def post(body):
             return lambda: http("POST", base + "/admin/faults", body)
 
+        def eplb_version():
+            return json.loads(http("GET", base + "/admin/eplb")[1]).get("map_version", 0)
+
+        def groups_and_backup(version):
+            """Both groups serve and the backup copies are in force: map `version` or newer
+            (a rejoin puts the identity map at v + 2 in force, the copies come with v + 4)."""
+            while True:
+                groups = metric(http("GET", base + "/metrics")[1], "xdeepserve_instance_groups")
+                state = json.loads(http("GET", base + "/admin/eplb")[1])
+                if groups in (0, 2) and state.get("map_version", 0) >= version and \
+                        state.get("phase") == "idle" and "stopped" not in state:
+                    return
+                time.sleep(0.2)
+
         faults = [
             ("kill -9 of a DP group", lambda: os.kill(named(sp, "xds-dp1"), signal.SIGKILL)),
             ("SIGSTOP of a DP group (hang)", lambda: os.kill(named(sp, "xds-dp0"), signal.SIGSTOP)),
@@ -187,11 +217,25 @@ def main():
             ("injected kill", post({"kind": "kill", "group": 1, "after_steps": 4})),
             ("injected hang", post({"kind": "hang", "group": 0, "after_steps": 4})),
             ("retired KV blocks (4)", post({"kind": "retire_kv_blocks", "group": 0, "blocks": 4})),
+            ("exchange error (rollback)", post({"kind": "exchange_error", "group": 0,
+                                                "after_steps": 4})),
         ]
+        if a.backup:
+            faults = [
+                ("kill -9 of a DP group, scale-down",
+                 lambda: os.kill(named(sp, "xds-dp1"), signal.SIGKILL)),
+                ("injected hang, scale-down", post({"kind": "hang", "group": 0, "after_steps": 4})),
+                ("exchange error (rollback)", post({"kind": "exchange_error", "group": 1,
+                                                    "after_steps": 4})),
+            ]
+            groups_and_backup(3)
         for name, strike in faults:
+            version = eplb_version() if a.backup else 0
             rows.append(measure(base, server, name, strike, a.streams, a.max_tokens))
             while http("GET", base + "/health", timeout=10)[0] != 200:
                 time.sleep(0.2)
+            if a.backup and "scale-down" in name:
+                groups_and_backup(version + 4)
     finally:
         server.send_signal(signal.SIGTERM)
         try:
@@ -199,19 +243,22 @@ def main():
         except subprocess.TimeoutExpired:
             server.kill()
     load = os.getloadavg()[0]
-    print(f"model {a.model}, {a.streams} streams x {a.max_tokens} tokens, --dp 2, "
+    print(f"model {a.model}, {a.streams} streams x {a.max_tokens} tokens, --dp 2"
+          f"{' with backup copies' if a.backup else ''}, "
           f"--group-timeout {a.group_timeout} s; serve's cold start to /health {load_s:.2f} s; "
           f"load average {load:.2f}")
-    print(f"| {'fault':32} | stall median s | stall max s | failure->token mean s | "
-          f"recomputed | failed |")
-    print("| --- | --- | --- | --- | --- | --- |")
+    print(f"| {'fault':34} | stall median s | stall max s | failure->token mean s | "
+          f"recomputed | failed | restarts | scale-downs | rollbacks |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
         rec = f"{r['recovery_mean_s']:.2f}" if r["recovery_mean_s"] is not None else "-"
-        print(f"| {r['fault']:32} | {r['stall_median_s']:.2f} | {r['stall_max_s']:.2f} | {rec} | "
-              f"{r['recomputed']} | {r['failed'] + r['unfinished']} |")
+        print(f"| {r['fault']:34} | {r['stall_median_s']:.2f} | {r['stall_max_s']:.2f} | {rec} | "
+              f"{r['recomputed']} | {r['failed'] + r['unfinished']} | {r['restarts']} | "
+              f"{r['scale_downs']} | {r['rollbacks']} |")
     if a.out:
         with open(a.out, "w") as f:
-            json.dump({"model": a.model, "streams": a.streams, "max_tokens": a.max_tokens,
+            json.dump({"model": a.model, "backup": a.backup, "streams": a.streams,
+                       "max_tokens": a.max_tokens,
                        "load_s": load_s, "load_average": load, "rows": rows}, f, indent=1)
 
 

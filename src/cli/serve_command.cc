@@ -74,6 +74,8 @@ struct EngineArgs {
   int64_t group_heartbeat_interval_ms = 500;
   double group_timeout_s = 3;
   bool fault_injection = false;
+  bool no_scale_down = false;
+  bool expert_backup = false;
 };
 
 struct GatewayArgs {
@@ -159,6 +161,13 @@ void add_engine_flags(CLI::App* cmd, EngineArgs& a) {
                   "Seconds a DP group that is up may leave the heartbeats unanswered before "
                   "it is declared hung and the instance restarts")
       ->check(finite_range(0.1, 86400.0));
+  cmd->add_flag("--no-scale-down", a.no_scale_down,
+                "Restart the whole instance when a DP group dies or hangs, even where the other "
+                "groups hold a copy of each of its experts (by default they go on without it)");
+  cmd->add_flag("--expert-backup", a.expert_backup,
+                "Once the DP groups are up, fill each group's redundant expert slots with copies "
+                "of the next group's experts, so that a lost group can be left out (scale-down; "
+                "every expert is covered with --redundant-slots >= experts / --dp)");
   cmd->add_flag("--fault-injection", a.fault_injection,
                 "Accept POST /admin/faults (behind --api-key): kill, hang or disturb a DP "
                 "group on request, for testing recovery");
@@ -225,6 +234,9 @@ Result<serve::InstanceOptions> instance_options(const EngineArgs& a, const std::
   if (a.redundant_slots > 0 && a.dp < 2)
     return invalid_argument("--redundant-slots {} needs expert parallelism (--dp > 1, got {})",
                             a.redundant_slots, a.dp);
+  if (a.expert_backup && a.redundant_slots < 1)
+    return invalid_argument("--expert-backup copies experts into redundant slots: it needs "
+                            "--redundant-slots > 0 (and --dp > 1)");
   g.redundant_slots = a.redundant_slots;
   g.eplb_window_ns = static_cast<int64_t>(a.eplb_window_s * 1e9);
   g.handoff.kv_transfer_timeout_ns = static_cast<int64_t>(a.kv_transfer_timeout_s * 1e9);
@@ -238,6 +250,9 @@ Result<serve::InstanceOptions> instance_options(const EngineArgs& a, const std::
   o.group_heartbeat_interval_ms = a.group_heartbeat_interval_ms;
   o.group_timeout_ms = static_cast<int64_t>(a.group_timeout_s * 1000);
   o.fault_injection = a.fault_injection;
+  o.scale_down = !a.no_scale_down;
+  o.expert_backup = a.expert_backup;
+  g.scale_down = o.scale_down;
   return o;
 }
 

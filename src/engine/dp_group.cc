@@ -21,6 +21,7 @@
 #include "engine/engine_core.h"
 #include "engine/ep_moe_exchange.h"
 #include "engine/eplb_agent.h"
+#include "engine/group_collectives.h"
 #include "engine/handoff_stage.h"
 #include "engine/speculative_stage.h"
 #include "engine/step_sync.h"
@@ -31,8 +32,6 @@
 #include "protocol/messages.h"
 #include "protocol/zmq_io.h"
 #include "xccl/fabric.h"
-#include "xccl/mailbox.h"
-#include "xccl/transport.h"
 
 namespace xds::engine {
 namespace {
@@ -42,6 +41,12 @@ using protocol::send_message;
 
 constexpr int64_t kLoadPeriodNs = 20'000'000;           // a kLoad to the shell at most every 20 ms
 constexpr int64_t kExpertLoadPeriodNs = 1'000'000'000;  // expert counts in it about every 1 s
+// Scale-down: how long a group whose fabric failed waits for the shell's next phase before it
+// gives up (and exits: the shell then starts the instance again).
+constexpr int64_t kReformWaitNs = 60'000'000'000;
+// The step header's abort code of a group that holds a kLeave: every group leaves the fabric
+// at this step boundary, together (a rejoin: nothing failed).
+constexpr uint32_t kAbortToReform = 0x52464d;  // "RFM"
 
 // The exchange's round size: a step's tokens (decodes + prefill chunks) in at most a few rounds.
 EpMoeOptions ep_options(int32_t max_num_batched_tokens, int32_t redundant_slots) {
@@ -104,14 +109,21 @@ class DpGroup {
   // Injected faults (POST /admin/faults): each strikes once this group has run its
   // after_steps more steps.
   void strike_due_faults();
+  // Scale-down (P119; protocol::ReformMsg): after a step failed with the fabric (a peer died
+  // or hung), waits for the shell to reform the instance without it (true) instead of
+  // exiting; false (the error stands) without --scale-down or when no reform came.
+  bool await_reform(const Status& failed);
+  // The three phases, from a kLeave, outside any collective; blocks until the kJoin is done.
+  Status reform(const protocol::ReformMsg& leave);
+  // The next ReformMsg of `phase` (pings answered, anything else kept for poll_control).
+  Result<protocol::ReformMsg> next_reform_phase(protocol::ReformPhase phase);
+  void reformed_reply(const protocol::ReformMsg& m, const Status& st);
 
   xccl::Fabric& fabric_;
   DpGroupOptions o_;
   std::unique_ptr<HandoffStage> handoff_;
   std::unique_ptr<EngineCore> core_;
-  std::unique_ptr<xccl::Transport> transport_;
-  std::unique_ptr<xccl::Mailbox> mailbox_;
-  std::unique_ptr<StepSync> sync_;
+  std::unique_ptr<GroupCollectives> coll_;  // with expert parallelism (dp > 1)
   std::unique_ptr<EpMoeExchange> exchange_;
   std::unique_ptr<EplbAgent> eplb_;  // with expert parallelism
 
@@ -126,6 +138,11 @@ class DpGroup {
     int64_t at_step = 0;  // strikes once steps_ reaches it
   };
   std::vector<PendingFault> faults_;
+  // A kLeave received: run by poll_control() once this group left the fabric (await_reform);
+  // until then the step header asks every group to leave (kAbortToReform).
+  std::optional<protocol::ReformMsg> reform_;
+  bool awaiting_reform_ = false;
+  bool reformed_ = false;  // a reform formed a new fabric: run() steps from 0 again
 
   uint64_t wake_seen_ = 0;   // highest kWake seq received
   uint64_t wake_slept_ = 0;  // the highest any device had seen when all went to sleep
@@ -149,23 +166,18 @@ Status DpGroup::init() {
   XDS_ASSIGN_OR_RETURN(core_, EngineCore::create(eo));
   XDS_RETURN_IF_ERROR(handoff_->attach(*core_));
   core_->set_heartbeat([this] { answer_heartbeats(); });
-  // Waits inside collectives answer too, on this thread only (the sockets are this thread's).
-  fabric_.set_wait_hook([this, self = std::this_thread::get_id()](int blocking) {
-    if (std::this_thread::get_id() == self) answer_heartbeats(blocking);
-  });
   // The prefix cache's block-hash events go to the shell after each step (send_cache_events),
   // and from there to the gateways, which route by them (P096).
   core_->kv().record_cache_events(o_.core.prefix_cache);
 
   if (fabric_.world_size() > 1) {
-    XDS_ASSIGN_OR_RETURN(transport_, xccl::make_transport("shm", fabric_));
-    mailbox_ = std::make_unique<xccl::Mailbox>(fabric_, *transport_);
-    std::vector<int> ranks;
-    for (int r = 0; r < fabric_.world_size(); ++r) ranks.push_back(r);
-    sync_ = std::make_unique<StepSync>(*mailbox_, ranks, /*timeout_ms=*/600'000);
+    // Waits inside collectives answer heartbeats too, naming the group they wait on.
+    XDS_ASSIGN_OR_RETURN(coll_, GroupCollectives::create(
+                                    fabric_, /*step_timeout_ms=*/600'000,
+                                    [this](int group) { answer_heartbeats(group); }));
     EpMoeSetup setup;
     setup.model = &core_->model();
-    setup.mailbox = mailbox_.get();
+    setup.mailbox = &coll_->mailbox();
     setup.options = ep_options(o_.core.max_num_batched_tokens, o_.redundant_slots);
     XDS_ASSIGN_OR_RETURN(exchange_, EpMoeExchange::create(setup));
     core_->model().set_moe_exchange(exchange_.get());
@@ -228,6 +240,11 @@ Status DpGroup::poll_control(int wait_ms) {
     if (!m->has_value()) break;
     on_message(std::move(**m));
   }
+  if (reform_ && awaiting_reform_) {
+    const protocol::ReformMsg leave = *reform_;
+    reform_.reset();
+    return reform(leave);
+  }
   return {};
 }
 
@@ -267,6 +284,13 @@ void DpGroup::on_message(Message m) {
     XDS_LOG_WARN("DP group {}: fault {} injected, strikes after {} step(s)", fabric_.rank(),
                  f->fault.id, f->fault.after_steps);
     faults_.push_back(PendingFault{f->fault, steps_ + f->fault.after_steps});
+  } else if (const auto* rf = std::get_if<protocol::ReformMsg>(&m)) {
+    if (rf->phase == protocol::ReformPhase::kLeave) {
+      reform_ = *rf;
+    } else {
+      reformed_reply(*rf, failed_precondition("DP group {}: reform phase {} before its kLeave",
+                                              fabric_.rank(), static_cast<int>(rf->phase)));
+    }
   } else if (std::holds_alternative<protocol::ShutdownMsg>(m)) {
     draining_ = true;
   } else if (const auto* e = std::get_if<protocol::EplbCommandMsg>(&m)) {
@@ -275,6 +299,97 @@ void DpGroup::on_message(Message m) {
     XDS_LOG_WARN("DP group {}: unexpected {} message", fabric_.rank(),
                  protocol::kind_name(protocol::kind_of(m)));
   }
+}
+
+bool DpGroup::await_reform(const Status& failed) {
+  // Only a failed fabric (a poisoned epoch: a peer died or hung) is waited out.
+  if (!o_.scale_down || !coll_ || failed.code() != StatusCode::kAborted) return false;
+  XDS_LOG_WARN("DP group {}: {}; waiting for the shell to reform the instance", fabric_.rank(),
+               failed.message());
+  const uint64_t generation = coll_->generation();
+  const int64_t deadline = now_ns() + kReformWaitNs;
+  awaiting_reform_ = true;
+  Status st;
+  while (st.ok() && coll_->generation() == generation && now_ns() < deadline) {
+    st = poll_control(100);  // runs the reform when its kLeave arrives
+  }
+  awaiting_reform_ = false;
+  if (!st.ok()) XDS_LOG_ERROR("DP group {}: {}", fabric_.rank(), st.message());
+  return coll_->generation() != generation;
+}
+
+void DpGroup::reformed_reply(const protocol::ReformMsg& m, const Status& st) {
+  protocol::ReformedMsg r;
+  r.group = fabric_.rank();
+  r.phase = m.phase;
+  r.generation = m.generation;
+  if (!st.ok()) r.error = st.message();
+  (void)send_message(shell_, r);
+}
+
+Result<protocol::ReformMsg> DpGroup::next_reform_phase(protocol::ReformPhase phase) {
+  const int64_t deadline = now_ns() + kReformWaitNs;
+  while (now_ns() < deadline) {
+    zmq::pollitem_t item{control_.handle(), 0, ZMQ_POLLIN, 0};
+    try {
+      zmq::poll(&item, 1, std::chrono::milliseconds(100));
+    } catch (const zmq::error_t& e) {
+      if (e.num() != EINTR) return internal_error("DP group: poll failed: {}", e.what());
+    }
+    while (true) {
+      auto m = recv_message(control_, /*dontwait=*/true);
+      if (!m.ok()) continue;
+      if (!m->has_value()) break;
+      if (const auto* rf = std::get_if<protocol::ReformMsg>(&**m)) {
+        if (rf->phase == phase) return *rf;
+        return failed_precondition("scale-down: phase {} arrived while waiting for phase {}",
+                                   static_cast<int>(rf->phase), static_cast<int>(phase));
+      }
+      if (std::holds_alternative<protocol::PingMsg>(**m)) {
+        on_message(std::move(**m));
+      } else {
+        held_.push_back(std::move(**m));
+      }
+    }
+  }
+  return deadline_exceeded("scale-down: no phase {} from the shell within {} s",
+                           static_cast<int>(phase), kReformWaitNs / 1'000'000'000);
+}
+
+Status DpGroup::reform(const protocol::ReformMsg& leave) {
+  if (!coll_ || !exchange_) {
+    const Status st = failed_precondition("DP group {}: scale-down without expert parallelism",
+                                          fabric_.rank());
+    reformed_reply(leave, st);
+    return st;
+  }
+  // Phase 1: this loop is outside every collective here (a step in flight failed and was
+  // rolled back, or none ran).
+  reformed_reply(leave, {});
+  XDS_ASSIGN_OR_RETURN(const protocol::ReformMsg reset,
+                       next_reform_phase(protocol::ReformPhase::kReset));
+  coll_->reset_own_lines();
+  reformed_reply(reset, {});
+  XDS_ASSIGN_OR_RETURN(const protocol::ReformMsg join,
+                       next_reform_phase(protocol::ReformPhase::kJoin));
+  const std::vector<int> before = coll_->members();
+  const std::vector<int> after(join.members.begin(), join.members.end());
+  Status st;
+  // A member started again is another process: watch that one from now on.
+  for (size_t i = 0; st.ok() && i < after.size() && i < join.pids.size(); ++i) {
+    if (after[i] != fabric_.rank() && join.pids[i] > 0) {
+      st = fabric_.watch_peer(after[i], join.pids[i]);
+    }
+  }
+  if (st.ok()) st = coll_->reform(after, join.generation);
+  if (st.ok()) st = exchange_->reform(coll_->mailbox(), before, after, join.map_version);
+  if (st.ok() && eplb_) eplb_->reformed();
+  reformed_reply(join, st);
+  if (!st.ok()) return st.with_context(fmt::format("DP group {}: reform", fabric_.rank()));
+  reformed_ = true;
+  XDS_LOG_WARN("DP group {}: the instance goes on with {} DP group(s), epoch {} (rank {} of them)",
+               fabric_.rank(), after.size(), coll_->fabric().epoch(), coll_->fabric().rank());
+  return {};
 }
 
 void DpGroup::strike_due_faults() {
@@ -465,15 +580,19 @@ Result<StepDecision> DpGroup::decide(uint64_t step) {
   const bool local_work = has_work() && !plan.chunks.empty();
   const SpeculativeStage* spec = core_->speculative();
   StepHeader mine;
-  mine.epoch = fabric_.epoch();
+  mine.epoch = coll_ ? coll_->fabric().epoch() : fabric_.epoch();
   mine.step = step;
   mine.moe_passes = static_cast<uint16_t>(1 + (spec ? spec->draft_tokens() : 0));
   mine.requests = static_cast<uint32_t>(core_->table().requests().size());
   mine.stop = draining_ && !has_work() && !handoff_->has_parked();
   mine.wake_seq = wake_seen_;
   mine.attempt = attempts_.attempt();
+  if (reform_) {  // the shell reforms the fabric: every group leaves it after this exchange
+    mine.abort = true;
+    mine.abort_code = kAbortToReform;
+  }
   StepDecision decision;
-  if (!sync_) {
+  if (!coll_) {
     decision.action = local_work   ? StepAction::kRun
                       : mine.stop  ? StepAction::kStop
                       : has_work() ? StepAction::kSkip
@@ -488,11 +607,11 @@ Result<StepDecision> DpGroup::decide(uint64_t step) {
   mine.tokens = static_cast<uint32_t>(has_work() ? tokens : 0);
   mine.busy = (has_work() && tokens == 0) || eplb_->busy();
   mine.map_version = eplb_->loaded_version();
-  XDS_ASSIGN_OR_RETURN(decision, sync_->exchange(mine));
+  XDS_ASSIGN_OR_RETURN(decision, coll_->sync().exchange(mine));
   if (decision.action != StepAction::kAbort && o_.handoff.cooperative_prefill) {
     XDS_ASSIGN_OR_RETURN(const bool assigned,
                          handoff_->cooperate(
-                             *sync_, [this](EngineRequest r) { add_request(std::move(r)); },
+                             coll_->sync(), [this](EngineRequest r) { add_request(std::move(r)); },
                              [this](const std::string& id) { cancel(id, -1); }));
     // New work here or elsewhere: plan it at once instead of sleeping or stopping.
     if (assigned && decision.action != StepAction::kRun) decision.action = StepAction::kSkip;
@@ -509,13 +628,13 @@ Status DpGroup::sleep(const StepDecision& decision) {
   wake_slept_ = std::max(wake_slept_, decision.wake_seq);
   send_load(/*force=*/true);
   bool asked = false;
-  while (wake_seen_ <= wake_slept_ && !draining_) {
+  while (wake_seen_ <= wake_slept_ && !draining_ && !reformed_ && !reform_) {
     XDS_RETURN_IF_ERROR(poll_control(-1));
     XDS_RETURN_IF_ERROR(service_distflow());
     release_finished();
     send_tokens();  // cancellations of waiting requests
-    if (!sync_ && has_work()) break;
-    if (sync_ && has_work() && !asked) {
+    if (!coll_ && has_work()) break;
+    if (coll_ && has_work() && !asked) {
       // A request that arrived after the header exchange, whose wake another group had
       // already seen there (the sockets of different groups are not ordered): ask the
       // shell for a newer wake, which reaches every group.
@@ -530,8 +649,17 @@ Status DpGroup::sleep(const StepDecision& decision) {
 
 Status DpGroup::run() {
   uint64_t step = 0;
+  if (o_.rejoining &&  // started again after it was lost: it joins the others' fabric first
+      !await_reform(aborted("DP group {} starts again and joins the instance", fabric_.rank()))) {
+    return aborted("DP group {}: the instance did not take it back", fabric_.rank());
+  }
   while (true) {
     XDS_RETURN_IF_ERROR(poll_control(0));
+    if (reformed_) {  // a new fabric: its step counter and attempts start afresh
+      reformed_ = false;
+      step = 0;
+      attempts_.restart_attempts();
+    }
     if (!faults_.empty()) strike_due_faults();
     XDS_RETURN_IF_ERROR(service_distflow());
     release_finished();
@@ -541,10 +669,20 @@ Status DpGroup::run() {
       // counted out of the plan already).
       XDS_RETURN_IF_ERROR(handoff_->start_pulls(core_->planned()));
     }
-    XDS_ASSIGN_OR_RETURN(const StepDecision decision, decide(step));
+    Result<StepDecision> decided = decide(step);
+    if (!decided.ok()) {
+      if (await_reform(decided.status())) continue;
+      return decided.status();
+    }
+    const StepDecision decision = *decided;
     switch (decision.action) {
-      case StepAction::kAbort:
-        return aborted("DP group {}: the instance's step {} was aborted", fabric_.rank(), step);
+      case StepAction::kAbort: {
+        const Status abort =
+            aborted("DP group {}: the instance's step {} was aborted (code {:#x})",
+                    fabric_.rank(), step, decision.abort_code);
+        if (decision.abort_code == kAbortToReform && await_reform(abort)) continue;
+        return abort;
+      }
       case StepAction::kStop: {
         send_tokens();
         (void)send_message(output_, protocol::ShutdownMsg{});
@@ -560,11 +698,14 @@ Status DpGroup::run() {
         break;
     }
     if (exchange_) {
-      exchange_->set_step(fabric_.epoch(), static_cast<uint32_t>(decision.step),
+      exchange_->set_step(coll_->fabric().epoch(), static_cast<uint32_t>(decision.step),
                           attempts_.attempt());
     }
     const Status executed = core_->execute(/*lockstep=*/exchange_ != nullptr);
-    if (!attempts_.after_execute(executed)) return executed;
+    if (!attempts_.after_execute(executed)) {
+      if (await_reform(executed)) continue;  // the step was rolled back
+      return executed;
+    }
     if (!executed.ok()) {  // every group rolled the step back: plan and run it again
       XDS_LOG_WARN("DP group {}: step {} rolled back ({}); attempt {} follows", fabric_.rank(),
                    decision.step, executed.message(), attempts_.attempt());

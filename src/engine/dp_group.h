@@ -43,6 +43,12 @@ struct DpGroupOptions {
                                             // (base/process_name.h), -1 where it runs one
   int32_t redundant_slots = 0;              // EPLB: S spare expert slots per device and MoE layer
   int64_t eplb_window_ns = 60'000'000'000;  // EPLB collect window (engine/eplb_agent.h)
+  // A step that fails with the fabric (a peer group died or hung) waits for the shell to
+  // scale the instance down (protocol::ReformMsg) instead of ending the group.
+  bool scale_down = false;
+  // Started again after it was lost (xccl::DeviceGroup::respawn): it waits for the shell's
+  // reform to join the others' fabric before it steps.
+  bool rejoining = false;
 };
 
 // XCCL staging bytes each device's arena needs for the expert-parallel exchange of `dp`

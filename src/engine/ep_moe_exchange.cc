@@ -162,6 +162,37 @@ Status EpMoeExchange::set_expert_maps(std::vector<xccl::ExpertMap> maps) {
   return Status::ok_status();
 }
 
+Status EpMoeExchange::reform(xccl::Mailbox& mailbox, std::span<const int> before,
+                             std::span<const int> after, uint64_t identity_version) {
+  std::vector<xccl::ExpertMap> maps(maps_.size());
+  for (int64_t l : moe_layers_) {
+    if (identity_version > 0) {
+      maps[size_t(l)] = xccl::ExpertMap::identity(int(info_.n_routed_experts), int(after.size()),
+                                                  slots_, identity_version);
+      continue;
+    }
+    Result<xccl::ExpertMap> m = scaled_down_map(maps_[size_t(l)], before, after);
+    if (!m.ok()) return m.status().with_context(fmt::format("layer {}", l));
+    maps[size_t(l)] = std::move(m).value();
+  }
+  xccl::Fabric& f = mailbox.fabric();
+  xccl::ExchangeRoles roles;
+  for (int r = 0; r < f.world_size(); ++r) {
+    roles.senders.push_back(r);
+    roles.receivers.push_back(r);
+  }
+  roles.staging_base = f.layout().staging;
+  XDS_ASSIGN_OR_RETURN(auto ex, xccl::Exchange::create(mailbox, ex_->config(), roles, &pool_));
+  setup_.mailbox = &mailbox;
+  ex_ = std::move(ex);
+  peers_.clear();
+  for (int r = 0; r < f.world_size(); ++r)
+    if (r != f.rank()) peers_.push_back(r);
+  std::fill(pass_.begin(), pass_.end(), uint16_t(0));
+  fail_armed_ = fail_step_ = false;
+  return set_expert_maps(std::move(maps));
+}
+
 Status EpMoeExchange::set_redundant_slot(int64_t layer, int slot, int logical,
                                          const MlpWeights* weights) {
   const int primary = slots_ - setup_.options.redundant_slots;

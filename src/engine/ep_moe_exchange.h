@@ -53,6 +53,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "base/status.h"
@@ -126,6 +127,19 @@ class EpMoeExchange final : public MoeExchange {
   // operation would: every device's step returns Abandoned, is rolled back and run again.
   // Cleared once it fired. Call on the device's collective thread, like everything here.
   void fail_next_exchange() { fail_armed_ = true; }
+
+  // Scale-down (P119, docs/design/reliability.md): the exchange goes on over `mailbox`, whose
+  // fabric holds the devices left (xccl::MemberFabric: renumbered, a new epoch). `before` and
+  // `after` name the devices of the old and the new fabric by the same ids (ascending, e.g.
+  // DP group numbers); every layer's map becomes scaled_down_map(map, before, after)
+  // (engine/eplb_maps.h): the copies on lost devices dropped, the others renumbered. The
+  // slots, their weights and the redundant copies stay as they are. InvalidArgument, with
+  // nothing changed, for an expert left without a copy. With identity_version > 0 (a group
+  // rejoined: every device of the instance is back) the maps are the identity at that
+  // version instead. Call between steps, on every device of the new fabric, each having left
+  // the old one.
+  Status reform(xccl::Mailbox& mailbox, std::span<const int> before, std::span<const int> after,
+                uint64_t identity_version = 0);
 
   // Replaces every MoE layer's map: maps[l] for every layer index l (MTP layers included;
   // entries of dense layers are ignored), all MoE layers under one version. Call at a step

@@ -33,6 +33,12 @@ Result<std::unique_ptr<EplbAgent>> EplbAgent::create(EplbAgentSetup setup) {
   return a;
 }
 
+void EplbAgent::reformed() {
+  for (int64_t l : ex_->moe_layers()) n_devices_ = ex_->expert_maps()[size_t(l)].n_devices;
+  drop_pending();
+  loaded_ = ex_->map_version();
+}
+
 void EplbAgent::drop_pending() {
   phase_ = Phase::kIdle;
   disabled_.clear();

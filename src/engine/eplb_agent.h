@@ -72,6 +72,11 @@ class EplbAgent {
   // when allowed; returns kSwitched's report once the new map is in force.
   Result<std::optional<EplbReport>> at_step_boundary(uint64_t agreed, uint64_t step, int32_t group);
 
+  // After EpMoeExchange::reform (scale-down or rejoin): the device count and version of the
+  // maps now in force; a reconfiguration in progress is dropped (the shell starts none while
+  // the instance is scaled down).
+  void reformed();
+
   // Fills l's window fields when a window has closed at `now_ns` (or `force`).
   void fill_window(int64_t now_ns, bool force, GroupLoad& l);
 

@@ -1,6 +1,9 @@
 #include "engine/eplb_maps.h"
 
 #include <algorithm>
+#include <string>
+
+#include <fmt/format.h>
 
 namespace xds::engine {
 
@@ -22,6 +25,55 @@ std::vector<std::vector<int32_t>> primary_replicas(const eplb::Shape& shape) {
   const int per = shape.experts_per_device();
   for (int e = 0; e < shape.n_experts; ++e)
     out[size_t(e)] = {int32_t(eplb::Slot{e / per, e % per}.physical(shape))};
+  return out;
+}
+
+std::vector<std::vector<int32_t>> backup_replicas(const eplb::Shape& shape) {
+  std::vector<std::vector<int32_t>> out = primary_replicas(shape);
+  const int per = shape.experts_per_device();
+  const int copies = std::min(shape.redundant_slots, per);
+  if (shape.n_devices < 2) return out;
+  for (int e = 0; e < shape.n_experts; ++e) {
+    const int home = e / per, j = e % per;
+    if (j >= copies) continue;
+    const int holder = (home + 1) % shape.n_devices;
+    out[size_t(e)].push_back(int32_t(eplb::Slot{holder, per + j}.physical(shape)));
+  }
+  return out;
+}
+
+Result<xccl::ExpertMap> scaled_down_map(const xccl::ExpertMap& map, std::span<const int> before,
+                                        std::span<const int> after) {
+  if (map.replicas.empty()) return map;
+  if (static_cast<int>(before.size()) != map.n_devices)
+    return invalid_argument("scale-down: the map has {} devices, {} are named", map.n_devices,
+                            before.size());
+  std::vector<int> position(before.size(), -1);  // map device -> position in `after`, or -1
+  for (size_t i = 0; i < after.size(); ++i) {
+    const auto it = std::find(before.begin(), before.end(), after[i]);
+    if (it == before.end() || (i > 0 && after[i] <= after[i - 1]))
+      return invalid_argument("scale-down: device {} is not one of the devices before, ascending",
+                              after[i]);
+    position[size_t(it - before.begin())] = int(i);
+  }
+  xccl::ExpertMap out;
+  out.version = map.version;
+  out.n_devices = int(after.size());
+  out.slots_per_device = map.slots_per_device;
+  out.replicas.resize(map.replicas.size());
+  const int spd = map.slots_per_device;
+  for (size_t e = 0; e < map.replicas.size(); ++e) {
+    for (int32_t p : map.replicas[e]) {
+      const int at = position[size_t(p / spd)];
+      if (at >= 0) out.replicas[e].push_back(int32_t(at * spd + p % spd));
+    }
+    if (out.replicas[e].empty()) {
+      std::string kept;
+      for (int d : after) kept += fmt::format("{}{}", kept.empty() ? "" : ", ", d);
+      return invalid_argument("scale-down: expert {} has no copy on the devices left ({})", e,
+                              kept);
+    }
+  }
   return out;
 }
 

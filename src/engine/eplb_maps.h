@@ -54,6 +54,21 @@ Result<std::vector<xccl::ExpertMap>> layer_maps(
 Result<std::vector<int32_t>> redundant_slot_experts(
     const eplb::Shape& shape, int rank, const std::vector<std::vector<int32_t>>& replicas);
 
+// Backup copies for scale-down (P119): each device's redundant slots hold copies of the
+// primary experts of the device before it (device d's slot E / N + j holds expert
+// ((d - 1) mod N) · (E / N) + j, for j < min(S, E / N)). With S >= E / N every expert has a
+// copy on another device, so any one device can be lost. [E] -> physical ids, primary first.
+std::vector<std::vector<int32_t>> backup_replicas(const eplb::Shape& shape);
+
+// One layer's map on the devices left after others were lost (scale-down, P119). Map device
+// d is `before[d]` (ascending ids, e.g. the DP groups of an instance); every copy on a device
+// not in `after` (a subset of `before`, ascending) is dropped and the others renumbered to
+// their device's position in `after`, each keeping its slot index; version and slots per
+// device stay. A map without replicas (a dense layer) is returned as it is. InvalidArgument
+// naming the expert left without a copy, or for `after` not a subset of `before`.
+Result<xccl::ExpertMap> scaled_down_map(const xccl::ExpertMap& map, std::span<const int> before,
+                                        std::span<const int> after);
+
 // Device loads of one layer from per-device slot counts [N, E / N + S]: load(d) = Σ_s
 // counts[d][s]; ratio = max / mean (1 when nothing was counted).
 struct DeviceLoad {

@@ -128,6 +128,8 @@ class StepAttempts {
   // retried error (retry_step) -> attempt + 1, one more rollback (true: run the step again);
   // otherwise false (the caller returns the error).
   bool after_execute(const Status& executed);
+  // A new fabric (scale-down): its first step starts at attempt 0; the count stays.
+  void restart_attempts() { attempt_ = 0; }
 
  private:
   uint32_t attempt_ = 0;

@@ -8,7 +8,7 @@ namespace xds::protocol {
 namespace {
 
 constexpr size_t kKinds = std::variant_size_v<Message>;
-static_assert(kKinds == static_cast<size_t>(MessageKind::kFault),
+static_assert(kKinds == static_cast<size_t>(MessageKind::kMembership),
               "one MessageKind per alternative of Message, in the same order");
 
 // The tags are the alternatives' positions in Message, from 1.
@@ -149,7 +149,8 @@ const char* kind_name(MessageKind kind) {
       "request", "cancel",       "tokens",        "output",       "load",
       "wake",    "shutdown",     "ping",          "pong",         "rejected",
       "eplb command", "eplb report", "admin request", "admin reply", "eplb state push",
-      "failed",  "blocks",       "ended",         "fault"};
+      "failed",  "blocks",       "ended",         "fault",
+      "reform", "reformed", "membership"};
   const auto i = static_cast<size_t>(kind);
   return i >= 1 && i <= kKinds ? kNames[i - 1] : "unknown";
 }

@@ -23,6 +23,10 @@
 //   FaultMsg         shell -> a DP group: an injected fault (POST /admin/faults)
 //   BlocksMsg        DP group -> shell -> gateways: prefix-cache block-hash events (P096)
 //   EndedMsg         DP group -> shell: requests it released (the shell forgets their group)
+//   ReformMsg        shell -> each surviving DP group: one phase of a scale-down (P119)
+//   ReformedMsg      DP group -> shell: its phase is done (or failed)
+//   MembershipMsg    shell -> gateways: a DP group was lost and the instance goes on without
+//                    it (the requests it held are to be recomputed), or it joined again
 //
 // Thread-safety: plain values.
 #pragma once
@@ -168,10 +172,44 @@ struct EndedMsg {
   std::vector<std::string> request_ids;
 };
 
+// Scale-down and rejoin (P119, docs/design/reliability.md): the survivors of a lost DP
+// group -- or they and a group started again -- form a fabric of their own, in three phases
+// the shell runs one after the other, each once every member answered the previous one
+// (xccl/member_fabric.h):
+//   kLeave  stop using the current fabric (after a failed step, rolled back; or at the next
+//           step boundary, which every group takes together) and answer;
+//   kReset  clear the protocol lines of your own arena and answer;
+//   kJoin   form the fabric of `members` under `generation` and answer; then step on from
+//           step 0. Maps: map_version 0 -> the maps in force without the lost groups
+//           (scale-down); > 0 -> the identity map of every group at that version (rejoin).
+enum class ReformPhase : int32_t { kLeave = 1, kReset = 2, kJoin = 3 };
+struct ReformMsg {
+  ReformPhase phase = ReformPhase::kLeave;
+  uint64_t generation = 0;             // 1 for the first scale-down of an incarnation
+  std::vector<int32_t> members;        // the DP groups that go on, ascending
+  std::vector<int32_t> pids{};         // kJoin: each member's process id (a restarted one's
+                                       // is new: its peers watch it from then on)
+  uint64_t map_version = 0;            // kJoin: see above
+};
+struct ReformedMsg {
+  int32_t group = -1;
+  ReformPhase phase = ReformPhase::kLeave;
+  uint64_t generation = 0;
+  std::string error{};                 // empty: done
+};
+struct MembershipMsg {
+  int32_t group = -1;                  // the DP group lost, or joined again
+  bool joined = false;
+  std::string reason{};                // how it was lost
+  std::vector<int32_t> members{};      // the DP groups that serve now
+  std::vector<std::string> request_ids{};  // placed on the lost group: recompute them
+};
+
 using Message = std::variant<RequestMsg, CancelMsg, TokensMsg, OutputMsg, LoadMsg, WakeMsg,
                              ShutdownMsg, PingMsg, PongMsg, RejectedMsg, EplbCommandMsg,
                              EplbReportMsg, AdminRequestMsg, AdminReplyMsg, EplbStatePushMsg,
-                             FailedMsg, BlocksMsg, EndedMsg, FaultMsg>;
+                             FailedMsg, BlocksMsg, EndedMsg, FaultMsg, ReformMsg, ReformedMsg,
+                             MembershipMsg>;
 
 // The wire tag of each kind; never reused.
 enum class MessageKind : int32_t {
@@ -194,6 +232,9 @@ enum class MessageKind : int32_t {
   kBlocks = 17,
   kEnded = 18,
   kFault = 19,
+  kReform = 20,
+  kReformed = 21,
+  kMembership = 22,
 };
 MessageKind kind_of(const Message& m);
 // "request", "cancel", ... for log lines.
@@ -226,6 +267,11 @@ inline void to_json(nlohmann::json& j, const ShutdownMsg&) { j = nlohmann::json:
 inline void from_json(const nlohmann::json&, ShutdownMsg&) {}
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(BlocksMsg, group, added, removed)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(EndedMsg, group, request_ids)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(ReformMsg, phase, generation, members, pids,
+                                                map_version)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(ReformedMsg, group, phase, generation, error)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(MembershipMsg, group, joined, reason, members,
+                                                request_ids)
 
 }  // namespace xds::protocol
 

@@ -20,15 +20,17 @@ EplbControl::EplbControl(EplbControlOptions o) : o_(o) {
 }
 
 void EplbControl::on_window(const protocol::GroupLoad& l) {
-  if (l.window_seq <= 0 || l.group < 0 || l.group >= o_.n_groups || l.n_experts <= 0) return;
+  if (stopped_ || l.group < 0 || l.group >= o_.n_groups || l.n_experts <= 0) return;
   const size_t rows = l.moe_layers.size();
-  if (!shape_known()) {
+  if (!shape_known() && rows > 0 && l.n_experts % o_.n_groups == 0) {
+    // From the first expert counts (about a second after the start), windows or not.
     moe_layers_ = l.moe_layers;
     n_experts_ = l.n_experts;
-    spd_ = l.slots_per_device;
+    spd_ = n_experts_ / o_.n_groups + o_.redundant_slots;
     expert_total_.assign(rows * size_t(n_experts_), 0.0);
     slot_total_.assign(rows * size_t(o_.n_groups * spd_), 0.0);
   }
+  if (l.window_seq <= 0) return;
   if (l.moe_layers != moe_layers_ || l.n_experts != n_experts_ || l.slots_per_device != spd_ ||
       l.window_expert_tokens.size() != rows * size_t(n_experts_) ||
       l.window_slot_tokens.size() != rows * size_t(spd_)) {
@@ -109,17 +111,73 @@ std::vector<double> EplbControl::layer_ratio_predicted_now() const {
   return out;
 }
 
-EplbAnswer EplbControl::rebalance(int64_t now_ns, std::optional<EplbCommand>& command) {
-  command.reset();
+std::optional<EplbAnswer> EplbControl::refuse_start() const {
   if (!enabled())
-    return {400,
-            {{"error", fmt::format("EPLB is off: it needs --dp > 1 and --redundant-slots > 0 "
-                                   "(this instance: --dp {}, --redundant-slots {})",
-                                   o_.n_groups, o_.redundant_slots)}}};
+    return EplbAnswer{400,
+                      {{"error", fmt::format("EPLB is off: it needs --dp > 1 and --redundant-slots "
+                                             "> 0 (this instance: --dp {}, --redundant-slots {})",
+                                             o_.n_groups, o_.redundant_slots)}}};
+  if (stopped_) return EplbAnswer{409, {{"error", "EPLB stopped: " + stopped_why_}}};
   if (phase_ != Phase::kIdle)
-    return {
+    return EplbAnswer{
         409,
         {{"error", fmt::format("a reconfiguration to map v{} is in progress", pending_version_)}}};
+  return std::nullopt;
+}
+
+EplbAnswer EplbControl::backup(int64_t now_ns, std::optional<EplbCommand>& command) {
+  command.reset();
+  if (auto refused = refuse_start()) return *refused;
+  if (!shape_known()) return {409, {{"error", "the model's shape is not known yet"}}};
+  eplb::Shape shape;
+  shape.n_experts = int(n_experts_);
+  shape.n_devices = o_.n_groups;
+  shape.redundant_slots = o_.redundant_slots;
+  last_start_ns_ = now_ns;
+  const size_t rows = moe_layers_.size();
+  pending_replicas_.assign(rows, engine::backup_replicas(shape));
+  pending_predicted_.assign(rows, 1.0);
+  pending_before_.assign(rows, 1.0);
+  XDS_LOG_INFO("shell: EPLB map v{}: every group's experts copied on the next group (backup)",
+               version_ + 2);
+  return start(command);
+}
+
+Status EplbControl::covers(const std::vector<int>& after) const {
+  if (!shape_known()) return failed_precondition("the model's expert shape is not known yet");
+  eplb::Shape shape;
+  shape.n_experts = int(n_experts_);
+  shape.n_devices = o_.n_groups;
+  shape.redundant_slots = o_.redundant_slots;
+  std::vector<int> before;
+  for (int g = 0; g < o_.n_groups; ++g) before.push_back(g);
+  for (size_t r = 0; r < moe_layers_.size(); ++r) {
+    xccl::ExpertMap m;
+    m.n_devices = o_.n_groups;
+    m.slots_per_device = int(spd_);
+    m.replicas = replicas_.empty() ? engine::primary_replicas(shape) : replicas_[r];
+    auto left = engine::scaled_down_map(m, before, after);
+    if (!left.ok()) return left.status().with_context(fmt::format("MoE layer {}", moe_layers_[r]));
+  }
+  return {};
+}
+
+void EplbControl::stop(std::string why) {
+  stopped_ = true;
+  stopped_why_ = std::move(why);
+}
+
+void EplbControl::rejoined(uint64_t version) {
+  stopped_ = false;
+  stopped_why_.clear();
+  version_ = version;
+  replicas_.clear();
+  phase_ = Phase::kIdle;
+}
+
+EplbAnswer EplbControl::rebalance(int64_t now_ns, std::optional<EplbCommand>& command) {
+  command.reset();
+  if (auto refused = refuse_start()) return *refused;
   if (done_.empty()) return {409, {{"error", "no collect window has closed yet (--eplb-window)"}}};
   last_start_ns_ = now_ns;
   eplb::PlanParams params;
@@ -156,6 +214,11 @@ EplbAnswer EplbControl::rebalance(int64_t now_ns, std::optional<EplbCommand>& co
   }
   if (const std::vector<double> measured = layer_ratio_measured(/*after=*/true); !measured.empty())
     pending_before_ = measured;  // the map in force, measured
+  XDS_LOG_INFO("shell: EPLB plans map v{} from {} windows", version_ + 2, done_.size());
+  return start(command);
+}
+
+EplbAnswer EplbControl::start(std::optional<EplbCommand>& command) {
   pending_version_ = version_ + 2;
   phase_ = Phase::kPreparing;
   prepared_.assign(size_t(o_.n_groups), 0);
@@ -169,7 +232,6 @@ EplbAnswer EplbControl::rebalance(int64_t now_ns, std::optional<EplbCommand>& co
   c.moe_layers = moe_layers_;
   c.replicas = pending_replicas_;
   command = std::move(c);
-  XDS_LOG_INFO("shell: EPLB plans map v{} from {} windows", pending_version_, done_.size());
   nlohmann::json body = {{"version", pending_version_},
                          {"phase", "preparing"},
                          {"slices", done_.size()},
@@ -179,7 +241,7 @@ EplbAnswer EplbControl::rebalance(int64_t now_ns, std::optional<EplbCommand>& co
 }
 
 bool EplbControl::due(int64_t now_ns) const {
-  return enabled() && o_.interval_s > 0 && phase_ == Phase::kIdle && !done_.empty() &&
+  return enabled() && !stopped_ && o_.interval_s > 0 && phase_ == Phase::kIdle && !done_.empty() &&
          double(now_ns - last_start_ns_) >= o_.interval_s * 1e9;
 }
 
@@ -237,6 +299,7 @@ nlohmann::json EplbControl::state() const {
                : phase_ == Phase::kPreparing ? "preparing"
                                              : "committed";
   if (phase_ != Phase::kIdle) j["pending_version"] = pending_version_;
+  if (stopped_) j["stopped"] = stopped_why_;
   j["rebalances_done"] = done_count_;
   j["rebalances_failed"] = failed_count_;
   if (!last_error_.empty()) j["last_error"] = last_error_;

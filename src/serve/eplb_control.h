@@ -52,6 +52,19 @@ class EplbControl {
   // Plans from the kept slices and, when it can start, the kPrepare command to broadcast.
   // 400 when EPLB is off, 409 while a reconfiguration runs or before any window closed.
   EplbAnswer rebalance(int64_t now_ns, std::optional<protocol::EplbCommand>& command);
+  // --expert-backup: a reconfiguration to engine::backup_replicas (each group's experts copied
+  // on the next group), so that a lost group can be left out (scale-down, P119). 409 before
+  // the model's shape is known (the groups' first expert counts) or while one runs.
+  EplbAnswer backup(int64_t now_ns, std::optional<protocol::EplbCommand>& command);
+  // Whether every expert of every MoE layer keeps a copy on the DP groups `after`
+  // (ascending) under the map in force: ok, or the error naming an expert without one.
+  Status covers(const std::vector<int>& after) const;
+  bool idle() const { return phase_ == Phase::kIdle; }
+  // For good (the instance scaled down: the planner's shapes no longer hold): rebalances
+  // answer 409 naming `why`, windows are ignored.
+  void stop(std::string why);
+  // Every group is back (rejoin): the identity map at `version` is in force; EPLB goes on.
+  void rejoined(uint64_t version);
   // The interval elapsed and a rebalance may start.
   bool due(int64_t now_ns) const;
   // A group's report; the command to broadcast next (kCommit / kAbort), if any.
@@ -70,6 +83,10 @@ class EplbControl {
     bool uniform = true;          // every group had that map for the whole window
   };
   bool shape_known() const { return n_experts_ > 0; }
+  // Why a reconfiguration cannot start now (400 off, 409 stopped or busy), if it cannot.
+  std::optional<EplbAnswer> refuse_start() const;
+  // Starts the reconfiguration to pending_replicas_ (kPrepare into `command`).
+  EplbAnswer start(std::optional<protocol::EplbCommand>& command);
   std::vector<double> layer_ratio_measured(bool after) const;  // [rows] max/mean of devices
   // [rows] max/mean the map in force predicts from the expert counts of the same windows as
   // layer_ratio_measured(true) (each expert's tokens split evenly over its copies).
@@ -93,6 +110,8 @@ class EplbControl {
   int64_t last_start_ns_ = 0;
   int64_t done_count_ = 0, failed_count_ = 0;
   std::string last_error_;
+  bool stopped_ = false;
+  std::string stopped_why_;
   // The last rebalance: per layer ratios before (counts it planned from, identity map) and
   // predicted; per device the steps it switched at.
   std::vector<double> before_, predicted_;

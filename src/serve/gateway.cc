@@ -219,6 +219,8 @@ void Gateway::Impl::on_message(int from, Message m) {
     for (const OutputDelta& d : out->outputs) on_output(d);
   } else if (const auto* rej = std::get_if<protocol::RejectedMsg>(&m)) {
     on_rejected(*rej);
+  } else if (const auto* members = std::get_if<protocol::MembershipMsg>(&m)) {
+    if (from >= 0) on_membership(from, *members);
   } else if (const auto* failed = std::get_if<protocol::FailedMsg>(&m)) {
     if (from >= 0) {
       on_instance_failed(from, failed->reason, failed->recovering,

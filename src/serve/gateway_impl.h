@@ -140,6 +140,10 @@ struct Gateway::Impl : GatewayHttp::Core {
   // one held; a ready answer brings an instance that was out back.
   void on_instance_answer(int from, uint64_t incarnation, bool ready,
                           protocol::InstanceRole role);
+  // Instance `from` lost a DP group and goes on without it: the requests that group held are
+  // orphans, sent again at once (recomputed from what they streamed). Or the group joined
+  // again.
+  void on_membership(int from, const protocol::MembershipMsg& m);
   // Under mu: the live requests sent to `from` (to an incarnation other than `keep`, when
   // given) become orphans.
   void orphan_requests_of(int from, int64_t now, std::optional<uint64_t> keep = std::nullopt);

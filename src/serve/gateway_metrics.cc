@@ -75,6 +75,23 @@ void GatewayMetrics::count_instance_restart(int32_t instance) {
       .inc();
 }
 
+void GatewayMetrics::count_scale_down(int32_t instance, int64_t groups) {
+  const std::string i = std::to_string(instance);
+  reg_.counter("xdeepserve_instance_scale_downs_total",
+               "DP groups an instance lost and went on without (scale-down: their requests "
+               "recomputed on the others).",
+               {{"instance", i}})
+      .inc();
+  set_instance_groups(instance, groups);
+}
+
+void GatewayMetrics::set_instance_groups(int32_t instance, int64_t groups) {
+  reg_.gauge("xdeepserve_instance_groups",
+             "DP groups an instance serves with, after its last scale-down or rejoin.",
+             {{"instance", std::to_string(instance)}})
+      .set(static_cast<double>(groups));
+}
+
 void GatewayMetrics::set_instance_up(int32_t instance, bool up) {
   reg_.gauge("xdeepserve_instance_up", "1 while the instance serves, 0 while it is out.",
              {{"instance", std::to_string(instance)}})

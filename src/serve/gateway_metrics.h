@@ -17,6 +17,9 @@
 //   instance_failures_total{instance,kind}    counter  dead_process | hang | silent | final
 //   instance_restarts_total{instance}         counter  new incarnations seen
 //   instance_up{instance}                     gauge    1 serving, 0 recovering or failed
+//   instance_scale_downs_total{instance}      counter  DP groups lost and left out (P119)
+//   instance_groups{instance}                 gauge    DP groups serving (after a scale-down or
+//                                                      a rejoin)
 //   requests_recomputed_total                 counter  requests sent again after a failure
 //   fault_recovery_seconds                    histogram from an instance's failure to the
 //                                             first token of one of its recomputed requests
@@ -50,6 +53,9 @@ class GatewayMetrics {
   // Faults (docs/design/reliability.md).
   void count_instance_failure(int32_t instance, const std::string& kind);
   void count_instance_restart(int32_t instance);
+  // A DP group lost and left out (scale-down); `groups` the instance serves with now.
+  void count_scale_down(int32_t instance, int64_t groups);
+  void set_instance_groups(int32_t instance, int64_t groups);
   void set_instance_up(int32_t instance, bool up);
   void count_recomputed();
   void observe_fault_recovery(double s);

@@ -46,6 +46,48 @@ void Gateway::Impl::orphan_requests_of(int from, int64_t now, std::optional<uint
   }
 }
 
+void Gateway::Impl::on_membership(int from, const protocol::MembershipMsg& m) {
+  if (m.joined) {
+    std::lock_guard<std::mutex> lock(mu);
+    XDS_LOG_WARN("gateway: instance {}: DP group {} joined again; {} group(s) serve",
+                 o.instances[static_cast<size_t>(from)], m.group, m.members.size());
+    metrics.set_instance_groups(from, static_cast<int64_t>(m.members.size()));
+    faults.observe(from, fmt::format("DP group {} joined again, {} group(s) serve", m.group,
+                                     m.members.size()),
+                   now_ns());
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    const int64_t now = now_ns();
+    int64_t lost = 0;
+    for (const std::string& id : m.request_ids) {
+      auto it = live.find(id);
+      if (it == live.end()) continue;
+      Pending& p = *it->second;
+      if (p.done || p.orphaned || p.instance != from || admission.contains(id)) continue;
+      p.orphaned = true;
+      p.lost_ns = now;
+      p.req.attempt += 1;  // what the lost attempt still sends is dropped
+      router.end_prefill(p.prefill);
+      router.handoffs().cancel(id);
+      orphans.push_back(id);
+      ++lost;
+    }
+    XDS_LOG_WARN("gateway: instance {} lost DP group {} ({}) and goes on with {} group(s); {} "
+                 "request(s) it held are recomputed",
+                 o.instances[static_cast<size_t>(from)], m.group, m.reason, m.members.size(),
+                 lost);
+    metrics.count_scale_down(from, static_cast<int64_t>(m.members.size()));
+    faults.observe(from,
+                   fmt::format("scaled down: DP group {} lost ({}), {} group(s) go on, {} "
+                               "request(s) recomputed",
+                               m.group, m.reason, m.members.size(), lost),
+                   now);
+  }
+  resend_orphans();
+}
+
 void Gateway::Impl::resend_orphans() {
   std::vector<std::shared_ptr<Pending>> again;
   {

@@ -91,6 +91,7 @@ static Status run_incarnation(const InstanceOptions& options, uint32_t epoch, ui
   xccl::LaunchOptions lo;
   lo.devices = options.dp;
   lo.epoch = epoch;
+  lo.keep_arenas = options.scale_down && options.dp > 1;  // a lost group can start again
   XDS_ASSIGN_OR_RETURN(
       lo.arena.staging_bytes,
       engine::ep_staging_bytes(options.group.core.model_dir, options.group.core.model,
@@ -111,6 +112,7 @@ static Status run_incarnation(const InstanceOptions& options, uint32_t epoch, ui
     o.output_address = output_inputs[static_cast<size_t>(g)];
     o.handoff.export_kv = options.role == "prefill";
     o.handoff.cooperative_prefill = options.role == "prefill" && options.dp > 1;
+    o.scale_down = options.scale_down && options.role != "prefill";
     per_group.push_back(std::move(o));
   }
   XDS_ASSIGN_OR_RETURN(xccl::DeviceGroup devices,
@@ -136,12 +138,30 @@ static Status run_incarnation(const InstanceOptions& options, uint32_t epoch, ui
   so.fault_injection = options.fault_injection;
   ProcessWatch watch;
   for (size_t g = 0; g < devices.pids().size(); ++g) {
-    XDS_RETURN_IF_ERROR(watch.add(devices.pids()[g], fmt::format("DP group {}", g)));
+    XDS_RETURN_IF_ERROR(
+        watch.add(devices.pids()[g], fmt::format("DP group {}", g), static_cast<int32_t>(g)));
   }
   for (size_t g = 0; g < outputs.size(); ++g) {
     XDS_RETURN_IF_ERROR(watch.add(outputs[g], fmt::format("the output process of DP group {}", g)));
   }
-  so.process_failure = [&watch] { return watch.deaths(); };
+  so.process_deaths = [&watch] { return watch.dead(); };
+  so.scale_down = options.scale_down;
+  so.expert_backup = options.expert_backup;
+  so.kill_group = [&devices](int32_t g) {
+    if (g >= 0 && static_cast<size_t>(g) < devices.pids().size()) {
+      ::kill(devices.pids()[static_cast<size_t>(g)], SIGKILL);
+    }
+  };
+  so.group_pids = [&devices] {
+    return std::vector<int32_t>(devices.pids().begin(), devices.pids().end());
+  };
+  // A group left out starts again on its arenas and joins the others (rejoin).
+  so.respawn_group = [&devices, &per_group, &watch](int32_t g) -> Result<int32_t> {
+    per_group[static_cast<size_t>(g)].rejoining = true;
+    XDS_ASSIGN_OR_RETURN(const pid_t pid, devices.respawn(g));
+    XDS_RETURN_IF_ERROR(watch.replace(g, pid));
+    return static_cast<int32_t>(pid);
+  };
   Shell shell(so);
   g_shell = &shell;
   struct sigaction sa = {};
@@ -167,7 +187,9 @@ static Status run_incarnation(const InstanceOptions& options, uint32_t epoch, ui
   for (pid_t pid : outputs) ::waitpid(pid, nullptr, 0);
   XDS_RETURN_IF_ERROR(st);
   if (!exits.ok()) return exits.status();
+  const std::vector<int32_t>& lost = shell.stats().lost_groups;
   for (size_t g = 0; g < exits->size(); ++g) {
+    if (std::find(lost.begin(), lost.end(), static_cast<int32_t>(g)) != lost.end()) continue;
     if (!(*exits)[g].ok()) {
       return internal_error("DP group {} ended with exit code {} signal {}", g,
                             (*exits)[g].exit_code, (*exits)[g].signal);

@@ -52,6 +52,10 @@ struct InstanceOptions {
   int64_t group_heartbeat_interval_ms = 500;  // shell -> DP group pings
   int64_t group_timeout_ms = 3000;            // a group silent this long is hung
   bool fault_injection = false;               // POST /admin/faults reaches the groups
+  // A lost DP group is left out where the others hold copies of its experts (scale-down,
+  // ShellOptions::scale_down); group.scale_down is set alike.
+  bool scale_down = true;
+  bool expert_backup = false;  // ShellOptions::expert_backup
 };
 
 // Runs until SIGTERM/SIGINT or a gateway's kShutdown: then drains (the groups finish their

@@ -8,6 +8,7 @@
 #include <unordered_map>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <zmq.hpp>
 
 #include "base/clock.h"
@@ -16,6 +17,7 @@
 #include "protocol/channel_security.h"
 #include "protocol/messages.h"
 #include "protocol/zmq_io.h"
+#include "serve/group_membership.h"
 #include "serve/placement.h"
 
 namespace xds::serve {
@@ -28,6 +30,9 @@ constexpr int64_t kEplbPushPeriodNs = 1'000'000'000;
 constexpr int kGroupSendTimeoutMs = 2000;
 constexpr int kFailedLingerMs = 1000;  // time for the FailedMsg to reach the gateways
 constexpr const char* kHeartbeatId = "heartbeat";  // the gateway's heartbeat probe
+// A scale-down's three phases take milliseconds; a group still in a long step answers its
+// kLeave after that step.
+constexpr int64_t kReformTimeoutNs = int64_t{30} * 1'000'000'000;
 
 // What the shell knows of each group's liveness (the shell <-> group heartbeat level).
 struct GroupLiveness {
@@ -57,7 +62,8 @@ class Shell::Loop {
         n_groups_(options.group_inputs.size()),
         router_(ctx_, zmq::socket_type::router),
         input_(ctx_, zmq::socket_type::pull),
-        eplb_(eplb_options(options)) {
+        eplb_(eplb_options(options)),
+        membership_(static_cast<int>(options.group_inputs.size())) {
     stats_.placed_per_group.assign(n_groups_, 0);
     liveness_.resize(n_groups_);
     loads_.resize(n_groups_);
@@ -102,11 +108,15 @@ class Shell::Loop {
     bool running = true;
     last_group_ping_ns_ = now_ns();  // the first heartbeat one interval after the start
     while (running && !stop.load(std::memory_order_relaxed)) {
-      std::string failure = o_.process_failure ? o_.process_failure() : std::string();
       const char* kind = "dead_process";
+      std::string failure = process_failure();
       if (failure.empty()) {
-        failure = hung_group(now_ns());
+        failure = hung_group_failure(now_ns());
         kind = "hang";
+      }
+      if (failure.empty() && !fatal_.empty()) {
+        failure = fatal_;
+        kind = "scale_down";
       }
       if (!failure.empty()) {
         to_gateways(FailedMsg{failure, o_.will_restart, kind});
@@ -169,7 +179,7 @@ class Shell::Loop {
   // A group that is up and has not answered the heartbeat for group_timeout_ms: what to say
   // about it ("" while every group answers). A group blocked in a collective still answers,
   // naming the peer it waits on; when the silent group is such a peer, it alone is blamed.
-  std::string hung_group(int64_t now) const {
+  std::string hung_group(int64_t now, int32_t* group) const {
     const int64_t timeout = o_.group_timeout_ms * 1'000'000;
     for (size_t g = 0; g < n_groups_; ++g) {
       const GroupLiveness& l = liveness_[g];
@@ -180,6 +190,7 @@ class Shell::Loop {
           waiting += fmt::format("{}{}", waiting.empty() ? "" : ", ", o);
         }
       }
+      *group = static_cast<int32_t>(g);
       return fmt::format("DP group {} answered no heartbeat for {} ms{}", g,
                          (now - l.answered_ns) / 1'000'000,
                          waiting.empty() ? "" : fmt::format(" (DP group {} waits on it)", waiting));
@@ -188,15 +199,80 @@ class Shell::Loop {
   }
 
   bool all_up() const {
-    for (const GroupLiveness& l : liveness_) {
-      if (!l.up) return false;
+    for (int32_t g : membership_.members()) {
+      if (!liveness_[static_cast<size_t>(g)].up) return false;
     }
+    return true;
+  }
+
+  // What died, after leaving out a DP group where it can be (scale-down): "" when nothing
+  // else did.
+  std::string process_failure() {
+    if (!o_.process_deaths) return o_.process_failure ? o_.process_failure() : std::string();
+    std::string out;
+    for (const ProcessDeath& d : o_.process_deaths()) {
+      if (d.group >= 0 && !membership_.member(d.group)) continue;  // left out already
+      if (d.group >= 0 && out.empty() && leave_out(d.group, d.what)) continue;
+      out += (out.empty() ? "" : "; ") + d.what;
+    }
+    return out;
+  }
+
+  std::string hung_group_failure(int64_t now) {
+    int32_t g = -1;
+    std::string why = hung_group(now, &g);
+    if (!why.empty() && leave_out(g, why)) return {};
+    return why;
+  }
+
+  // Scale-down (P119): leaves lost group g out when the groups left hold a copy of every
+  // expert, and starts the reform; false (the instance starts again) otherwise.
+  bool leave_out(int32_t g, const std::string& why) {
+    if (!o_.scale_down) return false;
+    auto left = membership_.without(g);
+    Status st = left.ok() ? Status{} : left.status();
+    if (st.ok() && (o_.cooperative || role_ == InstanceRole::kPrefill)) {
+      st = failed_precondition("a prefill instance starts again instead");
+    }
+    if (st.ok() && !eplb_.idle()) st = failed_precondition("an EPLB reconfiguration runs");
+    if (st.ok()) st = eplb_.covers(std::vector<int>(left->begin(), left->end()));
+    if (!st.ok()) {
+      XDS_LOG_WARN("shell: {}; no scale-down ({})", why, st.message());
+      return false;
+    }
+    if (o_.kill_group) o_.kill_group(g);  // a hung group; a dead one is gone already
+    auto leave = membership_.leave_out(g, now_ns(), kReformTimeoutNs);
+    if (!leave.ok()) return false;
+    XDS_LOG_WARN("shell: {}; the instance goes on with DP groups {} (scale-down)", why,
+                 fmt::join(leave->members, ", "));
+    liveness_[static_cast<size_t>(g)].up = false;
+    stats_.lost_groups.push_back(g);
+    GroupLoad& l = loads_[static_cast<size_t>(g)];
+    l.kv_blocks_total = l.kv_blocks_used = l.kv_blocks_reserved = 0;  // nothing placed there
+    l.running = l.waiting = 0;
+    loads_dirty_ = true;
+    eplb_.stop(fmt::format("DP group {} was lost; the instance runs on {} group(s)", g,
+                           leave->members.size()));
+    MembershipMsg lost;
+    lost.group = g;
+    lost.reason = why;
+    lost.members = leave->members;
+    for (auto it = owner_.begin(); it != owner_.end();) {
+      if (it->second == g) {
+        lost.request_ids.push_back(it->first);
+        it = owner_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    to_gateways(lost);
+    to_groups(*leave);
     return true;
   }
 
   // A message from group g: the first one marks it up (its heartbeat timer starts).
   void group_spoke(int32_t g, int64_t now) {
-    if (g < 0 || static_cast<size_t>(g) >= n_groups_) return;
+    if (g < 0 || static_cast<size_t>(g) >= n_groups_ || !membership_.member(g)) return;
     GroupLiveness& l = liveness_[static_cast<size_t>(g)];
     if (!l.up) {
       l.up = true;
@@ -206,6 +282,19 @@ class Shell::Loop {
 
   // EPLB rounds and metrics, expired probes, the load table to the gateways.
   void periodic(int64_t now) {
+    if (Status late = membership_.check_deadline(now); !late.ok() && fatal_.empty()) {
+      fatal_ = late.message();
+    }
+    if (o_.expert_backup && !backup_started_ && all_up()) {
+      std::optional<EplbCommand> command;
+      const EplbAnswer a = eplb_.backup(now, command);
+      if (command) eplb_broadcast(std::move(*command));
+      // 409 until the groups' first expert counts give the model's shape: tried again.
+      if (a.status != 409) backup_started_ = true;
+      if (a.status >= 400 && a.status != 409) {
+        XDS_LOG_WARN("shell: --expert-backup: {}", a.body.dump());
+      }
+    }
     if (now - last_group_ping_ns_ >= o_.group_heartbeat_interval_ms * 1'000'000) {
       last_group_ping_ns_ = now;
       PingMsg ping;
@@ -277,8 +366,9 @@ class Shell::Loop {
       return true;
     }
     const uint64_t id = ++ping_seq_;
-    pings_[id] = PendingPing{*from, m.probe_id, std::vector<bool>(n_groups_, false),
-                             now_ns() + kPingTimeoutNs};
+    std::vector<bool> answered(n_groups_, true);  // groups left out answer nothing
+    for (int32_t g : membership_.members()) answered[static_cast<size_t>(g)] = false;
+    pings_[id] = PendingPing{*from, m.probe_id, std::move(answered), now_ns() + kPingTimeoutNs};
     PingMsg ping;
     ping.seq = id;
     to_groups(ping);
@@ -299,6 +389,10 @@ class Shell::Loop {
     if (from != nullptr) return unexpected(from, m);
     for (const GroupLoad& l : m.loads) {
       if (l.group < 0 || static_cast<size_t>(l.group) >= n_groups_) continue;
+      if (!membership_.member(l.group)) {  // left out, or started again and loaded
+        maybe_rejoin(l.group);
+        continue;
+      }
       group_spoke(l.group, now_ns());
       if (!l.expert_tokens.empty()) experts_dirty_ = true;
       eplb_.on_window(l);
@@ -349,6 +443,71 @@ class Shell::Loop {
     if (from != nullptr) return unexpected(from, m);
     if (auto next = eplb_.on_report(m.report)) eplb_broadcast(std::move(*next));
     return true;
+  }
+
+  bool on(const std::string* from, ReformedMsg& m) {
+    if (from != nullptr) return unexpected(from, m);
+    auto next = membership_.on_reformed(m);
+    if (!next.ok()) {
+      if (fatal_.empty()) fatal_ = next.status().message();
+      return true;
+    }
+    if (next->send) {
+      if (next->send->phase == ReformPhase::kJoin) {
+        if (o_.group_pids) {
+          const std::vector<int32_t> pids = o_.group_pids();
+          for (int32_t g : next->send->members) {
+            next->send->pids.push_back(static_cast<size_t>(g) < pids.size() ? pids[size_t(g)] : 0);
+          }
+        }
+        next->send->map_version = membership_.joining() ? rejoin_version_ : 0;
+      }
+      to_groups(*next->send);
+    }
+    if (next->done) reformed(next->group, next->joined);
+    return true;
+  }
+
+  // A reform is over: the groups formed their fabric.
+  void reformed(int32_t g, bool joined) {
+    XDS_LOG_WARN("shell: DP groups {} formed their fabric (generation {}); serving on",
+                 fmt::join(membership_.members(), ", "), membership_.generation());
+    if (joined) {
+      MembershipMsg back;
+      back.group = g;
+      back.joined = true;
+      back.members = membership_.members();
+      to_gateways(back);
+      std::erase(stats_.lost_groups, g);
+      liveness_[static_cast<size_t>(g)] = GroupLiveness{true, now_ns(), -1};
+      eplb_.rejoined(rejoin_version_);
+      backup_started_ = false;  // --expert-backup copies the experts again
+    } else if (o_.respawn_group) {
+      auto pid = o_.respawn_group(g);
+      if (pid.ok()) {
+        XDS_LOG_WARN("shell: DP group {} starts again (pid {}); it joins once loaded", g, *pid);
+        rejoining_.push_back(g);
+      } else {
+        XDS_LOG_WARN("shell: DP group {} cannot start again: {}", g, pid.status().message());
+      }
+    }
+    wake();
+  }
+
+  // A group started again has loaded (its first message): it joins the others.
+  void maybe_rejoin(int32_t g) {
+    if (std::find(rejoining_.begin(), rejoining_.end(), g) == rejoining_.end() ||
+        membership_.reforming()) {
+      return;
+    }
+    auto leave = membership_.join(g, now_ns(), kReformTimeoutNs);
+    if (!leave.ok()) return;
+    std::erase(rejoining_, g);
+    rejoin_version_ = eplb_.map_version() + 2;
+    XDS_LOG_WARN("shell: DP group {} is loaded; it joins DP groups {} (map v{})", g,
+                 fmt::join(membership_.members(), ", "), rejoin_version_);
+    to_groups(*leave);
+    wake();  // sleeping groups take the next step boundary, where every group leaves
   }
 
   bool on(const std::string* from, EndedMsg& m) {
@@ -487,9 +646,12 @@ class Shell::Loop {
       return {400, {{"error", fmt::format("fault: 'group' {} is out of range: the instance has {}",
                                           f.group, n_groups_)}}};
     }
-    if (f.kind == protocol::FaultKind::kExchangeError && n_groups_ < 2) {
+    if (!membership_.member(f.group)) {
+      return {400, {{"error", fmt::format("fault: DP group {} was lost and left out", f.group)}}};
+    }
+    if (f.kind == protocol::FaultKind::kExchangeError && membership_.members().size() < 2) {
       return {400, {{"error", "fault: exchange_error needs an expert-parallel exchange (--dp 2 or "
-                              "more); this instance has one DP group"}}};
+                              "more); this instance serves with one DP group"}}};
     }
     XDS_LOG_WARN("shell: injecting fault {} (kind {}) into DP group {} after {} step(s)", f.id,
                  static_cast<int>(f.kind), f.group, f.after_steps);
@@ -505,8 +667,9 @@ class Shell::Loop {
     if (!st.ok()) XDS_LOG_WARN("shell: to DP group {}: {}", g, st.message());
   }
 
+  // To every group that serves (a lost one's socket has no reader: a send would block).
   void to_groups(const Message& m) {
-    for (size_t g = 0; g < groups_.size(); ++g) to_group(g, m);
+    for (int32_t g : membership_.members()) to_group(static_cast<size_t>(g), m);
   }
 
   void to_gateway(const std::string& identity, const Message& m) {
@@ -532,6 +695,11 @@ class Shell::Loop {
   zmq::socket_t input_;
   std::vector<zmq::socket_t> groups_;
   EplbControl eplb_;
+  GroupMembership membership_;
+  std::string fatal_;            // a scale-down that failed: the instance starts again
+  bool backup_started_ = false;  // --expert-backup's reconfiguration was started
+  std::vector<int32_t> rejoining_;  // groups started again, not loaded yet
+  uint64_t rejoin_version_ = 0;     // the identity map's version of the join in flight
   InstanceRole role_ = InstanceRole::kColocated;
   std::vector<GroupLoad> loads_;
   std::vector<GroupLiveness> liveness_;

@@ -10,6 +10,8 @@
 //   output processes ──Cancel (a stop string matched)──▶ shell ──▶ the group that holds it
 //   each group ──Ended (requests it released)──▶ shell (it forgets where they were placed)
 //           ◀─Failed─────       (a process died or hangs: the instance restarts, or stops)
+//           ◀─ScaledDown─       (a DP group was lost and left out: its requests to recompute)
+//   scale-down: ──Reform(leave, reset, join)──▶ each group left ──Reformed──▶ shell
 //           ──Ping(heartbeat)─▶ answered by the shell's own loop: Pong with the incarnation
 //                               and whether every group is up
 //   shell ──Ping──▶ each group every group_heartbeat_interval_ms; a group that is up and
@@ -41,6 +43,7 @@
 #include "protocol/payloads.h"
 #include "serve/eplb_control.h"
 #include "serve/placement.h"
+#include "serve/process_watch.h"
 
 namespace xds::serve {
 
@@ -60,6 +63,22 @@ struct ShellOptions {
   // Polled every loop: empty while every process of the instance lives, else what died. A
   // death, or a hung group, ends run() with that error after kFailed to every gateway.
   std::function<std::string()> process_failure;
+  // The same, per process (ProcessWatch::dead), used instead of process_failure when set: a DP
+  // group's death can then be answered by a scale-down.
+  std::function<std::vector<ProcessDeath>()> process_deaths;
+  // Scale-down (P119, docs/design/reliability.md): a DP group that dies or hangs is left out,
+  // and the others go on without it, when every expert keeps a copy on them under EPLB's map
+  // in force (else the instance starts again). kill_group(g) kills a hung one first.
+  bool scale_down = false;
+  std::function<void(int32_t group)> kill_group;
+  // Rejoin: once the others go on, a lost group is started again (respawn_group: its new
+  // pid) and, when it has loaded, joins them through the same three phases. group_pids: the
+  // groups' current pids (sent with kJoin).
+  std::function<Result<int32_t>(int32_t group)> respawn_group;
+  std::function<std::vector<int32_t>()> group_pids;
+  // Once every group is up, EPLB fills the redundant slots with copies of the next group's
+  // experts (EplbControl::backup), so that any one group can be lost.
+  bool expert_backup = false;
   // Whether the instance will start again after a failure (FailedMsg::recovering).
   bool will_restart = false;
   // Which start of the instance this is (PongMsg::incarnation); requests addressed to
@@ -80,6 +99,7 @@ struct ShellStats {
   int64_t cancels_dropped = 0;  // for requests no group holds (ended, or never placed)
   int64_t stale = 0;            // requests addressed to another incarnation, refused
   std::vector<int64_t> placed_per_group;
+  std::vector<int32_t> lost_groups;  // left out by a scale-down (their exits are expected)
 };
 
 class Shell {

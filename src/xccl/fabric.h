@@ -93,6 +93,9 @@ class Fabric {
 
   // False once peer r is known to be gone. Costs a syscall; call it only on slow paths.
   virtual bool peer_alive(int r) = 0;
+  // Peer r was started again as process `pid` (a device that rejoins, launcher.h respawn):
+  // its liveness is watched from now on. A fabric without processes has nothing to do.
+  virtual Status watch_peer(int r, int pid) { return Status::ok_status(); }
 
   // Poison state (reads rank 0's PoisonLine; 0 = clean).
   uint64_t poison_word() const { return header(0).poison.word.load(std::memory_order_acquire); }

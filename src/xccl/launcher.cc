@@ -58,33 +58,11 @@ Status send_hello(int sock, const Hello& h, const std::vector<pid_t>& pids,
   return Status::ok_status();
 }
 
-[[noreturn]] void child_main(int sock, pid_t launcher, const std::function<int(Fabric&)>& fn) {
-  prctl(PR_SET_PDEATHSIG, SIGKILL);
-  if (getppid() != launcher) _exit(111);  // the launcher died before prctl
-  std::vector<char> data(sizeof(Hello) + kMaxWorld * sizeof(pid_t));
-  std::vector<char> ctrl(CMSG_SPACE(sizeof(int) * kMaxFdsPerMessage));
-  iovec iov{data.data(), data.size()};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = ctrl.data();
-  msg.msg_controllen = ctrl.size();
-  ssize_t n;
-  do n = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
-  while (n < 0 && errno == EINTR);
-  if (n < static_cast<ssize_t>(sizeof(Hello))) _exit(112);  // launcher gave up
-  close(sock);
-  Hello h;
-  std::memcpy(&h, data.data(), sizeof(Hello));
+// The device's life once it has its identity, arenas and peers: pinned, every arena mapped
+// (and checked), a pidfd per peer, then fn on its fabric. Closes `fds`.
+[[noreturn]] void run_device(const Hello& h, const std::vector<pid_t>& pids,
+                             const std::vector<int>& fds, const std::function<int(Fabric&)>& fn) {
   const int W = h.cfg.world_size;
-  std::vector<pid_t> pids(static_cast<size_t>(W));
-  std::memcpy(pids.data(), data.data() + sizeof(Hello), pids.size() * sizeof(pid_t));
-  cmsghdr* c = CMSG_FIRSTHDR(&msg);
-  if (c == nullptr || c->cmsg_type != SCM_RIGHTS ||
-      c->cmsg_len != CMSG_LEN(sizeof(int) * static_cast<size_t>(W)))
-    _exit(113);
-  std::vector<int> fds(static_cast<size_t>(W));
-  std::memcpy(fds.data(), CMSG_DATA(c), sizeof(int) * fds.size());
   if (h.cpu >= 0) {
     cpu_set_t set;
     CPU_ZERO(&set);
@@ -118,18 +96,58 @@ Status send_hello(int sock, const Hello& h, const std::vector<pid_t>& pids,
   _exit(code);
 }
 
+[[noreturn]] void child_main(int sock, pid_t launcher, const std::function<int(Fabric&)>& fn) {
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (getppid() != launcher) _exit(111);  // the launcher died before prctl
+  std::vector<char> data(sizeof(Hello) + kMaxWorld * sizeof(pid_t));
+  std::vector<char> ctrl(CMSG_SPACE(sizeof(int) * kMaxFdsPerMessage));
+  iovec iov{data.data(), data.size()};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = ctrl.data();
+  msg.msg_controllen = ctrl.size();
+  ssize_t n;
+  do n = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
+  while (n < 0 && errno == EINTR);
+  if (n < static_cast<ssize_t>(sizeof(Hello))) _exit(112);  // launcher gave up
+  close(sock);
+  Hello h;
+  std::memcpy(&h, data.data(), sizeof(Hello));
+  const int W = h.cfg.world_size;
+  std::vector<pid_t> pids(static_cast<size_t>(W));
+  std::memcpy(pids.data(), data.data() + sizeof(Hello), pids.size() * sizeof(pid_t));
+  cmsghdr* c = CMSG_FIRSTHDR(&msg);
+  if (c == nullptr || c->cmsg_type != SCM_RIGHTS ||
+      c->cmsg_len != CMSG_LEN(sizeof(int) * static_cast<size_t>(W)))
+    _exit(113);
+  std::vector<int> fds(static_cast<size_t>(W));
+  std::memcpy(fds.data(), CMSG_DATA(c), sizeof(int) * fds.size());
+  run_device(h, pids, fds, fn);
+}
+
 }  // namespace
 
-DeviceGroup::DeviceGroup(DeviceGroup&& o) noexcept : pids_(std::move(o.pids_)), reaped_(o.reaped_) {
+DeviceGroup::DeviceGroup(DeviceGroup&& o) noexcept
+    : pids_(std::move(o.pids_)),
+      reaped_(o.reaped_),
+      arena_fds_(std::move(o.arena_fds_)),
+      opts_(std::move(o.opts_)),
+      fn_(std::move(o.fn_)) {
   o.pids_.clear();
+  o.arena_fds_.clear();
 }
 DeviceGroup& DeviceGroup::operator=(DeviceGroup&& o) noexcept {
   std::swap(pids_, o.pids_);
   std::swap(reaped_, o.reaped_);
+  std::swap(arena_fds_, o.arena_fds_);
+  std::swap(opts_, o.opts_);
+  std::swap(fn_, o.fn_);
   return *this;
 }
 
 DeviceGroup::~DeviceGroup() {
+  for (int fd : arena_fds_) close(fd);
   if (reaped_) return;
   for (pid_t p : pids_) kill(p, SIGKILL);
   for (pid_t p : pids_) {
@@ -220,8 +238,46 @@ Result<DeviceGroup> DeviceGroup::spawn(const LaunchOptions& opts,
       return st;
     }
   }
+  if (opts.keep_arenas) {
+    g.arena_fds_ = std::move(fds);
+    fds.clear();
+    g.opts_ = opts;
+    g.opts_.arena = cfg;
+    g.fn_ = fn;
+  }
   close_all();
   return g;
+}
+
+Result<pid_t> DeviceGroup::respawn(int rank) {
+  if (arena_fds_.empty() || rank < 0 || static_cast<size_t>(rank) >= pids_.size())
+    return failed_precondition("xccl launcher: device {} cannot be started again (keep_arenas "
+                               "off, or no such device)",
+                               rank);
+  const pid_t old = pids_[size_t(rank)];
+  int st = 0;
+  pid_t r;
+  do r = waitpid(old, &st, 0);  // it died: reap it (a live one would block here)
+  while (r < 0 && errno == EINTR);
+  std::fflush(stdout);
+  std::fflush(stderr);
+  const pid_t launcher = getpid();
+  const pid_t pid = fork();
+  if (pid < 0) return errno_status("fork");
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != launcher) _exit(111);
+    std::vector<int> fds;
+    for (int fd : arena_fds_) fds.push_back(dup(fd));  // run_device closes what it gets
+    std::vector<pid_t> pids = pids_;
+    pids[size_t(rank)] = getpid();
+    const Hello h{rank, opts_.epoch,
+                  opts_.cpus.empty() ? -1 : opts_.cpus[size_t(rank) % opts_.cpus.size()],
+                  opts_.cpus_per_device, opts_.arena};
+    run_device(h, pids, fds, fn_);
+  }
+  pids_[size_t(rank)] = pid;
+  return pid;
 }
 
 Result<std::vector<DeviceExit>> DeviceGroup::wait() {

@@ -31,6 +31,9 @@ struct LaunchOptions {
   // later, inherit the set); empty: no pinning.
   std::vector<int> cpus;
   int cpus_per_device = 1;
+  // Keep the arenas' memfds in the DeviceGroup so that a dead device can be started again on
+  // them (DeviceGroup::respawn); otherwise they are closed once handed over.
+  bool keep_arenas = false;
 };
 
 // How each device ended: exit code, or the signal that killed it.
@@ -50,6 +53,11 @@ class DeviceGroup {
   ~DeviceGroup();  // SIGKILLs and reaps children still running
 
   const std::vector<pid_t>& pids() const { return pids_; }
+  // Starts device `rank` again (its process died: it is reaped first) on the same arenas,
+  // running the same function with a fabric of the current pids; its arena is as the dead
+  // device left it (the rejoin protocol clears it, xccl/member_fabric.h). Needs
+  // LaunchOptions::keep_arenas. Returns the new pid (also in pids()).
+  Result<pid_t> respawn(int rank);
   // Waits for every child; returns their exits in rank order.
   Result<std::vector<DeviceExit>> wait();
 
@@ -57,6 +65,10 @@ class DeviceGroup {
   DeviceGroup() = default;
   std::vector<pid_t> pids_;
   bool reaped_ = false;
+  // keep_arenas: what respawn() needs (the arenas' memfds stay open).
+  std::vector<int> arena_fds_;
+  LaunchOptions opts_;
+  std::function<int(Fabric&)> fn_;
 };
 
 // spawn + wait.

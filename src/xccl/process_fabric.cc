@@ -2,7 +2,10 @@
 
 #include <poll.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <unistd.h>
+
+#include <cerrno>
 
 namespace xds::xccl {
 
@@ -27,6 +30,18 @@ bool ProcessFabric::peer_alive(int r) {
   if (fd < 0) return true;
   pollfd p{fd, POLLIN, 0};
   return poll(&p, 1, 0) == 0;  // a pidfd turns readable when its process exits
+}
+
+Status ProcessFabric::watch_peer(int r, int pid) {
+  if (r < 0 || r >= world_size() || r == rank()) {
+    return invalid_argument("xccl: no peer {} to watch (rank {} of {})", r, rank(), world_size());
+  }
+  const int fd = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
+  if (fd < 0) return internal_error("xccl: pidfd_open({}) for peer {}: {}", pid, r, errno);
+  int& slot = pidfds_[static_cast<size_t>(r)];
+  if (slot >= 0) close(slot);
+  slot = fd;
+  return Status::ok_status();
 }
 
 }  // namespace xds::xccl

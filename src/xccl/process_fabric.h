@@ -20,6 +20,7 @@ class ProcessFabric final : public Fabric {
                 std::vector<int> pidfds);
   ~ProcessFabric() override;
   bool peer_alive(int r) override;
+  Status watch_peer(int r, int pid) override;
   // Rank r's exported region (link.h); with `owned` the mapping is unmapped with the fabric.
   void attach_region(int r, Region region, bool owned);
 

@@ -162,3 +162,64 @@ TEST(EplbMaps, DeviceLoadFromSlotCounts) {
 
 }  // namespace
 }  // namespace xds::engine
+
+namespace xds::engine {
+namespace {
+
+// 6 experts over 3 devices (2 each), 2 redundant slots: 4 slots per device. Device d's slots
+// 2-3 hold the experts of device d - 1 (mod 3).
+TEST(EplbMaps, BackupReplicasCopyEachDevicesExpertsOnTheNext) {
+  const eplb::Shape s{6, 3, 2};
+  const std::vector<std::vector<int32_t>> want = {{0, 6}, {1, 7}, {4, 10}, {5, 11}, {8, 2},
+                                                  {9, 3}};
+  EXPECT_EQ(backup_replicas(s), want);
+  // One redundant slot: only the first expert of each device has a copy.
+  const std::vector<std::vector<int32_t>> one = {{0, 5}, {1}, {3, 8}, {4}, {6, 2}, {7}};
+  EXPECT_EQ(backup_replicas(eplb::Shape{6, 3, 1}), one);
+}
+
+xccl::ExpertMap backup_map() {
+  xccl::ExpertMap m;
+  m.version = 4;
+  m.n_devices = 3;
+  m.slots_per_device = 4;
+  m.replicas = backup_replicas(eplb::Shape{6, 3, 2});
+  return m;
+}
+
+TEST(EplbMaps, AScaledDownMapDropsTheLostDeviceAndRenumbersTheOthers) {
+  const std::vector<int> before = {0, 1, 2}, after = {0, 2};
+  auto m = scaled_down_map(backup_map(), before, after);
+  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  EXPECT_EQ(m->n_devices, 2);
+  EXPECT_EQ(m->slots_per_device, 4);
+  EXPECT_EQ(m->version, 4u);
+  // Device 2 becomes device 1 (its slot s: physical 4 + s); device 1's copies are gone.
+  const std::vector<std::vector<int32_t>> want = {{0}, {1}, {6}, {7}, {4, 2}, {5, 3}};
+  EXPECT_EQ(m->replicas, want);
+  EXPECT_TRUE(m->validate().ok());
+  // Device 0 lost as well: experts 2 and 3 (device 1's) had their copies on device 2 only
+  // until device 1 was lost ... here device 0 and 1 go, expert 0's copy on device 1 is gone.
+  const Status none = scaled_down_map(backup_map(), before, std::vector<int>{2}).status();
+  EXPECT_EQ(none.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(none.message().find("expert 0 has no copy"), std::string::npos) << none.message();
+}
+
+TEST(EplbMaps, AScaledDownMapOfAScaledDownMapUsesTheSameIds) {
+  // Groups {0, 2} left of {0, 1, 2}; then group 0 lost too: 2 serves alone, but experts 0
+  // and 1 had no copy on 2.
+  auto once = scaled_down_map(backup_map(), std::vector<int>{0, 1, 2}, std::vector<int>{0, 2});
+  ASSERT_TRUE(once.ok());
+  EXPECT_FALSE(scaled_down_map(*once, std::vector<int>{0, 2}, std::vector<int>{2}).ok());
+  auto same = scaled_down_map(*once, std::vector<int>{0, 2}, std::vector<int>{0, 2});
+  ASSERT_TRUE(same.ok());
+  EXPECT_EQ(same->replicas, once->replicas);
+  // Not a subset, or not ascending.
+  EXPECT_FALSE(scaled_down_map(*once, std::vector<int>{0, 2}, std::vector<int>{1}).ok());
+  EXPECT_FALSE(scaled_down_map(*once, std::vector<int>{0, 2}, std::vector<int>{2, 0}).ok());
+  // A dense layer's empty map passes through.
+  EXPECT_TRUE(scaled_down_map(xccl::ExpertMap{}, std::vector<int>{0, 2}, std::vector<int>{2}).ok());
+}
+
+}  // namespace
+}  // namespace xds::engine

@@ -395,6 +395,37 @@ TEST(Messages, FailedBlocksEnded) {
   EXPECT_EQ(e.request_ids, (std::vector<std::string>{"cmpl-6", "cmpl-7"}));
 }
 
+TEST(Messages, ScaleDown) {
+  ReformMsg m;
+  m.phase = ReformPhase::kJoin;
+  m.generation = 2;
+  m.members = {0, 2, 3};
+  m.pids = {100, 102, 4242};
+  m.map_version = 9;
+  const ReformMsg rm = round_trip(m);
+  EXPECT_EQ(rm.phase, ReformPhase::kJoin);
+  EXPECT_EQ(rm.generation, 2u);
+  EXPECT_EQ(rm.members, (std::vector<int32_t>{0, 2, 3}));
+  EXPECT_EQ(rm.pids, (std::vector<int32_t>{100, 102, 4242}));
+  EXPECT_EQ(rm.map_version, 9u);
+  const ReformedMsg d = round_trip(ReformedMsg{3, ReformPhase::kReset, 2, "no copy of expert 5"});
+  EXPECT_EQ(d.group, 3);
+  EXPECT_EQ(d.phase, ReformPhase::kReset);
+  EXPECT_EQ(d.generation, 2u);
+  EXPECT_EQ(d.error, "no copy of expert 5");
+  const MembershipMsg s = round_trip(
+      MembershipMsg{1, false, "DP group 1 was killed by signal 9", {0, 2}, {"cmpl-4"}});
+  EXPECT_EQ(s.group, 1);
+  EXPECT_FALSE(s.joined);
+  EXPECT_TRUE(round_trip(MembershipMsg{1, true, "", {0, 1, 2}, {}}).joined);
+  EXPECT_EQ(s.reason, "DP group 1 was killed by signal 9");
+  EXPECT_EQ(s.members, (std::vector<int32_t>{0, 2}));
+  EXPECT_EQ(s.request_ids, (std::vector<std::string>{"cmpl-4"}));
+  EXPECT_EQ(kind_of(Message(MembershipMsg{})), MessageKind::kMembership);
+  EXPECT_EQ(static_cast<int>(MessageKind::kReform), 20);  // wire tags are never reused
+  EXPECT_STREQ(kind_name(MessageKind::kReformed), "reformed");
+}
+
 TEST(Messages, KindsAreTheWireTags) {
   EXPECT_EQ(kind_of(Message(RequestMsg{})), MessageKind::kRequest);
   EXPECT_EQ(kind_of(Message(CancelMsg{})), MessageKind::kCancel);

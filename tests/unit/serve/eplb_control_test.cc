@@ -192,3 +192,57 @@ TEST(EplbControl, IntervalStartsARebalanceOnlyWhenDue) {
 
 }  // namespace
 }  // namespace xds::serve
+
+namespace xds::serve {
+namespace {
+
+// An expert-count load (no window): it gives the control the model's shape.
+GroupLoad counts(int group) {
+  GroupLoad l;
+  l.group = group;
+  l.moe_layers = {5};
+  l.n_experts = 4;
+  l.expert_tokens = {1, 2, 3, 4};
+  return l;
+}
+
+// --expert-backup with 2 redundant slots (= experts per device): each device's experts are
+// copied on the other; only then may either device be lost. A scale-down stops EPLB.
+TEST(EplbControl, BackupCopiesEveryExpertOnTheNextDevice) {
+  EplbControl c = make(2);  // 4 experts, 2 devices, 2 + 2 slots each
+  std::optional<EplbCommand> cmd;
+  EXPECT_EQ(c.backup(0, cmd).status, 409);  // the shape is not known yet
+  EXPECT_FALSE(c.covers({0}).ok());
+  c.on_window(counts(0));
+  // Identity map: expert 2 and 3 live on device 1 only.
+  const Status alone = c.covers({0});
+  EXPECT_FALSE(alone.ok());
+  EXPECT_NE(alone.message().find("expert 2"), std::string::npos) << alone.message();
+  EXPECT_TRUE(c.covers({0, 1}).ok());
+  const EplbAnswer a = c.backup(1, cmd);
+  ASSERT_EQ(a.status, 202) << a.body.dump();
+  ASSERT_TRUE(cmd);
+  EXPECT_EQ(cmd->op, EplbOp::kPrepare);
+  // Device 0: slots 0-1 experts 0-1 (physical 0, 1), slots 2-3 copies of 2, 3 (physical 2, 3);
+  // device 1: slots 0-1 experts 2-3 (physical 4, 5), slots 2-3 copies of 0, 1 (6, 7).
+  const std::vector<std::vector<int32_t>> want = {{0, 6}, {1, 7}, {4, 2}, {5, 3}};
+  ASSERT_EQ(cmd->replicas.size(), 1u);
+  EXPECT_EQ(cmd->replicas[0], want);
+  EXPECT_FALSE(c.covers({0}).ok());  // not in force before every device switched
+  EXPECT_FALSE(c.on_report(report(0, cmd->version, EplbState::kPrepared)));
+  const auto commit = c.on_report(report(1, cmd->version, EplbState::kPrepared));
+  ASSERT_TRUE(commit);
+  EXPECT_EQ(commit->op, EplbOp::kCommit);
+  for (int g = 0; g < 2; ++g) c.on_report(report(g, cmd->version, EplbState::kSwitched));
+  EXPECT_TRUE(c.idle());
+  EXPECT_TRUE(c.covers({0}).ok());
+  EXPECT_TRUE(c.covers({1}).ok());
+  c.stop("DP group 1 was lost");
+  const EplbAnswer stopped = c.rebalance(2, cmd);
+  EXPECT_EQ(stopped.status, 409);
+  EXPECT_NE(stopped.body.dump().find("DP group 1 was lost"), std::string::npos);
+  EXPECT_FALSE(cmd);
+}
+
+}  // namespace
+}  // namespace xds::serve
