@@ -224,6 +224,8 @@ bool run_ucx(FILE* out, int round, const std::vector<Case>& cs, std::vector<std:
   o.tls = "tcp";
   o.timeout_ms = 60'000;
   o.flush_timeout_ms = 120'000;
+  o.secret = LinkSecret{};  // one fixed secret on both sides: the handshake runs as in DistFlow
+  o.secret->fill(0x6b);
   if (std::strcmp(backend, "ucx_seg64k") == 0) {
     o.ucx_config = {{"TX_SEG_SIZE", "64k"}, {"RX_SEG_SIZE", "64k"}};
   }

@@ -8,6 +8,7 @@
 
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -76,6 +77,9 @@ struct EngineArgs {
   bool fault_injection = false;
   bool no_scale_down = false;
   bool expert_backup = false;
+  // Not a flag: the cluster secret init_channel_keys() read (or drew); the DP groups' UCX KV
+  // links prove it to each other.
+  std::optional<protocol::ClusterSecret> cluster_secret;
 };
 
 struct GatewayArgs {
@@ -242,6 +246,7 @@ Result<serve::InstanceOptions> instance_options(const EngineArgs& a, const std::
   g.handoff.kv_transfer_timeout_ns = static_cast<int64_t>(a.kv_transfer_timeout_s * 1e9);
   g.handoff.kv_transfer_host = a.kv_transfer_host;
   g.handoff.kv_transfer_backend = a.kv_transfer_backend;
+  if (a.cluster_secret) g.handoff.link_secret = a.cluster_secret->bytes;
   o.eplb.redundant_slots = a.redundant_slots;
   o.eplb.slices = a.eplb_slices;
   o.eplb.interval_s = a.eplb_interval_s;
@@ -410,26 +415,29 @@ void report(const Status& s, int* exit_code) {
 }  // namespace
 
 // The internal channels' keys (protocol/channel_security.h): from --cluster-secret-file, or
-// (serve, whose processes are all its children) a secret drawn for this run.
-Status init_channel_keys(const std::string& secret_file, bool required) {
+// (serve, whose processes are all its children) a secret drawn for this run. Returns the
+// secret, which the DP groups' UCX KV links prove too (xccl/ucx_link.h).
+Result<protocol::ClusterSecret> init_channel_keys(const std::string& secret_file, bool required) {
   if (secret_file.empty()) {
     if (required) {
       return invalid_argument(
           "--cluster-secret-file is required: an instance and its gateways authenticate each "
           "other with it (one file of random bytes, mode 0600, the same on every host)");
     }
-    protocol::set_channel_keys(protocol::derive_curve_keys(protocol::random_cluster_secret()));
-    return {};
+    const protocol::ClusterSecret drawn = protocol::random_cluster_secret();
+    protocol::set_channel_keys(protocol::derive_curve_keys(drawn));
+    return drawn;
   }
   XDS_ASSIGN_OR_RETURN(const protocol::ClusterSecret secret,
                        protocol::read_cluster_secret(secret_file));
   protocol::set_channel_keys(protocol::derive_curve_keys(secret));
-  return {};
+  return secret;
 }
 
 constexpr const char* kClusterSecretHelp =
     "File (mode 0600) whose bytes key the CURVE authentication and encryption of the internal "
-    "ZeroMQ channels; the same file for an instance and its gateways";
+    "ZeroMQ channels and the proof UCX KV links exchange; the same file for an instance, its "
+    "gateways and the instances it hands KV to or from";
 
 void add_serve_commands(CLI::App& app, int* exit_code) {
   {
@@ -458,9 +466,9 @@ void add_serve_commands(CLI::App& app, int* exit_code) {
     cmd->add_option("--decode-dp", pd->decode_dp, "DP groups per decode instance (0: --dp)")
         ->check(CLI::Range(0, 64));
     cmd->callback([e, g, instance_port, pd, secret, exit_code] {
-      if (Status st = init_channel_keys(*secret, /*required=*/false); !st.ok()) {
-        return report(st, exit_code);
-      }
+      auto keys = init_channel_keys(*secret, /*required=*/false);
+      if (!keys.ok()) return report(keys.status(), exit_code);
+      e->cluster_secret = *keys;
       const int port = *instance_port > 0 ? *instance_port : (g->port + 100) % 65536;
       if ((pd->prefill > 0) != (pd->decode > 0)) {
         return report(invalid_argument("--prefill-instances {} and --decode-instances {}: "
@@ -518,9 +526,9 @@ void add_serve_commands(CLI::App& app, int* exit_code) {
                     "its first token) or decode")
         ->check(CLI::IsMember({"colocated", "prefill", "decode"}));
     cmd->callback([e, listen, role, secret, exit_code] {
-      if (Status st = init_channel_keys(*secret, /*required=*/true); !st.ok()) {
-        return report(st, exit_code);
-      }
+      auto keys = init_channel_keys(*secret, /*required=*/true);
+      if (!keys.ok()) return report(keys.status(), exit_code);
+      e->cluster_secret = *keys;
       auto io = instance_options(*e, *listen);
       if (!io.ok()) return report(io.status(), exit_code);
       io->role = *role;
@@ -551,8 +559,8 @@ void add_serve_commands(CLI::App& app, int* exit_code) {
                   "Accept POST /admin/faults (behind --api-key) and pass each fault to the "
                   "instance it names (which must run with --fault-injection too)");
     cmd->callback([g, model, instances, max_model_len, secret, faults, exit_code] {
-      if (Status st = init_channel_keys(*secret, /*required=*/true); !st.ok()) {
-        return report(st, exit_code);
+      if (auto keys = init_channel_keys(*secret, /*required=*/true); !keys.ok()) {
+        return report(keys.status(), exit_code);
       }
       serve::GatewayOptions go = gateway_options(*g, *model, *max_model_len, *instances);
       go.fault_injection = *faults;

@@ -35,7 +35,8 @@ constexpr useconds_t kHoldPollUs = 200;
 constexpr int kLinkTimeoutMs = 30'000;
 // A connecting peer's hello (sent right after connect) must arrive within this; the prefill
 // side never waits for it (xccl::LinkListener::accept_ready), it drops a silent peer then.
-// The UCX listener still waits up to this long for its peer's handshake.
+// The UCX listener likewise (xccl::UcxListener::accept_ready): a UCX peer's whole handshake,
+// the proof of the cluster secret included, must be done within this.
 constexpr int kAcceptTimeoutMs = 2'000;
 // 2: the probe lines (app area grew by 128 bytes).
 constexpr uint32_t kLinkEpoch = 2;
@@ -71,8 +72,9 @@ std::string distflow_link_name(int shell_pid, int group) {
   return fmt::format("kv-{}-g{}", shell_pid, group);
 }
 
-xccl::UcxLinkOptions distflow_ucx_options() {
+xccl::UcxLinkOptions distflow_ucx_options(const std::optional<xccl::LinkSecret>& secret) {
   xccl::UcxLinkOptions o;
+  o.secret = secret;
   o.config = distflow_link_config();
   o.epoch = kLinkEpoch;
   o.timeout_ms = kLinkTimeoutMs;
@@ -93,9 +95,15 @@ Result<KvBackendChoice> parse_kv_backend(const std::string& name) {
 }
 
 Result<std::unique_ptr<KvSender>> KvSender::create(const std::string& link_name,
-                                                   const KvStorageShape& shape,
-                                                   std::string format,
-                                                   const std::string& ucx_host) {
+                                                   const KvStorageShape& shape, std::string format,
+                                                   const std::string& ucx_host,
+                                                   const std::optional<xccl::LinkSecret>& secret) {
+  if (!ucx_host.empty() && !secret) {
+    return invalid_argument(
+        "DistFlow {}: a UCX listener on {} needs the cluster secret (decode groups prove it "
+        "before they get the KV cache's keys)",
+        link_name, ucx_host);
+  }
   if (format.size() > kFormatMax - 8)
     return invalid_argument("KV format text too long ({} bytes)", format.size());
   const int64_t bytes = KvStorage::bytes_for(shape);
@@ -109,6 +117,9 @@ Result<std::unique_ptr<KvSender>> KvSender::create(const std::string& link_name,
   if (!ucx_host.empty()) {
     XDS_ASSIGN_OR_RETURN(xccl::UcxListener ucx, xccl::UcxListener::listen(ucx_host, 0));
     sender->ucx_.emplace(std::move(ucx));
+    sender->ucx_options_ = distflow_ucx_options(secret);
+    sender->ucx_options_.timeout_ms = kAcceptTimeoutMs;
+    sender->ucx_options_.exported = sender->region_.span();
   }
   return sender;
 }
@@ -148,7 +159,9 @@ void KvSender::adopt(Peer p) {
 
 Status KvSender::accept_pending() {
   // Never waits: a peer whose hello has not arrived stays pending (and is dropped after
-  // kAcceptTimeoutMs); one of another uid is refused before it is sent anything.
+  // kAcceptTimeoutMs); one of another uid is refused before it is sent anything. Out of
+  // descriptors, a listener pauses and reports one error per pause; XDS_LOG_* rate-limits
+  // each call site besides (base/log.h), so a flood of refusals logs ~20 lines a second.
   xccl::LinkListener::Accepted a =
       listener_.accept_ready(distflow_link_config(), kLinkEpoch, kAcceptTimeoutMs, &region_);
   for (const Status& st : a.refused) {  // a peer that failed its hello fails only itself
@@ -159,21 +172,17 @@ Status KvSender::accept_pending() {
     peer.fabric = std::move(fabric);
     adopt(std::move(peer));
   }
-  while (ucx_) {
-    pollfd p{ucx_->fd(), POLLIN, 0};
-    if (poll(&p, 1, 0) <= 0) break;
-    xccl::UcxLinkOptions o = distflow_ucx_options();
-    o.timeout_ms = kAcceptTimeoutMs;
-    o.exported = region_.span();
-    auto link = ucx_->accept(o);
-    if (!link.ok()) {
+  if (ucx_) {  // the same rules: a peer is linked only once it proved the cluster secret
+    xccl::UcxListener::Accepted u = ucx_->accept_ready(ucx_options_);
+    for (const Status& st : u.refused) {
       XDS_LOG_WARN("DistFlow {}: a decode group could not link over UCX: {}", link_name_,
-                   link.status().to_string());
-      continue;
+                   st.to_string());
     }
-    Peer peer;
-    peer.ucx = std::move(link).value();
-    adopt(std::move(peer));
+    for (auto& link : u.formed) {
+      Peer peer;
+      peer.ucx = std::move(link);
+      adopt(std::move(peer));
+    }
   }
   return {};
 }
@@ -264,7 +273,11 @@ Result<KvReceiver::Peer*> KvReceiver::peer(const KvHandoff& h) {
     const std::string host(xccl::address_host(h.ucx_address));
     const size_t colon = h.ucx_address.rfind(':');
     const int port = colon == std::string::npos ? 0 : std::atoi(h.ucx_address.c_str() + colon + 1);
-    auto link = xccl::ucx_connect(host, static_cast<uint16_t>(port), distflow_ucx_options());
+    if (!secret_) {
+      return failed_precondition(
+          "DistFlow: pulling from prefill group {} over UCX needs the cluster secret", h.link);
+    }
+    auto link = xccl::ucx_connect(host, static_cast<uint16_t>(port), distflow_ucx_options(secret_));
     if (!link.ok()) {
       return unavailable("DistFlow: cannot link to prefill group {} at {}: {}", h.link,
                          h.ucx_address, link.status().message());

@@ -114,17 +114,18 @@ xccl::ArenaConfig distflow_link_config();
 // "kv-<shell pid>-g<group>".
 std::string distflow_link_name(int shell_pid, int group);
 
-// UCX settings of DistFlow's links (64 KB TCP segments: docs/benchmarks.md).
-xccl::UcxLinkOptions distflow_ucx_options();
+// UCX settings of DistFlow's links (64 KB TCP segments: docs/benchmarks.md), proving
+// `secret` (the cluster secret) to the peer.
+xccl::UcxLinkOptions distflow_ucx_options(const std::optional<xccl::LinkSecret>& secret);
 
 class KvSender {
  public:
   // Listens on `link_name` and makes the region for `shape` (the KV storage lives there);
-  // with a non-empty `ucx_host`, also on UCX at ucx_host:<a free port>.
-  static Result<std::unique_ptr<KvSender>> create(const std::string& link_name,
-                                                  const KvStorageShape& shape,
-                                                  std::string format,
-                                                  const std::string& ucx_host = "");
+  // with a non-empty `ucx_host`, also on UCX at ucx_host:<a free port>, where a decode group
+  // must prove `secret` (the cluster secret; required then: InvalidArgument without it).
+  static Result<std::unique_ptr<KvSender>> create(
+      const std::string& link_name, const KvStorageShape& shape, std::string format,
+      const std::string& ucx_host = "", const std::optional<xccl::LinkSecret>& secret = {});
   const std::string& link_name() const { return link_name_; }
   // "host:port" of the UCX listener; empty without one.
   std::string ucx_address() const { return ucx_ ? ucx_->address() : std::string(); }
@@ -133,7 +134,8 @@ class KvSender {
   // The listener's fd: readable when a decode group connects (poll it with the control socket).
   int listen_fd() const { return listener_.fd(); }
   int ucx_listen_fd() const { return ucx_ ? ucx_->fd() : -1; }
-  // Forms the links of the peers that are connecting now (never waits for one that is not).
+  // Forms the links of the peers that are connecting now (never waits for one that is not);
+  // logs each peer refused (rate-limited per message, base/log.h).
   Status accept_pending();
   // A new transfer id, marked valid in the region's table.
   uint64_t open_transfer();
@@ -154,8 +156,8 @@ class KvSender {
   // about once a second.
   int drop_failed_links(std::vector<uint64_t>& done);
   int links() const { return static_cast<int>(links_.size()); }
-  // Peers connected whose hello has not arrived yet (dropped after the handshake timeout).
-  size_t pending_links() const { return listener_.pending(); }
+  // Peers connected whose handshake has not finished (dropped after the handshake timeout).
+  size_t pending_links() const { return listener_.pending() + (ucx_ ? ucx_->pending() : 0); }
 
  private:
   KvSender(std::string name, xccl::LinkListener listener, xccl::SharedRegion region,
@@ -179,6 +181,7 @@ class KvSender {
   std::string link_name_;
   xccl::LinkListener listener_;
   std::optional<xccl::UcxListener> ucx_;
+  xccl::UcxLinkOptions ucx_options_;  // the UCX listener's: the secret peers must prove
   xccl::SharedRegion region_;
   std::string format_;
   std::vector<Peer> links_;
@@ -193,12 +196,16 @@ Result<KvBackendChoice> parse_kv_backend(const std::string& name);
 
 class KvReceiver {
  public:
+  // `secret`: the cluster secret, proved to prefill groups reached over UCX (without it a
+  // UCX pull fails FailedPrecondition).
   explicit KvReceiver(std::string format, KvBackendChoice backend = KvBackendChoice::kAuto,
-                      std::string self_host = "127.0.0.1", KvProbeOptions probe = {})
+                      std::string self_host = "127.0.0.1", KvProbeOptions probe = {},
+                      std::optional<xccl::LinkSecret> secret = {})
       : format_(std::move(format)),
         backend_(backend),
         self_host_(std::move(self_host)),
-        probe_(probe) {}
+        probe_(probe),
+        secret_(secret) {}
   // Copies blocks h.blocks of h.link's region into `dst` (same count) of `local`, then posts
   // h.transfer to the sender's completion ring, probing the link while the pull is slow.
   // FailedPrecondition naming both formats when they differ; Aborted when the transfer was
@@ -252,6 +259,7 @@ class KvReceiver {
   KvBackendChoice backend_;
   std::string self_host_;
   KvProbeOptions probe_;
+  std::optional<xccl::LinkSecret> secret_;
   std::unordered_map<std::string, Peer> links_;
   int64_t pulled_bytes_ = 0;
   int64_t probes_saturated_ = 0;

@@ -26,8 +26,8 @@ HandoffStage::~HandoffStage() = default;
 KvStorageFactory HandoffStage::storage_factory() {
   if (!o_.export_kv) return nullptr;
   return [this](const KvStorageShape& shape, const std::string& format) -> Result<KvStorage> {
-    XDS_ASSIGN_OR_RETURN(sender_,
-                         KvSender::create(o_.link_name, shape, format, o_.kv_transfer_host));
+    XDS_ASSIGN_OR_RETURN(sender_, KvSender::create(o_.link_name, shape, format, o_.kv_transfer_host,
+                                                   o_.link_secret));
     return KvStorage::wrap(shape, sender_->kv_bytes());
   };
 }
@@ -38,7 +38,7 @@ Status HandoffStage::attach(EngineCore& core) {
   puller_ = std::make_unique<KvPuller>(
       KvReceiver(core.kv_format(), backend,
                  o_.kv_transfer_host.empty() ? std::string("127.0.0.1") : o_.kv_transfer_host,
-                 o_.kv_probe),
+                 o_.kv_probe, o_.link_secret),
       core.storage());
   core.table().set_on_finish_parked([this](Sequence& s) {
     sender_->close_transfer(s.transfer);

@@ -41,6 +41,10 @@ struct HandoffOptions {
   // This instance's host for KV transfers (empty: shared memory only); auto | shm | ucx.
   std::string kv_transfer_host;
   std::string kv_transfer_backend = "auto";
+  // The cluster secret's bytes (protocol::ClusterSecret): UCX links prove it to each other
+  // before the KV cache's keys are handed out. Required for UCX (either side); unused by
+  // shared-memory links.
+  std::optional<xccl::LinkSecret> link_secret;
   int64_t kv_transfer_timeout_ns = 60'000'000'000;  // a parked transfer nobody pulls is freed
   bool cooperative_prefill = false;
   // Decode side: when a pull is slow (probe the link) and when a slow link is failed.

@@ -33,8 +33,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "base/accept_backoff.h"
 #include "base/log.h"
-#include "serve/accept_backoff.h"
 #include "serve/http_request_parser.h"
 
 namespace xds::serve {
@@ -118,7 +118,7 @@ struct ServerCore {
   net::io_context ioc;
   std::optional<tcp::acceptor> acceptor;
   std::optional<net::steady_timer> accept_timer;  // (acceptor's strand) the backoff's wait
-  int accept_delay_ms = 0;                          // (acceptor's strand) serve/accept_backoff.h
+  int accept_delay_ms = 0;                        // (acceptor's strand) base/accept_backoff.h
   std::optional<net::executor_work_guard<net::io_context::executor_type>> work;
   std::vector<std::thread> threads;
   uint16_t bound_port = 0;

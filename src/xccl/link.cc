@@ -2,11 +2,9 @@
 
 #include <fcntl.h>
 #include <poll.h>
-#include <sys/epoll.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
-#include <sys/timerfd.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -264,26 +262,13 @@ Result<LinkListener> LinkListener::listen(const std::string& name) {
     close(fd);
     return st;
   }
-  const int ep = epoll_create1(EPOLL_CLOEXEC);
-  const int timer = timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK);
-  epoll_event ev{};
-  ev.events = EPOLLIN;
-  bool ok = ep >= 0 && timer >= 0;
-  ok = ok && epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev) == 0;
-  ok = ok && epoll_ctl(ep, EPOLL_CTL_ADD, timer, &ev) == 0;
-  if (!ok) {
-    const Status st = errno_status("epoll/timerfd");
-    for (int f : {fd, ep, timer})
-      if (f >= 0) close(f);
-    return st;
-  }
-  return LinkListener(fd, ep, timer);
+  XDS_ASSIGN_OR_RETURN(PeerAcceptor acceptor,
+                       PeerAcceptor::create(fd, "xccl link @xdeepserve-link-" + name));
+  return LinkListener(std::move(acceptor));
 }
 
 LinkListener::LinkListener(LinkListener&& o) noexcept
-    : fd_(std::exchange(o.fd_, -1)),
-      epoll_fd_(std::exchange(o.epoll_fd_, -1)),
-      timer_fd_(std::exchange(o.timer_fd_, -1)),
+    : acceptor_(std::move(o.acceptor_)),
       pending_(std::move(o.pending_)),
       stash_(std::move(o.stash_)) {
   o.pending_.clear();
@@ -292,9 +277,7 @@ LinkListener::LinkListener(LinkListener&& o) noexcept
 LinkListener& LinkListener::operator=(LinkListener&& o) noexcept {
   if (this != &o) {
     close_all();
-    fd_ = std::exchange(o.fd_, -1);
-    epoll_fd_ = std::exchange(o.epoll_fd_, -1);
-    timer_fd_ = std::exchange(o.timer_fd_, -1);
+    acceptor_ = std::move(o.acceptor_);
     pending_ = std::move(o.pending_);
     o.pending_.clear();
     stash_ = std::move(o.stash_);
@@ -309,55 +292,39 @@ LinkListener::~LinkListener() {
 void LinkListener::close_all() {
   for (const Pending& p : pending_) close(p.sock);
   pending_.clear();
-  for (int* f : {&fd_, &epoll_fd_, &timer_fd_}) {
-    if (*f >= 0) close(*f);
-    *f = -1;
-  }
 }
 
 void LinkListener::drop_pending(size_t i) {
-  epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, pending_[i].sock, nullptr);
+  acceptor_.unwatch(pending_[i].sock);
   close(pending_[i].sock);
   pending_.erase(pending_.begin() + static_cast<ptrdiff_t>(i));
 }
 
-// The timer at the earliest pending deadline (disarmed with none); its count read first so
-// that fd() is not readable for an old expiry.
+// The timer at the earliest pending deadline (or the end of an accept pause).
 void LinkListener::arm_timer() {
-  uint64_t expirations = 0;
-  (void)!read(timer_fd_, &expirations, sizeof(expirations));
-  itimerspec t{};
-  if (!pending_.empty()) {
-    int64_t earliest = pending_.front().deadline_ns;
-    for (const Pending& p : pending_) earliest = std::min(earliest, p.deadline_ns);
-    // CLOCK_MONOTONIC is now_ns()'s clock (steady_clock on Linux); at least 1 ns, as 0 disarms.
-    earliest = std::max<int64_t>(earliest, 1);
-    t.it_value.tv_sec = earliest / 1'000'000'000;
-    t.it_value.tv_nsec = earliest % 1'000'000'000;
-  }
-  timerfd_settime(timer_fd_, TFD_TIMER_ABSTIME, &t, nullptr);
+  int64_t earliest = 0;
+  for (const Pending& p : pending_)
+    earliest = earliest == 0 ? p.deadline_ns : std::min(earliest, p.deadline_ns);
+  acceptor_.arm_timer(earliest);
 }
 
 // Accepts every peer connecting now: another uid is refused and closed before anything is
-// sent; the others wait in the pending list for their hello.
+// sent; the others wait in the pending list for their hello. An accept failure ends the round
+// (out of descriptors: the acceptor pauses, and this is its one error of the pause).
 void LinkListener::accept_connecting(int handshake_timeout_ms, Accepted& out) {
   while (true) {
-    const int sock = accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-    if (sock < 0) {
-      if (errno == EINTR || errno == ECONNABORTED) continue;
-      if (errno != EAGAIN && errno != EWOULDBLOCK) out.refused.push_back(errno_status("accept"));
+    Result<int> next = acceptor_.accept_next();
+    if (!next.ok()) {
+      out.refused.push_back(next.status());
       return;
     }
+    const int sock = *next;
+    if (sock < 0) return;
     Status st = check_same_user(sock);
     if (st.ok() && pending_.size() >= kMaxPending) {
       st = resource_exhausted("{} peers already wait for their hello", pending_.size());
     }
-    epoll_event ev{};
-    ev.events = EPOLLIN;
-    ev.data.fd = sock;
-    if (st.ok() && epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, sock, &ev) != 0) {
-      st = errno_status("epoll_ctl(pending peer)");
-    }
+    if (st.ok()) st = acceptor_.watch(sock);
     if (!st.ok()) {
       close(sock);
       out.refused.push_back(st.with_context("xccl link"));
@@ -393,7 +360,7 @@ LinkListener::Accepted LinkListener::accept_ready(const ArenaConfig& config, uin
     // The hello is there: the handshake reads it without waiting.
     const int sock = pending_[i].sock;
     const int64_t deadline = pending_[i].deadline_ns;
-    epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, sock, nullptr);
+    acceptor_.unwatch(sock);
     pending_.erase(pending_.begin() + static_cast<ptrdiff_t>(i));
     auto fabric = handshake(sock, /*rank=*/0, config, epoch, std::max(deadline, now + 1), exported);
     close(sock);
@@ -418,7 +385,7 @@ Result<std::unique_ptr<Fabric>> LinkListener::accept(const ArenaConfig& config, 
       return first;
     }
     if (!a.refused.empty()) return a.refused.front();
-    XDS_RETURN_IF_ERROR(wait_readable(epoll_fd_, deadline, "peer connecting"));
+    XDS_RETURN_IF_ERROR(wait_readable(acceptor_.fd(), deadline, "peer connecting"));
   }
 }
 

@@ -22,7 +22,9 @@
 // accepts (and checks) whoever is connecting, keeps each in a pending list, and forms a link
 // only once that peer's hello has arrived; a pending peer with no hello after the handshake
 // timeout is dropped. fd() is an epoll fd over the listening socket, the pending peers and a
-// timer at the earliest pending deadline, so a caller that polls fd() wakes for each of them.
+// timer at the earliest pending deadline, so a caller that polls fd() wakes for each of them
+// (xccl/peer_acceptor.h). Out of descriptors (accept failing with EMFILE and the like), the
+// listener pauses accepting, 100 ms doubling to 1 s, and reports one error per pause.
 //
 // Either side may also export a SharedRegion (e.g. a prefill DP group's KV cache): its fd
 // travels with the hello, the peer maps it, and both see it as Fabric::region(rank), addressed
@@ -38,6 +40,7 @@
 
 #include "base/status.h"
 #include "xccl/fabric.h"
+#include "xccl/peer_acceptor.h"
 #include "xccl/shared_region.h"
 
 namespace xds::xccl {
@@ -52,11 +55,13 @@ class LinkListener {
 
   // Readable when there is work for accept_ready(): a peer connecting, a pending peer's hello,
   // or a pending peer's handshake deadline. Poll it beside other sockets.
-  int fd() const { return epoll_fd_; }
+  int fd() const { return acceptor_.fd(); }
 
   struct Accepted {
     std::vector<std::unique_ptr<Fabric>> formed;  // links formed now (this side rank 0)
-    std::vector<Status> refused;  // peers dropped now: another uid, a bad hello, no hello in time
+    // Peers dropped now (another uid, a bad hello, no hello in time), and accept failures
+    // (one per pause when out of descriptors).
+    std::vector<Status> refused;
   };
   // Never waits. Accepts every peer connecting now (refusing other uids at once), forms the
   // link of each pending peer whose hello arrived, drops pending peers that have waited
@@ -79,16 +84,13 @@ class LinkListener {
     int sock = -1;
     int64_t deadline_ns = 0;
   };
-  LinkListener(int listen_fd, int epoll_fd, int timer_fd)
-      : fd_(listen_fd), epoll_fd_(epoll_fd), timer_fd_(timer_fd) {}
+  explicit LinkListener(PeerAcceptor acceptor) : acceptor_(std::move(acceptor)) {}
   void accept_connecting(int handshake_timeout_ms, Accepted& out);
   void drop_pending(size_t i);
   void arm_timer();
   void close_all();
 
-  int fd_ = -1;        // the listening socket (non-blocking)
-  int epoll_fd_ = -1;  // over fd_, timer_fd_ and every pending socket
-  int timer_fd_ = -1;  // fires at the earliest pending deadline
+  PeerAcceptor acceptor_;  // the listening socket; fd() watches it and every pending socket
   std::vector<Pending> pending_;
   std::vector<std::unique_ptr<Fabric>> stash_;  // formed beyond what accept() returned
 };

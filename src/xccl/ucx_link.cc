@@ -14,27 +14,11 @@
 
 #include "base/clock.h"
 #include "base/log.h"
+#include "xccl/ucx_handshake.h"
 #include "xccl/ucx_worker.h"
 
 namespace xds::xccl {
 namespace {
-
-constexpr uint64_t kHelloMagic = 0x4b4e494c58435558ull;  // "XUCXLINK"
-constexpr uint32_t kHelloVersion = 1;
-constexpr uint32_t kMaxBlobBytes = 1 << 16;  // a worker address or a packed rkey
-
-// Sent first by both sides; the three blobs follow in this order.
-struct UcxHello {
-  uint64_t magic;
-  uint32_t version;
-  int32_t rank;
-  uint32_t epoch;
-  uint32_t pad;
-  ArenaConfig config;
-  uint64_t arena_base, arena_bytes;
-  uint64_t region_base, region_bytes;  // 0, 0: no exported region
-  uint32_t worker_address_bytes, arena_rkey_bytes, region_rkey_bytes, pad2;
-};
 
 Status errno_status(const std::string& where, const char* what) {
   return internal_error("xccl ucx link {}: {} failed: {}", where, what, std::strerror(errno));
@@ -60,49 +44,6 @@ Status resolve(const std::string& host, uint16_t port, sockaddr_storage& out, so
   std::memcpy(&out, res->ai_addr, res->ai_addrlen);
   len = res->ai_addrlen;
   freeaddrinfo(res);
-  return {};
-}
-
-// Waits for `events` on fd; DeadlineExceeded naming `what` and `where` after the deadline.
-Status wait_fd(int fd, short events, int64_t deadline_ns, const std::string& where,
-               const char* what) {
-  while (true) {
-    const int64_t left_ms = (deadline_ns - now_ns()) / 1'000'000;
-    if (left_ms <= 0) return deadline_exceeded("xccl ucx link {}: no {} in time", where, what);
-    pollfd p{fd, events, 0};
-    const int r = poll(&p, 1, static_cast<int>(std::min<int64_t>(left_ms, 1000)));
-    if (r > 0) return {};
-    if (r < 0 && errno != EINTR) return errno_status(where, "poll");
-  }
-}
-
-Status send_all(int sock, const void* data, size_t n, int64_t deadline, const std::string& where) {
-  const auto* p = static_cast<const uint8_t*>(data);
-  while (n > 0) {
-    XDS_RETURN_IF_ERROR(wait_fd(sock, POLLOUT, deadline, where, "room to send the hello"));
-    const ssize_t k = send(sock, p, n, MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (k < 0 && (errno == EINTR || errno == EAGAIN)) continue;
-    if (k < 0) return errno_status(where, "send(hello)");
-    p += k;
-    n -= static_cast<size_t>(k);
-  }
-  return {};
-}
-
-Status recv_all(int sock, void* data, size_t n, int64_t deadline, const std::string& where) {
-  auto* p = static_cast<uint8_t*>(data);
-  while (n > 0) {
-    XDS_RETURN_IF_ERROR(wait_fd(sock, POLLIN, deadline, where, "hello from the peer"));
-    const ssize_t k = recv(sock, p, n, MSG_DONTWAIT);
-    if (k < 0 && (errno == EINTR || errno == EAGAIN)) continue;
-    if (k < 0) return errno_status(where, "recv(hello)");
-    if (k == 0) {
-      return unavailable("xccl ucx link {}: the peer closed the connection during the hello",
-                         where);
-    }
-    p += k;
-    n -= static_cast<size_t>(k);
-  }
   return {};
 }
 
@@ -135,8 +76,8 @@ class UcxTransport;
 
 class UcxLinkImpl final : public UcxLink {
  public:
-  UcxLinkImpl(int sock, int rank, uint32_t epoch, const ArenaLayout& lay, std::string peer)
-      : sock_(sock), rank_(rank), epoch_(epoch), layout_(lay), peer_(std::move(peer)) {}
+  UcxLinkImpl(int rank, uint32_t epoch, const ArenaLayout& lay, std::string peer)
+      : rank_(rank), epoch_(epoch), layout_(lay), peer_(std::move(peer)) {}
   ~UcxLinkImpl() override;
 
   int rank() const override { return rank_; }
@@ -149,9 +90,12 @@ class UcxLinkImpl final : public UcxLink {
   bool peer_alive() override;
   void progress() override { worker_->progress(); }
 
-  Status init(const UcxLinkOptions& o, int64_t deadline);
+  // Arena, worker, registrations (before the hello).
+  Status prepare(const UcxLinkOptions& o);
+  // The peer's hello checked, the endpoint made; the link takes `sock`.
+  Status connect(const UcxHello& t, const UcxPacked& theirs, int sock);
 
-  int sock_;
+  int sock_ = -1;
   int rank_;
   uint32_t epoch_;
   ArenaLayout layout_;
@@ -162,6 +106,7 @@ class UcxLinkImpl final : public UcxLink {
   std::unique_ptr<UcxTransport> transport_;
   std::atomic<bool> dead_{false};
   int flush_timeout_ms_ = 0;
+  bool progress_thread_ = true;
 };
 
 // MemDesc -> (which memory, remote address) for the peer; local descriptors are copied here.
@@ -311,9 +256,9 @@ UcxLinkImpl::~UcxLinkImpl() {
   if (sock_ >= 0) close(sock_);
 }
 
-// Arena, UCX, hellos, checks, endpoint.
-Status UcxLinkImpl::init(const UcxLinkOptions& o, int64_t deadline) {
+Status UcxLinkImpl::prepare(const UcxLinkOptions& o) {
   flush_timeout_ms_ = o.flush_timeout_ms;
+  progress_thread_ = o.progress_thread;
   exported_ = o.exported;
   arena_.reset(static_cast<std::byte*>(std::aligned_alloc(4096, layout_.total)));
   if (arena_ == nullptr) {
@@ -323,62 +268,14 @@ Status UcxLinkImpl::init(const UcxLinkOptions& o, int64_t deadline) {
   init_arena(arena_.get(), layout_, rank_, epoch_);
   XDS_ASSIGN_OR_RETURN(
       worker_, UcxWorker::create(o.tls, o.ucx_config, {arena_.get(), layout_.total}, o.exported));
-  const UcxPacked& mine = worker_->packed();
-  UcxHello h{kHelloMagic,
-             kHelloVersion,
-             rank_,
-             epoch_,
-             0,
-             layout_.cfg,
-             mine.arena.base,
-             mine.arena.bytes,
-             mine.region.base,
-             mine.region.bytes,
-             static_cast<uint32_t>(mine.worker_address.size()),
-             static_cast<uint32_t>(mine.arena.rkey.size()),
-             static_cast<uint32_t>(mine.region.rkey.size()),
-             0};
-  XDS_RETURN_IF_ERROR(send_all(sock_, &h, sizeof(h), deadline, peer_));
-  XDS_RETURN_IF_ERROR(
-      send_all(sock_, mine.worker_address.data(), mine.worker_address.size(), deadline, peer_));
-  XDS_RETURN_IF_ERROR(
-      send_all(sock_, mine.arena.rkey.data(), mine.arena.rkey.size(), deadline, peer_));
-  XDS_RETURN_IF_ERROR(
-      send_all(sock_, mine.region.rkey.data(), mine.region.rkey.size(), deadline, peer_));
+  return {};
+}
 
-  // The peer's whole hello is read before it is judged: closing with its bytes unread would
-  // reset the connection, and the peer would see "connection reset" instead of the reason.
-  UcxHello t{};
-  XDS_RETURN_IF_ERROR(recv_all(sock_, &t, sizeof(t), deadline, peer_));
-  if (t.magic != kHelloMagic) {
+Status UcxLinkImpl::connect(const UcxHello& t, const UcxPacked& theirs, int sock) {
+  if (t.version != kUcxLinkVersion) {
     return failed_precondition(
-        "xccl ucx link {}: the peer's hello is not an xccl ucx hello "
-        "(magic {:#x})",
-        peer_, t.magic);
-  }
-  if (t.worker_address_bytes == 0 || t.worker_address_bytes > kMaxBlobBytes ||
-      t.arena_rkey_bytes == 0 || t.arena_rkey_bytes > kMaxBlobBytes ||
-      t.region_rkey_bytes > kMaxBlobBytes || (t.region_rkey_bytes == 0) != (t.region_bytes == 0)) {
-    return failed_precondition(
-        "xccl ucx link {}: the peer's hello is malformed (address {} "
-        "bytes, rkeys {} and {} bytes, region {} bytes)",
-        peer_, t.worker_address_bytes, t.arena_rkey_bytes, t.region_rkey_bytes, t.region_bytes);
-  }
-  UcxPacked theirs;
-  theirs.worker_address.resize(t.worker_address_bytes);
-  theirs.arena = {t.arena_base, t.arena_bytes, std::vector<uint8_t>(t.arena_rkey_bytes)};
-  theirs.region = {t.region_base, t.region_bytes, std::vector<uint8_t>(t.region_rkey_bytes)};
-  XDS_RETURN_IF_ERROR(
-      recv_all(sock_, theirs.worker_address.data(), t.worker_address_bytes, deadline, peer_));
-  XDS_RETURN_IF_ERROR(
-      recv_all(sock_, theirs.arena.rkey.data(), t.arena_rkey_bytes, deadline, peer_));
-  XDS_RETURN_IF_ERROR(
-      recv_all(sock_, theirs.region.rkey.data(), t.region_rkey_bytes, deadline, peer_));
-  if (t.version != kHelloVersion) {
-    return failed_precondition(
-        "xccl ucx link {}: the peer speaks ucx link version {}, this "
-        "side {}",
-        peer_, t.version, kHelloVersion);
+        "xccl ucx link {}: the peer speaks ucx link version {}, this side {}", peer_, t.version,
+        kUcxLinkVersion);
   }
   if (t.rank != 1 - rank_) {
     return failed_precondition("xccl ucx link {}: the peer says it is rank {}, expected {}", peer_,
@@ -394,33 +291,84 @@ Status UcxLinkImpl::init(const UcxLinkOptions& o, int64_t deadline) {
                                peer_, t.arena_bytes, layout_.total);
   }
   XDS_RETURN_IF_ERROR(worker_->connect(theirs, peer_));
+  sock_ = sock;
   transport_ = std::make_unique<UcxTransport>(*this);
-  if (o.progress_thread) worker_->start_progress_thread();
+  if (progress_thread_) worker_->start_progress_thread();
   return {};
 }
 
-Result<std::unique_ptr<UcxLink>> form_link(int sock, int rank, const UcxLinkOptions& o,
-                                           int64_t deadline, std::string peer) {
-  ArenaConfig cfg = o.config;
-  cfg.world_size = 2;
-  if (Status st = validate(cfg); !st.ok()) {
-    close(sock);
-    return st;
+// A UcxLinkImpl between prepare() and connect(), and the hello it sends.
+class UcxLinkDraftImpl final : public UcxLinkDraft {
+ public:
+  explicit UcxLinkDraftImpl(std::unique_ptr<UcxLinkImpl> link) : link_(std::move(link)) {
+    const UcxLinkImpl& l = *link_;
+    const UcxPacked& mine = l.worker_->packed();
+    hello_ = {kHelloMagic,
+              kUcxLinkVersion,
+              l.rank_,
+              l.epoch_,
+              0,
+              l.layout_.cfg,
+              mine.arena.base,
+              mine.arena.bytes,
+              mine.region.base,
+              mine.region.bytes,
+              static_cast<uint32_t>(mine.worker_address.size()),
+              static_cast<uint32_t>(mine.arena.rkey.size()),
+              static_cast<uint32_t>(mine.region.rkey.size()),
+              0};
   }
-  auto link =
-      std::make_unique<UcxLinkImpl>(sock, rank, o.epoch, arena_layout(cfg), std::move(peer));
-  XDS_RETURN_IF_ERROR(link->init(o, deadline));
-  return std::unique_ptr<UcxLink>(std::move(link));
+  const UcxHello& hello() const override { return hello_; }
+  const UcxPacked& packed() const override { return link_->worker_->packed(); }
+  Result<std::unique_ptr<UcxLink>> finish(const UcxHello& theirs, const UcxPacked& blobs,
+                                          int sock) override {
+    XDS_RETURN_IF_ERROR(link_->connect(theirs, blobs, sock));
+    return std::unique_ptr<UcxLink>(std::move(link_));
+  }
+
+ private:
+  std::unique_ptr<UcxLinkImpl> link_;
+  UcxHello hello_{};
+};
+
+// The connecting side's handshake: advanced as the listener's bytes arrive, until done.
+Result<std::unique_ptr<UcxLink>> handshake_as_rank1(int sock, const UcxLinkOptions& o,
+                                                    int64_t deadline, const std::string& where) {
+  UcxHandshake h(sock, /*rank=*/1, where, deadline);
+  XDS_RETURN_IF_ERROR(h.start(o));
+  while (true) {
+    const OpState s = h.advance(o);
+    if (s == OpState::kDone) return h.take_link();
+    if (s == OpState::kFailed) return h.status();
+    XDS_RETURN_IF_ERROR(ucx_wait_fd(h.sock(), POLLIN, deadline, where, h.waiting_for()));
+  }
+}
+
+std::string peer_name(const sockaddr_storage& peer, socklen_t len) {
+  char host[NI_MAXHOST] = "?", serv[NI_MAXSERV] = "?";
+  getnameinfo(reinterpret_cast<const sockaddr*>(&peer), len, host, sizeof(host), serv, sizeof(serv),
+              NI_NUMERICHOST | NI_NUMERICSERV);
+  return address_string(host, static_cast<uint16_t>(std::atoi(serv)));
 }
 
 }  // namespace
+
+Result<std::unique_ptr<UcxLinkDraft>> ucx_link_draft(int rank, const UcxLinkOptions& o,
+                                                     const std::string& peer) {
+  ArenaConfig cfg = o.config;
+  cfg.world_size = 2;
+  XDS_RETURN_IF_ERROR(validate(cfg));
+  auto link = std::make_unique<UcxLinkImpl>(rank, o.epoch, arena_layout(cfg), peer);
+  XDS_RETURN_IF_ERROR(link->prepare(o));
+  return std::unique_ptr<UcxLinkDraft>(std::make_unique<UcxLinkDraftImpl>(std::move(link)));
+}
 
 Result<UcxListener> UcxListener::listen(const std::string& host, uint16_t port) {
   const std::string where = address_string(host, port);
   sockaddr_storage sa{};
   socklen_t len = 0;
   XDS_RETURN_IF_ERROR(resolve(host, port, sa, len));
-  const int fd = socket(sa.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  const int fd = socket(sa.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0) return errno_status(where, "socket");
   const int one = 1;
   setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
@@ -432,7 +380,7 @@ Result<UcxListener> UcxListener::listen(const std::string& host, uint16_t port) 
     }
     return internal_error("xccl ucx link: cannot bind {}: {}", where, std::strerror(e));
   }
-  if (::listen(fd, 4) != 0) {
+  if (::listen(fd, 16) != 0) {
     const Status st = errno_status(where, "listen");
     close(fd);
     return st;
@@ -443,41 +391,111 @@ Result<UcxListener> UcxListener::listen(const std::string& host, uint16_t port) 
   const uint16_t p =
       ntohs(bound.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
                                         : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
-  return UcxListener(fd, p, address_string(host, p));
+  XDS_ASSIGN_OR_RETURN(PeerAcceptor acceptor,
+                       PeerAcceptor::create(fd, "xccl ucx link " + address_string(host, p)));
+  return UcxListener(std::move(acceptor), p, address_string(host, p));
 }
 
-UcxListener::UcxListener(UcxListener&& o) noexcept
-    : fd_(o.fd_), port_(o.port_), address_(std::move(o.address_)) {
-  o.fd_ = -1;
+UcxListener::UcxListener(PeerAcceptor acceptor, uint16_t port, std::string address)
+    : acceptor_(std::move(acceptor)), port_(port), address_(std::move(address)) {}
+UcxListener::UcxListener(UcxListener&& o) noexcept = default;
+UcxListener& UcxListener::operator=(UcxListener&& o) noexcept = default;
+UcxListener::~UcxListener() = default;
+
+size_t UcxListener::pending() const {
+  return pending_.size();
 }
-UcxListener& UcxListener::operator=(UcxListener&& o) noexcept {
-  std::swap(fd_, o.fd_);
-  std::swap(port_, o.port_);
-  std::swap(address_, o.address_);
-  return *this;
+
+// Accepts every peer connecting now and sends it the challenge; it waits in the pending list
+// for its answer. An accept failure ends the round (out of descriptors: the acceptor pauses,
+// and this is its one error of the pause).
+void UcxListener::accept_connecting(const UcxLinkOptions& options, Accepted& out) {
+  while (true) {
+    Result<int> next = acceptor_.accept_next();
+    if (!next.ok()) {
+      out.refused.push_back(next.status());
+      return;
+    }
+    if (*next < 0) return;
+    sockaddr_storage peer{};
+    socklen_t len = sizeof(peer);
+    getpeername(*next, reinterpret_cast<sockaddr*>(&peer), &len);
+    auto h = std::make_unique<UcxHandshake>(*next, /*rank=*/0, peer_name(peer, len),
+                                            now_ns() + int64_t{options.timeout_ms} * 1'000'000);
+    Status st;
+    if (pending_.size() >= kMaxPending) {
+      st = resource_exhausted("xccl ucx link {}: {} peers already wait in the handshake; refused",
+                              h->peer(), pending_.size());
+    }
+    if (st.ok()) st = h->start(options);
+    if (st.ok()) st = acceptor_.watch(h->sock());
+    if (!st.ok()) {
+      out.refused.push_back(st);
+      continue;  // ~UcxHandshake closes the socket
+    }
+    pending_.push_back(std::move(h));
+  }
 }
-UcxListener::~UcxListener() {
-  if (fd_ >= 0) close(fd_);
+
+UcxListener::Accepted UcxListener::accept_ready(const UcxLinkOptions& options) {
+  Accepted out;
+  out.formed = std::move(stash_);
+  stash_.clear();
+  if (!options.secret) {
+    out.refused.push_back(invalid_argument(
+        "xccl ucx link {}: no cluster secret (UcxLinkOptions::secret): nobody is accepted",
+        address_));
+    return out;
+  }
+  accept_connecting(options, out);
+  int64_t earliest = 0;
+  for (size_t i = 0; i < pending_.size();) {
+    UcxHandshake& h = *pending_[i];
+    const OpState s = h.advance(options);
+    if (s == OpState::kInProgress && now_ns() < h.deadline_ns()) {
+      earliest = earliest == 0 ? h.deadline_ns() : std::min(earliest, h.deadline_ns());
+      ++i;
+      continue;
+    }
+    acceptor_.unwatch(h.sock());
+    if (s == OpState::kDone) {
+      out.formed.push_back(h.take_link());
+    } else if (s == OpState::kFailed) {
+      out.refused.push_back(h.status());
+    } else {
+      out.refused.push_back(deadline_exceeded("xccl ucx link {}: no {} within {} ms; dropped",
+                                              h.peer(), h.waiting_for(), options.timeout_ms));
+    }
+    pending_.erase(pending_.begin() + static_cast<ptrdiff_t>(i));
+  }
+  acceptor_.arm_timer(earliest);
+  return out;
 }
 
 Result<std::unique_ptr<UcxLink>> UcxListener::accept(const UcxLinkOptions& options) {
   const int64_t deadline = now_ns() + int64_t{options.timeout_ms} * 1'000'000;
-  XDS_RETURN_IF_ERROR(wait_fd(fd_, POLLIN, deadline, address_, "peer connecting"));
-  sockaddr_storage peer{};
-  socklen_t len = sizeof(peer);
-  const int sock = accept4(fd_, reinterpret_cast<sockaddr*>(&peer), &len, SOCK_CLOEXEC);
-  if (sock < 0) return errno_status(address_, "accept");
-  char host[NI_MAXHOST] = "?", serv[NI_MAXSERV] = "?";
-  getnameinfo(reinterpret_cast<sockaddr*>(&peer), len, host, sizeof(host), serv, sizeof(serv),
-              NI_NUMERICHOST | NI_NUMERICSERV);
-  return form_link(sock, /*rank=*/0, options, deadline,
-                   address_string(host, static_cast<uint16_t>(std::atoi(serv))));
+  while (true) {
+    Accepted a = accept_ready(options);
+    if (!a.formed.empty()) {
+      std::unique_ptr<UcxLink> first = std::move(a.formed.front());
+      for (size_t i = 1; i < a.formed.size(); ++i) stash_.push_back(std::move(a.formed[i]));
+      return first;
+    }
+    if (!a.refused.empty()) return a.refused.front();
+    XDS_RETURN_IF_ERROR(ucx_wait_fd(acceptor_.fd(), POLLIN, deadline, address_, "peer connecting"));
+  }
 }
 
 Result<std::unique_ptr<UcxLink>> ucx_connect(const std::string& host, uint16_t port,
                                              const UcxLinkOptions& options) {
   const int64_t deadline = now_ns() + int64_t{options.timeout_ms} * 1'000'000;
   const std::string where = address_string(host, port);
+  if (!options.secret) {
+    return invalid_argument(
+        "xccl ucx link {}: no cluster secret (UcxLinkOptions::secret): a UCX link proves it to "
+        "its peer before any memory key is handed out",
+        where);
+  }
   sockaddr_storage sa{};
   socklen_t len = 0;
   XDS_RETURN_IF_ERROR(resolve(host, port, sa, len));
@@ -487,7 +505,7 @@ Result<std::unique_ptr<UcxLink>> ucx_connect(const std::string& host, uint16_t p
     int e = 0;
     if (connect(sock, reinterpret_cast<const sockaddr*>(&sa), len) != 0) e = errno;
     if (e == EINPROGRESS) {  // an unreachable host answers nothing: wait, with the deadline
-      const Status st = wait_fd(sock, POLLOUT, deadline, where, "answer to connect");
+      const Status st = ucx_wait_fd(sock, POLLOUT, deadline, where, "answer to connect");
       if (!st.ok()) {
         close(sock);
         return unavailable("xccl ucx link: nobody answers at {} ({})", where, st.message());
@@ -495,7 +513,7 @@ Result<std::unique_ptr<UcxLink>> ucx_connect(const std::string& host, uint16_t p
       socklen_t el = sizeof(e);
       getsockopt(sock, SOL_SOCKET, SO_ERROR, &e, &el);
     }
-    if (e == 0) return form_link(sock, /*rank=*/1, options, deadline, where);
+    if (e == 0) return handshake_as_rank1(sock, options, deadline, where);
     close(sock);
     if (e != ECONNREFUSED || now_ns() >= deadline) {
       return unavailable("xccl ucx link: nobody listens on {} ({})", where, std::strerror(e));

@@ -1,7 +1,8 @@
 // UcxWorker: the UCP half of a UcxLink (ucx_link.h) -- one context, one worker, this side's
 // registered memory (control arena, exported region), one endpoint to the peer and the peer's
 // unpacked remote keys. It moves bytes by remote virtual address; ucx_link.cc maps MemDescs
-// onto it and owns the TCP rendezvous.
+// onto it, and the TCP rendezvous (ucx_handshake.h) creates it only once the peer has proved
+// the cluster secret.
 //
 // What travels to the peer (packed(), filled by create()):
 //   worker address (ucp_worker_get_address) | arena rkey | region rkey (empty: none)

@@ -7,7 +7,8 @@
 // probing (P116): a link whose prefill side holds the transfer but answers probes is slow
 // but alive (every probe answered, the pull completes with the right bytes); one that stops
 // answering is declared failed, poisoned, dropped by both sides, and made anew for the next
-// pull -- over shared memory and over UCX.
+// pull -- over shared memory and over UCX. Over UCX both sides prove the cluster secret: a
+// decode group with another secret gets no link (and no KV), and the prefill side links nobody.
 #include "engine/distflow.h"
 
 #include <gtest/gtest.h>
@@ -53,6 +54,13 @@ void fill_blocks(KvSender& sender, const KvStorageShape& shape) {
 
 using fixtures::wait_child;
 
+// The cluster secret of the UCX cases (shared-memory links do not use it).
+xccl::LinkSecret test_secret(uint8_t fill = 0x42) {
+  xccl::LinkSecret s;
+  s.fill(fill);
+  return s;
+}
+
 std::string unique_name(const char* what) {
   return std::string("test-") + what + "-" + std::to_string(getpid());
 }
@@ -75,8 +83,9 @@ void pull_and_complete(KvBackendChoice backend, int transfers) {
   const std::string fmt = "test format A";
   // UCX over TCP (set before any UCX context exists; the child inherits it).
   setenv("UCX_TLS", "tcp", 1);
-  auto sender = KvSender::create(unique_name("pull"), shape, fmt,
-                                 backend == KvBackendChoice::kUcx ? "127.0.0.1" : "");
+  auto sender =
+      KvSender::create(unique_name("pull"), shape, fmt,
+                       backend == KvBackendChoice::kUcx ? "127.0.0.1" : "", test_secret());
   ASSERT_TRUE(sender.ok()) << sender.status().to_string();
   fill_blocks(**sender, shape);
   const int kTransfers = transfers;
@@ -86,7 +95,7 @@ void pull_and_complete(KvBackendChoice backend, int transfers) {
   const std::string link = (*sender)->link_name();
   const pid_t child = fork();
   if (child == 0) {
-    KvReceiver receiver(fmt, backend);
+    KvReceiver receiver(fmt, backend, "127.0.0.1", {}, test_secret());
     auto local = KvStorage::create(shape, -1);
     if (!local.ok()) _exit(10);
     for (int t = 0; t < kTransfers; ++t) {
@@ -197,6 +206,46 @@ TEST(DistFlow, PulledBlocksAreThePrefillSidesBytesAndCompletionsComeBackInOrder)
 // The same over a UCX link (TCP on 127.0.0.1), past one lap of the ring.
 TEST(DistFlow, TheSameOverUcx) { pull_and_complete(KvBackendChoice::kUcx, 1100); }
 
+// A decode group whose cluster secret differs: its pull fails naming the secret, the prefill
+// side refuses it (nothing linked), and a UCX listener without a secret is refused up front.
+TEST(DistFlow, ADecodeGroupWithAnotherClusterSecretGetsNoLinkOverUcx) {
+  const KvStorageShape shape = test_shape();
+  const std::string fmt = "test format U";
+  setenv("UCX_TLS", "tcp", 1);
+  const auto no_secret = KvSender::create(unique_name("nosecret"), shape, fmt, "127.0.0.1");
+  ASSERT_FALSE(no_secret.ok());
+  EXPECT_EQ(no_secret.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(no_secret.status().message().find("cluster secret"), std::string::npos);
+  auto sender = KvSender::create(unique_name("secret"), shape, fmt, "127.0.0.1", test_secret());
+  ASSERT_TRUE(sender.ok()) << sender.status().to_string();
+  KvHandoff h;
+  h.link = (*sender)->link_name();
+  h.ucx_address = (*sender)->ucx_address();
+  h.transfer = (*sender)->open_transfer();
+  h.kv_format = fmt;
+  h.blocks = {1};
+  const pid_t child = fork();
+  if (child == 0) {
+    auto local = KvStorage::create(shape, -1);
+    if (!local.ok()) _exit(10);
+    KvReceiver receiver(fmt, KvBackendChoice::kUcx, "127.0.0.1", {}, test_secret(0x43));
+    const Status st = receiver.pull(h, std::vector<int32_t>{0}, *local);
+    std::fprintf(stderr, "decode side: %s\n", st.to_string().c_str());
+    if (st.ok()) _exit(11);
+    if (st.message().find("cluster secret") == std::string::npos) _exit(12);
+    KvReceiver none(fmt, KvBackendChoice::kUcx);  // no secret: refused before connecting
+    const Status st2 = none.pull(h, std::vector<int32_t>{0}, *local);
+    _exit(st2.code() == StatusCode::kFailedPrecondition ? 0 : 13);
+  }
+  int status = 0;
+  while (waitpid(child, &status, WNOHANG) == 0) {
+    EXPECT_TRUE((*sender)->accept_pending().ok());
+    usleep(1000);
+  }
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  EXPECT_EQ((*sender)->links(), 0);
+}
+
 // The decode group's asynchronous receive: pulls posted to the puller's thread complete, each
 // once, with the prefill side's bytes in the posted blocks.
 TEST(DistFlow, ThePullerCompletesEveryPostedPull) {
@@ -286,15 +335,17 @@ void held_link_is_saturated(KvBackendChoice backend) {
   const KvStorageShape shape = test_shape();
   const std::string fmt = "test format H";
   setenv("UCX_TLS", "tcp", 1);
-  auto sender = KvSender::create(unique_name("held"), shape, fmt,
-                                 backend == KvBackendChoice::kUcx ? "127.0.0.1" : "");
+  auto sender =
+      KvSender::create(unique_name("held"), shape, fmt,
+                       backend == KvBackendChoice::kUcx ? "127.0.0.1" : "", test_secret());
   ASSERT_TRUE(sender.ok()) << sender.status().to_string();
   fill_blocks(**sender, shape);
   (*sender)->hold_links(true);
   const uint64_t id = (*sender)->open_transfer();
   const std::string link = (*sender)->link_name(), ucx_address = (*sender)->ucx_address();
   const pid_t child = fixtures::fork_child([&] {
-    KvReceiver receiver(fmt, backend, "127.0.0.1", probe_options(/*probe_timeout_ms=*/10'000));
+    KvReceiver receiver(fmt, backend, "127.0.0.1", probe_options(/*probe_timeout_ms=*/10'000),
+                        test_secret());
     auto local = KvStorage::create(shape, -1);
     if (!local.ok()) return 10;
     KvHandoff h;
@@ -346,8 +397,9 @@ void silent_link_is_failed_and_made_again(KvBackendChoice backend) {
   const KvStorageShape shape = test_shape();
   const std::string fmt = "test format F";
   setenv("UCX_TLS", "tcp", 1);
-  auto sender = KvSender::create(unique_name("failed"), shape, fmt,
-                                 backend == KvBackendChoice::kUcx ? "127.0.0.1" : "");
+  auto sender =
+      KvSender::create(unique_name("failed"), shape, fmt,
+                       backend == KvBackendChoice::kUcx ? "127.0.0.1" : "", test_secret());
   ASSERT_TRUE(sender.ok()) << sender.status().to_string();
   fill_blocks(**sender, shape);
   (*sender)->hold_links(true);
@@ -357,7 +409,8 @@ void silent_link_is_failed_and_made_again(KvBackendChoice backend) {
   ASSERT_EQ(pipe(failed), 0);
   ASSERT_EQ(pipe(go), 0);
   const pid_t child = fixtures::fork_child([&] {
-    KvReceiver receiver(fmt, backend, "127.0.0.1", probe_options(/*probe_timeout_ms=*/300));
+    KvReceiver receiver(fmt, backend, "127.0.0.1", probe_options(/*probe_timeout_ms=*/300),
+                        test_secret());
     auto local = KvStorage::create(shape, -1);
     if (!local.ok()) return 10;
     KvHandoff h;

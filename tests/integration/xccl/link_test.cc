@@ -4,10 +4,13 @@
 // directions, the peer's death seen through its pidfd, a mismatched arena config refused on
 // both sides naming the field, the timeouts, and one listener per name. Peer checks: a peer
 // of another uid (a child running as "nobody") gets no fd, either way round; a peer that
-// connects and stays silent neither delays another peer's link nor stays forever.
+// connects and stays silent neither delays another peer's link nor stays forever. Out of
+// descriptors, the listener reports one error per pause instead of spinning, and accepts the
+// waiting peer once descriptors are free again.
 #include <gtest/gtest.h>
 
 #include <poll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -369,6 +372,86 @@ TEST(XcclLinkPeers, ASilentPeerDelaysNobodyAndIsDroppedAfterTheHandshakeTimeout)
   EXPECT_EQ(got.refused[0].code(), StatusCode::kDeadlineExceeded) << got.refused[0].to_string();
   EXPECT_EQ(listener->pending(), 0u);
   EXPECT_EQ(wait_child(silent), 0);
+}
+
+// In a child whose descriptors are all taken (RLIMIT_NOFILE lowered, then filled with dups), a
+// peer connects: accept fails with EMFILE. Polling fd() for 300 ms as DistFlow's loop does
+// wakes a few times and yields at most one error per pause (100 ms, then 200 ms), not one per
+// call; once descriptors are free the waiting peer links.
+TEST(XcclLinkPeers, OutOfDescriptorsTheListenerPausesInsteadOfSpinning) {
+  const std::string name = unique_name("emfile");
+  int full[2];
+  ASSERT_EQ(pipe(full), 0);  // listener -> test: "every descriptor is taken"
+  const pid_t listening = fork_child([&] {
+    close(full[0]);
+    auto l = LinkListener::listen(name);
+    if (!l.ok()) return 10;
+    rlimit lim{};
+    if (getrlimit(RLIMIT_NOFILE, &lim) != 0) return 11;
+    lim.rlim_cur = 256;
+    if (setrlimit(RLIMIT_NOFILE, &lim) != 0) return 12;
+    std::vector<int> taken;
+    for (int fd; (fd = dup(l->fd())) >= 0;) taken.push_back(fd);
+    if (errno != EMFILE) return 13;
+    (void)!write(full[1], "f", 1);
+    close(full[1]);  // one descriptor free again: take it too
+    for (int fd; (fd = dup(l->fd())) >= 0;) taken.push_back(fd);
+    // The peer's connection arrives: the first error.
+    std::vector<Status> errors;
+    const int64_t deadline = now_ns() + 10'000'000'000;
+    while (errors.empty() && now_ns() < deadline) {
+      pollfd p{l->fd(), POLLIN, 0};
+      poll(&p, 1, 50);
+      LinkListener::Accepted a = l->accept_ready(config_with_lanes(1), 1, 10'000);
+      if (!a.formed.empty()) return 14;
+      errors = std::move(a.refused);
+    }
+    // 300 ms of polling from the first error, still out of descriptors.
+    const int64_t window_end = now_ns() + 300'000'000;
+    if (errors.size() != 1 || errors[0].code() != StatusCode::kResourceExhausted) return 15;
+    std::fprintf(stderr, "listener: %s\n", errors[0].to_string().c_str());
+    int calls = 0, wakeups = 0, more_errors = 0;
+    while (now_ns() < window_end) {
+      pollfd p{l->fd(), POLLIN, 0};
+      if (poll(&p, 1, 50) > 0) ++wakeups;
+      LinkListener::Accepted a = l->accept_ready(config_with_lanes(1), 1, 10'000);
+      ++calls;
+      if (!a.formed.empty()) return 16;
+      for (const Status& st : a.refused) {
+        if (st.code() != StatusCode::kResourceExhausted) return 17;
+        ++more_errors;
+      }
+    }
+    std::fprintf(stderr, "listener: 300 ms: %d calls, %d wakeups, %d more errors\n", calls, wakeups,
+                 more_errors);
+    // Pauses end at about +100 ms and +300 ms: one error each, at most.
+    if (more_errors > 2 || wakeups > 8) return 18;
+    for (int fd : taken) close(fd);
+    std::unique_ptr<Fabric> formed;
+    const int64_t deadline2 = now_ns() + 10'000'000'000;
+    while (formed == nullptr && now_ns() < deadline2) {
+      pollfd p{l->fd(), POLLIN, 0};
+      poll(&p, 1, 100);
+      LinkListener::Accepted a = l->accept_ready(config_with_lanes(1), 1, 10'000);
+      if (!a.formed.empty()) formed = std::move(a.formed.front());
+    }
+    if (formed == nullptr) return 19;
+    // Stay until the peer has finished its side (it opens a pidfd of this process).
+    while (formed->peer_alive(1) && now_ns() < deadline2) usleep(1000);
+    return 0;
+  });
+  close(full[1]);
+  char c;
+  pollfd pf{full[0], POLLIN, 0};
+  ASSERT_TRUE(poll(&pf, 1, 20'000) == 1 && read(full[0], &c, 1) == 1) << "the child did not fill";
+  close(full[0]);
+  const pid_t peer = fork_child([&] {
+    auto fabric = link_connect(name, config_with_lanes(1), 1, 15'000);
+    if (!fabric.ok()) std::fprintf(stderr, "peer: %s\n", fabric.status().to_string().c_str());
+    return fabric.ok() ? 0 : 10;
+  });
+  EXPECT_EQ(wait_child(listening), 0);
+  EXPECT_EQ(wait_child(peer), 0);
 }
 
 // Regions and arenas are memfds of mode 0600 (a memfd starts at 0777).

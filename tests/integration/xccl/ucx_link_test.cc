@@ -6,12 +6,18 @@
 // config refused on both sides naming the field, the rendezvous errors, a peer killed mid-run
 // (operations fail, no hang, peer_alive false), and the same transfer across two network
 // namespaces joined by a veth pair that the test makes (skipped, with the reason, where
-// namespaces cannot be created).
+// namespaces cannot be created). The cluster secret: every link above proves it (the same on
+// both sides); a different secret fails both sides; a raw TCP peer that answers the challenge
+// wrongly reads the listener's challenge and nothing else (its wire layout written out here
+// from ucx_link.h's description); no secret is refused before anything is sent; a silent TCP
+// peer does not hold up a good one.
 #include <gtest/gtest.h>
 
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -43,8 +49,15 @@ constexpr const char* kSideFlag = "--ucx-netns-side";  // main(): run one side, 
     }                                                                                             \
   } while (0)
 
+LinkSecret secret_of(uint8_t fill) {
+  LinkSecret s;
+  s.fill(fill);
+  return s;
+}
+
 UcxLinkOptions tcp_options(uint32_t epoch, int lanes = 2) {
   UcxLinkOptions o;
+  o.secret = secret_of(0x5e);
   o.config.lanes = lanes;
   o.config.app_bytes = 1 << 20;
   o.epoch = epoch;
@@ -344,6 +357,166 @@ TEST(XcclUcxLink, APeerKilledMidRunFailsOperationsWithoutHanging) {
   EXPECT_EQ(write(to_child[1], "d", 1), 1);
   EXPECT_EQ(wait_child(p1), 0);
   for (int fd : {to_parent[0], to_parent[1], to_child[0], to_child[1]}) close(fd);
+}
+
+TEST(XcclUcxLink, ADifferentClusterSecretFailsBothSides) {
+  UcxLinkOptions o1 = tcp_options(7);
+  o1.secret = secret_of(0x11);
+  // Rank 0 checks rank 1's proof first and closes; rank 1 learns it from the closed connection.
+  expect_refused(tcp_options(7), o1, "the peer did not prove the cluster secret", "cluster secret");
+}
+
+TEST(XcclUcxLink, NoClusterSecretIsRefusedBeforeAnythingIsSent) {
+  auto listener = UcxListener::listen("127.0.0.1", 0);
+  ASSERT_TRUE(listener.ok()) << listener.status().to_string();
+  UcxLinkOptions none = tcp_options(1);
+  none.secret.reset();
+  const auto link = ucx_connect("127.0.0.1", listener->port(), none);
+  ASSERT_FALSE(link.ok());
+  EXPECT_EQ(link.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(link.status().message().find("no cluster secret"), std::string::npos);
+  const UcxListener::Accepted a = listener->accept_ready(none);
+  EXPECT_TRUE(a.formed.empty());
+  ASSERT_EQ(a.refused.size(), 1u);
+  EXPECT_EQ(a.refused[0].code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(listener->pending(), 0u);
+}
+
+// The challenge as ucx_link.h describes it (host byte order): magic "XUCXAUTH", version 2,
+// rank, epoch, pad, 32-byte nonce; a proof is 32 bytes.
+struct RawChallenge {
+  uint64_t magic;
+  uint32_t version;
+  int32_t rank;
+  uint32_t epoch;
+  uint32_t pad;
+  uint8_t nonce[32];
+};
+constexpr uint64_t kRawChallengeMagic = 0x4854554158435558ull;
+
+// A TCP client of the listener's port (blocking).
+int raw_connect(uint16_t port) {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(port);
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (fd >= 0 && connect(fd, reinterpret_cast<const sockaddr*>(&a), sizeof(a)) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// Everything `fd` receives until EOF (true) or an error or 10 s (false).
+bool read_to_eof(int fd, std::vector<uint8_t>& got) {
+  const int64_t deadline = now_ns() + 10'000'000'000;
+  uint8_t buf[4096];
+  while (now_ns() < deadline) {
+    pollfd p{fd, POLLIN, 0};
+    if (poll(&p, 1, 100) <= 0) continue;
+    const ssize_t k = recv(fd, buf, sizeof(buf), 0);
+    if (k == 0) return true;
+    if (k < 0) return false;
+    got.insert(got.end(), buf, buf + k);
+  }
+  return false;
+}
+
+// A peer without the secret answers the challenge with 32 wrong bytes: the listener refuses it
+// naming the reason, and all the peer ever reads is the listener's challenge -- no proof, no
+// hello, no rkey -- then an orderly EOF (not a reset: the listener read all it was sent).
+TEST(XcclUcxLink, APeerWithAWrongProofReadsOnlyTheChallenge) {
+  auto listener = UcxListener::listen("127.0.0.1", 0);
+  ASSERT_TRUE(listener.ok()) << listener.status().to_string();
+  const int raw = raw_connect(listener->port());
+  ASSERT_GE(raw, 0) << std::strerror(errno);
+  RawChallenge mine{kRawChallengeMagic, 2, 1, 5, 0, {}};
+  for (int i = 0; i < 32; ++i) mine.nonce[i] = static_cast<uint8_t>(i * 13 + 1);
+  uint8_t wrong_proof[32];
+  std::memset(wrong_proof, 0x5a, sizeof(wrong_proof));
+  ASSERT_EQ(send(raw, &mine, sizeof(mine), MSG_NOSIGNAL), static_cast<ssize_t>(sizeof(mine)));
+  ASSERT_EQ(send(raw, wrong_proof, sizeof(wrong_proof), MSG_NOSIGNAL), 32);
+  UcxLinkOptions o = tcp_options(5);
+  std::vector<Status> refused;
+  const int64_t deadline = now_ns() + 10'000'000'000;
+  while (refused.empty() && now_ns() < deadline) {
+    pollfd p{listener->fd(), POLLIN, 0};
+    poll(&p, 1, 100);
+    UcxListener::Accepted a = listener->accept_ready(o);
+    EXPECT_TRUE(a.formed.empty());
+    for (Status& st : a.refused) refused.push_back(std::move(st));
+  }
+  ASSERT_EQ(refused.size(), 1u);
+  EXPECT_NE(refused[0].message().find("the peer did not prove the cluster secret"),
+            std::string::npos)
+      << refused[0].to_string();
+  EXPECT_NE(refused[0].message().find("127.0.0.1:"), std::string::npos);
+  EXPECT_EQ(listener->pending(), 0u);
+  std::vector<uint8_t> got;
+  ASSERT_TRUE(read_to_eof(raw, got)) << "no orderly EOF: " << std::strerror(errno);
+  close(raw);
+  ASSERT_EQ(got.size(), sizeof(RawChallenge)) << "the listener sent more than its challenge";
+  RawChallenge theirs;
+  std::memcpy(&theirs, got.data(), sizeof(theirs));
+  EXPECT_EQ(theirs.magic, kRawChallengeMagic);
+  EXPECT_EQ(theirs.version, 2u);
+  EXPECT_EQ(theirs.rank, 0);
+  EXPECT_EQ(theirs.epoch, 5u);
+  EXPECT_TRUE(std::any_of(theirs.nonce, theirs.nonce + 32, [](uint8_t b) { return b != 0; }));
+}
+
+// A TCP peer that connects first and says nothing: the listener keeps it pending while a good
+// peer, connecting after it, links. The good peer gives up after 15 s, the listener would wait
+// 60 s for the silent one's challenge: the link forming at all shows the silent peer held
+// nothing up (no wall-clock assertion).
+TEST(XcclUcxLink, ASilentPeerDoesNotHoldUpAGoodOne) {
+  auto listener = UcxListener::listen("127.0.0.1", 0);
+  ASSERT_TRUE(listener.ok()) << listener.status().to_string();
+  const uint16_t port = listener->port();
+  const int silent = raw_connect(port);
+  ASSERT_GE(silent, 0) << std::strerror(errno);
+  int ready[2];
+  ASSERT_EQ(pipe(ready), 0);  // rank 0 -> rank 1: "the silent peer is pending"
+  UcxLinkOptions o0 = tcp_options(6);
+  o0.timeout_ms = 60'000;
+  const pid_t p0 = fork_child([&] {
+    std::unique_ptr<UcxLink> link;
+    bool told = false;
+    const int64_t deadline = now_ns() + 30'000'000'000;
+    while (link == nullptr && now_ns() < deadline) {
+      pollfd p{listener->fd(), POLLIN, 0};
+      poll(&p, 1, 100);
+      UcxListener::Accepted a = listener->accept_ready(o0);
+      for (const Status& st : a.refused)
+        std::fprintf(stderr, "rank 0: %s\n", st.to_string().c_str());
+      CHILD_CHECK(a.refused.empty());
+      if (!a.formed.empty()) link = std::move(a.formed.front());
+      if (!told && listener->pending() >= 1) {
+        CHILD_CHECK(write(ready[1], "s", 1) == 1);
+        told = true;
+      }
+    }
+    CHILD_CHECK(link != nullptr);
+    CHILD_CHECK(listener->pending() == 1);  // the silent peer, still waiting
+    return exchange(*link);
+  });
+  const pid_t p1 = fork_child([&] {
+    char c;
+    pollfd p{ready[0], POLLIN, 0};
+    CHILD_CHECK(poll(&p, 1, 30'000) == 1 && read(ready[0], &c, 1) == 1);
+    auto link = ucx_connect("127.0.0.1", port, tcp_options(6));
+    if (!link.ok()) std::fprintf(stderr, "rank 1: %s\n", link.status().to_string().c_str());
+    CHILD_CHECK(link.ok());
+    return exchange(**link);
+  });
+  EXPECT_EQ(wait_child(p0), 0) << "rank 0";
+  EXPECT_EQ(wait_child(p1), 0) << "rank 1";
+  // The silent peer got the challenge and nothing else.
+  uint8_t buf[128];
+  const ssize_t n = recv(silent, buf, sizeof(buf), MSG_DONTWAIT);
+  EXPECT_EQ(n, static_cast<ssize_t>(sizeof(RawChallenge)));
+  for (int fd : {silent, ready[0], ready[1]}) close(fd);
 }
 
 // Runs `cmd` (through the shell, stderr folded in); its output on failure goes to `why`.
