@@ -98,7 +98,7 @@ def main():
     served = Served(args.xdeepserve, args.model,
                     ["--dp", "2", "--kv-memory", "16M", "--threads-per-device", "1",
                      "--compute-dtype", "f32", "--redundant-slots", "8", "--expert-backup",
-                     "--group-timeout", "2", "--max-restarts", "5", "--fault-injection"])
+                     "--group-timeout", "4", "--max-restarts", "5", "--fault-injection"])
     server, base = served.process, served.base
     try:
         check(wait_healthy(base, server), "the server did not become healthy")
@@ -158,6 +158,7 @@ def main():
     check(server.returncode == 0, f"serve exit code {server.returncode} after SIGTERM "
           f"(log tail: {''.join(served.output)[-1500:]})")
     if FAILURES:
+        print("serve's log (tail):\n" + "".join(served.output)[-30000:])
         print(f"{len(FAILURES)} check(s) failed")
         sys.exit(1)
     print("ok")
