@@ -116,18 +116,26 @@ class Stream(threading.Thread):
                     if "error" in event:
                         self.error = event["error"]
                     for c in event.get("choices", []):
-                        if c.get("text"):
+                        if c.get("text") or c.get("token_ids"):
                             self.times.append(time.time())
                         self.finish = c.get("finish_reason") or self.finish
         except Exception as e:  # noqa: BLE001
             self.error = str(e)
 
 
-def measure(base, server, fault, strike, streams_n, max_tokens):
+def prompt(i, ids):
+    """Stream i's prompt: text, or 8 token ids for a model without a tokenizer."""
+    if ids:
+        return [(i * 37 + k * 11) % 1000 + 10 for k in range(8)]
+    return PROMPTS[i % len(PROMPTS)]
+
+
+def measure(base, server, fault, strike, streams_n, max_tokens, ids):
     before = http("GET", base + "/metrics")[1]
-    streams = [Stream(base, PROMPTS[i % len(PROMPTS)], max_tokens) for i in range(streams_n)]
+    streams = [Stream(base, prompt(i, ids), max_tokens) for i in range(streams_n)]
     deadline = time.time() + 600
-    while time.time() < deadline and not all(len(s.times) >= 2 or s.finish for s in streams):
+    while time.time() < deadline and not all(len(s.times) >= 2 or s.finish or s.error
+                                             for s in streams):
         time.sleep(0.02)
     struck = time.time()
     strike()
@@ -163,6 +171,7 @@ def main():
     ap.add_argument("--streams", type=int, default=16)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--group-timeout", default="2")
+    ap.add_argument("--only", help="run only the faults whose name contains this")
     ap.add_argument("--backup", action="store_true",
                     help="copies of every expert on the other group: scale-down, not restart")
     ap.add_argument("--out")
@@ -173,6 +182,7 @@ def main():
     argv = [a.xdeepserve, "serve", "--model", a.model, "--port", str(port), "--instance-port",
             str(iport), "--dp", "2", "--fault-injection", "--group-timeout", a.group_timeout,
             "--max-restarts", "20"] + a.extra
+    ids = not os.path.exists(os.path.join(a.model, "tokenizer.json"))  # prompts as token ids
     if a.backup:
         with open(os.path.join(a.model, "config.json")) as f:
             experts = json.load(f)["n_routed_experts"]
@@ -229,9 +239,13 @@ def main():
                                                     "after_steps": 4})),
             ]
             groups_and_backup(3)
+        print(f"serve's cold start to /health: {load_s:.2f} s", flush=True)
         for name, strike in faults:
+            if a.only and a.only not in name:
+                continue
             version = eplb_version() if a.backup else 0
-            rows.append(measure(base, server, name, strike, a.streams, a.max_tokens))
+            rows.append(measure(base, server, name, strike, a.streams, a.max_tokens, ids))
+            print(json.dumps(rows[-1]), flush=True)
             while http("GET", base + "/health", timeout=10)[0] != 200:
                 time.sleep(0.2)
             if a.backup and "scale-down" in name:

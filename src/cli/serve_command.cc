@@ -163,7 +163,7 @@ void add_engine_flags(CLI::App* cmd, EngineArgs& a) {
       ->check(CLI::Range(int64_t{10}, int64_t{60000}));
   cmd->add_option("--group-timeout", a.group_timeout_s,
                   "Seconds a DP group that is up may leave the heartbeats unanswered before "
-                  "it is declared hung and the instance restarts")
+                  "it is declared hung (left out, or the instance restarts)")
       ->check(finite_range(0.1, 86400.0));
   cmd->add_flag("--no-scale-down", a.no_scale_down,
                 "Restart the whole instance when a DP group dies or hangs, even where the other "

@@ -310,7 +310,7 @@ bool DpGroup::await_reform(const Status& failed) {
   const int64_t deadline = now_ns() + kReformWaitNs;
   awaiting_reform_ = true;
   Status st;
-  while (st.ok() && coll_->generation() == generation && now_ns() < deadline) {
+  while (st.ok() && coll_->generation() == generation && now_ns() < deadline && !draining_) {
     st = poll_control(100);  // runs the reform when its kLeave arrives
   }
   awaiting_reform_ = false;
@@ -651,6 +651,7 @@ Status DpGroup::run() {
   uint64_t step = 0;
   if (o_.rejoining &&  // started again after it was lost: it joins the others' fabric first
       !await_reform(aborted("DP group {} starts again and joins the instance", fabric_.rank()))) {
+    if (draining_) return {};  // the instance stops before it was taken back
     return aborted("DP group {}: the instance did not take it back", fabric_.rank());
   }
   while (true) {

@@ -136,6 +136,7 @@ class Shell::Loop {
       periodic(now_ns());
     }
     to_groups(ShutdownMsg{});
+    for (int32_t g : rejoining_) to_group(static_cast<size_t>(g), ShutdownMsg{});  // loading
     return {};
   }
 
@@ -482,7 +483,8 @@ class Shell::Loop {
       liveness_[static_cast<size_t>(g)] = GroupLiveness{true, now_ns(), -1};
       eplb_.rejoined(rejoin_version_);
       backup_started_ = false;  // --expert-backup copies the experts again
-    } else if (o_.respawn_group) {
+    } else if (o_.respawn_group && membership_.members().size() + 1 == n_groups_) {
+      // Only the one group missing starts again: the join's map is the identity of all N.
       auto pid = o_.respawn_group(g);
       if (pid.ok()) {
         XDS_LOG_WARN("shell: DP group {} starts again (pid {}); it joins once loaded", g, *pid);

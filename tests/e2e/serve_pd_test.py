@@ -19,6 +19,9 @@ reference exactly (the shipped model's greedy margins are wide).
    error (docs/design/reliability.md), the prefill side frees the parked KV at
    --kv-transfer-timeout, and the gateway serves new requests whole on the prefill instance
    while the decode instance restarts.
+3. Two prefill instances (routing by cached blocks; one killed whole while a request it
+   prefilled decodes), and two decode instances, one killed while six requests decode: every
+   request completes exactly.
 """
 import argparse
 import concurrent.futures
@@ -275,6 +278,60 @@ def check_two_prefill(args, refs):
         stop_process(proc, what)
 
 
+def check_two_decode(args, refs):
+    """One prefill and two decode instances; one decode instance's device process is killed
+    while six streamed requests decode (P/D failover, docs/design/reliability.md): every
+    request completes exactly, without an error, those the dead instance held recomputed on
+    what serves; the instance restarts and the gateway takes it back."""
+    port, iport = free_port(), free_port()
+    base = f"http://127.0.0.1:{port}"
+    proc = spawn(
+        [args.xdeepserve, "serve", "--model", args.model, "--port", str(port), "--instance-port",
+         str(iport), "--prefill-instances", "1", "--decode-instances", "2", "--kv-memory", "16M",
+         "--threads-per-device", "1", "--compute-dtype", "f32"])
+    what = "two decode instances, one killed"
+    c = Client(base)
+    try:
+        if not wait_healthy(base, proc):
+            check(False, f"{what}: not healthy")
+            return
+        greedy = {"temperature": 0, "ignore_eos": True}
+        before = c.metrics()
+        with concurrent.futures.ThreadPoolExecutor(len(PROMPTS)) as pool:
+            futures = {p: pool.submit(Client(base).stream, prompt=p, max_tokens=MAX_TOKENS,
+                                      **greedy) for p in PROMPTS}
+            # Decoding on both decode instances (instances 1 and 2): kill instance 2's device.
+            victim, deadline = None, time.time() + 120
+            while time.time() < deadline and victim is None:
+                running = metric(c.metrics(), "xdeepserve_group_requests_running")
+                names = {comm(pid): pid for pid in descendants(proc.pid)}
+                if running >= 2 and "xds-2-dp0" in names:
+                    victim = names["xds-2-dp0"]
+                time.sleep(0.05)
+            check(victim is not None, f"{what}: no decode device to kill")
+            if victim:
+                os.kill(victim, signal.SIGKILL)
+            for p, f in futures.items():
+                text, finish, error = f.result(timeout=300)
+                check(error is None and finish == "length", f"{what} {p!r}: {finish} {error}")
+                check(text == refs["ref"][p], f"{what} {p!r}: {text!r} != {refs['ref'][p]!r}")
+        after = c.metrics()
+        restarts = metric(after, "xdeepserve_instance_restarts_total") - \
+            metric(before, "xdeepserve_instance_restarts_total")
+        recomputed = metric(after, "xdeepserve_requests_recomputed_total") - \
+            metric(before, "xdeepserve_requests_recomputed_total")
+        print(f"{what}: restarts {restarts}, recomputed {recomputed}")
+        check(restarts == 1, f"{what}: restarts {restarts} (want 1: the killed instance)")
+        # The restarted decode instance serves again: a request completes exactly.
+        deadline = time.time() + 120
+        while time.time() < deadline and http("GET", base + "/health")[0] != 200:
+            time.sleep(0.2)
+        r = c.complete(prompt=PROMPTS[3], max_tokens=MAX_TOKENS, **greedy)
+        check(r["choices"][0].get("text") == refs["ref"][PROMPTS[3]], f"{what}: after the restart")
+    finally:
+        stop_process(proc, what)
+
+
 def cluster_secret(mode=0o600):
     """A new secret file: the instances and gateways started apart authenticate each other
     with it (--cluster-secret-file, refused unless mode 0600)."""
@@ -473,6 +530,7 @@ def main():
     os.environ["UCX_TLS"] = "tcp"  # UCX over TCP on 127.0.0.1 (any machine has it)
     check_combined(args, refs, 0, backend="ucx")
     check_two_prefill(args, refs)
+    check_two_decode(args, refs)
     check_separate(args, refs)
     check_prefill_death(args, refs)
     if failures:
