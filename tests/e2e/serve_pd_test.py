@@ -278,6 +278,16 @@ def check_two_prefill(args, refs):
         stop_process(proc, what)
 
 
+def cpu_ticks(pid):
+    """User + system CPU time of `pid` in clock ticks (/proc/PID/stat), 0 once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return int(fields[11]) + int(fields[12])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
 def check_two_decode(args, refs):
     """One prefill and two decode instances; one decode instance's device process is killed
     while six streamed requests decode (P/D failover, docs/design/reliability.md): every
@@ -306,12 +316,17 @@ def check_two_decode(args, refs):
             while time.time() < deadline and victim is None:
                 running = metric(c.metrics(), "xdeepserve_group_requests_running")
                 names = {comm(pid): pid for pid in descendants(proc.pid)}
-                if running >= 4 and "xds-2-dp0" in names:
-                    victim = names["xds-2-dp0"]
+                decoders = [names.get(f"xds-{i}-dp0") for i in (1, 2)]
+                if running >= 4 and all(decoders):
+                    time.sleep(1)  # decoding by now
+                    # The busier decode device (CPU time over half a second) holds requests.
+                    before_cpu = [cpu_ticks(pid) for pid in decoders]
+                    time.sleep(0.5)
+                    spent = [cpu_ticks(pid) - t for pid, t in zip(decoders, before_cpu)]
+                    victim = decoders[spent.index(max(spent))]
                 time.sleep(0.05)
             check(victim is not None, f"{what}: no decode device to kill")
             if victim:
-                time.sleep(1)  # decoding by now
                 os.kill(victim, signal.SIGKILL)
             for i, f in enumerate(futures):
                 text, finish, error = f.result(timeout=600)
@@ -328,6 +343,7 @@ def check_two_decode(args, refs):
             metric(before, "xdeepserve_requests_recomputed_total")
         print(f"{what}: restarts {restarts}, recomputed {recomputed}")
         check(restarts == 1, f"{what}: restarts {restarts} (want 1: the killed instance)")
+        check(recomputed >= 1, f"{what}: the killed instance's requests were not recomputed")
         # The restarted decode instance serves again: a request completes exactly.
         deadline = time.time() + 120
         while time.time() < deadline and http("GET", base + "/health")[0] != 200:
