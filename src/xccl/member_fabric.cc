@@ -40,9 +40,8 @@ void reset_protocol_lines(Fabric& f) {
   std::byte* base = f.local();
   const uint64_t end = f.layout().staging;
   // Plain stores: nobody reads these lines until the next step of the protocol above, which
-  // the shell orders after this (a socket round trip: a full barrier).
+  // the shell orders after this (a socket round trip, a full barrier between the devices).
   std::memset(base + kLine, 0, end - kLine);
-  std::atomic_thread_fence(std::memory_order_seq_cst);
 }
 
 }  // namespace xds::xccl

@@ -278,6 +278,56 @@ def check_two_prefill(args, refs):
         stop_process(proc, what)
 
 
+def check_link_faults(args, refs):
+    """The prefill group's KV links misbehave (POST /admin/faults, P116): under link_delay the
+    decode side's probes are answered (saturated: it keeps waiting) and the request completes
+    exactly with no link failed; under link_drop a probe goes unanswered, the link is failed
+    and dropped, and the request is recomputed on the decode group and completes exactly."""
+    port, iport = free_port(), free_port()
+    base = f"http://127.0.0.1:{port}"
+    proc = spawn(
+        [args.xdeepserve, "serve", "--model", args.model, "--port", str(port), "--instance-port",
+         str(iport), "--prefill-instances", "1", "--decode-instances", "1", "--kv-memory", "16M",
+         "--threads-per-device", "1", "--compute-dtype", "f32", "--fault-injection",
+         # The dropped link's transfer stays parked on the prefill side until this expires
+         # (then SIGTERM drains at once).
+         "--kv-transfer-timeout", "5"])
+    what = "KV link faults"
+    c = Client(base)
+    names = ["xdeepserve_kv_probes_saturated", "xdeepserve_kv_links_failed",
+             "xdeepserve_kv_handoffs_recomputed"]
+    try:
+        if not wait_healthy(base, proc):
+            check(False, f"{what}: not healthy")
+            return
+        greedy = {"temperature": 0, "ignore_eos": True}
+        for kind, prompt in (("link_delay", PROMPTS[1]), ("link_drop", PROMPTS[2])):
+            before = c.metrics()
+            status, body, _ = http("POST", base + "/admin/faults",
+                                   body={"kind": kind, "instance": 0, "group": 0,
+                                         "duration_ms": 3000})
+            check(status == 202, f"{what}: POST {kind}: {status} {body}")
+            r = c.complete(prompt=prompt, max_tokens=MAX_TOKENS, **greedy)
+            check(r["choices"][0].get("text") == refs["ref"][prompt], f"{what}: {kind} output")
+            deadline, d = time.time() + 10, [0, 0, 0]
+            while time.time() < deadline:  # the groups' loads reach the gateway shortly
+                after = c.metrics()
+                d = [metric(after, n) - metric(before, n) for n in names]
+                if (kind == "link_delay" and d[0] >= 1) or (kind == "link_drop" and d[1] >= 1):
+                    break
+                time.sleep(0.2)
+            print(f"{what}: {kind}: saturated {d[0]}, links failed {d[1]}, recomputed {d[2]}")
+            if kind == "link_delay":
+                check(d[0] >= 1 and d[1] == 0, f"{what}: a delayed link is saturated: {d}")
+            else:
+                check(d[1] >= 1 and d[2] >= 1, f"{what}: a dropped link is failed: {d}")
+            time.sleep(3)  # the fault's duration
+        # Nothing held once idle: the dropped link's parked transfer expired and was freed.
+        wait_idle(c, what)
+    finally:
+        stop_process(proc, what)
+
+
 def cpu_ticks(pid):
     """User + system CPU time of `pid` in clock ticks (/proc/PID/stat), 0 once it is gone."""
     try:
@@ -553,6 +603,7 @@ def main():
     check_combined(args, refs, 0, backend="ucx")
     check_two_prefill(args, refs)
     check_two_decode(args, refs)
+    check_link_faults(args, refs)
     check_separate(args, refs)
     check_prefill_death(args, refs)
     if failures:
