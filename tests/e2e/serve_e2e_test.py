@@ -101,6 +101,16 @@ def expert_tokens(text):
     return out
 
 
+
+def alive(pid):
+    """True while `pid` runs (exists and is not a zombie)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
 def comm(pid):
     """The process's name as ps shows it (/proc/PID/comm), "" once it is gone."""
     try:

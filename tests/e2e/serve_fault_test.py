@@ -19,7 +19,8 @@ import time
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from serve_e2e_test import FAILURES, Served, check, comm, descendants, wait_healthy  # noqa: E402
+from serve_e2e_test import (FAILURES, Served, alive, check, comm, descendants,  # noqa: E402
+                            wait_healthy)
 
 def start_stream(base, max_tokens):
     """A streamed greedy completion in a thread: (thread, its data events, set at the first)."""
@@ -113,8 +114,14 @@ def check_kill(args, victim, said):
         reader.join(5)
         log = "".join(output)
         check(all(w in log for w in said), f"{victim}: the log names {said}: {log[-800:]}")
-        time.sleep(0.5)
-        left = [p for p in started if os.path.exists(f"/proc/{p}") and comm(p)]
+        # The instance's processes die with it (SIGKILL on their parent's death); under load
+        # that takes a moment. A zombie (exited, not yet reaped by init) holds nothing.
+        deadline = time.time() + 10
+        while True:
+            left = [p for p in started if alive(p)]
+            if not left or time.time() > deadline:
+                break
+            time.sleep(0.1)
         check(not left, f"{victim}: processes left behind: {[(p, comm(p)) for p in left]}")
     finally:
         if server.poll() is None:

@@ -29,8 +29,8 @@ import time
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from serve_e2e_test import (FAILURES, Served, check, comm, descendants, http, metric,  # noqa: E402
-                            wait_healthy)
+from serve_e2e_test import (FAILURES, Served, alive, check, comm, descendants, http,  # noqa: E402
+                            metric, wait_healthy)
 
 PROMPTS = [
     "In the beginning", "And God said", "The LORD is my shepherd", "Blessed are the meek",
@@ -193,8 +193,12 @@ def check_restart_limit(args):
         served.reader.join(5)
         log = "".join(served.output)
         check("DP group 1" in log and "restart" in log, f"{what}: the log: {log[-800:]}")
-        time.sleep(0.5)
-        left = [p for p in started if os.path.exists(f"/proc/{p}") and comm(p)]
+        deadline = time.time() + 10  # under load the orphans take a moment to die
+        while True:
+            left = [p for p in started if alive(p)]
+            if not left or time.time() > deadline:
+                break
+            time.sleep(0.1)
         check(not left, f"{what}: processes left behind: {[(p, comm(p)) for p in left]}")
     finally:
         if server.poll() is None:
