@@ -190,6 +190,9 @@ Status DpGroup::init() {
     protocol::secure_connecting(control_);
     control_.connect(o_.control_address);
     shell_.set(zmq::sockopt::linger, 1000);
+    // A shell that stopped reading (it drains and waits for this group to exit) must not
+    // block this group's sends forever: after this long a send fails and is logged.
+    shell_.set(zmq::sockopt::sndtimeo, 2000);
     protocol::secure_connecting(shell_);
     shell_.connect(o_.shell_address);
     output_.set(zmq::sockopt::linger, 5000);
@@ -213,6 +216,9 @@ Status DpGroup::init() {
 }
 
 Status DpGroup::poll_control(int wait_ms) {
+  // Messages answer_heartbeats() kept (a Shutdown, a Wake, ...): handled now, and then the
+  // poll below must not block -- the caller looks at what they changed first.
+  if (!held_.empty()) wait_ms = 0;
   while (!held_.empty()) {
     Message m = std::move(held_.front());
     held_.pop_front();
