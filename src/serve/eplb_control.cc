@@ -93,7 +93,7 @@ std::vector<double> EplbControl::layer_ratio_predicted_now() const {
   }
   std::vector<double> out;
   if (!any) return out;
-  const eplb::Shape shape{int(n_experts_), o_.n_groups, o_.redundant_slots};
+  const eplb::Shape shape = this->shape();
   const auto identity = engine::primary_replicas(shape);
   for (size_t r = 0; r < rows; ++r) {
     const auto& reps = replicas_.empty() ? identity : replicas_[r];
@@ -129,10 +129,7 @@ EplbAnswer EplbControl::backup(int64_t now_ns, std::optional<EplbCommand>& comma
   command.reset();
   if (auto refused = refuse_start()) return *refused;
   if (!shape_known()) return {409, {{"error", "the model's shape is not known yet"}}};
-  eplb::Shape shape;
-  shape.n_experts = int(n_experts_);
-  shape.n_devices = o_.n_groups;
-  shape.redundant_slots = o_.redundant_slots;
+  const eplb::Shape shape = this->shape();
   last_start_ns_ = now_ns;
   const size_t rows = moe_layers_.size();
   pending_replicas_.assign(rows, engine::backup_replicas(shape));
@@ -145,10 +142,7 @@ EplbAnswer EplbControl::backup(int64_t now_ns, std::optional<EplbCommand>& comma
 
 Status EplbControl::covers(const std::vector<int>& after) const {
   if (!shape_known()) return failed_precondition("the model's expert shape is not known yet");
-  eplb::Shape shape;
-  shape.n_experts = int(n_experts_);
-  shape.n_devices = o_.n_groups;
-  shape.redundant_slots = o_.redundant_slots;
+  const eplb::Shape shape = this->shape();
   std::vector<int> before;
   for (int g = 0; g < o_.n_groups; ++g) before.push_back(g);
   for (size_t r = 0; r < moe_layers_.size(); ++r) {
@@ -181,9 +175,7 @@ EplbAnswer EplbControl::rebalance(int64_t now_ns, std::optional<EplbCommand>& co
   if (done_.empty()) return {409, {{"error", "no collect window has closed yet (--eplb-window)"}}};
   last_start_ns_ = now_ns;
   eplb::PlanParams params;
-  params.shape.n_experts = int(n_experts_);
-  params.shape.n_devices = o_.n_groups;
-  params.shape.redundant_slots = o_.redundant_slots;
+  params.shape = shape();
   std::vector<eplb::LayerCounts> layers;
   const size_t rows = moe_layers_.size();
   for (size_t r = 0; r < rows; ++r) {
@@ -307,7 +299,7 @@ nlohmann::json EplbControl::state() const {
   const std::vector<double> after = layer_ratio_measured(/*after=*/true);
   const std::vector<double> after_predicted = layer_ratio_predicted_now();
   const size_t width = size_t(o_.n_groups * spd_);
-  eplb::Shape shape{int(n_experts_), o_.n_groups, o_.redundant_slots};
+  const eplb::Shape shape = this->shape();
   nlohmann::json layers = nlohmann::json::array();
   for (size_t r = 0; r < moe_layers_.size(); ++r) {
     nlohmann::json l;

@@ -26,6 +26,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/status.h"
+#include "eplb/planner.h"
 #include "protocol/payloads.h"
 
 namespace xds::serve {
@@ -83,6 +84,7 @@ class EplbControl {
     bool uniform = true;          // every group had that map for the whole window
   };
   bool shape_known() const { return n_experts_ > 0; }
+  eplb::Shape shape() const { return {int(n_experts_), o_.n_groups, o_.redundant_slots}; }
   // Why a reconfiguration cannot start now (400 off, 409 stopped or busy), if it cannot.
   std::optional<EplbAnswer> refuse_start() const;
   // Starts the reconfiguration to pending_replicas_ (kPrepare into `command`).

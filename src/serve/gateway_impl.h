@@ -147,6 +147,8 @@ struct Gateway::Impl : GatewayHttp::Core {
   // Under mu: the live requests sent to `from` (to an incarnation other than `keep`, when
   // given) become orphans.
   void orphan_requests_of(int from, int64_t now, std::optional<uint64_t> keep = std::nullopt);
+  // Under mu: request `id` lost its KV at `now`: an orphan, sent again as the next attempt.
+  void orphan(const std::string& id, Pending& p, int64_t now);
   // Sends the orphans again, oldest first, while an instance serves.
   void resend_orphans();
   // Fails what waits (orphans, the admission queue) once no instance has served for

@@ -37,13 +37,17 @@ void Gateway::Impl::orphan_requests_of(int from, int64_t now, std::optional<uint
     // A decode phase waiting for a decode instance loses its KV with its prefill instance.
     const bool kv_there = p->decode_phase && p->prefill_instance == from && !keep;
     if (!held_there && !kv_there) continue;
-    p->orphaned = true;
-    if (p->lost_ns == 0) p->lost_ns = now;
-    p->req.attempt += 1;  // what the lost attempt still sends is dropped
-    router.end_prefill(p->prefill);
-    router.handoffs().cancel(id);
-    orphans.push_back(id);
+    orphan(id, *p, now);
   }
+}
+
+void Gateway::Impl::orphan(const std::string& id, Pending& p, int64_t now) {
+  p.orphaned = true;
+  if (p.lost_ns == 0) p.lost_ns = now;
+  p.req.attempt += 1;  // what the lost attempt still sends is dropped
+  router.end_prefill(p.prefill);
+  router.handoffs().cancel(id);
+  orphans.push_back(id);
 }
 
 void Gateway::Impl::on_membership(int from, const protocol::MembershipMsg& m) {
@@ -66,12 +70,7 @@ void Gateway::Impl::on_membership(int from, const protocol::MembershipMsg& m) {
       if (it == live.end()) continue;
       Pending& p = *it->second;
       if (p.done || p.orphaned || p.instance != from || admission.contains(id)) continue;
-      p.orphaned = true;
-      p.lost_ns = now;
-      p.req.attempt += 1;  // what the lost attempt still sends is dropped
-      router.end_prefill(p.prefill);
-      router.handoffs().cancel(id);
-      orphans.push_back(id);
+      orphan(id, p, now);
       ++lost;
     }
     XDS_LOG_WARN("gateway: instance {} lost DP group {} ({}) and goes on with {} group(s); {} "
