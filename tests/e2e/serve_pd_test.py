@@ -94,6 +94,18 @@ def spawn(argv):
     return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
+def spawn_serve(args, prefill, decode, extra=()):
+    """`serve` with `prefill` and `decode` instances of the shipped model (f32, one thread per
+    device, 16M of KV each) on free ports; returns the process and its base URL."""
+    port, iport = free_port(), free_port()
+    proc = spawn(
+        [args.xdeepserve, "serve", "--model", args.model, "--port", str(port), "--instance-port",
+         str(iport), "--prefill-instances", str(prefill), "--decode-instances", str(decode),
+         "--kv-memory", "16M", "--threads-per-device", "1", "--compute-dtype", "f32"] +
+        list(extra))
+    return proc, f"http://127.0.0.1:{port}"
+
+
 def stop_process(proc, what, expect_ok=True):
     proc.terminate()
     try:
@@ -248,12 +260,7 @@ def check_combined(args, refs, k, prefill_dp=1, backend="auto"):
 def check_two_prefill(args, refs):
     """Two prefill instances: the gateway learns what each caches from its block-hash events
     and sends a repeated prompt where its blocks are."""
-    port, iport = free_port(), free_port()
-    base = f"http://127.0.0.1:{port}"
-    proc = spawn(
-        [args.xdeepserve, "serve", "--model", args.model, "--port", str(port), "--instance-port",
-         str(iport), "--prefill-instances", "2", "--decode-instances", "1", "--kv-memory", "16M",
-         "--threads-per-device", "1", "--compute-dtype", "f32"])
+    proc, base = spawn_serve(args, prefill=2, decode=1)
     what = "two prefill instances"
     c = Client(base)
     try:
@@ -283,14 +290,9 @@ def check_link_faults(args, refs):
     decode side's probes are answered (saturated: it keeps waiting) and the request completes
     exactly with no link failed; under link_drop a probe goes unanswered, the link is failed
     and dropped, and the request is recomputed on the decode group and completes exactly."""
-    port, iport = free_port(), free_port()
-    base = f"http://127.0.0.1:{port}"
-    proc = spawn(
-        [args.xdeepserve, "serve", "--model", args.model, "--port", str(port), "--instance-port",
-         str(iport), "--prefill-instances", "1", "--decode-instances", "1", "--kv-memory", "16M",
-         "--threads-per-device", "1", "--compute-dtype", "f32", "--fault-injection",
-         # The dropped link's transfer stays parked on the prefill side until this expires.
-         "--kv-transfer-timeout", "5"])
+    # The dropped link's transfer stays parked on the prefill side until it expires (5 s).
+    proc, base = spawn_serve(args, prefill=1, decode=1,
+                             extra=["--fault-injection", "--kv-transfer-timeout", "5"])
     what = "KV link faults"
     c = Client(base)
     names = ["xdeepserve_kv_probes_saturated", "xdeepserve_kv_links_failed",
@@ -343,12 +345,7 @@ def check_two_decode(args, refs):
     while six streamed requests decode (P/D failover, docs/design/reliability.md): every
     request completes exactly, without an error, those the dead instance held recomputed on
     what serves; the instance restarts and the gateway takes it back."""
-    port, iport = free_port(), free_port()
-    base = f"http://127.0.0.1:{port}"
-    proc = spawn(
-        [args.xdeepserve, "serve", "--model", args.model, "--port", str(port), "--instance-port",
-         str(iport), "--prefill-instances", "1", "--decode-instances", "2", "--kv-memory", "16M",
-         "--threads-per-device", "1", "--compute-dtype", "f32"])
+    proc, base = spawn_serve(args, prefill=1, decode=2)
     what = "two decode instances, one killed"
     c = Client(base)
     try:
