@@ -8,7 +8,7 @@ packages=(
   build-essential cmake ninja-build pkg-config clang-format clang-tidy
   # libraries
   libopenblas-dev libdnnl-dev nlohmann-json3-dev libcli11-dev libfmt-dev libpcre2-dev libutf8proc-dev
-  libzmq3-dev cppzmq-dev libsodium-dev libboost-dev liblapacke-dev libucx-dev
+  libzmq3-dev cppzmq-dev libsodium-dev libboost-dev liblapacke-dev libucx-dev libxxhash-dev
   # tests and benchmarks
   libgtest-dev libgmock-dev libbenchmark-dev libopenmpi-dev openmpi-bin ucx-utils iproute2
   # oracle, fixtures and the training recipe

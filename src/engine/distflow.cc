@@ -8,6 +8,8 @@
 #include <cstring>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <xxhash.h>
 
 #include "base/clock.h"
 #include "base/log.h"
@@ -84,8 +86,11 @@ xccl::UcxLinkOptions distflow_ucx_options(const std::optional<xccl::LinkSecret>&
 
 PullState pull_state(const Status& st) {
   if (st.ok()) return PullState::kDone;
+  if (st.code() == StatusCode::kDataLoss) return PullState::kCorrupt;
   return st.code() == StatusCode::kUnavailable ? PullState::kLinkFailed : PullState::kFailed;
 }
+
+uint64_t block_checksum(const std::byte* block, size_t bytes) { return XXH3_64bits(block, bytes); }
 
 Result<KvBackendChoice> parse_kv_backend(const std::string& name) {
   if (name == "auto") return KvBackendChoice::kAuto;
@@ -321,7 +326,8 @@ Result<KvReceiver::Peer*> KvReceiver::peer(const KvHandoff& h) {
   return &links_.emplace(h.link, std::move(p)).first->second;
 }
 
-Status KvReceiver::pull(const KvHandoff& h, std::span<const int32_t> dst, KvStorage& local) {
+Status KvReceiver::pull(const KvHandoff& h, std::span<const int32_t> dst, KvStorage& local,
+                        std::vector<int32_t>* bad) {
   if (h.kv_format != format_) {
     return failed_precondition(
         "DistFlow: the handoff's KV is '{}', this decode group keeps '{}'", h.kv_format, format_);
@@ -329,8 +335,12 @@ Status KvReceiver::pull(const KvHandoff& h, std::span<const int32_t> dst, KvStor
   if (dst.size() != h.blocks.size()) {
     return internal_error("DistFlow: {} blocks to pull into {}", h.blocks.size(), dst.size());
   }
+  if (!h.block_sums.empty() && h.block_sums.size() != h.blocks.size()) {
+    return invalid_argument("DistFlow: the handoff of transfer {} has {} checksums for {} blocks",
+                            h.transfer, h.block_sums.size(), h.blocks.size());
+  }
   XDS_ASSIGN_OR_RETURN(Peer * p, peer(h));
-  Status st = pull_from(*p, h, dst, local);
+  Status st = pull_from(*p, h, dst, local, bad);
   if (pull_state(st) == PullState::kLinkFailed) drop_link(h.link);
   return st;
 }
@@ -403,8 +413,42 @@ Status KvReceiver::wait_unheld(Peer& p, PullWatch& w, const KvHandoff& h,
   }
 }
 
+Status KvReceiver::verify(Peer& p, const KvHandoff& h, std::span<const int32_t> dst,
+                          KvStorage& local, std::vector<int32_t>* bad) {
+  if (h.block_sums.empty()) return {};
+  const auto block_bytes = static_cast<size_t>(local.block_bytes());
+  if (const int64_t n = corrupt_next_->exchange(0, std::memory_order_relaxed); n > 0) {
+    for (size_t i = 0; i < dst.size() && static_cast<int64_t>(i) < n; ++i)
+      local.block_ptr(dst[i])[block_bytes / 2] ^= std::byte{0x5a};
+  }
+  std::vector<size_t> differ;
+  for (size_t i = 0; i < dst.size(); ++i) {
+    if (block_checksum(local.block_ptr(dst[i]), block_bytes) != h.block_sums[i]) differ.push_back(i);
+  }
+  if (differ.empty()) return {};
+  // Read each differing block again: which side's memory holds the bad bytes?
+  std::vector<std::byte> scratch(block_bytes);
+  std::vector<int32_t> here, there;
+  for (const size_t i : differ) {
+    const xccl::MemDesc src{0, static_cast<uint64_t>(h.blocks[i]) * block_bytes, block_bytes,
+                            xccl::kExportRegion};
+    XDS_RETURN_IF_ERROR(read(p, src, scratch.data(), block_bytes, h.link));
+    if (block_checksum(scratch.data(), block_bytes) == h.block_sums[i]) {
+      here.push_back(dst[i]);
+    } else {
+      there.push_back(h.blocks[i]);
+    }
+  }
+  if (bad) *bad = here;
+  return data_loss(
+      "DistFlow: transfer {} from {}: {} of {} blocks differ from their checksums ({} bad in "
+      "this group's memory: blocks [{}]; {} changed on the prefill side: its blocks [{}])",
+      h.transfer, h.link, differ.size(), dst.size(), here.size(), fmt::join(here, ", "),
+      there.size(), fmt::join(there, ", "));
+}
+
 Status KvReceiver::pull_from(Peer& p, const KvHandoff& h, std::span<const int32_t> dst,
-                             KvStorage& local) {
+                             KvStorage& local, std::vector<int32_t>* bad) {
   xccl::Transport& t = *p.transport;
   const uint64_t block_bytes = static_cast<uint64_t>(local.block_bytes());
   if (p.region_bytes < 8 * kTransferSlots)
@@ -447,6 +491,10 @@ Status KvReceiver::pull_from(Peer& p, const KvHandoff& h, std::span<const int32_
   if (word != h.transfer)
     return aborted("DistFlow: transfer {} of {} was freed during the pull", h.transfer, h.link);
   pulled_bytes_ += static_cast<int64_t>(block_bytes * dst.size());
+  // Checked before the completion (the prefill side's blocks are held until then); a mismatch
+  // still completes the transfer.
+  const Status checked = verify(p, h, dst, local, bad);
+  if (!checked.ok() && pull_state(checked) != PullState::kCorrupt) return checked;
   // The completion: wait for room in the ring, write the slot, then the signal.
   const int64_t deadline = now_ns() + int64_t{kLinkTimeoutMs} * 1'000'000;
   while (true) {
@@ -466,7 +514,7 @@ Status KvReceiver::pull_from(Peer& p, const KvHandoff& h, std::span<const int32_
     return unavailable("DistFlow: the completion to {} failed", h.link);
   }
   ++p.posted;
-  return {};
+  return checked;
 }
 
 KvPuller::KvPuller(KvReceiver receiver, KvStorage& local)
@@ -509,10 +557,11 @@ void KvPuller::loop() {
       job = std::move(jobs_.front());
       jobs_.pop_front();
     }
-    Status st = receiver_.pull(job.handoff, job.dst, local_);
+    std::vector<int32_t> bad;
+    Status st = receiver_.pull(job.handoff, job.dst, local_, &bad);
     pulled_bytes_.store(receiver_.pulled_bytes(), std::memory_order_relaxed);
     std::lock_guard<std::mutex> lock(mu_);
-    done_.push_back(Done{job.seq, pull_state(st), std::move(st)});
+    done_.push_back(Done{job.seq, pull_state(st), std::move(st), std::move(bad)});
   }
 }
 

@@ -53,6 +53,14 @@
 // polls while it waits (hold, ring room) and between batches of copies; a single blocked UCX
 // flush still ends only at the link's flush timeout.
 //
+// Checksums (P120): the prefill side hashes each block it parks (block_checksum, XXH3-64) and
+// the sums ride on the handoff; the decode side hashes every block it pulled before it posts the
+// completion. A block whose bytes differ is read again from the prefill side into scratch
+// memory: matching there, the bytes went bad in this group's memory (the block is reported bad:
+// the caller retires it); differing there too, the prefill side's copy changed (nothing local is
+// retired). Either way the pull ends DataLoss (PullState::kCorrupt) and the handoff is
+// recomputed from its tokens; the completion is still posted, so the prefill side frees it.
+//
 // The region holds the KV blocks, then a table of kTransferSlots words: slot id % kTransferSlots
 // holds the transfer id while its blocks are held for it, 0 once freed. The decode side reads
 // the slot before and after its copies (acquire): unchanged, the blocks were held throughout;
@@ -99,9 +107,14 @@ struct KvProbeOptions {
 // How a pull ended: kDone; kFailed (this handoff's KV cannot be had: a freed transfer, a
 // format mismatch, a malformed handoff; the request ends); kLinkFailed (the link failed under
 // the pull: a probe unanswered, the peer gone, an operation failed -- the status is
-// Unavailable; the link is forgotten and the request can be recomputed from its tokens).
-enum class PullState : uint8_t { kDone, kFailed, kLinkFailed };
+// Unavailable; the link is forgotten and the request can be recomputed from its tokens);
+// kCorrupt (blocks pulled did not match their checksums -- DataLoss; the link is kept, the
+// request can be recomputed from its tokens).
+enum class PullState : uint8_t { kDone, kFailed, kLinkFailed, kCorrupt };
 PullState pull_state(const Status& st);
+
+// XXH3-64 of a KV block's bytes (KvHandoff::block_sums).
+uint64_t block_checksum(const std::byte* block, size_t bytes);
 
 // The text both sides must agree on before a block means the same thing to both: the model
 // (type, hidden size, vocabulary, layers, MTP layers), block size, every plane's dtype,
@@ -212,7 +225,13 @@ class KvReceiver {
   // freed; Unavailable, naming the link and why, when the link cannot be formed, its peer
   // died, an operation on it failed or a probe went unanswered (the link is then poisoned and
   // forgotten: the next pull links anew).
-  Status pull(const KvHandoff& h, std::span<const int32_t> dst, KvStorage& local);
+  // DataLoss when a block did not match its checksum (the header comment); *bad (optional)
+  // then gets the blocks of `dst` whose bytes went bad here.
+  Status pull(const KvHandoff& h, std::span<const int32_t> dst, KvStorage& local,
+              std::vector<int32_t>* bad = nullptr);
+  // Fault injection: the next pull with blocks flips a byte in each of its first `blocks`
+  // destination blocks after they landed (as bad memory would). Any thread.
+  void corrupt_next_pull(int64_t blocks) { corrupt_next_->store(blocks, std::memory_order_relaxed); }
   // Bytes pulled so far (for the load report).
   int64_t pulled_bytes() const { return pulled_bytes_; }
   // Probes answered while a pull was slow, so far.
@@ -245,7 +264,12 @@ class KvReceiver {
     int64_t answered = 0;  // probes answered in this pull
   };
   Result<Peer*> peer(const KvHandoff& h);
-  Status pull_from(Peer& p, const KvHandoff& h, std::span<const int32_t> dst, KvStorage& local);
+  Status pull_from(Peer& p, const KvHandoff& h, std::span<const int32_t> dst, KvStorage& local,
+                   std::vector<int32_t>* bad);
+  // The checks of the header comment over the blocks just pulled; DataLoss naming the blocks
+  // that differ, *bad = those whose bytes went bad here.
+  Status verify(Peer& p, const KvHandoff& h, std::span<const int32_t> dst, KvStorage& local,
+                std::vector<int32_t>* bad);
   // Probes the link when the pull is slow; Unavailable when a probe went unanswered too long.
   Status watch(Peer& p, PullWatch& w, const KvHandoff& h);
   // Waits while the prefill side holds the link's transfers (watching; Aborted when the
@@ -264,6 +288,8 @@ class KvReceiver {
   int64_t pulled_bytes_ = 0;
   int64_t probes_saturated_ = 0;
   std::atomic<int64_t>* probes_total_ = nullptr;
+  // Behind a pointer so that the receiver stays movable.
+  std::unique_ptr<std::atomic<int64_t>> corrupt_next_ = std::make_unique<std::atomic<int64_t>>(0);
 };
 
 // KvReceiver on a thread of its own (the decode side's asynchronous receive, P101/P103): the
@@ -281,10 +307,13 @@ class KvPuller {
   KvPuller& operator=(const KvPuller&) = delete;
 
   void post(int64_t seq, KvHandoff handoff, std::vector<int32_t> dst);
+  // KvReceiver::corrupt_next_pull (fault injection).
+  void corrupt_next_pull(int64_t blocks) { receiver_.corrupt_next_pull(blocks); }
   struct Done {
     int64_t seq = 0;
     PullState state = PullState::kDone;  // pull_state(status)
     Status status;
+    std::vector<int32_t> bad_blocks;  // kCorrupt: destination blocks whose memory went bad
   };
   // Appends the pulls completed since the last call (never waits).
   void poll(std::vector<Done>& out);

@@ -434,6 +434,11 @@ void DpGroup::strike_due_faults() {
                      st.ok() ? "" : " -- refused: " + st.message());
         break;
       }
+      case protocol::FaultKind::kKvCorrupt:
+        XDS_LOG_WARN("DP group {}: fault {}: the next KV pull lands with {} block(s) corrupted",
+                     fabric_.rank(), f.id, f.blocks);
+        handoff_->corrupt_next_pull(f.blocks);
+        break;
       case protocol::FaultKind::kExchangeError:
         if (!exchange_) {
           XDS_LOG_WARN("DP group {}: fault {}: refused, this group has no MoE exchange (--dp 1)",
@@ -539,6 +544,7 @@ void DpGroup::send_load(bool force) {
   l.kv_probes_saturated = hs.probes_saturated;
   l.kv_links_failed = hs.links_failed;
   l.kv_handoffs_recomputed = hs.handoffs_recomputed;
+  l.kv_checksum_mismatches = hs.checksum_mismatches;
   l.max_num_seqs = o_.core.max_num_seqs;
   const KvUsage u = core_->kv().usage();
   l.kv_blocks_total = u.total;

@@ -203,8 +203,20 @@ Status HandoffStage::service(bool* ended) {
       ++handoffs_recomputed_;
       continue;
     }
+    if (d.state == PullState::kCorrupt) {
+      ++checksum_mismatches_;
+      XDS_LOG_WARN("DP group {}: request {}: {}; {} block(s) retired{}", o_.rank,
+                   s.request->req.id, d.status.message(), d.bad_blocks.size(),
+                   s.cancel_after_pull ? "" : ", the request's KV is recomputed here");
+      if (!s.cancel_after_pull) {
+        table.recompute_handoff(s, d.bad_blocks);
+        ++handoffs_recomputed_;
+        continue;
+      }
+      table.retire_bad_blocks(d.bad_blocks);
+    }
     if (d.state != PullState::kDone || s.cancel_after_pull) {
-      if (d.state != PullState::kDone)
+      if (d.state != PullState::kDone && d.state != PullState::kCorrupt)
         XDS_LOG_WARN("DP group {}: request {}: {}", o_.rank, s.request->req.id,
                      d.status.message());
       table.finish(s, "abort");
@@ -262,6 +274,12 @@ void HandoffStage::park() {
     h.rows = s->computed;
     const std::span<const int32_t> blocks = core_->kv().table(s->kv);
     h.blocks.assign(blocks.begin(), blocks.begin() + blocks_for(s->computed, core_->block_size()));
+    const KvStorage& storage = core_->storage();
+    h.block_sums.resize(h.blocks.size());
+    for (size_t i = 0; i < h.blocks.size(); ++i) {
+      h.block_sums[i] = block_checksum(storage.block_ptr(h.blocks[i]),
+                                       static_cast<size_t>(storage.block_bytes()));
+    }
     h.output.assign(s->tokens.begin() + s->prompt_len(), s->tokens.end());
     h.kv_format = core_->kv_format();
     h.prefill_group = o_.rank;
@@ -282,6 +300,7 @@ HandoffStats HandoffStage::stats() const {
   st.probes_saturated = puller_ ? puller_->probes_saturated() : 0;
   st.links_failed = links_failed_;
   st.handoffs_recomputed = handoffs_recomputed_;
+  st.checksum_mismatches = checksum_mismatches_;
   return st;
 }
 

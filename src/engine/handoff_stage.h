@@ -11,6 +11,8 @@
 //     does not answer is failed, and its handoff is recomputed here from its tokens
 //     (RequestTable::recompute_handoff) instead of ending. inject_link_fault() makes a
 //     prefill group's links slow or dead, for tests and the admin fault endpoint.
+//   Checksums (P120, engine/distflow.h): the prefill side hashes the blocks it parks; a pull
+//     whose blocks differ retires those that went bad here and recomputes the handoff.
 //
 // Thread-safety: not thread-safe; the device's main thread owns it (KvPuller's own thread
 // writes only the blocks it was given).
@@ -61,6 +63,8 @@ struct HandoffStats {
   int64_t probes_saturated = 0;
   int64_t links_failed = 0;
   int64_t handoffs_recomputed = 0;
+  // Decode side, cumulative: pulls whose blocks did not match their checksums.
+  int64_t checksum_mismatches = 0;
 };
 
 // A fault of a prefill group's KV links (every link of its KvSender), for tests and the admin
@@ -117,6 +121,10 @@ class HandoffStage {
   // Prefill side: `f` for f.duration_ms on every link, replacing the fault in force (the
   // LinkFault comment); FailedPrecondition on a group that exports no KV.
   Status inject_link_fault(LinkFault f);
+  // Decode side: the next pull lands with `blocks` of its blocks corrupted (one byte flipped
+  // after the copy, as bad memory would): its checksums catch it, the bad blocks are retired and
+  // the handoff recomputed. Fault injection only.
+  void corrupt_next_pull(int64_t blocks) { puller_->corrupt_next_pull(blocks); }
 
   bool has_parked() const { return !parked_.empty(); }
   int listen_fd() const { return sender_ ? sender_->listen_fd() : -1; }
@@ -140,7 +148,7 @@ class HandoffStage {
   std::unordered_map<uint64_t, Parked> parked_;  // by transfer id
   std::vector<uint64_t> completed_;              // scratch
   int64_t transfers_done_ = 0, transfers_expired_ = 0;
-  int64_t links_failed_ = 0, handoffs_recomputed_ = 0;
+  int64_t links_failed_ = 0, handoffs_recomputed_ = 0, checksum_mismatches_ = 0;
   // The injected link fault in force (prefill side), and when it ends.
   std::optional<LinkFault::Kind> fault_;
   int64_t fault_end_ns_ = 0;

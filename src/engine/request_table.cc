@@ -249,9 +249,20 @@ void RequestTable::end_pull(Sequence& s) {
   s.state = SeqState::kAwaitingKv;  // for finish(): nothing writes its blocks any more
 }
 
-void RequestTable::recompute_handoff(Sequence& s) {
+void RequestTable::retire_bad_blocks(std::span<const int32_t> bad) {
+  std::vector<int32_t> fresh;
+  for (const int32_t b : bad) {
+    if (!kv_.allocator().retired(b) && std::find(fresh.begin(), fresh.end(), b) == fresh.end())
+      fresh.push_back(b);
+  }
+  kv_.retire(fresh);
+  stats_.kv_blocks_retired += static_cast<int64_t>(fresh.size());
+}
+
+void RequestTable::recompute_handoff(Sequence& s, std::span<const int32_t> bad) {
   XDS_CHECK(s.state == SeqState::kAwaitingKv && s.output_len() > 0,
             "recompute_handoff: seq {} is not an awaiting handoff", s.id);
+  retire_bad_blocks(bad);
   remove_from(awaiting_, &s);
   if (s.kv >= 0) kv_.free(s.kv);
   s.kv = -1;

@@ -118,7 +118,7 @@ struct RequestTableOptions {
 struct RequestTableStats {
   int64_t prefix_hits = 0, prefix_queries = 0;  // blocks
   int64_t preemptions = 0;
-  int64_t kv_blocks_retired = 0;    // retire_kv_blocks()
+  int64_t kv_blocks_retired = 0;    // retire_kv_blocks(), retire_bad_blocks()
   int64_t retired_recomputes = 0;   // sequences recomputed because they held a retired block
 };
 
@@ -197,10 +197,14 @@ class RequestTable {
   // and -> running once the pull completed (its KV committed by the caller).
   void start_pull(Sequence& s);
   void end_pull(Sequence& s);
-  // A handoff whose KV cannot be pulled (its link failed), after end_pull(): its blocks are
-  // freed and it is recomputed from its tokens (prompt + the prefill side's output) like a
+  // A handoff whose KV cannot be pulled (its link failed, its blocks came corrupted), after
+  // end_pull(): `bad` (blocks of s's table whose memory went bad) is retired, the rest freed,
+  // and it is recomputed from its tokens (prompt + the prefill side's output) like a
   // preempted sequence, then decodes on. Not counted as a preemption.
-  void recompute_handoff(Sequence& s);
+  void recompute_handoff(Sequence& s, std::span<const int32_t> bad = {});
+  // Blocks found bad outside retire_kv_blocks() (a pull's checksums): retired, counted in
+  // kv_blocks_retired. The sequences holding them must be recomputed or ended by the caller.
+  void retire_bad_blocks(std::span<const int32_t> bad);
   void start_running(Sequence& s);
   void park(Sequence& s);  // running -> parked: its KV kept for a transfer
   const RequestTableStats& stats() const { return stats_; }

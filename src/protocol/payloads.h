@@ -62,6 +62,9 @@ struct KvHandoff {
   // MTP: the drafts the prefill side's passes proposed for the positions after the first
   // token (their MTP rows up to `rows` moved with the blocks), verified by the first decode step.
   std::vector<int32_t> drafts;
+  // XXH3-64 of each block's bytes as the prefill side parked them ([blocks.size()]; empty
+  // from a sender without checksums): the decode side checks every block it pulled (P120).
+  std::vector<uint64_t> block_sums;
 };
 
 // Where a request runs its phases.
@@ -169,6 +172,9 @@ struct GroupLoad {
   // DistFlow link probing (P116), cumulative, decode side: probes a prefill group answered
   // while a pull ran slow (the link saturated), pulls whose link failed, handoffs recomputed.
   int64_t kv_probes_saturated = 0, kv_links_failed = 0, kv_handoffs_recomputed = 0;
+  // Pulls whose blocks did not match the prefill side's checksums (the blocks that held bad
+  // bytes are retired, the handoff recomputed), cumulative, decode side.
+  int64_t kv_checksum_mismatches = 0;
   int64_t moe_ns = 0;       // expert-parallel MoE phase (dispatch to combine done), cumulative
   // Steps every group rolled back and ran again after a transient exchange error, cumulative
   // (engine/step_sync.h, StepAttempts).
@@ -228,6 +234,7 @@ enum class FaultKind : int32_t {
   kLinkDelay = 4,       // its DistFlow link serves slowly for duration_ms (probes answered)
   kLinkDrop = 5,        // its DistFlow link stops answering for duration_ms
   kRetireKvBlocks = 6,  // `blocks` of its KV blocks in use are retired (bad memory)
+  kKvCorrupt = 7,       // its next KV pull lands with `blocks` blocks corrupted (bad memory)
 };
 struct FaultSpec {
   uint64_t id = 0;           // the shell's number for it
@@ -236,7 +243,7 @@ struct FaultSpec {
   int32_t group = 0;         // the DP group it strikes
   int64_t after_steps = 0;   // steps of that group after it arrives
   int64_t duration_ms = 0;   // link faults
-  int64_t blocks = 1;        // kRetireKvBlocks
+  int64_t blocks = 1;        // kRetireKvBlocks, kKvCorrupt
 };
 
 // Stores `incoming` in `kept` (the same group's previous load), keeping kept's expert counts
@@ -254,7 +261,8 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(OutputOptions, detokenize, skip_
                                                 tool_call_parser,
                                                 tools_requested, stream, echo_prompt_ids)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(KvHandoff, link, ucx_address, transfer, blocks,
-                                                rows, output, kv_format, prefill_group, drafts)
+                                                rows, output, kv_format, prefill_group, drafts,
+                                                block_sums)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(EngineRequest, id, prompt, sampling, output,
                                                 reply_to, arrival_us, phase, handoff,
                                                 pool_number, resume, resume_finished, attempt)
@@ -280,6 +288,7 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(GroupLoad, group, running, waiti
                                                 kv_transfers_done, kv_transfers_expired,
                                                 kv_pulled_bytes, kv_probes_saturated,
                                                 kv_links_failed, kv_handoffs_recomputed,
+                                                kv_checksum_mismatches,
                                                 kv_blocks_retired, rollbacks)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(FaultSpec, id, kind, instance, group, after_steps,
                                                 duration_ms, blocks)

@@ -7,13 +7,14 @@ namespace {
 
 using protocol::FaultKind;
 
-constexpr std::array<std::pair<FaultKind, const char*>, 6> kKinds = {{
+constexpr std::array<std::pair<FaultKind, const char*>, 7> kKinds = {{
     {FaultKind::kKill, "kill"},
     {FaultKind::kHang, "hang"},
     {FaultKind::kExchangeError, "exchange_error"},
     {FaultKind::kLinkDelay, "link_delay"},
     {FaultKind::kLinkDrop, "link_drop"},
     {FaultKind::kRetireKvBlocks, "retire_kv_blocks"},
+    {FaultKind::kKvCorrupt, "kv_corrupt"},
 }};
 
 // The integer field `name` of `j` into *out (absent: unchanged), at least `min`.
@@ -54,8 +55,8 @@ Result<protocol::FaultSpec> parse_fault(std::string_view body, int32_t instances
   const auto kind = j.find("kind");
   if (kind == j.end() || !kind->is_string()) {
     return invalid_argument(
-        "fault: 'kind' is required: kill, hang, exchange_error, link_delay, link_drop or "
-        "retire_kv_blocks");
+        "fault: 'kind' is required: kill, hang, exchange_error, link_delay, link_drop, "
+        "retire_kv_blocks or kv_corrupt");
   }
   bool found = false;
   for (const auto& [k, name] : kKinds) {
@@ -67,7 +68,7 @@ Result<protocol::FaultSpec> parse_fault(std::string_view body, int32_t instances
   if (!found) {
     return invalid_argument(
         "fault: unknown kind '{}' (kill, hang, exchange_error, link_delay, link_drop, "
-        "retire_kv_blocks)",
+        "retire_kv_blocks, kv_corrupt)",
         kind->get<std::string>());
   }
   int64_t instance = 0, group = 0;
@@ -97,7 +98,8 @@ nlohmann::json fault_json(const protocol::FaultSpec& f) {
                       {"group", f.group},
                       {"after_steps", f.after_steps}};
   if (f.duration_ms > 0) j["duration_ms"] = f.duration_ms;
-  if (f.kind == FaultKind::kRetireKvBlocks) j["blocks"] = f.blocks;
+  if (f.kind == FaultKind::kRetireKvBlocks || f.kind == FaultKind::kKvCorrupt)
+    j["blocks"] = f.blocks;
   return j;
 }
 

@@ -2,12 +2,14 @@
 // validation, and the gateway's log of the faults it sent and what followed each.
 //
 //   {"kind": "kill" | "hang" | "exchange_error" | "link_delay" | "link_drop" |
-//            "retire_kv_blocks",
+//            "retire_kv_blocks" | "kv_corrupt",
 //    "instance": I,        // the instance's index in the gateway's list (0: serve's first)
 //    "group": G,           // its DP group
 //    "after_steps": S,     // that group's steps after the fault arrives (default 0)
 //    "duration_ms": D,     // link_delay / link_drop: how long the link misbehaves (> 0)
-//    "blocks": B}          // retire_kv_blocks: how many of the group's KV blocks in use
+//    "blocks": B}          // retire_kv_blocks: how many of the group's KV blocks in use;
+//                          // kv_corrupt: how many blocks of its next KV pull (a decode
+//                          // group) land corrupted (default 1)
 //
 // The gateway answers 202 {"id": N} once the instance's shell forwarded it to the group, and
 // GET /admin/faults lists every fault with what the gateway saw afterwards (the instance

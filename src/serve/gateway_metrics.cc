@@ -254,8 +254,13 @@ std::string GatewayMetrics::render(std::span<const engine::GroupLoad> loads) {
                "the peer gone), cumulative, per decode DP group.", g)
         .set(static_cast<double>(l.kv_links_failed));
     reg_.gauge("xdeepserve_kv_handoffs_recomputed", "Handoffs whose KV was recomputed on the "
-               "decode group after their link failed, cumulative, per decode DP group.", g)
+               "decode group after their link failed or their blocks came corrupted, "
+               "cumulative, per decode DP group.", g)
         .set(static_cast<double>(l.kv_handoffs_recomputed));
+    reg_.gauge("xdeepserve_kv_checksum_mismatches", "KV pulls whose blocks did not match the "
+               "prefill side's checksums (bad blocks retired, the handoff recomputed), "
+               "cumulative, per decode DP group.", g)
+        .set(static_cast<double>(l.kv_checksum_mismatches));
     running += l.running;
     waiting += l.waiting;
   }

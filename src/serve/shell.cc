@@ -651,6 +651,10 @@ class Shell::Loop {
     if (!membership_.member(f.group)) {
       return {400, {{"error", fmt::format("fault: DP group {} was lost and left out", f.group)}}};
     }
+    if (f.kind == protocol::FaultKind::kKvCorrupt && role_ != InstanceRole::kDecode) {
+      return {400, {{"error", "fault: kv_corrupt strikes a decode instance's KV pulls; this "
+                              "instance pulls none"}}};
+    }
     if (f.kind == protocol::FaultKind::kExchangeError && membership_.members().size() < 2) {
       return {400, {{"error", "fault: exchange_error needs an expert-parallel exchange (--dp 2 or "
                               "more); this instance serves with one DP group"}}};

@@ -248,11 +248,16 @@ def check_combined(args, refs, k, prefill_dp=1, backend="auto"):
         check(sum_metric(text, "xdeepserve_kv_pulled_bytes") > 0, f"{what}: no KV bytes pulled")
         check(sum_metric(text, "xdeepserve_kv_transfers_expired") == 0,
               f"{what}: transfers expired")
-        # Undisturbed links: rendered per group, and no pull found its link failed.
+        # Undisturbed links: rendered per group, no pull found its link failed and every
+        # block pulled matched the prefill side's checksum.
         check("xdeepserve_kv_links_failed{" in text and
               sum_metric(text, "xdeepserve_kv_links_failed") == 0 and
               sum_metric(text, "xdeepserve_kv_handoffs_recomputed") == 0,
               f"{what}: links failed or recomputed handoffs in an undisturbed run")
+        check("xdeepserve_kv_checksum_mismatches{" in text and
+              sum_metric(text, "xdeepserve_kv_checksum_mismatches") == 0 and
+              sum_metric(text, "xdeepserve_kv_blocks_retired") == 0,
+              f"{what}: checksum mismatches or retired blocks in an undisturbed run")
     finally:
         stop_process(proc, what)
 
@@ -301,6 +306,7 @@ def check_link_faults(args, refs):
         if not wait_healthy(base, proc):
             check(False, f"{what}: not healthy")
             return
+        check_corrupt_pull(c, base, refs, what)  # first: link_drop's fault outlasts its check
         greedy = {"temperature": 0, "ignore_eos": True}
         for kind, prompt in (("link_delay", PROMPTS[1]), ("link_drop", PROMPTS[2])):
             before = c.metrics()
@@ -328,6 +334,32 @@ def check_link_faults(args, refs):
         # drains (the transfer expires at --kv-transfer-timeout) and exits 0 (stop_process).
     finally:
         stop_process(proc, what)
+
+
+def check_corrupt_pull(c, base, refs, what):
+    """kv_corrupt (P120): the decode group's next pull lands with a block corrupted; the
+    block's checksum differs, the block is retired, the request recomputed on the decode group
+    and its text exact. The prefill instance (0) pulls nothing: the fault is refused there."""
+    status, body, _ = http("POST", base + "/admin/faults", body={"kind": "kv_corrupt", "instance": 0})
+    check(status == 400 and "decode instance" in body, f"{what}: kv_corrupt on prefill: {status} {body}")
+    names = ["xdeepserve_kv_checksum_mismatches", "xdeepserve_kv_blocks_retired",
+             "xdeepserve_kv_handoffs_recomputed"]
+    before = c.metrics()
+    status, body, _ = http("POST", base + "/admin/faults", body={"kind": "kv_corrupt", "instance": 1})
+    check(status == 202, f"{what}: POST kv_corrupt: {status} {body}")
+    prompt = PROMPTS[3]
+    r = c.complete(prompt=prompt, max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True)
+    check(r["choices"][0].get("text") == refs["ref"][prompt], f"{what}: kv_corrupt output")
+    deadline, d = time.time() + 10, [0, 0, 0]
+    while time.time() < deadline:
+        after = c.metrics()
+        d = [sum_metric(after, n) - sum_metric(before, n) for n in names]
+        if d[0] >= 1:
+            break
+        time.sleep(0.2)
+    print(f"{what}: kv_corrupt: checksum mismatches {d[0]}, blocks retired {d[1]}, "
+          f"recomputed {d[2]}")
+    check(d == [1, 1, 1], f"{what}: a corrupted pull is caught, its block retired: {d}")
 
 
 def cpu_ticks(pid):

@@ -9,7 +9,11 @@
 //     pull is saturated, not failed, and completes;
 //   - with its links dropped (LinkFault::kDrop), the probe goes unanswered: the link is
 //     failed, the request is recomputed on the decode group from its tokens and still gives
-//     the colocated tokens (no error); the next request links anew and is pulled.
+//     the colocated tokens (no error); the next request links anew and is pulled;
+//   - checksums (P120): a pull whose block lands corrupted in the decode group's memory
+//     (KvReceiver::corrupt_next_pull) is caught, that block retired and the request
+//     recomputed with the colocated tokens; a block changed on the prefill side after it was
+//     parked is caught too, and nothing of the decode group is retired for it.
 // The faults last until the test ends them (or far longer than a test), so nothing here
 // depends on how fast the machine is beyond generous timeouts.
 #include <gtest/gtest.h>
@@ -204,7 +208,62 @@ TEST_F(DistFlowFault, AnUndisturbedHandoffGivesTheColocatedTokens) {
   const HandoffStats hs = decode_->stage->stats();
   EXPECT_EQ(hs.links_failed, 0);
   EXPECT_EQ(hs.handoffs_recomputed, 0);
+  EXPECT_EQ(hs.checksum_mismatches, 0);
   EXPECT_GT(hs.pulled_bytes, 0);
+}
+
+// A block that goes bad in the decode group's memory as it lands: its checksum differs, it is
+// read again from the prefill side (which matches), so it is this group's memory that is bad:
+// retired for good, and the request recomputed from its tokens. The transfer still completes.
+TEST_F(DistFlowFault, ABlockCorruptedOnArrivalIsRetiredAndTheRequestRecomputed) {
+  ASSERT_NO_FATAL_FAILURE(start(/*probe_timeout_ms=*/10'000));
+  const int64_t vocab = prefill_->core->info().vocab_size;
+  const EngineRequest a = greedy("a", fixtures::random_ids(21, vocab, 15));
+  const EngineRequest b = greedy("b", fixtures::random_ids(17, vocab, 16));
+  const std::vector<int32_t> expected_a = colocated(a), expected_b = colocated(b);
+  decode_->stage->corrupt_next_pull(1);
+  const std::vector<int32_t> first = hand_off(a);
+  const Output rest = finish("a");
+  EXPECT_EQ(rest.finish_reason, "length");
+  EXPECT_EQ(concat(first, rest.tokens), expected_a);
+  EXPECT_TRUE(step_until([&] { return prefill_->stage->stats().transfers_done == 1; }));
+  HandoffStats hs = decode_->stage->stats();
+  EXPECT_EQ(hs.checksum_mismatches, 1);
+  EXPECT_EQ(hs.handoffs_recomputed, 1);
+  EXPECT_EQ(hs.links_failed, 0);
+  EXPECT_EQ(decode_->core->table().stats().kv_blocks_retired, 1);
+  EXPECT_EQ(decode_->core->kv().usage().retired, 1);
+  // The next handoff is pulled and checked clean; the retired block stays out.
+  const std::vector<int32_t> first_b = hand_off(b);
+  const Output rest_b = finish("b");
+  EXPECT_EQ(concat(first_b, rest_b.tokens), expected_b);
+  hs = decode_->stage->stats();
+  EXPECT_EQ(hs.checksum_mismatches, 1);
+  EXPECT_EQ(hs.handoffs_recomputed, 1);
+  EXPECT_EQ(decode_->core->kv().usage().retired, 1);
+}
+
+// A parked block that changes on the prefill side before the pull: the decode side's copy
+// differs from the checksum and so does a second read, so the prefill side's memory is to
+// blame: nothing is retired here, and the request is recomputed from its tokens.
+TEST_F(DistFlowFault, ABlockChangedOnThePrefillSideIsCaughtAndNothingRetiredHere) {
+  ASSERT_NO_FATAL_FAILURE(start(/*probe_timeout_ms=*/10'000));
+  const int64_t vocab = prefill_->core->info().vocab_size;
+  const EngineRequest a = greedy("a", fixtures::random_ids(21, vocab, 17));
+  const std::vector<int32_t> expected = colocated(a);
+  const std::vector<int32_t> first = hand_off(a);  // parked; not pulled before the next loop
+  const Output parked = output_of(*prefill_, "a");
+  ASSERT_NE(parked.handoff, nullptr);
+  ASSERT_EQ(parked.handoff->block_sums.size(), parked.handoff->blocks.size());
+  KvStorage& storage = prefill_->core->storage();
+  storage.block_ptr(parked.handoff->blocks.back())[storage.block_bytes() - 1] ^= std::byte{1};
+  const Output rest = finish("a");
+  EXPECT_EQ(rest.finish_reason, "length");
+  EXPECT_EQ(concat(first, rest.tokens), expected);
+  const HandoffStats hs = decode_->stage->stats();
+  EXPECT_EQ(hs.checksum_mismatches, 1);
+  EXPECT_EQ(hs.handoffs_recomputed, 1);
+  EXPECT_EQ(decode_->core->kv().usage().retired, 0);
 }
 
 // Delayed links answer every probe: the pull waits, saturated, then completes.

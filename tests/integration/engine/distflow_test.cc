@@ -121,6 +121,25 @@ void pull_and_complete(KvBackendChoice backend, int transfers) {
   EXPECT_EQ((*sender)->links(), 1);
 }
 
+// A handoff whose checksums do not cover its blocks is refused before any link is made.
+TEST(DistFlow, AHandoffWithTheWrongNumberOfChecksumsIsRefused) {
+  const KvStorageShape shape = test_shape();
+  KvReceiver receiver("test format C", KvBackendChoice::kShm);
+  auto local = KvStorage::create(shape, -1);
+  ASSERT_TRUE(local.ok());
+  KvHandoff h;
+  h.link = unique_name("nobody");
+  h.transfer = 1;
+  h.kv_format = "test format C";
+  h.blocks = {0, 1};
+  h.block_sums = {7};
+  const std::vector<int32_t> dst = {2, 3};
+  const Status st = receiver.pull(h, dst, *local);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.to_string();
+  EXPECT_NE(st.message().find("1 checksums for 2 blocks"), std::string::npos) << st.message();
+  EXPECT_EQ(receiver.links(), 0u);
+}
+
 // A connection to the KV link that says nothing: a decode group linking after it pulls and
 // completes while the silent one is still connected (the prefill side never waits for a
 // hello), and the silent one is dropped at the handshake timeout having received no fd.

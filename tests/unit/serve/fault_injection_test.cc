@@ -26,7 +26,12 @@ TEST(FaultInjection, ParsesEveryKindWithItsFields) {
   auto r = parse_fault(R"({"kind": "retire_kv_blocks", "blocks": 3})", 1);
   ASSERT_TRUE(r.ok());
   EXPECT_EQ(r->blocks, 3);
-  for (const char* kind : {"hang", "exchange_error", "link_drop"}) {
+  auto c = parse_fault(R"({"kind": "kv_corrupt", "group": 1})", 1);
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_EQ(c->kind, FaultKind::kKvCorrupt);
+  EXPECT_EQ(c->blocks, 1);  // the default
+  EXPECT_EQ(fault_json(*c)["blocks"], 1);
+  for (const char* kind : {"hang", "exchange_error", "link_drop", "kv_corrupt"}) {
     const std::string body = std::string(R"({"kind": ")") + kind + R"(", "duration_ms": 1})";
     auto f = parse_fault(body, 1);
     ASSERT_TRUE(f.ok()) << kind;
