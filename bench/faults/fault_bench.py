@@ -123,6 +123,29 @@ class Stream(threading.Thread):
             self.error = str(e)
 
 
+def start_serve(argv, base):
+    """Starts `serve` (argv) and waits for its /health: (the process, seconds to healthy)."""
+    started = time.time()
+    server = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    while True:
+        if server.poll() is not None:
+            sys.exit(f"serve exited with {server.returncode}")
+        try:
+            if http("GET", base + "/health", timeout=5)[0] == 200:
+                return server, time.time() - started
+        except OSError:
+            pass
+        time.sleep(0.2)
+
+
+def stop_serve(server):
+    server.send_signal(signal.SIGTERM)
+    try:
+        server.wait(120)
+    except subprocess.TimeoutExpired:
+        server.kill()
+
+
 def prompt(i, ids):
     """Stream i's prompt: text, or 8 token ids for a model without a tokenizer."""
     if ids:
@@ -187,20 +210,9 @@ def main():
         with open(os.path.join(a.model, "config.json")) as f:
             experts = json.load(f)["n_routed_experts"]
         argv += ["--redundant-slots", str(experts // 2), "--expert-backup"]
-    started = time.time()
-    server = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server, load_s = start_serve(argv, base)
     rows = []
     try:
-        while True:
-            if server.poll() is not None:
-                sys.exit(f"serve exited with {server.returncode}")
-            try:
-                if http("GET", base + "/health", timeout=5)[0] == 200:
-                    break
-            except OSError:
-                pass
-            time.sleep(0.2)
-        load_s = time.time() - started
         sp = server.pid
 
         def post(body):
@@ -251,11 +263,7 @@ def main():
             if a.backup and "scale-down" in name:
                 groups_and_backup(version + 4)
     finally:
-        server.send_signal(signal.SIGTERM)
-        try:
-            server.wait(120)
-        except subprocess.TimeoutExpired:
-            server.kill()
+        stop_serve(server)
     load = os.getloadavg()[0]
     print(f"model {a.model}, {a.streams} streams x {a.max_tokens} tokens, --dp 2"
           f"{' with backup copies' if a.backup else ''}, "

@@ -23,12 +23,11 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from fault_bench import Stream, free_port, http, metric, prompt  # noqa: E402
+from fault_bench import Stream, free_port, http, metric, prompt, start_serve, stop_serve  # noqa: E402,E501
 
 COUNTERS = {"saturated": "xdeepserve_kv_probes_saturated",
             "links_failed": "xdeepserve_kv_links_failed",
@@ -74,18 +73,9 @@ def main():
             str(iport), "--prefill-instances", "1", "--decode-instances", "1",
             "--fault-injection", "--kv-transfer-timeout", "5"] + a.extra
     ids = not os.path.exists(os.path.join(a.model, "tokenizer.json"))
-    server = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server, _ = start_serve(argv, base)
     rows = []
     try:
-        while True:
-            if server.poll() is not None:
-                sys.exit(f"serve exited with {server.returncode}")
-            try:
-                if http("GET", base + "/health", timeout=5)[0] == 200:
-                    break
-            except OSError:
-                pass
-            time.sleep(0.2)
         plan = [("none", None), ("none (again)", None),
                 (f"link_delay {a.delay_ms} ms",
                  {"kind": "link_delay", "instance": 0, "duration_ms": a.delay_ms}),
@@ -98,11 +88,7 @@ def main():
             if fault and fault["kind"] in ("link_delay", "link_drop"):
                 time.sleep(fault["duration_ms"] / 1000)  # the fault runs out
     finally:
-        server.terminate()
-        try:
-            server.wait(120)
-        except subprocess.TimeoutExpired:
-            server.kill()
+        stop_serve(server)
     load = os.getloadavg()[0]
     print(f"model {a.model}, 1 prefill + 1 decode instance, {a.streams} streams x "
           f"{a.max_tokens} tokens; load average {load:.2f}")

@@ -561,7 +561,23 @@ void KvPuller::loop() {
     Status st = receiver_.pull(job.handoff, job.dst, local_, &bad);
     pulled_bytes_.store(receiver_.pulled_bytes(), std::memory_order_relaxed);
     std::lock_guard<std::mutex> lock(mu_);
-    done_.push_back(Done{job.seq, pull_state(st), std::move(st), std::move(bad)});
+    const PullState state = pull_state(st);
+    if (state == PullState::kLinkFailed) {
+      for (auto it = jobs_.begin(); it != jobs_.end();) {
+        if (it->handoff.link != job.handoff.link) {
+          ++it;
+          continue;
+        }
+        Done d{it->seq, PullState::kLinkFailed,
+               unavailable("DistFlow: link {} failed under the pull of transfer {} before "
+                           "transfer {}'s turn",
+                           job.handoff.link, job.handoff.transfer, it->handoff.transfer),
+               {}, /*behind_failed_link=*/true};
+        done_.push_back(std::move(d));
+        it = jobs_.erase(it);
+      }
+    }
+    done_.push_back(Done{job.seq, state, std::move(st), std::move(bad)});
   }
 }
 

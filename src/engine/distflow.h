@@ -294,7 +294,9 @@ class KvReceiver {
 
 // KvReceiver on a thread of its own (the decode side's asynchronous receive, P101/P103): the
 // DP group posts a pull and goes on stepping; the blocks it reserved for the pull are not read
-// by any step until the pull's completion is polled.
+// by any step until the pull's completion is polled. Pulls run one at a time, in order; when a
+// link fails under one, the pulls queued for the same link fail with it at once (each would
+// otherwise wait out a probe of its own before its request is recomputed).
 //
 // Thread-safety: post() and poll() from the DP group's thread; the pulls run on the puller's.
 // `local` must outlive the puller; the destination blocks of a posted pull must not be freed
@@ -314,6 +316,9 @@ class KvPuller {
     PullState state = PullState::kDone;  // pull_state(status)
     Status status;
     std::vector<int32_t> bad_blocks;  // kCorrupt: destination blocks whose memory went bad
+    // kLinkFailed without a pull of its own: it was queued for a link that failed under an
+    // earlier pull (failed at once rather than waiting for a probe of its own).
+    bool behind_failed_link = false;
   };
   // Appends the pulls completed since the last call (never waits).
   void poll(std::vector<Done>& out);

@@ -192,7 +192,7 @@ Status HandoffStage::service(bool* ended) {
   for (const KvPuller::Done& d : pulled_) {
     Sequence& s = *table.find(d.seq);
     table.end_pull(s);
-    if (d.state == PullState::kLinkFailed) ++links_failed_;
+    if (d.state == PullState::kLinkFailed && !d.behind_failed_link) ++links_failed_;
     if (d.state == PullState::kLinkFailed && !s.cancel_after_pull) {
       // The prompt and the prefill side's tokens are here: recompute the KV instead.
       XDS_LOG_WARN(

@@ -58,8 +58,9 @@ struct HandoffStats {
   int64_t transfers_done = 0;     // pulled by a decode group
   int64_t transfers_expired = 0;  // freed at the deadline
   int64_t pulled_bytes = 0;       // decode side
-  // Decode side, cumulative: probes answered while a pull was slow (saturated), pulls whose
-  // link failed, and the handoffs recomputed here after one (those not cancelled meanwhile).
+  // Decode side, cumulative: probes answered while a pull was slow (saturated), link failures
+  // (one per pull that found its link failed; the pulls queued behind it fail with it without
+  // counting again), and the handoffs recomputed here (those not cancelled meanwhile).
   int64_t probes_saturated = 0;
   int64_t links_failed = 0;
   int64_t handoffs_recomputed = 0;

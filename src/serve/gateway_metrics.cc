@@ -250,8 +250,9 @@ std::string GatewayMetrics::render(std::span<const engine::GroupLoad> loads) {
                "pull ran slow (the link saturated, not failed), cumulative, per decode DP "
                "group.", g)
         .set(static_cast<double>(l.kv_probes_saturated));
-    reg_.gauge("xdeepserve_kv_links_failed", "KV pulls whose link failed (a probe unanswered, "
-               "the peer gone), cumulative, per decode DP group.", g)
+    reg_.gauge("xdeepserve_kv_links_failed", "KV links found failed by a pull (a probe "
+               "unanswered, the peer gone; the pulls queued behind it fail with it), "
+               "cumulative, per decode DP group.", g)
         .set(static_cast<double>(l.kv_links_failed));
     reg_.gauge("xdeepserve_kv_handoffs_recomputed", "Handoffs whose KV was recomputed on the "
                "decode group after their link failed or their blocks came corrupted, "

@@ -9,7 +9,8 @@
 //     pull is saturated, not failed, and completes;
 //   - with its links dropped (LinkFault::kDrop), the probe goes unanswered: the link is
 //     failed, the request is recomputed on the decode group from its tokens and still gives
-//     the colocated tokens (no error); the next request links anew and is pulled;
+//     the colocated tokens (no error); the next request links anew and is pulled; a
+//     handoff queued behind the failed pull for the same link fails with it;
 //   - checksums (P120): a pull whose block lands corrupted in the decode group's memory
 //     (KvReceiver::corrupt_next_pull) is caught, that block retired and the request
 //     recomputed with the colocated tokens; a block changed on the prefill side after it was
@@ -322,6 +323,30 @@ TEST_F(DistFlowFault, ADroppedLinkIsFailedTheRequestRecomputedAndTheLinkMadeAgai
   EXPECT_EQ(hs.handoffs_recomputed, 1);
   EXPECT_GT(hs.pulled_bytes, pulled);
   EXPECT_EQ(prefill_->stage->stats().parked, 1);
+}
+
+// Two handoffs queued on a link that stops answering: the first pull's probe goes unanswered,
+// and the second, queued behind it for the same link, fails with it (one link failure, not a
+// probe timeout each); both requests are recomputed with their colocated tokens.
+TEST_F(DistFlowFault, HandoffsQueuedBehindAFailedLinkFailWithIt) {
+  // The probe timeout outlasts b's prefill, so b is queued while a's pull waits.
+  ASSERT_NO_FATAL_FAILURE(start(/*probe_timeout_ms=*/2'000));
+  const int64_t vocab = prefill_->core->info().vocab_size;
+  const EngineRequest a = greedy("a", fixtures::random_ids(21, vocab, 18));
+  const EngineRequest b = greedy("b", fixtures::random_ids(26, vocab, 19));
+  const std::vector<int32_t> expected_a = colocated(a), expected_b = colocated(b);
+  ASSERT_TRUE(prefill_->stage->inject_link_fault({LinkFault::kDrop, 600'000}).ok());
+  const std::vector<int32_t> first_a = hand_off(a);
+  const std::vector<int32_t> first_b = hand_off(b);
+  ASSERT_EQ(decode_->stage->stats().links_failed, 0) << "b was not queued behind a's pull";
+  const Output rest_a = finish("a");
+  const Output rest_b = finish("b");
+  EXPECT_EQ(concat(first_a, rest_a.tokens), expected_a);
+  EXPECT_EQ(concat(first_b, rest_b.tokens), expected_b);
+  const HandoffStats hs = decode_->stage->stats();
+  EXPECT_EQ(hs.links_failed, 1);
+  EXPECT_EQ(hs.handoffs_recomputed, 2);
+  ASSERT_TRUE(prefill_->stage->inject_link_fault({LinkFault::kDrop, 0}).ok());
 }
 
 TEST_F(DistFlowFault, OnlyAPrefillGroupTakesALinkFault) {
