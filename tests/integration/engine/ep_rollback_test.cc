@@ -21,6 +21,7 @@
 #include "engine/engine_core.h"
 #include "engine/ep_moe_exchange.h"
 #include "engine/step_sync.h"
+#include "ep_thread_groups.h"
 #include "model/registry.h"
 #include "test_models.h"
 #include "xccl/fault_proxy_transport.h"
@@ -61,32 +62,7 @@ struct GroupRun {
   Status end;          // what the loop returned
 };
 
-EngineRequest greedy(const std::string& id, std::vector<int32_t> prompt) {
-  EngineRequest r;
-  r.id = id;
-  r.prompt = std::move(prompt);
-  r.sampling.temperature = 0.0f;
-  r.sampling.max_tokens = kMaxTokens;
-  r.sampling.ignore_eos = true;
-  return r;
-}
-
-EpMoeOptions ep_options() {
-  EpMoeOptions o;
-  o.max_tokens = 64;  // every step of the test in one round
-  o.timeout_ms = 60'000;
-  return o;
-}
-
-EngineCoreOptions core_options() {
-  EngineCoreOptions o;
-  o.model_dir = checkpoint();
-  o.model.compute = ComputeDType::kF32;
-  o.model.threads = 1;
-  o.kv_memory_bytes = int64_t{16} << 20;
-  o.max_num_batched_tokens = 64;
-  return o;
-}
+using ep_test::ep_options;
 
 // The flags a group posts to one peer per MoE layer of a step (one round): counts, rows
 // pulled, pre-sums ready, pre-sums pulled.
@@ -94,7 +70,7 @@ constexpr uint64_t kPostsPerLayer = 4;
 
 // The DP group's loop around one group's engine (dp_group.cc, DpGroup::run), fault included.
 Status run_group(xccl::Fabric& f, const Case& c, GroupRun& out) {
-  XDS_ASSIGN_OR_RETURN(auto core, EngineCore::create(core_options()));
+  XDS_ASSIGN_OR_RETURN(auto core, EngineCore::create(ep_test::core_options(checkpoint())));
   XDS_ASSIGN_OR_RETURN(auto shm, xccl::make_transport("shm", f));
   xccl::FaultProxyTransport proxy(std::move(shm));
   xccl::Mailbox mb(f, proxy);
@@ -112,8 +88,7 @@ Status run_group(xccl::Fabric& f, const Case& c, GroupRun& out) {
   const int64_t vocab = core->info().vocab_size;
   for (int i = 0; i < kRequestsPerGroup; ++i) {
     const int n = f.rank() * kRequestsPerGroup + i;
-    XDS_RETURN_IF_ERROR(core->add_request(greedy(
-        "r" + std::to_string(n), fixtures::random_ids(5 + 3 * n, vocab, 100 + uint32_t(n)))));
+    XDS_RETURN_IF_ERROR(core->add_request(ep_test::request_of(n, vocab, /*seed_base=*/100, kMaxTokens)));
   }
   int64_t main_moe_layers = 0;
   for (int64_t l : core->info().moe_layers) main_moe_layers += l < core->info().num_layers;
@@ -122,15 +97,8 @@ Status run_group(xccl::Fabric& f, const Case& c, GroupRun& out) {
   uint64_t step = 0;
   bool armed = false;
   for (int iter = 0; iter < 200; ++iter) {
-    core->table().release_finished();
-    if (core->has_work()) XDS_RETURN_IF_ERROR(core->plan());
-    StepHeader h;
-    h.epoch = f.epoch();
-    h.step = step;
-    h.attempt = attempts.attempt();
-    h.moe_passes = 1;
-    if (core->has_work())
-      for (const StepChunk& ch : core->planned().chunks) h.tokens += uint32_t(ch.count);
+    XDS_ASSIGN_OR_RETURN(const StepHeader h,
+                         ep_test::plan_step(*core, f.epoch(), step, attempts.attempt()));
     XDS_ASSIGN_OR_RETURN(const StepDecision d, sync.exchange(h));
     if (d.action == StepAction::kSleep) return out.end = Status::ok_status();  // all done
     if (d.action != StepAction::kRun)
@@ -173,11 +141,7 @@ Status run_group(xccl::Fabric& f, const Case& c, GroupRun& out) {
       out.fired = proxy.stats(0).fired;
     if (!st.ok()) continue;  // rolled back everywhere: plan and run the step again
     step = d.next_step;
-    for (const TokenDelta& x : core->deltas()) {
-      auto& t = out.tokens[x.request_id];
-      t.insert(t.end(), x.tokens.begin(), x.tokens.end());
-    }
-    core->deltas().clear();
+    ep_test::take_tokens(*core, out.tokens);
   }
   return internal_error("group {}: no end after 200 iterations", f.rank());
 }
@@ -193,13 +157,7 @@ Outcome run_case(const Case& c) {
   auto info = load_model_info(checkpoint());
   EXPECT_TRUE(info.ok()) << info.status().to_string();
   if (!info.ok()) return o;
-  xccl::ArenaConfig a;
-  a.world_size = c.groups;
-  a.lanes = 1;
-  a.ring_slots = 1;
-  a.slot_bytes = 64;
-  a.staging_bytes = EpMoeExchange::staging_bytes(*info, c.groups, ComputeDType::kF32, ep_options());
-  a.app_bytes = 0;
+  const xccl::ArenaConfig a = ep_test::arena_config(*info, c.groups, ep_options());
   auto tf = xccl::ThreadFabric::create(a, 2);
   EXPECT_TRUE(tf.ok()) << tf.status().to_string();
   if (!tf.ok()) return o;
@@ -286,7 +244,7 @@ TEST(EpRollback, FailNextExchangeFailsTheNextStepsFirstRunOnce) {
   auto tf = xccl::ThreadFabric::create(a, 6);
   ASSERT_TRUE(tf.ok()) << tf.status().to_string();
   const auto st = (*tf)->run([&](xccl::Fabric& f) -> Status {
-    XDS_ASSIGN_OR_RETURN(auto model, load_causal_lm(checkpoint(), core_options().model));
+    XDS_ASSIGN_OR_RETURN(auto model, load_causal_lm(checkpoint(), ep_test::core_options(checkpoint()).model));
     XDS_ASSIGN_OR_RETURN(auto t, xccl::make_transport("shm", f));
     xccl::Mailbox mb(f, *t);
     EpMoeSetup setup;

@@ -24,6 +24,7 @@
 #include "engine/eplb_maps.h"
 #include "engine/group_collectives.h"
 #include "engine/step_sync.h"
+#include "ep_thread_groups.h"
 #include "model/registry.h"
 #include "test_models.h"
 #include "xccl/thread_fabric.h"
@@ -51,36 +52,10 @@ struct GroupRun {
   Status end;
 };
 
-EngineRequest greedy(const std::string& id, std::vector<int32_t> prompt) {
-  EngineRequest r;
-  r.id = id;
-  r.prompt = std::move(prompt);
-  r.sampling.temperature = 0.0f;
-  r.sampling.max_tokens = kMaxTokens;
-  r.sampling.ignore_eos = true;
-  return r;
-}
+using ep_test::ep_options;
 
 EngineRequest request_of(int n, int64_t vocab) {
-  return greedy("r" + std::to_string(n), fixtures::random_ids(5 + 3 * n, vocab, 300 + uint32_t(n)));
-}
-
-EpMoeOptions ep_options(int redundant) {
-  EpMoeOptions o;
-  o.redundant_slots = redundant;
-  o.max_tokens = 64;
-  o.timeout_ms = 60'000;
-  return o;
-}
-
-EngineCoreOptions core_options() {
-  EngineCoreOptions o;
-  o.model_dir = checkpoint();
-  o.model.compute = ComputeDType::kF32;
-  o.model.threads = 1;
-  o.kv_memory_bytes = int64_t{16} << 20;
-  o.max_num_batched_tokens = 64;
-  return o;
+  return ep_test::request_of(n, vocab, /*seed_base=*/300, kMaxTokens);
 }
 
 // Every group's redundant slots hold copies of the previous group's experts (the weights the
@@ -110,7 +85,7 @@ Status install_backups(CausalLm& model, EpMoeExchange& ex, int groups, int redun
 
 Status run_group(xccl::ThreadFabric& tf, xccl::Fabric& f, const Case& c,
                  std::barrier<>* survivors, GroupRun& out) {
-  XDS_ASSIGN_OR_RETURN(auto core, EngineCore::create(core_options()));
+  XDS_ASSIGN_OR_RETURN(auto core, EngineCore::create(ep_test::core_options(checkpoint())));
   XDS_ASSIGN_OR_RETURN(auto coll, GroupCollectives::create(f, 60'000, nullptr));
   const int redundant = int(core->info().n_routed_experts) / c.groups;
   EpMoeSetup setup;
@@ -130,15 +105,8 @@ Status run_group(xccl::ThreadFabric& tf, xccl::Fabric& f, const Case& c,
   uint64_t step = 0;
   bool reformed = false;
   for (int iter = 0; iter < 300; ++iter) {
-    core->table().release_finished();
-    if (core->has_work()) XDS_RETURN_IF_ERROR(core->plan());
-    StepHeader h;
-    h.epoch = coll->fabric().epoch();
-    h.step = step;
-    h.attempt = attempts.attempt();
-    h.moe_passes = 1;
-    if (core->has_work())
-      for (const StepChunk& ch : core->planned().chunks) h.tokens += uint32_t(ch.count);
+    XDS_ASSIGN_OR_RETURN(const StepHeader h, ep_test::plan_step(*core, coll->fabric().epoch(),
+                                                               step, attempts.attempt()));
     XDS_ASSIGN_OR_RETURN(const StepDecision d, coll->sync().exchange(h));
     if (d.action == StepAction::kSleep) return out.end = Status::ok_status();  // all done
     if (d.action != StepAction::kRun)
@@ -174,11 +142,7 @@ Status run_group(xccl::ThreadFabric& tf, xccl::Fabric& f, const Case& c,
     }
     if (!st.ok()) continue;
     step = d.next_step;
-    for (const TokenDelta& x : core->deltas()) {
-      auto& t = out.tokens[x.request_id];
-      t.insert(t.end(), x.tokens.begin(), x.tokens.end());
-    }
-    core->deltas().clear();
+    ep_test::take_tokens(*core, out.tokens);
   }
   return internal_error("group {}: no end after 300 iterations", f.rank());
 }
@@ -194,14 +158,7 @@ Outcome run_case(const Case& c) {
   EXPECT_TRUE(info.ok()) << info.status().to_string();
   if (!info.ok()) return o;
   const int redundant = int(info->n_routed_experts) / c.groups;
-  xccl::ArenaConfig a;
-  a.world_size = c.groups;
-  a.lanes = 1;
-  a.ring_slots = 1;
-  a.slot_bytes = 64;
-  a.staging_bytes =
-      EpMoeExchange::staging_bytes(*info, c.groups, ComputeDType::kF32, ep_options(redundant));
-  a.app_bytes = 0;
+  const xccl::ArenaConfig a = ep_test::arena_config(*info, c.groups, ep_options(redundant));
   auto tf = xccl::ThreadFabric::create(a, 3);
   EXPECT_TRUE(tf.ok()) << tf.status().to_string();
   if (!tf.ok()) return o;
