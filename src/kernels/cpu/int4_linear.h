@@ -55,8 +55,8 @@
 //   avx512_vnni  W4A8: the nibbles split by vpand / vpsrlw+vpand, vpdpbusd (q as u8 × xq as
 //                s8; 4 products of <= 15 · 128 per lane, never saturating) into int32
 //                accumulators that start at -z · Σ xq (vpmaddwd of the zero-extended zero
-//                points by the broadcast -Σ xq); vcvtdq2ps and vfmadd per group. Up to 4
-//                tokens × 32 rows per pass.
+//                points by the broadcast -Σ xq); per group vcvtdq2ps and vfmadd into f
+//                (kept in an L1 buffer). Up to 6 tokens × 32 rows per pass.
 //                W4A16: vpermps of a 16-entry table (q - 8 as fp32) indexed by the line
 //                shifted right by 4 · (2 i + half) (vpermps reads the index's low 4 bits
 //                only), vfmadd by x broadcast. Up to 4 tokens × 32 rows per pass.

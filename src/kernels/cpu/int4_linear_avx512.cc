@@ -14,7 +14,7 @@ namespace xds::kernels::int4_detail {
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
 namespace {
 
-constexpr int kA8MaxTokens = 4;   // 16 accumulators (int32 and fp32 for 32 rows each)
+constexpr int kA8MaxTokens = 6;   // 12 int32 accumulators (f lives in acc, in L1)
 constexpr int kA16MaxTokens = 4;  // 24 accumulators (two partial sums and f per 16 rows)
 
 // The maskz forms of the conversions: the plain ones trip GCC 12's maybe-uninitialized
@@ -40,29 +40,23 @@ __m512i broadcast_4_bytes(const int8_t* p) {
 // Σ_g fma(float(s), sw, ·), s started at -z · Σ xq and summed by vpdpbusd.
 template <int T, bool kAsym>
 void a8_tile(const A8Tokens& x, int64_t t0, const PairView& w, int64_t gb, int64_t ge, float* acc) {
-  __m512 f0[T], f1[T];  // rows 0-15, 16-31
-#pragma GCC unroll 4
-  for (int t = 0; t < T; ++t) {
-    f0[t] = gb == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(acc + (t0 + t) * kPairRows);
-    f1[t] = gb == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(acc + (t0 + t) * kPairRows + 16);
-  }
   const __m512i low4 = _mm512_set1_epi8(0x0f);
   const int64_t lines = w.group_cols / kQuadCols;
   const int8_t* xt = x.q + t0 * x.ld;
   for (int64_t g = gb; g < ge; ++g) {
-    __m512i s0[T], s1[T];
+    __m512i s0[T], s1[T];  // rows 0-15, 16-31
     if constexpr (kAsym) {
       // (z, 0) int16 pairs by (-Σ xq, 0): z · -Σ xq exactly (|Σ xq| <= 128 · 128).
       const __m512i z0 = zero_points(w.zero + g * kPairRows);
       const __m512i z1 = zero_points(w.zero + g * kPairRows + 16);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
       for (int t = 0; t < T; ++t) {
         const __m512i nx = _mm512_set1_epi32(-x.xsum[(t0 + t) * w.groups + g] & 0xffff);
         s0[t] = _mm512_madd_epi16(z0, nx);
         s1[t] = _mm512_madd_epi16(z1, nx);
       }
     } else {
-#pragma GCC unroll 4
+#pragma GCC unroll 8
       for (int t = 0; t < T; ++t)
         s0[t] = s1[t] = _mm512_set1_epi32(-8 * x.xsum[(t0 + t) * w.groups + g]);
     }
@@ -73,25 +67,24 @@ void a8_tile(const A8Tokens& x, int64_t t0, const PairView& w, int64_t gb, int64
       const __m512i v = _mm512_load_si512(line);
       const __m512i lo = _mm512_and_si512(v, low4);
       const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
       for (int t = 0; t < T; ++t) {
         const __m512i xb = broadcast_4_bytes(xg + t * x.ld + l * kQuadCols);
         s0[t] = _mm512_dpbusd_epi32(s0[t], lo, xb);
         s1[t] = _mm512_dpbusd_epi32(s1[t], hi, xb);
       }
     }
+    // f = fma(float(s), sw, f) in acc (L1), from 0 on the first group.
     const __m512 sw0 = _mm512_loadu_ps(w.scale + g * kPairRows);
     const __m512 sw1 = _mm512_loadu_ps(w.scale + g * kPairRows + 16);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int t = 0; t < T; ++t) {
-      f0[t] = _mm512_fmadd_ps(to_f32(s0[t]), sw0, f0[t]);
-      f1[t] = _mm512_fmadd_ps(to_f32(s1[t]), sw1, f1[t]);
+      float* f = acc + (t0 + t) * kPairRows;
+      const __m512 f0 = g == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(f);
+      const __m512 f1 = g == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(f + 16);
+      _mm512_storeu_ps(f, _mm512_fmadd_ps(to_f32(s0[t]), sw0, f0));
+      _mm512_storeu_ps(f + 16, _mm512_fmadd_ps(to_f32(s1[t]), sw1, f1));
     }
-  }
-#pragma GCC unroll 4
-  for (int t = 0; t < T; ++t) {
-    _mm512_storeu_ps(acc + (t0 + t) * kPairRows, f0[t]);
-    _mm512_storeu_ps(acc + (t0 + t) * kPairRows + 16, f1[t]);
   }
 }
 
