@@ -223,8 +223,11 @@ double worst_rel(const std::vector<float>& a, const std::vector<float>& b) {
 
 // W4A16 against the float model of the dequantized weights: the products differ by fp32
 // rounding only (the int4 kernel sums exact products x · (q - 8) per group in fp32, then
-// one fma by the scale; the float kernel one fma per weight), so the logits agree to ~1e-5
-// of their largest value. A wrong nibble, group or zero point moves them by O(1).
+// one fma by the scale; the float kernel one fma per weight): in the f32 mode the logits
+// agree within 1e-5 of their largest value (measured ~1e-6). The bf16 mode rounds every
+// linear's input to bf16, so an fp32-level difference now and then crosses a rounding
+// boundary and moves that input by 2^-9: within 2e-2 there (measured ~4.5e-3, the distance
+// such flips give). A wrong nibble, group or zero point moves the logits by O(1).
 TEST_F(Int4Checkpoint, W4A16LogitsMatchTheDequantizedFloatModel) {
   struct Case {
     const char* sym;
@@ -246,7 +249,7 @@ TEST_F(Int4Checkpoint, W4A16LogitsMatchTheDequantizedFloatModel) {
       const double rel = worst_rel(q, f);
       std::fprintf(stderr, "%s %s: worst %.3e\n", what.c_str(),
                    compute == ComputeDType::kF32 ? "f32" : "bf16", rel);
-      EXPECT_LT(rel, compute == ComputeDType::kF32 ? 1e-4 : 1e-3) << what;
+      EXPECT_LT(rel, compute == ComputeDType::kF32 ? 1e-5 : 2e-2) << what;
     }
   }
 }
