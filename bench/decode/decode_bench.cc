@@ -541,7 +541,7 @@ int main(int argc, char** argv) {
       panel_isa.c_str(), kernels::blas_core_name().c_str(), static_cast<long long>(context),
       lim.read_gbps, lim.f32_gflops, lim.f32_isa, lim.bf16_gflops,
       dtype == "bf16" ? "the faster of the two" : "fp32");
-  if (c.w8a8) {
+  if (c.int_quant && c.int_quant->scheme == IntScheme::kW8A8) {
     std::printf(
         "W8A8 checkpoint: int8 peak %.1f GOP/s (%s loop); GFLOP below are fp-equivalent (an int8 "
         "multiply-add counts %.3f, the float peak over the int8 one)\n",
@@ -733,7 +733,9 @@ int main(int argc, char** argv) {
     }
   }
   // W8A8 checkpoints' runs are kept apart from the float model's.
-  const std::string name = std::string(c.w8a8 ? "bench_decode-w8a8" : "bench_decode") +
-                           (dtype == "bf16" ? "-bf16" : "");
+  const std::string name =
+      (c.int_quant ? "bench_decode-" + std::string(int_scheme_name(c.int_quant->scheme))
+                   : std::string("bench_decode")) +
+      (dtype == "bf16" ? "-bf16" : "");
   return run_output.finish(output, name, j) ? 0 : 1;
 }

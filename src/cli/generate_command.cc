@@ -37,6 +37,7 @@ struct GenerateArgs {
   std::string compute_dtype = "f32";
   std::string attention = "auto";
   std::string kv_cache_dtype = "auto";
+  std::string activation_dtype = "auto";
   std::string dump_logits;
   std::string dump_routing;
   int64_t prefill_chunk = 0;
@@ -197,6 +198,7 @@ Status run_generate(const GenerateArgs& a) {
   engine::EngineCoreOptions o;
   XDS_RETURN_IF_ERROR(parse_dtype_flags(a.compute_dtype, a.kv_cache_dtype, o.model));
   XDS_RETURN_IF_ERROR(parse_attention_flag(a.attention, o.model));
+  XDS_RETURN_IF_ERROR(parse_activation_flag(a.activation_dtype, o.model));
   o.model.threads = a.threads;
   XDS_ASSIGN_OR_RETURN(const ModelInfo info, load_model_info(a.model));
 
@@ -300,6 +302,7 @@ void add_generate_command(CLI::App& app, int* exit_code) {
   cmd->add_option("--compute-dtype", args->compute_dtype, kComputeDTypeHelp);
   cmd->add_option("--attention", args->attention, "Prefill attention: auto, absorbed or expanded");
   cmd->add_option("--kv-cache-dtype", args->kv_cache_dtype, kKvCacheDTypeHelp);
+  cmd->add_option("--activation-dtype", args->activation_dtype, kActivationDTypeHelp);
   cmd->add_option("--dump-logits", args->dump_logits,
                   "Write float32 logits [rows, vocab] of every position");
   cmd->add_option("--dump-routing", args->dump_routing, "Write the chosen experts as JSON lines");

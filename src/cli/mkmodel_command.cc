@@ -1,6 +1,9 @@
 // `xdeepserve mkmodel`: write a random-weight DeepSeek-V3 checkpoint (mkmodel/mkmodel.h).
 #include <cstdio>
 #include <memory>
+#include <string>
+
+#include <fmt/format.h>
 
 #include "cli/commands.h"
 #include "mkmodel/mkmodel.h"
@@ -18,10 +21,28 @@ void add_mkmodel_command(CLI::App& app, int* exit_code) {
   cmd->add_flag("--weights-int8", opts->weights_int8,
                 "W8A8 (compressed-tensors, round to nearest per output channel): attention and "
                 "MLP projections as I8 + weight_scale");
+  CLI::Option* int4 =
+      cmd->add_option(
+             "--weights-int4", opts->weights_int4,
+             "sym or asym: 4-bit round to nearest per group of input columns (W4A16; --int4-format "
+             "pack-quantized, compressed-tensors, or gptq): attention and MLP projections and "
+             "kv_b_proj "
+             "whose input width is a multiple of --group-size")
+          ->check(CLI::IsMember({"sym", "asym"}));
+  cmd->add_option("--group-size", opts->int4_group_size, "With --weights-int4: 32, 64 or 128")
+      ->check(CLI::IsMember({32, 64, 128}))
+      ->needs(int4);
+  cmd->add_option("--int4-format", opts->int4_format,
+                  "With --weights-int4: pack-quantized (default) or gptq (v1, zero points minus 1)")
+      ->check(CLI::IsMember({"pack-quantized", "gptq"}))
+      ->needs(int4);
+  cmd->add_flag("--int4-int8-activations", opts->int4_int8_activations,
+                "With --weights-int4 pack-quantized: a W4A8 config (per-token int8 activations)")
+      ->needs(int4);
   CLI::Option* from = cmd->add_option(
       "--from", opts->from_dir,
-      "With --weights-int8: an RTN W8A8 copy of this (BF16/F16/F32) checkpoint instead of a "
-      "random model");
+      "With --weights-int8 or --weights-int4: an RTN copy of this (BF16/F16/F32) checkpoint "
+      "instead of a random model");
   from->excludes(preset);
   cmd->add_option("--dtype", opts->dtype, "bf16, f16, or fp8 (128x128 block scales as published)")
       ->check(CLI::IsMember({"bf16", "f16", "fp8"}));
@@ -60,16 +81,23 @@ void add_mkmodel_command(CLI::App& app, int* exit_code) {
       *exit_code = 1;
       return;
     }
+    const std::string scheme =
+        opts->weights_int4.empty()
+            ? std::string("W8A8")
+            : fmt::format("W4{} {} G{} {}", opts->int4_int8_activations ? "A8" : "A16",
+                          opts->weights_int4, opts->int4_group_size, opts->int4_format);
     if (!opts->from_dir.empty()) {
-      std::fprintf(stderr, "wrote %s (W8A8 RTN copy of %s, %d shard%s)\n", opts->out_dir.c_str(),
-                   opts->from_dir.c_str(), opts->shards, opts->shards == 1 ? "" : "s");
+      std::fprintf(stderr, "wrote %s (%s RTN copy of %s, %d shard%s)\n", opts->out_dir.c_str(),
+                   scheme.c_str(), opts->from_dir.c_str(), opts->shards,
+                   opts->shards == 1 ? "" : "s");
       return;
     }
     std::fprintf(stderr, "wrote %s (preset %s, %s%s, seed %llu, %d shard%s%s%s)\n",
                  opts->out_dir.c_str(), opts->preset.c_str(), opts->dtype.c_str(),
-                 opts->weights_int8 ? " + W8A8" : "", static_cast<unsigned long long>(opts->seed),
-                 opts->shards, opts->shards == 1 ? "" : "s",
-                 opts->router_skew.empty() ? "" : ", router skew ", opts->router_skew.c_str());
+                 opts->weights_int8 || !opts->weights_int4.empty() ? (" + " + scheme).c_str() : "",
+                 static_cast<unsigned long long>(opts->seed), opts->shards,
+                 opts->shards == 1 ? "" : "s", opts->router_skew.empty() ? "" : ", router skew ",
+                 opts->router_skew.c_str());
   });
 }
 

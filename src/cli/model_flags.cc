@@ -30,6 +30,17 @@ Status parse_dtype_flags(const std::string& compute, const std::string& kv_cache
   return {};
 }
 
+Status parse_activation_flag(const std::string& activation, ModelOptions& mo) {
+  if (activation == "auto") {
+    mo.activation = ActivationDType::kAuto;
+  } else if (activation == "int8") {
+    mo.activation = ActivationDType::kInt8;
+  } else {
+    return invalid_argument("--activation-dtype must be auto or int8, got '{}'", activation);
+  }
+  return {};
+}
+
 Status parse_attention_flag(const std::string& attention, ModelOptions& mo) {
   if (attention == "auto") {
     mo.attention = AttentionMode::kAuto;

@@ -1,5 +1,5 @@
-// The model flags that several commands share: --compute-dtype and --kv-cache-dtype
-// (generate, perplexity, serve, instance), --speculative-tokens and --speculative-mtp-layers
+// The model flags that several commands share: --compute-dtype, --kv-cache-dtype and
+// --activation-dtype (generate, perplexity, serve, instance), --speculative-tokens and --speculative-mtp-layers
 // (generate, serve, instance); and the KV cache of a command that runs its sequences itself.
 #pragma once
 
@@ -23,6 +23,12 @@ inline constexpr const char* kKvCacheDTypeHelp =
 // Sets mo.compute and mo.kv_cache from the flags' text; InvalidArgument naming the flag and
 // the value otherwise. (Combinations the model cannot run are refused by its load().)
 Status parse_dtype_flags(const std::string& compute, const std::string& kv_cache, ModelOptions& mo);
+
+inline constexpr const char* kActivationDTypeHelp =
+    "Activations of integer linears: auto (as the checkpoint's quantization_config says) or "
+    "int8 (a W4A16 checkpoint run as W4A8: per-token int8 activations)";
+// Sets mo.activation from --activation-dtype's text (auto or int8).
+Status parse_activation_flag(const std::string& activation, ModelOptions& mo);
 
 // Sets mo.attention from --attention's text (auto, absorbed or expanded).
 Status parse_attention_flag(const std::string& attention, ModelOptions& mo);

@@ -40,6 +40,7 @@ struct PerplexityArgs {
   int64_t window = 512;
   std::string compute_dtype = "f32";
   std::string kv_cache_dtype = "auto";
+  std::string activation_dtype = "auto";
   int threads = 0;
   bool mtp_agreement = false;
   int64_t mtp_layers = 0;  // MTP layers the drafts use (0: all the checkpoint has)
@@ -112,6 +113,7 @@ Status run_perplexity(const PerplexityArgs& a) {
   XDS_ASSIGN_OR_RETURN(std::vector<int32_t> ids, tok.encode(*text, /*add_special_tokens=*/false));
   ModelOptions mo;
   XDS_RETURN_IF_ERROR(parse_dtype_flags(a.compute_dtype, a.kv_cache_dtype, mo));
+  XDS_RETURN_IF_ERROR(parse_activation_flag(a.activation_dtype, mo));
   mo.threads = a.threads;
   XDS_ASSIGN_OR_RETURN(std::unique_ptr<CausalLm> model, load_causal_lm(a.model, mo));
   const ModelInfo& info = model->info();
@@ -197,6 +199,7 @@ void add_perplexity_command(CLI::App& app, int* exit_code) {
       ->check(CLI::Range(int64_t{2}, int64_t{1} << 20));
   cmd->add_option("--compute-dtype", args->compute_dtype, kComputeDTypeHelp);
   cmd->add_option("--kv-cache-dtype", args->kv_cache_dtype, kKvCacheDTypeHelp);
+  cmd->add_option("--activation-dtype", args->activation_dtype, kActivationDTypeHelp);
   cmd->add_option("--threads", args->threads, "Worker threads (0: all cores)")
       ->check(CLI::Range(0, kMaxThreads));
   cmd->add_flag("--mtp-agreement", args->mtp_agreement,

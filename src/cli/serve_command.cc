@@ -58,6 +58,7 @@ struct EngineArgs {
   int64_t max_model_len = 0;
   std::string compute_dtype = "f32";
   std::string kv_cache_dtype = "auto";
+  std::string activation_dtype = "auto";
   int threads_per_device = 0;
   bool no_prefix_cache = false;
   bool no_chunked_prefill = false;
@@ -114,6 +115,7 @@ void add_engine_flags(CLI::App* cmd, EngineArgs& a) {
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--compute-dtype", a.compute_dtype, kComputeDTypeHelp);
   cmd->add_option("--kv-cache-dtype", a.kv_cache_dtype, kKvCacheDTypeHelp);
+  cmd->add_option("--activation-dtype", a.activation_dtype, kActivationDTypeHelp);
   cmd->add_option("--threads-per-device", a.threads_per_device,
                   "Worker threads per device process (0: cores / dp)")
       ->check(CLI::Range(0, kMaxThreads));
@@ -226,6 +228,7 @@ Result<serve::InstanceOptions> instance_options(const EngineArgs& a, const std::
   engine::DpGroupOptions& g = o.group;
   g.core.model_dir = a.model;
   XDS_RETURN_IF_ERROR(parse_dtype_flags(a.compute_dtype, a.kv_cache_dtype, g.core.model));
+  XDS_RETURN_IF_ERROR(parse_activation_flag(a.activation_dtype, g.core.model));
   g.core.max_num_seqs = a.max_num_seqs;
   g.core.max_num_batched_tokens = a.max_num_batched_tokens;
   g.core.chunked_prefill = !a.no_chunked_prefill;

@@ -22,6 +22,7 @@
 #include "base/hash.h"
 #include "base/read_file.h"
 #include "base/thread_pool.h"
+#include "mkmodel/int4_checkpoint.h"
 #include "mkmodel/router_skew.h"
 #include "model/moe_routing.h"
 #include "model/quant_config.h"
@@ -725,7 +726,7 @@ Status write_w8a8_copy(const MkModelOptions& o) {
   if (!o.router_skew.empty()) return invalid_argument("mkmodel: --from takes no --router-skew");
   const std::string src_config = o.from_dir + "/config.json";
   XDS_ASSIGN_OR_RETURN(const DeepseekV3Config src_c, load_deepseek_v3_config(o.from_dir));
-  if (src_c.fp8 || src_c.w8a8) {
+  if (src_c.fp8 || src_c.int_quant) {
     return invalid_argument("{}: field 'quantization_config': expected none (a float model)",
                             src_config);
   }
@@ -749,6 +750,7 @@ Status write_w8a8_copy(const MkModelOptions& o) {
 
 Status write_random_checkpoint(const MkModelOptions& o) {
   if (o.out_dir.empty()) return invalid_argument("mkmodel: --out is required");
+  if (!o.weights_int4.empty()) return write_int4_checkpoint(o);  // int4_checkpoint.h
   if (!o.from_dir.empty()) return write_w8a8_copy(o);
   XDS_ASSIGN_OR_RETURN(DeepseekV3Config c, mkmodel_config(o));
   if (o.weights_int8 && c.fp8) return invalid_argument("mkmodel: --weights-int8 with dtype fp8");

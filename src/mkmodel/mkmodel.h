@@ -50,6 +50,14 @@ struct MkModelOptions {
   // F32) checkpoint in this directory: its config.json with quantization_config added, its
   // other files copied; preset, dtype, seed and router skew unused.
   std::string from_dir;
+  // W4 (round to nearest per group of input columns: quant/w4_rtn.h, mkmodel/int4_checkpoint.h):
+  // "sym" or "asym" ("": off). A 4-bit copy of the random model (or of from_dir's float
+  // checkpoint): the projections W8A8 quantizes and kv_b_proj, where their input width is a
+  // multiple of int4_group_size (the others stay float, named in ignore).
+  std::string weights_int4;
+  int64_t int4_group_size = 32;                // 32, 64 or 128
+  std::string int4_format = "pack-quantized";  // compressed-tensors, or "gptq" (W4A16 only)
+  bool int4_int8_activations = false;          // pack-quantized: a W4A8 config
   int threads = 0;       // 0: all hardware threads
   bool progress = true;  // a progress line on stderr for outputs > ~1 GB
 };

@@ -41,8 +41,15 @@ enum class AttentionMode { kAuto, kAbsorbed, kExpanded };
 // or fp32); every attention path reads the dequantized stored rows (kv_storage.h).
 enum class KvCacheDType { kAuto, kF32, kBF16, kInt8 };
 
+// The linears' activations against integer weights: kAuto, as the checkpoint's
+// quantization_config says (W4A16 float, W4A8 and W8A8 int8 per token); kInt8, a W4A16
+// checkpoint's int4 linears run as W4A8 (per-token int8 activations, logged once at load).
+// kInt8 with a checkpoint that has no integer weights is refused by load().
+enum class ActivationDType { kAuto, kInt8 };
+
 struct ModelOptions {
   ComputeDType compute = ComputeDType::kF32;
+  ActivationDType activation = ActivationDType::kAuto;
   KvCacheDType kv_cache = KvCacheDType::kAuto;
   AttentionMode attention = AttentionMode::kAuto;
   int threads = 0;  // 0: all cores

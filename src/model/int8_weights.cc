@@ -67,7 +67,7 @@ Result<Int8Tensors> find_int8(const Checkpoint& ckpt, const std::string& module,
 }
 
 // A module the config and the tensors agree on: true if quantized (I8), false if float.
-Result<bool> agreed(const Checkpoint& ckpt, const W8A8Quantization& quant,
+Result<bool> agreed(const Checkpoint& ckpt, const IntQuantization& quant,
                     const std::string& weight_name) {
   const std::string module = module_of(weight_name);
   const TensorView* t = ckpt.find(weight_name);
@@ -144,12 +144,12 @@ Result<MatrixRef> bind_int8_as_f32_rows(const Checkpoint& ckpt, const std::strin
   return MatrixRef{DType::kF32, p, rows, cols, MatrixLayout::kRows};
 }
 
-Result<bool> w8a8_quantized(const Checkpoint& ckpt, const W8A8Quantization& quant,
+Result<bool> w8a8_quantized(const Checkpoint& ckpt, const IntQuantization& quant,
                             const std::string& weight_name) {
   return agreed(ckpt, quant, weight_name);
 }
 
-Result<MatrixRef> bind_w8a8_linear(const Checkpoint& ckpt, const W8A8Quantization& quant,
+Result<MatrixRef> bind_w8a8_linear(const Checkpoint& ckpt, const IntQuantization& quant,
                                    const std::string& weight_name, int64_t rows, int64_t cols,
                                    RepackCache& cache) {
   XDS_ASSIGN_OR_RETURN(const bool quantized, agreed(ckpt, quant, weight_name));

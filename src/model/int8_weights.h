@@ -7,7 +7,7 @@
 // 16-row panels, fp32 scales, the vpdpbusd corrections; kernels/cpu/int8_linear.h) in the
 // shared repack cache, as BF16 linears are into theirs (weights.h).
 //
-// Which modules are quantized is the config's decision (W8A8Quantization::quantizes), and
+// Which modules are quantized is the config's decision (IntQuantization::quantizes), and
 // the tensors must agree: a quantized module whose weight is not I8, or an ignored one whose
 // weight is I8, fails with an error naming the file, the tensor and the config field.
 #pragma once
@@ -37,13 +37,13 @@ Result<MatrixRef> bind_int8_as_f32_rows(const Checkpoint& ckpt, const std::strin
 // The weight `weight_name` ("<module>.weight") of a Linear module under the W8A8 config:
 // bind_int8_linear where the config quantizes the module, else bind_linear (its float
 // dtype); a tensor that disagrees with the config is an error.
-Result<MatrixRef> bind_w8a8_linear(const Checkpoint& ckpt, const W8A8Quantization& quant,
+Result<MatrixRef> bind_w8a8_linear(const Checkpoint& ckpt, const IntQuantization& quant,
                                    const std::string& weight_name, int64_t rows, int64_t cols,
                                    RepackCache& cache);
 
 // Whether the config quantizes the module of `weight_name` and its tensor is I8 (checked
 // as bind_w8a8_linear checks it): for the matrices bound as rows (kv_b_proj).
-Result<bool> w8a8_quantized(const Checkpoint& ckpt, const W8A8Quantization& quant,
+Result<bool> w8a8_quantized(const Checkpoint& ckpt, const IntQuantization& quant,
                             const std::string& weight_name);
 
 }  // namespace xds

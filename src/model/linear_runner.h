@@ -3,7 +3,8 @@
 // kF32: kernels::linear_f32. kBF16: the inputs are first rounded to bf16 (the stated
 // rounding point of the fast mode), then kernels::linear_bf16. Int8 weights (W8A8
 // checkpoints) take the fp32 rows in both modes: quantized per token, int8 products
-// (kernels/cpu/int8_matrix.h), the same integer arithmetic whatever the compute dtype.
+// (kernels/cpu/int8_matrix.h), the same integer arithmetic whatever the compute dtype; so do
+// W4A8 int4 weights. W4A16 int4 weights take the mode's rows (fp32, or rounded to bf16).
 // Thread-safety: one caller at a time (owns a bf16 scratch buffer).
 #pragma once
 

@@ -57,8 +57,81 @@ Status check_group(std::string_view source, const std::string& path, const json&
   return expect_value(source, path, g, "output_activations", nullptr, true);
 }
 
+// The weights of a pack-quantized group (4-bit, per group of columns) into q.
+Status parse_w4_weights(std::string_view source, const std::string& path, const json& v,
+                        IntQuantization& q) {
+  if (!v.is_object()) return field_error(source, path, "an object", v);
+  XDS_RETURN_IF_ERROR(expect_value(source, path, v, "num_bits", 4, false));
+  XDS_RETURN_IF_ERROR(expect_value(source, path, v, "type", "int", false));
+  XDS_RETURN_IF_ERROR(expect_value(source, path, v, "strategy", "group", false));
+  XDS_RETURN_IF_ERROR(expect_value(source, path, v, "dynamic", false, true));
+  XDS_RETURN_IF_ERROR(expect_value(source, path, v, "block_structure", nullptr, true));
+  const json sym = v.value("symmetric", json(true));
+  if (!sym.is_boolean()) return field_error(source, path + ".symmetric", "true or false", sym);
+  q.symmetric = sym.get<bool>();
+  const json g = v.value("group_size", json());
+  if (!g.is_number_integer() || !(g == 32 || g == 64 || g == 128)) {
+    return field_error(source, path + ".group_size", "32, 64 or 128", g);
+  }
+  q.group_size = g.get<int64_t>();
+  const json a = v.value("actorder", json());
+  if (a.is_null()) {
+    q.actorder = Int4ActOrder::kNone;
+  } else if (a == "group") {
+    q.actorder = Int4ActOrder::kGroup;
+  } else if (a == "weight") {
+    q.actorder = Int4ActOrder::kWeight;
+  } else {
+    return field_error(source, path + ".actorder", "null, \"group\" or \"weight\"", a);
+  }
+  return {};
+}
+
+// A pack-quantized group: 4-bit weights, W4A16 (no input_activations) or W4A8.
+Status check_w4_group(std::string_view source, const std::string& path, const json& g,
+                      IntQuantization& q) {
+  if (!g.is_object()) return field_error(source, path, "an object", g);
+  XDS_RETURN_IF_ERROR(expect_value(source, path, g, "targets", json::array({"Linear"}), false));
+  if (!g.contains("weights")) return field_error(source, path + ".weights", "an object", json());
+  XDS_RETURN_IF_ERROR(parse_w4_weights(source, path + ".weights", g["weights"], q));
+  const json a = g.value("input_activations", json());
+  if (a.is_null()) {
+    q.scheme = IntScheme::kW4A16;
+  } else {
+    XDS_RETURN_IF_ERROR(check_args(source, path + ".input_activations", a, "token", true));
+    q.scheme = IntScheme::kW4A8;
+  }
+  return expect_value(source, path, g, "output_activations", nullptr, true);
+}
+
+// quant_method "gptq" (layout 3 of the header).
+Result<IntQuantization> parse_gptq(std::string_view source, const std::string& k, const json& v) {
+  IntQuantization q;
+  q.scheme = IntScheme::kW4A16;
+  q.format = Int4Format::kGptq;
+  q.quantized_by_tensors = true;
+  XDS_RETURN_IF_ERROR(expect_value(source, k, v, "bits", 4, false));
+  const json g = v.value("group_size", json());
+  if (!g.is_number_integer() || !(g == 32 || g == 64 || g == 128)) {
+    return field_error(source, k + ".group_size", "32, 64 or 128", g);
+  }
+  q.group_size = g.get<int64_t>();
+  for (const char* f : {"desc_act", "sym"}) {
+    const json b = v.value(f, json(f == std::string_view("sym")));
+    if (!b.is_boolean()) return field_error(source, k + "." + f, "true or false", b);
+  }
+  q.symmetric = v.value("sym", true);
+  q.actorder = v.value("desc_act", false) ? Int4ActOrder::kGroup : Int4ActOrder::kNone;
+  const json fmt_v = v.value("checkpoint_format", json("gptq"));
+  if (fmt_v != "gptq" && fmt_v != "gptq_v2") {
+    return field_error(source, k + ".checkpoint_format", "\"gptq\" or \"gptq_v2\"", fmt_v);
+  }
+  q.gptq_zero_minus_one = fmt_v == "gptq";
+  return q;
+}
+
 Status parse_ignore(std::string_view source, const std::string& path, const json& v,
-                    W8A8Quantization& q) {
+                    IntQuantization& q) {
   if (!v.is_array()) return field_error(source, path, "a list of module names", v);
   for (size_t i = 0; i < v.size(); ++i) {
     const std::string key = fmt::format("{}[{}]", path, i);
@@ -91,7 +164,8 @@ Status parse_ignore(std::string_view source, const std::string& path, const json
 
 }  // namespace
 
-bool W8A8Quantization::quantizes(std::string_view module) const {
+bool IntQuantization::quantizes(std::string_view module) const {
+  if (quantized_by_tensors) return true;
   for (const std::string& n : ignore_names) {
     if (n == module) return false;
   }
@@ -107,12 +181,30 @@ bool W8A8Quantization::quantizes(std::string_view module) const {
   return true;
 }
 
-Result<W8A8Quantization> parse_w8a8_quantization(std::string_view source, std::string_view key,
-                                                 const json& v) {
+const char* int_scheme_name(IntScheme s) {
+  switch (s) {
+    case IntScheme::kW8A8:
+      return "w8a8";
+    case IntScheme::kW4A16:
+      return "w4a16";
+    case IntScheme::kW4A8:
+      return "w4a8";
+  }
+  return "?";
+}
+
+Result<IntQuantization> parse_int_quantization(std::string_view source, std::string_view key,
+                                               const json& v) {
   const std::string k(key);
   if (!v.is_object()) return field_error(source, k, "an object", v);
+  if (v.value("quant_method", json()) == "gptq") return parse_gptq(source, k, v);
   XDS_RETURN_IF_ERROR(expect_value(source, k, v, "quant_method", "compressed-tensors", false));
-  XDS_RETURN_IF_ERROR(expect_value(source, k, v, "format", "int-quantized", false));
+  const json format = v.value("format", json());
+  if (format != "int-quantized" && format != "pack-quantized") {
+    return field_error(source, k + ".format",
+                       "\"int-quantized\" (W8A8) or \"pack-quantized\" (W4A16, W4A8)", format);
+  }
+  const bool w4 = format == "pack-quantized";
   XDS_RETURN_IF_ERROR(expect_value(source, k, v, "quantization_status", "compressed", true));
   XDS_RETURN_IF_ERROR(expect_value(source, k, v, "kv_cache_scheme", nullptr, true));
   if (v.contains("sparsity_config")) {
@@ -126,9 +218,14 @@ Result<W8A8Quantization> parse_w8a8_quantization(std::string_view source, std::s
   if (!groups.is_object() || groups.size() != 1) {
     return field_error(source, groups_key, "an object with exactly one group", groups);
   }
-  XDS_RETURN_IF_ERROR(
-      check_group(source, groups_key + "." + groups.begin().key(), groups.begin().value()));
-  W8A8Quantization q;
+  IntQuantization q;
+  const std::string group_key = groups_key + "." + groups.begin().key();
+  if (w4) {
+    q.format = Int4Format::kPackQuantized;
+    XDS_RETURN_IF_ERROR(check_w4_group(source, group_key, groups.begin().value(), q));
+  } else {
+    XDS_RETURN_IF_ERROR(check_group(source, group_key, groups.begin().value()));
+  }
   if (v.contains("ignore") && !v["ignore"].is_null()) {
     XDS_RETURN_IF_ERROR(parse_ignore(source, k + ".ignore", v["ignore"], q));
   }
@@ -156,6 +253,49 @@ nlohmann::ordered_json w8a8_quantization_json(const std::vector<std::string>& ig
           {"kv_cache_scheme", nullptr},
           {"sparsity_config", ojson::object()},
           {"global_compression_ratio", nullptr}};
+}
+
+}  // namespace xds
+
+namespace xds {
+
+nlohmann::ordered_json w4_pack_quantized_json(int64_t group_size, bool symmetric,
+                                              bool int8_activations,
+                                              const std::vector<std::string>& ignore) {
+  using ojson = nlohmann::ordered_json;
+  ojson weights = {{"num_bits", 4},          {"type", "int"},
+                   {"symmetric", symmetric}, {"group_size", group_size},
+                   {"strategy", "group"},    {"block_structure", nullptr},
+                   {"dynamic", false},       {"actorder", nullptr},
+                   {"observer", "minmax"},   {"observer_kwargs", ojson::object()}};
+  ojson acts = nullptr;
+  if (int8_activations) {
+    acts = {{"num_bits", 8},       {"type", "int"},
+            {"symmetric", true},   {"group_size", nullptr},
+            {"strategy", "token"}, {"block_structure", nullptr},
+            {"dynamic", true},     {"actorder", nullptr},
+            {"observer", nullptr}, {"observer_kwargs", ojson::object()}};
+  }
+  ojson group = {{"targets", {"Linear"}},
+                 {"weights", weights},
+                 {"input_activations", acts},
+                 {"output_activations", nullptr}};
+  return {{"quant_method", "compressed-tensors"},
+          {"format", "pack-quantized"},
+          {"quantization_status", "compressed"},
+          {"config_groups", {{"group_0", group}}},
+          {"ignore", ignore},
+          {"kv_cache_scheme", nullptr},
+          {"sparsity_config", ojson::object()},
+          {"global_compression_ratio", nullptr}};
+}
+
+nlohmann::ordered_json w4_gptq_json(int64_t group_size, bool symmetric) {
+  return {{"quant_method", "gptq"},     {"bits", 4},
+          {"group_size", group_size},   {"desc_act", false},
+          {"sym", symmetric},           {"damp_percent", 0.01},
+          {"true_sequential", true},    {"static_groups", false},
+          {"checkpoint_format", "gptq"}};
 }
 
 }  // namespace xds

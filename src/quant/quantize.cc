@@ -279,9 +279,11 @@ std::vector<OutTensor> output_tensors(const Run& r) {
 
 Status quantize_into(const QuantizeOptions& o, const std::string& tmp) {
   XDS_ASSIGN_OR_RETURN(const DeepseekV3Config c, load_deepseek_v3_config(o.model_dir));
-  if (c.w8a8) {
-    return unimplemented("{}/config.json: field 'quantization_config': quantize reads BF16, F16, "
-                         "F32 or block-FP8 checkpoints (this one is already W8A8)", o.model_dir);
+  if (c.int_quant) {
+    return unimplemented(
+        "{}/config.json: field 'quantization_config': quantize reads BF16, F16, "
+        "F32 or block-FP8 checkpoints (this one is already {})",
+        o.model_dir, int_scheme_name(c.int_quant->scheme));
   }
   XDS_ASSIGN_OR_RETURN(const std::string text, read_whole_file(o.calibration_file));
   XDS_ASSIGN_OR_RETURN(Tokenizer tok, Tokenizer::load(o.model_dir));
@@ -315,7 +317,9 @@ Status quantize_into(const QuantizeOptions& o, const std::string& tmp) {
     XDS_RETURN_IF_ERROR(calib->run_window(std::span<const int32_t>(ids).subspan(start, len)));
     tokens += len;
     if (o.progress) {
-      std::fprintf(stderr, "\rquantize: calibration window %lld, %lld tokens, %lld experts below %lld tokens, %.1f s",
+      std::fprintf(stderr,
+                   "\rquantize: calibration window %lld, %lld tokens, %lld experts below %lld "
+                   "tokens, %.1f s",
                    static_cast<long long>(windows + 1), static_cast<long long>(tokens),
                    static_cast<long long>(experts_short()),
                    static_cast<long long>(o.min_expert_samples), seconds());

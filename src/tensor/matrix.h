@@ -39,6 +39,16 @@
 // written once at load into the repack cache. The linear kernels run them as W8A8 products
 // (per-token int8 activations, int32 sums; kernels/cpu/int8_matrix.h).
 //
+// kInt4Panels (dtype kU8: W4A16 / W4A8 checkpoints, model/quant_config.h, model/int4_weights.h):
+// 4-bit weights with one fp32 scale (and, asymmetric, one zero point) per output row and group
+// of group_cols input columns, in the int4 kernels' layout (kernels/cpu/int4_linear.h):
+//   data [pairs][cols / 4][64] uint8 (two rows' nibbles a byte; 32 rows a pair, padded),
+//   scales [pairs][groups][32] fp32, zero [pairs][groups][32] uint8 or null (symmetric),
+//   W[r][c] = scales(r, g) · (q(r, c) - zero(r, g)), g = c / group_cols (zero 8 when null)
+// written once at load into the repack cache. int8_activations picks the product: true, W4A8
+// (per-token int8 activations, int32 group sums); false, W4A16 (fp32 or bf16 activations).
+// kernels/cpu/int4_matrix.h.
+//
 // Not owning; the Checkpoint / repack mapping outlives it.
 #pragma once
 
@@ -48,7 +58,7 @@
 
 namespace xds {
 
-enum class MatrixLayout { kRows, kPanels16, kInt8Panels };
+enum class MatrixLayout { kRows, kPanels16, kInt8Panels, kInt4Panels };
 
 inline constexpr int64_t kPanelRows = 16;
 inline constexpr int64_t kPairStride = 2 * kPanelRows;  // elements per column of a panel pair
@@ -62,6 +72,10 @@ struct MatrixRef {
   const float* scales = nullptr;        // F8_E4M3 panels only: see above
   int scale_shift = 0;                  // log2(block_cols) of those scales
   const int32_t* correction = nullptr;  // kInt8Panels only: see above
+  // kInt4Panels only (scales above hold its [pairs][groups][32] fp32 scales): see above.
+  const uint8_t* zero = nullptr;  // [pairs][groups][32], or null: symmetric
+  int64_t group_cols = 0;         // G: 32, 64 or 128
+  bool int8_activations = false;  // W4A8 (true) or W4A16
 
   int64_t scale_blocks() const { return (cols + (int64_t{1} << scale_shift) - 1) >> scale_shift; }
 
@@ -75,14 +89,20 @@ struct MatrixRef {
   }
   // Bytes of the payload, padding of the last panel and pair included.
   int64_t bytes() const {
+    if (layout == MatrixLayout::kInt4Panels) return (rows + 31) / 32 * 16 * cols;
     if (layout == MatrixLayout::kInt8Panels) return (rows + 31) / 32 * 32 * ((cols + 3) / 4 * 4);
     return layout == MatrixLayout::kRows ? rows * row_bytes()
                                          : stored_panels() * kPanelRows * row_bytes();
   }
   // Bytes a product over the whole matrix reads: the payload and, for FP8 panels, their
   // scales (fp32, stored_panels() × scale_blocks()); int8 panels: their scales and
-  // corrections (8 bytes a stored row).
+  // corrections (8 bytes a stored row); int4 panels: their scales and zero points (4 + 1
+  // bytes a stored row and group).
   int64_t read_bytes() const {
+    if (layout == MatrixLayout::kInt4Panels) {
+      const int64_t groups = group_cols > 0 ? cols / group_cols : 0;
+      return bytes() + (rows + 31) / 32 * 32 * groups * (4 + (zero != nullptr ? 1 : 0));
+    }
     if (layout == MatrixLayout::kInt8Panels) return bytes() + (rows + 31) / 32 * 32 * 8;
     return bytes() + (scales != nullptr ? stored_panels() * scale_blocks() * int64_t{4} : 0);
   }

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "base/check.h"
+#include "kernels/cpu/int4_matrix.h"
 #include "kernels/cpu/int8_matrix.h"
 #include "kernels/cpu/linear_panels.h"
 #include "kernels/cpu/static_dispatch.h"
@@ -332,6 +333,37 @@ void one_weight_on_pool(const X* x, int64_t n, int64_t ldx, const MatrixRef& w, 
   group(x, n, ldx, std::span<const LinearOutput>(one), pool);
 }
 
+// kInt4Panels weights (int4_matrix.h): W4A8 quantizes x per token (from fp32, or from bf16
+// widened exactly), W4A16 multiplies x as it is. pool null: on the calling thread.
+void int4_linear_x_f32(const float* x, int64_t n, int64_t ldx, const MatrixRef& w, float* y,
+                       int64_t ldy, ThreadPool* pool) {
+  const Int4PanelsRef p = int4_panels_of(w);
+  const Int8Output out{y, nullptr, ldy};
+  if (!w.int8_activations) {
+    if (pool == nullptr) return int4_linear_f32_on_thread(x, n, ldx, p, out);
+    return int4_linear_f32(x, n, ldx, p, out, *pool);
+  }
+  thread_local Int8Rows xq;
+  if (pool == nullptr) {
+    xq.resize(n, w.cols);
+    quantize_rows_int8(x, n, w.cols, ldx, xq.out());
+    return int4_linear_on_thread(xq.ref(), p, out);
+  }
+  quantize_rows_int8_on_pool(x, n, w.cols, ldx, xq, *pool);
+  int4_linear(xq.ref(), p, out, *pool);
+}
+
+void int4_linear_x_bf16(const uint16_t* x, int64_t n, int64_t ldx, const MatrixRef& w, float* y,
+                        int64_t ldy, ThreadPool& pool) {
+  const Int4PanelsRef p = int4_panels_of(w);
+  const Int8Output out{y, nullptr, ldy};
+  if (!w.int8_activations) return int4_linear_bf16(x, n, ldx, p, out, pool);
+  thread_local Int8Rows xq;
+  xq.resize(n, w.cols);
+  quantize_rows_int8(x, n, w.cols, ldx, xq.out());
+  int4_linear(xq.ref(), p, out, pool);
+}
+
 }  // namespace
 
 void use_single_threaded_blas() {
@@ -347,6 +379,7 @@ void linear_f32(const float* x, int64_t n, int64_t ldx, const MatrixRef& w, floa
   }
   if (is_int8_matrix(w))
     return int8_linear_f32(x, n, ldx, int8_panels_of(w), {y, nullptr, ldy}, pool);
+  if (is_int4_matrix(w)) return int4_linear_x_f32(x, n, ldx, w, y, ldy, &pool);
   if (n >= sgemm_min_tokens) return linear_sgemm(x, n, ldx, w, y, ldy, pool);
   if (w.dtype == DType::kBF16) return linear_impl<float, uint16_t>(x, n, ldx, w, y, ldy, pool);
   XDS_CHECK(w.dtype == DType::kF32, "linear: weight dtype {}", dtype_name(w.dtype));
@@ -386,6 +419,15 @@ void linear_f32_group(const float* x, int64_t n, int64_t ldx, std::span<const Li
       int8_linear(xq.ref(), int8_panels_of(*o.w), {o.y, nullptr, o.ldy}, pool);
     return;
   }
+  const bool all_int4_a8 = std::all_of(
+      outs.begin(), outs.end(), [](const LinearOutput& o) { return is_int4_a8_matrix(*o.w); });
+  if (all_int4_a8) {  // W4A8: x quantized once for all of them
+    thread_local Int8Rows xq;
+    quantize_rows_int8_on_pool(x, n, outs[0].w->cols, ldx, xq, pool);
+    for (const LinearOutput& o : outs)
+      int4_linear(xq.ref(), int4_panels_of(*o.w), {o.y, nullptr, o.ldy}, pool);
+    return;
+  }
   if (!runs_as_group(n, outs, pool, [](const MatrixRef& w) { return is_panel_matrix(w); })) {
     for (const LinearOutput& o : outs) linear_f32(x, n, ldx, *o.w, o.y, o.ldy, pool);
     return;
@@ -404,6 +446,7 @@ void linear_f32_serial(const float* x, int64_t n, int64_t ldx, const MatrixRef& 
     quantize_rows_int8(x, n, w.cols, ldx, xq.out());
     return int8_linear_on_thread(xq.ref(), int8_panels_of(w), {y, nullptr, ldy});
   }
+  if (is_int4_matrix(w)) return int4_linear_x_f32(x, n, ldx, w, y, ldy, nullptr);
   const int64_t k = w.cols;
   for (int64_t t = 0; t < n; t += kTokenBlock) {
     const int tb = static_cast<int>(std::min<int64_t>(kTokenBlock, n - t));
@@ -430,6 +473,7 @@ void linear_bf16(const uint16_t* x, int64_t n, int64_t ldx, const MatrixRef& w, 
     quantize_rows_int8(x, n, w.cols, ldx, xq.out());
     return int8_linear(xq.ref(), int8_panels_of(w), {y, nullptr, ldy}, pool);
   }
+  if (is_int4_matrix(w)) return int4_linear_x_bf16(x, n, ldx, w, y, ldy, pool);
   if (panels_dot_for(w)) {
     return one_weight_on_pool(x, n, ldx, w, y, ldy, pool, panels_linear_bf16,
                               linear_panels_dot_group);

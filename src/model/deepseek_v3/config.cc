@@ -184,26 +184,29 @@ Status parse_rope_scaling(std::string_view source, std::string_view key, const j
   return {};
 }
 
-// quantization_config: absent/null (plain checkpoint), compressed-tensors W8A8
+// quantization_config: absent/null (plain checkpoint), compressed-tensors W8A8 / W4A16 / W4A8
+// or GPTQ W4A16
 // (quant_config.h), or the published block-FP8 one:
 // {"activation_scheme":"dynamic","fmt":"e4m3","quant_method":"fp8","weight_block_size":[128,128]}
 Status parse_quantization(std::string_view source, std::string_view key, const json& v, Config& c) {
   if (v.is_null()) {
     c.fp8.reset();
-    c.w8a8.reset();
+    c.int_quant.reset();
     return {};
   }
   if (!v.is_object()) return field_error(source, key, "an object or null", v);
   const std::string k = std::string(key);
   const json method = v.value("quant_method", json());
-  if (method.is_string() && method.get<std::string>() == "compressed-tensors") {
-    XDS_ASSIGN_OR_RETURN(c.w8a8, parse_w8a8_quantization(source, key, v));
+  if (method == "compressed-tensors" || method == "gptq") {
+    XDS_ASSIGN_OR_RETURN(c.int_quant, parse_int_quantization(source, key, v));
     c.fp8.reset();
     return {};
   }
   if (!method.is_string() || method.get<std::string>() != "fp8") {
     return field_error(source, k + ".quant_method",
-                       "\"fp8\" or \"compressed-tensors\" (W8A8: model/quant_config.h)", method);
+                       "\"fp8\", \"compressed-tensors\" (W8A8, W4A16, W4A8) or \"gptq\" (W4A16; "
+                       "model/quant_config.h)",
+                       method);
   }
   const json fmt_v = v.value("fmt", json());
   if (!fmt_v.is_string() || fmt_v.get<std::string>() != "e4m3") {
@@ -225,7 +228,7 @@ Status parse_quantization(std::string_view source, std::string_view key, const j
   q.block_rows = bs[0].get<int64_t>();
   q.block_cols = bs[1].get<int64_t>();
   c.fp8 = q;
-  c.w8a8.reset();
+  c.int_quant.reset();
   return {};
 }
 

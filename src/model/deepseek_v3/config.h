@@ -60,7 +60,7 @@ struct DeepseekV3Config {
   int64_t max_position_embeddings = 4096;
   bool tie_word_embeddings = false;
   std::optional<Fp8Quantization> fp8;    // present when the checkpoint is block-FP8
-  std::optional<W8A8Quantization> w8a8;  // compressed-tensors W8A8 (quant_config.h)
+  std::optional<IntQuantization> int_quant;  // W8A8, W4A16 or W4A8 (quant_config.h)
   std::optional<int64_t> bos_token_id;
   std::vector<int64_t> eos_token_ids;   // from generation_config.json (else config.json)
 

@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "base/grow.h"
+#include "base/log.h"
 #include "kernels/cpu/int8_matrix.h"
 #include "kernels/cpu/linear.h"
 #include "kernels/cpu/mla_attention.h"
@@ -78,6 +79,21 @@ Result<std::unique_ptr<DeepseekV3Model>> DeepseekV3Model::load(const std::string
   std::unique_ptr<DeepseekV3Model> m(new DeepseekV3Model());
   XDS_ASSIGN_OR_RETURN(m->config_, load_deepseek_v3_config(dir));
   m->options_ = options;
+  if (options.activation == ActivationDType::kInt8) {
+    if (!m->config_.int_quant) {
+      return invalid_argument(
+          "{}/config.json: activation dtype int8 needs integer weights (a W4A16, W4A8 or W8A8 "
+          "quantization_config); this checkpoint has none",
+          dir);
+    }
+    if (m->config_.int_quant->scheme == IntScheme::kW4A16) {
+      m->config_.int_quant->scheme = IntScheme::kW4A8;
+      XDS_LOG_INFO(
+          "{}: W4A16 checkpoint run as W4A8 (activation dtype int8: per-token int8 "
+          "activations)",
+          dir);
+    }
+  }
   if (options.kv_cache == KvCacheDType::kBF16 &&
       (options.compute != ComputeDType::kBF16 || !kernels::absorbed_bf16_available())) {
     return invalid_argument(

@@ -2,7 +2,7 @@
 
 #include <fmt/format.h>
 
-#include "model/int8_weights.h"
+#include "model/int4_weights.h"
 #include "model/safetensors.h"
 #include "model/weights.h"
 
@@ -24,19 +24,17 @@ class Binder {
     return bind_matrix(ckpt_, name, rows, cols, store_, br_, bc_);
   }
   // A weight used only as y = x · Wᵀ: panels when BF16 (bind_linear).
-  // W8A8 checkpoints: int8 panels where quantization_config quantizes the module
-  // (int8_weights.h), the module's float dtype where it is ignored.
+  // Integer checkpoints: int8 (W8A8) or int4 (W4A16, W4A8) panels where quantization_config
+  // quantizes the module (int4_weights.h), the module's float dtype where it is ignored.
   Result<MatrixRef> linear(const std::string& name, int64_t rows, int64_t cols) {
-    if (c_.w8a8) return bind_w8a8_linear(ckpt_, *c_.w8a8, name, rows, cols, store_);
+    if (c_.int_quant) return bind_int_linear(ckpt_, *c_.int_quant, name, rows, cols, store_);
     return bind_linear(ckpt_, name, rows, cols, store_, br_, bc_);
   }
   // kv_b_proj, which attention slices by heads: a quantized one is dequantized to F32 rows.
   Result<MatrixRef> sliced_linear(const std::string& name, int64_t rows, int64_t cols) {
-    if (c_.w8a8) {
-      XDS_ASSIGN_OR_RETURN(const bool quantized, w8a8_quantized(ckpt_, *c_.w8a8, name));
-      if (quantized) {
-        return bind_int8_as_f32_rows(ckpt_, name.substr(0, name.size() - 7), rows, cols, store_);
-      }
+    if (c_.int_quant) {
+      XDS_ASSIGN_OR_RETURN(const bool quantized, int_quantized(ckpt_, *c_.int_quant, name));
+      if (quantized) return bind_int_as_f32_rows(ckpt_, *c_.int_quant, name, rows, cols, store_);
     }
     return matrix(name, rows, cols);
   }
@@ -80,9 +78,13 @@ class Binder {
     const int64_t kv_b_rows = h * (c_.qk_nope_head_dim + c_.v_head_dim);
     XDS_ASSIGN_OR_RETURN(l.attn.kv_b_proj,
                          sliced_linear(a + ".kv_b_proj.weight", kv_b_rows, c_.kv_lora_rank));
-    XDS_ASSIGN_OR_RETURN(AbsorbedHeads heads,
-                         bind_absorbed_heads(ckpt_, a + ".kv_b_proj.weight", l.attn.kv_b_proj, h,
-                                             c_.qk_nope_head_dim, c_.v_head_dim, store_));
+    // A 4-bit kv_b_proj has no `.weight` (its F32 rows serve both paths): no head panels.
+    AbsorbedHeads heads;
+    if (has(a + ".kv_b_proj.weight")) {
+      XDS_ASSIGN_OR_RETURN(heads,
+                           bind_absorbed_heads(ckpt_, a + ".kv_b_proj.weight", l.attn.kv_b_proj, h,
+                                               c_.qk_nope_head_dim, c_.v_head_dim, store_));
+    }
     l.attn.uk_t = std::move(heads.uk_t);
     l.attn.uv = std::move(heads.uv);
     if (!l.attn.uv.empty()) {

@@ -346,8 +346,11 @@ TEST(Config, RopeScalingAndQuantizationErrors) {
   expect_error(j, {"field 'rope_scaling'", "an object or null", "3"});
 
   j = valid_config();
+  j["quantization_config"]["quant_method"] = "awq";
+  expect_error(j, {"field 'quantization_config.quant_method'", "\"fp8\"", "\"awq\""});
+  // GPTQ is read (model/quant_config.h); an fp8 config relabelled gptq lacks its fields.
   j["quantization_config"]["quant_method"] = "gptq";
-  expect_error(j, {"field 'quantization_config.quant_method'", "\"fp8\"", "\"gptq\""});
+  expect_error(j, {"field 'quantization_config.bits'", "expected 4", "found null"});
   j = valid_config();
   j["quantization_config"]["fmt"] = "e5m2";
   expect_error(j, {"field 'quantization_config.fmt'", "\"e4m3\"", "\"e5m2\""});

@@ -53,9 +53,9 @@ Result<DeepseekV3Config> parse(const json& j) {
 TEST(QuantConfig, AcceptsThePublishedW8A8Layout) {
   Result<DeepseekV3Config> c = parse(w8a8_config());
   ASSERT_TRUE(c.ok()) << c.status().to_string();
-  ASSERT_TRUE(c->w8a8.has_value());
+  ASSERT_TRUE(c->int_quant.has_value());
   EXPECT_FALSE(c->fp8.has_value());
-  const W8A8Quantization& q = *c->w8a8;
+  const IntQuantization& q = *c->int_quant;
   EXPECT_EQ(q.ignore_names,
             (std::vector<std::string>{"lm_head", "model.layers.0.self_attn.o_proj"}));
   ASSERT_EQ(q.ignore_patterns.size(), 2u);
@@ -82,7 +82,7 @@ TEST(QuantConfig, OptionalFieldsMayBeAbsent) {
   qc["config_groups"]["group_0"].erase("output_activations");
   Result<DeepseekV3Config> c = parse(j);
   ASSERT_TRUE(c.ok()) << c.status().to_string();
-  EXPECT_TRUE(c->w8a8->quantizes("lm_head"));  // no ignore list: every Linear
+  EXPECT_TRUE(c->int_quant->quantizes("lm_head"));  // no ignore list: every Linear
 }
 
 TEST(QuantConfig, WrittenConfigReadsBack) {
@@ -91,8 +91,8 @@ TEST(QuantConfig, WrittenConfigReadsBack) {
       json::parse(w8a8_quantization_json({"lm_head", "re:.*mlp\\.gate$"}).dump());
   Result<DeepseekV3Config> c = parse(j);
   ASSERT_TRUE(c.ok()) << c.status().to_string();
-  EXPECT_FALSE(c->w8a8->quantizes("model.layers.1.mlp.gate"));
-  EXPECT_TRUE(c->w8a8->quantizes("model.layers.1.mlp.up_proj"));
+  EXPECT_FALSE(c->int_quant->quantizes("model.layers.1.mlp.gate"));
+  EXPECT_TRUE(c->int_quant->quantizes("model.layers.1.mlp.up_proj"));
 }
 
 struct BadField {

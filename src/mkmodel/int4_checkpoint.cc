@@ -1,0 +1,272 @@
+#include "mkmodel/int4_checkpoint.h"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "base/atomic_file.h"
+#include "base/bf16.h"
+#include "base/read_file.h"
+#include "base/thread_pool.h"
+#include "model/deepseek_v3/config.h"
+#include "model/quant_config.h"
+#include "model/safetensors.h"
+#include "quant/checkpoint_writer.h"
+#include "quant/w4_rtn.h"
+#include "quant/w8a8_rtn.h"
+
+namespace xds {
+namespace {
+
+using ojson = nlohmann::ordered_json;
+
+Status write_text(const std::string& path, const std::string& text) {
+  XDS_ASSIGN_OR_RETURN(AtomicFile f, AtomicFile::create(path));
+  XDS_RETURN_IF_ERROR(f.write(text));
+  return f.commit();
+}
+
+bool int4_target(const std::string& name) {
+  return w8a8_rtn_target(name) ||
+         (name.starts_with("model.layers.") && name.ends_with(".self_attn.kv_b_proj.weight"));
+}
+
+float element(const TensorView& t, int64_t i) {
+  if (t.dtype == DType::kF32) {
+    float v;
+    std::memcpy(&v, t.data + i * 4, 4);
+    return v;
+  }
+  uint16_t h;
+  std::memcpy(&h, t.data + i * 2, 2);
+  return t.dtype == DType::kBF16 ? bf16_to_f32(h) : f16_to_f32(h);
+}
+
+OutTensor out_tensor(std::string name, DType dt, std::vector<int64_t> shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  OutTensor t{std::move(name), dt, std::move(shape), {}};
+  t.bytes.resize(static_cast<size_t>(n * dtype_size(dt)));
+  return t;
+}
+
+void put_i32(OutTensor& t, int64_t i, uint32_t v) {
+  std::memcpy(t.bytes.data() + i * 4, &v, 4);
+}
+
+void put_scale(OutTensor& t, int64_t i, float v) {
+  if (t.dtype == DType::kF32) {
+    std::memcpy(t.bytes.data() + i * 4, &v, 4);
+    return;
+  }
+  const uint16_t h = t.dtype == DType::kBF16 ? f32_to_bf16(v) : f32_to_f16(v);
+  std::memcpy(t.bytes.data() + i * 2, &h, 2);
+}
+
+// One module's RTN result: q [rows][cols], scale and zero [rows][groups].
+struct Quantized {
+  std::vector<uint8_t> q, zero;
+  std::vector<float> scale;
+};
+
+Result<Quantized> quantize(const TensorView& t, int64_t group, bool symmetric, DType scale_dtype,
+                           ThreadPool& pool) {
+  const int64_t rows = t.shape[0], cols = t.shape[1], groups = cols / group;
+  Quantized out;
+  out.q.resize(static_cast<size_t>(rows * cols));
+  out.zero.resize(static_cast<size_t>(rows * groups));
+  out.scale.resize(static_cast<size_t>(rows * groups));
+  std::atomic<int64_t> bad{-1};
+  pool.parallel_for(rows, [&](int64_t b, int64_t e, int) {
+    std::vector<float> w(static_cast<size_t>(cols));
+    for (int64_t r = b; r < e; ++r) {
+      for (int64_t c = 0; c < cols; ++c) {
+        w[c] = element(t, r * cols + c);
+        if (!std::isfinite(w[c])) bad.store(r * cols + c);
+      }
+      w4_rtn_quantize_row(
+          w.data(), cols, group, symmetric, scale_dtype,
+          {out.q.data() + r * cols, out.scale.data() + r * groups, out.zero.data() + r * groups});
+    }
+  });
+  if (bad.load() >= 0) {
+    return invalid_argument("{}: tensor '{}': element {} is not finite", t.file, t.name,
+                            bad.load());
+  }
+  return out;
+}
+
+// compressed-tensors pack-quantized tensors of module m.
+void add_pack_quantized(const std::string& m, const TensorView& t, const Quantized& qz,
+                        int64_t group, bool symmetric, std::vector<OutTensor>& out) {
+  const int64_t rows = t.shape[0], cols = t.shape[1], groups = cols / group;
+  OutTensor packed = out_tensor(m + ".weight_packed", DType::kI32, {rows, cols / 8});
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t i = 0; i < cols / 8; ++i) {
+      uint32_t v = 0;
+      for (int64_t j = 0; j < 8; ++j) v |= uint32_t{qz.q[r * cols + 8 * i + j]} << (4 * j);
+      put_i32(packed, r * (cols / 8) + i, v);
+    }
+  }
+  out.push_back(std::move(packed));
+  OutTensor scale = out_tensor(m + ".weight_scale", t.dtype, {rows, groups});
+  for (int64_t i = 0; i < rows * groups; ++i) put_scale(scale, i, qz.scale[i]);
+  out.push_back(std::move(scale));
+  OutTensor shape = out_tensor(m + ".weight_shape", DType::kI64, {2});
+  const int64_t dims[2] = {rows, cols};
+  std::memcpy(shape.bytes.data(), dims, sizeof(dims));
+  out.push_back(std::move(shape));
+  if (symmetric) return;
+  OutTensor zp = out_tensor(m + ".weight_zero_point", DType::kI32, {(rows + 7) / 8, groups});
+  for (int64_t i = 0; i < (rows + 7) / 8; ++i) {
+    for (int64_t g = 0; g < groups; ++g) {
+      uint32_t v = 0;
+      for (int64_t j = 0; j < 8 && 8 * i + j < rows; ++j)
+        v |= uint32_t{qz.zero[(8 * i + j) * groups + g]} << (4 * j);
+      put_i32(zp, i * groups + g, v);
+    }
+  }
+  out.push_back(std::move(zp));
+}
+
+// GPTQ v1 tensors of module m (zero points stored minus 1).
+Status add_gptq(const std::string& m, const TensorView& t, const Quantized& qz, int64_t group,
+                std::vector<OutTensor>& out) {
+  const int64_t rows = t.shape[0], cols = t.shape[1], groups = cols / group;
+  OutTensor qweight = out_tensor(m + ".qweight", DType::kI32, {cols / 8, rows});
+  for (int64_t i = 0; i < cols / 8; ++i) {
+    for (int64_t r = 0; r < rows; ++r) {
+      uint32_t v = 0;
+      for (int64_t j = 0; j < 8; ++j) v |= uint32_t{qz.q[r * cols + 8 * i + j]} << (4 * j);
+      put_i32(qweight, i * rows + r, v);
+    }
+  }
+  out.push_back(std::move(qweight));
+  const int64_t zcols = (rows + 7) / 8;
+  OutTensor qzeros = out_tensor(m + ".qzeros", DType::kI32, {groups, zcols});
+  for (int64_t g = 0; g < groups; ++g) {
+    for (int64_t i = 0; i < zcols; ++i) {
+      uint32_t v = 0;
+      for (int64_t j = 0; j < 8 && 8 * i + j < rows; ++j) {
+        const uint8_t z = qz.zero[(8 * i + j) * groups + g];
+        if (z == 0) {
+          return invalid_argument(
+              "{}: row {} group {}: zero point 0, which GPTQ v1 (stored "
+              "minus 1) cannot hold",
+              m, 8 * i + j, g);
+        }
+        v |= uint32_t{static_cast<uint8_t>(z - 1)} << (4 * j);
+      }
+      put_i32(qzeros, g * zcols + i, v);
+    }
+  }
+  out.push_back(std::move(qzeros));
+  OutTensor scales = out_tensor(m + ".scales", DType::kF16, {groups, rows});
+  for (int64_t g = 0; g < groups; ++g)
+    for (int64_t r = 0; r < rows; ++r) put_scale(scales, g * rows + r, qz.scale[r * groups + g]);
+  out.push_back(std::move(scales));
+  OutTensor g_idx = out_tensor(m + ".g_idx", DType::kI32, {cols});
+  for (int64_t c = 0; c < cols; ++c) put_i32(g_idx, c, static_cast<uint32_t>(c / group));
+  out.push_back(std::move(g_idx));
+  return {};
+}
+
+Status check_options(const MkModelOptions& o) {
+  if (o.weights_int4 != "sym" && o.weights_int4 != "asym") {
+    return invalid_argument("mkmodel: --weights-int4 must be sym or asym, got '{}'",
+                            o.weights_int4);
+  }
+  if (o.int4_group_size != 32 && o.int4_group_size != 64 && o.int4_group_size != 128) {
+    return invalid_argument("mkmodel: --group-size must be 32, 64 or 128, got {}",
+                            o.int4_group_size);
+  }
+  if (o.int4_format != "pack-quantized" && o.int4_format != "gptq") {
+    return invalid_argument("mkmodel: --int4-format must be pack-quantized or gptq, got '{}'",
+                            o.int4_format);
+  }
+  if (o.int4_format == "gptq" && o.int4_int8_activations) {
+    return invalid_argument("mkmodel: --int4-format gptq is W4A16 only (no int8 activations)");
+  }
+  if (o.weights_int8) return invalid_argument("mkmodel: --weights-int4 with --weights-int8");
+  return {};
+}
+
+Status write_copy(const MkModelOptions& o, const std::string& from) {
+  XDS_ASSIGN_OR_RETURN(const DeepseekV3Config src_c, load_deepseek_v3_config(from));
+  if (src_c.fp8 || src_c.int_quant) {
+    return invalid_argument(
+        "{}/config.json: field 'quantization_config': expected none (a float "
+        "model)",
+        from);
+  }
+  XDS_ASSIGN_OR_RETURN(Checkpoint ckpt, Checkpoint::open(from));
+  const bool gptq = o.int4_format == "gptq", symmetric = o.weights_int4 == "sym";
+  const int64_t group = o.int4_group_size;
+  ThreadPool pool(o.threads > 0 ? o.threads : 2);
+  std::vector<OutTensor> out;
+  std::vector<std::string> ignore;
+  for (const std::string& name : ckpt.names()) {
+    const TensorView* t = ckpt.find(name);
+    const bool fits = t->shape.size() == 2 && t->shape[1] % group == 0;
+    if (!int4_target(name) || !fits) {
+      if (int4_target(name)) ignore.push_back(name.substr(0, name.size() - 7));
+      OutTensor copy{name, t->dtype, t->shape, {}};
+      copy.bytes.assign(t->data, t->data + t->nbytes);
+      out.push_back(std::move(copy));
+      continue;
+    }
+    const std::string m = name.substr(0, name.size() - 7);
+    XDS_ASSIGN_OR_RETURN(const Quantized qz,
+                         quantize(*t, group, symmetric, gptq ? DType::kF16 : t->dtype, pool));
+    if (gptq) {
+      XDS_RETURN_IF_ERROR(add_gptq(m, *t, qz, group, out));
+    } else {
+      add_pack_quantized(m, *t, qz, group, symmetric, out);
+    }
+  }
+  XDS_ASSIGN_OR_RETURN(const std::string text, read_whole_file(from + "/config.json"));
+  ojson config = ojson::parse(text);
+  if (gptq) {
+    config["quantization_config"] = w4_gptq_json(group, symmetric);
+  } else {
+    std::vector<std::string> ignore_all = {"lm_head", "re:.*mlp\\.gate$", "re:.*eh_proj$",
+                                           "re:.*shared_head\\.head$"};
+    ignore_all.insert(ignore_all.end(), ignore.begin(), ignore.end());
+    config["quantization_config"] =
+        w4_pack_quantized_json(group, symmetric, o.int4_int8_activations, ignore_all);
+  }
+  const std::string config_text = config.dump(2) + "\n";
+  std::error_code ec;
+  std::filesystem::create_directories(o.out_dir, ec);
+  if (ec) return internal_error("{}: cannot create the directory: {}", o.out_dir, ec.message());
+  XDS_RETURN_IF_ERROR(parse_deepseek_v3_config(config_text, o.out_dir + "/config.json").status());
+  XDS_RETURN_IF_ERROR(copy_checkpoint_side_files(from, o.out_dir));
+  XDS_RETURN_IF_ERROR(write_text(o.out_dir + "/config.json", config_text));
+  int64_t total = 0;
+  for (const OutTensor& t : out) total += static_cast<int64_t>(t.bytes.size());
+  const int64_t max_shard = o.shards <= 1 ? total + 1 : total / o.shards + 1;
+  return write_sharded_safetensors(o.out_dir, out, max_shard);
+}
+
+}  // namespace
+
+Status write_int4_checkpoint(const MkModelOptions& o) {
+  XDS_RETURN_IF_ERROR(check_options(o));
+  if (!o.from_dir.empty()) return write_copy(o, o.from_dir);
+  MkModelOptions flt = o;
+  flt.weights_int4.clear();
+  flt.out_dir = o.out_dir + ".float-" + std::to_string(::getpid());
+  XDS_RETURN_IF_ERROR(write_random_checkpoint(flt));
+  const Status s = write_copy(o, flt.out_dir);
+  std::error_code ec;
+  std::filesystem::remove_all(flt.out_dir, ec);
+  return s;
+}
+
+}  // namespace xds
