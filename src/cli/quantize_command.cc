@@ -1,6 +1,9 @@
-// `xdeepserve quantize`: an offline W8A8 (compressed-tensors) copy of a float checkpoint,
-// calibrated: SmoothQuant + GPTQ (quant/quantize.h, docs/design/quantize.md).
+// `xdeepserve quantize`: an offline W8A8, W4A16 or W4A8 (compressed-tensors) copy of a float
+// checkpoint, calibrated: SmoothQuant (int8 activations only) + GPTQ (quant/quantize.h,
+// docs/design/quantize.md).
+#include <cctype>
 #include <cstdio>
+#include <string>
 #include <memory>
 
 #include "cli/commands.h"
@@ -11,7 +14,7 @@ namespace xds::cli {
 void add_quantize_command(CLI::App& app, int* exit_code) {
   auto o = std::make_shared<QuantizeOptions>();
   CLI::App* cmd = app.add_subcommand(
-      "quantize", "Write a calibrated W8A8 copy of a checkpoint (SmoothQuant + GPTQ)");
+      "quantize", "Write a calibrated W8A8, W4A16 or W4A8 copy of a checkpoint (SmoothQuant + GPTQ)");
   cmd->add_option("--model", o->model_dir, "Checkpoint directory (BF16, F16, F32 or block FP8)")
       ->required();
   cmd->add_option("--out", o->out_dir, "Output directory (must not exist)")->required();
@@ -26,6 +29,13 @@ void add_quantize_command(CLI::App& app, int* exit_code) {
   cmd->add_option("--smooth-alpha", o->smooth_alpha,
                   "SmoothQuant migration strength in [0, 1] (default 0.5); negative: no smoothing")
       ->check(finite_range(-1.0, 1.0));
+  cmd->add_option("--scheme", o->scheme,
+                  "w8a8 (default: int8 per-channel weights), w4a16 or w4a8 (4-bit weight groups, "
+                  "compressed-tensors pack-quantized; w4a8 with int8 activations)")
+      ->check(CLI::IsMember({"w8a8", "w4a16", "w4a8"}));
+  cmd->add_option("--group-size", o->group_size,
+                  "With --scheme w4a16 or w4a8: input columns per 4-bit scale, 32, 64 or 128 "
+                  "(default 128)");
   cmd->add_option("--method", o->method, "gptq (default) or rtn (round to nearest, after the smoothing)")->check(CLI::IsMember({"gptq", "rtn"}));
   cmd->add_option("--min-expert-samples", o->min_expert_samples,
                   "Tokens each routed expert must see for GPTQ (fewer: RTN, reported; default 4)")
@@ -41,8 +51,11 @@ void add_quantize_command(CLI::App& app, int* exit_code) {
       *exit_code = 1;
       return;
     }
-    std::fprintf(stderr, "wrote %s (W8A8, %s, report in quantize_report.json)\n",
-                 o->out_dir.c_str(), o->method.c_str());
+    std::string scheme = o->scheme;
+    for (char& ch : scheme) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+    if (o->scheme != "w8a8") scheme += ", G " + std::to_string(o->group_size ? o->group_size : 128);
+    std::fprintf(stderr, "wrote %s (%s, %s, report in quantize_report.json)\n",
+                 o->out_dir.c_str(), scheme.c_str(), o->method.c_str());
   });
 }
 

@@ -18,6 +18,7 @@
 #include "model/quant_config.h"
 #include "model/safetensors.h"
 #include "quant/checkpoint_writer.h"
+#include "quant/w4_pack.h"
 #include "quant/w4_rtn.h"
 #include "quant/w8a8_rtn.h"
 
@@ -69,19 +70,10 @@ void put_scale(OutTensor& t, int64_t i, float v) {
   std::memcpy(t.bytes.data() + i * 2, &h, 2);
 }
 
-// One module's RTN result: q [rows][cols], scale and zero [rows][groups].
-struct Quantized {
-  std::vector<uint8_t> q, zero;
-  std::vector<float> scale;
-};
-
-Result<Quantized> quantize(const TensorView& t, int64_t group, bool symmetric, DType scale_dtype,
-                           ThreadPool& pool) {
+Result<W4Linear> quantize(const TensorView& t, int64_t group, bool symmetric, DType scale_dtype,
+                          ThreadPool& pool) {
   const int64_t rows = t.shape[0], cols = t.shape[1], groups = cols / group;
-  Quantized out;
-  out.q.resize(static_cast<size_t>(rows * cols));
-  out.zero.resize(static_cast<size_t>(rows * groups));
-  out.scale.resize(static_cast<size_t>(rows * groups));
+  W4Linear out(rows, cols, group);
   std::atomic<int64_t> bad{-1};
   pool.parallel_for(rows, [&](int64_t b, int64_t e, int) {
     std::vector<float> w(static_cast<size_t>(cols));
@@ -102,41 +94,8 @@ Result<Quantized> quantize(const TensorView& t, int64_t group, bool symmetric, D
   return out;
 }
 
-// compressed-tensors pack-quantized tensors of module m.
-void add_pack_quantized(const std::string& m, const TensorView& t, const Quantized& qz,
-                        int64_t group, bool symmetric, std::vector<OutTensor>& out) {
-  const int64_t rows = t.shape[0], cols = t.shape[1], groups = cols / group;
-  OutTensor packed = out_tensor(m + ".weight_packed", DType::kI32, {rows, cols / 8});
-  for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t i = 0; i < cols / 8; ++i) {
-      uint32_t v = 0;
-      for (int64_t j = 0; j < 8; ++j) v |= uint32_t{qz.q[r * cols + 8 * i + j]} << (4 * j);
-      put_i32(packed, r * (cols / 8) + i, v);
-    }
-  }
-  out.push_back(std::move(packed));
-  OutTensor scale = out_tensor(m + ".weight_scale", t.dtype, {rows, groups});
-  for (int64_t i = 0; i < rows * groups; ++i) put_scale(scale, i, qz.scale[i]);
-  out.push_back(std::move(scale));
-  OutTensor shape = out_tensor(m + ".weight_shape", DType::kI64, {2});
-  const int64_t dims[2] = {rows, cols};
-  std::memcpy(shape.bytes.data(), dims, sizeof(dims));
-  out.push_back(std::move(shape));
-  if (symmetric) return;
-  OutTensor zp = out_tensor(m + ".weight_zero_point", DType::kI32, {(rows + 7) / 8, groups});
-  for (int64_t i = 0; i < (rows + 7) / 8; ++i) {
-    for (int64_t g = 0; g < groups; ++g) {
-      uint32_t v = 0;
-      for (int64_t j = 0; j < 8 && 8 * i + j < rows; ++j)
-        v |= uint32_t{qz.zero[(8 * i + j) * groups + g]} << (4 * j);
-      put_i32(zp, i * groups + g, v);
-    }
-  }
-  out.push_back(std::move(zp));
-}
-
 // GPTQ v1 tensors of module m (zero points stored minus 1).
-Status add_gptq(const std::string& m, const TensorView& t, const Quantized& qz, int64_t group,
+Status add_gptq(const std::string& m, const TensorView& t, const W4Linear& qz, int64_t group,
                 std::vector<OutTensor>& out) {
   const int64_t rows = t.shape[0], cols = t.shape[1], groups = cols / group;
   OutTensor qweight = out_tensor(m + ".qweight", DType::kI32, {cols / 8, rows});
@@ -222,12 +181,12 @@ Status write_copy(const MkModelOptions& o, const std::string& from) {
       continue;
     }
     const std::string m = name.substr(0, name.size() - 7);
-    XDS_ASSIGN_OR_RETURN(const Quantized qz,
+    XDS_ASSIGN_OR_RETURN(const W4Linear qz,
                          quantize(*t, group, symmetric, gptq ? DType::kF16 : t->dtype, pool));
     if (gptq) {
       XDS_RETURN_IF_ERROR(add_gptq(m, *t, qz, group, out));
     } else {
-      add_pack_quantized(m, *t, qz, group, symmetric, out);
+      append_pack_quantized(m, qz, symmetric, t->dtype, out);
     }
   }
   XDS_ASSIGN_OR_RETURN(const std::string text, read_whole_file(from + "/config.json"));

@@ -202,7 +202,10 @@ std::string int4_key(const Checkpoint& ckpt, const IntQuantization& quant, const
   const TensorView* scale = ckpt.find(m + (gptq ? ".scales" : ".weight_scale"));
   std::string key = repack_key(*data, scale, target, quant.group_size, gptq ? 2 : 1);
   const TensorView* zero = ckpt.find(m + (gptq ? ".qzeros" : ".weight_zero_point"));
-  if (zero != nullptr) key += "|" + repack_key(*zero, nullptr, "zero", 0, 0);
+  if (zero != nullptr) {  // two appends: GCC 12 -O3 warns (-Wrestrict, falsely) on "|" + s
+    key += '|';
+    key += repack_key(*zero, nullptr, "zero", 0, 0);
+  }
   return key;
 }
 

@@ -22,6 +22,7 @@
 #include "quant/checkpoint_writer.h"
 #include "quant/gptq.h"
 #include "quant/smooth_quant.h"
+#include "quant/w4_pack.h"
 #include "quant/w8a8_rtn.h"
 #include "tokenizer/tokenizer.h"
 
@@ -97,11 +98,18 @@ struct Run {
   const std::optional<Fp8Quantization>& fp8;
   const Calibrator& calib;
   std::map<std::string, std::vector<float>> changed;  // float tensors the smoothing rewrote
-  std::map<std::string, QuantizedLinear> quantized;
+  std::map<std::string, QuantizedLinear> quantized;   // w8a8
+  std::map<std::string, W4Linear> quantized_w4;       // w4a16, w4a8
+  std::vector<std::string> float_modules;  // 4-bit: targets kept float (width not a multiple of G)
   std::map<std::string, std::vector<float>> smooth;  // linear -> its input's scales s
   ojson linears = ojson::object();                    // the report's per-linear entries
 
   bool has(const std::string& name) const { return ckpt.find(name) != nullptr; }
+  bool w4() const { return o.scheme != "w8a8"; }
+  int64_t group() const { return o.group_size > 0 ? o.group_size : 128; }
+  // SmoothQuant only where the activations are int8 (it trades activation range for
+  // weight range, a loss for weight-only W4A16).
+  bool smooths() const { return o.smooth_alpha >= 0.0 && o.scheme != "w4a16"; }
   std::vector<float>& floats(const std::string& name) {
     auto it = changed.find(name);
     if (it == changed.end())
@@ -151,7 +159,7 @@ Result<std::string> quantize_layer(Run& r, int64_t layer) {
     weights.emplace(name, source_floats(r.ckpt, r.fp8, *t));
     dtypes.emplace(name, float_dtype(*t));
   }
-  if (r.o.smooth_alpha >= 0.0) {
+  if (r.smooths()) {
     std::vector<std::string> attn;
     for (const char* m : {"self_attn.q_a_proj.weight", "self_attn.q_proj.weight",
                           "self_attn.kv_a_proj_with_mqa.weight"}) {
@@ -186,13 +194,37 @@ Result<std::string> quantize_layer(Run& r, int64_t layer) {
     const int64_t rows = t->shape[0], cols = t->shape[1];
     const auto st = r.calib.stats().find(name);
     const int64_t tokens = st == r.calib.stats().end() ? 0 : st->second.tokens;
-    QuantizedLinear rtn = rtn_quantize(w, rows, cols, dtypes.at(name));
     ojson entry = {{"tokens", tokens}};
+    if (r.w4() && cols % r.group() != 0) {  // stays float (smoothed), listed in `ignore`
+      entry["method"] = "none";
+      entry["reason"] = fmt::format("input width {} is not a multiple of the group size {}",
+                                    cols, r.group());
+      r.float_modules.push_back(name.substr(0, name.size() - 7));
+      r.changed[name] = std::move(w);
+      r.linears[name] = entry;
+      continue;
+    }
+    const DType sdt = dtypes.at(name);
+    const bool sym = true;
+    QuantizedLinear rtn;
+    W4Linear rtn4;
+    if (r.w4()) {
+      rtn4 = rtn_w4_quantize(w, rows, cols, r.group(), sym, sdt);
+    } else {
+      rtn = rtn_quantize(w, rows, cols, sdt);
+    }
+    auto keep_rtn = [&] {
+      if (r.w4()) {
+        r.quantized_w4.emplace(name, std::move(rtn4));
+      } else {
+        r.quantized.emplace(name, std::move(rtn));
+      }
+      ++n_rtn;
+    };
     if (tokens == 0) {
       entry["method"] = "rtn";
       entry["reason"] = "no calibration tokens";
-      r.quantized.emplace(name, std::move(rtn));
-      ++n_rtn;
+      keep_rtn();
       r.linears[name] = entry;
       continue;
     }
@@ -201,24 +233,36 @@ Result<std::string> quantize_layer(Run& r, int64_t layer) {
       for (int64_t i = 0; i < cols; ++i)
         for (int64_t j = 0; j < cols; ++j) h[i * cols + j] /= double(s->second[i]) * s->second[j];
     }
-    const double err_rtn = relative_output_error(w, rows, cols, rtn, h);
+    const double err_rtn = r.w4() ? relative_output_error(w, rows, cols, rtn4, h)
+                                  : relative_output_error(w, rows, cols, rtn, h);
     entry["error_rtn"] = err_rtn;
     const bool expert = name.find(".mlp.experts.") != std::string::npos;
     if (r.o.method == "rtn" || (expert && tokens < r.o.min_expert_samples)) {
       entry["method"] = "rtn";
       if (r.o.method != "rtn") entry["reason"] = "fewer tokens than --min-expert-samples";
-      r.quantized.emplace(name, std::move(rtn));
-      ++n_rtn;
+      keep_rtn();
       if (r.o.method == "rtn") sum_rtn += err_rtn;
     } else {
-      GptqOptions go;
-      go.damp = r.o.damp;
-      go.scale_dtype = dtypes.at(name);
-      XDS_ASSIGN_OR_RETURN(QuantizedLinear q, gptq_quantize(w, rows, cols, h, go));
-      const double err = relative_output_error(w, rows, cols, q, h);
+      double err = 0.0;
+      if (r.w4()) {
+        GptqW4Options go;
+        go.damp = r.o.damp;
+        go.group_size = r.group();
+        go.symmetric = sym;
+        go.scale_dtype = sdt;
+        XDS_ASSIGN_OR_RETURN(W4Linear q, gptq_w4_quantize(w, rows, cols, h, go));
+        err = relative_output_error(w, rows, cols, q, h);
+        r.quantized_w4.emplace(name, std::move(q));
+      } else {
+        GptqOptions go;
+        go.damp = r.o.damp;
+        go.scale_dtype = sdt;
+        XDS_ASSIGN_OR_RETURN(QuantizedLinear q, gptq_quantize(w, rows, cols, h, go));
+        err = relative_output_error(w, rows, cols, q, h);
+        r.quantized.emplace(name, std::move(q));
+      }
       entry["method"] = "gptq";
       entry["error_gptq"] = err;
-      r.quantized.emplace(name, std::move(q));
       ++n_gptq;
       sum_rtn += err_rtn;
       sum_gptq += err;
@@ -253,6 +297,10 @@ std::vector<OutTensor> output_tensors(const Run& r) {
     if (name.ends_with("_scale_inv") && r.fp8) {
       const TensorView* w = r.ckpt.find(name.substr(0, name.size() - 10));
       if (w != nullptr && w->dtype == DType::kF8E4M3) continue;
+    }
+    if (const auto q = r.quantized_w4.find(name); q != r.quantized_w4.end()) {
+      append_pack_quantized(name.substr(0, name.size() - 7), q->second, true, dt, out);
+      continue;
     }
     if (const auto q = r.quantized.find(name); q != r.quantized.end()) {
       const int64_t rows = t->shape[0];
@@ -340,7 +388,7 @@ Status quantize_into(const QuantizeOptions& o, const std::string& tmp) {
           t->file, name, dtype_name(t->dtype));
     }
   }
-  Run run{o, ckpt, c.fp8, *calib, {}, {}, {}};
+  Run run{o, ckpt, c.fp8, *calib, {}, {}, {}, {}, {}};
   const int64_t layers = c.num_hidden_layers + c.num_nextn_predict_layers;
   for (int64_t l = 0; l < layers; ++l) {
     XDS_ASSIGN_OR_RETURN(const std::string line, quantize_layer(run, l));
@@ -357,7 +405,14 @@ Status quantize_into(const QuantizeOptions& o, const std::string& tmp) {
     return invalid_argument("{}/config.json: not a JSON object", o.model_dir);
   }
   config.erase("quantization_config");  // block FP8 (now BF16) or none
-  if (!o.smooth_only) config["quantization_config"] = w8a8_quantization_json(w8a8_rtn_ignore());
+  if (!o.smooth_only && run.w4()) {
+    std::vector<std::string> ignore = w8a8_rtn_ignore();
+    ignore.insert(ignore.end(), run.float_modules.begin(), run.float_modules.end());
+    config["quantization_config"] =
+        w4_pack_quantized_json(run.group(), true, o.scheme == "w4a8", ignore);
+  } else if (!o.smooth_only) {
+    config["quantization_config"] = w8a8_quantization_json(w8a8_rtn_ignore());
+  }
   const std::string out_config = config.dump(2) + "\n";
   XDS_RETURN_IF_ERROR(parse_deepseek_v3_config(out_config, tmp + "/config.json").status());
   XDS_RETURN_IF_ERROR(copy_checkpoint_side_files(o.model_dir, tmp, {"quantize_report.json"}));
@@ -373,8 +428,10 @@ Status quantize_into(const QuantizeOptions& o, const std::string& tmp) {
   }
   const ojson report = {
       {"source", o.model_dir},
+      {"scheme", o.scheme},
+      {"group_size", run.w4() ? ojson(run.group()) : ojson(nullptr)},
       {"method", o.method},
-      {"smooth_alpha", o.smooth_alpha},
+      {"smooth_alpha", run.smooths() ? ojson(o.smooth_alpha) : ojson(nullptr)},
       {"gptq_damp", o.damp},
       {"calibration", {{"file", o.calibration_file}, {"windows", windows}, {"window", window},
                        {"tokens", tokens}}},
@@ -395,6 +452,18 @@ Status quantize_into(const QuantizeOptions& o, const std::string& tmp) {
 Status quantize_checkpoint(const QuantizeOptions& o) {
   if (o.method != "gptq" && o.method != "rtn") {
     return invalid_argument("quantize: --method \"{}\" (expected gptq or rtn)", o.method);
+  }
+  if (o.scheme != "w8a8" && o.scheme != "w4a16" && o.scheme != "w4a8") {
+    return invalid_argument("quantize: --scheme \"{}\" (expected w8a8, w4a16 or w4a8)", o.scheme);
+  }
+  if (o.scheme == "w8a8" && o.group_size != 0) {
+    return invalid_argument(
+        "quantize: --group-size {} is for the 4-bit schemes (--scheme w4a16 or w4a8); w8a8 "
+        "has one scale per output row",
+        o.group_size);
+  }
+  if (o.group_size != 0 && o.group_size != 32 && o.group_size != 64 && o.group_size != 128) {
+    return invalid_argument("quantize: --group-size {} (expected 32, 64 or 128)", o.group_size);
   }
   if (o.samples < 1) return invalid_argument("quantize: --samples {} (at least 1)", o.samples);
   if (o.window < 2) return invalid_argument("quantize: --window {} (at least 2)", o.window);

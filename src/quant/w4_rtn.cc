@@ -16,30 +16,35 @@ float round_to(DType dt, float v) {
 
 }  // namespace
 
+W4GroupParams w4_group_params(const float* w, int64_t group_cols, bool symmetric,
+                              DType scale_dtype) {
+  float lo = 0.0f, hi = 0.0f;
+  for (int64_t c = 0; c < group_cols; ++c) {
+    lo = std::min(lo, w[c]);
+    hi = std::max(hi, w[c]);
+  }
+  W4GroupParams p;
+  p.scale = round_to(scale_dtype, symmetric ? std::max(-lo, hi) / 7.0f : (hi - lo) / 15.0f);
+  if (p.scale != 0.0f && !symmetric)
+    p.zero = static_cast<uint8_t>(std::clamp(std::nearbyint(-lo / p.scale), 0.0f, 15.0f));
+  return p;
+}
+
+uint8_t w4_quantize_value(float w, const W4GroupParams& p, bool symmetric) {
+  if (p.scale == 0.0f) return 8;
+  const float v = std::nearbyint(w / p.scale);  // round to nearest even
+  return static_cast<uint8_t>(symmetric ? std::clamp(v, -8.0f, 7.0f) + 8.0f
+                                        : std::clamp(v + float(p.zero), 0.0f, 15.0f));
+}
+
 void w4_rtn_quantize_row(const float* w, int64_t cols, int64_t group_cols, bool symmetric,
                          DType scale_dtype, const W4RtnRow& out) {
   for (int64_t g = 0; g < cols / group_cols; ++g) {
-    const float* wg = w + g * group_cols;
-    uint8_t* qg = out.q + g * group_cols;
-    float lo = 0.0f, hi = 0.0f;
-    for (int64_t c = 0; c < group_cols; ++c) {
-      lo = std::min(lo, wg[c]);
-      hi = std::max(hi, wg[c]);
-    }
-    const float s = round_to(scale_dtype, symmetric ? std::max(-lo, hi) / 7.0f : (hi - lo) / 15.0f);
-    out.scale[g] = s;
-    if (s == 0.0f) {
-      std::fill(qg, qg + group_cols, uint8_t{8});
-      out.zero[g] = 8;
-      continue;
-    }
-    const float z = symmetric ? 8.0f : std::clamp(std::nearbyint(-lo / s), 0.0f, 15.0f);
-    out.zero[g] = static_cast<uint8_t>(z);
-    for (int64_t c = 0; c < group_cols; ++c) {
-      const float v = std::nearbyint(wg[c] / s);  // round to nearest even
-      qg[c] = static_cast<uint8_t>(symmetric ? std::clamp(v, -8.0f, 7.0f) + 8.0f
-                                             : std::clamp(v + z, 0.0f, 15.0f));
-    }
+    const W4GroupParams p = w4_group_params(w + g * group_cols, group_cols, symmetric, scale_dtype);
+    out.scale[g] = p.scale;
+    out.zero[g] = p.zero;
+    for (int64_t c = 0; c < group_cols; ++c)
+      out.q[g * group_cols + c] = w4_quantize_value(w[g * group_cols + c], p, symmetric);
   }
 }
 

@@ -22,6 +22,17 @@ struct W4RtnRow {
   uint8_t* zero;  // [cols / G], 0..15 (8 everywhere when symmetric)
 };
 
+// One group's parameters by the rule above, from its values w [group_cols].
+struct W4GroupParams {
+  float scale = 0.0f;  // as stored (exact in scale_dtype)
+  uint8_t zero = 8;    // 0..15 (8 when symmetric or scale is 0)
+};
+W4GroupParams w4_group_params(const float* w, int64_t group_cols, bool symmetric,
+                              DType scale_dtype);
+
+// One value's 4-bit code (0..15) under p by the rule above (8 = z when p.scale is 0).
+uint8_t w4_quantize_value(float w, const W4GroupParams& p, bool symmetric);
+
 // One row of cols values (cols a multiple of group_cols).
 void w4_rtn_quantize_row(const float* w, int64_t cols, int64_t group_cols, bool symmetric,
                          DType scale_dtype, const W4RtnRow& out);
