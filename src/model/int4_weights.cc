@@ -35,31 +35,6 @@ Status expect_dtype(const TensorView& t, DType want, const char* what) {
                           dtype_name(t.dtype), dtype_name(want), what);
 }
 
-// Element i of a BF16 / F16 / F32 scale tensor, finite and >= 0.
-Result<float> scale_at(const TensorView& s, int64_t i) {
-  float v;
-  switch (s.dtype) {
-    case DType::kF32:
-      std::memcpy(&v, s.data + i * 4, 4);
-      break;
-    case DType::kBF16:
-    case DType::kF16: {
-      uint16_t h;
-      std::memcpy(&h, s.data + i * 2, 2);
-      v = s.dtype == DType::kBF16 ? bf16_to_f32(h) : f16_to_f32(h);
-      break;
-    }
-    default:
-      return invalid_argument("{}: tensor '{}': dtype {}, expected BF16, F16 or F32", s.file,
-                              s.name, dtype_name(s.dtype));
-  }
-  if (!std::isfinite(v) || v < 0.0f) {
-    return invalid_argument("{}: tensor '{}': element {}: scale {}, expected finite and >= 0",
-                            s.file, s.name, i, v);
-  }
-  return v;
-}
-
 // g_idx [cols] must put column c in group c / G (module doc).
 Status check_identity_groups(const TensorView& g_idx, int64_t cols, int64_t group_cols) {
   XDS_RETURN_IF_ERROR(expect_dtype(g_idx, DType::kI32, "the group of each input column"));
@@ -120,7 +95,7 @@ Result<Int4Unpacked> unpack_pack_quantized(const Checkpoint& ckpt, const IntQuan
   }
   u.scale.resize(static_cast<size_t>(rows * groups));
   for (int64_t i = 0; i < rows * groups; ++i) {
-    XDS_ASSIGN_OR_RETURN(u.scale[i], scale_at(*scale, i));
+    XDS_ASSIGN_OR_RETURN(u.scale[i], quant_scale_at(*scale, i));
   }
   const TensorView* zp = ckpt.find(m + ".weight_zero_point");
   if (zp == nullptr && !quant.symmetric) {
@@ -174,7 +149,7 @@ Result<Int4Unpacked> unpack_gptq(const Checkpoint& ckpt, const IntQuantization& 
   const int offset = quant.gptq_zero_minus_one ? 1 : 0;
   for (int64_t g = 0; g < groups; ++g) {
     for (int64_t r = 0; r < rows; ++r) {
-      XDS_ASSIGN_OR_RETURN(u.scale[r * groups + g], scale_at(*sc, g * rows + r));
+      XDS_ASSIGN_OR_RETURN(u.scale[r * groups + g], quant_scale_at(*sc, g * rows + r));
       const uint8_t stored = nibble(load_i32(*qz, g * zcols + r / 8), r % 8);
       const uint8_t z = static_cast<uint8_t>(stored + offset);
       XDS_RETURN_IF_ERROR(check_zero_range(*qz, z, r, g));

@@ -10,6 +10,30 @@
 #include "tensor/dtype.h"
 
 namespace xds {
+Result<float> quant_scale_at(const TensorView& s, int64_t i) {
+  float v;
+  switch (s.dtype) {
+    case DType::kF32:
+      std::memcpy(&v, s.data + i * 4, 4);
+      break;
+    case DType::kBF16:
+    case DType::kF16: {
+      uint16_t h;
+      std::memcpy(&h, s.data + i * 2, 2);
+      v = s.dtype == DType::kBF16 ? bf16_to_f32(h) : f16_to_f32(h);
+      break;
+    }
+    default:
+      return invalid_argument("{}: tensor '{}': dtype {}, expected BF16, F16 or F32", s.file,
+                              s.name, dtype_name(s.dtype));
+  }
+  if (!std::isfinite(v) || v < 0.0f) {
+    return invalid_argument("{}: tensor '{}': element {}: scale {}, expected finite and >= 0",
+                            s.file, s.name, i, v);
+  }
+  return v;
+}
+
 namespace {
 
 std::string module_of(const std::string& weight_name) {
@@ -41,27 +65,7 @@ Result<Int8Tensors> find_int8(const Checkpoint& ckpt, const std::string& module,
   const TensorView& s = *t.scale;
   t.scales.resize(static_cast<size_t>(rows));
   for (int64_t r = 0; r < rows; ++r) {
-    float v;
-    switch (s.dtype) {
-      case DType::kF32:
-        std::memcpy(&v, s.data + r * 4, 4);
-        break;
-      case DType::kBF16:
-      case DType::kF16: {
-        uint16_t h;
-        std::memcpy(&h, s.data + r * 2, 2);
-        v = s.dtype == DType::kBF16 ? bf16_to_f32(h) : f16_to_f32(h);
-        break;
-      }
-      default:
-        return invalid_argument("{}: tensor '{}': dtype {}, expected BF16, F16 or F32", s.file,
-                                s.name, dtype_name(s.dtype));
-    }
-    if (!std::isfinite(v) || v < 0.0f) {
-      return invalid_argument("{}: tensor '{}': row {}: scale {}, expected finite and >= 0", s.file,
-                              s.name, r, v);
-    }
-    t.scales[static_cast<size_t>(r)] = v;
+    XDS_ASSIGN_OR_RETURN(t.scales[static_cast<size_t>(r)], quant_scale_at(s, r));
   }
   return t;
 }

@@ -23,6 +23,11 @@
 
 namespace xds {
 
+// Element i of a quantization scale tensor (BF16, F16 or F32, widened exactly); an error
+// naming the file, the tensor and the element when its dtype is another or the value is not
+// finite and >= 0. Shared by the int8 and int4 binders.
+Result<float> quant_scale_at(const TensorView& s, int64_t i);
+
 // `<module>.weight` and `<module>.weight_scale` as int8 panels. Errors: a missing tensor, a
 // wrong shape or dtype, a scale that is not finite and >= 0 (naming its row), cols above
 // the kernels' exact range (kernels::kInt8MaxCols).
