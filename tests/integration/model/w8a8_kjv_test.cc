@@ -15,85 +15,24 @@
 #include <vector>
 
 #include "mkmodel/mkmodel.h"
+#include "kjv_logits.h"
 #include "model/deepseek_v3/deepseek_v3.h"
 
 namespace xds {
 namespace {
 
-constexpr int64_t kRows = 3, kLen = 64;
+using kjv_logits::cross_entropy;
+using kjv_logits::Distance;
+using kjv_logits::distance;
+using kjv_logits::heldout_rows;
+using kjv_logits::kLen;
+using kjv_logits::kRows;
 
-std::vector<int32_t> heldout_rows() {
-  const std::string path =
-      std::string(XDS_SOURCE_DIR) + "/tests/conformance/kjv_moe_tiny/tokens.i32";
-  std::vector<int32_t> v(static_cast<size_t>(kRows * kLen));
-  std::ifstream f(path, std::ios::binary);
-  f.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(v.size() * 4));
-  EXPECT_TRUE(f.good()) << path;
-  return v;
-}
-
-// Teacher-forced logits [kRows * kLen, vocab] of the rows, each prefilled alone.
 std::vector<float> logits_of(const std::string& dir, ComputeDType compute,
                              const std::vector<int32_t>& tokens) {
   ModelOptions mo;
-  mo.threads = 2;
   mo.compute = compute;
-  auto m = DeepseekV3Model::load(dir, mo);
-  EXPECT_TRUE(m.ok()) << m.status().to_string();
-  if (!m.ok()) return {};
-  std::vector<float> all;
-  for (int64_t r = 0; r < kRows; ++r) {
-    KvCache cache = (*m)->make_cache(kLen + 16).value();
-    const int64_t seq = cache.add_sequence();
-    const TokenChunk ch =
-        cache.chunk(seq, 0, std::span<const int32_t>(tokens).subspan(r * kLen, kLen), true).value();
-    StepOutput out;
-    EXPECT_TRUE((*m)->forward({&ch, 1}, cache.storage(), out).ok());
-    all.insert(all.end(), out.logits.begin(), out.logits.end());
-  }
-  return all;
-}
-
-// Mean -log p(next token) over every position with a next token.
-double cross_entropy(const std::vector<float>& logits, const std::vector<int32_t>& tokens,
-                     int64_t v) {
-  double sum = 0;
-  int64_t n = 0;
-  for (int64_t r = 0; r < kRows; ++r) {
-    for (int64_t t = 0; t + 1 < kLen; ++t) {
-      const float* row = logits.data() + (r * kLen + t) * v;
-      const double mx = *std::max_element(row, row + v);
-      double z = 0;
-      for (int64_t i = 0; i < v; ++i) z += std::exp(double(row[i]) - mx);
-      sum += mx + std::log(z) - double(row[tokens[r * kLen + t + 1]]);
-      ++n;
-    }
-  }
-  return sum / static_cast<double>(n);
-}
-
-struct Distance {
-  double worst_rel = 0;     // max over rows of max |a - b| / max |b|
-  double argmax_agree = 0;  // share of rows with the same argmax
-};
-
-Distance distance(const std::vector<float>& a, const std::vector<float>& b, int64_t v) {
-  Distance d;
-  const int64_t rows = static_cast<int64_t>(b.size()) / v;
-  int64_t agree = 0;
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* x = a.data() + r * v;
-    const float* y = b.data() + r * v;
-    double mx = 0, err = 0;
-    for (int64_t i = 0; i < v; ++i) {
-      mx = std::max(mx, std::fabs(double(y[i])));
-      err = std::max(err, std::fabs(double(x[i]) - double(y[i])));
-    }
-    d.worst_rel = std::max(d.worst_rel, err / mx);
-    agree += std::max_element(x, x + v) - x == std::max_element(y, y + v) - y;
-  }
-  d.argmax_agree = double(agree) / double(rows);
-  return d;
+  return kjv_logits::logits_of(dir, tokens, mo);
 }
 
 TEST(W8A8Kjv, RtnCopyStaysCloseToTheFloatModel) {

@@ -23,54 +23,16 @@
 #include "model/deepseek_v3/deepseek_v3.h"
 #include "model/safetensors.h"
 #include "quant/quantize.h"
+#include "kjv_logits.h"
 #include "quantize_kjv_fixture.h"
 
 namespace xds {
 namespace {
 
-constexpr int64_t kRows = 3, kLen = 64, kVocab = 4096;
-
-std::vector<int32_t> heldout_rows() {
-  std::vector<int32_t> v(static_cast<size_t>(kRows * kLen));
-  std::ifstream f(std::string(XDS_SOURCE_DIR) + "/tests/conformance/kjv_moe_tiny/tokens.i32",
-                  std::ios::binary);
-  f.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(v.size() * 4));
-  EXPECT_TRUE(f.good());
-  return v;
-}
-
-std::vector<float> logits_of(const std::string& dir, const std::vector<int32_t>& tokens) {
-  ModelOptions mo;
-  mo.threads = 2;
-  auto m = DeepseekV3Model::load(dir, mo);
-  EXPECT_TRUE(m.ok()) << m.status().to_string();
-  if (!m.ok()) return {};
-  std::vector<float> all;
-  for (int64_t r = 0; r < kRows; ++r) {
-    KvCache cache = (*m)->make_cache(kLen + 16).value();
-    const TokenChunk ch =
-        cache.chunk(cache.add_sequence(), 0, std::span<const int32_t>(tokens).subspan(r * kLen, kLen), true)
-            .value();
-    StepOutput out;
-    EXPECT_TRUE((*m)->forward({&ch, 1}, cache.storage(), out).ok());
-    all.insert(all.end(), out.logits.begin(), out.logits.end());
-  }
-  return all;
-}
-
-double cross_entropy(const std::vector<float>& logits, const std::vector<int32_t>& tokens) {
-  double sum = 0;
-  for (int64_t r = 0; r < kRows; ++r) {
-    for (int64_t t = 0; t + 1 < kLen; ++t) {
-      const float* row = logits.data() + (r * kLen + t) * kVocab;
-      const double mx = *std::max_element(row, row + kVocab);
-      double z = 0;
-      for (int64_t i = 0; i < kVocab; ++i) z += std::exp(double(row[i]) - mx);
-      sum += mx + std::log(z) - double(row[tokens[r * kLen + t + 1]]);
-    }
-  }
-  return sum / double(kRows * (kLen - 1));
-}
+using kjv_logits::heldout_rows;
+using kjv_logits::kLen;
+using kjv_logits::kRows;
+constexpr int64_t kVocab = 4096;
 
 float element(const TensorView& t, int64_t i) {
   if (t.dtype == DType::kF32) {
@@ -132,9 +94,9 @@ struct W4Case {
 
 TEST(QuantizeW4Kjv, LayoutCodesReportAndLogits) {
   const std::vector<int32_t> tokens = heldout_rows();
-  const std::vector<float> fl = logits_of(kModel, tokens);
+  const std::vector<float> fl = kjv_logits::logits_of(kModel, tokens);
   ASSERT_EQ(fl.size(), static_cast<size_t>(kRows * kLen * kVocab));
-  const double ce_float = cross_entropy(fl, tokens);
+  const double ce_float = kjv_logits::cross_entropy(fl, tokens, kVocab);
   for (const W4Case& c : {W4Case{"w4a16", 32}, W4Case{"w4a8", 128}}) {
     SCOPED_TRACE(c.scheme);
     const std::string out = temp(c.scheme);
@@ -214,29 +176,18 @@ TEST(QuantizeW4Kjv, LayoutCodesReportAndLogits) {
     }
     EXPECT_GT(gptq, 24);
 
-    const std::vector<float> ql = logits_of(out, tokens);
+    const std::vector<float> ql = kjv_logits::logits_of(out, tokens);
     fs::remove_all(out);
     ASSERT_EQ(ql.size(), fl.size());
-    double worst = 0;
-    int64_t agree = 0;
-    for (int64_t r = 0; r < kRows * kLen; ++r) {
-      const float* x = ql.data() + r * kVocab;
-      const float* y = fl.data() + r * kVocab;
-      double mx = 0, err = 0;
-      for (int64_t i = 0; i < kVocab; ++i) {
-        mx = std::max(mx, std::fabs(double(y[i])));
-        err = std::max(err, std::fabs(double(x[i]) - double(y[i])));
-      }
-      worst = std::max(worst, err / mx);
-      agree += std::max_element(x, x + kVocab) - x == std::max_element(y, y + kVocab) - y;
-    }
-    const double ce = cross_entropy(ql, tokens);
+    const kjv_logits::Distance d = kjv_logits::distance(ql, fl, kVocab);
+    const double worst = d.worst_rel;
+    const double ce = kjv_logits::cross_entropy(ql, tokens, kVocab);
     std::fprintf(stderr, "%s G%lld: worst row %.3e, argmax agree %.3f, cross-entropy %.4f vs "
                  "%.4f (%+.2f%%)\n", c.scheme, static_cast<long long>(c.group), worst,
-                 double(agree) / double(kRows * kLen), ce, ce_float, 100 * (ce / ce_float - 1));
+                 d.argmax_agree, ce, ce_float, 100 * (ce / ce_float - 1));
     EXPECT_GT(worst, 0.0);
     EXPECT_LT(worst, 0.3);
-    EXPECT_GT(double(agree) / double(kRows * kLen), 0.9);
+    EXPECT_GT(d.argmax_agree, 0.9);
     EXPECT_LT(std::fabs(ce / ce_float - 1), 0.03);
   }
 }
