@@ -46,14 +46,7 @@ std::vector<int8_t> reference_gptq(const Problem& p, double damp, bool act_order
       done[j] = true;
       for (int64_t k = 0; k < n; ++k)
         if (!done[k]) w[k] -= e * hi[j * n + k];
-      const double d = hi[j * n + j];
-      std::vector<double> col(static_cast<size_t>(n)), row(static_cast<size_t>(n));
-      for (int64_t k = 0; k < n; ++k) {
-        col[k] = hi[k * n + j];
-        row[k] = hi[j * n + k];
-      }
-      for (int64_t a = 0; a < n; ++a)
-        for (int64_t b = 0; b < n; ++b) hi[a * n + b] -= col[a] * row[b] / d;
+      eliminate_column(hi, n, j);
     }
   }
   return q;

@@ -69,4 +69,17 @@ inline std::vector<double> inverse(std::vector<double> a, int64_t n) {  // Gauss
   return inv;
 }
 
+// The references' step after column j is quantized: the inverse Hessian hi [n][n] (row-major,
+// double) with column j eliminated, the rank-1 downdate hi -= hi[:, j] · hi[j, :] / hi[j][j].
+inline void eliminate_column(std::vector<double>& hi, int64_t n, int64_t j) {
+  const double d = hi[j * n + j];
+  std::vector<double> col(static_cast<size_t>(n)), row(static_cast<size_t>(n));
+  for (int64_t k = 0; k < n; ++k) {
+    col[k] = hi[k * n + j];
+    row[k] = hi[j * n + k];
+  }
+  for (int64_t a = 0; a < n; ++a)
+    for (int64_t b = 0; b < n; ++b) hi[a * n + b] -= col[a] * row[b] / d;
+}
+
 }  // namespace xds

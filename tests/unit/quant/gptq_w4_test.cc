@@ -55,14 +55,7 @@ RefW4 reference_gptq_w4(const Problem& p, double damp, int64_t g) {
       out.q[r * n + j] = q;
       const double e = (w[j] - double(s) * q) / hi[j * n + j];
       for (int64_t k = j + 1; k < n; ++k) w[k] -= e * hi[j * n + k];
-      const double d = hi[j * n + j];
-      std::vector<double> col(static_cast<size_t>(n)), row(static_cast<size_t>(n));
-      for (int64_t k = 0; k < n; ++k) {
-        col[k] = hi[k * n + j];
-        row[k] = hi[j * n + k];
-      }
-      for (int64_t a = 0; a < n; ++a)
-        for (int64_t b = 0; b < n; ++b) hi[a * n + b] -= col[a] * row[b] / d;
+      eliminate_column(hi, n, j);
     }
   }
   return out;
