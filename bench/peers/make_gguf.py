@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
 """Writes a GGUF ("deepseek2" architecture, MLA) of a DeepSeek-V3 config.json's exact shape,
 with random weights: every matrix Q8_0 (or, --type q8_k_r8, every matrix but the token
-embedding Q8_K_R8, ik_llama.cpp's row-interleaved 8-bit type with a scale per 256), norms /
-router / router bias F32.
+embedding Q8_K_R8, ik_llama.cpp's row-interleaved 8-bit type with a scale per 256; or, --type
+bf16, every matrix BF16), norms / router / router bias F32. The peer's 4-bit types are made
+from the Q8_0 file by its own llama-quantize (bench/peers/run.sh).
 
     make_gguf.py --config MODEL/config.json --gguf-py SRC/gguf-py --out model-q8_0.gguf \
-        [--type q8_0|q8_k_r8]
+        [--type q8_0|q8_k_r8|bf16]
 
 Random weights are enough for throughput: each matrix has the shape and the bytes of the
 real one, and the router, being random too, spreads tokens over the experts as a trained
@@ -30,7 +31,7 @@ def parse():
     p.add_argument("--gguf-py", required=True, help="the peer tree's gguf-py directory")
     p.add_argument("--out", required=True)
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--type", choices=["q8_0", "q8_k_r8"], default="q8_0")
+    p.add_argument("--type", choices=["q8_0", "q8_k_r8", "bf16"], default="q8_0")
     return p.parse_args()
 
 
@@ -64,6 +65,13 @@ def main():
         blk = np.concatenate([d.view(np.uint8), q.view(np.uint8)], axis=1)
         return blk.reshape(*lead, rows, (k // 256) * 258)
 
+    def bf16(*shape):
+        """Random BF16 matrix of numpy shape (..., rows, k), std 1/sqrt(k): bytes (..., rows, 2k)."""
+        *lead, k = shape
+        x = rng.standard_normal(shape, dtype=np.float32) / np.float32(math.sqrt(k))
+        hi = (x.view(np.uint32) >> 16).astype(np.uint16)  # truncation: random either way
+        return hi.view(np.uint8).reshape(*lead, 2 * k)
+
     def ones(n):
         return np.ones(n, dtype=np.float32)
 
@@ -77,7 +85,7 @@ def main():
     V = c["vocab_size"]
 
     w = gguf.GGUFWriter(a.out, "deepseek2")
-    w.add_name("bench-shape-random-q8_0")
+    w.add_name("bench-shape-random-" + a.type)
     w.add_context_length(c.get("max_position_embeddings", 8192))
     w.add_embedding_length(H)
     w.add_block_count(L)
@@ -102,8 +110,9 @@ def main():
     w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID
                              if c.get("scoring_func") == "sigmoid"
                              else gguf.ExpertGatingFuncType.SOFTMAX)
-    w.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0 if a.type == "q8_0"
-                    else gguf.LlamaFileType.MOSTLY_Q8_K_R8)
+    w.add_file_type({"q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
+                     "q8_k_r8": gguf.LlamaFileType.MOSTLY_Q8_K_R8,
+                     "bf16": gguf.LlamaFileType.MOSTLY_BF16}[a.type])
 
     tokens = [f"<0x{i:02X}>" for i in range(256)] + [f"t{i}" for i in range(256, V)]
     types = [gguf.TokenType.BYTE] * 256 + [gguf.TokenType.NORMAL] * (V - 256)
@@ -115,12 +124,17 @@ def main():
     w.add_eos_token_id(c.get("eos_token_id", 1) or 1)
 
     def mat(name, *shape):  # numpy order: (..., out rows, in k)
-        if a.type == "q8_k_r8":
+        if a.type == "bf16":
+            w.add_tensor(name, bf16(*shape), raw_dtype=gguf.GGMLQuantizationType.BF16)
+        elif a.type == "q8_k_r8":
             w.add_tensor(name, q8_k_r8(*shape), raw_dtype=gguf.GGMLQuantizationType.Q8_K_R8)
         else:
             w.add_tensor(name, q8(*shape), raw_dtype=Q8)
 
-    w.add_tensor("token_embd.weight", q8(V, H), raw_dtype=Q8)  # rows are looked up: Q8_0
+    if a.type == "bf16":
+        w.add_tensor("token_embd.weight", bf16(V, H), raw_dtype=gguf.GGMLQuantizationType.BF16)
+    else:
+        w.add_tensor("token_embd.weight", q8(V, H), raw_dtype=Q8)  # rows are looked up: Q8_0
     w.add_tensor("output_norm.weight", ones(H))
     mat("output.weight", V, H)
     for i in range(L):
