@@ -11,6 +11,7 @@ packages=(
   libzmq3-dev cppzmq-dev libsodium-dev libboost-dev liblapacke-dev libucx-dev libxxhash-dev
   # tests and benchmarks
   libgtest-dev libgmock-dev libbenchmark-dev libopenmpi-dev openmpi-bin ucx-utils iproute2
+  stress-ng  # bench/decode/loaded.sh: a competing process
   # oracle, fixtures and the training recipe
   python3 python3-numpy python3-torch bible-kjv bible-kjv-text nodejs
 )

@@ -96,7 +96,7 @@ Status GroupedExperts::run(const GroupedExpertsInput& in) {
                    [&](int32_t a, int32_t b) { return rows_of(a) > rows_of(b); });
   if (active_.empty() && in.overlap == nullptr) return {};
   std::atomic<int64_t> next{0};
-  pool_.run_on_all([&](int thread) {
+  pool_.run_on_available([&](int thread) {
     bool overlap_claimed = in.overlap == nullptr;
     for (int64_t a = next.fetch_add(1, std::memory_order_relaxed);
          a < static_cast<int64_t>(active_.size());

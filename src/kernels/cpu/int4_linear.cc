@@ -82,7 +82,7 @@ void run_pairs(ThreadPool* pool, int64_t pairs, int64_t multiply_adds, Run&& run
   if (chunk == 0) return run(int64_t{0}, pairs);
   const int64_t chunks = (pairs + chunk - 1) / chunk;
   std::atomic<int64_t> next{0};
-  pool->run_on_all([&](int) {
+  pool->run_on_available([&](int) {
     for (int64_t c = next.fetch_add(1, std::memory_order_relaxed); c < chunks;
          c = next.fetch_add(1, std::memory_order_relaxed))
       run(c * chunk, std::min(pairs, (c + 1) * chunk));

@@ -218,7 +218,7 @@ void run_call(ThreadPool* pool, int64_t m, int64_t cols, const float* in_scale, 
       run_pairs(px, c * chunk, std::min(pairs, (c + 1) * chunk));
   };
   if (m * cols <= kPrivatePackElements) {
-    pool->run_on_all([&](int) {
+    pool->run_on_available([&](int) {
       const PackedX px = packed_x_in(thread_x_buffers(), m, cols, in_scale);  // this thread's
       for (int64_t t = 0; t < m; ++t) pack(px, t);
       take_chunks(px);
@@ -227,7 +227,7 @@ void run_call(ThreadPool* pool, int64_t m, int64_t cols, const float* in_scale, 
   }
   const PackedX shared = packed_x_in(thread_x_buffers(), m, cols, in_scale);  // the caller's
   std::atomic<int64_t> next_row{0}, packed{0};
-  pool->run_on_all([&](int) {
+  pool->run_on_available([&](int) {
     for (int64_t t = next_row.fetch_add(1, std::memory_order_relaxed); t < m;
          t = next_row.fetch_add(1, std::memory_order_relaxed)) {
       pack(shared, t);

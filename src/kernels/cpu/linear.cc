@@ -284,7 +284,7 @@ void linear_panels_group(const float* x, int64_t n, int64_t ldx, std::span<const
   std::atomic<int64_t> next{0}, next_tile{0}, packed{0};
   const int64_t count = static_cast<int64_t>(chunks.size());
   const GroupChunk* const list = chunks.data();  // the caller's (a lambda would see its own)
-  pool.run_on_all([&](int) {
+  pool.run_on_available([&](int) {
     for (int64_t i = next_tile.fetch_add(1, std::memory_order_relaxed); i < tiles;
          i = next_tile.fetch_add(1, std::memory_order_relaxed)) {
       pack_token_tiles(x, n, ldx, cols, i, i + 1, xp);
@@ -312,7 +312,7 @@ void linear_panels_dot_group(const uint16_t* x, int64_t n, int64_t ldx,
   const int64_t count = static_cast<int64_t>(chunks.size());
   const GroupChunk* const list = chunks.data();  // the caller's (a lambda would see its own)
   std::atomic<int64_t> next{0};
-  pool.run_on_all([&](int) {
+  pool.run_on_available([&](int) {
     for (int64_t c = next.fetch_add(1, std::memory_order_relaxed); c < count;
          c = next.fetch_add(1, std::memory_order_relaxed)) {
       const LinearOutput& o = outs[list[c].out];

@@ -229,7 +229,7 @@ void DeepseekV3Model::run_attention(const MlaWeights& w, int64_t cache_layer, co
                                    ml + i * 2 * heads + heads};
     };
     const int64_t count = static_cast<int64_t>(units.size());
-    pool.run_on_all([&](int) {
+    pool.run_on_available([&](int) {
       // A whole token's parts: [parts, H, C] sums, then [parts, 2, H] m and l.
       thread_local std::vector<float> scratch;
       float* scratch_out = grow(scratch, most_parts * heads * (lat + 2));
