@@ -139,7 +139,7 @@ void expect_w8a8_product(const std::vector<float>& x, int64_t n, int64_t k, cons
       for (int64_t c = 0; c < k; ++c) {
         const int32_t xq = sx == 0 ? 0 : static_cast<int32_t>(std::nearbyint(xt[c] / sx));
         sum += int64_t{xq} * wr[c];
-        exact += double{xt[c]} * (double{wr[c]} * ref.sw[r]);
+        exact += double{xt[c]} * (static_cast<double>(wr[c]) * ref.sw[r]);
         abs_sum += std::fabs(double{xt[c]} * wr[c] * ref.sw[r]);
         wabs += std::abs(wr[c]) * double{ref.sw[r]};
       }
