@@ -21,6 +21,9 @@ void add_mkmodel_command(CLI::App& app, int* exit_code) {
   cmd->add_flag("--weights-int8", opts->weights_int8,
                 "W8A8 (compressed-tensors, round to nearest per output channel): attention and "
                 "MLP projections as I8 + weight_scale");
+  cmd->add_flag("--int8-head-and-kv-b", opts->int8_head_and_kv_b,
+                "With --weights-int8: lm_head, shared_head.head and kv_b_proj as I8 + "
+                "weight_scale too (not in ignore)");
   CLI::Option* int4 =
       cmd->add_option(
              "--weights-int4", opts->weights_int4,
@@ -83,7 +86,7 @@ void add_mkmodel_command(CLI::App& app, int* exit_code) {
     }
     const std::string scheme =
         opts->weights_int4.empty()
-            ? std::string("W8A8")
+            ? std::string(opts->int8_head_and_kv_b ? "W8A8, int8 lm_head and kv_b_proj" : "W8A8")
             : fmt::format("W4{} {} G{} {}", opts->int4_int8_activations ? "A8" : "A16",
                           opts->weights_int4, opts->int4_group_size, opts->int4_format);
     if (!opts->from_dir.empty()) {

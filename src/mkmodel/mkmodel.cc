@@ -119,6 +119,7 @@ struct Builder {
   bool fp8;
   DType plain;  // BF16 or F16: every tensor not FP8 or F32
   bool int8;    // W8A8 (w8a8_rtn.h)
+  bool int8_head;  // with int8: lm_head, shared_head.head and kv_b_proj quantized too
   std::vector<Spec> specs;
 
   void add(std::string name, std::vector<int64_t> shape, Init init,
@@ -133,7 +134,7 @@ struct Builder {
   }
   // An attention / MLP projection: FP8 + scales in fp8 mode.
   void proj(const std::string& name, int64_t rows, int64_t cols) {
-    if (int8 && w8a8_rtn_target(name)) return int8_proj(name, rows, cols);
+    if (int8 && w8a8_rtn_target(name, int8_head)) return int8_proj(name, rows, cols);
     if (!fp8) {
       add(name, {rows, cols}, Init::kLinear);
       return;
@@ -145,6 +146,11 @@ struct Builder {
                      Init::kLinear,
                      true,
                      {}});
+  }
+  // lm_head or an MTP layer's shared_head.head: [vocab, D].
+  void head(const std::string& name) {
+    if (int8 && int8_head) return int8_proj(name, c.vocab_size, c.hidden_size);
+    add(name, {c.vocab_size, c.hidden_size}, Init::kLinear);
   }
   void mlp(const std::string& p, int64_t width) {
     const int64_t d = c.hidden_size;
@@ -184,8 +190,9 @@ struct Builder {
   }
 };
 
-std::vector<Spec> tensor_specs(const DeepseekV3Config& c, bool fp8, DType plain, bool int8) {
-  Builder b{c, fp8, plain, int8, {}};
+std::vector<Spec> tensor_specs(const DeepseekV3Config& c, bool fp8, DType plain, bool int8,
+                               bool int8_head) {
+  Builder b{c, fp8, plain, int8, int8_head, {}};
   const int64_t d = c.hidden_size, v = c.vocab_size;
   b.add("model.embed_tokens.weight", {v, d}, Init::kEmbed);
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) b.decoder_layer(i);
@@ -198,10 +205,10 @@ std::vector<Spec> tensor_specs(const DeepseekV3Config& c, bool fp8, DType plain,
     b.add(p + ".eh_proj.weight", {d, 2 * d}, Init::kLinear);
     b.decoder_layer(l);
     b.add(p + ".shared_head.norm.weight", {d}, Init::kNorm);
-    b.add(p + ".shared_head.head.weight", {v, d}, Init::kLinear);
+    b.head(p + ".shared_head.head.weight");
   }
   b.add("model.norm.weight", {d}, Init::kNorm);
-  b.add("lm_head.weight", {v, d}, Init::kLinear);
+  b.head("lm_head.weight");
   return std::move(b.specs);
 }
 
@@ -700,7 +707,7 @@ int thread_count(const MkModelOptions& o) {
 }
 
 // --from: the specs of an RTN W8A8 copy of `ckpt` (every tensor, in name order).
-Result<std::vector<Spec>> copy_specs(const Checkpoint& ckpt) {
+Result<std::vector<Spec>> copy_specs(const Checkpoint& ckpt, bool int8_head) {
   std::vector<Spec> specs;
   for (const std::string& name : ckpt.names()) {
     const TensorView* t = ckpt.find(name);
@@ -709,7 +716,7 @@ Result<std::vector<Spec>> copy_specs(const Checkpoint& ckpt) {
                               t->file, name, dtype_name(t->dtype));
     }
     Spec s{name, t->shape, t->dtype, Init::kLinear, false, {}, t, t->dtype};
-    if (!w8a8_rtn_target(name) || t->shape.size() != 2) {
+    if (!w8a8_rtn_target(name, int8_head) || t->shape.size() != 2) {
       specs.push_back(std::move(s));
       continue;
     }
@@ -732,10 +739,10 @@ Status write_w8a8_copy(const MkModelOptions& o) {
   }
   XDS_ASSIGN_OR_RETURN(const std::string text, read_whole_file(src_config));
   ojson config = ojson::parse(text);
-  config["quantization_config"] = w8a8_quantization_json(w8a8_rtn_ignore());
+  config["quantization_config"] = w8a8_quantization_json(w8a8_rtn_ignore(o.int8_head_and_kv_b));
   const std::string config_text = config.dump(2) + "\n";
   XDS_ASSIGN_OR_RETURN(Checkpoint ckpt, Checkpoint::open(o.from_dir));
-  XDS_ASSIGN_OR_RETURN(std::vector<Spec> specs, copy_specs(ckpt));
+  XDS_ASSIGN_OR_RETURN(std::vector<Spec> specs, copy_specs(ckpt, o.int8_head_and_kv_b));
   std::error_code ec;
   std::filesystem::create_directories(o.out_dir, ec);
   if (ec) return internal_error("{}: cannot create the directory: {}", o.out_dir, ec.message());
@@ -750,6 +757,9 @@ Status write_w8a8_copy(const MkModelOptions& o) {
 
 Status write_random_checkpoint(const MkModelOptions& o) {
   if (o.out_dir.empty()) return invalid_argument("mkmodel: --out is required");
+  if (o.int8_head_and_kv_b && !o.weights_int8) {
+    return invalid_argument("mkmodel: --int8-head-and-kv-b needs --weights-int8");
+  }
   if (!o.weights_int4.empty()) return write_int4_checkpoint(o);  // int4_checkpoint.h
   if (!o.from_dir.empty()) return write_w8a8_copy(o);
   XDS_ASSIGN_OR_RETURN(DeepseekV3Config c, mkmodel_config(o));
@@ -761,7 +771,9 @@ Status write_random_checkpoint(const MkModelOptions& o) {
   const bool f16 = o.dtype == "f16";
   ojson config = config_json(c);
   if (f16) config["torch_dtype"] = "float16";
-  if (o.weights_int8) config["quantization_config"] = w8a8_quantization_json(w8a8_rtn_ignore());
+  if (o.weights_int8) {
+    config["quantization_config"] = w8a8_quantization_json(w8a8_rtn_ignore(o.int8_head_and_kv_b));
+  }
   const std::string config_text = config.dump(2) + "\n";
   // The config must read back as the same model (guards the key names above).
   XDS_RETURN_IF_ERROR(parse_deepseek_v3_config(config_text, o.out_dir + "/config.json").status());
@@ -770,7 +782,8 @@ Status write_random_checkpoint(const MkModelOptions& o) {
   XDS_RETURN_IF_ERROR(write_text(o.out_dir + "/generation_config.json", gen.dump(2) + "\n"));
 
   std::vector<Spec> specs =
-      tensor_specs(c, c.fp8.has_value(), f16 ? DType::kF16 : DType::kBF16, o.weights_int8);
+      tensor_specs(c, c.fp8.has_value(), f16 ? DType::kF16 : DType::kBF16, o.weights_int8,
+                   o.int8_head_and_kv_b);
   ThreadPool pool(thread_count(o));
   if (!o.router_skew.empty()) {
     XDS_ASSIGN_OR_RETURN(const double zipf_a, parse_router_skew(o.router_skew));

@@ -46,6 +46,9 @@ struct MkModelOptions {
   // values rounded to `dtype` first, so that the same seed without it gives the float model
   // they were quantized from.
   bool weights_int8 = false;
+  // With weights_int8: lm_head, the MTP layers' shared_head.head and every kv_b_proj
+  // quantized the same way too (w8a8_rtn.h head_and_kv_b), dropped from `ignore`.
+  bool int8_head_and_kv_b = false;
   // With weights_int8: instead of a random model, an RTN W8A8 copy of the (BF16, F16 or
   // F32) checkpoint in this directory: its config.json with quantization_config added, its
   // other files copied; preset, dtype, seed and router skew unused.

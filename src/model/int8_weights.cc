@@ -148,6 +148,63 @@ Result<MatrixRef> bind_int8_as_f32_rows(const Checkpoint& ckpt, const std::strin
   return MatrixRef{DType::kF32, p, rows, cols, MatrixLayout::kRows};
 }
 
+Result<AbsorbedHeads> bind_int8_absorbed_heads(const Checkpoint& ckpt, const std::string& module,
+                                               int64_t heads, int64_t dn, int64_t dv,
+                                               int64_t lat, RepackCache& cache) {
+  XDS_ASSIGN_OR_RETURN(Int8Tensors t, find_int8(ckpt, module, heads * (dn + dv), lat));
+  const auto* q = reinterpret_cast<const int8_t*>(t.weight->data);
+  // Per head: uk_t's panels, scales, corrections, then uv's; each part a multiple of 128
+  // bytes, so every head's panels stay 64-byte aligned.
+  const kernels::Int8PanelsRef uk_shape{nullptr, nullptr, nullptr, lat, dn};
+  const kernels::Int8PanelsRef uv_shape{nullptr, nullptr, nullptr, dv, lat};
+  auto part_bytes = [](const kernels::Int8PanelsRef& r) {
+    return r.data_bytes() + r.stored_rows() * 8;
+  };
+  const int64_t uk_bytes = part_bytes(uk_shape), per_head = uk_bytes + part_bytes(uv_shape);
+  auto out_at = [](std::byte* p, const kernels::Int8PanelsRef& r) {
+    return kernels::Int8PanelsOut{reinterpret_cast<int8_t*>(p),
+                                  reinterpret_cast<float*>(p + r.data_bytes()),
+                                  reinterpret_cast<int32_t*>(p + r.data_bytes() +
+                                                             r.stored_rows() * 4)};
+  };
+  XDS_ASSIGN_OR_RETURN(
+      const std::byte* p,
+      cache.get_or_create(
+          repack_key(*t.weight, t.scale, "I8-absorbed-heads-panel-pairs32", 0, 0),
+          static_cast<size_t>(heads * per_head), [&](std::byte* dst) -> Status {
+            const std::vector<float> ones(static_cast<size_t>(lat), 1.0f);
+            std::vector<int8_t> uk_t(static_cast<size_t>(lat * dn));  // [C, Dn]
+            for (int64_t h = 0; h < heads; ++h) {
+              const int8_t* uk = q + h * (dn + dv) * lat;  // [Dn, C]
+              for (int64_t i = 0; i < dn; ++i)
+                for (int64_t c = 0; c < lat; ++c) uk_t[c * dn + i] = uk[i * lat + c];
+              std::byte* head = dst + h * per_head;
+              kernels::pack_int8_panels({uk_t.data(), ones.data(), lat, dn, dn}, 0,
+                                        uk_shape.pairs(), out_at(head, uk_shape));
+              const float* uv_scale = t.scales.data() + h * (dn + dv) + dn;
+              kernels::pack_int8_panels({uk + dn * lat, uv_scale, dv, lat, lat}, 0,
+                                        uv_shape.pairs(), out_at(head + uk_bytes, uv_shape));
+            }
+            return {};
+          }));
+  AbsorbedHeads out;
+  auto matrix_at = [&](const std::byte* at, const kernels::Int8PanelsRef& r) {
+    MatrixRef m{DType::kI8, at, r.rows, r.cols, MatrixLayout::kInt8Panels};
+    m.scales = reinterpret_cast<const float*>(at + r.data_bytes());
+    m.correction = reinterpret_cast<const int32_t*>(at + r.data_bytes() + r.stored_rows() * 4);
+    return m;
+  };
+  std::vector<float> uk_scale(static_cast<size_t>(heads * dn));  // [H, Dn]
+  for (int64_t h = 0; h < heads; ++h) {
+    out.uk_t.push_back(matrix_at(p + h * per_head, uk_shape));
+    out.uv.push_back(matrix_at(p + h * per_head + uk_bytes, uv_shape));
+    for (int64_t i = 0; i < dn; ++i)
+      uk_scale[static_cast<size_t>(h * dn + i)] = t.scales[static_cast<size_t>(h * (dn + dv) + i)];
+  }
+  out.uk_scale = cache.keep(std::move(uk_scale));
+  return out;  // (the tensors' bytes are counted once, by kv_b_proj's bind_int8_linear)
+}
+
 Result<bool> w8a8_quantized(const Checkpoint& ckpt, const IntQuantization& quant,
                             const std::string& weight_name) {
   return agreed(ckpt, quant, weight_name);

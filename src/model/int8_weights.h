@@ -39,6 +39,17 @@ Result<MatrixRef> bind_int8_linear(const Checkpoint& ckpt, const std::string& mo
 Result<MatrixRef> bind_int8_as_f32_rows(const Checkpoint& ckpt, const std::string& module,
                                         int64_t rows, int64_t cols, RepackCache& cache);
 
+// kv_b_proj's int8 tensors [H·(Dn+Dv), C] (W8A8: `<module>.weight` I8 + `.weight_scale`
+// [rows, 1]) as the weight-absorbed heads (weights.h AbsorbedHeads), int8 panels in one
+// repack file:
+//   uk_t[h]: [C, Dn] = q_UK[h]ᵀ with unit row scales   (the scale is per column here)
+//   uv[h]:   [Dv, C] = q_UV[h], row j scaled by s[h·(Dn+Dv) + Dn + j]
+//   uk_scale [H, Dn] = s of the W_UK rows, folded into q_nope by the caller.
+// Errors as bind_int8_linear's (a scale tensor of another shape names it).
+Result<AbsorbedHeads> bind_int8_absorbed_heads(const Checkpoint& ckpt, const std::string& module,
+                                               int64_t heads, int64_t dn, int64_t dv,
+                                               int64_t lat, RepackCache& cache);
+
 // The weight `weight_name` ("<module>.weight") of a Linear module under the W8A8 config:
 // bind_int8_linear where the config quantizes the module, else bind_linear (its float
 // dtype); a tensor that disagrees with the config is an error.

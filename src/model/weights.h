@@ -124,8 +124,13 @@ Result<MatrixRef> bind_linear(const Checkpoint& ckpt, const std::string& name, i
 //   uv[h]:   [Dv, C] = W_UV[h]    (out[h]   = uv[h] · latent_out[h])
 // Only for a BF16 or F16 kv_b_proj (panels of its own elements, read from the checkpoint)
 // with panels enabled; otherwise both are empty and attention slices the row-major kv_b_proj.
+// An int8 kv_b_proj (W[r][c] = q[r][c] · s[r]) gives int8 panels (int8_weights.h
+// bind_int8_absorbed_heads): uv[h] keeps its rows' scales; uk_t[h] holds qᵀ with unit row
+// scales, and uk_scale holds the scales of the W_UK rows, which the caller folds into the
+// query: q_abs[h] = uk_t[h] · (q_nope[h] ⊙ uk_scale[h]), exact as W_UK[h]ᵀ q_nope[h] is.
 struct AbsorbedHeads {
   std::vector<MatrixRef> uk_t, uv;
+  std::span<const float> uk_scale;  // [H, Dn]; empty unless the heads are int8
 };
 Result<AbsorbedHeads> bind_absorbed_heads(const Checkpoint& ckpt, const std::string& name,
                                           const MatrixRef& kv_b, int64_t heads, int64_t dn,

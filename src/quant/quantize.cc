@@ -280,6 +280,28 @@ Result<std::string> quantize_layer(Run& r, int64_t layer) {
   return line;
 }
 
+// --int8-head-and-kv-b: lm_head, the MTP layers' shared_head.head and every kv_b_proj as
+// W8A8 linears by RTN per output row (w8a8_rtn.h). Not calibrated: they read no smoothed
+// norm, the calibration run observes only the layers' targets (kv_b_proj's absorbed products
+// are per head, lm_head is not a layer's), and a per-row RTN at 8 bits already keeps each
+// row's error below half a step of its absmax / 127.
+Status quantize_head_and_kv_b(Run& r) {
+  for (const std::string& name : r.ckpt.names()) {
+    if (!w8a8_head_or_kv_b(name)) continue;
+    const TensorView* t = r.ckpt.find(name);
+    if (t->shape.size() != 2) {
+      return invalid_argument("{}: tensor '{}': shape {}: a linear weight is 2-D", t->file, name,
+                              t->shape_string());
+    }
+    const std::vector<float> w = source_floats(r.ckpt, r.fp8, *t);
+    r.quantized.emplace(name, rtn_quantize(w, t->shape[0], t->shape[1], float_dtype(*t)));
+    r.linears[name] = {{"tokens", 0},
+                       {"method", "rtn"},
+                       {"reason", "--int8-head-and-kv-b: lm_head and kv_b_proj are not calibrated"}};
+  }
+  return {};
+}
+
 Status write_text_file(const std::string& path, const std::string& text) {
   XDS_ASSIGN_OR_RETURN(AtomicFile f, AtomicFile::create(path));
   XDS_RETURN_IF_ERROR(f.write(text));
@@ -399,6 +421,8 @@ Status quantize_into(const QuantizeOptions& o, const std::string& tmp) {
     }
   }
 
+  if (o.int8_head_and_kv_b && !o.smooth_only) XDS_RETURN_IF_ERROR(quantize_head_and_kv_b(run));
+
   XDS_ASSIGN_OR_RETURN(const std::string config_text, read_whole_file(o.model_dir + "/config.json"));
   ojson config = ojson::parse(config_text, nullptr, false);
   if (config.is_discarded() || !config.is_object()) {
@@ -411,7 +435,8 @@ Status quantize_into(const QuantizeOptions& o, const std::string& tmp) {
     config["quantization_config"] =
         w4_pack_quantized_json(run.group(), true, o.scheme == "w4a8", ignore);
   } else if (!o.smooth_only) {
-    config["quantization_config"] = w8a8_quantization_json(w8a8_rtn_ignore());
+    config["quantization_config"] =
+        w8a8_quantization_json(w8a8_rtn_ignore(o.int8_head_and_kv_b));
   }
   const std::string out_config = config.dump(2) + "\n";
   XDS_RETURN_IF_ERROR(parse_deepseek_v3_config(out_config, tmp + "/config.json").status());
@@ -461,6 +486,12 @@ Status quantize_checkpoint(const QuantizeOptions& o) {
         "quantize: --group-size {} is for the 4-bit schemes (--scheme w4a16 or w4a8); w8a8 "
         "has one scale per output row",
         o.group_size);
+  }
+  if (o.int8_head_and_kv_b && o.scheme != "w8a8") {
+    return invalid_argument(
+        "quantize: --int8-head-and-kv-b is for --scheme w8a8 (scheme \"{}\": its config has one "
+        "4-bit group, and lm_head and kv_b_proj stay float)",
+        o.scheme);
   }
   if (o.group_size != 0 && o.group_size != 32 && o.group_size != 64 && o.group_size != 128) {
     return invalid_argument("quantize: --group-size {} (expected 32, 64 or 128)", o.group_size);

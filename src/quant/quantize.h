@@ -44,6 +44,10 @@ struct QuantizeOptions {
   std::string scheme = "w8a8";   // "w8a8", "w4a16" or "w4a8"
   int64_t group_size = 0;        // 4-bit schemes: 32, 64 or 128 (0: 128); w8a8: must be 0
   std::string method = "gptq";   // "gptq" or "rtn"
+  // w8a8 only: lm_head, the MTP layers' shared_head.head and every kv_b_proj written as
+  // W8A8 linears too (RTN per output row, not calibrated), and left out of `ignore`
+  // (quant/w8a8_rtn.h head_and_kv_b).
+  bool int8_head_and_kv_b = false;
   int64_t min_expert_samples = 4;
   double damp = 0.01;                     // GPTQ relative damping
   int64_t max_shard_bytes = int64_t{4} << 30;  // per safetensors file

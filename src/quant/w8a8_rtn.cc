@@ -5,7 +5,14 @@
 
 namespace xds {
 
-bool w8a8_rtn_target(std::string_view name) {
+bool w8a8_head_or_kv_b(std::string_view name) {
+  if (name == "lm_head.weight") return true;
+  return name.starts_with("model.layers.") && (name.ends_with(".shared_head.head.weight") ||
+                                               name.ends_with(".self_attn.kv_b_proj.weight"));
+}
+
+bool w8a8_rtn_target(std::string_view name, bool head_and_kv_b) {
+  if (head_and_kv_b && w8a8_head_or_kv_b(name)) return true;
   if (!name.starts_with("model.layers.")) return false;
   static constexpr std::string_view kSuffixes[] = {".self_attn.q_a_proj.weight",
                                                    ".self_attn.q_b_proj.weight",
@@ -23,7 +30,8 @@ bool w8a8_rtn_target(std::string_view name) {
   return false;
 }
 
-std::vector<std::string> w8a8_rtn_ignore() {
+std::vector<std::string> w8a8_rtn_ignore(bool head_and_kv_b) {
+  if (head_and_kv_b) return {"re:.*mlp\\.gate$", "re:.*eh_proj$"};
   return {"lm_head", "re:.*mlp\\.gate$", "re:.*kv_b_proj$", "re:.*eh_proj$",
           "re:.*shared_head\\.head$"};
 }

@@ -88,6 +88,23 @@ CASES = [
      "logit_rtol": 5e-3, "argmax_margin": 1e-2, "routing_margin": 1e-3,
      "drop_files": ["tokenizer.json", "tokenizer_config.json"],  # generate prints ids
      "variants": ["oneshot", "chunked", "absorbed", "expanded"]},
+    # The same copy with lm_head and kv_b_proj in int8 too (--int8-head-and-kv-b), against a
+    # float64 oracle that multiplies by those dequantized weights (q · scale) and runs the
+    # other int8 linears in the integer arithmetic. The engine rounds the inputs of these
+    # products to int8 per token (lm_head, the expanded kv_b_proj) or per token and head
+    # (the absorbed W_UK on q_nope · scale, W_UV on the attention's latent output): each input
+    # element moves by up to half a step, absmax / 254, an error of ~sqrt(n/3)/254 of a
+    # product's scale over n columns that does not cancel as a boundary flip does. Measured
+    # worst rows 1.4e-2 (one-shot, expanded), 1.2e-2 (absorbed), 9e-3 (chunked): 2e-2 leaves
+    # ~1.5x of room; a wrong scale (a missing fold of the W_UK scales into q) moves logits by
+    # O(1).
+    {"name": "w8a8_head_kv_b_kjv", "maker": "engine",
+     "args": ["--from", os.path.join(HERE, "..", "..", "models", "kjv-moe-tiny"),
+              "--weights-int8", "--int8-head-and-kv-b"],
+     "oracle_dequantized": ["kv_b_proj.weight", "lm_head.weight", "shared_head.head.weight"],
+     "logit_rtol": 2e-2, "argmax_margin": 3e-2, "routing_margin": 1e-3,
+     "drop_files": ["tokenizer.json", "tokenizer_config.json"],
+     "variants": ["oneshot", "chunked", "absorbed", "expanded"]},
 ]
 
 # Engine runs: extra generate args, and the generate --help flag each needs.
@@ -176,7 +193,7 @@ def pick_seed_and_prompt(xds, case, workdir):
     for seed in SEEDS:
         model = os.path.join(workdir, f"{case['name']}_seed{seed}")
         make_checkpoint(xds, case, seed, model)
-        oracle = ds3_oracle.Oracle(model)
+        oracle = ds3_oracle.Oracle(model, dequantized=case.get("oracle_dequantized", ()))
         vocab = oracle.cfg.vocab_size
         for k in range(PROMPTS_PER_SEED):
             rng = np.random.default_rng(1000 * seed + k)

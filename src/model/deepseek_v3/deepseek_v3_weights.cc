@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "model/int4_weights.h"
+#include "model/int8_weights.h"
 #include "model/safetensors.h"
 #include "model/weights.h"
 
@@ -37,6 +38,12 @@ class Binder {
       if (quantized) return bind_int_as_f32_rows(ckpt_, *c_.int_quant, name, rows, cols, store_);
     }
     return matrix(name, rows, cols);
+  }
+  // Whether `kv_b_name` is an int8 kv_b_proj of a W8A8 checkpoint (its config quantizes
+  // it: not in `ignore`; the tensor must then be I8, int8_weights.h).
+  Result<bool> int8_kv_b(const std::string& kv_b_name) {
+    if (!c_.int_quant || c_.int_quant->scheme != IntScheme::kW8A8) return false;
+    return w8a8_quantized(ckpt_, *c_.int_quant, kv_b_name);
   }
   // The embedding table as the tied lm_head: never quantized (not a Linear module).
   Result<MatrixRef> embedding_linear(const std::string& name, int64_t rows, int64_t cols) {
@@ -76,6 +83,19 @@ class Binder {
                                                   c_.kv_lora_rank + c_.qk_rope_head_dim, d));
     XDS_ASSIGN_OR_RETURN(l.attn.kv_a_norm, vec(a + ".kv_a_layernorm.weight", c_.kv_lora_rank));
     const int64_t kv_b_rows = h * (c_.qk_nope_head_dim + c_.v_head_dim);
+    XDS_ASSIGN_OR_RETURN(const bool kv_b_int8, int8_kv_b(a + ".kv_b_proj.weight"));
+    if (kv_b_int8) {
+      // W8A8 kv_b_proj: int8 panels whole (the prefill's expansion) and per head (decode).
+      XDS_ASSIGN_OR_RETURN(l.attn.kv_b_proj,
+                           linear(a + ".kv_b_proj.weight", kv_b_rows, c_.kv_lora_rank));
+      XDS_ASSIGN_OR_RETURN(AbsorbedHeads heads,
+                           bind_int8_absorbed_heads(ckpt_, a + ".kv_b_proj", h, c_.qk_nope_head_dim,
+                                                    c_.v_head_dim, c_.kv_lora_rank, store_));
+      l.attn.uk_t = std::move(heads.uk_t);
+      l.attn.uv = std::move(heads.uv);
+      l.attn.uk_scale = heads.uk_scale;
+      return attention_tail(i, p, std::move(l));
+    }
     XDS_ASSIGN_OR_RETURN(l.attn.kv_b_proj,
                          sliced_linear(a + ".kv_b_proj.weight", kv_b_rows, c_.kv_lora_rank));
     // A 4-bit kv_b_proj has no `.weight` (its F32 rows serve both paths): no head panels.
@@ -94,6 +114,13 @@ class Binder {
       XDS_ASSIGN_OR_RETURN(l.attn.kv_b_proj,
                            linear(a + ".kv_b_proj.weight", kv_b_rows, c_.kv_lora_rank));
     }
+    return attention_tail(i, p, std::move(l));
+  }
+
+  // o_proj and the layer's MLP or MoE, after the attention's projections.
+  Result<LayerWeights> attention_tail(int64_t i, const std::string& p, LayerWeights l) {
+    const int64_t d = c_.hidden_size, h = c_.num_attention_heads;
+    const std::string a = p + ".self_attn";
     XDS_ASSIGN_OR_RETURN(l.attn.o_proj, linear(a + ".o_proj.weight", d, h * c_.v_head_dim));
     if (!c_.is_moe_layer(i)) {
       XDS_ASSIGN_OR_RETURN(l.dense, mlp(p + ".mlp", c_.intermediate_size));

@@ -29,9 +29,12 @@ struct MlaWeights {
   MatrixRef kv_a_proj;                // [C+Dr, D]
   std::span<const float> kv_a_norm;   // [C]
   MatrixRef kv_b_proj;                // [H*(Dn+Dv), C]: per head Dn rows of W_UK, Dv of W_UV
-                                      // (panels where uk_t/uv exist, else rows: sliced)
+                                      // (panels where uk_t/uv exist, else rows: sliced;
+                                      // int8 panels for a W8A8 kv_b_proj)
   std::vector<MatrixRef> uk_t, uv;    // per head, panels: W_UK[h]ᵀ [C, Dn], W_UV[h] [Dv, C]
                                       // (weights.h bind_absorbed_heads; empty: slice kv_b)
+  std::span<const float> uk_scale;    // [H, Dn]: int8 heads only (W8A8 kv_b_proj): the
+                                      // W_UK rows' scales, folded into q_nope before uk_t
   MatrixRef o_proj;                   // [D, H*Dv]
 };
 

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "base/grow.h"
+#include "kernels/cpu/int8_matrix.h"
 #include "kernels/cpu/linear.h"
 #include "kernels/cpu/mla_attention.h"
 #include "kernels/cpu/ops.h"
@@ -41,9 +42,11 @@ bool absorbed_is_cheaper(const DeepseekV3Config& c, int64_t p0, int64_t m) {
 // y = x · Wᵀ for one head's slice of the absorbed attention (x: [n, w.cols], row stride
 // ldx), on the calling thread, in the compute dtype: with bf16 products x is rounded first,
 // as every linear's input, and BF16 panels take the dot-product kernel.
+// Int8 panels (a W8A8 kv_b_proj) take the fp32 rows in both modes, quantized per token as
+// every int8 linear's input (linear_runner.h).
 void head_linear(const float* x, int64_t n, int64_t ldx, const MatrixRef& w, float* y, int64_t ldy,
                  bool bf16, ThreadPool& inline_pool) {
-  if (!bf16) {
+  if (!bf16 || kernels::is_int8_matrix(w)) {
     kernels::linear_f32(x, n, ldx, w, y, ldy, inline_pool, kernels::kNnSgemmMinTokens);
     return;
   }
@@ -164,6 +167,18 @@ void DeepseekV3Model::run_attention(const MlaWeights& w, int64_t cache_layer, co
       }
       pool.parallel_for(heads, [&](int64_t h0, int64_t h1, int) {
         for (int64_t h = h0; h < h1; ++h) {
+          if (!w.uk_scale.empty()) {  // int8 W_UK[h]ᵀ: its row scales folded into q_nope
+            thread_local std::vector<float> scaled;  // [r1 - r0, Dn]
+            float* qs = grow(scaled, (r1 - r0) * dn);
+            const float* s = w.uk_scale.data() + h * dn;
+            for (int64_t t = r0; t < r1; ++t) {
+              const float* qn = q + (t * heads + h) * dq;
+              for (int64_t i = 0; i < dn; ++i) qs[(t - r0) * dn + i] = qn[i] * s[i];
+            }
+            head_linear(qs, r1 - r0, dn, w.uk_t[h], q_abs + (r0 * heads + h) * lat, heads * lat,
+                        bf16, inline_pool_);
+            continue;
+          }
           if (!w.uk_t.empty()) {  // W_UK[h]ᵀ as panels: the panel kernels, no widening
             head_linear(q + (r0 * heads + h) * dq, r1 - r0, heads * dq, w.uk_t[h],
                         q_abs + (r0 * heads + h) * lat, heads * lat, bf16, inline_pool_);

@@ -382,8 +382,12 @@ class ArrayCheckpoint:
 
 
 class Oracle:
-    def __init__(self, model_dir=None, config=None, arrays=None):
-        """Either a model directory, or a config dict plus name -> array (tests)."""
+    def __init__(self, model_dir=None, config=None, arrays=None, dequantized=()):
+        """Either a model directory, or a config dict plus name -> array (tests).
+        dequantized: suffixes of weight names ("kv_b_proj.weight") whose W8A8 weights are
+        taken as floats, x @ (q * scale)^T in float64, instead of the integer arithmetic: the
+        model those int8 weights state, without the engine's activation rounding."""
+        self.dequantized = tuple(dequantized)
         if model_dir is not None:
             with open(os.path.join(model_dir, "config.json")) as f:
                 self.cfg = Config(json.load(f))
@@ -405,7 +409,8 @@ class Oracle:
         takes the integer arithmetic instead: w8a8_linear."""
         if name not in self._int8:
             get_int8 = getattr(self.ckpt, "get_int8", None)
-            self._int8[name] = get_int8(name) if get_int8 else None
+            as_float = name.endswith(self.dequantized) if self.dequantized else False
+            self._int8[name] = get_int8(name) if get_int8 and not as_float else None
         if self._int8[name] is not None:
             return w8a8_linear(x, *self._int8[name])
         return x @ self.w(name).T
