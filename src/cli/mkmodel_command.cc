@@ -1,4 +1,4 @@
-// `xdeepserve mkmodel`: write a random-weight DeepSeek-V3 checkpoint (mkmodel/mkmodel.h).
+// `xdeepserve mkmodel`: write a random-weight DeepSeek-family checkpoint (mkmodel/mkmodel.h).
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -13,11 +13,18 @@ namespace xds::cli {
 void add_mkmodel_command(CLI::App& app, int* exit_code) {
   auto opts = std::make_shared<MkModelOptions>();
   CLI::App* cmd =
-      app.add_subcommand("mkmodel", "Write a random-weight DeepSeek-V3 checkpoint (HF layout)");
+      app.add_subcommand("mkmodel",
+                         "Write a random-weight DeepSeek-V3, Kimi K2 or DeepSeek-V2 checkpoint (HF "
+                         "layout)");
   cmd->add_option("--out", opts->out_dir, "Output directory")->required();
   CLI::Option* preset =
       cmd->add_option("--preset", opts->preset, "tiny (a few MB) or bench-2.6b (~5.9 GB in bf16)")
           ->check(CLI::IsMember({"tiny", "bench-2.6b"}));
+  cmd->add_option("--arch", opts->arch,
+                  "deepseek_v3 (default), kimi_k2 or deepseek_v2 (with --no-q-lora: the "
+                  "DeepSeek-V2-Lite layout): config.json's model_type and that family's published "
+                  "fields")
+      ->check(CLI::IsMember({"deepseek_v3", "kimi_k2", "deepseek_v2"}));
   cmd->add_flag("--weights-int8", opts->weights_int8,
                 "W8A8 (compressed-tensors, round to nearest per output channel): attention and "
                 "MLP projections as I8 + weight_scale");
@@ -52,7 +59,9 @@ void add_mkmodel_command(CLI::App& app, int* exit_code) {
   cmd->add_option("--seed", opts->seed, "Seed of the weights");
   cmd->add_option("--shards", opts->shards, "Number of safetensors files (1: model.safetensors)")
       ->check(CLI::Range(1, 1000));
-  cmd->add_option("--mtp-layers", opts->mtp_layers, "num_nextn_predict_layers")
+  cmd->add_option_function<int>(
+         "--mtp-layers", [opts](int n) { opts->mtp_layers = n; },
+         "num_nextn_predict_layers (default: deepseek_v3 1, kimi_k2 0; deepseek_v2 has none)")
       ->check(CLI::Range(0, 8));
   cmd->add_flag("--yarn", opts->yarn, "Add rope_scaling yarn (factor 4)");
   cmd->add_option_function<int64_t>(
@@ -95,12 +104,12 @@ void add_mkmodel_command(CLI::App& app, int* exit_code) {
                    opts->shards == 1 ? "" : "s");
       return;
     }
-    std::fprintf(stderr, "wrote %s (preset %s, %s%s, seed %llu, %d shard%s%s%s)\n",
-                 opts->out_dir.c_str(), opts->preset.c_str(), opts->dtype.c_str(),
-                 opts->weights_int8 || !opts->weights_int4.empty() ? (" + " + scheme).c_str() : "",
-                 static_cast<unsigned long long>(opts->seed), opts->shards,
-                 opts->shards == 1 ? "" : "s", opts->router_skew.empty() ? "" : ", router skew ",
-                 opts->router_skew.c_str());
+    std::fprintf(
+        stderr, "wrote %s (%s, preset %s, %s%s, seed %llu, %d shard%s%s%s)\n",
+        opts->out_dir.c_str(), opts->arch.c_str(), opts->preset.c_str(), opts->dtype.c_str(),
+        opts->weights_int8 || !opts->weights_int4.empty() ? (" + " + scheme).c_str() : "",
+        static_cast<unsigned long long>(opts->seed), opts->shards, opts->shards == 1 ? "" : "s",
+        opts->router_skew.empty() ? "" : ", router skew ", opts->router_skew.c_str());
   });
 }
 

@@ -23,6 +23,7 @@
 #include "base/read_file.h"
 #include "base/thread_pool.h"
 #include "mkmodel/int4_checkpoint.h"
+#include "mkmodel/mkmodel_config.h"
 #include "mkmodel/router_skew.h"
 #include "model/moe_routing.h"
 #include "model/quant_config.h"
@@ -180,7 +181,9 @@ struct Builder {
       return;
     }
     add(p + ".mlp.gate.weight", {c.n_routed_experts, d}, Init::kRouter);
-    add(p + ".mlp.gate.e_score_correction_bias", {c.n_routed_experts}, Init::kBias, DType::kF32);
+    if (c.topk_method == TopkMethod::kNoauxTc) {  // DeepSeek-V2's gate has no bias
+      add(p + ".mlp.gate.e_score_correction_bias", {c.n_routed_experts}, Init::kBias, DType::kF32);
+    }
     for (int64_t e = 0; e < c.n_routed_experts; ++e) {
       mlp(p + ".mlp.experts." + std::to_string(e), c.moe_intermediate_size);
     }
@@ -210,69 +213,6 @@ std::vector<Spec> tensor_specs(const DeepseekV3Config& c, bool fp8, DType plain,
   b.add("model.norm.weight", {d}, Init::kNorm);
   b.head("lm_head.weight");
   return std::move(b.specs);
-}
-
-// ---- config.json ----
-
-ojson config_json(const DeepseekV3Config& c) {
-  ojson j;
-  j["architectures"] = {"DeepseekV3ForCausalLM"};
-  j["model_type"] = "deepseek_v3";
-  j["attention_bias"] = false;
-  j["attention_dropout"] = 0.0;
-  j["bos_token_id"] = c.bos_token_id ? ojson(*c.bos_token_id) : ojson(nullptr);
-  j["eos_token_id"] = c.eos_token_ids.empty() ? ojson(nullptr) : ojson(c.eos_token_ids[0]);
-  j["first_k_dense_replace"] = c.first_k_dense_replace;
-  j["hidden_act"] = "silu";
-  j["hidden_size"] = c.hidden_size;
-  j["initializer_range"] = 0.02;
-  j["intermediate_size"] = c.intermediate_size;
-  j["kv_lora_rank"] = c.kv_lora_rank;
-  j["max_position_embeddings"] = c.max_position_embeddings;
-  j["moe_intermediate_size"] = c.moe_intermediate_size;
-  j["moe_layer_freq"] = c.moe_layer_freq;
-  j["n_group"] = c.n_group;
-  j["n_routed_experts"] = c.n_routed_experts;
-  j["n_shared_experts"] = c.n_shared_experts;
-  j["norm_topk_prob"] = c.norm_topk_prob;
-  j["num_attention_heads"] = c.num_attention_heads;
-  j["num_experts_per_tok"] = c.num_experts_per_tok;
-  j["num_hidden_layers"] = c.num_hidden_layers;
-  j["num_key_value_heads"] = c.num_attention_heads;
-  j["num_nextn_predict_layers"] = c.num_nextn_predict_layers;
-  j["q_lora_rank"] = c.q_lora_rank ? ojson(*c.q_lora_rank) : ojson(nullptr);
-  j["qk_nope_head_dim"] = c.qk_nope_head_dim;
-  j["qk_rope_head_dim"] = c.qk_rope_head_dim;
-  if (c.fp8) {
-    j["quantization_config"] = {{"activation_scheme", "dynamic"},
-                                {"fmt", "e4m3"},
-                                {"quant_method", "fp8"},
-                                {"weight_block_size", {c.fp8->block_rows, c.fp8->block_cols}}};
-  }
-  j["rms_norm_eps"] = c.rms_norm_eps;
-  if (c.rope_scaling) {
-    const RopeScaling& r = *c.rope_scaling;
-    j["rope_scaling"] = {{"beta_fast", r.beta_fast},
-                         {"beta_slow", r.beta_slow},
-                         {"factor", r.factor},
-                         {"mscale", r.mscale},
-                         {"mscale_all_dim", r.mscale_all_dim},
-                         {"original_max_position_embeddings", r.original_max_position_embeddings},
-                         {"type", "yarn"}};
-  } else {
-    j["rope_scaling"] = nullptr;
-  }
-  j["rope_theta"] = c.rope_theta;
-  j["routed_scaling_factor"] = c.routed_scaling_factor;
-  j["scoring_func"] = c.scoring_func == GatingScore::kSigmoid ? "sigmoid" : "softmax";
-  j["tie_word_embeddings"] = c.tie_word_embeddings;
-  j["topk_group"] = c.topk_group;
-  j["topk_method"] = "noaux_tc";
-  j["torch_dtype"] = "bfloat16";
-  j["use_cache"] = true;
-  j["v_head_dim"] = c.v_head_dim;
-  j["vocab_size"] = c.vocab_size;
-  return j;
 }
 
 Status write_text(const std::string& path, const std::string& text) {
@@ -552,101 +492,6 @@ uint8_t f32_to_f8e4m3_fast(float f) {
   return sign | static_cast<uint8_t>(std::min<uint32_t>(code, 0x7e));
 }
 
-Result<DeepseekV3Config> mkmodel_config(const MkModelOptions& o) {
-  DeepseekV3Config c;
-  if (o.preset == "tiny") {
-    c.vocab_size = 512;
-    c.hidden_size = 256;
-    c.intermediate_size = 512;
-    c.moe_intermediate_size = 96;  // not a multiple of 128: partial FP8 blocks
-    c.num_hidden_layers = 3;
-    c.first_k_dense_replace = 1;
-    c.num_attention_heads = 4;
-    c.q_lora_rank = 128;
-    c.kv_lora_rank = 96;  // kv_a rows 112, kv_b cols 96: partial blocks
-    c.qk_nope_head_dim = 32;
-    c.qk_rope_head_dim = 16;
-    c.v_head_dim = 32;
-    c.n_routed_experts = 16;
-    c.num_experts_per_tok = 4;
-    c.n_group = 4;
-    c.topk_group = 2;
-    c.n_shared_experts = 1;
-    c.max_position_embeddings = 512;
-  } else if (o.preset == "bench-2.6b") {
-    c.vocab_size = 32000;
-    c.hidden_size = 2048;
-    c.intermediate_size = 6144;
-    c.moe_intermediate_size = 512;
-    c.num_hidden_layers = 12;
-    c.first_k_dense_replace = 1;
-    c.num_attention_heads = 16;
-    c.q_lora_rank = 768;
-    c.kv_lora_rank = 512;
-    c.qk_nope_head_dim = 128;
-    c.qk_rope_head_dim = 64;
-    c.v_head_dim = 128;
-    c.n_routed_experts = 64;
-    c.num_experts_per_tok = 6;
-    c.n_group = 8;
-    c.topk_group = 4;
-    c.n_shared_experts = 2;
-    c.max_position_embeddings = 4096;
-  } else {
-    return invalid_argument("mkmodel: unknown preset \"{}\" (expected \"tiny\" or \"bench-2.6b\")",
-                            o.preset);
-  }
-  if (o.dtype == "fp8") {
-    c.fp8 = Fp8Quantization{kBlock, kBlock};
-  } else if (o.dtype != "bf16" && o.dtype != "f16") {
-    return invalid_argument("mkmodel: unknown dtype \"{}\" (expected \"bf16\", \"f16\" or \"fp8\")",
-                            o.dtype);
-  }
-  if (o.mtp_layers < 0) {
-    return invalid_argument("mkmodel: mtp layers must be >= 0, got {}", o.mtp_layers);
-  }
-  if (o.shards < 1) return invalid_argument("mkmodel: shards must be >= 1, got {}", o.shards);
-  if (!o.router_skew.empty()) XDS_RETURN_IF_ERROR(parse_router_skew(o.router_skew).status());
-  if (o.max_position_embeddings.has_value()) {
-    const int64_t n = *o.max_position_embeddings;
-    if (n < 1) {
-      return invalid_argument("mkmodel: --max-position-embeddings must be >= 1, got {}", n);
-    }
-    c.max_position_embeddings = n;
-  }
-  c.num_nextn_predict_layers = o.mtp_layers;
-  c.moe_layer_freq = 1;
-  c.routed_scaling_factor = 2.5;
-  c.norm_topk_prob = true;
-  c.scoring_func = GatingScore::kSigmoid;
-  c.topk_method = TopkMethod::kNoauxTc;
-  if (!o.q_lora) c.q_lora_rank.reset();
-  c.rms_norm_eps = 1e-6;
-  c.rope_theta = 10000.0;
-  if (o.yarn) {
-    // max_position_embeddings = factor · original_max_position_embeddings, as published.
-    constexpr int64_t kYarnFactor = 4;
-    if (c.max_position_embeddings % kYarnFactor != 0) {
-      return invalid_argument(
-          "mkmodel: --max-position-embeddings {} with --yarn must be a multiple of the yarn "
-          "factor {} (original_max_position_embeddings = max_position_embeddings / {})",
-          c.max_position_embeddings, kYarnFactor, kYarnFactor);
-    }
-    RopeScaling r;
-    r.factor = static_cast<double>(kYarnFactor);
-    r.original_max_position_embeddings = c.max_position_embeddings / kYarnFactor;
-    r.beta_fast = 32.0;
-    r.beta_slow = 1.0;
-    r.mscale = 1.0;
-    r.mscale_all_dim = 1.0;
-    c.rope_scaling = r;
-  }
-  c.tie_word_embeddings = false;
-  c.bos_token_id = 0;
-  c.eos_token_ids = {1};
-  return c;
-}
-
 namespace {
 
 // Writes `specs` into o.out_dir as o.shards safetensors files (+ the index when sharded):
@@ -769,7 +614,7 @@ Status write_random_checkpoint(const MkModelOptions& o) {
   if (ec) return internal_error("{}: cannot create the directory: {}", o.out_dir, ec.message());
 
   const bool f16 = o.dtype == "f16";
-  ojson config = config_json(c);
+  ojson config = mkmodel_config_json(c);
   if (f16) config["torch_dtype"] = "float16";
   if (o.weights_int8) {
     config["quantization_config"] = w8a8_quantization_json(w8a8_rtn_ignore(o.int8_head_and_kv_b));

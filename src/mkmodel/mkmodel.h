@@ -1,6 +1,8 @@
-// mkmodel: random-weight DeepSeek-V3 checkpoints in the published Hugging Face layout
-// (config.json, generation_config.json, model.safetensors or shards + index), for tests and
-// benchmarks. Tensor names and shapes: docs/design/deepseek_v3_forward.md.
+// mkmodel: random-weight checkpoints of the DeepSeek family — DeepSeek-V3, Kimi K2 (kimi_k2),
+// DeepSeek-V2 / V2-Lite (deepseek_v2) — in the published Hugging Face layout (config.json,
+// generation_config.json, model.safetensors or shards + index), for tests and benchmarks.
+// Tensor names and shapes: docs/design/deepseek_v3_forward.md; a DeepSeek-V2 gate has no
+// e_score_correction_bias.
 //
 // Weights are a pure function of (seed, tensor name, element index) (splitmix64 counters),
 // so output does not depend on the thread count. Scales: Linear weights uniform with std
@@ -27,6 +29,11 @@ namespace xds {
 struct MkModelOptions {
   std::string out_dir;
   std::string preset = "tiny";  // "tiny" (a few MB) | "bench-2.6b" (~5.9 GB in bf16)
+  // config.json's model_type: "deepseek_v3"; "kimi_k2" (one expert group, × 2.827,
+  // rope_theta 50000, YaRN factor 32 with beta 1/1 as published); "deepseek_v2" (softmax
+  // scores, no correction bias, norm_topk_prob false: group_limited_greedy × 16 as
+  // DeepSeek-V2, or with q_lora false DeepSeek-V2-Lite's greedy over one group × 1).
+  std::string arch = "deepseek_v3";
   std::string dtype = "bf16";   // "bf16" | "f16" | "fp8" (block FP8 as published)
   uint64_t seed = 0;
   int shards = 1;     // 1: model.safetensors; n > 1: n files + index.json
@@ -35,7 +42,8 @@ struct MkModelOptions {
   // >= 1; with yarn a multiple of its factor 4 (original_max_position_embeddings = N / 4).
   std::optional<int64_t> max_position_embeddings;
   bool q_lora = true;    // false: q_proj instead of q_a_proj/q_b_proj
-  int mtp_layers = 1;    // num_nextn_predict_layers
+  // num_nextn_predict_layers; unset: what the arch publishes (deepseek_v3 1, the others 0).
+  std::optional<int> mtp_layers;
   // "zipf:A": the e_score_correction_bias of every MoE layer is fitted so that expert
   // selection follows 1 / (rank + 1)^A over a permutation of the experts seeded by
   // router_skew_seed and the layer (mkmodel/router_skew.h); "": U(-0.05, 0.05) as above.
@@ -65,7 +73,8 @@ struct MkModelOptions {
   bool progress = true;  // a progress line on stderr for outputs > ~1 GB
 };
 
-// The config a preset describes (before it is written). Errors: unknown preset/dtype, a
+// The config a preset and arch describe (before it is written; mkmodel_config.cc). Errors:
+// unknown preset/dtype/arch, MTP layers or a router skew with deepseek_v2, a
 // max_position_embeddings below 1 or (with yarn) not a multiple of 4, a router_skew that is
 // not "zipf:A" with A in (0, 8].
 Result<DeepseekV3Config> mkmodel_config(const MkModelOptions& opts);

@@ -64,7 +64,7 @@ struct ModelOptions {
 // exchange, the expert slots, EPLB and gating need), whatever the family. A dense model has
 // no moe_layers and n_routed_experts 0.
 struct ModelInfo {
-  std::string model_type;  // config.json's model_type ("deepseek_v3")
+  std::string model_type;  // config.json's model_type ("deepseek_v3", "kimi_k2", ...)
   std::string name;        // the checkpoint directory's last path component
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;

@@ -87,9 +87,12 @@ void route_token(const GatingParams& p, const float* logits, const float* bias, 
     weights[j] = scores[id];
     sum += weights[j];
   }
-  const float norm = (p.norm_topk_prob && p.top_k > 1) ? 1.0f / (sum + 1e-20f) : 1.0f;
+  const bool normalize = p.norm_topk_prob && p.top_k > 1;
+  const float norm = normalize ? 1.0f / (sum + 1e-20f) : 1.0f;
+  const double scale =
+      (normalize && p.scaling == RoutedScaling::kUnnormalizedOnly) ? 1.0 : p.routed_scaling_factor;
   for (int64_t j = 0; j < p.top_k; ++j) {
-    weights[j] = static_cast<float>(weights[j] * norm * p.routed_scaling_factor);
+    weights[j] = static_cast<float>(weights[j] * norm * scale);
   }
 }
 

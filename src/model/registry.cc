@@ -34,6 +34,11 @@ struct Architecture {
 constexpr Architecture kArchitectures[] = {
     {"deepseek_v3", "DeepseekV3ForCausalLM", &load_as<DeepseekV3Model>,
      &DeepseekV3Model::load_info},
+    // Kimi K2 publishes the DeepSeek-V3 class under its own model_type.
+    {"kimi_k2", "DeepseekV3ForCausalLM", &load_as<DeepseekV3Model>, &DeepseekV3Model::load_info},
+    // DeepSeek-V2 / V2-Lite: the same MLA + DeepSeekMoE module family (deepseek_v3/config.h).
+    {"deepseek_v2", "DeepseekV2ForCausalLM", &load_as<DeepseekV3Model>,
+     &DeepseekV3Model::load_info},
     // The test model whose greedy output is a script (scripted_lm.h).
     {"xds_scripted", "XdsScriptedForCausalLM", &load_as<ScriptedLm>, &ScriptedLm::load_info},
 };

@@ -107,6 +107,34 @@ CASES = [
      "variants": ["oneshot", "chunked", "absorbed", "expanded"]},
 ]
 
+# The other members of the DeepSeek module family (--suite families): Kimi K2 and DeepSeek-V2 /
+# V2-Lite, from mkmodel --arch and from the independent writer, covering q_lora null and set,
+# greedy and group_limited_greedy, norm_topk_prob true and false, routed_scaling_factor 1,
+# 2.5, 2.827 and 16, and both YaRN variants' mscale.
+FAMILY_CASES = [
+    {"name": "v2_group_limited_x16", "maker": "engine",
+     "args": ["--preset", "tiny", "--arch", "deepseek_v2"],
+     "variants": ["oneshot", "chunked", "absorbed", "expanded"]},
+    {"name": "v2_lite_greedy_yarn", "maker": "engine",
+     "args": ["--preset", "tiny", "--arch", "deepseek_v2", "--no-q-lora", "--yarn"],
+     "variants": ["oneshot", "chunked"]},
+    {"name": "kimi_k2", "maker": "engine", "args": ["--preset", "tiny", "--arch", "kimi_k2"],
+     "variants": ["oneshot", "chunked"]},
+    {"name": "indep_v2_group_limited_no_q_lora_norm_x16", "maker": "python",
+     "args": ["--family", "deepseek_v2", "--gating", "group_limited_greedy", "--no-q-lora",
+              "--norm-topk-prob", "true", "--scaling", "16", "--yarn"],
+     "variants": ["oneshot"]},
+    {"name": "indep_v2_greedy_q_lora_x2.5", "maker": "python",
+     "args": ["--family", "deepseek_v2", "--gating", "greedy", "--scaling", "2.5"],
+     "variants": ["oneshot"]},
+    {"name": "indep_kimi_k2_fp8", "maker": "python",
+     "args": ["--family", "kimi_k2", "--dtype", "fp8", "--shards", "2"],
+     "variants": ["oneshot"]},
+]
+for _case in FAMILY_CASES:
+    _case["suite"] = "families"
+CASES += FAMILY_CASES
+
 # Engine runs: extra generate args, and the generate --help flag each needs.
 VARIANTS = {
     "oneshot": {"args": [], "needs": None},
@@ -358,6 +386,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--xdeepserve", required=True, help="path of the xdeepserve binary")
     ap.add_argument("--case", action="append", help="run only these cases")
+    ap.add_argument("--suite", default="deepseek_v3", choices=["deepseek_v3", "families"],
+                    help="the cases of DeepSeek-V3 checkpoints (default) or of Kimi K2 and "
+                         "DeepSeek-V2 ones")
     ap.add_argument("--keep", help="keep checkpoints and dumps in this directory")
     ap.add_argument("--list", action="store_true")
     ap.add_argument("--python-maker", action="store_true",
@@ -385,6 +416,8 @@ def main():
     try:
         for case in CASES:
             if args.case and case["name"] not in args.case:
+                continue
+            if not args.case and case.get("suite", "deepseek_v3") != args.suite:
                 continue
             try:
                 failed += run_case(xds, case, workdir, gen_help, log)

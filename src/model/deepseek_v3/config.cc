@@ -126,20 +126,56 @@ Status parse_attention_bias(std::string_view source, std::string_view key, const
   return {};
 }
 
-Status parse_model_type(std::string_view source, std::string_view key, const json& v, Config&) {
-  if (!v.is_string() || v.get<std::string>() != "deepseek_v3") {
-    return field_error(source, key, "\"deepseek_v3\" (only DeepSeek-V3 is supported)", v);
-  }
-  return {};
-}
+struct FamilyRow {
+  DeepseekFamily family;
+  const char* model_type;
+  const char* architecture;
+};
 
-Status parse_architectures(std::string_view source, std::string_view key, const json& v, Config&) {
-  const char* what = "[\"DeepseekV3ForCausalLM\"] (only DeepSeek-V3 is supported)";
-  if (!v.is_array()) return field_error(source, key, what, v);
-  for (const json& a : v) {
-    if (a.is_string() && a.get<std::string>() == "DeepseekV3ForCausalLM") return {};
+constexpr FamilyRow kFamilies[] = {
+    {DeepseekFamily::kDeepseekV3, "deepseek_v3", "DeepseekV3ForCausalLM"},
+    {DeepseekFamily::kKimiK2, "kimi_k2", "DeepseekV3ForCausalLM"},
+    {DeepseekFamily::kDeepseekV2, "deepseek_v2", "DeepseekV2ForCausalLM"},
+};
+
+// model_type picks the family; architectures, when present, must name its class. Without a
+// model_type, the first family whose class architectures names.
+Result<DeepseekFamily> parse_family(std::string_view source, const json& j) {
+  const FamilyRow* row = nullptr;
+  if (j.contains("model_type")) {
+    const json& t = j["model_type"];
+    for (const FamilyRow& f : kFamilies) {
+      if (t.is_string() && t.get<std::string>() == f.model_type) row = &f;
+    }
+    if (row == nullptr) {
+      return field_error(source, "model_type",
+                         "\"deepseek_v3\", \"kimi_k2\" or \"deepseek_v2\" (the DeepSeek family)",
+                         t);
+    }
   }
-  return field_error(source, key, what, v);
+  if (j.contains("architectures")) {
+    const json& a = j["architectures"];
+    if (!a.is_array()) return field_error(source, "architectures", "a list of class names", a);
+    for (const json& name : a) {
+      if (!name.is_string()) continue;
+      for (const FamilyRow& f : kFamilies) {
+        if (name.get<std::string>() != f.architecture) continue;
+        if (row == nullptr) row = &f;
+        if (row->architecture == name.get<std::string>()) return row->family;
+      }
+    }
+    const std::string want =
+        row != nullptr ? fmt::format("[\"{}\"] (model_type {})", row->architecture, row->model_type)
+                       : "[\"DeepseekV3ForCausalLM\"] or [\"DeepseekV2ForCausalLM\"]";
+    return field_error(source, "architectures", want, a);
+  }
+  if (row == nullptr) {
+    return invalid_argument(
+        "{}: field 'model_type': expected \"deepseek_v3\", \"kimi_k2\" or \"deepseek_v2\" (or "
+        "architectures [\"DeepseekV3ForCausalLM\"] or [\"DeepseekV2ForCausalLM\"]), found neither",
+        source);
+  }
+  return row->family;
 }
 
 // rope_scaling: null/absent (plain rope) or {"type" (or "rope_type"): "yarn", ...}.
@@ -238,10 +274,9 @@ struct FieldSpec {
   FieldParser parse;
 };
 
-// The one table of Hugging Face keys. Keys not listed here are ignored.
+// The one table of Hugging Face keys (model_type and architectures are read first, by
+// parse_family, since the family sets the defaults). Keys not listed here are ignored.
 constexpr FieldSpec kFields[] = {
-    {"architectures", false, parse_architectures},
-    {"model_type", false, parse_model_type},
     {"vocab_size", true, parse_int<&Config::vocab_size, 1, kMaxWidth>},
     {"hidden_size", true, parse_int<&Config::hidden_size, 1, kMaxWidth>},
     {"intermediate_size", true, parse_int<&Config::intermediate_size, 1, kMaxWidth>},
@@ -298,13 +333,30 @@ Status check_token_ids(std::string_view source, const Config& c) {
   return {};
 }
 
-Status validate_cross_fields(std::string_view source, const json& j, const Config& c) {
-  if (!j.contains("architectures") && !j.contains("model_type")) {
+// DeepSeek-V2's MoEGate computes softmax scores only and knows greedy and
+// group_limited_greedy; it has no MTP layers.
+Status validate_deepseek_v2(std::string_view source, const Config& c) {
+  if (c.scoring_func != GatingScore::kSoftmax) {
     return invalid_argument(
-        "{}: field 'model_type': expected \"deepseek_v3\" (or architectures "
-        "[\"DeepseekV3ForCausalLM\"]), found neither",
+        "{}: field 'scoring_func': expected \"softmax\" (model_type deepseek_v2), found "
+        "\"sigmoid\"",
         source);
   }
+  if (c.topk_method == TopkMethod::kNoauxTc) {
+    return invalid_argument(
+        "{}: field 'topk_method': expected \"greedy\" or \"group_limited_greedy\" (model_type "
+        "deepseek_v2), found \"noaux_tc\"",
+        source);
+  }
+  if (c.num_nextn_predict_layers != 0) {
+    return cross_error(source, "num_nextn_predict_layers",
+                       "0 (model_type deepseek_v2 has no MTP layers)", c.num_nextn_predict_layers);
+  }
+  return {};
+}
+
+Status validate_cross_fields(std::string_view source, const Config& c) {
+  if (c.family == DeepseekFamily::kDeepseekV2) XDS_RETURN_IF_ERROR(validate_deepseek_v2(source, c));
   if (c.qk_rope_head_dim % 2 != 0) {
     return cross_error(source, "qk_rope_head_dim", "an even number (rope rotates pairs)",
                        c.qk_rope_head_dim);
@@ -365,6 +417,12 @@ Result<DeepseekV3Config> parse_deepseek_v3_config(const std::string& json_text,
                                                   const std::string& source) {
   XDS_ASSIGN_OR_RETURN(json j, config_json::parse_object(json_text, source));
   Config c;
+  XDS_ASSIGN_OR_RETURN(c.family, parse_family(source, j));
+  if (c.family == DeepseekFamily::kDeepseekV2) {  // DeepseekV2Config's defaults
+    c.scoring_func = GatingScore::kSoftmax;
+    c.topk_method = TopkMethod::kGreedy;
+    c.norm_topk_prob = false;
+  }
   for (const FieldSpec& f : kFields) {
     auto it = j.find(f.key);
     if (it == j.end()) {
@@ -375,7 +433,7 @@ Result<DeepseekV3Config> parse_deepseek_v3_config(const std::string& json_text,
     }
     XDS_RETURN_IF_ERROR(f.parse(source, f.key, *it, c));
   }
-  XDS_RETURN_IF_ERROR(validate_cross_fields(source, j, c));
+  XDS_RETURN_IF_ERROR(validate_cross_fields(source, c));
   return c;
 }
 
@@ -400,7 +458,16 @@ GatingParams gating_params(const DeepseekV3Config& c) {
   p.method = c.topk_method;
   p.norm_topk_prob = c.norm_topk_prob;
   p.routed_scaling_factor = c.routed_scaling_factor;
+  p.scaling = c.family == DeepseekFamily::kDeepseekV2 ? RoutedScaling::kUnnormalizedOnly
+                                                      : RoutedScaling::kAlways;
   return p;
+}
+
+const char* deepseek_model_type(DeepseekFamily family) {
+  for (const FamilyRow& f : kFamilies) {
+    if (f.family == family) return f.model_type;
+  }
+  return "deepseek_v3";
 }
 
 RopeParams rope_params(const DeepseekV3Config& c) {

@@ -1,6 +1,9 @@
 // DeepSeek-V3 model configuration, read from a Hugging Face `config.json` with the
 // DeepseekV3 field names (the mapping lives in one table in config.cc), and the eos ids
-// from `generation_config.json`.
+// from `generation_config.json`. The same module family also describes Kimi K2
+// (model_type kimi_k2, the DeepSeek-V3 computation) and DeepSeek-V2 / V2-Lite (model_type
+// deepseek_v2: softmax routing without correction bias, and its own rule for
+// routed_scaling_factor); DeepseekFamily says which one a config is.
 #pragma once
 
 #include <cstdint>
@@ -30,7 +33,18 @@ inline constexpr int64_t kMaxHeadsOrHeadDim = int64_t{1} << 16;  // heads, per-h
 inline constexpr int64_t kMaxLayers = int64_t{1} << 16;          // decoder and MTP layers
 inline constexpr int64_t kMaxSharedExperts = int64_t{1} << 10;
 
+// config.json's model_type (or, without one, its architectures entry).
+enum class DeepseekFamily {
+  kDeepseekV3,  // "deepseek_v3", DeepseekV3ForCausalLM
+  kKimiK2,      // "kimi_k2", DeepseekV3ForCausalLM: the DeepSeek-V3 computation
+  kDeepseekV2,  // "deepseek_v2", DeepseekV2ForCausalLM
+};
+
+// "deepseek_v3", "kimi_k2" or "deepseek_v2".
+const char* deepseek_model_type(DeepseekFamily family);
+
 struct DeepseekV3Config {
+  DeepseekFamily family = DeepseekFamily::kDeepseekV3;
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;
   int64_t intermediate_size = 0;        // dense MLP width (first_k_dense layers)
@@ -46,9 +60,9 @@ struct DeepseekV3Config {
   int64_t first_k_dense_replace = 0;
   int64_t moe_layer_freq = 1;
   double routed_scaling_factor = 1.0;
-  bool norm_topk_prob = true;
-  GatingScore scoring_func = GatingScore::kSigmoid;  // scoring_func
-  TopkMethod topk_method = TopkMethod::kNoauxTc;     // topk_method
+  bool norm_topk_prob = true;  // DeepSeek-V2's default: false
+  GatingScore scoring_func = GatingScore::kSigmoid;  // scoring_func (DeepSeek-V2: softmax)
+  TopkMethod topk_method = TopkMethod::kNoauxTc;     // topk_method (DeepSeek-V2: greedy)
   std::optional<int64_t> q_lora_rank;   // null in config.json: q_proj without low rank
   int64_t kv_lora_rank = 0;
   int64_t qk_nope_head_dim = 0;
@@ -72,7 +86,8 @@ struct DeepseekV3Config {
   }
 };
 
-// The router's rule of every MoE layer.
+// The router's rule of every MoE layer (DeepSeek-V2: routed_scaling_factor only on weights
+// that norm_topk_prob did not normalise, RoutedScaling::kUnnormalizedOnly).
 GatingParams gating_params(const DeepseekV3Config& c);
 // The rotary table's parameters of MLA's rope part.
 RopeParams rope_params(const DeepseekV3Config& c);

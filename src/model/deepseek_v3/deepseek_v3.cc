@@ -46,7 +46,7 @@ namespace {
 
 ModelInfo make_info(const std::string& dir, const DeepseekV3Config& c) {
   ModelInfo info;
-  info.model_type = "deepseek_v3";
+  info.model_type = deepseek_model_type(c.family);
   info.name = config_json::checkpoint_name(dir);
   info.vocab_size = c.vocab_size;
   info.hidden_size = c.hidden_size;

@@ -1,4 +1,5 @@
-// DeepSeek-V3 forward pass on CPU (semantics: docs/design/deepseek_v3_forward.md).
+// DeepSeek-V3 forward pass on CPU (semantics: docs/design/deepseek_v3_forward.md); it also runs
+// Kimi K2 and DeepSeek-V2 / V2-Lite checkpoints (DeepseekFamily, config.h).
 //
 // One forward step takes many sequences at different positions: each TokenChunk is a run
 // of consecutive tokens of one sequence (a prefill chunk, or one decode token) starting at

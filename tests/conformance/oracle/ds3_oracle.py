@@ -1,10 +1,20 @@
 #!/usr/bin/python3
-"""Float64 reference forward pass of DeepSeek-V3 checkpoints (the conformance oracle).
+"""Float64 reference forward pass of DeepSeek-V3 checkpoints (the conformance oracle), and of
+the other members of that module family: Kimi K2 (model_type kimi_k2, DeepSeek-V3's
+computation) and DeepSeek-V2 / V2-Lite (model_type deepseek_v2).
 
 Implements docs/design/deepseek_v3_forward.md plainly, in float64 with numpy: full
 recompute (no KV cache), the expanded (not absorbed) MLA, noaux_tc / greedy /
 group_limited_greedy gating, YaRN, and the MTP layer. It shares no code with the engine:
 it has its own safetensors reader, its own FP8/BF16 decoding and its own config parsing.
+
+DeepSeek-V2 as DeepSeek's own modeling_deepseek.py (DeepseekV2ForCausalLM) computes it:
+MoEGate takes softmax scores, greedy or group_limited_greedy top-k (a group ranks by its
+best score), no correction bias, and then EITHER normalises the top-k weights (norm_topk_prob
+with top_k > 1) OR multiplies them by routed_scaling_factor, never both; its YaRN is
+DeepSeek-V3's (cos/sin × mscale(mscale) / mscale(mscale_all_dim), softmax scale ×
+mscale(mscale_all_dim)^2). Absent fields take DeepseekV2Config's defaults (softmax, greedy,
+norm_topk_prob false).
 
 Shapes: T tokens, H heads, D hidden, Dn/Dr/Dv head dims, C kv_lora_rank, E routed experts.
 
@@ -181,6 +191,12 @@ class Config:
             if key not in raw:
                 raise ValueError(f"config.json: missing {key}")
         g = raw.get
+        arch = (g("architectures") or [None])[0]
+        self.model_type = g("model_type") or (
+            "deepseek_v2" if arch == "DeepseekV2ForCausalLM" else "deepseek_v3")
+        if self.model_type not in ("deepseek_v3", "kimi_k2", "deepseek_v2"):
+            raise ValueError(f"config.json: model_type {self.model_type} not supported")
+        v2 = self.model_type == "deepseek_v2"
         self.vocab_size = int(raw["vocab_size"])
         self.hidden_size = int(raw["hidden_size"])
         self.intermediate_size = g("intermediate_size")
@@ -196,9 +212,11 @@ class Config:
         self.first_k_dense_replace = int(g("first_k_dense_replace") or 0)
         self.moe_layer_freq = int(g("moe_layer_freq") or 1)
         self.routed_scaling_factor = float(g("routed_scaling_factor", 1.0))
-        self.norm_topk_prob = bool(g("norm_topk_prob", True))
-        self.scoring_func = g("scoring_func", "sigmoid")
-        self.topk_method = g("topk_method", "noaux_tc")
+        self.norm_topk_prob = bool(g("norm_topk_prob", not v2))
+        self.scoring_func = g("scoring_func", "softmax" if v2 else "sigmoid")
+        self.topk_method = g("topk_method", "greedy" if v2 else "noaux_tc")
+        # DeepSeek-V2's gate: normalised or scaled, not both (see the module docstring).
+        self.scale_only_unnormalised = v2
         self.q_lora_rank = g("q_lora_rank")
         self.kv_lora_rank = int(raw["kv_lora_rank"])
         self.qk_nope_head_dim = int(raw["qk_nope_head_dim"])
@@ -339,9 +357,11 @@ def select_experts(scores, bias, cfg):
     if allowed.sum() > k:
         expert_gap = masked[order[k - 1]] - masked[order[k]]
     weights = scores[chosen].copy()
-    if cfg.norm_topk_prob and k > 1:
+    normalised = cfg.norm_topk_prob and k > 1
+    if normalised:
         weights = weights / (weights.sum() + 1e-20)
-    weights = weights * cfg.routed_scaling_factor
+    if not (normalised and getattr(cfg, "scale_only_unnormalised", False)):
+        weights = weights * cfg.routed_scaling_factor
     sort = np.argsort(chosen)
     return chosen[sort], weights[sort], float(expert_gap), float(group_gap)
 

@@ -1,8 +1,12 @@
 #!/usr/bin/python3
 """Writes a tiny random-weight DeepSeek-V3 checkpoint in the published Hugging Face layout,
-independently of `xdeepserve mkmodel` (used to develop and self-check the oracle's reader).
+independently of `xdeepserve mkmodel` (used to develop and self-check the oracle's reader);
+with --family, a Kimi K2 or DeepSeek-V2 one in its published layout (config fields as in
+moonshotai/Kimi-K2-Instruct and deepseek-ai/DeepSeek-V2[-Lite]).
 
   make_tiny.py --out DIR [--dtype bf16|f16|fp8] [--shards N] [--yarn] [--no-q-lora] [--seed S]
+               [--family deepseek_v3|kimi_k2|deepseek_v2] [--gating METHOD]
+               [--norm-topk-prob true|false] [--scaling F]
 """
 import argparse
 import json
@@ -82,7 +86,7 @@ def tensor_shapes(cfg):
     out = {"model.embed_tokens.weight": ([v, d], "bf16"), "model.norm.weight": ([d], "norm"),
            "lm_head.weight": ([v, d], "bf16")}
     n_layers = cfg["num_hidden_layers"]
-    for layer in range(n_layers + cfg["num_nextn_predict_layers"]):
+    for layer in range(n_layers + cfg.get("num_nextn_predict_layers", 0)):
         p = f"model.layers.{layer}."
         out[p + "input_layernorm.weight"] = ([d], "norm")
         out[p + "post_attention_layernorm.weight"] = ([d], "norm")
@@ -143,8 +147,30 @@ def write_safetensors(path, tensors):
             f.write(b)
 
 
+def family_config(cfg, family, gating, norm_topk_prob, scaling):
+    """The published fields of Kimi K2 / DeepSeek-V2 over the tiny shapes."""
+    if family == "kimi_k2":  # DeepSeek-V3's class, one expert group, x 2.827, YaRN x 32
+        cfg.update(model_type="kimi_k2", n_group=1, topk_group=1, routed_scaling_factor=2.827,
+                   num_nextn_predict_layers=0, rope_theta=50000.0,
+                   rope_scaling={"beta_fast": 1.0, "beta_slow": 1.0, "factor": 32.0,
+                                 "mscale": 1.0, "mscale_all_dim": 1.0,
+                                 "original_max_position_embeddings": 128, "type": "yarn"})
+    elif family == "deepseek_v2":  # softmax, greedy / group_limited_greedy, no bias, no MTP
+        del cfg["num_nextn_predict_layers"]
+        cfg.update(architectures=["DeepseekV2ForCausalLM"], model_type="deepseek_v2",
+                   scoring_func="softmax", aux_loss_alpha=0.001, seq_aux=True,
+                   topk_method=gating if gating != "noaux_tc" else "greedy",
+                   norm_topk_prob=False, routed_scaling_factor=16.0)
+        if cfg["topk_method"] == "greedy":
+            cfg.update(n_group=1, topk_group=1)
+    if norm_topk_prob is not None:
+        cfg["norm_topk_prob"] = norm_topk_prob
+    if scaling is not None:
+        cfg["routed_scaling_factor"] = scaling
+
+
 def make(out, dtype="bf16", shards=1, yarn=False, q_lora=True, seed=1, shape="tiny",
-         gating="noaux_tc"):
+         gating="noaux_tc", family="deepseek_v3", norm_topk_prob=None, scaling=None):
     cfg = dict(TINY if shape == "tiny" else ODD)
     if gating == "softmax":  # softmax scores, plain top-k, no bias, weights not renormalised
         cfg.update(scoring_func="softmax", topk_method="greedy", n_group=1, topk_group=1,
@@ -152,9 +178,12 @@ def make(out, dtype="bf16", shards=1, yarn=False, q_lora=True, seed=1, shape="ti
     if not q_lora:
         cfg["q_lora_rank"] = None
     if yarn:
+        v2 = family == "deepseek_v2"  # V2 publishes mscale = mscale_all_dim = 0.707
         cfg["rope_scaling"] = {"type": "yarn", "factor": 4.0,
                                "original_max_position_embeddings": 64, "beta_fast": 32,
-                               "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 0.707}
+                               "beta_slow": 1, "mscale": 0.707 if v2 else 1.0,
+                               "mscale_all_dim": 0.707}
+    family_config(cfg, family, gating, norm_topk_prob, scaling)
     if dtype == "fp8":
         cfg["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3",
                                       "activation_scheme": "dynamic",
@@ -213,9 +242,16 @@ def main():
     ap.add_argument("--no-q-lora", action="store_true")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--shape", default="tiny", choices=["tiny", "odd"])
-    ap.add_argument("--gating", default="noaux_tc", choices=["noaux_tc", "softmax"])
+    ap.add_argument("--gating", default="noaux_tc",
+                    choices=["noaux_tc", "softmax", "greedy", "group_limited_greedy"])
+    ap.add_argument("--family", default="deepseek_v3",
+                    choices=["deepseek_v3", "kimi_k2", "deepseek_v2"])
+    ap.add_argument("--norm-topk-prob", choices=["true", "false"])
+    ap.add_argument("--scaling", type=float, help="routed_scaling_factor")
     a = ap.parse_args()
-    make(a.out, a.dtype, a.shards, a.yarn, not a.no_q_lora, a.seed, a.shape, a.gating)
+    norm = None if a.norm_topk_prob is None else a.norm_topk_prob == "true"
+    make(a.out, a.dtype, a.shards, a.yarn, not a.no_q_lora, a.seed, a.shape, a.gating,
+         a.family, norm, a.scaling)
 
 
 if __name__ == "__main__":

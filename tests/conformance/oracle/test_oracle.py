@@ -205,6 +205,41 @@ class Gating(unittest.TestCase):
         np.testing.assert_allclose(w, [2 / 8, 4 / 8], rtol=1e-15)
         self.assertAlmostEqual(egap, 1 / 8, places=15)
 
+    def v2_cfg(self, **over):
+        cfg = dict(model_type="deepseek_v2", n_routed_experts=8, num_experts_per_tok=2,
+                   n_group=4, topk_group=1, topk_method="group_limited_greedy",
+                   scoring_func="softmax", norm_topk_prob=False, routed_scaling_factor=16.0)
+        cfg.update(over)
+        return moe_cfg(**cfg)
+
+    def test_v2_group_limited_greedy_ranks_groups_by_their_best(self):
+        # g0: .375 .0625 | g1: .25 .25 | g2: .0625 0 | g3: 0 0 -> best .375 keeps g0, although
+        # g1's two best sum to more (.5 > .4375, V3's rule would keep g1).
+        s = np.array([0.375, 0.0625, 0.25, 0.25, 0.0625, 0.0, 0.0, 0.0])
+        chosen, w, egap, ggap = o.select_experts(s, None, self.v2_cfg())
+        self.assertEqual(list(chosen), [0, 1])
+        np.testing.assert_allclose(w, [0.375 * 16, 0.0625 * 16], rtol=1e-15)  # scaled only
+        self.assertEqual(ggap, 0.125)         # .375 vs .25
+        self.assertEqual(egap, math.inf)      # the kept group has exactly k experts
+
+    def test_v2_normalises_or_scales_never_both(self):
+        s = np.array([0.375, 0.0625, 0.25, 0.25, 0.0625, 0.0, 0.0, 0.0])
+        _, w, _, _ = o.select_experts(s, None, self.v2_cfg(norm_topk_prob=True))
+        np.testing.assert_allclose(w, [0.375 / 0.4375, 0.0625 / 0.4375], rtol=1e-15)
+        _, w, _, _ = o.select_experts(s, None, self.v2_cfg(norm_topk_prob=True,
+                                                           num_experts_per_tok=1))
+        np.testing.assert_allclose(w, [0.375 * 16], rtol=1e-15)  # k = 1: scaled
+
+    def test_v2_defaults(self):
+        cfg = base_config()
+        cfg.update(model_type="deepseek_v2", n_routed_experts=8, num_experts_per_tok=2)
+        c = o.Config(cfg)
+        self.assertEqual((c.scoring_func, c.topk_method, c.norm_topk_prob),
+                         ("softmax", "greedy", False))
+        cfg.pop("model_type")
+        cfg["architectures"] = ["DeepseekV2ForCausalLM"]
+        self.assertEqual(o.Config(cfg).model_type, "deepseek_v2")
+
 
 class Attention(unittest.TestCase):
     def build(self, q_rows, kva_rows):

@@ -52,6 +52,10 @@ struct GroupCase {
   // EPLB (engine/eplb_agent.h) reconfigures to replica_maps' assignment at step kEplbStep,
   // with the replicas' weights copied into the agent's slot memory.
   bool eplb = false;
+  // The model family mkmodel writes (MkModelOptions::arch); q_lora false with deepseek_v2:
+  // the DeepSeek-V2-Lite layout.
+  const char* arch = "deepseek_v3";
+  bool q_lora = true;
 };
 
 // The step at which the test's EPLB command arrives (prepare and commit together). The
@@ -65,11 +69,14 @@ struct Prompt {
   std::vector<float> ref;  // [len, vocab] teacher-forced logits of the single-process run
 };
 
-std::string make_model(bool int8 = false) {
-  const std::string dir = (std::filesystem::temp_directory_path() /
-                           (int8 ? "xds_ep_forward_tiny_w8a8" : "xds_ep_forward_tiny"))
-                              .string();
+std::string make_model(bool int8 = false, const std::string& arch = "deepseek_v3",
+                       bool q_lora = true) {
+  const std::string name = std::string(int8 ? "xds_ep_forward_tiny_w8a8" : "xds_ep_forward_tiny") +
+                           (arch == "deepseek_v3" ? "" : "_" + arch) + (q_lora ? "" : "_no_q_lora");
+  const std::string dir = (std::filesystem::temp_directory_path() / name).string();
   MkModelOptions o;
+  o.arch = arch;
+  o.q_lora = q_lora;
   o.weights_int8 = int8;
   o.out_dir = dir;
   o.seed = 29;
@@ -366,7 +373,7 @@ int run_device(xccl::Fabric& f, const std::string& dir, const std::vector<Prompt
 
 void run_group(const GroupCase& gc) {
   const int devices = gc.devices;
-  const std::string dir = make_model(gc.int8);
+  const std::string dir = make_model(gc.int8, gc.arch, gc.q_lora);
   auto reference = DeepseekV3Model::load(dir, model_options(gc.compute));
   ASSERT_TRUE(reference.ok()) << reference.status().to_string();
   const ModelInfo info = (*reference)->info();
@@ -396,6 +403,16 @@ void run_group(const GroupCase& gc) {
 TEST(EpForward, TwoDevicesMatchTheSingleProcessLogits) { run_group({.devices = 2}); }
 
 TEST(EpForward, FourDevicesMatchTheSingleProcessLogits) { run_group({.devices = 4}); }
+
+// DeepSeek-V2 (softmax scores, group_limited_greedy, × 16 without normalising) and
+// DeepSeek-V2-Lite (q_proj, greedy over one group): the same contract.
+TEST(EpForward, DeepseekV2OnTwoDevicesMatchesTheSingleProcessLogits) {
+  run_group({.devices = 2, .arch = "deepseek_v2"});
+}
+
+TEST(EpForward, DeepseekV2LiteOnTwoDevicesMatchesTheSingleProcessLogits) {
+  run_group({.devices = 2, .arch = "deepseek_v2", .q_lora = false});
+}
 
 // Replicas in the spare slots (map version 2): the copies share the weights, so the logits
 // are the reference's as well.

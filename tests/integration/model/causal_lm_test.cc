@@ -85,7 +85,8 @@ TEST(Registry, LoadsTheArchitectureNamedByModelType) {
   EXPECT_EQ(kv.planes[0].elements, 96);
   EXPECT_EQ(kv.planes[0].row_bytes, 112 * 4);
   EXPECT_EQ(kv.planes[1].elements, 16);
-  EXPECT_EQ(supported_model_types(), (std::vector<std::string>{"deepseek_v3", "xds_scripted"}));
+  EXPECT_EQ(supported_model_types(), (std::vector<std::string>{"deepseek_v3", "kimi_k2",
+                                                                "deepseek_v2", "xds_scripted"}));
   // load_model_info reads the same facts from the config files alone.
   const auto light = load_model_info(tiny_dir());
   ASSERT_TRUE(light.ok()) << light.status().to_string();
@@ -110,16 +111,57 @@ TEST(Registry, UnknownOrMissingTypesAreClearErrors) {
   ASSERT_FALSE(unknown.ok());
   EXPECT_EQ(unknown.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(unknown.status().message().find("'model_type': 'qwen3_moe' is not supported "
-                                            "(supported: deepseek_v3, xds_scripted)"),
+                                            "(supported: deepseek_v3, kimi_k2, deepseek_v2, "
+                                            "xds_scripted)"),
             std::string::npos)
       << unknown.status().message();
   write_config(root + "/arch", R"({"architectures": ["DeepseekV3ForCausalLM"]})");
   EXPECT_EQ(causal_lm_type(root + "/arch").value(), "deepseek_v3");
+  write_config(root + "/v2arch", R"({"architectures": ["DeepseekV2ForCausalLM"]})");
+  EXPECT_EQ(causal_lm_type(root + "/v2arch").value(), "deepseek_v2");
+  write_config(root + "/kimi", R"({"model_type": "kimi_k2",
+                                   "architectures": ["DeepseekV3ForCausalLM"]})");
+  EXPECT_EQ(causal_lm_type(root + "/kimi").value(), "kimi_k2");
   write_config(root + "/none", R"({"hidden_size": 8})");
   EXPECT_NE(causal_lm_type(root + "/none").status().message().find("'model_type' is missing"),
             std::string::npos);
   const auto missing = load_causal_lm(root + "/absent", {});
   EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
+}
+
+// Kimi K2 and DeepSeek-V2 checkpoints load through the registry with the DeepSeek-V3 model
+// and report their own model_type; DeepSeek-V2's router rule reaches ModelInfo's gating
+// (softmax, group_limited_greedy, × 16 only when not normalised) and it has no MTP layer.
+TEST(Registry, LoadsKimiK2AndDeepseekV2) {
+  for (const std::string arch : {"kimi_k2", "deepseek_v2"}) {
+    const std::string dir =
+        (std::filesystem::temp_directory_path() / ("xds_causal_lm_" + arch)).string();
+    MkModelOptions o;
+    o.out_dir = dir;
+    o.arch = arch;
+    o.seed = 7;
+    o.progress = false;
+    o.threads = 1;
+    ASSERT_TRUE(write_random_checkpoint(o).ok());
+    ModelOptions mo;
+    mo.threads = 1;
+    const auto m = load_causal_lm(dir, mo);
+    ASSERT_TRUE(m.ok()) << m.status().to_string();
+    const ModelInfo& info = (*m)->info();
+    EXPECT_EQ(info.model_type, arch);
+    EXPECT_EQ(info.n_mtp_layers, 0);
+    EXPECT_EQ(info.moe_layers, (std::vector<int64_t>{1, 2}));
+    if (arch == "deepseek_v2") {
+      EXPECT_EQ(info.gating.score, GatingScore::kSoftmax);
+      EXPECT_EQ(info.gating.method, TopkMethod::kGroupLimitedGreedy);
+      EXPECT_EQ(info.gating.scaling, RoutedScaling::kUnnormalizedOnly);
+      EXPECT_DOUBLE_EQ(info.gating.routed_scaling_factor, 16.0);
+    } else {
+      EXPECT_EQ(info.gating.n_group, 1);
+      EXPECT_DOUBLE_EQ(info.gating.routed_scaling_factor, 2.827);
+    }
+    EXPECT_EQ(load_model_info(dir).value().model_type, arch);
+  }
 }
 
 // The tiny preset's MoE as ModelInfo describes it, from the values mkmodel writes

@@ -367,8 +367,8 @@ TEST(Config, RopeScalingAndQuantizationErrors) {
 
 TEST(Config, RejectsOtherArchitectures) {
   json j = valid_config();
-  j["model_type"] = "deepseek_v2";
-  expect_error(j, {"field 'model_type'", "deepseek_v3", "\"deepseek_v2\""});
+  j["model_type"] = "qwen3_moe";
+  expect_error(j, {"field 'model_type'", "deepseek_v3", "deepseek_v2", "\"qwen3_moe\""});
   j = valid_config();
   j["architectures"] = {"Qwen3MoeForCausalLM"};
   expect_error(j, {"field 'architectures'", "DeepseekV3ForCausalLM", "Qwen3MoeForCausalLM"});

@@ -74,6 +74,69 @@ TEST(Routing, SoftmaxGreedy) {
   EXPECT_NEAR(w[1], 0.3, 1e-6);
 }
 
+// DeepSeek-V2's group_limited_greedy ranks a group by its best score, not by V3's sum of
+// its two best. Softmax scores (logits = log s, the s summing to 1):
+//   g0: .30 .02   g1: .20 .19   g2: .15 .04   g3: .05 .05
+// group best: g0 .30 > g1 .20 -> keep g0 (the top-2 sum would keep g1: .39 > .32).
+GatingParams v2_params() {
+  GatingParams p;
+  p.num_experts = 8;
+  p.top_k = 2;
+  p.n_group = 4;
+  p.topk_group = 1;
+  p.score = GatingScore::kSoftmax;
+  p.method = TopkMethod::kGroupLimitedGreedy;
+  p.norm_topk_prob = false;
+  p.routed_scaling_factor = 16.0;
+  p.scaling = RoutedScaling::kUnnormalizedOnly;
+  return p;
+}
+
+constexpr float kV2Scores[8] = {0.30f, 0.02f, 0.20f, 0.19f, 0.15f, 0.04f, 0.05f, 0.05f};
+
+TEST(Routing, GroupLimitedGreedyKeepsTheGroupWithTheBestExpert) {
+  const GatingParams p = v2_params();
+  float logits[8];
+  for (int i = 0; i < 8; ++i) logits[i] = std::log(kV2Scores[i]);
+  int32_t ids[2];
+  float w[2];
+  float scratch[16];
+  route_token(p, logits, nullptr, ids, w, scratch);
+  EXPECT_EQ(ids[0], 0);  // only g0's experts are allowed, although 2 and 3 score higher than 1
+  EXPECT_EQ(ids[1], 1);
+  EXPECT_NEAR(w[0], 0.30 * 16.0, 1e-5);  // not normalised: scaled
+  EXPECT_NEAR(w[1], 0.02 * 16.0, 1e-5);
+  // Keeping 2 groups (g0, g1): the best two of {0, 1, 2, 3}.
+  GatingParams two = p;
+  two.topk_group = 2;
+  route_token(two, logits, nullptr, ids, w, scratch);
+  EXPECT_EQ(ids[0], 0);
+  EXPECT_EQ(ids[1], 2);
+}
+
+TEST(Routing, V2ScalesOnlyWeightsItDidNotNormalize) {
+  GatingParams p = v2_params();
+  p.norm_topk_prob = true;
+  float logits[8];
+  for (int i = 0; i < 8; ++i) logits[i] = std::log(kV2Scores[i]);
+  int32_t ids[2];
+  float w[2];
+  float scratch[16];
+  route_token(p, logits, nullptr, ids, w, scratch);
+  EXPECT_NEAR(w[0], 0.30 / 0.32, 1e-5);  // normalised, not × 16
+  EXPECT_NEAR(w[1], 0.02 / 0.32, 1e-5);
+  // DeepSeek-V3's rule on the same choice: normalised, then × 16.
+  p.scaling = RoutedScaling::kAlways;
+  route_token(p, logits, nullptr, ids, w, scratch);
+  EXPECT_NEAR(w[0], 0.30 / 0.32 * 16.0, 1e-4);
+  // top_k 1 never normalises, so V2 scales it.
+  p.scaling = RoutedScaling::kUnnormalizedOnly;
+  p.top_k = 1;
+  route_token(p, logits, nullptr, ids, w, scratch);
+  EXPECT_EQ(ids[0], 0);
+  EXPECT_NEAR(w[0], 0.30 * 16.0, 1e-5);
+}
+
 // A hidden state gone non-finite (NaN logits, or NaN through the bias) must still route to
 // k distinct experts of the kept groups, not abort the process: every group score is then
 // -inf (NaN never wins a comparison), and the lowest indices are kept and chosen.
