@@ -12,7 +12,8 @@ namespace xds::kernels {
 namespace {
 
 // Scratch, in floats (R = m · group query rows, B = block_size, Dh = head_dim):
-//   k_tile [B, Dh]  v_tile [B, Dh]  (bf16 blocks widened; unused for f32 planes)
+//   k_tile [B, Dh]  v_tile [B, Dh]  (bf16 blocks widened, int8 ones dequantized; unused for
+//   f32 planes)
 //   scores [B]  row_max [R]  row_sum [R]
 struct Scratch {
   float* k_tile;
@@ -39,6 +40,18 @@ float dot(const float* a, const float* b, int64_t n) {
   return sum;
 }
 
+// rows [rows, dh] of int8 q with a scale each -> q · scale (exactly the stored value).
+void dequantize_i8(const std::byte* src, const std::byte* scales, int64_t rows, int64_t dh,
+                   float* dst) {
+  const auto* q = reinterpret_cast<const int8_t*>(src);
+  const auto* s = reinterpret_cast<const float*>(scales);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float scale = s[r];
+#pragma omp simd
+    for (int64_t i = 0; i < dh; ++i) dst[r * dh + i] = static_cast<float>(q[r * dh + i]) * scale;
+  }
+}
+
 void widen_bf16(const std::byte* src, int64_t count, float* dst) {
   const auto* s = reinterpret_cast<const uint16_t*>(src);
 #pragma omp simd
@@ -61,16 +74,21 @@ void gqa_attention(const GqaQueries& q, const GqaKvView& kv, float* scratch) {
     std::memset(q.out + t * q.out_ld, 0, sizeof(float) * static_cast<size_t>(q.group * dh));
   }
   const int64_t context = q.first_pos + q.m;  // rows [0, context) are read
-  const bool bf16 = kv.dtype == DType::kBF16;
+  const bool bf16 = kv.dtype == DType::kBF16, i8 = kv.dtype == DType::kI8;
   for (int64_t block = 0; block * bs < context; ++block) {
     const int64_t s0 = block * bs;
     const int64_t in_block = std::min(bs, context - s0);
     const std::byte* b = kv.base + kv.block_table[block] * kv.block_bytes;
     const float* k_rows;  // [in_block, dh]
     const float* v_rows;
-    if (bf16) {
-      widen_bf16(b + kv.k_offset, in_block * dh, s.k_tile);
-      widen_bf16(b + kv.v_offset, in_block * dh, s.v_tile);
+    if (bf16 || i8) {
+      if (bf16) {
+        widen_bf16(b + kv.k_offset, in_block * dh, s.k_tile);
+        widen_bf16(b + kv.v_offset, in_block * dh, s.v_tile);
+      } else {
+        dequantize_i8(b + kv.k_offset, b + kv.k_scale_offset, in_block, dh, s.k_tile);
+        dequantize_i8(b + kv.v_offset, b + kv.v_scale_offset, in_block, dh, s.v_tile);
+      }
       k_rows = s.k_tile;
       v_rows = s.v_tile;
     } else {

@@ -3,10 +3,11 @@
 //
 // The cache keeps, per layer and per KV head, a K plane and a V plane: in block b the rows
 // of positions [b·block_size, (b+1)·block_size) of one head lie next to each other,
-// [block_size, head_dim] f32 or bf16 (kv_storage.h draws the block). One call computes the
+// [block_size, head_dim] f32, bf16, or int8 with an f32 scale per row in a plane of its own
+// (model/gqa_kv.h draws the block). One call computes the
 // attention of the `group` query heads that share one KV head, for m consecutive tokens of
 // one sequence (a prefill tile, or m = 1 at decode): every K/V row of a block is read once
-// (and widened once from bf16) for all m · group query rows.
+// (and widened once from bf16, or dequantized once from int8) for all m · group query rows.
 //
 //   out[t, g] = Σ_{s <= first_pos + t} softmax_s(scale · q[t, g] · K[s]) · V[s]
 //
@@ -30,7 +31,10 @@ struct GqaKvView {
   int64_t k_offset = 0;  // bytes from a block's start to row 0 of the head's K plane
   int64_t v_offset = 0;  // ... of its V plane
   int64_t head_dim = 0;  // Dh: elements of a row; rows dense (Dh · element bytes apart)
-  DType dtype = DType::kF32;  // kF32 or kBF16
+  DType dtype = DType::kF32;  // kF32, kBF16, or kI8 (then a row is q · its scale)
+  // kI8: bytes from a block's start to row 0 of the head's K / V scale plane (one f32 a row)
+  int64_t k_scale_offset = 0;
+  int64_t v_scale_offset = 0;
 };
 
 // The query rows of one call and where their outputs go.

@@ -64,10 +64,6 @@ Status check_tokens(std::span<const int32_t> tokens, int64_t vocab, size_t chunk
 
 // The options this family does not run yet, each refused in one line.
 Status check_options(const ModelOptions& o) {
-  if (o.kv_cache == KvCacheDType::kInt8) {
-    return unimplemented(
-        "Qwen3-MoE: --kv-cache-dtype int8 is not supported yet (its GQA cache is f32 or bf16)");
-  }
   if (o.attention != AttentionMode::kAuto) {
     return invalid_argument(
         "Qwen3-MoE: --attention absorbed/expanded are MLA modes; this model has GQA attention "
@@ -127,8 +123,11 @@ Result<std::unique_ptr<Qwen3MoeModel>> Qwen3MoeModel::load(const std::string& di
   const bool bf16 = options.kv_cache == KvCacheDType::kBF16 ||
                     (options.kv_cache == KvCacheDType::kAuto &&
                      options.compute == ComputeDType::kBF16);
-  m->kv_layout_ = gqa_kv_layout(c.num_hidden_layers, c.num_key_value_heads, c.head_dim,
-                                bf16 ? DType::kBF16 : DType::kF32);
+  const DType kv_dtype = options.kv_cache == KvCacheDType::kInt8 ? DType::kI8
+                         : bf16                                  ? DType::kBF16
+                                                                 : DType::kF32;
+  m->kv_layout_ =
+      gqa_kv_layout(c.num_hidden_layers, c.num_key_value_heads, c.head_dim, kv_dtype);
   return m;
 }
 

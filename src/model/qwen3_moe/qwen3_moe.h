@@ -36,9 +36,8 @@ class RepackCache;
 
 class Qwen3MoeModel final : public CausalLm {
  public:
-  // Loads dir/config.json, generation_config.json and the safetensors weights. Unimplemented,
-  // in one line, for what this family does not run yet: an INT8 KV cache, the MLA attention
-  // modes, int8 activations.
+  // Loads dir/config.json, generation_config.json and the safetensors weights. An error in
+  // one line for what this family does not run: the MLA attention modes, int8 activations.
   static Result<std::unique_ptr<Qwen3MoeModel>> load(const std::string& dir,
                                                      const ModelOptions& options);
   static Result<ModelInfo> load_info(const std::string& dir);
@@ -64,8 +63,8 @@ class Qwen3MoeModel final : public CausalLm {
   const MoeWeights* moe_weights(int64_t layer) const override;
   ThreadPool& pool() override { return *pool_; }
 
-  // The planes' element type (ModelOptions::kv_cache resolved): kF32, or kBF16 (asked for,
-  // or auto with the bf16 compute dtype).
+  // The K/V planes' element type (ModelOptions::kv_cache resolved): kF32, kBF16 (asked for,
+  // or auto with the bf16 compute dtype) or kI8 (with a scale per row).
   DType kv_cache_dtype() const { return kv_layout_.planes[0].dtype; }
 
  private:

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -17,11 +18,13 @@ namespace {
 struct PagedHead {  // one KV head's K and V planes in blocks of a storage, in a scrambled order
   int64_t block_size, head_dim, blocks;
   DType dtype;
-  std::vector<std::byte> storage;  // [blocks][K plane chunk | V plane chunk | padding]
-  std::vector<int32_t> table;      // position block -> storage block
-  std::vector<double> k, v;        // [positions, head_dim] the values stored (after rounding)
-  int64_t block_bytes() const { return 2 * plane_bytes() + 64; }
+  // per block: [K plane chunk | V plane chunk | (int8) K scales | V scales | padding]
+  std::vector<std::byte> storage;
+  std::vector<int32_t> table;  // position block -> storage block
+  std::vector<double> k, v;    // [positions, head_dim] the values stored (after rounding)
   int64_t plane_bytes() const { return block_size * head_dim * dtype_size(dtype); }
+  int64_t scale_bytes() const { return dtype == DType::kI8 ? block_size * 4 : 0; }
+  int64_t block_bytes() const { return 2 * plane_bytes() + 2 * scale_bytes() + 64; }
 
   PagedHead(int64_t bs, int64_t dh, int64_t positions, DType dt, std::mt19937& rng)
       : block_size(bs), head_dim(dh), blocks((positions + bs - 1) / bs), dtype(dt) {
@@ -30,21 +33,36 @@ struct PagedHead {  // one KV head's K and V planes in blocks of a storage, in a
     std::normal_distribution<float> nd(0.0f, 1.0f);
     k.resize(static_cast<size_t>(positions * dh));
     v.resize(k.size());
+    const int64_t size = dtype_size(dtype);
     for (int64_t s = 0; s < positions; ++s) {
       std::byte* block = storage.data() + table[s / bs] * block_bytes();
-      for (int64_t i = 0; i < dh; ++i) {
-        for (int plane = 0; plane < 2; ++plane) {
-          float x = nd(rng);
-          std::byte* row = block + plane * plane_bytes() +
-                           (s % bs) * dh * dtype_size(dtype) + i * dtype_size(dtype);
-          if (dtype == DType::kBF16) {
-            const uint16_t h = f32_to_bf16(x);
-            std::memcpy(row, &h, 2);
-            x = bf16_to_f32(h);
-          } else {
-            std::memcpy(row, &x, 4);
+      for (int plane = 0; plane < 2; ++plane) {
+        std::vector<float> x(static_cast<size_t>(dh));
+        for (float& e : x) e = nd(rng);
+        std::byte* row = block + plane * plane_bytes() + (s % bs) * dh * size;
+        double* stored = (plane == 0 ? k : v).data() + s * dh;
+        if (dtype == DType::kI8) {  // absmax / 127 per row, round to nearest
+          float amax = 0;
+          for (float e : x) amax = std::max(amax, std::abs(e));
+          const float scale = amax / 127.0f;
+          std::memcpy(block + 2 * plane_bytes() + plane * scale_bytes() + (s % bs) * 4, &scale, 4);
+          for (int64_t i = 0; i < dh; ++i) {
+            const auto q = static_cast<int8_t>(std::lround(x[i] / scale));
+            std::memcpy(row + i, &q, 1);
+            stored[i] = static_cast<double>(static_cast<float>(q) * scale);
           }
-          (plane == 0 ? k : v)[static_cast<size_t>(s * dh + i)] = x;
+          continue;
+        }
+        for (int64_t i = 0; i < dh; ++i) {
+          float e = x[i];
+          if (dtype == DType::kBF16) {
+            const uint16_t h = f32_to_bf16(e);
+            std::memcpy(row + i * 2, &h, 2);
+            e = bf16_to_f32(h);
+          } else {
+            std::memcpy(row + i * 4, &e, 4);
+          }
+          stored[i] = e;
         }
       }
     }
@@ -60,6 +78,8 @@ struct PagedHead {  // one KV head's K and V planes in blocks of a storage, in a
     w.v_offset = plane_bytes();
     w.head_dim = head_dim;
     w.dtype = dtype;
+    w.k_scale_offset = 2 * plane_bytes();
+    w.v_scale_offset = 2 * plane_bytes() + scale_bytes();
     return w;
   }
 };
@@ -110,8 +130,8 @@ void check(DType dtype, int64_t bs, int64_t dh, int64_t group, int64_t first_pos
   }
 }
 
-TEST(GqaAttention, DecodeMatchesReferenceF32AndBf16) {
-  for (DType dt : {DType::kF32, DType::kBF16}) {
+TEST(GqaAttention, DecodeMatchesReferenceF32Bf16Int8) {
+  for (DType dt : {DType::kF32, DType::kBF16, DType::kI8}) {
     check(dt, 16, 128, 8, 0, 1);   // the first token: one row of context
     check(dt, 16, 128, 8, 40, 1);  // three blocks, the last partial
     check(dt, 4, 24, 3, 17, 1);    // head_dim not a multiple of the vector width
@@ -120,7 +140,7 @@ TEST(GqaAttention, DecodeMatchesReferenceF32AndBf16) {
 }
 
 TEST(GqaAttention, PrefillTileIsCausal) {
-  for (DType dt : {DType::kF32, DType::kBF16}) {
+  for (DType dt : {DType::kF32, DType::kBF16, DType::kI8}) {
     check(dt, 16, 128, 4, 0, 37);  // a whole prompt across blocks
     check(dt, 8, 48, 2, 13, 9);    // a chunk after cached context, straddling blocks
     check(dt, 3, 10, 5, 2, 7);     // odd sizes
