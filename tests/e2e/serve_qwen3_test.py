@@ -6,9 +6,11 @@ layout (tests/conformance/oracle/make_tiny_qwen3.py) with the shipped model's to
   - generate runs greedily (its numbers are checked against the float64 oracle by
     conformance.qwen3_f32);
   - serve's greedy completion (temperature 0, ignore_eos) is the text generate prints, with
-    --dp 1 and --dp 2;
-  - the paths the family does not take yet fail in one line naming it: --kv-cache-dtype int8,
-    --speculative-tokens, quantize.
+    --dp 1, --dp 2, and prefill/decode disaggregation (the GQA cache's blocks pulled by the
+    decode instance);
+  - generate runs with --kv-cache-dtype int8;
+  - the paths the family does not take yet fail in one line naming it: --speculative-tokens,
+    quantize.
 """
 import argparse
 import json
@@ -46,11 +48,11 @@ def post(url, body):
         return json.loads(r.read().decode())
 
 
-def served_completion(xds, model, dp):
+def served_completion(xds, model, extra):
     port, iport = free_port(), free_port()
     cmd = [xds, "serve", "--model", model, "--port", str(port), "--instance-port", str(iport),
-           "--dp", str(dp), "--max-num-seqs", "4", "--kv-memory", "16M",
-           "--threads-per-device", "1", "--served-model-name", "q3"]
+           "--max-num-seqs", "4", "--kv-memory", "16M", "--threads-per-device", "1",
+           "--served-model-name", "q3"] + extra
     server = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     base = f"http://127.0.0.1:{port}"
     try:
@@ -106,13 +108,18 @@ def main():
                             "--threads", "1"], capture_output=True, text=True, timeout=300)
         check(g.returncode == 0, f"generate ran: {g.stderr[-500:]}")
         text = g.stdout[:-1] if g.stdout.endswith("\n") else g.stdout
-        for dp in (1, 2):
-            served, log = served_completion(xds, model, dp)
-            check(served == text, f"serve --dp {dp} greedy text equals generate: {served!r} vs "
-                  f"{text!r} {log}")
+        for extra in (["--dp", "1"], ["--dp", "2"],
+                      ["--prefill-instances", "1", "--decode-instances", "1"]):
+            served, log = served_completion(xds, model, extra)
+            check(served == text, f"serve {' '.join(extra)} greedy text equals generate: "
+                  f"{served!r} vs {text!r} {log}")
 
-        one_line_error([xds, "generate", "--model", model, "--prompt", PROMPT,
-                        "--max-tokens", "2", "--kv-cache-dtype", "int8"], "int8")
+        g8 = subprocess.run([xds, "generate", "--model", model, "--prompt", PROMPT,
+                             "--max-tokens", "4", "--temperature", "0", "--kv-cache-dtype",
+                             "int8", "--threads", "1"], capture_output=True, text=True,
+                            timeout=300)
+        check(g8.returncode == 0 and "KV cache I8" in g8.stderr,
+              f"generate with the INT8 GQA cache: {g8.stderr[-300:]}")
         one_line_error([xds, "generate", "--model", model, "--prompt", PROMPT,
                         "--max-tokens", "2", "--speculative-tokens", "1"], "MTP")
         calib = os.path.join(work, "calibration.txt")
