@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "mkmodel/mkmodel.h"
+#include "mkmodel/qwen3_checkpoint.h"
 #include "model/kv_cache.h"
 #include "model/qwen3_moe/qwen3_moe.h"
 #include "model/registry.h"
@@ -165,6 +166,32 @@ TEST(Qwen3Model, UnsupportedPathsRefusedInOneLine) {
   StepOutput out;
   const Status s = (*ok)->forward_mtp(0, {}, cache.storage(), out);
   EXPECT_NE(s.message().find("no MTP layers"), std::string::npos) << s.message();
+}
+
+TEST(Qwen3Mkmodel, BenchPresetHasQwen3_30B_A3B_LayerShape) {
+  MkModelOptions o;
+  o.arch = "qwen3_moe";
+  o.preset = "bench-qwen3";
+  auto c = qwen3_mkmodel_config(o);
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  EXPECT_EQ(c->hidden_size, 2048);
+  EXPECT_EQ(c->num_attention_heads, 32);
+  EXPECT_EQ(c->num_key_value_heads, 4);
+  EXPECT_EQ(c->head_dim, 128);
+  EXPECT_EQ(c->num_experts, 128);
+  EXPECT_EQ(c->moe_intermediate_size, 768);
+  EXPECT_EQ(c->num_experts_per_tok, 8);
+  EXPECT_EQ(c->vocab_size, 151936);
+  EXPECT_FALSE(c->tie_word_embeddings);
+  EXPECT_EQ(c->num_hidden_layers, 6);
+  for (int64_t l = 0; l < 6; ++l) EXPECT_TRUE(c->is_moe_layer(l));
+  o.preset = "bench-2.6b";
+  EXPECT_NE(qwen3_mkmodel_config(o).status().message().find("tiny or bench-qwen3"),
+            std::string::npos);
+  o.preset = "tiny";
+  o.weights_int8 = true;
+  EXPECT_NE(qwen3_mkmodel_config(o).status().message().find("not supported for Qwen3-MoE"),
+            std::string::npos);
 }
 
 }  // namespace
