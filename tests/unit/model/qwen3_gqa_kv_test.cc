@@ -2,6 +2,7 @@
 // (f32 exactly, bf16 rounded to nearest even), blocks through a block table.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -81,6 +82,44 @@ TEST(GqaKv, WriteThenViewEveryHeadAndLayer) {
         }
       }
     }
+  }
+}
+
+TEST(GqaKv, Int8RowsWithAScalePlanePerHead) {
+  const int64_t layers = 2, heads = 2, dh = 8, bs = 4;
+  const KvLayout l = gqa_kv_layout(layers, heads, dh, DType::kI8);
+  ASSERT_EQ(l.planes.size(), 8u);  // K, K, V, V int8; then their scales
+  for (size_t p = 0; p < 4; ++p) EXPECT_EQ(l.planes[p].dtype, DType::kI8);
+  for (size_t p = 4; p < 8; ++p) EXPECT_EQ(l.planes[p].row_bytes, 4);
+  EXPECT_TRUE(is_gqa_kv_layout(l));
+  auto kv = KvStorage::create({l, 3, bs}, -1);
+  ASSERT_TRUE(kv.ok()) << kv.status().message();
+  const std::vector<int32_t> table = {2, 0};
+  // Position 5 (block table[1] = 0, slot 1), layer 1: K head h row i = (h + 1) · (i - 3.5).
+  std::vector<float> k(heads * dh), v(heads * dh);
+  for (int64_t h = 0; h < heads; ++h) {
+    for (int64_t i = 0; i < dh; ++i) {
+      k[h * dh + i] = static_cast<float>((h + 1) * (i - 3.5));
+      v[h * dh + i] = static_cast<float>(0.25 * (i + 1) * (h == 0 ? 1 : -1));
+    }
+  }
+  gqa_kv_write(*kv, 1, table[1], 1, k.data(), v.data());
+  for (int64_t h = 0; h < heads; ++h) {
+    const kernels::GqaKvView view = gqa_kv_view(*kv, 1, h, table);
+    ASSERT_EQ(view.dtype, DType::kI8);
+    const std::byte* block = view.base + table[1] * view.block_bytes;
+    float ks, vs;
+    std::memcpy(&ks, block + view.k_scale_offset + 4, 4);
+    std::memcpy(&vs, block + view.v_scale_offset + 4, 4);
+    EXPECT_FLOAT_EQ(ks, (h + 1) * 3.5f / 127);  // absmax / 127
+    EXPECT_FLOAT_EQ(vs, 2.0f / 127);
+    for (int64_t i = 0; i < dh; ++i) {
+      const auto kq = static_cast<int8_t>(block[view.k_offset + dh + i]);
+      const auto vq = static_cast<int8_t>(block[view.v_offset + dh + i]);
+      EXPECT_LE(std::abs(kq * ks - k[h * dh + i]), ks / 2 + 1e-6f);
+      EXPECT_LE(std::abs(vq * vs - v[h * dh + i]), vs / 2 + 1e-6f);
+    }
+    EXPECT_EQ(static_cast<int8_t>(block[view.k_offset + dh]), -127);  // the absmax element
   }
 }
 
