@@ -40,10 +40,10 @@ ojson qwen3_config_json(const Qwen3MoeConfig& c, bool f16) {
   j["output_router_logits"] = false;
   j["rms_norm_eps"] = c.rms_norm_eps;
   if (c.rope_scaling) {
-    j["rope_scaling"] = {{"factor", c.rope_scaling->factor},
-                         {"original_max_position_embeddings",
-                          c.rope_scaling->original_max_position_embeddings},
-                         {"rope_type", "yarn"}};
+    j["rope_scaling"] = {
+        {"factor", c.rope_scaling->factor},
+        {"original_max_position_embeddings", c.rope_scaling->original_max_position_embeddings},
+        {"rope_type", "yarn"}};
   } else {
     j["rope_scaling"] = nullptr;
   }

@@ -28,9 +28,9 @@ struct GqaKvView {
   int64_t block_bytes = 0;               // bytes from one block to the next
   const int32_t* block_table = nullptr;  // position s: block block_table[s / block_size]
   int64_t block_size = 0;                // rows per block
-  int64_t k_offset = 0;  // bytes from a block's start to row 0 of the head's K plane
-  int64_t v_offset = 0;  // ... of its V plane
-  int64_t head_dim = 0;  // Dh: elements of a row; rows dense (Dh · element bytes apart)
+  int64_t k_offset = 0;       // bytes from a block's start to row 0 of the head's K plane
+  int64_t v_offset = 0;       // ... of its V plane
+  int64_t head_dim = 0;       // Dh: elements of a row; rows dense (Dh · element bytes apart)
   DType dtype = DType::kF32;  // kF32, kBF16, or kI8 (then a row is q · its scale)
   // kI8: bytes from a block's start to row 0 of the head's K / V scale plane (one f32 a row)
   int64_t k_scale_offset = 0;

@@ -130,8 +130,7 @@ Status parse_quantization(std::string_view source, std::string_view key, const j
 // rope_scaling: null/absent (plain rope) or {"rope_type" (or "type"): "yarn", "factor", ...};
 // original_max_position_embeddings defaults to the config's max_position_embeddings, read
 // after this table (cross-field), so it is kept at 0 here when absent.
-Status parse_rope_scaling(std::string_view source, std::string_view key, const json& v,
-                          Config& c) {
+Status parse_rope_scaling(std::string_view source, std::string_view key, const json& v, Config& c) {
   c.rope_scaling.reset();
   if (v.is_null()) return {};
   if (!v.is_object()) return field_error(source, key, "an object or null", v);
@@ -197,8 +196,7 @@ constexpr FieldSpec kFields[] = {
     {"rms_norm_eps", false, parse_double<&Config::rms_norm_eps>},
     {"rope_theta", false, parse_double<&Config::rope_theta>},
     {"rope_scaling", false, parse_rope_scaling},
-    {"max_position_embeddings", false,
-     parse_int<&Config::max_position_embeddings, 1, INT64_MAX>},
+    {"max_position_embeddings", false, parse_int<&Config::max_position_embeddings, 1, INT64_MAX>},
     {"tie_word_embeddings", false, parse_bool<&Config::tie_word_embeddings>},
     {"hidden_act", false, parse_hidden_act},
     {"attention_bias", false, parse_false},
@@ -216,13 +214,13 @@ Status cross_error(std::string_view source, std::string_view key, std::string_vi
 Status check_token_ids(std::string_view source, const Config& c) {
   for (int64_t id : c.eos_token_ids) {
     if (id >= c.vocab_size) {
-      return cross_error(source, "eos_token_id",
-                         fmt::format("ids < vocab_size ({})", c.vocab_size), id);
+      return cross_error(source, "eos_token_id", fmt::format("ids < vocab_size ({})", c.vocab_size),
+                         id);
     }
   }
   if (c.bos_token_id && *c.bos_token_id >= c.vocab_size) {
-    return cross_error(source, "bos_token_id",
-                       fmt::format("an id < vocab_size ({})", c.vocab_size), *c.bos_token_id);
+    return cross_error(source, "bos_token_id", fmt::format("an id < vocab_size ({})", c.vocab_size),
+                       *c.bos_token_id);
   }
   return {};
 }
@@ -248,10 +246,9 @@ Status validate_cross_fields(std::string_view source, const json& j, Config& c) 
     return cross_error(source, "head_dim", "an even number (rope rotates halves)", c.head_dim);
   }
   if (c.num_attention_heads % c.num_key_value_heads != 0) {
-    return cross_error(
-        source, "num_key_value_heads",
-        fmt::format("a divisor of num_attention_heads ({})", c.num_attention_heads),
-        c.num_key_value_heads);
+    return cross_error(source, "num_key_value_heads",
+                       fmt::format("a divisor of num_attention_heads ({})", c.num_attention_heads),
+                       c.num_key_value_heads);
   }
   if (c.num_experts > 0 && c.num_experts_per_tok > c.num_experts) {
     return cross_error(source, "num_experts_per_tok",
@@ -260,8 +257,7 @@ Status validate_cross_fields(std::string_view source, const json& j, Config& c) 
   for (int64_t l : c.mlp_only_layers) {
     if (l >= c.num_hidden_layers) {
       return cross_error(source, "mlp_only_layers",
-                         fmt::format("layer indices < num_hidden_layers ({})",
-                                     c.num_hidden_layers),
+                         fmt::format("layer indices < num_hidden_layers ({})", c.num_hidden_layers),
                          l);
     }
   }

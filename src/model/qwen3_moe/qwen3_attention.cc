@@ -68,25 +68,25 @@ void Qwen3MoeModel::run_attention(int64_t layer, KvStorage& kv, const float* xn,
   const int64_t per_thread = kernels::gqa_scratch_floats(kTokenTile, group, bs, dh);
   float* scratch_all = grow(s_attn_scratch_, per_thread * pool_->num_threads());
   const float scale = 1.0f / std::sqrt(static_cast<float>(dh));
-  pool_->parallel_for(static_cast<int64_t>(s_items_.size()), [&](int64_t i0, int64_t i1,
-                                                                 int thread) {
-    float* scratch = scratch_all + per_thread * thread;
-    for (int64_t i = i0; i < i1; ++i) {
-      const AttentionItem& it = s_items_[static_cast<size_t>(i)];
-      const Chunk& ch = chunks_[static_cast<size_t>(it.chunk)];
-      const int64_t t = ch.begin + it.first;
-      kernels::GqaQueries gq;
-      gq.q = q + t * q_width + it.head * group * dh;
-      gq.ld = q_width;
-      gq.m = it.count;
-      gq.group = group;
-      gq.first_pos = ch.start_pos + it.first;
-      gq.scale = scale;
-      gq.out = attn + t * q_width + it.head * group * dh;
-      gq.out_ld = q_width;
-      kernels::gqa_attention(gq, gqa_kv_view(kv, layer, it.head, ch.blocks), scratch);
-    }
-  });
+  pool_->parallel_for(
+      static_cast<int64_t>(s_items_.size()), [&](int64_t i0, int64_t i1, int thread) {
+        float* scratch = scratch_all + per_thread * thread;
+        for (int64_t i = i0; i < i1; ++i) {
+          const AttentionItem& it = s_items_[static_cast<size_t>(i)];
+          const Chunk& ch = chunks_[static_cast<size_t>(it.chunk)];
+          const int64_t t = ch.begin + it.first;
+          kernels::GqaQueries gq;
+          gq.q = q + t * q_width + it.head * group * dh;
+          gq.ld = q_width;
+          gq.m = it.count;
+          gq.group = group;
+          gq.first_pos = ch.start_pos + it.first;
+          gq.scale = scale;
+          gq.out = attn + t * q_width + it.head * group * dh;
+          gq.out_ld = q_width;
+          kernels::gqa_attention(gq, gqa_kv_view(kv, layer, it.head, ch.blocks), scratch);
+        }
+      });
   (*linear_)(attn, n, q_width, w.o_proj, out, d);
 }
 

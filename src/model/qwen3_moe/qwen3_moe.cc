@@ -120,14 +120,13 @@ Result<std::unique_ptr<Qwen3MoeModel>> Qwen3MoeModel::load(const std::string& di
   for (size_t i = 0; i < m->info_.moe_layers.size(); ++i)
     m->moe_row_[static_cast<size_t>(m->info_.moe_layers[i])] = static_cast<int32_t>(i);
   m->routed_counts_.assign(m->info_.moe_layers.size() * static_cast<size_t>(c.num_experts), 0);
-  const bool bf16 = options.kv_cache == KvCacheDType::kBF16 ||
-                    (options.kv_cache == KvCacheDType::kAuto &&
-                     options.compute == ComputeDType::kBF16);
+  const bool bf16 =
+      options.kv_cache == KvCacheDType::kBF16 ||
+      (options.kv_cache == KvCacheDType::kAuto && options.compute == ComputeDType::kBF16);
   const DType kv_dtype = options.kv_cache == KvCacheDType::kInt8 ? DType::kI8
                          : bf16                                  ? DType::kBF16
                                                                  : DType::kF32;
-  m->kv_layout_ =
-      gqa_kv_layout(c.num_hidden_layers, c.num_key_value_heads, c.head_dim, kv_dtype);
+  m->kv_layout_ = gqa_kv_layout(c.num_hidden_layers, c.num_key_value_heads, c.head_dim, kv_dtype);
   return m;
 }
 
@@ -250,8 +249,7 @@ Status Qwen3MoeModel::append_chunk(size_t index, const TokenChunk& ch, const KvS
   return {};
 }
 
-Status Qwen3MoeModel::forward(std::span<const TokenChunk> chunks, KvStorage& kv,
-                              StepOutput& out) {
+Status Qwen3MoeModel::forward(std::span<const TokenChunk> chunks, KvStorage& kv, StepOutput& out) {
   const int64_t d = config_.hidden_size;
   XDS_RETURN_IF_ERROR(check_storage(kv));
   chunks_.clear();

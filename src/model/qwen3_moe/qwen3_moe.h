@@ -103,12 +103,12 @@ class Qwen3MoeModel final : public CausalLm {
 
   // The step (rebuilt by forward) and scratch reused across steps (grown, never shrunk).
   std::vector<Chunk> chunks_;
-  std::vector<int64_t> pos_;  // [n] absolute position of each token
-  int64_t n_ = 0;             // tokens in the step
-  std::vector<float> s_x_, s_xn_, s_tmp_;           // [n, D]
-  std::vector<float> s_q_, s_attn_;                 // [n, H·Dh]
-  std::vector<float> s_k_, s_v_;                    // [n, KV·Dh]
-  std::vector<float> s_gate_, s_up_;                // [n, intermediate]
+  std::vector<int64_t> pos_;               // [n] absolute position of each token
+  int64_t n_ = 0;                          // tokens in the step
+  std::vector<float> s_x_, s_xn_, s_tmp_;  // [n, D]
+  std::vector<float> s_q_, s_attn_;        // [n, H·Dh]
+  std::vector<float> s_k_, s_v_;           // [n, KV·Dh]
+  std::vector<float> s_gate_, s_up_;       // [n, intermediate]
   std::vector<float> s_router_, s_weights_, s_gating_, s_routed_;
   std::vector<int32_t> s_ids_;
   std::vector<float> s_attn_scratch_;  // [threads, gqa_scratch_floats(tile)]

@@ -80,9 +80,9 @@ Result<Qwen3MoeWeights> bind_qwen3_moe_weights(const Qwen3MoeConfig& c, const Ch
   }
   XDS_ASSIGN_OR_RETURN(w.final_norm, b.vec("model.norm.weight", d));
   // Tied: the embedding is the head (transformers ignores a stored lm_head.weight then).
-  XDS_ASSIGN_OR_RETURN(w.lm_head,
-                       b.linear(c.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight",
-                                v, d));
+  XDS_ASSIGN_OR_RETURN(
+      w.lm_head,
+      b.linear(c.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight", v, d));
   return w;
 }
 

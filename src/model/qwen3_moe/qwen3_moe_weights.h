@@ -32,12 +32,12 @@ class Checkpoint;
 class RepackCache;
 
 struct GqaWeights {
-  MatrixRef q_proj;                 // [H·Dh, D]
-  MatrixRef k_proj;                 // [KV·Dh, D]
-  MatrixRef v_proj;                 // [KV·Dh, D]
-  MatrixRef o_proj;                 // [D, H·Dh]
-  std::span<const float> q_norm;    // [Dh]
-  std::span<const float> k_norm;    // [Dh]
+  MatrixRef q_proj;               // [H·Dh, D]
+  MatrixRef k_proj;               // [KV·Dh, D]
+  MatrixRef v_proj;               // [KV·Dh, D]
+  MatrixRef o_proj;               // [D, H·Dh]
+  std::span<const float> q_norm;  // [Dh]
+  std::span<const float> k_norm;  // [Dh]
 };
 
 struct Qwen3MoeLayerWeights {
@@ -49,15 +49,15 @@ struct Qwen3MoeLayerWeights {
 };
 
 struct Qwen3MoeWeights {
-  MatrixRef embed;                          // [vocab, D]
+  MatrixRef embed;                           // [vocab, D]
   std::vector<Qwen3MoeLayerWeights> layers;  // [num_hidden_layers]
-  std::span<const float> final_norm;        // [D]
-  MatrixRef lm_head;                        // [vocab, D] (the embedding when tied)
+  std::span<const float> final_norm;         // [D]
+  MatrixRef lm_head;                         // [vocab, D] (the embedding when tied)
 };
 
 // Binds every tensor the config calls for; an error names the file, the tensor, the expected
 // and the found shape/dtype. `store` owns converted copies and repack mappings.
-Result<Qwen3MoeWeights> bind_qwen3_moe_weights(const Qwen3MoeConfig& config,
-                                               const Checkpoint& ckpt, RepackCache& store);
+Result<Qwen3MoeWeights> bind_qwen3_moe_weights(const Qwen3MoeConfig& config, const Checkpoint& ckpt,
+                                               RepackCache& store);
 
 }  // namespace xds

@@ -27,7 +27,9 @@ json published() {
     "use_cache": true, "use_sliding_window": false, "vocab_size": 151936})");
 }
 
-Result<Qwen3MoeConfig> parse(const json& j) { return parse_qwen3_moe_config(j.dump(), "c.json"); }
+Result<Qwen3MoeConfig> parse(const json& j) {
+  return parse_qwen3_moe_config(j.dump(), "c.json");
+}
 
 // The error of parsing `j`, which must fail.
 std::string error_of(const json& j) {
@@ -88,8 +90,8 @@ TEST(Qwen3Config, SparseStepAndMlpOnlyLayers) {
 
 TEST(Qwen3Config, YarnRopeScaling) {
   json j = published();
-  j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0},
-                       {"original_max_position_embeddings", 32768}};
+  j["rope_scaling"] = {
+      {"rope_type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 32768}};
   auto r = parse(j);
   ASSERT_TRUE(r.ok()) << r.status().message();
   ASSERT_TRUE(r->rope_scaling.has_value());
