@@ -1,4 +1,5 @@
-// `xdeepserve mkmodel`: write a random-weight DeepSeek-family checkpoint (mkmodel/mkmodel.h).
+// `xdeepserve mkmodel`: write a random-weight checkpoint of a registry family
+// (mkmodel/mkmodel.h, mkmodel/qwen3_checkpoint.h).
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -14,17 +15,19 @@ void add_mkmodel_command(CLI::App& app, int* exit_code) {
   auto opts = std::make_shared<MkModelOptions>();
   CLI::App* cmd =
       app.add_subcommand("mkmodel",
-                         "Write a random-weight DeepSeek-V3, Kimi K2 or DeepSeek-V2 checkpoint (HF "
-                         "layout)");
+                         "Write a random-weight DeepSeek-V3, Kimi K2, DeepSeek-V2 or Qwen3-MoE "
+                         "checkpoint (HF layout)");
   cmd->add_option("--out", opts->out_dir, "Output directory")->required();
   CLI::Option* preset =
-      cmd->add_option("--preset", opts->preset, "tiny (a few MB) or bench-2.6b (~5.9 GB in bf16)")
-          ->check(CLI::IsMember({"tiny", "bench-2.6b"}));
+      cmd->add_option("--preset", opts->preset,
+                      "tiny (a few MB), bench-2.6b (~5.9 GB in bf16; DeepSeek families) or "
+                      "bench-qwen3 (~8.7 GB in bf16; qwen3_moe)")
+          ->check(CLI::IsMember({"tiny", "bench-2.6b", "bench-qwen3"}));
   cmd->add_option("--arch", opts->arch,
-                  "deepseek_v3 (default), kimi_k2 or deepseek_v2 (with --no-q-lora: the "
-                  "DeepSeek-V2-Lite layout): config.json's model_type and that family's published "
-                  "fields")
-      ->check(CLI::IsMember({"deepseek_v3", "kimi_k2", "deepseek_v2"}));
+                  "deepseek_v3 (default), kimi_k2, deepseek_v2 (with --no-q-lora: the "
+                  "DeepSeek-V2-Lite layout) or qwen3_moe (presets tiny, bench-qwen3): "
+                  "config.json's model_type and that family's published fields")
+      ->check(CLI::IsMember({"deepseek_v3", "kimi_k2", "deepseek_v2", "qwen3_moe"}));
   cmd->add_flag("--weights-int8", opts->weights_int8,
                 "W8A8 (compressed-tensors, round to nearest per output channel): attention and "
                 "MLP projections as I8 + weight_scale");

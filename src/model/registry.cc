@@ -7,6 +7,7 @@
 
 #include "base/read_file.h"
 #include "model/deepseek_v3/deepseek_v3.h"
+#include "model/qwen3_moe/qwen3_moe.h"
 #include "model/scripted_lm.h"
 
 namespace xds {
@@ -39,6 +40,7 @@ constexpr Architecture kArchitectures[] = {
     // DeepSeek-V2 / V2-Lite: the same MLA + DeepSeekMoE module family (deepseek_v3/config.h).
     {"deepseek_v2", "DeepseekV2ForCausalLM", &load_as<DeepseekV3Model>,
      &DeepseekV3Model::load_info},
+    {"qwen3_moe", "Qwen3MoeForCausalLM", &load_as<Qwen3MoeModel>, &Qwen3MoeModel::load_info},
     // The test model whose greedy output is a script (scripted_lm.h).
     {"xds_scripted", "XdsScriptedForCausalLM", &load_as<ScriptedLm>, &ScriptedLm::load_info},
 };

@@ -16,6 +16,7 @@
 #include "model/deepseek_v3/config.h"
 #include "model/deepseek_v3/deepseek_v3.h"
 #include "model/quant_config.h"
+#include "model/registry.h"
 #include "model/safetensors.h"
 #include "model/weights.h"
 #include "quant/calibration.h"
@@ -348,6 +349,13 @@ std::vector<OutTensor> output_tensors(const Run& r) {
 }
 
 Status quantize_into(const QuantizeOptions& o, const std::string& tmp) {
+  XDS_ASSIGN_OR_RETURN(const std::string family, causal_lm_type(o.model_dir));
+  if (family != "deepseek_v3") {
+    return unimplemented(
+        "{}: quantize runs DeepSeek-V3 checkpoints only; this one is model_type '{}' (not "
+        "supported by quantize yet)",
+        o.model_dir, family);
+  }
   XDS_ASSIGN_OR_RETURN(const DeepseekV3Config c, load_deepseek_v3_config(o.model_dir));
   if (c.int_quant) {
     return unimplemented(

@@ -30,6 +30,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "oracle"))
 import ds3_oracle  # noqa: E402
+import qwen3_oracle  # noqa: E402
 
 LOGIT_RTOL = 1e-4          # contract: per-row max error relative to the row's max |logit|
 ARGMAX_MARGIN = 1e-3       # required top-1 minus top-2, relative to the row's max |logit|
@@ -134,6 +135,42 @@ FAMILY_CASES = [
 for _case in FAMILY_CASES:
     _case["suite"] = "families"
 CASES += FAMILY_CASES
+# Qwen3-MoE (family "qwen3_moe", --family qwen3_moe): checkpoints from
+# oracle/make_tiny_qwen3.py (its flags in "args"), checked against oracle/qwen3_oracle.py.
+# Defaults there: hidden 64, 4 query heads / 2 KV heads of head_dim 24 (not 64 / 4), 8 experts,
+# top-2, norm_topk_prob, untied, 3 layers.
+QWEN3_CASES = [
+    {"name": "qwen3_gqa2", "maker": "qwen3", "args": [],
+     "variants": ["oneshot", "chunked", "threads2", "batch"]},
+    # GQA 4:1, tied head, unnormalised top-k, every other layer dense (sparse step 2).
+    {"name": "qwen3_gqa4_tied_sparse", "maker": "qwen3",
+     "args": ["--heads", "8", "--kv-heads", "2", "--head-dim", "16", "--tied", "--no-norm-topk",
+              "--sparse-step", "2", "--layers", "4"],
+     "variants": ["oneshot", "chunked"]},
+    # MHA (1:1), head_dim = hidden / heads, a dense first layer by mlp_only_layers, YaRN,
+    # three shards; 37 prompt tokens cross the 16-row KV blocks and the 16-token tiles.
+    {"name": "qwen3_mha_yarn_3shards", "maker": "qwen3",
+     "args": ["--heads", "4", "--kv-heads", "4", "--head-dim", "16", "--mlp-only", "0",
+              "--yarn", "--shards", "3"], "prompt_len": 37,
+     "variants": ["oneshot", "chunked"]},
+    # mkmodel --arch qwen3_moe --preset tiny: the engine's own writer (head_dim 32 ≠ 64 / 4,
+    # a dense layer 0 by mlp_only_layers), read by the oracle's independent reader.
+    {"name": "qwen3_mkmodel_tiny", "maker": "engine",
+     "args": ["--arch", "qwen3_moe", "--preset", "tiny"], "variants": ["oneshot", "chunked"]},
+    # F32 weights, top-1 with norm_topk_prob (weight 1, as transformers normalises it).
+    {"name": "qwen3_f32_top1", "maker": "qwen3", "args": ["--dtype", "f32", "--top-k", "1"],
+     "variants": ["oneshot"]},
+]
+for _case in QWEN3_CASES:
+    _case["family"] = "qwen3_moe"
+CASES += QWEN3_CASES
+
+
+def make_oracle(case, model):
+    if case.get("family") == "qwen3_moe":
+        return qwen3_oracle.Oracle(model)
+    return ds3_oracle.Oracle(model, dequantized=case.get("oracle_dequantized", ()))
+
 
 # Engine runs: extra generate args, and the generate --help flag each needs.
 VARIANTS = {
@@ -172,7 +209,10 @@ PYTHON_MAKER = False  # --python-maker: every case uses make_tiny.py (no mkmodel
 
 
 def make_checkpoint(xds, case, seed, out):
-    if case["maker"] == "engine" and not PYTHON_MAKER:
+    if case["maker"] == "qwen3":
+        cmd = [sys.executable, os.path.join(HERE, "oracle", "make_tiny_qwen3.py"), "--out", out,
+               "--seed", str(seed)] + case["args"]
+    elif case["maker"] == "engine" and not PYTHON_MAKER:
         cmd = [xds, "mkmodel", "--out", out, "--seed", str(seed)] + case["args"]
     else:
         args = [a for a in case["args"] if a not in ("--preset", "tiny")]
@@ -221,7 +261,7 @@ def pick_seed_and_prompt(xds, case, workdir):
     for seed in SEEDS:
         model = os.path.join(workdir, f"{case['name']}_seed{seed}")
         make_checkpoint(xds, case, seed, model)
-        oracle = ds3_oracle.Oracle(model, dequantized=case.get("oracle_dequantized", ()))
+        oracle = make_oracle(case, model)
         vocab = oracle.cfg.vocab_size
         for k in range(PROMPTS_PER_SEED):
             rng = np.random.default_rng(1000 * seed + k)
@@ -390,6 +430,8 @@ def main():
                     help="the cases of DeepSeek-V3 checkpoints (default) or of Kimi K2 and "
                          "DeepSeek-V2 ones")
     ap.add_argument("--keep", help="keep checkpoints and dumps in this directory")
+    ap.add_argument("--family", default="deepseek_v3", choices=["deepseek_v3", "qwen3_moe"],
+                    help="run the cases of this model family")
     ap.add_argument("--list", action="store_true")
     ap.add_argument("--python-maker", action="store_true",
                     help="make every checkpoint with oracle/make_tiny.py, not mkmodel")
@@ -417,7 +459,8 @@ def main():
         for case in CASES:
             if args.case and case["name"] not in args.case:
                 continue
-            if not args.case and case.get("suite", "deepseek_v3") != args.suite:
+            if not args.case and (case.get("suite", "deepseek_v3") != args.suite or
+                                  case.get("family", "deepseek_v3") != args.family):
                 continue
             try:
                 failed += run_case(xds, case, workdir, gen_help, log)
