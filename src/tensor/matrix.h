@@ -47,6 +47,9 @@
 //   W[r][c] = scales(r, g) · (q(r, c) - zero(r, g)), g = c / group_cols (zero 8 when null)
 // written once at load into the repack cache. int8_activations picks the product: true, W4A8
 // (per-token int8 activations, int32 group sums); false, W4A16 (fp32 or bf16 activations).
+// column_order (activation-reordered checkpoints, a permuted g_idx): the panels hold the
+// input columns sorted by group, panel column j being input column column_order[j], and the
+// product gathers x through it first (x'[j] = x[column_order[j]]); null for the identity.
 // kernels/cpu/int4_matrix.h.
 //
 // Not owning; the Checkpoint / repack mapping outlives it.
@@ -76,6 +79,7 @@ struct MatrixRef {
   const uint8_t* zero = nullptr;  // [pairs][groups][32], or null: symmetric
   int64_t group_cols = 0;         // G: 32, 64 or 128
   bool int8_activations = false;  // W4A8 (true) or W4A16
+  const int32_t* column_order = nullptr;  // [cols] a permutation, or null: identity
 
   int64_t scale_blocks() const { return (cols + (int64_t{1} << scale_shift) - 1) >> scale_shift; }
 
