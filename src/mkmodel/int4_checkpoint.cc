@@ -213,16 +213,16 @@ Status write_copy(const MkModelOptions& o, const std::string& from) {
     const std::string m = name.substr(0, name.size() - 7);
     const std::vector<int32_t> order =
         actorder ? seeded_column_order(t->shape[1], o.seed, m) : std::vector<int32_t>{};
-    XDS_ASSIGN_OR_RETURN(
-        const W4Linear qz,
-        quantize(*t, group, symmetric, gptq ? DType::kF16 : t->dtype, order, pool));
+    XDS_ASSIGN_OR_RETURN(const W4Linear qz, quantize(*t, group, symmetric,
+                                                     gptq ? DType::kF16 : t->dtype, order, pool));
     if (gptq) {
       XDS_RETURN_IF_ERROR(add_gptq(m, *t, qz, group, order, out));
     } else {
       // W4Linear's q in checkpoint order, its scales and zero points per group: the packing
       // is the same, the groups are what weight_g_idx says.
       append_pack_quantized(m, qz, symmetric, t->dtype, out);
-      if (actorder) out.push_back(group_index_tensor(m + ".weight_g_idx", t->shape[1], group, order));
+      if (actorder)
+        out.push_back(group_index_tensor(m + ".weight_g_idx", t->shape[1], group, order));
     }
   }
   XDS_ASSIGN_OR_RETURN(const std::string text, read_whole_file(from + "/config.json"));

@@ -302,14 +302,14 @@ Result<MatrixRef> bind_int4_as_f32_rows(const Checkpoint& ckpt, const IntQuantiz
   XDS_RETURN_IF_ERROR(kernels::check_int4_source(u.source()));
   XDS_ASSIGN_OR_RETURN(
       const std::byte* p,
-      cache.get_or_create(int4_key(ckpt, quant, module, "F32-from-I4-group-scales",
-                                   !u.g_idx.empty()),
-                          static_cast<size_t>(rows * cols * 4), [&](std::byte* dst) -> Status {
-                            auto* o = reinterpret_cast<float*>(dst);
-                            for (int64_t r = 0; r < rows; ++r)
-                              for (int64_t c = 0; c < cols; ++c) o[r * cols + c] = u.weight(r, c);
-                            return {};
-                          }));
+      cache.get_or_create(
+          int4_key(ckpt, quant, module, "F32-from-I4-group-scales", !u.g_idx.empty()),
+          static_cast<size_t>(rows * cols * 4), [&](std::byte* dst) -> Status {
+            auto* o = reinterpret_cast<float*>(dst);
+            for (int64_t r = 0; r < rows; ++r)
+              for (int64_t c = 0; c < cols; ++c) o[r * cols + c] = u.weight(r, c);
+            return {};
+          }));
   cache.note_bound(ckpt, static_cast<size_t>(rows * cols / 2));
   return MatrixRef{DType::kF32, p, rows, cols, MatrixLayout::kRows};
 }

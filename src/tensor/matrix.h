@@ -76,9 +76,9 @@ struct MatrixRef {
   int scale_shift = 0;                  // log2(block_cols) of those scales
   const int32_t* correction = nullptr;  // kInt8Panels only: see above
   // kInt4Panels only (scales above hold its [pairs][groups][32] fp32 scales): see above.
-  const uint8_t* zero = nullptr;  // [pairs][groups][32], or null: symmetric
-  int64_t group_cols = 0;         // G: 32, 64 or 128
-  bool int8_activations = false;  // W4A8 (true) or W4A16
+  const uint8_t* zero = nullptr;          // [pairs][groups][32], or null: symmetric
+  int64_t group_cols = 0;                 // G: 32, 64 or 128
+  bool int8_activations = false;          // W4A8 (true) or W4A16
   const int32_t* column_order = nullptr;  // [cols] a permutation, or null: identity
 
   int64_t scale_blocks() const { return (cols + (int64_t{1} << scale_shift) - 1) >> scale_shift; }

@@ -40,8 +40,7 @@ inline Int4PanelsRef int4_panels_of(const MatrixRef& w) {
 
 // out[t][j] = x[t][order[j]] for t < n, j < k: x [n][ldx], out [n][k].
 template <class T>
-void gather_columns(const T* x, int64_t n, int64_t ldx, const int32_t* order, int64_t k,
-                    T* out) {
+void gather_columns(const T* x, int64_t n, int64_t ldx, const int32_t* order, int64_t k, T* out) {
   for (int64_t t = 0; t < n; ++t) {
     const T* xt = x + t * ldx;
     T* ot = out + t * k;
@@ -51,8 +50,7 @@ void gather_columns(const T* x, int64_t n, int64_t ldx, const int32_t* order, in
 
 // x's int8 rows gathered through order into out (resized to [x.rows, x.cols]), scales as
 // they are.
-inline Int8RowsRef gather_int8_columns(const Int8RowsRef& x, const int32_t* order,
-                                       Int8Rows& out) {
+inline Int8RowsRef gather_int8_columns(const Int8RowsRef& x, const int32_t* order, Int8Rows& out) {
   out.resize(x.rows, x.cols);
   gather_columns(x.q, x.rows, x.ld, order, x.cols, out.q.data());
   for (int64_t t = 0; t < x.rows; ++t) out.scale[t] = x.scale[t];

@@ -174,17 +174,17 @@ TEST_F(Int4ActOrder, W4A16MatchesTheColumnByColumnReference) {
     int64_t group;
   };
   ThreadPool pool(2);
-  for (const Case& c : {Case{Int4Format::kPackQuantized, true, 32},
-                        Case{Int4Format::kPackQuantized, false, 64},
-                        Case{Int4Format::kGptq, false, 32}, Case{Int4Format::kGptq, true, 128}}) {
+  for (const Case& c :
+       {Case{Int4Format::kPackQuantized, true, 32}, Case{Int4Format::kPackQuantized, false, 64},
+        Case{Int4Format::kGptq, false, 32}, Case{Int4Format::kGptq, true, 128}}) {
     const bool gptq = c.format == Int4Format::kGptq;
-    const std::string what = fmt::format("{} sym {} G{}", gptq ? "gptq" : "pack-quantized",
-                                         c.symmetric, c.group);
+    const std::string what =
+        fmt::format("{} sym {} G{}", gptq ? "gptq" : "pack-quantized", c.symmetric, c.group);
     // 44 rows: the last panel pair part padding; 384 columns: 3 to 12 groups.
     Values v = random_values(44, 384, c.group, c.symmetric, gptq, 7 + uint32_t(c.group));
     v.g_idx = shuffled_groups(384, c.group, 9 + uint32_t(c.group));
-    const std::vector<MatrixRef> w = bind({{"layer.proj", v}}, quant_of(c.format, c.group,
-                                                                         c.symmetric));
+    const std::vector<MatrixRef> w =
+        bind({{"layer.proj", v}}, quant_of(c.format, c.group, c.symmetric));
     ASSERT_EQ(w[0].layout, MatrixLayout::kInt4Panels) << what;
     ASSERT_NE(w[0].column_order, nullptr) << what;
     for (const int64_t n : {1, 5}) {

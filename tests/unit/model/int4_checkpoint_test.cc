@@ -284,10 +284,9 @@ TEST_F(Int4Checkpoint, W4A16LogitsMatchTheDequantizedFloatModel) {
        {Case{"sym", "pack-quantized", 32}, Case{"asym", "pack-quantized", 32},
         Case{"asym", "pack-quantized", 128}, Case{"sym", "gptq", 64}, Case{"asym", "gptq", 32},
         Case{"asym", "pack-quantized", 32, "group"}, Case{"sym", "gptq", 64, "group"}}) {
-    const std::string what = fmt::format("{} {} G{} actorder {}", c.sym, c.format, c.group,
-                                         c.actorder);
-    const std::string name =
-        fmt::format("w4-{}-{}-{}-{}", c.sym, c.format, c.group, c.actorder);
+    const std::string what =
+        fmt::format("{} {} G{} actorder {}", c.sym, c.format, c.group, c.actorder);
+    const std::string name = fmt::format("w4-{}-{}-{}-{}", c.sym, c.format, c.group, c.actorder);
     make(name, c.sym, c.format, c.group, false, c.actorder);
     if (std::string_view(c.actorder) == "group") expect_permuted_groups(name);
     write_dequantized(name, name + "-deq");
@@ -311,8 +310,8 @@ TEST_F(Int4Checkpoint, W4A16LogitsMatchTheDequantizedFloatModel) {
 // With activation reordering the sums run over each group's columns wherever they are
 // (g_idx[c] = g), the groups in order.
 TEST_F(Int4Checkpoint, W4A8BoundLinearsMatchAPlainReference) {
-  for (const std::string actorder : {"none", "group"}) {
-    SCOPED_TRACE("actorder " + actorder);
+  for (const char* actorder : {"none", "group"}) {
+    SCOPED_TRACE(std::string("actorder ") + actorder);
     check_w4a8_bound_linears(actorder);
   }
 }

@@ -66,7 +66,7 @@ inline std::vector<int32_t> shuffled_groups(int64_t cols, int64_t group, uint32_
 }
 
 inline Values random_values(int64_t rows, int64_t cols, int64_t group, bool symmetric, bool gptq_v1,
-                     uint32_t seed) {
+                            uint32_t seed) {
   std::mt19937 rng(seed);
   Values v{rows, cols, group, {}, {}, {}, {}};
   const int64_t groups = cols / group;
@@ -89,7 +89,7 @@ inline std::string f32_bytes(const std::vector<float>& v) {
 
 // compressed-tensors pack-quantized: word [r][c / 8] holds q[r][c] at bits 4 (c % 8).
 inline std::vector<RawTensor> pack_quantized_tensors(const std::string& m, const Values& v,
-                                              bool symmetric) {
+                                                     bool symmetric) {
   const int64_t groups = v.cols / v.group;
   std::vector<uint32_t> packed(static_cast<size_t>(v.rows * v.cols / 8), 0);
   for (int64_t r = 0; r < v.rows; ++r)

@@ -85,9 +85,10 @@ TEST_F(Int4Unpack, PermutedGroupIndexIsReadAndUsed) {
   for (const bool gptq : {false, true}) {
     Values v = random_values(20, 256, 64, false, gptq, 17);
     v.g_idx = shuffled_groups(256, 64, 23);
-    const auto ts = gptq ? gptq_tensors(kModule, v, true) : pack_quantized_tensors(kModule, v, false);
-    auto u = unpack(ts, quant_of(gptq ? Int4Format::kGptq : Int4Format::kPackQuantized, 64, false),
-                    v);
+    const auto ts =
+        gptq ? gptq_tensors(kModule, v, true) : pack_quantized_tensors(kModule, v, false);
+    auto u =
+        unpack(ts, quant_of(gptq ? Int4Format::kGptq : Int4Format::kPackQuantized, 64, false), v);
     ASSERT_TRUE(u.ok()) << u.status().to_string();
     expect_values(*u, v, false);
     EXPECT_EQ(u->g_idx, v.g_idx);
