@@ -228,13 +228,17 @@ Status write_copy(const MkModelOptions& o, const std::string& from) {
   XDS_ASSIGN_OR_RETURN(const std::string text, read_whole_file(from + "/config.json"));
   ojson config = ojson::parse(text);
   if (gptq) {
-    config["quantization_config"] = w4_gptq_json(group, symmetric, actorder);
+    config["quantization_config"] = w4_gptq_json(group, symmetric);
+    if (actorder) config["quantization_config"]["desc_act"] = true;
   } else {
     std::vector<std::string> ignore_all = {"lm_head", "re:.*mlp\\.gate$", "re:.*eh_proj$",
                                            "re:.*shared_head\\.head$"};
     ignore_all.insert(ignore_all.end(), ignore.begin(), ignore.end());
     config["quantization_config"] =
-        w4_pack_quantized_json(group, symmetric, o.int4_int8_activations, ignore_all, actorder);
+        w4_pack_quantized_json(group, symmetric, o.int4_int8_activations, ignore_all);
+    if (actorder) {
+      config["quantization_config"]["config_groups"]["group_0"]["weights"]["actorder"] = "group";
+    }
   }
   const std::string config_text = config.dump(2) + "\n";
   std::error_code ec;

@@ -290,7 +290,8 @@ Result<MatrixRef> bind_int4_linear(const Checkpoint& ckpt, const IntQuantization
   m.zero = asym ? reinterpret_cast<const uint8_t*>(p + data_bytes + count * 4) : nullptr;
   m.group_cols = u.group_cols;
   m.int8_activations = quant.scheme == IntScheme::kW4A8;
-  if (permuted) m.column_order = reinterpret_cast<const int32_t*>(p + order_offset);
+  // The order rides in `correction` (kernels/cpu/int4_matrix.h: int4_column_order).
+  if (permuted) m.correction = reinterpret_cast<const int32_t*>(p + order_offset);
   cache.note_bound(ckpt, static_cast<size_t>(rows * cols / 2 + rows * (cols / u.group_cols) * 2));
   return m;
 }

@@ -33,8 +33,8 @@
 // and the group. The identity (g_idx[c] = c / G, or no g_idx: actorder "weight" or none) binds
 // as before. A permuted one binds the panels with the columns sorted by group (stable:
 // sort_int4_columns_by_group), each group's scale and zero point unchanged, and keeps the
-// order with the matrix (MatrixRef::column_order, cols int32 beside the panels in the repack
-// cache); each product gathers its input rows through it first (kernels/cpu/int4_matrix.h):
+// order with the matrix (cols int32 beside the panels in the repack cache, read by
+// kernels::int4_column_order); each product gathers its input rows through it first (kernels/cpu/int4_matrix.h):
 // n · cols element copies per call, next to the rows · cols / 2 bytes of nibbles it reads.
 // Matrices dequantized to F32 rows keep the checkpoint's column order.
 //

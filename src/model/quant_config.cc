@@ -261,14 +261,12 @@ namespace xds {
 
 nlohmann::ordered_json w4_pack_quantized_json(int64_t group_size, bool symmetric,
                                               bool int8_activations,
-                                              const std::vector<std::string>& ignore,
-                                              bool actorder_group) {
+                                              const std::vector<std::string>& ignore) {
   using ojson = nlohmann::ordered_json;
   ojson weights = {{"num_bits", 4},          {"type", "int"},
                    {"symmetric", symmetric}, {"group_size", group_size},
                    {"strategy", "group"},    {"block_structure", nullptr},
-                   {"dynamic", false},
-                   {"actorder", actorder_group ? ojson("group") : ojson(nullptr)},
+                   {"dynamic", false},       {"actorder", nullptr},
                    {"observer", "minmax"},   {"observer_kwargs", ojson::object()}};
   ojson acts = nullptr;
   if (int8_activations) {
@@ -292,9 +290,9 @@ nlohmann::ordered_json w4_pack_quantized_json(int64_t group_size, bool symmetric
           {"global_compression_ratio", nullptr}};
 }
 
-nlohmann::ordered_json w4_gptq_json(int64_t group_size, bool symmetric, bool desc_act) {
+nlohmann::ordered_json w4_gptq_json(int64_t group_size, bool symmetric) {
   return {{"quant_method", "gptq"},     {"bits", 4},
-          {"group_size", group_size},   {"desc_act", desc_act},
+          {"group_size", group_size},   {"desc_act", false},
           {"sym", symmetric},           {"damp_percent", 0.01},
           {"true_sequential", true},    {"static_groups", false},
           {"checkpoint_format", "gptq"}};

@@ -37,18 +37,16 @@
 //                        (W4A8)
 //   and `ignore` as in 1. Tensors (model/int4_weights.h): <m>.weight_packed I32 [out, in/8],
 //   <m>.weight_scale [out, in/G], <m>.weight_shape [2], asymmetric <m>.weight_zero_point I32
-//   [out/8, in/G], actorder "group" <m>.weight_g_idx I32 [in] (the group of each input
-//   column; permuted groups run, their inputs gathered per product: model/int4_weights.h).
+//   [out/8, in/G], actorder "group" <m>.weight_g_idx I32 [in] (permuted groups run).
 //
 // 3. W4A16, GPTQ as Hugging Face transformers / optimum / AutoGPTQ / GPTQModel write it:
 //
 //   {quant_method "gptq", bits 4, group_size 32|64|128, desc_act bool, sym bool,
 //    checkpoint_format absent|"gptq"|"gptq_v2"}   (other keys: damp_percent, true_sequential,
 //                                                  static_groups, ... are not read)
-//   "gptq" (v1, the default) stores each zero point minus 1, "gptq_v2" as it is. desc_act true
-//   stores a permuted <m>.g_idx, which runs as actorder "group" does. GPTQ has no
-//   ignore list: a module is quantized where the checkpoint holds <m>.qweight, float where it
-//   holds <m>.weight (quantized_by_tensors).
+//   "gptq" (v1, the default) stores each zero point minus 1, "gptq_v2" as it is; desc_act's
+//   permuted <m>.g_idx runs as actorder "group" does. No ignore list: a module is quantized
+//   where the checkpoint holds <m>.qweight, float where <m>.weight (quantized_by_tensors).
 #pragma once
 
 #include <cstdint>
@@ -108,14 +106,13 @@ nlohmann::ordered_json w8a8_quantization_json(const std::vector<std::string>& ig
 
 // The quantization_config of a compressed-tensors pack-quantized checkpoint (mkmodel
 // --weights-int4): 4-bit groups of group_size, symmetric or not, W4A16 or (int8_activations)
-// W4A8, `ignore` as given, actorder null or (actorder_group) "group".
+// W4A8, `ignore` as given.
 nlohmann::ordered_json w4_pack_quantized_json(int64_t group_size, bool symmetric,
                                               bool int8_activations,
-                                              const std::vector<std::string>& ignore,
-                                              bool actorder_group = false);
+                                              const std::vector<std::string>& ignore);
 
 // The quantization_config of a GPTQ checkpoint as transformers writes it (v1: zero points
-// minus 1), desc_act as given.
-nlohmann::ordered_json w4_gptq_json(int64_t group_size, bool symmetric, bool desc_act = false);
+// minus 1), desc_act false.
+nlohmann::ordered_json w4_gptq_json(int64_t group_size, bool symmetric);
 
 }  // namespace xds

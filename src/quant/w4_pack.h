@@ -8,9 +8,7 @@
 //   <m>.weight_shape      I64 [2] = {rows, cols}
 //   <m>.weight_zero_point I32 [ceil(rows/8), cols/G], asymmetric only: nibble j of word
 //                         [i][g] is zero[8i + j][g]
-// and W[r][c] = scale[r][c/G] · (q[r][c] − zero[r][c/G]) (zero 8 when symmetric). A writer of
-// permuted groups (mkmodel --int4-actorder group) adds <m>.weight_g_idx; the q are packed in
-// the checkpoint's column order as here, and g_idx[c] replaces c/G.
+// and W[r][c] = scale[r][c/G] · (q[r][c] − zero[r][c/G]) (zero 8 when symmetric).
 #pragma once
 
 #include <cstdint>

@@ -9,11 +9,15 @@
 //   W4A16 (false): int4_linear_f32 on fp32 rows, int4_linear_bf16 on bf16 rows
 // (kernels/cpu/int4_linear.h).
 //
-// A weight with a column_order (permuted groups, tensor/matrix.h) first gathers its input
-// rows into thread-local scratch: W4A16 the fp32 / bf16 values, W4A8 the int8 values after
+// Permuted groups (activation reordering: a checkpoint's g_idx is not c / G; loaded by
+// model/int4_weights.h): the panels hold the input columns sorted by group, panel column j
+// being input column order[j], and the matrix keeps that order [cols] int32 in the field
+// `correction` (which only kInt8Panels use otherwise; read it through int4_column_order). A
+// weight with an order first gathers its input rows (x'[j] = x[order[j]]) into thread-local
+// scratch: W4A16 the fp32 / bf16 values, W4A8 the int8 values after
 // the per-token quantization (the token's scale is the same in any column order, and a byte
 // is the cheapest element to move). That is n · k element copies against the n · k · rows / 2
-// bytes of nibbles the product reads; a null column_order costs one branch.
+// bytes of nibbles the product reads; no order costs one branch.
 #pragma once
 
 #include "base/check.h"
@@ -36,6 +40,11 @@ inline Int4PanelsRef int4_panels_of(const MatrixRef& w) {
                 int4_group_cols_supported(w.group_cols),
             "int4_panels_of: not an int4 panel matrix");
   return {static_cast<const uint8_t*>(w.data), w.scales, w.zero, w.rows, w.cols, w.group_cols};
+}
+
+// The column order [cols] of a kInt4Panels matrix with permuted groups; null: the identity.
+inline const int32_t* int4_column_order(const MatrixRef& w) {
+  return is_int4_matrix(w) ? w.correction : nullptr;
 }
 
 // out[t][j] = x[t][order[j]] for t < n, j < k: x [n][ldx], out [n][k].

@@ -336,8 +336,9 @@ void one_weight_on_pool(const X* x, int64_t n, int64_t ldx, const MatrixRef& w, 
 // W4A8's int8 rows in w's panel column order: x itself, or (permuted groups) x gathered
 // into scratch (int4_matrix.h).
 Int8RowsRef int4_a8_rows(const Int8RowsRef& x, const MatrixRef& w, Int8Rows& scratch) {
-  if (w.column_order == nullptr) return x;
-  return gather_int8_columns(x, w.column_order, scratch);
+  const int32_t* order = int4_column_order(w);
+  if (order == nullptr) return x;
+  return gather_int8_columns(x, order, scratch);
 }
 
 // W4A16's rows x [n][ldx] in w's panel column order: x itself, or x gathered into scratch
@@ -345,9 +346,10 @@ Int8RowsRef int4_a8_rows(const Int8RowsRef& x, const MatrixRef& w, Int8Rows& scr
 template <class T>
 const T* int4_a16_rows(const T* x, int64_t n, int64_t& ldx, const MatrixRef& w,
                        std::vector<T>& scratch) {
-  if (w.column_order == nullptr) return x;
+  const int32_t* order = int4_column_order(w);
+  if (order == nullptr) return x;
   scratch.resize(static_cast<size_t>(n * w.cols));
-  gather_columns(x, n, ldx, w.column_order, w.cols, scratch.data());
+  gather_columns(x, n, ldx, order, w.cols, scratch.data());
   ldx = w.cols;
   return scratch.data();
 }
@@ -455,9 +457,9 @@ void linear_f32_group(const float* x, int64_t n, int64_t ldx, std::span<const Li
     const int32_t* gathered = nullptr;
     for (const LinearOutput& o : outs) {
       Int8RowsRef rows = xq.ref();
-      if (o.w->column_order != nullptr) {
-        if (o.w->column_order != gathered) gather_int8_columns(rows, o.w->column_order, xg);
-        gathered = o.w->column_order;
+      if (const int32_t* order = int4_column_order(*o.w)) {
+        if (order != gathered) gather_int8_columns(rows, order, xg);
+        gathered = order;
         rows = xg.ref();
       }
       int4_linear(rows, int4_panels_of(*o.w), {o.y, nullptr, o.ldy}, pool);

@@ -8,8 +8,7 @@
 //   quantized per token (from fp32, or from the bf16 values widened exactly), int32 sums,
 //   the scales (kernels/cpu/int8_matrix.h, int8_linear.h). Int4 weights (kInt4Panels) run on
 //   the int4 kernels: W4A8 (x quantized per token as for W8A8) or W4A16 (x as given), as the
-//   matrix says, x gathered first into the panels' column order where the checkpoint's
-//   groups are permuted (kernels/cpu/int4_matrix.h, int4_linear.h).
+//   matrix says (kernels/cpu/int4_matrix.h, int4_linear.h).
 //
 // Work is split across the pool by output rows, so every thread streams its own slice of
 // W exactly once per call while the activations stay in cache (decode is memory-bound on

@@ -186,7 +186,7 @@ TEST_F(Int4ActOrder, W4A16MatchesTheColumnByColumnReference) {
     const std::vector<MatrixRef> w =
         bind({{"layer.proj", v}}, quant_of(c.format, c.group, c.symmetric));
     ASSERT_EQ(w[0].layout, MatrixLayout::kInt4Panels) << what;
-    ASSERT_NE(w[0].column_order, nullptr) << what;
+    ASSERT_NE(kernels::int4_column_order(w[0]), nullptr) << what;
     for (const int64_t n : {1, 5}) {
       std::vector<float> x = random_rows(n, v.cols, 3 + uint32_t(n));
       std::vector<float> y(static_cast<size_t>(n * v.rows));
@@ -226,10 +226,10 @@ TEST_F(Int4ActOrder, W4A8IsBitExactAloneAndInAGroupOfDifferentOrders) {
   const Values plain = random_values(24, 256, 32, false, false, 55);  // no g_idx
   const std::vector<MatrixRef> w =
       bind({{"mlp.gate_proj", gate}, {"mlp.up_proj", up}, {"mlp.plain", plain}}, q);
-  ASSERT_NE(w[0].column_order, nullptr);
-  ASSERT_NE(w[1].column_order, nullptr);
-  ASSERT_NE(w[0].column_order, w[1].column_order);
-  EXPECT_EQ(w[2].column_order, nullptr);
+  ASSERT_NE(kernels::int4_column_order(w[0]), nullptr);
+  ASSERT_NE(kernels::int4_column_order(w[1]), nullptr);
+  ASSERT_NE(kernels::int4_column_order(w[0]), kernels::int4_column_order(w[1]));
+  EXPECT_EQ(kernels::int4_column_order(w[2]), nullptr);
   ASSERT_TRUE(w[0].int8_activations);
   ThreadPool pool(2);
   const std::vector<const Values*> values = {&gate, &up, &plain};

@@ -359,7 +359,7 @@ void Int4Checkpoint::check_w4a8_bound_linears(const std::string& actorder) {
     ASSERT_EQ(c.m->layout, MatrixLayout::kInt4Panels) << c.module;
     ASSERT_TRUE(c.m->int8_activations) << c.module;
     const Module mod = read_pack_quantized(*ckpt, c.module);
-    EXPECT_EQ(c.m->column_order != nullptr, actorder == "group") << c.module;
+    EXPECT_EQ(kernels::int4_column_order(*c.m) != nullptr, actorder == "group") << c.module;
     const int64_t rows = mod.rows, cols = mod.cols, groups = cols / mod.group;
     for (const int64_t n : {1, 7}) {
       std::vector<float> x(static_cast<size_t>(n * cols));
