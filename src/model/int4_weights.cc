@@ -80,7 +80,7 @@ Status check_zero_range(const TensorView& t, uint8_t z, int64_t r, int64_t g) {
 Result<Int4Unpacked> unpack_pack_quantized(const Checkpoint& ckpt, const IntQuantization& quant,
                                            const std::string& m, int64_t rows, int64_t cols) {
   const int64_t gc = quant.group_size, groups = cols / gc;
-  Int4Unpacked u{{}, {}, {}, rows, cols, gc};
+  Int4Unpacked u{{}, {}, {}, rows, cols, gc, {}};
   XDS_ASSIGN_OR_RETURN(const TensorView* packed,
                        ckpt.require(m + ".weight_packed", {rows, cols / 8}));
   XDS_RETURN_IF_ERROR(expect_dtype(*packed, DType::kI32, "8 nibbles per int32"));
@@ -148,7 +148,7 @@ Result<Int4Unpacked> unpack_pack_quantized(const Checkpoint& ckpt, const IntQuan
 Result<Int4Unpacked> unpack_gptq(const Checkpoint& ckpt, const IntQuantization& quant,
                                  const std::string& m, int64_t rows, int64_t cols) {
   const int64_t gc = quant.group_size, groups = cols / gc, zcols = (rows + 7) / 8;
-  Int4Unpacked u{{}, {}, {}, rows, cols, gc};
+  Int4Unpacked u{{}, {}, {}, rows, cols, gc, {}};
   XDS_ASSIGN_OR_RETURN(const TensorView* qw, ckpt.require(m + ".qweight", {cols / 8, rows}));
   XDS_RETURN_IF_ERROR(expect_dtype(*qw, DType::kI32, "8 nibbles per int32, along the inputs"));
   XDS_ASSIGN_OR_RETURN(const TensorView* qz, ckpt.require(m + ".qzeros", {groups, zcols}));
