@@ -49,6 +49,11 @@ void add_mkmodel_command(CLI::App& app, int* exit_code) {
                   "With --weights-int4: pack-quantized (default) or gptq (v1, zero points minus 1)")
       ->check(CLI::IsMember({"pack-quantized", "gptq"}))
       ->needs(int4);
+  cmd->add_option("--int4-actorder", opts->int4_actorder,
+                  "With --weights-int4: none (default: column c in group c / G) or group (each "
+                  "module's columns grouped by a seeded permutation, written as g_idx)")
+      ->check(CLI::IsMember({"none", "group"}))
+      ->needs(int4);
   cmd->add_flag("--int4-int8-activations", opts->int4_int8_activations,
                 "With --weights-int4 pack-quantized: a W4A8 config (per-token int8 activations)")
       ->needs(int4);
@@ -99,8 +104,9 @@ void add_mkmodel_command(CLI::App& app, int* exit_code) {
     const std::string scheme =
         opts->weights_int4.empty()
             ? std::string(opts->int8_head_and_kv_b ? "W8A8, int8 lm_head and kv_b_proj" : "W8A8")
-            : fmt::format("W4{} {} G{} {}", opts->int4_int8_activations ? "A8" : "A16",
-                          opts->weights_int4, opts->int4_group_size, opts->int4_format);
+            : fmt::format("W4{} {} G{} {}{}", opts->int4_int8_activations ? "A8" : "A16",
+                          opts->weights_int4, opts->int4_group_size, opts->int4_format,
+                          opts->int4_actorder == "group" ? " actorder group" : "");
     if (!opts->from_dir.empty()) {
       std::fprintf(stderr, "wrote %s (%s RTN copy of %s, %d shard%s)\n", opts->out_dir.c_str(),
                    scheme.c_str(), opts->from_dir.c_str(), opts->shards,

@@ -6,12 +6,15 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <random>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "base/atomic_file.h"
 #include "base/bf16.h"
+#include "base/hash.h"
 #include "base/read_file.h"
 #include "base/thread_pool.h"
 #include "model/deepseek_v3/config.h"
@@ -70,21 +73,36 @@ void put_scale(OutTensor& t, int64_t i, float v) {
   std::memcpy(t.bytes.data() + i * 2, &h, 2);
 }
 
+// --int4-actorder group: the activation order of module `name`'s cols input columns, a
+// Fisher-Yates shuffle drawn from mt19937_64(seed ^ fnv1a64(name)). Position j of the order
+// holds column order[j]; its group is j / G (g_idx[order[j]] = j / G).
+std::vector<int32_t> seeded_column_order(int64_t cols, uint64_t seed, const std::string& name) {
+  std::vector<int32_t> order(static_cast<size_t>(cols));
+  for (int64_t c = 0; c < cols; ++c) order[c] = static_cast<int32_t>(c);
+  std::mt19937_64 rng(seed ^ fnv1a64(name));
+  for (int64_t i = cols - 1; i > 0; --i) std::swap(order[i], order[rng() % (i + 1)]);
+  return order;
+}
+
+// Rounds t per group (quant/w4_rtn.h). order empty: group g is columns [g·G, (g+1)·G); else
+// group g is columns order[g·G .. (g+1)·G) (out.q stays in the checkpoint's column order).
 Result<W4Linear> quantize(const TensorView& t, int64_t group, bool symmetric, DType scale_dtype,
-                          ThreadPool& pool) {
+                          const std::vector<int32_t>& order, ThreadPool& pool) {
   const int64_t rows = t.shape[0], cols = t.shape[1], groups = cols / group;
   W4Linear out(rows, cols, group);
   std::atomic<int64_t> bad{-1};
   pool.parallel_for(rows, [&](int64_t b, int64_t e, int) {
-    std::vector<float> w(static_cast<size_t>(cols));
+    std::vector<float> w(static_cast<size_t>(cols));  // [cols] in group order
+    std::vector<uint8_t> q(static_cast<size_t>(cols));
     for (int64_t r = b; r < e; ++r) {
-      for (int64_t c = 0; c < cols; ++c) {
-        w[c] = element(t, r * cols + c);
-        if (!std::isfinite(w[c])) bad.store(r * cols + c);
+      for (int64_t j = 0; j < cols; ++j) {
+        const int64_t c = order.empty() ? j : order[j];
+        w[j] = element(t, r * cols + c);
+        if (!std::isfinite(w[j])) bad.store(r * cols + c);
       }
-      w4_rtn_quantize_row(
-          w.data(), cols, group, symmetric, scale_dtype,
-          {out.q.data() + r * cols, out.scale.data() + r * groups, out.zero.data() + r * groups});
+      w4_rtn_quantize_row(w.data(), cols, group, symmetric, scale_dtype,
+                          {q.data(), out.scale.data() + r * groups, out.zero.data() + r * groups});
+      for (int64_t j = 0; j < cols; ++j) out.q[r * cols + (order.empty() ? j : order[j])] = q[j];
     }
   });
   if (bad.load() >= 0) {
@@ -94,9 +112,18 @@ Result<W4Linear> quantize(const TensorView& t, int64_t group, bool symmetric, DT
   return out;
 }
 
-// GPTQ v1 tensors of module m (zero points stored minus 1).
+// g_idx [cols] I32 named `name`: column c in group c / G, or (order set) g_idx[order[j]] = j / G.
+OutTensor group_index_tensor(const std::string& name, int64_t cols, int64_t group,
+                             const std::vector<int32_t>& order) {
+  OutTensor g_idx = out_tensor(name, DType::kI32, {cols});
+  for (int64_t j = 0; j < cols; ++j)
+    put_i32(g_idx, order.empty() ? j : order[j], static_cast<uint32_t>(j / group));
+  return g_idx;
+}
+
+// GPTQ v1 tensors of module m (zero points stored minus 1; g_idx from order as above).
 Status add_gptq(const std::string& m, const TensorView& t, const W4Linear& qz, int64_t group,
-                std::vector<OutTensor>& out) {
+                const std::vector<int32_t>& order, std::vector<OutTensor>& out) {
   const int64_t rows = t.shape[0], cols = t.shape[1], groups = cols / group;
   OutTensor qweight = out_tensor(m + ".qweight", DType::kI32, {cols / 8, rows});
   for (int64_t i = 0; i < cols / 8; ++i) {
@@ -130,9 +157,7 @@ Status add_gptq(const std::string& m, const TensorView& t, const W4Linear& qz, i
   for (int64_t g = 0; g < groups; ++g)
     for (int64_t r = 0; r < rows; ++r) put_scale(scales, g * rows + r, qz.scale[r * groups + g]);
   out.push_back(std::move(scales));
-  OutTensor g_idx = out_tensor(m + ".g_idx", DType::kI32, {cols});
-  for (int64_t c = 0; c < cols; ++c) put_i32(g_idx, c, static_cast<uint32_t>(c / group));
-  out.push_back(std::move(g_idx));
+  out.push_back(group_index_tensor(m + ".g_idx", cols, group, order));
   return {};
 }
 
@@ -152,6 +177,10 @@ Status check_options(const MkModelOptions& o) {
   if (o.int4_format == "gptq" && o.int4_int8_activations) {
     return invalid_argument("mkmodel: --int4-format gptq is W4A16 only (no int8 activations)");
   }
+  if (o.int4_actorder != "none" && o.int4_actorder != "group") {
+    return invalid_argument("mkmodel: --int4-actorder must be none or group, got '{}'",
+                            o.int4_actorder);
+  }
   if (o.weights_int8) return invalid_argument("mkmodel: --weights-int4 with --weights-int8");
   return {};
 }
@@ -166,6 +195,7 @@ Status write_copy(const MkModelOptions& o, const std::string& from) {
   }
   XDS_ASSIGN_OR_RETURN(Checkpoint ckpt, Checkpoint::open(from));
   const bool gptq = o.int4_format == "gptq", symmetric = o.weights_int4 == "sym";
+  const bool actorder = o.int4_actorder == "group";
   const int64_t group = o.int4_group_size;
   ThreadPool pool(o.threads > 0 ? o.threads : 2);
   std::vector<OutTensor> out;
@@ -181,24 +211,34 @@ Status write_copy(const MkModelOptions& o, const std::string& from) {
       continue;
     }
     const std::string m = name.substr(0, name.size() - 7);
-    XDS_ASSIGN_OR_RETURN(const W4Linear qz,
-                         quantize(*t, group, symmetric, gptq ? DType::kF16 : t->dtype, pool));
+    const std::vector<int32_t> order =
+        actorder ? seeded_column_order(t->shape[1], o.seed, m) : std::vector<int32_t>{};
+    XDS_ASSIGN_OR_RETURN(const W4Linear qz, quantize(*t, group, symmetric,
+                                                     gptq ? DType::kF16 : t->dtype, order, pool));
     if (gptq) {
-      XDS_RETURN_IF_ERROR(add_gptq(m, *t, qz, group, out));
+      XDS_RETURN_IF_ERROR(add_gptq(m, *t, qz, group, order, out));
     } else {
+      // W4Linear's q in checkpoint order, its scales and zero points per group: the packing
+      // is the same, the groups are what weight_g_idx says.
       append_pack_quantized(m, qz, symmetric, t->dtype, out);
+      if (actorder)
+        out.push_back(group_index_tensor(m + ".weight_g_idx", t->shape[1], group, order));
     }
   }
   XDS_ASSIGN_OR_RETURN(const std::string text, read_whole_file(from + "/config.json"));
   ojson config = ojson::parse(text);
   if (gptq) {
     config["quantization_config"] = w4_gptq_json(group, symmetric);
+    if (actorder) config["quantization_config"]["desc_act"] = true;
   } else {
     std::vector<std::string> ignore_all = {"lm_head", "re:.*mlp\\.gate$", "re:.*eh_proj$",
                                            "re:.*shared_head\\.head$"};
     ignore_all.insert(ignore_all.end(), ignore.begin(), ignore.end());
     config["quantization_config"] =
         w4_pack_quantized_json(group, symmetric, o.int4_int8_activations, ignore_all);
+    if (actorder) {
+      config["quantization_config"]["config_groups"]["group_0"]["weights"]["actorder"] = "group";
+    }
   }
   const std::string config_text = config.dump(2) + "\n";
   std::error_code ec;

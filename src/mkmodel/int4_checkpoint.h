@@ -9,6 +9,12 @@
 //   gptq (transformers' v1 layout, W4A16; desc_act false):
 //       <m>.qweight I32 [cols/8, rows], <m>.qzeros I32 [cols/G, ceil(rows/8)] (z - 1),
 //       <m>.scales F16 [cols/G, rows], <m>.g_idx I32 [cols] (c / G)
+//   int4_actorder "group" (activation reordering as GPTQ / llm-compressor write it): each
+//     module's columns in a seeded order (seed ^ fnv1a64(module name)), group g being the
+//     columns at positions [g·G, (g+1)·G) of it, each group rounded as above; the packed q
+//     stay in the checkpoint's column order and g_idx [cols] gives each column's group
+//     (pack-quantized: <m>.weight_g_idx I32 [cols] and actorder "group"; gptq: <m>.g_idx
+//     and desc_act true).
 //
 // Quantized: w8a8_rtn_target's projections and kv_b_proj whose cols are a multiple of G;
 // every other tensor is copied as it is (pack-quantized lists the skipped modules in

@@ -74,6 +74,10 @@ struct MkModelOptions {
   int64_t int4_group_size = 32;                // 32, 64 or 128
   std::string int4_format = "pack-quantized";  // compressed-tensors, or "gptq" (W4A16 only)
   bool int4_int8_activations = false;          // pack-quantized: a W4A8 config
+  // "none" (column c in group c / G) or "group": activation reordering as published
+  // (compressed-tensors actorder "group" with <m>.weight_g_idx, GPTQ desc_act with <m>.g_idx),
+  // each module's columns grouped by a permutation seeded by seed and the module's name.
+  std::string int4_actorder = "none";
   int threads = 0;       // 0: all hardware threads
   bool progress = true;  // a progress line on stderr for outputs > ~1 GB
 };

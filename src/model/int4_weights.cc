@@ -35,23 +35,40 @@ Status expect_dtype(const TensorView& t, DType want, const char* what) {
                           dtype_name(t.dtype), dtype_name(want), what);
 }
 
-// g_idx [cols] must put column c in group c / G (module doc).
-Status check_identity_groups(const TensorView& g_idx, int64_t cols, int64_t group_cols) {
+// The groups of g_idx [cols] (module doc): empty when column c is in group c / G for every
+// c (the identity), else the checked group of each column. Every group must hold exactly G
+// columns, as activation reordering writes them.
+Result<std::vector<int32_t>> read_group_index(const TensorView& g_idx, int64_t cols,
+                                              int64_t group_cols) {
   XDS_RETURN_IF_ERROR(expect_dtype(g_idx, DType::kI32, "the group of each input column"));
   if (g_idx.shape != std::vector<int64_t>{cols}) {
     return invalid_argument("{}: tensor '{}': shape {}, expected [{}]", g_idx.file, g_idx.name,
                             g_idx.shape_string(), cols);
   }
+  const int64_t groups = cols / group_cols;
+  std::vector<int32_t> group_of(static_cast<size_t>(cols));
+  std::vector<int64_t> count(static_cast<size_t>(groups), 0);
+  bool identity = true;
   for (int64_t c = 0; c < cols; ++c) {
     const int32_t g = load_i32(g_idx, c);
-    if (g != c / group_cols) {
-      return unimplemented(
-          "{}: tensor '{}': column {} is in group {}, expected {} (column / group_size {}): "
-          "permuted groups (activation reordering) are not supported",
-          g_idx.file, g_idx.name, c, g, c / group_cols, group_cols);
+    if (g < 0 || g >= groups) {
+      return invalid_argument("{}: tensor '{}': column {} is in group {}, expected 0..{}",
+                              g_idx.file, g_idx.name, c, g, groups - 1);
+    }
+    group_of[c] = g;
+    ++count[g];
+    identity = identity && g == c / group_cols;
+  }
+  for (int64_t g = 0; g < groups; ++g) {
+    if (count[g] != group_cols) {
+      return invalid_argument(
+          "{}: tensor '{}': group {} holds {} columns, expected group_size {} (every group of "
+          "a g_idx holds exactly group_size columns)",
+          g_idx.file, g_idx.name, g, count[g], group_cols);
     }
   }
-  return {};
+  if (identity) group_of.clear();
+  return group_of;
 }
 
 Status check_zero_range(const TensorView& t, uint8_t z, int64_t r, int64_t g) {
@@ -63,7 +80,7 @@ Status check_zero_range(const TensorView& t, uint8_t z, int64_t r, int64_t g) {
 Result<Int4Unpacked> unpack_pack_quantized(const Checkpoint& ckpt, const IntQuantization& quant,
                                            const std::string& m, int64_t rows, int64_t cols) {
   const int64_t gc = quant.group_size, groups = cols / gc;
-  Int4Unpacked u{{}, {}, {}, rows, cols, gc};
+  Int4Unpacked u{{}, {}, {}, rows, cols, gc, {}};
   XDS_ASSIGN_OR_RETURN(const TensorView* packed,
                        ckpt.require(m + ".weight_packed", {rows, cols / 8}));
   XDS_RETURN_IF_ERROR(expect_dtype(*packed, DType::kI32, "8 nibbles per int32"));
@@ -123,7 +140,7 @@ Result<Int4Unpacked> unpack_pack_quantized(const Checkpoint& ckpt, const IntQuan
     if (quant.symmetric) u.zero.clear();
   }
   if (const TensorView* g_idx = ckpt.find(m + ".weight_g_idx")) {
-    XDS_RETURN_IF_ERROR(check_identity_groups(*g_idx, cols, gc));
+    XDS_ASSIGN_OR_RETURN(u.g_idx, read_group_index(*g_idx, cols, gc));
   }
   return u;
 }
@@ -131,7 +148,7 @@ Result<Int4Unpacked> unpack_pack_quantized(const Checkpoint& ckpt, const IntQuan
 Result<Int4Unpacked> unpack_gptq(const Checkpoint& ckpt, const IntQuantization& quant,
                                  const std::string& m, int64_t rows, int64_t cols) {
   const int64_t gc = quant.group_size, groups = cols / gc, zcols = (rows + 7) / 8;
-  Int4Unpacked u{{}, {}, {}, rows, cols, gc};
+  Int4Unpacked u{{}, {}, {}, rows, cols, gc, {}};
   XDS_ASSIGN_OR_RETURN(const TensorView* qw, ckpt.require(m + ".qweight", {cols / 8, rows}));
   XDS_RETURN_IF_ERROR(expect_dtype(*qw, DType::kI32, "8 nibbles per int32, along the inputs"));
   XDS_ASSIGN_OR_RETURN(const TensorView* qz, ckpt.require(m + ".qzeros", {groups, zcols}));
@@ -164,14 +181,15 @@ Result<Int4Unpacked> unpack_gptq(const Checkpoint& ckpt, const IntQuantization& 
   }
   if (quant.symmetric) u.zero.clear();
   if (const TensorView* g_idx = ckpt.find(m + ".g_idx")) {
-    XDS_RETURN_IF_ERROR(check_identity_groups(*g_idx, cols, gc));
+    XDS_ASSIGN_OR_RETURN(u.g_idx, read_group_index(*g_idx, cols, gc));
   }
   return u;
 }
 
-// The tensors a module's repack depends on (the cache key's parts).
+// The tensors a module's repack depends on (the cache key's parts); g_idx where the groups
+// are permuted.
 std::string int4_key(const Checkpoint& ckpt, const IntQuantization& quant, const std::string& m,
-                     std::string_view target) {
+                     std::string_view target, bool permuted) {
   const bool gptq = quant.format == Int4Format::kGptq;
   const TensorView* data = ckpt.find(m + (gptq ? ".qweight" : ".weight_packed"));
   const TensorView* scale = ckpt.find(m + (gptq ? ".scales" : ".weight_scale"));
@@ -181,15 +199,38 @@ std::string int4_key(const Checkpoint& ckpt, const IntQuantization& quant, const
     key += '|';
     key += repack_key(*zero, nullptr, "zero", 0, 0);
   }
+  if (permuted) {
+    key += '|';
+    key += repack_key(*ckpt.find(m + (gptq ? ".g_idx" : ".weight_g_idx")), nullptr, "groups", 0, 0);
+  }
   return key;
 }
 
 }  // namespace
 
 float Int4Unpacked::weight(int64_t r, int64_t c) const {
-  const int64_t g = r * (cols / group_cols) + c / group_cols;
+  const int64_t group = g_idx.empty() ? c / group_cols : g_idx[static_cast<size_t>(c)];
+  const int64_t g = r * (cols / group_cols) + group;
   const int z = zero.empty() ? 8 : zero[static_cast<size_t>(g)];
   return scale[static_cast<size_t>(g)] * static_cast<float>(int{q[r * cols + c]} - z);
+}
+
+std::vector<int32_t> sort_int4_columns_by_group(Int4Unpacked& u) {
+  if (u.g_idx.empty()) return {};
+  const int64_t groups = u.cols / u.group_cols;
+  // Counting sort by group, stable: group g's columns in ascending order at [g·G, (g+1)·G).
+  std::vector<int64_t> next(static_cast<size_t>(groups));
+  for (int64_t g = 0; g < groups; ++g) next[g] = g * u.group_cols;
+  std::vector<int32_t> order(static_cast<size_t>(u.cols));
+  for (int64_t c = 0; c < u.cols; ++c) order[next[u.g_idx[c]]++] = static_cast<int32_t>(c);
+  std::vector<uint8_t> row(static_cast<size_t>(u.cols));
+  for (int64_t r = 0; r < u.rows; ++r) {
+    uint8_t* q = u.q.data() + r * u.cols;
+    for (int64_t j = 0; j < u.cols; ++j) row[j] = q[order[j]];
+    std::memcpy(q, row.data(), row.size());
+  }
+  u.g_idx.clear();
+  return order;
 }
 
 Result<Int4Unpacked> unpack_int4_module(const Checkpoint& ckpt, const IntQuantization& quant,
@@ -210,18 +251,27 @@ Result<Int4Unpacked> unpack_int4_module(const Checkpoint& ckpt, const IntQuantiz
 Result<MatrixRef> bind_int4_linear(const Checkpoint& ckpt, const IntQuantization& quant,
                                    const std::string& module, int64_t rows, int64_t cols,
                                    RepackCache& cache) {
-  XDS_ASSIGN_OR_RETURN(const Int4Unpacked u, unpack_int4_module(ckpt, quant, module, rows, cols));
+  XDS_ASSIGN_OR_RETURN(Int4Unpacked u, unpack_int4_module(ckpt, quant, module, rows, cols));
+  // Permuted groups: the panels take the columns sorted by group (order [cols], stored after
+  // the zero points), and the product gathers x through it.
+  const std::vector<int32_t> order = sort_int4_columns_by_group(u);
+  const bool permuted = !order.empty();
   const kernels::Int4Source src = u.source();
   XDS_RETURN_IF_ERROR(kernels::check_int4_source(src));
   const bool asym = !u.zero.empty();
   const kernels::Int4PanelsRef shape{nullptr, nullptr, nullptr, rows, cols, u.group_cols};
   const int64_t data_bytes = shape.data_bytes(), count = shape.scale_count();
-  const size_t nbytes = static_cast<size_t>(data_bytes + count * 4 + (asym ? count : 0));
+  const int64_t order_offset = data_bytes + count * 4 + (asym ? count : 0);  // a multiple of 4
+  const size_t nbytes = static_cast<size_t>(order_offset + (permuted ? cols * 4 : 0));
   XDS_ASSIGN_OR_RETURN(
       const std::byte* p,
       cache.get_or_create(
-          int4_key(ckpt, quant, module, "I4-pairs32-quads-group-scales-zeros"), nbytes,
-          [&](std::byte* dst) -> Status {
+          int4_key(ckpt, quant, module,
+                   permuted ? "I4-pairs32-quads-group-scales-zeros-order"
+                            : "I4-pairs32-quads-group-scales-zeros",
+                   permuted),
+          nbytes, [&](std::byte* dst) -> Status {
+            if (permuted) std::memcpy(dst + order_offset, order.data(), order.size() * 4);
             const kernels::Int4PanelsOut out{
                 reinterpret_cast<uint8_t*>(dst), reinterpret_cast<float*>(dst + data_bytes),
                 asym ? reinterpret_cast<uint8_t*>(dst + data_bytes + count * 4) : nullptr};
@@ -240,6 +290,8 @@ Result<MatrixRef> bind_int4_linear(const Checkpoint& ckpt, const IntQuantization
   m.zero = asym ? reinterpret_cast<const uint8_t*>(p + data_bytes + count * 4) : nullptr;
   m.group_cols = u.group_cols;
   m.int8_activations = quant.scheme == IntScheme::kW4A8;
+  // The order rides in `correction` (kernels/cpu/int4_matrix.h: int4_column_order).
+  if (permuted) m.correction = reinterpret_cast<const int32_t*>(p + order_offset);
   cache.note_bound(ckpt, static_cast<size_t>(rows * cols / 2 + rows * (cols / u.group_cols) * 2));
   return m;
 }
@@ -251,13 +303,14 @@ Result<MatrixRef> bind_int4_as_f32_rows(const Checkpoint& ckpt, const IntQuantiz
   XDS_RETURN_IF_ERROR(kernels::check_int4_source(u.source()));
   XDS_ASSIGN_OR_RETURN(
       const std::byte* p,
-      cache.get_or_create(int4_key(ckpt, quant, module, "F32-from-I4-group-scales"),
-                          static_cast<size_t>(rows * cols * 4), [&](std::byte* dst) -> Status {
-                            auto* o = reinterpret_cast<float*>(dst);
-                            for (int64_t r = 0; r < rows; ++r)
-                              for (int64_t c = 0; c < cols; ++c) o[r * cols + c] = u.weight(r, c);
-                            return {};
-                          }));
+      cache.get_or_create(
+          int4_key(ckpt, quant, module, "F32-from-I4-group-scales", !u.g_idx.empty()),
+          static_cast<size_t>(rows * cols * 4), [&](std::byte* dst) -> Status {
+            auto* o = reinterpret_cast<float*>(dst);
+            for (int64_t r = 0; r < rows; ++r)
+              for (int64_t c = 0; c < cols; ++c) o[r * cols + c] = u.weight(r, c);
+            return {};
+          }));
   cache.note_bound(ckpt, static_cast<size_t>(rows * cols / 2));
   return MatrixRef{DType::kF32, p, rows, cols, MatrixLayout::kRows};
 }

@@ -13,7 +13,8 @@
 //                          rows, value j of int32 [i][g] is z[8i + j][g] (+ 8, as the
 //                          weights); absent or all 8 (zero 0) for symmetric weights
 //   <m>.weight_g_idx       I32 [cols], actorder "group" only (optional)
-//   W[r][c] = scale[r][g] · (q[r][c] - z[r][g]),  g = c / G  (z = 8 when symmetric)
+//   W[r][c] = scale[r][g] · (q[r][c] - z[r][g]),  g = g_idx[c], or c / G without one
+//   (z = 8 when symmetric)
 //   (compressed-tensors pack_to_int32: packed_dim 1 for the weights, 0 for the zero points.)
 //
 // GPTQ (transformers / optimum / AutoGPTQ "gptq" v1 and GPTQModel "gptq_v2"):
@@ -24,11 +25,18 @@
 //                                             z in v2; symmetric weights have z = 8
 //   <m>.scales   F16/BF16/F32 [cols/G, rows]
 //   <m>.g_idx    I32 [cols] (optional)
-//   W[r][c] = scales[g][r] · (q[r][c] - z[r][g]),  g = g_idx[c]
+//   W[r][c] = scales[g][r] · (q[r][c] - z[r][g]),  g = g_idx[c], or c / G without one
 //
-// g_idx: only the identity grouping (g_idx[c] = c / G) is run; a permuted one (activation
-// reordering: actorder "group", desc_act true with a permutation) fails with Unimplemented
-// naming the tensor and the first column out of place. actorder "weight" needs no g_idx.
+// g_idx (activation reordering: actorder "group", desc_act true) assigns each input column
+// its group; as GPTQ and llm-compressor write it every group holds exactly G columns, and a
+// g_idx that does not (or names a group outside 0..cols/G-1) is refused naming the tensor
+// and the group. The identity (g_idx[c] = c / G, or no g_idx: actorder "weight" or none) binds
+// as before. A permuted one binds the panels with the columns sorted by group (stable:
+// sort_int4_columns_by_group), each group's scale and zero point unchanged, and keeps the
+// order with the matrix (cols int32 beside the panels in the repack cache, read by
+// kernels::int4_column_order); each product gathers its input rows through it first (kernels/cpu/int4_matrix.h):
+// n · cols element copies per call, next to the rows · cols / 2 bytes of nibbles it reads.
+// Matrices dequantized to F32 rows keep the checkpoint's column order.
 //
 // Errors name the file, the tensor and what was wrong (shape, dtype, a value out of range
 // with its position). Thread-safety: as RepackCache (bind from one thread).
@@ -53,13 +61,24 @@ struct Int4Unpacked {
   std::vector<float> scale;   // [rows][groups]
   std::vector<uint8_t> zero;  // [rows][groups], 0..15; empty: symmetric (every zero point 8)
   int64_t rows = 0, cols = 0, group_cols = 0;
+  // [cols] the group of each column (checked: each group exactly group_cols columns);
+  // empty: the identity, column c in group c / group_cols. source() holds only the
+  // identity: sort the columns first (sort_int4_columns_by_group).
+  std::vector<int32_t> g_idx;
 
   kernels::Int4Source source() const {
     return {q.data(), scale.data(), zero.empty() ? nullptr : zero.data(), rows, cols, group_cols};
   }
-  // W[r][c] as fp32: scale · (q - z), one product.
+  // W[r][c] as fp32: scale · (q - z) of c's group, one product.
   float weight(int64_t r, int64_t c) const;
 };
+
+// Permuted groups to the panels' form: reorders u's columns so that group g holds columns
+// [g·G, (g+1)·G) (a stable sort of the columns by g_idx; scales and zero points stay, as they
+// are per group) and clears u.g_idx. Returns the order [cols]: new column j is old column
+// order[j], so that Σ_c W[r][c] · x[c] = Σ_j W'[r][j] · x[order[j]]. Empty (u unchanged)
+// when u.g_idx is empty.
+std::vector<int32_t> sort_int4_columns_by_group(Int4Unpacked& u);
 
 // The module `module` ("model.layers.0.mlp.experts.3.up_proj") of shape [rows, cols] as the
 // config's format stores it, unpacked and checked (see above).

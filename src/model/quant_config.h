@@ -37,16 +37,16 @@
 //                        (W4A8)
 //   and `ignore` as in 1. Tensors (model/int4_weights.h): <m>.weight_packed I32 [out, in/8],
 //   <m>.weight_scale [out, in/G], <m>.weight_shape [2], asymmetric <m>.weight_zero_point I32
-//   [out/8, in/G], actorder "group" <m>.weight_g_idx I32 [in].
+//   [out/8, in/G], actorder "group" <m>.weight_g_idx I32 [in] (permuted groups run).
 //
 // 3. W4A16, GPTQ as Hugging Face transformers / optimum / AutoGPTQ / GPTQModel write it:
 //
 //   {quant_method "gptq", bits 4, group_size 32|64|128, desc_act bool, sym bool,
 //    checkpoint_format absent|"gptq"|"gptq_v2"}   (other keys: damp_percent, true_sequential,
 //                                                  static_groups, ... are not read)
-//   "gptq" (v1, the default) stores each zero point minus 1, "gptq_v2" as it is. GPTQ has no
-//   ignore list: a module is quantized where the checkpoint holds <m>.qweight, float where it
-//   holds <m>.weight (quantized_by_tensors).
+//   "gptq" (v1, the default) stores each zero point minus 1, "gptq_v2" as it is; desc_act's
+//   permuted <m>.g_idx runs as actorder "group" does. No ignore list: a module is quantized
+//   where the checkpoint holds <m>.qweight, float where <m>.weight (quantized_by_tensors).
 #pragma once
 
 #include <cstdint>

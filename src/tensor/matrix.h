@@ -47,7 +47,7 @@
 //   W[r][c] = scales(r, g) · (q(r, c) - zero(r, g)), g = c / group_cols (zero 8 when null)
 // written once at load into the repack cache. int8_activations picks the product: true, W4A8
 // (per-token int8 activations, int32 group sums); false, W4A16 (fp32 or bf16 activations).
-// kernels/cpu/int4_matrix.h.
+// Permuted groups (a g_idx) keep their column order in `correction`: kernels/cpu/int4_matrix.h.
 //
 // Not owning; the Checkpoint / repack mapping outlives it.
 #pragma once
@@ -71,7 +71,7 @@ struct MatrixRef {
   MatrixLayout layout = MatrixLayout::kRows;
   const float* scales = nullptr;        // F8_E4M3 panels only: see above
   int scale_shift = 0;                  // log2(block_cols) of those scales
-  const int32_t* correction = nullptr;  // kInt8Panels only: see above
+  const int32_t* correction = nullptr;  // kInt8Panels: see above; kInt4Panels: int4_matrix.h
   // kInt4Panels only (scales above hold its [pairs][groups][32] fp32 scales): see above.
   const uint8_t* zero = nullptr;  // [pairs][groups][32], or null: symmetric
   int64_t group_cols = 0;         // G: 32, 64 or 128

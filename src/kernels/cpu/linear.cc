@@ -333,35 +333,63 @@ void one_weight_on_pool(const X* x, int64_t n, int64_t ldx, const MatrixRef& w, 
   group(x, n, ldx, std::span<const LinearOutput>(one), pool);
 }
 
+// W4A8's int8 rows in w's panel column order: x itself, or (permuted groups) x gathered
+// into scratch (int4_matrix.h).
+Int8RowsRef int4_a8_rows(const Int8RowsRef& x, const MatrixRef& w, Int8Rows& scratch) {
+  const int32_t* order = int4_column_order(w);
+  if (order == nullptr) return x;
+  return gather_int8_columns(x, order, scratch);
+}
+
+// W4A16's rows x [n][ldx] in w's panel column order: x itself, or x gathered into scratch
+// [n][w.cols] (ldx then w.cols).
+template <class T>
+const T* int4_a16_rows(const T* x, int64_t n, int64_t& ldx, const MatrixRef& w,
+                       std::vector<T>& scratch) {
+  const int32_t* order = int4_column_order(w);
+  if (order == nullptr) return x;
+  scratch.resize(static_cast<size_t>(n * w.cols));
+  gather_columns(x, n, ldx, order, w.cols, scratch.data());
+  ldx = w.cols;
+  return scratch.data();
+}
+
 // kInt4Panels weights (int4_matrix.h): W4A8 quantizes x per token (from fp32, or from bf16
-// widened exactly), W4A16 multiplies x as it is. pool null: on the calling thread.
+// widened exactly), W4A16 multiplies x as it is; either in the panels' column order. pool
+// null: on the calling thread.
 void int4_linear_x_f32(const float* x, int64_t n, int64_t ldx, const MatrixRef& w, float* y,
                        int64_t ldy, ThreadPool* pool) {
   const Int4PanelsRef p = int4_panels_of(w);
   const Int8Output out{y, nullptr, ldy};
   if (!w.int8_activations) {
+    thread_local std::vector<float> xg;
+    x = int4_a16_rows(x, n, ldx, w, xg);
     if (pool == nullptr) return int4_linear_f32_on_thread(x, n, ldx, p, out);
     return int4_linear_f32(x, n, ldx, p, out, *pool);
   }
-  thread_local Int8Rows xq;
+  thread_local Int8Rows xq, xg;
   if (pool == nullptr) {
     xq.resize(n, w.cols);
     quantize_rows_int8(x, n, w.cols, ldx, xq.out());
-    return int4_linear_on_thread(xq.ref(), p, out);
+    return int4_linear_on_thread(int4_a8_rows(xq.ref(), w, xg), p, out);
   }
   quantize_rows_int8_on_pool(x, n, w.cols, ldx, xq, *pool);
-  int4_linear(xq.ref(), p, out, *pool);
+  int4_linear(int4_a8_rows(xq.ref(), w, xg), p, out, *pool);
 }
 
 void int4_linear_x_bf16(const uint16_t* x, int64_t n, int64_t ldx, const MatrixRef& w, float* y,
                         int64_t ldy, ThreadPool& pool) {
   const Int4PanelsRef p = int4_panels_of(w);
   const Int8Output out{y, nullptr, ldy};
-  if (!w.int8_activations) return int4_linear_bf16(x, n, ldx, p, out, pool);
-  thread_local Int8Rows xq;
+  if (!w.int8_activations) {
+    thread_local std::vector<uint16_t> xg;
+    x = int4_a16_rows(x, n, ldx, w, xg);
+    return int4_linear_bf16(x, n, ldx, p, out, pool);
+  }
+  thread_local Int8Rows xq, xg;
   xq.resize(n, w.cols);
   quantize_rows_int8(x, n, w.cols, ldx, xq.out());
-  int4_linear(xq.ref(), p, out, pool);
+  int4_linear(int4_a8_rows(xq.ref(), w, xg), p, out, pool);
 }
 
 }  // namespace
@@ -422,10 +450,20 @@ void linear_f32_group(const float* x, int64_t n, int64_t ldx, std::span<const Li
   const bool all_int4_a8 = std::all_of(
       outs.begin(), outs.end(), [](const LinearOutput& o) { return is_int4_a8_matrix(*o.w); });
   if (all_int4_a8) {  // W4A8: x quantized once for all of them
-    thread_local Int8Rows xq;
+    // Each weight's permuted groups gather x's int8 rows through its own column order (gate
+    // and up may differ); the same order twice in a row is gathered once.
+    thread_local Int8Rows xq, xg;
     quantize_rows_int8_on_pool(x, n, outs[0].w->cols, ldx, xq, pool);
-    for (const LinearOutput& o : outs)
-      int4_linear(xq.ref(), int4_panels_of(*o.w), {o.y, nullptr, o.ldy}, pool);
+    const int32_t* gathered = nullptr;
+    for (const LinearOutput& o : outs) {
+      Int8RowsRef rows = xq.ref();
+      if (const int32_t* order = int4_column_order(*o.w)) {
+        if (order != gathered) gather_int8_columns(rows, order, xg);
+        gathered = order;
+        rows = xg.ref();
+      }
+      int4_linear(rows, int4_panels_of(*o.w), {o.y, nullptr, o.ldy}, pool);
+    }
     return;
   }
   if (!runs_as_group(n, outs, pool, [](const MatrixRef& w) { return is_panel_matrix(w); })) {

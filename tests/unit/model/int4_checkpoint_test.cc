@@ -2,8 +2,10 @@
 //   - W4A16: the model loaded from the int4 checkpoint gives the logits of the same model
 //     loaded from a float checkpoint this test writes from the int4 one: each quantized
 //     module unpacked by the test's own reader (from the layouts' definitions) and
-//     dequantized, scale · (q - z), into F32 weights, which the loader binds as plain
-//     rows and the float kernels multiply. compressed-tensors sym / asym and GPTQ.
+//     dequantized, scale · (q - z) of the column's group g_idx[c] (c / G without one), into
+//     F32 weights, which the loader binds as plain rows and the float kernels multiply.
+//     compressed-tensors sym / asym and GPTQ, in natural column order and with activation
+//     reordering (--int4-actorder group: a permuted g_idx per module).
 //   - W4A8: every bound int4 linear against a plain scalar W4A8 (per-token int8 x, exact
 //     int32 group sums, one fma per group, times the token scale), bit for bit; the
 //     --activation-dtype int8 option on a W4A16 checkpoint gives the bits of the W4A8 config.
@@ -60,16 +62,28 @@ float real(const TensorView& t, int64_t i) {
   return t.dtype == DType::kBF16 ? bf16_to_f32(h) : f16_to_f32(h);
 }
 
-// This test's reader of one quantized module: q [rows][cols], scale and zero [rows][groups].
+// This test's reader of one quantized module: q [rows][cols], scale and zero [rows][groups],
+// g_idx [cols] the group of each column (empty: c / group).
 struct Module {
   int64_t rows = 0, cols = 0, group = 0;
   std::vector<int> q, zero;
   std::vector<float> scale;
+  std::vector<int32_t> g_idx;
+  int64_t group_of(int64_t c) const { return g_idx.empty() ? c / group : g_idx[c]; }
   float w(int64_t r, int64_t c) const {
-    const int64_t g = r * (cols / group) + c / group;
+    const int64_t g = r * (cols / group) + group_of(c);
     return scale[g] * static_cast<float>(q[r * cols + c] - zero[g]);
   }
 };
+
+// The I32 [cols] g_idx tensor `name`, if present.
+std::vector<int32_t> read_g_idx(const Checkpoint& ck, const std::string& name) {
+  std::vector<int32_t> g;
+  if (const TensorView* t = ck.find(name)) {
+    for (int64_t c = 0; c < t->shape[0]; ++c) g.push_back(static_cast<int32_t>(word(*t, c)));
+  }
+  return g;
+}
 
 // compressed-tensors pack-quantized: nibble c % 8 of word [r][c / 8]; zero points nibble
 // r % 8 of word [r / 8][g] (8 when absent).
@@ -91,6 +105,7 @@ Module read_pack_quantized(const Checkpoint& ck, const std::string& m) {
       o.zero.push_back(z ? int((word(*z, (r / 8) * groups + g) >> (4 * (r % 8))) & 15) : 8);
     }
   }
+  o.g_idx = read_g_idx(ck, m + ".weight_g_idx");
   return o;
 }
 
@@ -114,6 +129,7 @@ Module read_gptq(const Checkpoint& ck, const std::string& m) {
       o.zero.push_back(int((word(qz, g * zc + r / 8) >> (4 * (r % 8))) & 15) + 1);
     }
   }
+  o.g_idx = read_g_idx(ck, m + ".g_idx");
   return o;
 }
 
@@ -142,7 +158,7 @@ class Int4Checkpoint : public testing::TempDirTest {
  protected:
   // The tiny model of seed 7 as a 4-bit checkpoint in dir/name.
   void make(const std::string& name, const std::string& sym, const std::string& format,
-            int64_t group, bool int8_activations = false) {
+            int64_t group, bool int8_activations = false, const std::string& actorder = "none") {
     MkModelOptions o;
     o.out_dir = path(name);
     o.seed = 7;
@@ -150,10 +166,35 @@ class Int4Checkpoint : public testing::TempDirTest {
     o.int4_group_size = group;
     o.int4_format = format;
     o.int4_int8_activations = int8_activations;
+    o.int4_actorder = actorder;
     o.progress = false;
     o.threads = 2;
     const Status s = write_random_checkpoint(o);
     ASSERT_TRUE(s.ok()) << s.to_string();
+  }
+  // Every quantized module of dir/name has a g_idx whose groups are permuted (not c / G),
+  // each group holding G columns, and the config says so.
+  void expect_permuted_groups(const std::string& name) {
+    auto ck = Checkpoint::open(path(name));
+    ASSERT_TRUE(ck.ok());
+    for (const auto& [m, mod] : read_modules(*ck)) {
+      ASSERT_EQ(mod.g_idx.size(), static_cast<size_t>(mod.cols)) << m;
+      std::vector<int64_t> count(static_cast<size_t>(mod.cols / mod.group), 0);
+      bool identity = true;
+      for (int64_t c = 0; c < mod.cols; ++c) {
+        ++count.at(static_cast<size_t>(mod.g_idx[c]));
+        identity = identity && mod.g_idx[c] == c / mod.group;
+      }
+      EXPECT_FALSE(identity) << m;
+      for (const int64_t k : count) EXPECT_EQ(k, mod.group) << m;
+    }
+    std::ifstream in(path(name + "/config.json"));
+    const json q = json::parse(in)["quantization_config"];
+    if (q["quant_method"] == "gptq") {
+      EXPECT_EQ(q["desc_act"], true);
+    } else {
+      EXPECT_EQ(q["config_groups"]["group_0"]["weights"]["actorder"], "group");
+    }
   }
   // dir/name's weights dequantized by this test into F32 `<m>.weight`, in dir/out, no
   // quantization_config.
@@ -188,6 +229,8 @@ class Int4Checkpoint : public testing::TempDirTest {
     std::filesystem::copy_file(path(name + "/generation_config.json"),
                                path(out + "/generation_config.json"));
   }
+  // The W4A8 test's body for one --int4-actorder value.
+  void check_w4a8_bound_linears(const std::string& actorder);
 };
 
 // Logits [tokens, vocab] of one prompt, all positions.
@@ -228,18 +271,24 @@ double worst_rel(const std::vector<float>& a, const std::vector<float>& b) {
 // linear's input to bf16, so an fp32-level difference now and then crosses a rounding
 // boundary and moves that input by 2^-9: within 2e-2 there (measured ~4.5e-3, the distance
 // such flips give). A wrong nibble, group or zero point moves the logits by O(1).
+// Activation reordering (actorder "group") permutes each module's groups: the int4 model
+// gathers x per linear, the float one multiplies the dequantized columns in place.
 TEST_F(Int4Checkpoint, W4A16LogitsMatchTheDequantizedFloatModel) {
   struct Case {
     const char* sym;
     const char* format;
     int64_t group;
+    const char* actorder = "none";
   };
   for (const Case& c :
        {Case{"sym", "pack-quantized", 32}, Case{"asym", "pack-quantized", 32},
-        Case{"asym", "pack-quantized", 128}, Case{"sym", "gptq", 64}, Case{"asym", "gptq", 32}}) {
-    const std::string what = fmt::format("{} {} G{}", c.sym, c.format, c.group);
-    const std::string name = fmt::format("w4-{}-{}-{}", c.sym, c.format, c.group);
-    make(name, c.sym, c.format, c.group);
+        Case{"asym", "pack-quantized", 128}, Case{"sym", "gptq", 64}, Case{"asym", "gptq", 32},
+        Case{"asym", "pack-quantized", 32, "group"}, Case{"sym", "gptq", 64, "group"}}) {
+    const std::string what =
+        fmt::format("{} {} G{} actorder {}", c.sym, c.format, c.group, c.actorder);
+    const std::string name = fmt::format("w4-{}-{}-{}-{}", c.sym, c.format, c.group, c.actorder);
+    make(name, c.sym, c.format, c.group, false, c.actorder);
+    if (std::string_view(c.actorder) == "group") expect_permuted_groups(name);
     write_dequantized(name, name + "-deq");
     for (const ComputeDType compute : {ComputeDType::kF32, ComputeDType::kBF16}) {
       const auto q = logits_of(path(name), compute);
@@ -258,15 +307,25 @@ TEST_F(Int4Checkpoint, W4A16LogitsMatchTheDequantizedFloatModel) {
 // bit for bit: per token sx = absmax / 127, xq = rne(x / sx); per row and group the exact
 // integer Σ xq · (q - z); f = fma(float(Σ), scale, f) over the groups in order; y = f · sx.
 // The weights are this test's reading of the checkpoint file, not the panels.
+// With activation reordering the sums run over each group's columns wherever they are
+// (g_idx[c] = g), the groups in order.
 TEST_F(Int4Checkpoint, W4A8BoundLinearsMatchAPlainReference) {
-  make("w4a8", "asym", "pack-quantized", 32, /*int8_activations=*/true);
-  auto cfg = load_deepseek_v3_config(path("w4a8"));
+  for (const char* actorder : {"none", "group"}) {
+    SCOPED_TRACE(std::string("actorder ") + actorder);
+    check_w4a8_bound_linears(actorder);
+  }
+}
+
+void Int4Checkpoint::check_w4a8_bound_linears(const std::string& actorder) {
+  const std::string name = "w4a8-" + actorder;
+  make(name, "asym", "pack-quantized", 32, /*int8_activations=*/true, actorder);
+  auto cfg = load_deepseek_v3_config(path(name));
   ASSERT_TRUE(cfg.ok()) << cfg.status().to_string();
   ASSERT_TRUE(cfg->int_quant && cfg->int_quant->scheme == IntScheme::kW4A8);
-  auto ckpt = Checkpoint::open(path("w4a8"));
+  auto ckpt = Checkpoint::open(path(name));
   ASSERT_TRUE(ckpt.ok());
   RepackOptions ro;
-  ro.dir = path("cache");
+  ro.dir = path("cache-" + actorder);
   ro.progress = false;
   RepackCache cache(ro);
   auto w = bind_deepseek_v3_weights(*cfg, *ckpt, cache);
@@ -300,6 +359,7 @@ TEST_F(Int4Checkpoint, W4A8BoundLinearsMatchAPlainReference) {
     ASSERT_EQ(c.m->layout, MatrixLayout::kInt4Panels) << c.module;
     ASSERT_TRUE(c.m->int8_activations) << c.module;
     const Module mod = read_pack_quantized(*ckpt, c.module);
+    EXPECT_EQ(kernels::int4_column_order(*c.m) != nullptr, actorder == "group") << c.module;
     const int64_t rows = mod.rows, cols = mod.cols, groups = cols / mod.group;
     for (const int64_t n : {1, 7}) {
       std::vector<float> x(static_cast<size_t>(n * cols));
@@ -315,13 +375,14 @@ TEST_F(Int4Checkpoint, W4A8BoundLinearsMatchAPlainReference) {
         for (int64_t k = 0; k < cols; ++k)
           xq[k] = sx == 0 ? 0 : static_cast<int32_t>(std::nearbyint(xt[k] / sx));
         for (int64_t r = 0; r < rows; ++r) {
-          float f = 0;
-          for (int64_t g = 0; g < groups; ++g) {
-            int32_t s = 0;
-            for (int64_t k = g * mod.group; k < (g + 1) * mod.group; ++k)
-              s += xq[k] * (mod.q[r * cols + k] - mod.zero[r * groups + g]);
-            f = std::fma(static_cast<float>(s), mod.scale[r * groups + g], f);
+          std::vector<int32_t> s(static_cast<size_t>(groups), 0);
+          for (int64_t k = 0; k < cols; ++k) {
+            const int64_t g = mod.group_of(k);
+            s[g] += xq[k] * (mod.q[r * cols + k] - mod.zero[r * groups + g]);
           }
+          float f = 0;
+          for (int64_t g = 0; g < groups; ++g)
+            f = std::fma(static_cast<float>(s[g]), mod.scale[r * groups + g], f);
           ASSERT_EQ(y[t * rows + r], f * sx)
               << c.module << " n " << n << " token " << t << " row " << r;
         }

@@ -16,6 +16,7 @@
 
 #include <fmt/format.h>
 
+#include "int4_tensors.h"
 #include "model/int4_weights.h"
 #include "model/safetensors.h"
 #include "test_files.h"
@@ -26,115 +27,7 @@ namespace {
 #define EXPECT_CONTAINS(haystack, needle) \
   EXPECT_NE(std::string(haystack).find(needle), std::string::npos) << (haystack)
 
-// A tensor as this test writes it: dtype text, shape, raw little-endian bytes.
-struct RawTensor {
-  std::string name, dtype;
-  std::vector<int64_t> shape;
-  std::string bytes;
-};
-
-std::string safetensors_of(const std::vector<RawTensor>& ts) {
-  std::string header = "{", data;
-  for (size_t i = 0; i < ts.size(); ++i) {
-    const RawTensor& t = ts[i];
-    std::string shape;
-    for (size_t d = 0; d < t.shape.size(); ++d)
-      shape += (d ? "," : "") + std::to_string(t.shape[d]);
-    header += fmt::format("{}\"{}\":{{\"dtype\":\"{}\",\"shape\":[{}],\"data_offsets\":[{},{}]}}",
-                          i ? "," : "", t.name, t.dtype, shape, data.size(),
-                          data.size() + t.bytes.size());
-    data += t.bytes;
-  }
-  return testing::safetensors_bytes(header + "}", data);
-}
-
-// The values a module holds, before packing: q [rows][cols] 0..15, scale [rows][groups]
-// (multiples of 2^-10, exact in f16 and f32), zero [rows][groups] 0..15 (8 if symmetric).
-struct Values {
-  int64_t rows, cols, group;
-  std::vector<uint8_t> q, zero;
-  std::vector<float> scale;
-};
-
-Values random_values(int64_t rows, int64_t cols, int64_t group, bool symmetric, bool gptq_v1,
-                     uint32_t seed) {
-  std::mt19937 rng(seed);
-  Values v{rows, cols, group, {}, {}, {}};
-  const int64_t groups = cols / group;
-  for (int64_t i = 0; i < rows * cols; ++i) v.q.push_back(static_cast<uint8_t>(rng() % 16));
-  for (int64_t i = 0; i < rows * groups; ++i) {
-    v.scale.push_back(static_cast<float>(1 + rng() % 1000) / 1024.0f);
-    // GPTQ v1 stores z - 1: zero points 1..15 only.
-    v.zero.push_back(symmetric ? 8 : static_cast<uint8_t>(gptq_v1 ? 1 + rng() % 15 : rng() % 16));
-  }
-  return v;
-}
-
-std::string i32_bytes(const std::vector<uint32_t>& words) {
-  return testing::le_bytes(words);
-}
-
-std::string f32_bytes(const std::vector<float>& v) {
-  return testing::le_bytes(v);
-}
-
-// compressed-tensors pack-quantized: word [r][c / 8] holds q[r][c] at bits 4 (c % 8).
-std::vector<RawTensor> pack_quantized_tensors(const std::string& m, const Values& v,
-                                              bool symmetric) {
-  const int64_t groups = v.cols / v.group;
-  std::vector<uint32_t> packed(static_cast<size_t>(v.rows * v.cols / 8), 0);
-  for (int64_t r = 0; r < v.rows; ++r)
-    for (int64_t c = 0; c < v.cols; ++c)
-      packed[r * (v.cols / 8) + c / 8] |= uint32_t{v.q[r * v.cols + c]} << (4 * (c % 8));
-  std::vector<RawTensor> ts = {
-      {m + ".weight_packed", "I32", {v.rows, v.cols / 8}, i32_bytes(packed)},
-      {m + ".weight_scale", "F32", {v.rows, groups}, f32_bytes(v.scale)},
-      {m + ".weight_shape", "I64", {2}, testing::le_bytes(std::vector<int64_t>{v.rows, v.cols})}};
-  if (!symmetric) {
-    // Zero points: word [r / 8][g] holds z[r][g] at bits 4 (r % 8).
-    std::vector<uint32_t> zp(static_cast<size_t>((v.rows + 7) / 8 * groups), 0);
-    for (int64_t r = 0; r < v.rows; ++r)
-      for (int64_t g = 0; g < groups; ++g)
-        zp[(r / 8) * groups + g] |= uint32_t{v.zero[r * groups + g]} << (4 * (r % 8));
-    ts.push_back({m + ".weight_zero_point", "I32", {(v.rows + 7) / 8, groups}, i32_bytes(zp)});
-  }
-  return ts;
-}
-
-// GPTQ: qweight word [c / 8][r] holds q[r][c] at bits 4 (c % 8); qzeros word [g][r / 8]
-// holds z[r][g] - 1 (v1) at bits 4 (r % 8); scales [g][r] F32 here.
-std::vector<RawTensor> gptq_tensors(const std::string& m, const Values& v, bool v1) {
-  const int64_t groups = v.cols / v.group, zc = (v.rows + 7) / 8;
-  std::vector<uint32_t> qw(static_cast<size_t>(v.cols / 8 * v.rows), 0);
-  for (int64_t r = 0; r < v.rows; ++r)
-    for (int64_t c = 0; c < v.cols; ++c)
-      qw[(c / 8) * v.rows + r] |= uint32_t{v.q[r * v.cols + c]} << (4 * (c % 8));
-  std::vector<uint32_t> qz(static_cast<size_t>(groups * zc), 0);
-  std::vector<float> sc(static_cast<size_t>(groups * v.rows));
-  for (int64_t r = 0; r < v.rows; ++r) {
-    for (int64_t g = 0; g < groups; ++g) {
-      qz[g * zc + r / 8] |= uint32_t(v.zero[r * groups + g] - (v1 ? 1 : 0)) << (4 * (r % 8));
-      sc[g * v.rows + r] = v.scale[r * groups + g];
-    }
-  }
-  std::vector<int32_t> g_idx;
-  for (int64_t c = 0; c < v.cols; ++c) g_idx.push_back(static_cast<int32_t>(c / v.group));
-  return {{m + ".qweight", "I32", {v.cols / 8, v.rows}, i32_bytes(qw)},
-          {m + ".qzeros", "I32", {groups, zc}, i32_bytes(qz)},
-          {m + ".scales", "F32", {groups, v.rows}, f32_bytes(sc)},
-          {m + ".g_idx", "I32", {v.cols}, testing::le_bytes(g_idx)}};
-}
-
-IntQuantization quant_of(Int4Format f, int64_t group, bool symmetric, bool v1 = true) {
-  IntQuantization q;
-  q.scheme = IntScheme::kW4A16;
-  q.format = f;
-  q.group_size = group;
-  q.symmetric = symmetric;
-  q.gptq_zero_minus_one = f == Int4Format::kGptq && v1;
-  q.quantized_by_tensors = f == Int4Format::kGptq;
-  return q;
-}
+using namespace int4_test;
 
 class Int4Unpack : public testing::TempDirTest {
  protected:
@@ -183,6 +76,35 @@ TEST_F(Int4Unpack, GptqV1AndV2SymmetricAndAsymmetric) {
       expect_values(*u, v, sym);
     }
   }
+}
+
+// A permuted g_idx (activation reordering) is read as written, in both formats, and the
+// weight of column c takes the scale and zero point of group g_idx[c]; an identity g_idx
+// reads as none.
+TEST_F(Int4Unpack, PermutedGroupIndexIsReadAndUsed) {
+  for (const bool gptq : {false, true}) {
+    Values v = random_values(20, 256, 64, false, gptq, 17);
+    v.g_idx = shuffled_groups(256, 64, 23);
+    const auto ts =
+        gptq ? gptq_tensors(kModule, v, true) : pack_quantized_tensors(kModule, v, false);
+    auto u =
+        unpack(ts, quant_of(gptq ? Int4Format::kGptq : Int4Format::kPackQuantized, 64, false), v);
+    ASSERT_TRUE(u.ok()) << u.status().to_string();
+    expect_values(*u, v, false);
+    EXPECT_EQ(u->g_idx, v.g_idx);
+    for (int64_t r = 0; r < v.rows; ++r) {
+      for (int64_t c = 0; c < v.cols; ++c) {
+        const int64_t g = r * 4 + v.g_idx[c];
+        ASSERT_EQ(u->weight(r, c), v.scale[g] * static_cast<float>(v.q[r * 256 + c] - v.zero[g]))
+            << r << " " << c;
+      }
+    }
+  }
+  Values id = random_values(8, 64, 32, false, true, 2);
+  for (int64_t c = 0; c < 64; ++c) id.g_idx.push_back(static_cast<int32_t>(c / 32));
+  auto u = unpack(gptq_tensors(kModule, id, true), quant_of(Int4Format::kGptq, 32, false), id);
+  ASSERT_TRUE(u.ok()) << u.status().to_string();
+  EXPECT_TRUE(u->g_idx.empty());
 }
 
 // The dequantized weight is scale · (q - z), one product.
@@ -250,13 +172,27 @@ TEST_F(Int4Unpack, BadTensorsNameTheFileTheTensorAndTheProblem) {
       {"missing zero point",
        [](auto& ts) { ts.pop_back(); },
        {"layer.proj.weight_zero_point", "symmetric"}},
-      {"permuted g_idx",
+      {"g_idx groups of unequal sizes",
        [](auto& ts) {
          std::vector<int32_t> g(64, 0);
-         for (int c = 0; c < 64; ++c) g[c] = c % 2;
+         for (int c = 0; c < 64; ++c) g[c] = c % 5 == 0 ? 1 : 0;  // 13 columns in group 1
          ts.push_back({kModule + ".weight_g_idx", "I32", {64}, testing::le_bytes(g)});
        },
-       {"layer.proj.weight_g_idx", "column 1 is in group 1", "not supported"}},
+       {"layer.proj.weight_g_idx", "group 0 holds 51 columns", "group_size 32"}},
+      {"g_idx group out of range",
+       [](auto& ts) {
+         std::vector<int32_t> g(64, 0);
+         for (int c = 0; c < 64; ++c) g[c] = c / 32;
+         g[7] = 2;
+         ts.push_back({kModule + ".weight_g_idx", "I32", {64}, testing::le_bytes(g)});
+       },
+       {"layer.proj.weight_g_idx", "column 7 is in group 2, expected 0..1"}},
+      {"g_idx shape",
+       [](auto& ts) {
+         std::vector<int32_t> g(32, 0);
+         ts.push_back({kModule + ".weight_g_idx", "I32", {32}, testing::le_bytes(g)});
+       },
+       {"layer.proj.weight_g_idx", "[32]", "expected [64]"}},
   };
   for (const Case& c : cases) {
     std::vector<RawTensor> ts = pack_quantized_tensors(kModule, v, false);
