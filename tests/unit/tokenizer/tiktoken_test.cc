@@ -205,6 +205,14 @@ TEST_F(TiktokenVsTokenizerJson, SameIdsDecodesAndSpecialTokensOnVariedText) {
     // Byte-level token names agree with tokenizer.json's vocabulary.
     for (const int32_t id : *a) EXPECT_EQ(tt->id_to_token(id), hf->id_to_token(id));
   }
+  // The trained merges are in use: the training sentence is whole words, far fewer ids than
+  // bytes; a word never seen falls back towards single bytes.
+  auto trained = tt->encode(std::string(kVariedTexts[0]), false);
+  ASSERT_TRUE(trained.ok());
+  EXPECT_LE(trained->size(), 12u);  // 9 words and the period at most, give or take a split
+  auto unseen = tt->encode(std::string("zyzzyva"), false);
+  ASSERT_TRUE(unseen.ok());
+  EXPECT_GE(unseen->size(), 4u);
   // The special tokens are ids, not text; skipped on request.
   auto ids = tt->encode("a<|im_end|>b", false);
   ASSERT_TRUE(ids.ok());
