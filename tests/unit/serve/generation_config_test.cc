@@ -58,7 +58,7 @@ TEST_F(GenerationConfigDir, RequestsWithoutSamplingFieldsGetTheFilesValues) {
   write(kQwen3GenerationConfig);
   auto d = load_sampling_defaults(dir_.string(), "auto");
   ASSERT_TRUE(d.ok()) << d.status().to_string();
-  const engine::SamplingOptions s = make_sampling_options(chat_request({}), 16, 1, *d);
+  const engine::SamplingOptions s = make_sampling_options(chat_request(json::object()), 16, 1, *d);
   EXPECT_EQ(s.temperature, 0.6f);
   EXPECT_EQ(s.top_p, 0.95f);
   EXPECT_EQ(s.top_k, 20);
@@ -79,7 +79,7 @@ TEST_F(GenerationConfigDir, NoneAndAMissingFileGiveTheOpenAiDefaults) {
   write(kQwen3GenerationConfig);
   auto none = load_sampling_defaults(dir_.string(), "none");
   ASSERT_TRUE(none.ok());
-  const engine::SamplingOptions s = make_sampling_options(chat_request({}), 16, 1, *none);
+  const engine::SamplingOptions s = make_sampling_options(chat_request(json::object()), 16, 1, *none);
   EXPECT_EQ(s.temperature, 1.0f);
   EXPECT_EQ(s.top_p, 1.0f);
   EXPECT_EQ(s.top_k, 0);
