@@ -89,6 +89,7 @@ struct GatewayArgs {
   std::string api_key;
   std::string served_model_name;
   std::string chat_template;
+  std::string generation_config = "auto";
   std::string reasoning_parser;
   std::string tool_call_parser;
   bool trust_request_special_tokens = false;
@@ -187,10 +188,14 @@ void add_gateway_flags(CLI::App* cmd, GatewayArgs& a) {
                   "Model name in the API (default: the model directory's name)");
   cmd->add_option("--chat-template", a.chat_template,
                   "Jinja chat template file overriding the model's");
+  cmd->add_option("--generation-config", a.generation_config,
+                  "auto: generation_config.json's temperature, top_p and top_k are the defaults "
+                  "of requests that leave them out (as vLLM); none: the OpenAI defaults")
+      ->check(CLI::IsMember({"auto", "none"}));
   cmd->add_option("--reasoning-parser", a.reasoning_parser,
                   "Split <think>...</think> into reasoning_content: deepseek_r1 or qwen3");
   cmd->add_option("--tool-call-parser", a.tool_call_parser,
-                  "Parse tool calls: deepseek_v3 or qwen3");
+                  "Parse tool calls: deepseek_v3, qwen3 or kimi_k2");
   cmd->add_flag("--trust-request-special-tokens", a.trust_request_special_tokens,
                 "Match special tokens in request text too (message content, tools, raw "
                 "completion prompts); for trusted callers only: by default that text is "
@@ -282,6 +287,7 @@ serve::GatewayOptions gateway_options(const GatewayArgs& a, const std::string& m
   o.instance_timeout_s = a.instance_timeout_s;
   o.recovery_timeout_s = a.recovery_timeout_s;
   o.shutdown_timeout_s = a.shutdown_timeout_s;
+  o.generation_config = a.generation_config;
   o.reasoning_parser = a.reasoning_parser;
   o.tool_call_parser = a.tool_call_parser;
   o.trust_request_special_tokens = a.trust_request_special_tokens;

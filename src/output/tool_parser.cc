@@ -17,10 +17,32 @@ constexpr std::string_view kDsSectionEnd = "<｜tool▁calls▁end｜>";
 constexpr std::string_view kDsCallBegin = "<｜tool▁call▁begin｜>";
 constexpr std::string_view kDsCallEnd = "<｜tool▁call▁end｜>";
 constexpr std::string_view kDsSep = "<｜tool▁sep｜>";
+constexpr std::string_view kKimiSectionBegin = "<|tool_calls_section_begin|>";
+constexpr std::string_view kKimiSectionEnd = "<|tool_calls_section_end|>";
+constexpr std::string_view kKimiCallBegin = "<|tool_call_begin|>";
+constexpr std::string_view kKimiCallEnd = "<|tool_call_end|>";
+constexpr std::string_view kKimiArgBegin = "<|tool_call_argument_begin|>";
 constexpr std::string_view kQwCallBegin = "<tool_call>";
 constexpr std::string_view kQwCallEnd = "</tool_call>";
 
 constexpr std::string_view kSpace = " \t\r\n";
+
+// The markers of each format (section markers empty where the format has none).
+struct FormatMarkers {
+  std::string_view call_begin, call_end, section_begin, section_end;
+};
+
+FormatMarkers markers_of(ToolFormat f) {
+  switch (f) {
+    case ToolFormat::kDeepSeekV3:
+      return {kDsCallBegin, kDsCallEnd, kDsSectionBegin, kDsSectionEnd};
+    case ToolFormat::kKimiK2:
+      return {kKimiCallBegin, kKimiCallEnd, kKimiSectionBegin, kKimiSectionEnd};
+    case ToolFormat::kQwen3:
+      break;
+  }
+  return {kQwCallBegin, kQwCallEnd, "", ""};
+}
 
 std::string_view trim(std::string_view s) {
   const size_t b = s.find_first_not_of(kSpace);
@@ -117,10 +139,39 @@ Result<ToolCall> parse_qwen3_call(std::string_view body) {
   return call;
 }
 
+Result<ToolCall> parse_kimi_k2_call(std::string_view body) {
+  const size_t arg = body.find(kKimiArgBegin);
+  if (arg == std::string_view::npos) {
+    return invalid_argument("tool call: no <|tool_call_argument_begin|>");
+  }
+  const std::string_view id = trim(body.substr(0, arg));
+  const std::string_view args = trim(body.substr(arg + kKimiArgBegin.size()));
+  // functions.NAME:IDX
+  const size_t colon = id.rfind(':');
+  if (colon == std::string_view::npos || colon + 1 == id.size() ||
+      id.substr(colon + 1).find_first_not_of("0123456789") != std::string_view::npos) {
+    return invalid_argument("tool call: id '{}' is not NAME:INDEX", id);
+  }
+  std::string_view name = id.substr(0, colon);
+  if (name.starts_with("functions.")) name.remove_prefix(10);
+  ToolCall call;
+  call.name = std::string(name);
+  XDS_RETURN_IF_ERROR(check_name(call.name));
+  const auto parsed = nlohmann::json::parse(args, nullptr, /*allow_exceptions=*/false);
+  if (!parsed.is_object()) {
+    return invalid_argument("tool call '{}': arguments are not a JSON object", call.name);
+  }
+  call.id = std::string(id);
+  call.arguments = std::string(args);
+  return call;
+}
+
 Result<ToolParser> ToolParser::create(std::string_view kind, uint64_t id_seed) {
   if (kind == "deepseek_v3") return ToolParser(ToolFormat::kDeepSeekV3, id_seed);
   if (kind == "qwen3") return ToolParser(ToolFormat::kQwen3, id_seed);
-  return invalid_argument("tool call parser '{}' is unknown (known: deepseek_v3, qwen3)", kind);
+  if (kind == "kimi_k2") return ToolParser(ToolFormat::kKimiK2, id_seed);
+  return invalid_argument("tool call parser '{}' is unknown (known: deepseek_v3, qwen3, kimi_k2)",
+                          kind);
 }
 
 std::string ToolParser::next_id() {
@@ -144,12 +195,12 @@ void ToolParser::emit_content(std::string_view s, ToolSplit* out) {
 }
 
 void ToolParser::end_call(std::string_view body, ToolSplit* out) {
-  const bool ds = format_ == ToolFormat::kDeepSeekV3;
-  Result<ToolCall> call = ds ? parse_deepseek_v3_call(body) : parse_qwen3_call(body);
+  Result<ToolCall> call = format_ == ToolFormat::kDeepSeekV3 ? parse_deepseek_v3_call(body)
+                          : format_ == ToolFormat::kKimiK2   ? parse_kimi_k2_call(body)
+                                                             : parse_qwen3_call(body);
   if (!call.ok()) {
-    const std::string_view begin = ds ? kDsCallBegin : kQwCallBegin;
-    const std::string_view end = ds ? kDsCallEnd : kQwCallEnd;
-    const std::string raw = std::string(begin) + std::string(body) + std::string(end);
+    const FormatMarkers m = markers_of(format_);
+    const std::string raw = std::string(m.call_begin) + std::string(body) + std::string(m.call_end);
     out->content += gap_;
     out->content += raw;
     gap_.clear();
@@ -157,7 +208,7 @@ void ToolParser::end_call(std::string_view body, ToolSplit* out) {
     after_call_ = false;
     return;
   }
-  call->id = next_id();
+  if (call->id.empty()) call->id = next_id();  // Kimi K2 calls carry the model's id
   ++num_calls_;
   out->calls.push_back(std::move(call).value());
   gap_.clear();
@@ -167,9 +218,9 @@ void ToolParser::end_call(std::string_view body, ToolSplit* out) {
 
 ToolSplit ToolParser::push(std::string_view text) {
   ToolSplit out;
-  const bool ds = format_ == ToolFormat::kDeepSeekV3;
-  const std::string_view call_begin = ds ? kDsCallBegin : kQwCallBegin;
-  const std::string_view call_end = ds ? kDsCallEnd : kQwCallEnd;
+  const FormatMarkers fm = markers_of(format_);
+  const std::string_view call_begin = fm.call_begin;
+  const std::string_view call_end = fm.call_end;
   std::string buf = std::move(held_);
   held_.clear();
   buf.append(text);
@@ -191,8 +242,7 @@ ToolSplit ToolParser::push(std::string_view text) {
       std::string_view text;
       int kind;  // 0 call begin, 1 section begin, 2 section end
     };
-    Marker markers[3] = {
-        {call_begin, 0}, {ds ? kDsSectionBegin : "", 1}, {ds ? kDsSectionEnd : "", 2}};
+    Marker markers[3] = {{call_begin, 0}, {fm.section_begin, 1}, {fm.section_end, 2}};
     size_t best = std::string_view::npos;
     const Marker* hit = nullptr;
     size_t hold = 0;
@@ -228,9 +278,8 @@ ToolSplit ToolParser::finish() {
   ToolSplit out;
   if (in_call_) {
     // An unfinished call: its text, marker included, is content.
-    const std::string_view begin = format_ == ToolFormat::kDeepSeekV3 ? kDsCallBegin : kQwCallBegin;
     out.content += gap_;
-    out.content.append(begin);
+    out.content.append(markers_of(format_).call_begin);
     out.content += held_;
     in_call_ = false;
   } else {

@@ -6,6 +6,11 @@
 //                  (the chat template's spelling; the V3.1 body NAME<｜tool▁sep｜>ARGS is accepted
 //                  too)
 //   "qwen3":       <tool_call>\n{"name": NAME, "arguments": {...}}\n</tool_call> (several in a row)
+//   "kimi_k2":     <|tool_calls_section_begin|><|tool_call_begin|>functions.NAME:IDX
+//                  <|tool_call_argument_begin|>ARGS<|tool_call_end|>[<|tool_call_begin|>...]
+//                  <|tool_calls_section_end|> (Kimi K2's chat template; the call's id is the
+//                  model's own "functions.NAME:IDX", which the template writes back into the
+//                  prompt on the next turn, as vLLM's kimi_k2 parser keeps it)
 //
 // Streaming: text before a call is content and is released as it comes (a suffix that may be
 // the start of a marker is held back); a call is emitted whole once its end marker arrives.
@@ -13,9 +18,9 @@
 // parse (no name, arguments that are not a JSON object, an unfinished call at finish()) stays
 // in the content verbatim, markers included: no text is ever lost.
 //
-// A call's arguments are JSON text: DeepSeek's as the model wrote them (trimmed, checked to
-// parse), Qwen3's object re-serialised compactly with its key order kept.
-// Ids are "call_" + 24 hex digits from a counter-based generator keyed by the caller's seed
+// A call's arguments are JSON text: DeepSeek's and Kimi's as the model wrote them (trimmed,
+// checked to parse), Qwen3's object re-serialised compactly with its key order kept.
+// Ids (DeepSeek, Qwen3) are "call_" + 24 hex digits from a counter-based generator keyed by the caller's seed
 // (unique per seed and call; the output processor seeds from the request id and a per-process
 // random value).
 //
@@ -37,11 +42,11 @@ struct ToolSplit {
   std::vector<protocol::ToolCall> calls;  // complete calls, in output order
 };
 
-enum class ToolFormat { kDeepSeekV3, kQwen3 };
+enum class ToolFormat { kDeepSeekV3, kQwen3, kKimiK2 };
 
 class ToolParser {
  public:
-  // kind: "deepseek_v3" or "qwen3"; anything else is InvalidArgument naming it.
+  // kind: "deepseek_v3", "qwen3" or "kimi_k2"; anything else is InvalidArgument naming it.
   static Result<ToolParser> create(std::string_view kind, uint64_t id_seed);
 
   ToolSplit push(std::string_view text);
@@ -69,5 +74,8 @@ class ToolParser {
 // Body parsers (between the call markers), exposed for tests. Failure: InvalidArgument.
 Result<protocol::ToolCall> parse_deepseek_v3_call(std::string_view body);
 Result<protocol::ToolCall> parse_qwen3_call(std::string_view body);
+// Kimi K2: "functions.NAME:IDX<|tool_call_argument_begin|>ARGS" (whitespace around the parts
+// allowed; the "functions." prefix optional); the id is the text before the argument marker.
+Result<protocol::ToolCall> parse_kimi_k2_call(std::string_view body);
 
 }  // namespace xds::output

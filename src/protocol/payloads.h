@@ -41,7 +41,7 @@ struct OutputOptions {
   std::string reasoning_parser;      // "" (none) or "deepseek_r1" (<think>...</think>)
   bool prompt_in_reasoning = false;  // the templated prompt ends inside <think> (DeepSeek-R1's
                                      // template opens it): the output starts as reasoning
-  std::string tool_call_parser;      // "" (none), "deepseek_v3" or "qwen3"
+  std::string tool_call_parser;      // "" (none), "deepseek_v3", "qwen3" or "kimi_k2"
   bool tools_requested = false;      // the request carried tools (parse only then)
   bool stream = false;
   bool echo_prompt_ids = false;      // report prompt token ids in usage (bench clients)

@@ -62,8 +62,11 @@ struct GatewayOptions {
   // exited for good (the gateway then stops with that error).
   std::function<std::string()> instances_exited;
   int64_t shutdown_timeout_s = 60;  // SIGTERM: how long in-flight requests may finish
+  // "auto": generation_config.json's temperature / top_p / top_k are the defaults of requests
+  // that leave them out (serve/generation_config.h); "none": the OpenAI defaults.
+  std::string generation_config = "auto";
   std::string reasoning_parser;     // "" or deepseek_r1 / qwen3
-  std::string tool_call_parser;     // "" or deepseek_v3 / qwen3
+  std::string tool_call_parser;     // "" or deepseek_v3 / qwen3 / kimi_k2
   // False: special tokens are matched only in the chat template's own text; request text
   // (message content, tools, a raw completion prompt) is tokenized as plain text
   // (docs/design/tokenizer.md, "Untrusted text"). True: matched everywhere, for callers that

@@ -11,6 +11,7 @@
 #include "base/clock.h"
 #include "model/registry.h"
 #include "serve/fault_injection.h"
+#include "serve/generation_config.h"
 
 namespace xds::serve {
 
@@ -51,21 +52,8 @@ Status GatewayHttp::load_model() {
     }
   }
   // vLLM's default: sampling fields the client leaves out come from generation_config.json.
-  if (std::ifstream f(o_.model_dir + "/generation_config.json"); f) {
-    const nlohmann::json g = nlohmann::json::parse(f, nullptr, /*allow_exceptions=*/false);
-    if (g.is_object()) {
-      if (g.value("do_sample", true)) {
-        if (auto it = g.find("temperature"); it != g.end() && it->is_number())
-          sampling_defaults_.temperature = it->get<float>();
-        if (auto it = g.find("top_p"); it != g.end() && it->is_number())
-          sampling_defaults_.top_p = it->get<float>();
-        if (auto it = g.find("top_k"); it != g.end() && it->is_number_integer())
-          sampling_defaults_.top_k = it->get<int32_t>();
-      } else {
-        sampling_defaults_.temperature = 0.0f;
-      }
-    }
-  }
+  XDS_ASSIGN_OR_RETURN(sampling_defaults_,
+                       load_sampling_defaults(o_.model_dir, o_.generation_config));
   if (Tokenizer::has_tokenizer_files(o_.model_dir)) {
     XDS_ASSIGN_OR_RETURN(Tokenizer tok, Tokenizer::load(o_.model_dir));
     tokenizer_ = std::move(tok);

@@ -16,36 +16,14 @@
 #include "tokenizer/normalizer.h"
 #include "tokenizer/pre_tokenizer.h"
 #include "tokenizer/regex.h"
+#include "tokenizer/tokenizer_impl.h"
 #include "tokenizer/tokenizer_json.h"
 #include "tokenizer/utf8.h"
 
 namespace xds {
 
-struct Tokenizer::Impl {
-  Normalizer normalizer;
-  PreTokenizer pre_tokenizer;
-  BpeModel model;
-  std::vector<AddedToken> added;
-  AddedTokenMatcher raw_matcher;   // added tokens with normalized == false
-  AddedTokenMatcher norm_matcher;  // added tokens with normalized == true
-  int64_t vocab_size = 0;
-  std::vector<std::string> pieces;  // [vocab_size] bytes each id decodes to
-  std::vector<uint8_t> special;     // [vocab_size] 1 for special added tokens
-  std::vector<int32_t> prefix, suffix;  // post-processor ids around the sequence
-  std::string bos_token, eos_token;
-  std::optional<int32_t> bos_id, eos_id;
-  bool clean_up_spaces = false;
-  int strip_leading = 0;  // decoder strips this many leading strip_char from the output
-  char strip_char = ' ';
-};
 
-namespace {
-
-using json_field::field_or;
-
-// The id space is dense (tables indexed by id): ids may leave gaps, but not more unused ids
-// than listed tokens (plus this slack), so that a small file cannot ask for gigabytes.
-constexpr int64_t kIdGapSlack = 1024;
+namespace tokenizer_detail {
 
 Result<nlohmann::json> parse_json(std::string_view text, const std::string& name) {
   if (json_nesting_exceeds(text, kMaxJsonDepth)) {
@@ -58,7 +36,6 @@ Result<nlohmann::json> parse_json(std::string_view text, const std::string& name
   }
 }
 
-// tokenizer_config.json token fields are a string, {"content": ...} (AddedToken) or null.
 std::string config_token(const nlohmann::json& cfg, const char* key) {
   if (!cfg.contains(key)) return "";
   const auto& v = cfg[key];
@@ -68,6 +45,39 @@ std::string config_token(const nlohmann::json& cfg, const char* key) {
   }
   return "";
 }
+
+Result<bool> apply_config_bos_eos(const nlohmann::json& cfg, const std::string& cfg_name,
+                                  Tokenizer::Impl* impl) {
+  const bool cfg_bos = cfg.contains("add_bos_token") && cfg["add_bos_token"].is_boolean();
+  const bool cfg_eos = cfg.contains("add_eos_token") && cfg["add_eos_token"].is_boolean();
+  if (cfg_bos && cfg["add_bos_token"].get<bool>()) {
+    if (!impl->bos_id) {
+      return invalid_argument("{}: field 'add_bos_token' is true but bos_token \"{}\" is not a "
+                              "token", cfg_name, impl->bos_token);
+    }
+    impl->prefix.push_back(*impl->bos_id);
+  }
+  if (cfg_eos && cfg["add_eos_token"].get<bool>()) {
+    if (!impl->eos_id) {
+      return invalid_argument("{}: field 'add_eos_token' is true but eos_token \"{}\" is not a "
+                              "token", cfg_name, impl->eos_token);
+    }
+    impl->suffix.push_back(*impl->eos_id);
+  }
+  return cfg_bos || cfg_eos;
+}
+
+}  // namespace tokenizer_detail
+
+namespace {
+
+using json_field::field_or;
+using tokenizer_detail::config_token;
+using tokenizer_detail::parse_json;
+
+// The id space is dense (tables indexed by id): ids may leave gaps, but not more unused ids
+// than listed tokens (plus this slack), so that a small file cannot ask for gigabytes.
+constexpr int64_t kIdGapSlack = 1024;
 
 Status parse_added_tokens(const nlohmann::json& j, const std::string& name,
                           std::vector<AddedToken>* out) {
@@ -367,24 +377,9 @@ Result<Tokenizer> Tokenizer::from_json_text(std::string_view tokenizer_json,
   if (!impl->eos_token.empty()) impl->eos_id = tok.token_to_id(impl->eos_token);
   XDS_ASSIGN_OR_RETURN(impl->clean_up_spaces,
                        field_or(cfg, "clean_up_tokenization_spaces", false, cfg_name, ""));
-  const bool cfg_bos = cfg.contains("add_bos_token") && cfg["add_bos_token"].is_boolean();
-  const bool cfg_eos = cfg.contains("add_eos_token") && cfg["add_eos_token"].is_boolean();
-  if (cfg_bos || cfg_eos) {
-    if (cfg_bos && cfg["add_bos_token"].get<bool>()) {
-      if (!impl->bos_id) {
-        return invalid_argument("{}: field 'add_bos_token' is true but bos_token \"{}\" is not a "
-                                "token", cfg_name, impl->bos_token);
-      }
-      impl->prefix.push_back(*impl->bos_id);
-    }
-    if (cfg_eos && cfg["add_eos_token"].get<bool>()) {
-      if (!impl->eos_id) {
-        return invalid_argument("{}: field 'add_eos_token' is true but eos_token \"{}\" is not a "
-                                "token", cfg_name, impl->eos_token);
-      }
-      impl->suffix.push_back(*impl->eos_id);
-    }
-  } else {
+  XDS_ASSIGN_OR_RETURN(const bool cfg_bos_eos,
+                       tokenizer_detail::apply_config_bos_eos(cfg, cfg_name, impl.get()));
+  if (!cfg_bos_eos) {
     XDS_RETURN_IF_ERROR(parse_post_processor(j.value("post_processor", nlohmann::json()), *impl,
                                              name, "post_processor", &impl->prefix, &impl->suffix));
     // Ids the file wrote down (special_tokens, cls/sep) must be ids encode may return.
@@ -403,20 +398,29 @@ Result<Tokenizer> Tokenizer::from_json_text(std::string_view tokenizer_json,
 }
 
 Result<Tokenizer> Tokenizer::load(const std::string& model_dir) {
-  const std::string tj_path = (std::filesystem::path(model_dir) / "tokenizer.json").string();
-  const std::string cfg_path = (std::filesystem::path(model_dir) / "tokenizer_config.json").string();
-  XDS_ASSIGN_OR_RETURN(std::string tj, read_whole_file(tj_path));
+  const std::filesystem::path dir(model_dir);
+  const std::string tj_path = (dir / "tokenizer.json").string();
+  const std::string tt_path = (dir / "tiktoken.model").string();
+  const std::string cfg_path = (dir / "tokenizer_config.json").string();
   std::string cfg;
   if (std::filesystem::exists(cfg_path)) {
     XDS_ASSIGN_OR_RETURN(cfg, read_whole_file(cfg_path));
   }
+  // tokenizer.json wins when both are present (it is what transformers' fast tokenizers read).
+  if (!std::filesystem::is_regular_file(tj_path) && std::filesystem::is_regular_file(tt_path)) {
+    XDS_ASSIGN_OR_RETURN(std::string tt, read_whole_file(tt_path));
+    return from_tiktoken_text(tt, cfg, tt_path);
+  }
+  XDS_ASSIGN_OR_RETURN(std::string tj, read_whole_file(tj_path));
   auto r = from_json_text(tj, cfg, tj_path);
   if (!r.ok()) return r.status();
   return r;
 }
 
 bool Tokenizer::has_tokenizer_files(const std::string& model_dir) {
-  return std::filesystem::is_regular_file(std::filesystem::path(model_dir) / "tokenizer.json");
+  const std::filesystem::path dir(model_dir);
+  return std::filesystem::is_regular_file(dir / "tokenizer.json") ||
+         std::filesystem::is_regular_file(dir / "tiktoken.model");
 }
 
 Result<std::vector<int32_t>> Tokenizer::encode(std::string_view text, bool add_special_tokens) const {
@@ -459,7 +463,11 @@ Result<std::vector<int32_t>> Tokenizer::encode_impl(std::string_view text,
         }
       }
       const size_t before = ids.size();
-      t.model.encode_word(w, &ids);
+      if (t.tiktoken) {
+        t.tiktoken->encode_word(w, &ids);
+      } else {
+        t.model.encode_word(w, &ids);
+      }
       if (cacheable && cache.size() < kCacheEntriesMax) {
         cache.emplace(w, std::make_pair(static_cast<uint32_t>(cached_ids.size()),
                                         static_cast<uint32_t>(ids.size() - before)));
@@ -553,6 +561,11 @@ std::optional<std::string> Tokenizer::id_to_token(int32_t id) const {
   for (const auto& a : impl_->added) {
     if (a.id == id) return a.content;
   }
+  if (impl_->tiktoken) {
+    // As tokenization_kimi.py names its tokens: the bytes in the GPT-2 byte alphabet.
+    if (id < impl_->tiktoken->size()) return byte_level::encode_bytes(impl_->tiktoken->token_bytes(id));
+    return std::nullopt;
+  }
   if (id < impl_->model.size()) return impl_->model.token_text(id);
   return std::nullopt;
 }
@@ -560,6 +573,10 @@ std::optional<std::string> Tokenizer::id_to_token(int32_t id) const {
 std::optional<int32_t> Tokenizer::token_to_id(std::string_view token) const {
   for (const auto& a : impl_->added) {
     if (a.content == token) return a.id;
+  }
+  if (impl_->tiktoken) {
+    const auto bytes = byte_level::decode_token(token);
+    return bytes ? impl_->tiktoken->id_of_bytes(*bytes) : std::nullopt;
   }
   return impl_->model.id_of_text(token);
 }

@@ -1,5 +1,7 @@
 // Tokenizer: Hugging Face tokenizer.json + tokenizer_config.json, as published for
-// DeepSeek-V3/R1, Qwen3 and the project's own models (byte-level BPE).
+// DeepSeek-V3/R1, Qwen3 and the project's own models (byte-level BPE); or tiktoken.model +
+// tokenizer_config.json as Kimi K2 publishes them (the same steps below, with Kimi's split
+// pattern, tiktoken's merge-by-rank and Kimi's 258 special ids: tiktoken_model.h).
 //
 // encode(text):
 //   1. reject ill-formed UTF-8 (error names the byte offset; utf8::replace_invalid() gives the
@@ -34,12 +36,19 @@ namespace xds {
 
 class Tokenizer {
  public:
-  // Reads model_dir/tokenizer.json and (if present) model_dir/tokenizer_config.json.
+  // Reads model_dir/tokenizer.json (or, when there is none, model_dir/tiktoken.model) and (if
+  // present) model_dir/tokenizer_config.json.
   static Result<Tokenizer> load(const std::string& model_dir);
   // From in-memory JSON texts; `config_json` may be empty. `name` prefixes error messages.
   static Result<Tokenizer> from_json_text(std::string_view tokenizer_json,
                                           std::string_view config_json,
                                           const std::string& name = "tokenizer.json");
+  // From a tiktoken.model text (Kimi K2's published format: tiktoken_model.h) with Kimi K2's
+  // split pattern and special tokens (named by `config_json`'s added_tokens_decoder).
+  static Result<Tokenizer> from_tiktoken_text(std::string_view tiktoken_model,
+                                              std::string_view config_json,
+                                              const std::string& name = "tiktoken.model");
+  // Whether model_dir has tokenizer.json or tiktoken.model.
   static bool has_tokenizer_files(const std::string& model_dir);
 
   // add_special_tokens: apply the post-processor (BOS as configured). All of `text` is trusted:

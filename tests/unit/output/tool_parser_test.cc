@@ -1,8 +1,9 @@
-// Tool-call parsing on fixed model texts in the DeepSeek-V3 and Qwen3 formats (the markers
+// Tool-call parsing on fixed model texts in the DeepSeek-V3, Qwen3 and Kimi K2 formats (the markers
 // spelled as in the published chat templates); each text also in random pieces, which must
 // give the same content and calls as one push. Expected values are written by hand.
 #include "output/tool_parser.h"
 
+#include <array>
 #include <set>
 
 #include <gtest/gtest.h>
@@ -157,6 +158,105 @@ TEST(ToolParser, IdsAreUniquePerSeedAndCall) {
   EXPECT_EQ(ids.size(), 100u);
 }
 
+// Kimi K2: the markers of its chat template; the call's id is the model's "functions.NAME:IDX".
+const std::string kKimiBegin = "<|tool_calls_section_begin|>";
+const std::string kKimiEnd = "<|tool_calls_section_end|>";
+const std::string kKimiCall = "<|tool_call_begin|>";
+const std::string kKimiArg = "<|tool_call_argument_begin|>";
+const std::string kKimiCallEnd = "<|tool_call_end|>";
+
+std::string kimi_call(const std::string& id, const std::string& args) {
+  return kKimiCall + id + kKimiArg + args + kKimiCallEnd;
+}
+
+struct KimiCase {
+  std::string text;
+  std::string content;
+  std::vector<std::array<std::string, 3>> calls;  // id, name, arguments
+};
+
+std::vector<KimiCase> kimi_cases() {
+  return {
+      // Content, then one call in a section.
+      {"Let me look that up." + kKimiBegin +
+           kimi_call("functions.get_weather:0", R"({"city": "Paris"})") + kKimiEnd,
+       "Let me look that up.",
+       {{"functions.get_weather:0", "get_weather", R"({"city": "Paris"})"}}},
+      // Two calls; whitespace around the id and the arguments, as models sometimes write.
+      {kKimiBegin + kimi_call(" functions.search:0 ", " {\"q\": \"中文\"} ") +
+           kimi_call("functions.fetch_url:1", R"({"url": "https://x.org", "n": [1, 2]})") +
+           kKimiEnd,
+       "",
+       {{"functions.search:0", "search", R"({"q": "中文"})"},
+        {"functions.fetch_url:1", "fetch_url", R"({"url": "https://x.org", "n": [1, 2]})"}}},
+      // Text after the section stays content.
+      {kKimiBegin + kimi_call("functions.f:0", "{}") + kKimiEnd + "\nDone.",
+       "\nDone.",
+       {{"functions.f:0", "f", "{}"}}},
+      // Malformed: arguments that are not JSON; no argument marker; no index. Content, verbatim.
+      {"x" + kKimiBegin + kimi_call("functions.bad:0", "{not json") + kKimiEnd,
+       "x" + kKimiBegin + kimi_call("functions.bad:0", "{not json") + kKimiEnd,
+       {}},
+      {kKimiBegin + kKimiCall + "functions.f:0 {}" + kKimiCallEnd + kKimiEnd,
+       kKimiBegin + kKimiCall + "functions.f:0 {}" + kKimiCallEnd + kKimiEnd,
+       {}},
+      {kKimiBegin + kimi_call("functions.f", "{}") + kKimiEnd,
+       kKimiBegin + kimi_call("functions.f", "{}") + kKimiEnd,
+       {}},
+      // One good call and one bad: the good one parses, the bad one stays text.
+      {kKimiBegin + kimi_call("functions.a:0", R"({"k": 1})") + kimi_call("functions.b:1", "[1]") +
+           kKimiEnd,
+       kimi_call("functions.b:1", "[1]") + kKimiEnd,
+       {{"functions.a:0", "a", R"({"k": 1})"}}},
+      // Unfinished at the end (max_tokens): content, markers included.
+      {"y" + kKimiBegin + kKimiCall + "functions.f:0" + kKimiArg + "{\"a\"",
+       "y" + kKimiBegin + kKimiCall + "functions.f:0" + kKimiArg + "{\"a\"",
+       {}},
+      // Look-alike text.
+      {"plain <|tool text <|tool_call", "plain <|tool text <|tool_call", {}},
+  };
+}
+
+void expect_kimi(const Parsed& got, const KimiCase& c) {
+  EXPECT_EQ(got.content, c.content);
+  ASSERT_EQ(got.calls.size(), c.calls.size());
+  for (size_t i = 0; i < c.calls.size(); ++i) {
+    EXPECT_EQ(got.calls[i].id, c.calls[i][0]);
+    EXPECT_EQ(got.calls[i].name, c.calls[i][1]);
+    EXPECT_EQ(got.calls[i].arguments, c.calls[i][2]);
+  }
+}
+
+TEST(ToolParser, KimiK2OnePushAndRandomPieces) {
+  std::mt19937 rng(23);
+  for (const KimiCase& c : kimi_cases()) {
+    SCOPED_TRACE(c.text);
+    expect_kimi(run("kimi_k2", {c.text}), c);
+    for (int trial = 0; trial < 40; ++trial) {
+      expect_kimi(run("kimi_k2", test::random_split(c.text, rng, 6)), c);
+    }
+    // One byte at a time: every marker arrives split.
+    std::vector<std::string> bytes;
+    for (const char ch : c.text) bytes.emplace_back(1, ch);
+    expect_kimi(run("kimi_k2", bytes), c);
+  }
+}
+
+TEST(ToolParser, KimiK2ReleasesContentBeforeTheCallCompletes) {
+  auto p = ToolParser::create("kimi_k2", 5);
+  ASSERT_TRUE(p.ok());
+  ToolSplit a = p->push("Sure.<|tool_calls");
+  EXPECT_EQ(a.content, "Sure.");  // "<|tool_calls" may start a marker: held
+  ToolSplit b = p->push("_section_begin|><|tool_call_begin|>functions.f:0<|tool_call_arg");
+  EXPECT_EQ(b.content, "");
+  EXPECT_TRUE(b.calls.empty());
+  ToolSplit c = p->push("ument_begin|>{\"q\": 1}<|tool_call_end|><|tool_calls_section_end|>");
+  ASSERT_EQ(c.calls.size(), 1u);
+  EXPECT_EQ(c.calls[0].id, "functions.f:0");
+  EXPECT_EQ(c.calls[0].arguments, R"({"q": 1})");
+  EXPECT_EQ(p->finish().content, "");
+}
+
 TEST(ToolParser, BodyParsers) {
   auto ok = parse_deepseek_v3_call("function" + kDsSep + "f\n```json\n{}\n```");
   ASSERT_TRUE(ok.ok());
@@ -169,6 +269,14 @@ TEST(ToolParser, BodyParsers) {
   EXPECT_FALSE(parse_qwen3_call("{\"name\": \"\"}").ok());
   EXPECT_FALSE(parse_qwen3_call("{\"name\": \"f\", \"arguments\": 3}").ok());
   EXPECT_FALSE(parse_qwen3_call("not json").ok());
+  auto kimi = parse_kimi_k2_call("functions.get_weather:12" + kKimiArg + "{}");
+  ASSERT_TRUE(kimi.ok());
+  EXPECT_EQ(kimi->name, "get_weather");
+  EXPECT_EQ(kimi->id, "functions.get_weather:12");
+  EXPECT_TRUE(parse_kimi_k2_call("f:0" + kKimiArg + "{}").ok());  // no "functions." prefix
+  EXPECT_FALSE(parse_kimi_k2_call("functions.f:x" + kKimiArg + "{}").ok());
+  EXPECT_FALSE(parse_kimi_k2_call("functions.:0" + kKimiArg + "{}").ok());
+  EXPECT_FALSE(parse_kimi_k2_call("functions.f:0" + kKimiArg + "\"s\"").ok());
   auto unknown = ToolParser::create("hermes", 0);
   ASSERT_FALSE(unknown.ok());
   EXPECT_NE(unknown.status().message().find("'hermes'"), std::string::npos);
