@@ -24,6 +24,7 @@
 #include "base/bf16.h"
 #include "base/thread_pool.h"
 #include "int4_tensors.h"
+#include "kernels/cpu/int4_matrix.h"
 #include "kernels/cpu/linear.h"
 #include "model/int4_weights.h"
 #include "model/safetensors.h"
