@@ -27,6 +27,7 @@
 
 #include "base/bf16.h"
 #include "base/thread_pool.h"
+#include "kernels/cpu/int4_matrix.h"
 #include "kernels/cpu/linear.h"
 #include "mkmodel/mkmodel.h"
 #include "model/deepseek_v3/deepseek_v3.h"
