@@ -85,8 +85,9 @@ TEST(Registry, LoadsTheArchitectureNamedByModelType) {
   EXPECT_EQ(kv.planes[0].elements, 96);
   EXPECT_EQ(kv.planes[0].row_bytes, 112 * 4);
   EXPECT_EQ(kv.planes[1].elements, 16);
-  EXPECT_EQ(supported_model_types(), (std::vector<std::string>{"deepseek_v3", "kimi_k2",
-                                                                "deepseek_v2", "xds_scripted"}));
+  EXPECT_EQ(supported_model_types(),
+            (std::vector<std::string>{"deepseek_v3", "kimi_k2", "deepseek_v2", "qwen3_moe",
+                                      "xds_scripted"}));
   // load_model_info reads the same facts from the config files alone.
   const auto light = load_model_info(tiny_dir());
   ASSERT_TRUE(light.ok()) << light.status().to_string();
@@ -106,13 +107,13 @@ TEST(Registry, LoadsTheArchitectureNamedByModelType) {
 
 TEST(Registry, UnknownOrMissingTypesAreClearErrors) {
   const std::string root = (std::filesystem::temp_directory_path() / "xds_registry").string();
-  write_config(root + "/qwen", R"({"model_type": "qwen3_moe"})");
-  const auto unknown = load_causal_lm(root + "/qwen", {});
+  write_config(root + "/glm", R"({"model_type": "glm4_moe"})");
+  const auto unknown = load_causal_lm(root + "/glm", {});
   ASSERT_FALSE(unknown.ok());
   EXPECT_EQ(unknown.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(unknown.status().message().find("'model_type': 'qwen3_moe' is not supported "
+  EXPECT_NE(unknown.status().message().find("'model_type': 'glm4_moe' is not supported "
                                             "(supported: deepseek_v3, kimi_k2, deepseek_v2, "
-                                            "xds_scripted)"),
+                                            "qwen3_moe, xds_scripted)"),
             std::string::npos)
       << unknown.status().message();
   write_config(root + "/arch", R"({"architectures": ["DeepseekV3ForCausalLM"]})");
