@@ -3,8 +3,6 @@
 #include <algorithm>
 #include <cstring>
 #include <optional>
-#include <system_error>
-#include <thread>
 
 #include "base/grow.h"
 #include "base/log.h"
@@ -16,6 +14,7 @@
 #include "model/deepseek_v3/deepseek_v3_batch.h"
 #include "model/linear_runner.h"
 #include "model/local_moe.h"
+#include "model/model_runtime.h"
 #include "model/moe_routing.h"
 #include "model/safetensors.h"
 #include "model/shared_mlp_overlap.h"
@@ -102,19 +101,10 @@ Result<std::unique_ptr<DeepseekV3Model>> DeepseekV3Model::load(const std::string
         options.compute == ComputeDType::kBF16 ? "bf16" : "f32",
         kernels::absorbed_bf16_available() ? "available" : "not available");
   }
-  const int threads = options.threads > 0
-                          ? options.threads
-                          : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  try {
-    m->pool_ = std::make_unique<ThreadPool>(threads);
-  } catch (const std::system_error& e) {
-    return resource_exhausted("{}: could not start {} worker threads: {}", dir, threads, e.what());
-  }
-  XDS_ASSIGN_OR_RETURN(Checkpoint ckpt, Checkpoint::open(dir));
-  m->checkpoint_ = std::make_unique<Checkpoint>(std::move(ckpt));
-  RepackOptions repack;
-  repack.pool = m->pool_.get();
-  m->store_ = std::make_unique<RepackCache>(repack);
+  XDS_ASSIGN_OR_RETURN(ModelRuntime rt, open_model_runtime(dir, options));
+  m->pool_ = std::move(rt.pool);
+  m->checkpoint_ = std::move(rt.checkpoint);
+  m->store_ = std::move(rt.store);
   XDS_ASSIGN_OR_RETURN(m->weights_,
                        bind_deepseek_v3_weights(m->config_, *m->checkpoint_, *m->store_));
   m->store_->finish_progress();

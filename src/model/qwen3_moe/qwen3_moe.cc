@@ -2,8 +2,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <system_error>
-#include <thread>
 
 #include "base/bf16.h"
 #include "base/grow.h"
@@ -12,6 +10,7 @@
 #include "model/config_json.h"
 #include "model/gqa_kv.h"
 #include "model/local_moe.h"
+#include "model/model_runtime.h"
 #include "model/moe_routing.h"
 #include "model/safetensors.h"
 #include "model/weights.h"
@@ -93,19 +92,10 @@ Result<std::unique_ptr<Qwen3MoeModel>> Qwen3MoeModel::load(const std::string& di
   XDS_ASSIGN_OR_RETURN(m->config_, load_qwen3_moe_config(dir));
   const Qwen3MoeConfig& c = m->config_;
   m->options_ = options;
-  const int threads = options.threads > 0
-                          ? options.threads
-                          : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  try {
-    m->pool_ = std::make_unique<ThreadPool>(threads);
-  } catch (const std::system_error& e) {
-    return resource_exhausted("{}: could not start {} worker threads: {}", dir, threads, e.what());
-  }
-  XDS_ASSIGN_OR_RETURN(Checkpoint ckpt, Checkpoint::open(dir));
-  m->checkpoint_ = std::make_unique<Checkpoint>(std::move(ckpt));
-  RepackOptions repack;
-  repack.pool = m->pool_.get();
-  m->store_ = std::make_unique<RepackCache>(repack);
+  XDS_ASSIGN_OR_RETURN(ModelRuntime rt, open_model_runtime(dir, options));
+  m->pool_ = std::move(rt.pool);
+  m->checkpoint_ = std::move(rt.checkpoint);
+  m->store_ = std::move(rt.store);
   XDS_ASSIGN_OR_RETURN(m->weights_, bind_qwen3_moe_weights(c, *m->checkpoint_, *m->store_));
   m->store_->finish_progress();
   m->rope_ = std::make_unique<RopeTable>(rope_params(c));
