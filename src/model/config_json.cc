@@ -92,4 +92,24 @@ std::string checkpoint_name(const std::string& dir) {
   return path.filename().string();
 }
 
+Status cross_error(std::string_view source, std::string_view key, std::string_view expected,
+                   int64_t value) {
+  return invalid_argument("{}: field '{}': expected {}, found {}", source, key, expected, value);
+}
+
+Status check_token_ids(std::string_view source, const std::vector<int64_t>& eos_token_ids,
+                       const std::optional<int64_t>& bos_token_id, int64_t vocab_size) {
+  for (int64_t id : eos_token_ids) {
+    if (id >= vocab_size) {
+      return cross_error(source, "eos_token_id", fmt::format("ids < vocab_size ({})", vocab_size),
+                         id);
+    }
+  }
+  if (bos_token_id && *bos_token_id >= vocab_size) {
+    return cross_error(source, "bos_token_id", fmt::format("an id < vocab_size ({})", vocab_size),
+                       *bos_token_id);
+  }
+  return {};
+}
+
 }  // namespace xds::config_json

@@ -32,6 +32,31 @@ Result<int64_t> get_int(std::string_view source, std::string_view key, const jso
 Result<std::vector<int64_t>> get_token_ids(std::string_view source, std::string_view key,
                                            const json& v);
 
+// InvalidArgument "<source>: field '<key>': expected <expected>, found <value>", for checks
+// across fields (the value already parsed).
+Status cross_error(std::string_view source, std::string_view key, std::string_view expected,
+                   int64_t value);
+
+// The eos and bos ids inside the vocabulary; `source` names the file that set them.
+Status check_token_ids(std::string_view source, const std::vector<int64_t>& eos_token_ids,
+                       const std::optional<int64_t>& bos_token_id, int64_t vocab_size);
+
+// Field parsers for any config with `std::optional<int64_t> bos_token_id` and
+// `std::vector<int64_t> eos_token_ids`: bos null or an id >= 0; eos as get_token_ids.
+template <class Config>
+Status parse_bos(std::string_view source, std::string_view key, const json& v, Config& c) {
+  if (v.is_null()) return {};
+  XDS_ASSIGN_OR_RETURN(int64_t id, get_int(source, key, v, 0));
+  c.bos_token_id = id;
+  return {};
+}
+
+template <class Config>
+Status parse_eos(std::string_view source, std::string_view key, const json& v, Config& c) {
+  XDS_ASSIGN_OR_RETURN(c.eos_token_ids, get_token_ids(source, key, v));
+  return {};
+}
+
 // `text` parsed as a JSON object; InvalidArgument naming `source` otherwise.
 Result<json> parse_object(const std::string& text, const std::string& source);
 

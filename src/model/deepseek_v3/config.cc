@@ -19,6 +19,7 @@ namespace {
 
 using json = nlohmann::json;
 using Config = DeepseekV3Config;
+using config_json::cross_error;
 using config_json::field_error;
 using config_json::get_int;
 
@@ -73,18 +74,6 @@ Status parse_q_lora_rank(std::string_view source, std::string_view key, const js
     return field_error(source, key, fmt::format("an integer in [1, {}] or null", kMaxWidth), v);
   }
   c.q_lora_rank = *rank;
-  return {};
-}
-
-Status parse_bos(std::string_view source, std::string_view key, const json& v, Config& c) {
-  if (v.is_null()) return {};
-  XDS_ASSIGN_OR_RETURN(int64_t id, get_int(source, key, v, 0));
-  c.bos_token_id = id;
-  return {};
-}
-
-Status parse_eos(std::string_view source, std::string_view key, const json& v, Config& c) {
-  XDS_ASSIGN_OR_RETURN(c.eos_token_ids, config_json::get_token_ids(source, key, v));
   return {};
 }
 
@@ -309,29 +298,9 @@ constexpr FieldSpec kFields[] = {
     {"quantization_config", false, parse_quantization},
     {"hidden_act", false, parse_hidden_act},
     {"attention_bias", false, parse_attention_bias},
-    {"bos_token_id", false, parse_bos},
-    {"eos_token_id", false, parse_eos},
+    {"bos_token_id", false, config_json::parse_bos<Config>},
+    {"eos_token_id", false, config_json::parse_eos<Config>},
 };
-
-Status cross_error(std::string_view source, std::string_view key, std::string_view expected,
-                   int64_t value) {
-  return invalid_argument("{}: field '{}': expected {}, found {}", source, key, expected, value);
-}
-
-// The eos and bos ids inside the vocabulary; `source` names the file that set them.
-Status check_token_ids(std::string_view source, const Config& c) {
-  for (int64_t id : c.eos_token_ids) {
-    if (id >= c.vocab_size) {
-      return cross_error(source, "eos_token_id", fmt::format("ids < vocab_size ({})", c.vocab_size),
-                         id);
-    }
-  }
-  if (c.bos_token_id && *c.bos_token_id >= c.vocab_size) {
-    return cross_error(source, "bos_token_id", fmt::format("an id < vocab_size ({})", c.vocab_size),
-                       *c.bos_token_id);
-  }
-  return {};
-}
 
 // DeepSeek-V2's MoEGate computes softmax scores only and knows greedy and
 // group_limited_greedy; it has no MTP layers.
@@ -408,7 +377,7 @@ Status validate_cross_fields(std::string_view source, const Config& c) {
                        fmt::format("<= num_hidden_layers ({})", c.num_hidden_layers),
                        c.first_k_dense_replace);
   }
-  return check_token_ids(source, c);
+  return config_json::check_token_ids(source, c.eos_token_ids, c.bos_token_id, c.vocab_size);
 }
 
 }  // namespace
@@ -444,7 +413,8 @@ Result<DeepseekV3Config> load_deepseek_v3_config(const std::string& dir) {
   XDS_ASSIGN_OR_RETURN(const std::string gen_path,
                        config_json::apply_generation_config(dir, c.eos_token_ids, c.bos_token_id));
   if (gen_path.empty()) return c;
-  XDS_RETURN_IF_ERROR(check_token_ids(gen_path, c));
+  XDS_RETURN_IF_ERROR(
+      config_json::check_token_ids(gen_path, c.eos_token_ids, c.bos_token_id, c.vocab_size));
   return c;
 }
 

@@ -21,6 +21,7 @@ namespace {
 
 using json = nlohmann::json;
 using Config = Qwen3MoeConfig;
+using config_json::cross_error;
 using config_json::field_error;
 using config_json::get_int;
 
@@ -77,18 +78,6 @@ Status parse_mlp_only_layers(std::string_view source, std::string_view key, cons
     }
     c.mlp_only_layers.push_back(e.get<int64_t>());
   }
-  return {};
-}
-
-Status parse_bos(std::string_view source, std::string_view key, const json& v, Config& c) {
-  if (v.is_null()) return {};
-  XDS_ASSIGN_OR_RETURN(int64_t id, get_int(source, key, v, 0));
-  c.bos_token_id = id;
-  return {};
-}
-
-Status parse_eos(std::string_view source, std::string_view key, const json& v, Config& c) {
-  XDS_ASSIGN_OR_RETURN(c.eos_token_ids, config_json::get_token_ids(source, key, v));
   return {};
 }
 
@@ -202,28 +191,9 @@ constexpr FieldSpec kFields[] = {
     {"attention_bias", false, parse_false},
     {"use_sliding_window", false, parse_false},
     {"quantization_config", false, parse_quantization},
-    {"bos_token_id", false, parse_bos},
-    {"eos_token_id", false, parse_eos},
+    {"bos_token_id", false, config_json::parse_bos<Config>},
+    {"eos_token_id", false, config_json::parse_eos<Config>},
 };
-
-Status cross_error(std::string_view source, std::string_view key, std::string_view expected,
-                   int64_t value) {
-  return invalid_argument("{}: field '{}': expected {}, found {}", source, key, expected, value);
-}
-
-Status check_token_ids(std::string_view source, const Config& c) {
-  for (int64_t id : c.eos_token_ids) {
-    if (id >= c.vocab_size) {
-      return cross_error(source, "eos_token_id", fmt::format("ids < vocab_size ({})", c.vocab_size),
-                         id);
-    }
-  }
-  if (c.bos_token_id && *c.bos_token_id >= c.vocab_size) {
-    return cross_error(source, "bos_token_id", fmt::format("an id < vocab_size ({})", c.vocab_size),
-                       *c.bos_token_id);
-  }
-  return {};
-}
 
 Status validate_cross_fields(std::string_view source, const json& j, Config& c) {
   if (!j.contains("architectures") && !j.contains("model_type")) {
@@ -264,7 +234,7 @@ Status validate_cross_fields(std::string_view source, const json& j, Config& c) 
   if (c.rope_scaling && c.rope_scaling->original_max_position_embeddings == 0) {
     c.rope_scaling->original_max_position_embeddings = c.max_position_embeddings;
   }
-  return check_token_ids(source, c);
+  return config_json::check_token_ids(source, c.eos_token_ids, c.bos_token_id, c.vocab_size);
 }
 
 }  // namespace
@@ -300,7 +270,8 @@ Result<Qwen3MoeConfig> load_qwen3_moe_config(const std::string& dir) {
   XDS_ASSIGN_OR_RETURN(const std::string gen_path,
                        config_json::apply_generation_config(dir, c.eos_token_ids, c.bos_token_id));
   if (gen_path.empty()) return c;
-  XDS_RETURN_IF_ERROR(check_token_ids(gen_path, c));
+  XDS_RETURN_IF_ERROR(
+      config_json::check_token_ids(gen_path, c.eos_token_ids, c.bos_token_id, c.vocab_size));
   return c;
 }
 
