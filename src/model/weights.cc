@@ -89,6 +89,47 @@ RepackCache::RepackCache(RepackOptions opts) : opts_(std::move(opts)) {
 
 RepackCache::~RepackCache() {
   finish_progress();
+  for (const RepackBundle::Range& r : bundle_ranges_) {
+    if (r.bytes > 0) ::munmap(r.base, r.bytes);
+  }
+}
+
+Status RepackCache::bind_bundle(std::string_view name, const std::function<Status()>& bind) {
+  if (in_bundle_) {
+    return internal_error("repack cache: bundle '{}' opened inside bundle '{}'", name,
+                          bundle_name_);
+  }
+  in_bundle_ = true;
+  bundle_name_ = name;
+  const Status bound = bind();
+  in_bundle_ = false;
+  std::unique_ptr<RepackBundle> bundle = std::move(bundle_);
+  XDS_RETURN_IF_ERROR(bound);
+  if (bundle == nullptr) return {};  // nothing inside went through the cache
+  XDS_ASSIGN_OR_RETURN(RepackBundle::Range range, bundle->finish());
+  bundle_ranges_.push_back(range);
+  return {};
+}
+
+Result<const std::byte*> RepackCache::get_or_create_in_bundle(
+    const std::string& key, size_t nbytes, const std::function<Status(std::byte*)>& fill) {
+  if (bundle_ == nullptr) {
+    std::error_code ec;
+    std::filesystem::create_directories(dir_, ec);
+    if (ec) {
+      return internal_error("repack cache {}: cannot create the directory: {}", dir_,
+                            ec.message());
+    }
+    if (!swept_) remove_stale_temporaries();
+    XDS_ASSIGN_OR_RETURN(bundle_,
+                         RepackBundle::open(fmt::format("{}/{:016x}.xrb", dir_,
+                                                        fnv1a64("bundle|" + bundle_name_ + "|" +
+                                                                key))));
+  }
+  bool reused = false;
+  XDS_ASSIGN_OR_RETURN(const std::byte* p, bundle_->get_or_create(key, nbytes, fill, &reused));
+  ++(reused ? stats_.files_reused : stats_.files_written);
+  return p;
 }
 
 std::string RepackCache::path_for_key(const std::string& key) const {
@@ -112,6 +153,7 @@ const std::byte* RepackCache::map_existing(const std::string& path, const std::s
 
 Result<const std::byte*> RepackCache::get_or_create(const std::string& key, size_t nbytes,
                                                     const std::function<Status(std::byte*)>& fill) {
+  if (in_bundle_) return get_or_create_in_bundle(key, nbytes, fill);
   const std::string path = path_for_key(key);
   if (const std::byte* p = map_existing(path, key, nbytes)) {
     ++stats_.files_reused;
@@ -179,7 +221,8 @@ void RepackCache::remove_stale_temporaries() {
   std::error_code ec;
   for (const auto& entry : std::filesystem::directory_iterator(dir_, ec)) {
     const std::string name = entry.path().filename().string();
-    const size_t at = name.find(".xrp.tmp.");
+    size_t at = name.find(".xrp.tmp.");
+    if (at == std::string::npos) at = name.find(".xrb.tmp.");  // a bundle (repack_bundle.h)
     if (at == std::string::npos) continue;
     const char* pid_text = name.c_str() + at + 9;
     char* end = nullptr;

@@ -23,6 +23,7 @@
 
 #include "base/status.h"
 #include "base/thread_pool.h"
+#include "model/repack_bundle.h"
 #include "model/safetensors.h"
 #include "tensor/matrix.h"
 
@@ -66,6 +67,12 @@ class RepackCache {
   // then renames it into place. Returns the read-only payload.
   Result<const std::byte*> get_or_create(const std::string& key, size_t nbytes,
                                          const std::function<Status(std::byte*)>& fill);
+  // Binds a group of matrices — one MoE layer's routed experts — into one bundle file
+  // (model/repack_bundle.h): every get_or_create that bind() makes goes into the bundle,
+  // whose payloads are then mapped together in 2 MB pages, however small each is. `name`
+  // says what the group is; the file is found by the name and the first payload's key. Not
+  // nested. On an error the payloads bound inside are unmapped (the bind failed anyway).
+  Status bind_bundle(std::string_view name, const std::function<Status()>& bind);
   // Keeps `v` alive for the cache's lifetime and returns a view of it.
   std::span<const float> keep(std::vector<float> v);
 
@@ -82,7 +89,13 @@ class RepackCache {
   // Removes `<hash>.xrp.tmp.<pid>.*` files whose writer process no longer exists (killed while
   // repacking); once per cache, before its first write.
   void remove_stale_temporaries();
+  Result<const std::byte*> get_or_create_in_bundle(const std::string& key, size_t nbytes,
+                                                   const std::function<Status(std::byte*)>& fill);
   bool swept_ = false;
+  bool in_bundle_ = false;
+  std::string bundle_name_;
+  std::unique_ptr<RepackBundle> bundle_;             // opened at the bundle's first payload
+  std::vector<RepackBundle::Range> bundle_ranges_;  // finished bundles, unmapped at the end
 
   RepackOptions opts_;
   std::string dir_;

@@ -133,11 +133,15 @@ class Binder {
       XDS_ASSIGN_OR_RETURN(moe.score_bias, vec(bias, c_.n_routed_experts));
     }
     moe.experts.reserve(static_cast<size_t>(c_.n_routed_experts));
-    for (int64_t e = 0; e < c_.n_routed_experts; ++e) {
-      XDS_ASSIGN_OR_RETURN(MlpWeights m,
-                           mlp(fmt::format("{}.mlp.experts.{}", p, e), c_.moe_intermediate_size));
-      moe.experts.push_back(m);
-    }
+    // One bundle per layer: experts smaller than 2 MB still stream from 2 MB pages.
+    XDS_RETURN_IF_ERROR(store_.bind_bundle(p + ".mlp.experts", [&]() -> Status {
+      for (int64_t e = 0; e < c_.n_routed_experts; ++e) {
+        XDS_ASSIGN_OR_RETURN(
+            MlpWeights m, mlp(fmt::format("{}.mlp.experts.{}", p, e), c_.moe_intermediate_size));
+        moe.experts.push_back(m);
+      }
+      return {};
+    }));
     if (c_.n_shared_experts > 0) {
       XDS_ASSIGN_OR_RETURN(moe.shared, mlp(p + ".mlp.shared_experts",
                                            c_.n_shared_experts * c_.moe_intermediate_size));

@@ -51,11 +51,15 @@ class Binder {
     MoeWeights moe;
     XDS_ASSIGN_OR_RETURN(moe.router, linear(p + ".mlp.gate.weight", c_.num_experts, d));
     moe.experts.reserve(static_cast<size_t>(c_.num_experts));
-    for (int64_t e = 0; e < c_.num_experts; ++e) {
-      XDS_ASSIGN_OR_RETURN(MlpWeights m,
-                           mlp(fmt::format("{}.mlp.experts.{}", p, e), c_.moe_intermediate_size));
-      moe.experts.push_back(m);
-    }
+    // One bundle per layer: experts smaller than 2 MB still stream from 2 MB pages.
+    XDS_RETURN_IF_ERROR(store_.bind_bundle(p + ".mlp.experts", [&]() -> Status {
+      for (int64_t e = 0; e < c_.num_experts; ++e) {
+        XDS_ASSIGN_OR_RETURN(
+            MlpWeights m, mlp(fmt::format("{}.mlp.experts.{}", p, e), c_.moe_intermediate_size));
+        moe.experts.push_back(m);
+      }
+      return {};
+    }));
     l.moe = std::move(moe);
     return l;
   }
