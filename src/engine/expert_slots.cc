@@ -1,5 +1,7 @@
 #include "engine/expert_slots.h"
 
+#include "tensor/matrix_parts.h"
+
 #include <algorithm>
 #include <cstring>
 
@@ -12,35 +14,43 @@ int64_t align_up(int64_t v) {
   return (v + kAlign - 1) / kAlign * kAlign;
 }
 
-int64_t scale_bytes(const MatrixRef& m) {
-  return m.scales != nullptr ? m.stored_panels() * m.scale_blocks() * int64_t{4} : 0;
-}
-
+// A matrix's arrays (tensor/matrix_parts.h) one after the other, each 64-byte aligned:
+// payload | scales | zero points | correction (the ones it has).
 int64_t matrix_bytes(const MatrixRef& m) {
-  return align_up(m.bytes()) + align_up(scale_bytes(m));
+  const MatrixParts p = matrix_parts(m);
+  return align_up(p.data) + align_up(p.scales) + align_up(p.zero) + align_up(p.correction);
 }
 
 int64_t mlp_bytes(const MlpWeights& w) {
   return matrix_bytes(w.gate_proj) + matrix_bytes(w.up_proj) + matrix_bytes(w.down_proj);
 }
 
-// Copies `src` to `at` (payload, then scales); returns the view and advances `at`.
-MatrixRef copy_matrix(const MatrixRef& src, std::byte*& at) {
-  MatrixRef m = src;
-  std::memcpy(at, src.data, size_t(src.bytes()));
-  m.data = at;
-  at += align_up(src.bytes());
-  if (src.scales != nullptr) {
-    std::memcpy(at, src.scales, size_t(scale_bytes(src)));
-    m.scales = reinterpret_cast<const float*>(at);
-    at += align_up(scale_bytes(src));
-  }
+// The matrix `shape` with its arrays at `at` in the order matrix_bytes() lays them out;
+// advances `at` past them. With `src`, copies src's arrays there first.
+MatrixRef place_matrix(const MatrixRef& shape, std::byte*& at, const MatrixRef* src) {
+  const MatrixParts p = matrix_parts(shape);
+  auto place = [&](const void* from, int64_t bytes) -> const std::byte* {
+    if (bytes == 0) return nullptr;
+    std::byte* here = at;
+    if (src != nullptr) std::memcpy(here, from, size_t(bytes));
+    at += align_up(bytes);
+    return here;
+  };
+  MatrixRef m = shape;
+  m.data = place(src ? src->data : nullptr, p.data);
+  m.scales = reinterpret_cast<const float*>(place(src ? src->scales : nullptr, p.scales));
+  m.zero = reinterpret_cast<const uint8_t*>(place(src ? src->zero : nullptr, p.zero));
+  m.correction =
+      reinterpret_cast<const int32_t*>(place(src ? src->correction : nullptr, p.correction));
   return m;
 }
 
 bool same_shape(const MatrixRef& a, const MatrixRef& b) {
   return a.dtype == b.dtype && a.rows == b.rows && a.cols == b.cols && a.layout == b.layout &&
-         (a.scales != nullptr) == (b.scales != nullptr) && a.scale_shift == b.scale_shift;
+         (a.scales != nullptr) == (b.scales != nullptr) && a.scale_shift == b.scale_shift &&
+         (a.zero != nullptr) == (b.zero != nullptr) &&
+         (a.correction != nullptr) == (b.correction != nullptr) &&
+         a.group_cols == b.group_cols && a.int8_activations == b.int8_activations;
 }
 
 }  // namespace
@@ -95,9 +105,9 @@ Status ExpertSlotStore::stage(int64_t row, int s, int logical, const MlpWeights&
     return invalid_argument("expert slots: expert {} of row {} differs in shape from expert 0",
                             logical, row);
   std::byte* at = staging_bank_.as<std::byte>() + p->offset;
-  (void)copy_matrix(src.gate_proj, at);
-  (void)copy_matrix(src.up_proj, at);
-  (void)copy_matrix(src.down_proj, at);
+  (void)place_matrix(src.gate_proj, at, &src.gate_proj);
+  (void)place_matrix(src.up_proj, at, &src.up_proj);
+  (void)place_matrix(src.down_proj, at, &src.down_proj);
   p->staged = logical;
   return Status::ok_status();
 }
@@ -110,21 +120,10 @@ Result<const MlpWeights*> ExpertSlotStore::commit(int64_t row, int s, int* logic
   std::memcpy(slots_bank_.as<std::byte>() + p->offset, staging_bank_.as<std::byte>() + p->offset,
               size_t(n));
   // Views into the slot bank: the layout stage() wrote.
-  std::byte* base = slots_bank_.as<std::byte>() + p->offset;
-  auto view = [&](const MatrixRef& shape, int64_t& off) {
-    MatrixRef m = shape;
-    m.data = base + off;
-    off += align_up(shape.bytes());
-    if (shape.scales != nullptr) {
-      m.scales = reinterpret_cast<const float*>(base + off);
-      off += align_up(scale_bytes(shape));
-    }
-    return m;
-  };
-  int64_t off = 0;
-  p->slot.gate_proj = view(p->shape.gate_proj, off);
-  p->slot.up_proj = view(p->shape.up_proj, off);
-  p->slot.down_proj = view(p->shape.down_proj, off);
+  std::byte* at = slots_bank_.as<std::byte>() + p->offset;
+  p->slot.gate_proj = place_matrix(p->shape.gate_proj, at, nullptr);
+  p->slot.up_proj = place_matrix(p->shape.up_proj, at, nullptr);
+  p->slot.down_proj = place_matrix(p->shape.down_proj, at, nullptr);
   p->held = p->staged;
   p->staged = -1;
   if (logical != nullptr) *logical = p->held;

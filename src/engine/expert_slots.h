@@ -4,13 +4,14 @@
 // Every MoE layer (rows in the exchange's moe_layers() order) has S redundant slots; each
 // holds one routed expert of that layer: gate_proj [I, D], up_proj [I, D], down_proj [D, I]
 // in the checkpoint's dtype and layout (the same MatrixRef shape as the model's own copy,
-// FP8 scales included). Two banks of the same shape are reserved (and every page written) at
+// with every array it points to: FP8 scales, int8 scales and corrections, int4 scales, zero
+// points and column order; tensor/matrix_parts.h). Two banks of the same shape are reserved (and every page written) at
 // creation, so running out of memory is an error at start, not during a rebalance:
 //
 //   bank b ∈ {slots, staging}, piece (row, s):  base_b + (row · S + s) · slot_bytes(row)…
 //   (precisely: offsets are prefix sums of slot_bytes over (row, s) in row-major order)
-//   inside a piece, 64-byte aligned:  gate payload | gate scales | up payload | up scales |
-//                                     down payload | down scales
+//   inside a piece, 64-byte aligned:  gate payload | gate scales | gate zero | gate correction
+//                                     | the same for up | the same for down   (those it has)
 //
 // Phase 1 of a reconfiguration ("prefetch") copies an expert's weights from the loaded model
 // into the staging piece (ReplicaLoader::load); phase 3 ("load") copies staging into the slot
