@@ -9,7 +9,8 @@ namespace xds::env {
 namespace {
 
 constexpr std::string_view kLogLevel = "XDS_LOG_LEVEL", kWeightLayout = "XDS_WEIGHT_LAYOUT",
-                           kCacheDir = "XDS_CACHE_DIR", kHome = "HOME",
+                           kCacheDir = "XDS_CACHE_DIR", kCacheMaxGb = "XDS_CACHE_MAX_GB",
+                           kHome = "HOME",
                            kOpenblasCoretype = "OPENBLAS_CORETYPE",
                            kEplbFailLoad = "XDS_EPLB_FAIL_LOAD";
 
@@ -20,6 +21,9 @@ constexpr std::array kVariables = {
              "otherwise they are repacked into panels"},
     Variable{kCacheDir, "$HOME/.cache/xdeepserve/repack (/tmp/xdeepserve-repack without HOME)",
              "folder of the repacked weight files"},
+    Variable{kCacheMaxGb, "(no limit but the disk's)",
+             "size limit of the repack folder in GB; the least recently used files are removed "
+             "to stay under it and to keep 5 % of the disk free"},
     Variable{kHome, "(none)", "parent of the default repack folder"},
     Variable{kOpenblasCoretype, "(OpenBLAS's own choice)",
              "OpenBLAS kernel family; where unset, a CPU that OpenBLAS under-detects is re-run "
@@ -58,6 +62,10 @@ std::string weight_layout() {
 
 std::optional<std::string> cache_dir() {
   return read_non_empty(kCacheDir);
+}
+
+std::optional<std::string> cache_max_gb() {
+  return read_non_empty(kCacheMaxGb);
 }
 
 std::optional<std::string> home() {

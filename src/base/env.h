@@ -35,6 +35,9 @@ std::string weight_layout();
 // XDS_CACHE_DIR: the folder of repacked weight files, where set and not empty.
 std::optional<std::string> cache_dir();
 
+// XDS_CACHE_MAX_GB: the repack folder's size limit in GB (least recently used files are
+// removed to stay under it), where set and not empty; the text as set (the cache parses it).
+std::optional<std::string> cache_max_gb();
 // HOME: the user's home folder, where set and not empty (the repack cache's default parent).
 std::optional<std::string> home();
 

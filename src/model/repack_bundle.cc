@@ -158,6 +158,13 @@ Result<const std::byte*> RepackBundle::get_or_create(const std::string& key, siz
   return base_ + offset;
 }
 
+size_t RepackBundle::bytes_to_write() const {
+  if (!building_ || used_ == 0) return 0;
+  size_t index = 0;
+  for (const Entry& e : bound_) index += index_entry_bytes(e.key.size());
+  return align_up(used_, 64) + index + kFooterBytes;
+}
+
 Status RepackBundle::write_file() const {
   std::string tmp = fmt::format("{}.tmp.{}.XXXXXX", path_, ::getpid());
   const int fd = ::mkstemp(tmp.data());

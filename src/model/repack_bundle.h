@@ -60,6 +60,10 @@ class RepackBundle {
   // returns the range (trimmed to the payloads, in 2 MB pages).
   Result<Range> finish();
 
+  const std::string& path() const { return path_; }
+  // Bytes finish() will write: the whole file when this run filled anything, else 0.
+  size_t bytes_to_write() const;
+
  private:
   struct Entry {
     std::string key;

@@ -3,18 +3,21 @@
 #include "base/env.h"
 #include "base/hash.h"
 #include "base/huge_page_buffer.h"
+#include "base/log.h"
 #include "kernels/cpu/linear_panels.h"
 
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <bit>
 #include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -106,8 +109,11 @@ Status RepackCache::bind_bundle(std::string_view name, const std::function<Statu
   std::unique_ptr<RepackBundle> bundle = std::move(bundle_);
   XDS_RETURN_IF_ERROR(bound);
   if (bundle == nullptr) return {};  // nothing inside went through the cache
+  const size_t writes = bundle->bytes_to_write();
+  if (writes > 0) XDS_RETURN_IF_ERROR(make_room(writes));
   XDS_ASSIGN_OR_RETURN(RepackBundle::Range range, bundle->finish());
   bundle_ranges_.push_back(range);
+  if (writes > 0) note_written(bundle->path(), writes);
   return {};
 }
 
@@ -125,6 +131,7 @@ Result<const std::byte*> RepackCache::get_or_create_in_bundle(
                          RepackBundle::open(fmt::format("{}/{:016x}.xrb", dir_,
                                                         fnv1a64("bundle|" + bundle_name_ + "|" +
                                                                 key))));
+    note_in_use(bundle_->path());
   }
   bool reused = false;
   XDS_ASSIGN_OR_RETURN(const std::byte* p, bundle_->get_or_create(key, nbytes, fill, &reused));
@@ -157,6 +164,7 @@ Result<const std::byte*> RepackCache::get_or_create(const std::string& key, size
   const std::string path = path_for_key(key);
   if (const std::byte* p = map_existing(path, key, nbytes)) {
     ++stats_.files_reused;
+    note_in_use(path);
     return p;
   }
   std::error_code ec;
@@ -164,6 +172,7 @@ Result<const std::byte*> RepackCache::get_or_create(const std::string& key, size
   if (ec)
     return internal_error("repack cache {}: cannot create the directory: {}", dir_, ec.message());
   if (!swept_) remove_stale_temporaries();
+  XDS_RETURN_IF_ERROR(make_room(payload_offset(key.size()) + nbytes));
   // The writer's pid in the name lets a later loader tell a dead writer's leftover from a
   // file another live process is still filling.
   std::string tmp = fmt::format("{}.tmp.{}.XXXXXX", path, ::getpid());
@@ -213,7 +222,80 @@ Result<const std::byte*> RepackCache::get_or_create(const std::string& key, size
     return internal_error("repack cache: {} is not readable right after writing it", path);
   }
   ++stats_.files_written;
+  note_written(path, total);
   return p;
+}
+
+namespace {
+
+// The cache folder's repack files (single and bundles), with sizes and mtimes.
+std::vector<RepackFile> list_repack_files(const std::string& dir) {
+  std::vector<RepackFile> out;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (!name.ends_with(".xrp") && !name.ends_with(".xrb")) continue;
+    struct stat st {};
+    if (::stat(entry.path().c_str(), &st) != 0) continue;
+    out.push_back({name, static_cast<uint64_t>(st.st_size),
+                   int64_t{st.st_mtim.tv_sec} * 1'000'000'000 + st.st_mtim.tv_nsec});
+  }
+  return out;
+}
+
+std::string file_name(const std::string& path) {
+  return std::filesystem::path(path).filename().string();
+}
+
+}  // namespace
+
+void RepackCache::note_in_use(const std::string& path) {
+  in_use_.insert(file_name(path));
+  (void)::utimensat(AT_FDCWD, path.c_str(), nullptr, 0);  // last use: now
+}
+
+void RepackCache::note_written(const std::string& path, uint64_t bytes) {
+  const std::string name = file_name(path);
+  in_use_.insert(name);
+  if (!listing_) return;
+  std::erase_if(*listing_, [&](const RepackFile& f) { return f.name == name; });
+  const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                          std::chrono::system_clock::now().time_since_epoch())
+                          .count();
+  listing_->push_back({name, bytes, now});
+}
+
+Status RepackCache::make_room(uint64_t bytes) {
+  RepackLimits limits;
+  if (std::optional<std::string> gb = env::cache_max_gb()) {
+    char* end = nullptr;
+    const double v = std::strtod(gb->c_str(), &end);
+    if (end == gb->c_str() || *end != '\0' || !std::isfinite(v) || v <= 0) {
+      return invalid_argument("XDS_CACHE_MAX_GB='{}' is not a positive number of GB", *gb);
+    }
+    limits.folder_limit = static_cast<uint64_t>(v * double(uint64_t{1} << 30));
+  }
+  struct statvfs fs {};
+  if (::statvfs(dir_.c_str(), &fs) == 0) {
+    limits.disk_free = uint64_t{fs.f_bavail} * fs.f_frsize;
+    limits.keep_free = uint64_t{fs.f_blocks} * fs.f_frsize / 20;
+  }
+  if (!listing_) listing_ = list_repack_files(dir_);
+  const std::vector<std::string> victims =
+      choose_repack_evictions(*listing_, bytes, limits, in_use_);
+  if (victims.empty()) return {};
+  uint64_t freed = 0;
+  const std::unordered_set<std::string> removed(victims.begin(), victims.end());
+  for (const RepackFile& f : *listing_) {
+    if (!removed.contains(f.name)) continue;
+    if (::unlink((dir_ + "/" + f.name).c_str()) == 0) freed += f.bytes;
+  }
+  std::erase_if(*listing_, [&](const RepackFile& f) { return removed.contains(f.name); });
+  XDS_LOG_INFO("repack cache {}: removed {} least recently used files ({:.2f} GB) to make room "
+               "for {:.3f} GB",
+               dir_, victims.size(), double(freed) / double(1 << 30),
+               double(bytes) / double(1 << 30));
+  return {};
 }
 
 void RepackCache::remove_stale_temporaries() {

@@ -17,13 +17,16 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #include "base/status.h"
 #include "base/thread_pool.h"
 #include "model/repack_bundle.h"
+#include "model/repack_eviction.h"
 #include "model/safetensors.h"
 #include "tensor/matrix.h"
 
@@ -91,6 +94,15 @@ class RepackCache {
   void remove_stale_temporaries();
   Result<const std::byte*> get_or_create_in_bundle(const std::string& key, size_t nbytes,
                                                    const std::function<Status(std::byte*)>& fill);
+  // Eviction (model/repack_eviction.h): removes least recently used files until `bytes` more
+  // fit under XDS_CACHE_MAX_GB and 5 % of the disk stays free. InvalidArgument for a
+  // malformed XDS_CACHE_MAX_GB.
+  Status make_room(uint64_t bytes);
+  // A file this cache maps: never evicted by it, and marked used now (its mtime).
+  void note_in_use(const std::string& path);
+  void note_written(const std::string& path, uint64_t bytes);
+  std::optional<std::vector<RepackFile>> listing_;  // the folder, listed at the first write
+  std::unordered_set<std::string> in_use_;           // file names
   bool swept_ = false;
   bool in_bundle_ = false;
   std::string bundle_name_;

@@ -43,8 +43,10 @@ TEST(Env, TableNamesEachVariableOnceWithDefaultAndMeaning) {
     EXPECT_FALSE(v.default_value.empty()) << v.name;
     EXPECT_FALSE(v.meaning.empty()) << v.name;
   }
-  const std::set<std::string> expected = {"XDS_LOG_LEVEL", "XDS_WEIGHT_LAYOUT", "XDS_CACHE_DIR",
-                                          "HOME", "OPENBLAS_CORETYPE", "XDS_EPLB_FAIL_LOAD"};
+  const std::set<std::string> expected = {"XDS_LOG_LEVEL",     "XDS_WEIGHT_LAYOUT",
+                                          "XDS_CACHE_DIR",     "XDS_CACHE_MAX_GB",
+                                          "HOME",              "OPENBLAS_CORETYPE",
+                                          "XDS_EPLB_FAIL_LOAD"};
   EXPECT_EQ(names, expected);
 }
 

@@ -556,9 +556,11 @@ TEST_F(Weights, RepackFileIsReusedNotRewritten) {
   }
   ASSERT_EQ(cache_files(), files);
   ASSERT_EQ(::stat(path("cache/" + files[0]).c_str(), &st2), 0);
-  EXPECT_EQ(st1.st_ino, st2.st_ino);
-  EXPECT_EQ(st1.st_mtim.tv_sec, st2.st_mtim.tv_sec);
-  EXPECT_EQ(st1.st_mtim.tv_nsec, st2.st_mtim.tv_nsec);
+  EXPECT_EQ(st1.st_ino, st2.st_ino);  // not renamed over: the same file
+  EXPECT_EQ(st1.st_size, st2.st_size);
+  // The reuse marks the file used now (its mtime: the eviction's age), never earlier.
+  EXPECT_GE(st2.st_mtim.tv_sec * 1'000'000'000LL + st2.st_mtim.tv_nsec,
+            st1.st_mtim.tv_sec * 1'000'000'000LL + st1.st_mtim.tv_nsec);
 
   // A changed checkpoint (new size and mtime) gets its own repack file.
   write("model.safetensors",
