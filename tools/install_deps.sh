@@ -12,6 +12,7 @@ packages=(
   # tests and benchmarks
   libgtest-dev libgmock-dev libbenchmark-dev libopenmpi-dev openmpi-bin ucx-utils iproute2
   stress-ng  # bench/decode/loaded.sh: a competing process
+  python3-prometheus-client  # tests/e2e/serve_metrics_test.py: a Prometheus text parser
   # oracle, fixtures and the training recipe
   python3 python3-numpy python3-torch bible-kjv bible-kjv-text nodejs
 )
