@@ -569,15 +569,21 @@ void add_serve_commands(CLI::App& app, int* exit_code) {
                     "Longest prompt + output (0: the model's max_position_embeddings)")
         ->check(CLI::NonNegativeNumber);
     add_gateway_flags(cmd, *g);
+    auto output_host = std::make_shared<std::string>("127.0.0.1");
+    cmd->add_option("--output-host", *output_host,
+                    "Address the instances' output processes send this gateway's token "
+                    "streams to (it listens there on a free port): on another host than the "
+                    "instances, an address of this host they reach");
     auto faults = std::make_shared<bool>(false);
     cmd->add_flag("--fault-injection", *faults,
                   "Accept POST /admin/faults (behind --api-key) and pass each fault to the "
                   "instance it names (which must run with --fault-injection too)");
-    cmd->callback([g, model, instances, max_model_len, secret, faults, exit_code] {
+    cmd->callback([g, model, instances, max_model_len, secret, output_host, faults, exit_code] {
       if (auto keys = init_channel_keys(*secret, /*required=*/true); !keys.ok()) {
         return report(keys.status(), exit_code);
       }
       serve::GatewayOptions go = gateway_options(*g, *model, *max_model_len, *instances);
+      go.output_host = *output_host;
       go.fault_injection = *faults;
       report(run_gateway(go, /*shutdown_instance=*/false), exit_code);
     });
