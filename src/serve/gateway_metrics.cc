@@ -138,6 +138,22 @@ void GatewayMetrics::observe_e2e(double s) {
   e2e_.observe(s);
 }
 
+Counter& GatewayMetrics::expert_counter(int64_t layer, int64_t expert) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = expert_counters_.find({layer, expert});
+    if (it != expert_counters_.end()) return *it->second;
+  }
+  Counter& c = reg_.counter(
+      "xdeepserve_expert_routed_tokens_total",
+      "Tokens routed to each logical expert of each MoE layer (cache-layer id; MTP layers after "
+      "the decoder's), all DP groups.",
+      {{"layer", std::to_string(layer)}, {"expert", std::to_string(expert)}});
+  std::lock_guard<std::mutex> lock(mu_);
+  expert_counters_[{layer, expert}] = &c;
+  return c;
+}
+
 // Tokens routed per (MoE layer, expert), summed over the DP groups (each counts the tokens it
 // routes: under expert parallelism a group's tokens go to every device's experts).
 void GatewayMetrics::render_expert_tokens(std::span<const engine::GroupLoad> loads) {
@@ -148,12 +164,7 @@ void GatewayMetrics::render_expert_tokens(std::span<const engine::GroupLoad> loa
       continue;
     for (size_t r = 0; r < l.moe_layers.size(); ++r) {
       for (int64_t e = 0; e < l.n_experts; ++e) {
-        Counter& c = reg_.counter(
-            "xdeepserve_expert_routed_tokens_total",
-            "Tokens routed to each logical expert of each MoE layer (cache-layer id; MTP layers "
-            "after the decoder's), all DP groups.",
-            {{"layer", std::to_string(l.moe_layers[r])}, {"expert", std::to_string(e)}});
-        add_rise(c, l.group,
+        add_rise(expert_counter(l.moe_layers[r], e), l.group,
                  static_cast<double>(l.expert_tokens[r * static_cast<size_t>(l.n_experts) + e]));
       }
     }

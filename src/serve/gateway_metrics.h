@@ -85,6 +85,9 @@ class GatewayMetrics {
 
  private:
   void render_expert_tokens(std::span<const engine::GroupLoad> loads);
+  // The counter of (layer, expert), found in expert_counters_ rather than by the registry's
+  // scan of its series (layers x experts of them: 14848 for DeepSeek-V3).
+  Counter& expert_counter(int64_t layer, int64_t expert);
   void render_speculation(std::span<const engine::GroupLoad> loads);
   // The per-group series of one load.
   void render_group(const engine::GroupLoad& l);
@@ -99,6 +102,7 @@ class GatewayMetrics {
   std::mutex mu_;
   // (mu_) (counter, group) -> the group's last reported cumulative count for it
   std::map<std::pair<const Counter*, int32_t>, double> seen_;
+  std::map<std::pair<int64_t, int64_t>, Counter*> expert_counters_;  // (mu_) (layer, expert)
 };
 
 }  // namespace xds::serve
