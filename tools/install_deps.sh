@@ -12,6 +12,9 @@ packages=(
   # tests and benchmarks
   libgtest-dev libgmock-dev libbenchmark-dev libopenmpi-dev openmpi-bin ucx-utils iproute2
   stress-ng  # bench/decode/loaded.sh: a competing process
+  # operations: a Prometheus text parser (tests/e2e/serve_metrics_test.py), the Prometheus
+  # server (serve_prometheus_test.py), YAML for deploy/ (its config and the k8s manifests)
+  python3-prometheus-client prometheus python3-yaml
   # oracle, fixtures and the training recipe
   python3 python3-numpy python3-torch bible-kjv bible-kjv-text nodejs
 )

@@ -8,7 +8,7 @@ rebalances (POST /admin/eplb/rebalance), waits for the new map and --slices more
   --mode loads     per MoE layer: measured max/mean device load before, the planner's
                    prediction from the same counts, measured after (GET /admin/eplb)
   --mode moe-time  the MoE phase (dispatch to combine done, all MoE layers, the slowest
-                   device) per step before and after: xdeepserve_moe_seconds / xdeepserve_steps
+                   device) per step before and after: xdeepserve_moe_seconds_total / xdeepserve_steps_total
                    over a --measure-s interval each side
 
 Prints a table and writes JSON (--out). Example (see docs/benchmarks.md):
@@ -125,8 +125,8 @@ class Load:
 def moe_per_step(base, seconds):
     def sample():
         status, text = http("GET", base + "/metrics")
-        return metric_by_group(text, "xdeepserve_moe_seconds"), metric_by_group(
-            text, "xdeepserve_steps")
+        return metric_by_group(text, "xdeepserve_moe_seconds_total"), metric_by_group(
+            text, "xdeepserve_steps_total")
     m0, s0 = sample()
     time.sleep(seconds)
     m1, s1 = sample()

@@ -29,11 +29,11 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from fault_bench import Stream, free_port, http, metric, prompt, start_serve, stop_serve  # noqa: E402,E501
 
-COUNTERS = {"saturated": "xdeepserve_kv_probes_saturated",
-            "links_failed": "xdeepserve_kv_links_failed",
-            "mismatches": "xdeepserve_kv_checksum_mismatches",
-            "recomputed": "xdeepserve_kv_handoffs_recomputed",
-            "retired": "xdeepserve_kv_blocks_retired"}
+COUNTERS = {"saturated": "xdeepserve_kv_probes_saturated_total",
+            "links_failed": "xdeepserve_kv_links_failed_total",
+            "mismatches": "xdeepserve_kv_checksum_mismatches_total",
+            "recomputed": "xdeepserve_kv_handoffs_recomputed_total",
+            "retired": "xdeepserve_kv_blocks_retired_total"}
 
 
 def measure(base, name, fault, streams_n, max_tokens, ids):

@@ -59,8 +59,8 @@ def main():
         try:
             with open(os.path.join(out, f"{run}_metrics.txt")) as f:
                 text = f.read()
-            s["kv_pulled_bytes"] = metric_sum(text, "xdeepserve_kv_pulled_bytes")
-            s["kv_transfers"] = metric_sum(text, "xdeepserve_kv_transfers_completed")
+            s["kv_pulled_bytes"] = metric_sum(text, "xdeepserve_kv_pulled_bytes_total")
+            s["kv_transfers"] = metric_sum(text, "xdeepserve_kv_transfers_completed_total")
         except OSError:
             pass
         summary[run] = s

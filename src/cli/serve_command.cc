@@ -525,6 +525,7 @@ void add_serve_commands(CLI::App& app, int* exit_code) {
     auto listen = std::make_shared<std::string>("tcp://127.0.0.1:8100");
     auto role = std::make_shared<std::string>("colocated");
     auto secret = std::make_shared<std::string>();
+    auto health_port = std::make_shared<int>(0);
     CLI::App* cmd = app.add_subcommand(
         "instance", "A shell and --dp DP groups, reached by gateways at --listen");
     add_engine_flags(cmd, *e);
@@ -534,13 +535,18 @@ void add_serve_commands(CLI::App& app, int* exit_code) {
                     "colocated, prefill (hands each request's KV to a decode instance after "
                     "its first token) or decode")
         ->check(CLI::IsMember({"colocated", "prefill", "decode"}));
-    cmd->callback([e, listen, role, secret, exit_code] {
+    cmd->add_option("--health-port", *health_port,
+                    "HTTP port of GET /health on the host of --listen: 200 once every DP group "
+                    "is up, 503 before (a readiness probe; 0: none)")
+        ->check(CLI::Range(0, 65535));
+    cmd->callback([e, listen, role, secret, health_port, exit_code] {
       auto keys = init_channel_keys(*secret, /*required=*/true);
       if (!keys.ok()) return report(keys.status(), exit_code);
       e->cluster_secret = *keys;
       auto io = instance_options(*e, *listen);
       if (!io.ok()) return report(io.status(), exit_code);
       io->role = *role;
+      io->health_port = *health_port;
       report(serve::run_instance(*io), exit_code);
     });
   }
@@ -563,15 +569,21 @@ void add_serve_commands(CLI::App& app, int* exit_code) {
                     "Longest prompt + output (0: the model's max_position_embeddings)")
         ->check(CLI::NonNegativeNumber);
     add_gateway_flags(cmd, *g);
+    auto output_host = std::make_shared<std::string>("127.0.0.1");
+    cmd->add_option("--output-host", *output_host,
+                    "Address the instances' output processes send this gateway's token "
+                    "streams to (it listens there on a free port): on another host than the "
+                    "instances, an address of this host they reach");
     auto faults = std::make_shared<bool>(false);
     cmd->add_flag("--fault-injection", *faults,
                   "Accept POST /admin/faults (behind --api-key) and pass each fault to the "
                   "instance it names (which must run with --fault-injection too)");
-    cmd->callback([g, model, instances, max_model_len, secret, faults, exit_code] {
+    cmd->callback([g, model, instances, max_model_len, secret, output_host, faults, exit_code] {
       if (auto keys = init_channel_keys(*secret, /*required=*/true); !keys.ok()) {
         return report(keys.status(), exit_code);
       }
       serve::GatewayOptions go = gateway_options(*g, *model, *max_model_len, *instances);
+      go.output_host = *output_host;
       go.fault_injection = *faults;
       report(run_gateway(go, /*shutdown_instance=*/false), exit_code);
     });

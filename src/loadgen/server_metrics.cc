@@ -56,14 +56,14 @@ Result<SpecCounters> parse_spec_counters(std::string_view text) {
     const std::string_view name = series.substr(0, brace);
     const std::string_view labels =
         brace == std::string_view::npos ? std::string_view{} : series.substr(brace);
-    if (name == "verify_steps") {
+    if (name == "verify_steps_total") {
       c.verify_steps = value;
-    } else if (name == "step_tokens") {
+    } else if (name == "step_tokens_total") {
       c.step_tokens = value;
-    } else if (name == "draft_tokens" || name == "accepted_tokens") {
+    } else if (name == "draft_tokens_total" || name == "accepted_tokens_total") {
       const int64_t p = position_label(labels);
       if (p < 1 || p > 64) return data_loss("/metrics: bad draft position in '{}'", line);
-      set_at(name == "draft_tokens" ? c.drafted : c.accepted, p, value);
+      set_at(name == "draft_tokens_total" ? c.drafted : c.accepted, p, value);
     }
   }
   c.accepted.resize(c.drafted.size(), 0.0);

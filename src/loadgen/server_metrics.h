@@ -1,5 +1,5 @@
 // What the benchmark client reads from the server's /metrics (Prometheus text) around a run:
-// the MTP speculative-decoding counters (xdeepserve_spec_decode_*), whose difference over
+// the MTP speculative-decoding counters (xdeepserve_spec_decode_*_total), whose difference over
 // the run gives the acceptance per draft position and the tokens per verify step.
 //
 // Thread-safety: the parse and difference functions are pure; fetch_spec_counters does I/O.

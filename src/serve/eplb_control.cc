@@ -350,23 +350,23 @@ std::string EplbControl::metrics_text() const {
   if (!shape_known()) return out;
   const size_t width = size_t(o_.n_groups * spd_);
   out +=
-      "# HELP xdeepserve_eplb_device_tokens Token-expert pairs computed by each device's "
-      "expert slots (collect windows).\n# TYPE xdeepserve_eplb_device_tokens counter\n";
+      "# HELP xdeepserve_eplb_device_tokens_total Token-expert pairs computed by each device's "
+      "expert slots (collect windows).\n# TYPE xdeepserve_eplb_device_tokens_total counter\n";
   for (size_t r = 0; r < moe_layers_.size(); ++r) {
     const engine::DeviceLoad d = engine::device_load(
         o_.n_groups, int(spd_), std::span<const double>(slot_total_.data() + r * width, width));
     for (int g = 0; g < o_.n_groups; ++g)
-      out += fmt::format("xdeepserve_eplb_device_tokens{{layer=\"{}\",device=\"{}\"}} {}\n",
+      out += fmt::format("xdeepserve_eplb_device_tokens_total{{layer=\"{}\",device=\"{}\"}} {}\n",
                          moe_layers_[r], g, d.load[size_t(g)]);
   }
   out +=
-      "# HELP xdeepserve_eplb_slot_tokens Token-expert pairs computed by each expert slot "
-      "(collect windows).\n# TYPE xdeepserve_eplb_slot_tokens counter\n";
+      "# HELP xdeepserve_eplb_slot_tokens_total Token-expert pairs computed by each expert slot "
+      "(collect windows).\n# TYPE xdeepserve_eplb_slot_tokens_total counter\n";
   for (size_t r = 0; r < moe_layers_.size(); ++r)
     for (int g = 0; g < o_.n_groups; ++g)
       for (int64_t k = 0; k < spd_; ++k)
         out += fmt::format(
-            "xdeepserve_eplb_slot_tokens{{layer=\"{}\",device=\"{}\",slot=\"{}\"}} {}\n",
+            "xdeepserve_eplb_slot_tokens_total{{layer=\"{}\",device=\"{}\",slot=\"{}\"}} {}\n",
             moe_layers_[r], g, k, slot_total_[r * width + size_t(g * spd_ + k)]);
   const std::vector<double> after = layer_ratio_measured(/*after=*/true);
   out +=

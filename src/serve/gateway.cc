@@ -91,15 +91,17 @@ void Gateway::Impl::admit(PreparedRequest r, Responder responder) {
     std::lock_guard<std::mutex> lock(mu);
     if (unavailable_since_ns > 0 &&
         now_ns() - unavailable_since_ns > o.recovery_timeout_s * 1'000'000'000) {
-      responder.send(make_error_response(
-          api_error(503, "no instance is serving (it failed and has not recovered)",
-                    "server_error", "instance_failed")));
-      metrics.count_outcome("rejected");
+      const ApiError err =
+          api_error(503, "no instance is serving (it failed and has not recovered)", "server_error",
+                    "instance_failed");
+      responder.send(make_error_response(err));
+      metrics.count_rejected(rejection_reason(err));
       return;
     }
     if (!admission.accepts_new()) {
-      responder.send(make_error_response(queue_full(1)));
-      metrics.count_outcome("rejected");
+      const ApiError err = queue_full(1);
+      responder.send(make_error_response(err));
+      metrics.count_rejected(rejection_reason(err));
       return;
     }
     live[p->req.id] = p;
@@ -295,7 +297,11 @@ void Gateway::Impl::offer_waiting() {
 
 void Gateway::Impl::fail_request(const std::shared_ptr<Pending>& p, const ApiError& err,
                                  const char* outcome) {
-  metrics.count_outcome(outcome);
+  if (std::string_view(outcome) == "rejected") {
+    metrics.count_rejected(rejection_reason(err));
+  } else {
+    metrics.count_outcome(outcome);
+  }
   if (p->stream) {
     p->stream->send_event(to_json_text(make_error(err)));
     p->stream->close();

@@ -76,10 +76,10 @@ bool GatewayHttp::authorized(const HttpRequest& r, Responder& responder) const {
 
 void GatewayHttp::routes() {
   http_->route("POST", "/v1/chat/completions", [this](HttpRequest r, Responder resp) {
-    if (authorized(r, resp)) on_completion(r, std::move(resp), /*chat=*/true);
+    on_completion(r, std::move(resp), /*chat=*/true);
   });
   http_->route("POST", "/v1/completions", [this](HttpRequest r, Responder resp) {
-    if (authorized(r, resp)) on_completion(r, std::move(resp), /*chat=*/false);
+    on_completion(r, std::move(resp), /*chat=*/false);
   });
   http_->route("GET", "/v1/models", [this](HttpRequest r, Responder resp) {
     if (!authorized(r, resp)) return;
@@ -119,16 +119,18 @@ void GatewayHttp::routes() {
 }
 
 void GatewayHttp::on_completion(const HttpRequest& r, Responder responder, bool chat) {
+  auto reject = [&](const ApiError& e) {
+    core_.count_rejected(e);
+    responder.send(make_error_response(e));
+  };
+  if (!o_.api_key.empty() && !check_api_key(r.header("authorization"), o_.api_key)) {
+    return reject(invalid_api_key());
+  }
   if (!core_.accepting()) {
-    responder.send(make_error_response(
-        api_error(503, "the server is shutting down", "server_error", "shutting_down")));
-    return;
+    return reject(api_error(503, "the server is shutting down", "server_error", "shutting_down"));
   }
   ApiResult<PreparedRequest> prepared = prepare(r, chat);
-  if (!prepared.ok()) {
-    responder.send(make_error_response(prepared.error()));
-    return;
-  }
+  if (!prepared.ok()) return reject(prepared.error());
   core_.admit(std::move(prepared.value()), std::move(responder));
 }
 

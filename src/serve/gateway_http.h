@@ -69,6 +69,9 @@ class GatewayHttp {
     virtual void inject_fault(protocol::FaultSpec fault, Responder responder) = 0;
     virtual void list_faults(Responder responder) = 0;
     virtual std::string metrics_text() = 0;
+    // A completion request answered with `e` before it reached the core (bad body, missing
+    // key, shutting down): counted as rejected.
+    virtual void count_rejected(const ApiError& e) = 0;
   };
 
   // Loads the model's facts (config.json, generation_config.json, tokenizer and chat

@@ -127,6 +127,7 @@ struct Gateway::Impl : GatewayHttp::Core {
   void inject_fault(protocol::FaultSpec fault, Responder responder) override;
   void list_faults(Responder responder) override;
   std::string metrics_text() override;
+  void count_rejected(const ApiError& e) override { metrics.count_rejected(rejection_reason(e)); }
 
   void on_message(int from, Message m);
   void on_output(const OutputDelta& d);
@@ -157,7 +158,8 @@ struct Gateway::Impl : GatewayHttp::Core {
   // A load report: the handoff queue's head is offered again, else (no handoff waiting) the
   // admission queue's.
   void offer_waiting();
-  // Answers p with `err` (its stream gets the error event and closes), counted as `outcome`.
+  // Answers p with `err` (its stream gets the error event and closes), counted as `outcome`
+  // ("rejected": by its reason, GatewayMetrics::count_rejected).
   void fail_request(const std::shared_ptr<Pending>& p, const ApiError& err,
                     const char* outcome = "error");
   void finish_pending(const std::shared_ptr<Pending>& p, std::unique_lock<std::mutex>& lock);

@@ -2,17 +2,23 @@
 // ITL, end to end, tokens) and the per-DP-group series it hears from the shell (running and
 // waiting requests, KV usage, batch size, prefix-cache hits, tokens routed per expert).
 //
-// Families (all prefixed xdeepserve_):
+// Families (all prefixed xdeepserve_; docs/design/operations.md lists them all). A value that
+// only grows is a counter named *_total; a value that goes up and down is a gauge:
 //   requests_total{outcome}                    counter  success | cancelled | rejected | error
+//   requests_rejected_total{reason}            counter  the rejected ones by reason
+//                                              (rejection_reason below); their sum is
+//                                              requests_total{outcome="rejected"}
 //   prompt_tokens_total, generation_tokens_total counter
 //   time_to_first_token_seconds, time_per_output_token_seconds, inter_token_latency_seconds,
 //   e2e_request_latency_seconds                histograms
-//   requests_running{group}, requests_waiting{group}, kv_cache_usage_ratio{group},
-//   batch_size{group}, prefix_cache_hits_total{group}, prefix_cache_queries_total{group},
-//   steps_total{group}                         gauges (the group's last report)
-//   step_rollbacks_total{group}                counter: the group's cumulative count as it
-//                                              rises between renders (a group that starts
-//                                              again from 0 is counted on from there)
+//   group_requests_running{group}, group_requests_waiting{group}, kv_cache_usage_ratio{group},
+//   batch_size{group}, kv_transfers_parked{group} gauges (the group's last report)
+//   steps_total{group}, preemptions_total{group}, prefix_cache_hit_blocks_total{group},
+//   prefix_cache_query_blocks_total{group}, kv_transfers_completed_total{group}, ...,
+//   expert_routed_tokens_total{layer,expert}, spec_decode_*_total
+//                                              counters that follow each group's cumulative
+//                                              count as it rises between renders (a group that
+//                                              starts again from 0 is counted on from there)
 //   requests_running / requests_waiting without a label: the sums
 //   instance_failures_total{instance,kind}    counter  dead_process | hang | silent | final
 //   instance_restarts_total{instance}         counter  new incarnations seen
@@ -32,16 +38,28 @@
 #include <mutex>
 #include <span>
 #include <string>
+#include <string_view>
+#include <utility>
 
 #include "protocol/payloads.h"
 #include "serve/metrics.h"
+#include "serve/openai_api.h"
 
 namespace xds::serve {
+
+// The reason label of a rejected request's error: unauthorized (401), context_length
+// (context_length_exceeded), queue_full, unavailable (any other 503: shutting down, no
+// instance serving), bad_request (any other 4xx). Pure.
+std::string_view rejection_reason(const ApiError& e);
 
 class GatewayMetrics {
  public:
   GatewayMetrics();
+  // A finished request: success, cancelled or error (a rejection goes to count_rejected).
   void count_outcome(const std::string& outcome);
+  // A request refused before or instead of being served: requests_total{outcome="rejected"}
+  // and requests_rejected_total{reason}.
+  void count_rejected(std::string_view reason);
   void count_tokens(int64_t prompt, int64_t generated);
   void observe_ttft(double s);
   void observe_tpot(double s);
@@ -67,16 +85,24 @@ class GatewayMetrics {
 
  private:
   void render_expert_tokens(std::span<const engine::GroupLoad> loads);
+  // The counter of (layer, expert), found in expert_counters_ rather than by the registry's
+  // scan of its series (layers x experts of them: 14848 for DeepSeek-V3).
+  Counter& expert_counter(int64_t layer, int64_t expert);
   void render_speculation(std::span<const engine::GroupLoad> loads);
-  // Adds what the group's rollback count rose by since the last render to its counter.
-  void count_rollbacks(const engine::GroupLoad& l, Counter& c);
+  // The per-group series of one load.
+  void render_group(const engine::GroupLoad& l);
+  // Adds what `group`'s cumulative count for `c` rose by since the last render (all of it
+  // when it fell: the group started again from 0).
+  void add_rise(Counter& c, int32_t group, double cumulative);
 
   MetricsRegistry reg_;
   Counter &prompt_tokens_, &generation_tokens_;
   Histogram &ttft_, &tpot_, &itl_, &e2e_, &recovery_;
   Counter& recomputed_;
   std::mutex mu_;
-  std::map<int32_t, int64_t> rollbacks_seen_;  // (mu_) group -> its last reported count
+  // (mu_) (counter, group) -> the group's last reported cumulative count for it
+  std::map<std::pair<const Counter*, int32_t>, double> seen_;
+  std::map<std::pair<int64_t, int64_t>, Counter*> expert_counters_;  // (mu_) (layer, expert)
 };
 
 }  // namespace xds::serve

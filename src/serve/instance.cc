@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <chrono>
+#include <memory>
 #include <random>
 #include <thread>
 #include <vector>
@@ -19,6 +21,7 @@
 #include "base/process_name.h"
 #include "output/output_process.h"
 #include "protocol/zmq_io.h"
+#include "serve/instance_health.h"
 #include "serve/process_watch.h"
 #include "serve/restart_budget.h"
 #include "serve/shell.h"
@@ -162,6 +165,16 @@ static Status run_incarnation(const InstanceOptions& options, uint32_t epoch, ui
     XDS_RETURN_IF_ERROR(watch.replace(g, pid));
     return static_cast<int32_t>(pid);
   };
+  // The readiness endpoint, after the last fork of the start (its threads must not be copied
+  // into a child).
+  std::atomic<bool> ready{false};
+  std::unique_ptr<HttpServer> health;
+  if (options.health_port > 0) {
+    XDS_ASSIGN_OR_RETURN(const std::string host, listen_host(options.listen));
+    XDS_ASSIGN_OR_RETURN(health,
+                         start_instance_health(host, options.health_port, options.role, ready));
+    so.ready = &ready;
+  }
   Shell shell(so);
   g_shell = &shell;
   struct sigaction sa = {};
@@ -172,6 +185,8 @@ static Status run_incarnation(const InstanceOptions& options, uint32_t epoch, ui
                options.listen, options.dp, threads, epoch);
   Status st = shell.run();
   g_shell = nullptr;
+  ready.store(false);
+  if (health) health->stop(std::chrono::milliseconds(0));
   if (!st.ok()) {
     // A process died or hung (or the shell failed): the survivors may wait on it forever; the
     // device group's destructor kills and reaps them.
@@ -208,6 +223,7 @@ Status run_instance(const InstanceOptions& options) {
   if (options.max_restarts < 0) {
     return invalid_argument("--max-restarts must be at least 0, got {}", options.max_restarts);
   }
+  if (options.health_port > 0) XDS_RETURN_IF_ERROR(listen_host(options.listen).status());
   set_process_name(process_name("inst", options.instance));
   struct sigaction sa = {};
   sa.sa_handler = on_supervisor_signal;

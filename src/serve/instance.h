@@ -56,6 +56,9 @@ struct InstanceOptions {
   // ShellOptions::scale_down); group.scale_down is set alike.
   bool scale_down = true;
   bool expert_backup = false;  // ShellOptions::expert_backup
+  // > 0: GET /health on this port, on the host of `listen`, answers 200 once the instance is
+  // ready to serve and 503 before (serve/instance_health.h). 0: no such endpoint.
+  int health_port = 0;
 };
 
 // Runs until SIGTERM/SIGINT or a gateway's kShutdown: then drains (the groups finish their

@@ -134,7 +134,9 @@ class Shell::Loop {
       if (items[0].revents & ZMQ_POLLIN) running = receive_from_gateway();
       receive_input();
       periodic(now_ns());
+      if (o_.ready) o_.ready->store(running && all_up() && fatal_.empty());
     }
+    if (o_.ready) o_.ready->store(false);  // draining or failed
     to_groups(ShutdownMsg{});
     for (int32_t g : rejoining_) to_group(static_cast<size_t>(g), ShutdownMsg{});  // loading
     return {};

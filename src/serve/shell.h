@@ -91,6 +91,10 @@ struct ShellOptions {
   bool fault_injection = false;  // POST /admin/faults is forwarded (else 404)
   EplbControlOptions eplb;  // n_groups is filled from group_inputs
   int32_t instance = -1;    // the instance's index where a machine runs several, -1: one
+  // Not owned; when set, run() stores into it after every loop turn whether the instance is
+  // ready to serve (every member DP group up, nothing fatal), and false once it stops. Read
+  // by the readiness endpoint (serve/instance_health.h) from its own threads.
+  std::atomic<bool>* ready = nullptr;
 };
 
 // The decision log of run(), for tests and /metrics.

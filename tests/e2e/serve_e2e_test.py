@@ -93,9 +93,9 @@ def metric(text, name):
 
 
 def expert_tokens(text):
-    """xdeepserve_expert_routed_tokens as {layer: {expert: tokens}}."""
+    """xdeepserve_expert_routed_tokens_total as {layer: {expert: tokens}}."""
     out = {}
-    for m in re.finditer(r'^xdeepserve_expert_routed_tokens\{layer="(\d+)",expert="(\d+)"\} (\S+)$',
+    for m in re.finditer(r'^xdeepserve_expert_routed_tokens_total\{layer="(\d+)",expert="(\d+)"\} (\S+)$',
                          text, re.M):
         out.setdefault(int(m.group(1)), {})[int(m.group(2))] = float(m.group(3))
     return out

@@ -257,14 +257,14 @@ def main():
         status, metrics = http("GET", s.base + "/metrics", key=None)
         check("xdeepserve_eplb_map_version" in metrics and
               'xdeepserve_eplb_rebalances_total{result="done"}' in metrics and
-              "xdeepserve_eplb_device_tokens{" in metrics and
+              "xdeepserve_eplb_device_tokens_total{" in metrics and
               'xdeepserve_eplb_device_load_max_mean{' in metrics,
               "/metrics has the EPLB series")
         # Tokens reached the replicas: some redundant slot (index >= E / N) computed rows.
         per = done["n_experts"] // done["n_devices"] if done else 0
         spare = 0.0
         for line in metrics.splitlines():
-            m = re.match(r'xdeepserve_eplb_slot_tokens\{layer="\d+",device="\d+",slot="(\d+)"\} (\S+)$',
+            m = re.match(r'xdeepserve_eplb_slot_tokens_total\{layer="\d+",device="\d+",slot="(\d+)"\} (\S+)$',
                          line)
             if m and int(m.group(1)) >= per:
                 spare += float(m.group(2))

@@ -127,7 +127,7 @@ def wait_idle(c, what, transfers=None):
         used = sum_metric(text, "xdeepserve_kv_cache_usage_ratio")
         parked = sum_metric(text, "xdeepserve_kv_transfers_parked")
         running = metric(text, "xdeepserve_requests_running")
-        done = sum_metric(text, "xdeepserve_kv_transfers_completed")
+        done = sum_metric(text, "xdeepserve_kv_transfers_completed_total")
         if (used == 0 and parked == 0 and running == 0 and
                 (transfers is None or done == transfers)) or time.time() > deadline:
             check(used == 0, f"{what}: KV blocks still held once idle ({used})")
@@ -174,8 +174,8 @@ def check_combined(args, refs, k, prefill_dp=1, backend="auto"):
         handed += len(PROMPTS)
         if k or backend == "ucx":  # the concurrent outputs are the point of these runs
             text = wait_idle(c, what, handed)
-            check(sum_metric(text, "xdeepserve_kv_transfers_completed") == handed,
-                  f"{what}: transfers completed {sum_metric(text, 'xdeepserve_kv_transfers_completed')}"
+            check(sum_metric(text, "xdeepserve_kv_transfers_completed_total") == handed,
+                  f"{what}: transfers completed {sum_metric(text, 'xdeepserve_kv_transfers_completed_total')}"
                   f" != {handed}")
             return
 
@@ -190,7 +190,7 @@ def check_combined(args, refs, k, prefill_dp=1, backend="auto"):
         check(cached[0] == 0 and cached[1] >= 16, f"{what}: cached prompt tokens {cached}")
         if prefill_dp > 1:
             text = wait_idle(c, what, handed)
-            per_group = [metric(text, f'xdeepserve_kv_transfers_completed{{group="{g}"}}')
+            per_group = [metric(text, f'xdeepserve_kv_transfers_completed_total{{group="{g}"}}')
                          for g in range(prefill_dp)]
             print(f"{what}: transfers per prefill group {per_group}")
             check(all(n > 0 for n in per_group),
@@ -202,12 +202,12 @@ def check_combined(args, refs, k, prefill_dp=1, backend="auto"):
               f"{what} streamed: {text!r} {finish}")
         handed += 1
 
-        before = sum_metric(wait_idle(c, what, handed), "xdeepserve_kv_transfers_completed")
+        before = sum_metric(wait_idle(c, what, handed), "xdeepserve_kv_transfers_completed_total")
         r = c.complete(prompt=PROMPTS[1], max_tokens=1, **greedy)
         check(r["choices"][0].get("text") == refs["len"][1] and
               r["usage"].get("completion_tokens") == 1, f"{what} max_tokens 1: {r}")
         time.sleep(0.5)  # a transfer, were there one, would be reported by now
-        after = sum_metric(wait_idle(c, what), "xdeepserve_kv_transfers_completed")
+        after = sum_metric(wait_idle(c, what), "xdeepserve_kv_transfers_completed_total")
         check(after == before, f"{what}: a request finished on its first token was transferred")
         for m in (2, 5):
             r = c.complete(prompt=PROMPTS[1], max_tokens=m, **greedy)
@@ -241,22 +241,22 @@ def check_combined(args, refs, k, prefill_dp=1, backend="auto"):
 
         text = wait_idle(c, what, handed)
         print(f"{what}: {handed} transfers, "
-              f"{sum_metric(text, 'xdeepserve_kv_pulled_bytes'):.0f} KV bytes pulled")
-        check(sum_metric(text, "xdeepserve_kv_transfers_completed") == handed,
+              f"{sum_metric(text, 'xdeepserve_kv_pulled_bytes_total'):.0f} KV bytes pulled")
+        check(sum_metric(text, "xdeepserve_kv_transfers_completed_total") == handed,
               f"{what}: transfers completed "
-              f"{sum_metric(text, 'xdeepserve_kv_transfers_completed')} != {handed}")
-        check(sum_metric(text, "xdeepserve_kv_pulled_bytes") > 0, f"{what}: no KV bytes pulled")
-        check(sum_metric(text, "xdeepserve_kv_transfers_expired") == 0,
+              f"{sum_metric(text, 'xdeepserve_kv_transfers_completed_total')} != {handed}")
+        check(sum_metric(text, "xdeepserve_kv_pulled_bytes_total") > 0, f"{what}: no KV bytes pulled")
+        check(sum_metric(text, "xdeepserve_kv_transfers_expired_total") == 0,
               f"{what}: transfers expired")
         # Undisturbed links: rendered per group, no pull found its link failed and every
         # block pulled matched the prefill side's checksum.
-        check("xdeepserve_kv_links_failed{" in text and
-              sum_metric(text, "xdeepserve_kv_links_failed") == 0 and
-              sum_metric(text, "xdeepserve_kv_handoffs_recomputed") == 0,
+        check("xdeepserve_kv_links_failed_total{" in text and
+              sum_metric(text, "xdeepserve_kv_links_failed_total") == 0 and
+              sum_metric(text, "xdeepserve_kv_handoffs_recomputed_total") == 0,
               f"{what}: links failed or recomputed handoffs in an undisturbed run")
-        check("xdeepserve_kv_checksum_mismatches{" in text and
-              sum_metric(text, "xdeepserve_kv_checksum_mismatches") == 0 and
-              sum_metric(text, "xdeepserve_kv_blocks_retired") == 0,
+        check("xdeepserve_kv_checksum_mismatches_total{" in text and
+              sum_metric(text, "xdeepserve_kv_checksum_mismatches_total") == 0 and
+              sum_metric(text, "xdeepserve_kv_blocks_retired_total") == 0,
               f"{what}: checksum mismatches or retired blocks in an undisturbed run")
     finally:
         stop_process(proc, what)
@@ -300,8 +300,8 @@ def check_link_faults(args, refs):
                              extra=["--fault-injection", "--kv-transfer-timeout", "5"])
     what = "KV link faults"
     c = Client(base)
-    names = ["xdeepserve_kv_probes_saturated", "xdeepserve_kv_links_failed",
-             "xdeepserve_kv_handoffs_recomputed"]
+    names = ["xdeepserve_kv_probes_saturated_total", "xdeepserve_kv_links_failed_total",
+             "xdeepserve_kv_handoffs_recomputed_total"]
     try:
         if not wait_healthy(base, proc):
             check(False, f"{what}: not healthy")
@@ -342,8 +342,8 @@ def check_corrupt_pull(c, base, refs, what):
     and its text exact. The prefill instance (0) pulls nothing: the fault is refused there."""
     status, body, _ = http("POST", base + "/admin/faults", body={"kind": "kv_corrupt", "instance": 0})
     check(status == 400 and "decode instance" in body, f"{what}: kv_corrupt on prefill: {status} {body}")
-    names = ["xdeepserve_kv_checksum_mismatches", "xdeepserve_kv_blocks_retired",
-             "xdeepserve_kv_handoffs_recomputed"]
+    names = ["xdeepserve_kv_checksum_mismatches_total", "xdeepserve_kv_blocks_retired_total",
+             "xdeepserve_kv_handoffs_recomputed_total"]
     before = c.metrics()
     status, body, _ = http("POST", base + "/admin/faults", body={"kind": "kv_corrupt", "instance": 1})
     check(status == 202, f"{what}: POST kv_corrupt: {status} {body}")
@@ -499,7 +499,7 @@ def check_prefill_death(args, refs):
             done = [0.0, 0.0]
             while sum(done) < 1 and time.time() < deadline:
                 text = c.metrics()
-                done = [metric(text, f'xdeepserve_kv_transfers_completed{{group="{g}"}}')
+                done = [metric(text, f'xdeepserve_kv_transfers_completed_total{{group="{g}"}}')
                         for g in range(2)]
                 time.sleep(0.1)
             check(sum(done) == 1, f"{what}: transfers per prefill instance {done}")
@@ -562,12 +562,12 @@ def check_separate(args, refs):
                 check(r["choices"][0].get("text") == refs["ref"][p],
                       f"{what} {p!r}: {r['choices'][0].get('text')!r}")
         text = wait_idle(c, what, len(PROMPTS))
-        print(f"{what}: handoffs deferred {metric(text, 'xdeepserve_kv_handoffs_deferred')}, "
-              f"transfers completed {sum_metric(text, 'xdeepserve_kv_transfers_completed')}")
-        check(metric(text, "xdeepserve_kv_handoffs_deferred") > 0,
+        print(f"{what}: handoffs deferred {metric(text, 'xdeepserve_kv_handoffs_deferred_total')}, "
+              f"transfers completed {sum_metric(text, 'xdeepserve_kv_transfers_completed_total')}")
+        check(metric(text, "xdeepserve_kv_handoffs_deferred_total") > 0,
               f"{what}: the decode side never deferred a handoff (its KV holds one request)")
-        check(sum_metric(text, "xdeepserve_kv_transfers_completed") == len(PROMPTS),
-              f"{what}: transfers completed {sum_metric(text, 'xdeepserve_kv_transfers_completed')}")
+        check(sum_metric(text, "xdeepserve_kv_transfers_completed_total") == len(PROMPTS),
+              f"{what}: transfers completed {sum_metric(text, 'xdeepserve_kv_transfers_completed_total')}")
 
         # The decode instance's device process dies with a handoff placed on it: frozen first
         # (so the handoff is certainly parked on the prefill side), then killed.

@@ -79,7 +79,7 @@ def main():
                 check(text == reference[p], f"{p!r}: {text!r} != generate's {reference[p]!r}")
         time.sleep(0.5)
         _, text, _ = http("GET", base + "/metrics")
-        check(metric(text, "xdeepserve_preemptions") > 0,
+        check(metric(text, "xdeepserve_preemptions_total") > 0,
               "the small KV cache preempted requests (else the test proves nothing)")
     finally:
         server.send_signal(signal.SIGTERM)

@@ -254,7 +254,7 @@ def main():
             "POST /admin/faults retire_kv_blocks", served, reference,
             lambda: post_fault(base, {"kind": "retire_kv_blocks", "group": 1, "blocks": 3}),
             restarts_expected=0)
-        retired = metric(http("GET", base + "/metrics")[1], "xdeepserve_kv_blocks_retired")
+        retired = metric(http("GET", base + "/metrics")[1], "xdeepserve_kv_blocks_retired_total")
         check(retired == 3, f"KV blocks retired: {retired} (want 3)")
         # A transient exchange error: the step is rolled back on both groups and run again --
         # no restart, nothing recomputed, the same text.

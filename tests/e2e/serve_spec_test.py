@@ -162,12 +162,12 @@ def check_server(args, k, ref, ref_long, ref_len, ref_eos, ref_logprobs):
 
         time.sleep(1.5)  # the groups' load reports
         text = s.metrics()
-        drafted = metric(text, 'xdeepserve_spec_decode_draft_tokens{position="1"}')
-        accepted = metric(text, 'xdeepserve_spec_decode_accepted_tokens{position="1"}')
+        drafted = metric(text, 'xdeepserve_spec_decode_draft_tokens_total{position="1"}')
+        accepted = metric(text, 'xdeepserve_spec_decode_accepted_tokens_total{position="1"}')
         if k > 0:
             check(drafted > 0 and 0 < accepted <= drafted,
                   f"k={k}: drafts {drafted}, accepted {accepted} at position 1")
-            acc = [metric(text, f'xdeepserve_spec_decode_accepted_tokens{{position="{i}"}}')
+            acc = [metric(text, f'xdeepserve_spec_decode_accepted_tokens_total{{position="{i}"}}')
                    for i in range(1, k + 1)]
             # A draft is accepted only after every draft before it was.
             check(all(acc[i + 1] <= acc[i] for i in range(k - 1)), f"k={k}: accepted {acc}")

@@ -6,15 +6,15 @@ namespace xds::loadgen {
 namespace {
 
 constexpr const char* kText =
-    "# HELP xdeepserve_steps Forward steps run.\n"
-    "xdeepserve_steps{group=\"0\"} 142\n"
-    "xdeepserve_spec_decode_verify_steps 10\n"
-    "xdeepserve_spec_decode_step_tokens 23\n"
+    "# HELP xdeepserve_steps_total Forward steps run.\n"
+    "xdeepserve_steps_total{group=\"0\"} 142\n"
+    "xdeepserve_spec_decode_verify_steps_total 10\n"
+    "xdeepserve_spec_decode_step_tokens_total 23\n"
     "xdeepserve_spec_decode_tokens_per_step 2.3\n"
-    "xdeepserve_spec_decode_draft_tokens{position=\"2\"} 9\n"
-    "xdeepserve_spec_decode_draft_tokens{position=\"1\"} 10\n"
-    "xdeepserve_spec_decode_accepted_tokens{position=\"1\"} 8\n"
-    "xdeepserve_spec_decode_accepted_tokens{position=\"2\"} 5\n"
+    "xdeepserve_spec_decode_draft_tokens_total{position=\"2\"} 9\n"
+    "xdeepserve_spec_decode_draft_tokens_total{position=\"1\"} 10\n"
+    "xdeepserve_spec_decode_accepted_tokens_total{position=\"1\"} 8\n"
+    "xdeepserve_spec_decode_accepted_tokens_total{position=\"2\"} 5\n"
     "xdeepserve_spec_decode_acceptance_rate{position=\"1\"} 0.8\n";
 
 TEST(ServerMetrics, ReadsTheSpecCountersByPosition) {
@@ -28,16 +28,17 @@ TEST(ServerMetrics, ReadsTheSpecCountersByPosition) {
 }
 
 TEST(ServerMetrics, NoSpecCountersWhenTheServerDoesNotSpeculate) {
-  const auto c = parse_spec_counters("xdeepserve_steps{group=\"0\"} 142\n");
+  const auto c = parse_spec_counters("xdeepserve_steps_total{group=\"0\"} 142\n");
   ASSERT_TRUE(c.ok());
   EXPECT_FALSE(c->present());
 }
 
 TEST(ServerMetrics, AMalformedSampleIsAnErrorNamingTheLine) {
-  const auto bad = parse_spec_counters("xdeepserve_spec_decode_verify_steps ten\n");
+  const auto bad = parse_spec_counters("xdeepserve_spec_decode_verify_steps_total ten\n");
   ASSERT_FALSE(bad.ok());
-  EXPECT_NE(bad.status().message().find("verify_steps ten"), std::string::npos);
-  EXPECT_FALSE(parse_spec_counters("xdeepserve_spec_decode_draft_tokens{position=\"0\"} 1\n").ok());
+  EXPECT_NE(bad.status().message().find("verify_steps_total ten"), std::string::npos);
+  EXPECT_FALSE(
+      parse_spec_counters("xdeepserve_spec_decode_draft_tokens_total{position=\"0\"} 1\n").ok());
 }
 
 TEST(ServerMetrics, TheRunsDifferenceGivesAcceptanceAndTokensPerStep) {

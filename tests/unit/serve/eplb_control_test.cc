@@ -116,7 +116,7 @@ TEST(EplbControl, OneHotExpertGetsAReplicaOnTheOtherDevice) {
   const std::string metrics = e.metrics_text();
   EXPECT_NE(metrics.find("xdeepserve_eplb_map_version 3"), std::string::npos);
   EXPECT_NE(metrics.find("xdeepserve_eplb_rebalances_total{result=\"done\"} 1"), std::string::npos);
-  EXPECT_NE(metrics.find("xdeepserve_eplb_device_tokens{layer=\"5\",device=\"1\"} 14"),
+  EXPECT_NE(metrics.find("xdeepserve_eplb_device_tokens_total{layer=\"5\",device=\"1\"} 14"),
             std::string::npos)
       << metrics;
 }
