@@ -172,7 +172,7 @@ CASES += QWEN3_CASES
 # dense, one MTP layer, untied.
 GLM4_CASES = [
     {"name": "glm4_bias_qknorm", "maker": "glm4", "args": [],
-     "variants": ["oneshot", "chunked", "threads2", "batch"]},
+     "variants": ["oneshot", "chunked", "threads2"]},
     # GLM-4.5-Air's attention (no q/k norm), no biases, GQA 4:1, 4 of 16 dims rotate, two
     # dense layers, top-3 over one group, two shards; 37 prompt tokens cross the KV blocks.
     {"name": "glm4_air_gqa4_partial", "maker": "glm4",
