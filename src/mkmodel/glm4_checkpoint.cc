@@ -140,8 +140,8 @@ Status write_text(const std::string& path, const std::string& text) {
 }  // namespace
 
 Result<Glm4MoeConfig> glm4_mkmodel_config(const MkModelOptions& o) {
-  if (o.weights_int8 || !o.weights_int4.empty() || !o.from_dir.empty() ||
-      !o.router_skew.empty() || o.yarn) {
+  if (o.weights_int8 || !o.weights_int4.empty() || !o.from_dir.empty() || !o.router_skew.empty() ||
+      o.yarn) {
     return unimplemented(
         "mkmodel --arch glm4_moe: --weights-int8, --weights-int4, --from, --router-skew and "
         "--yarn are not supported for GLM-4.5 yet");
@@ -179,8 +179,7 @@ Result<Glm4MoeConfig> glm4_mkmodel_config(const MkModelOptions& o) {
   c.use_qk_norm = o.qk_norm;
   c.num_nextn_predict_layers = o.mtp_layers.value_or(1);
   if (c.num_nextn_predict_layers < 0) {
-    return invalid_argument("mkmodel: mtp layers must be >= 0, got {}",
-                            c.num_nextn_predict_layers);
+    return invalid_argument("mkmodel: mtp layers must be >= 0, got {}", c.num_nextn_predict_layers);
   }
   return c;
 }

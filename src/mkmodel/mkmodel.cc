@@ -22,9 +22,9 @@
 #include "base/hash.h"
 #include "base/read_file.h"
 #include "base/thread_pool.h"
+#include "mkmodel/glm4_checkpoint.h"
 #include "mkmodel/int4_checkpoint.h"
 #include "mkmodel/mkmodel_config.h"
-#include "mkmodel/glm4_checkpoint.h"
 #include "mkmodel/qwen3_checkpoint.h"
 #include "mkmodel/router_skew.h"
 #include "model/moe_routing.h"
@@ -619,8 +619,8 @@ Status write_random_checkpoint(const MkModelOptions& o) {
   if (o.int8_head_and_kv_b && !o.weights_int8) {
     return invalid_argument("mkmodel: --int8-head-and-kv-b needs --weights-int8");
   }
-  if (o.arch == "qwen3_moe") return write_qwen3_checkpoint(o);  // qwen3_checkpoint.h
-  if (o.arch == "glm4_moe") return write_glm4_checkpoint(o);    // glm4_checkpoint.h
+  if (o.arch == "qwen3_moe") return write_qwen3_checkpoint(o);   // qwen3_checkpoint.h
+  if (o.arch == "glm4_moe") return write_glm4_checkpoint(o);     // glm4_checkpoint.h
   if (!o.weights_int4.empty()) return write_int4_checkpoint(o);  // int4_checkpoint.h
   if (!o.from_dir.empty()) return write_w8a8_copy(o);
   XDS_ASSIGN_OR_RETURN(DeepseekV3Config c, mkmodel_config(o));

@@ -73,8 +73,7 @@ Status check_gqa_storage(const KvLayout& want, const KvStorage& kv, int64_t kv_h
   return {};
 }
 
-void GqaAttention::run(const GqaStep& step, KvStorage& kv, const GqaLayerIo& io,
-                       ThreadPool& pool) {
+void GqaAttention::run(const GqaStep& step, KvStorage& kv, const GqaLayerIo& io, ThreadPool& pool) {
   const int64_t dh = io.head_dim, group = io.heads / io.kv_heads;
   const int64_t q_width = io.heads * dh, kv_width = io.kv_heads * dh;
   const int64_t bs = kv.block_size();

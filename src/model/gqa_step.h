@@ -34,9 +34,9 @@ class GqaStep {
                 std::span<const int32_t> blocks, const KvStorage& kv, int64_t vocab_size);
 
   const std::vector<GqaChunk>& chunks() const { return chunks_; }
-  int64_t n() const { return n_; }                   // tokens in the step
-  int64_t pos(int64_t t) const { return pos_[t]; }   // absolute position of token t
-  int64_t max_end() const;                           // max over chunks of start_pos + count
+  int64_t n() const { return n_; }                  // tokens in the step
+  int64_t pos(int64_t t) const { return pos_[t]; }  // absolute position of token t
+  int64_t max_end() const;                          // max over chunks of start_pos + count
 
  private:
   std::vector<GqaChunk> chunks_;
@@ -51,15 +51,15 @@ Status check_gqa_storage(const KvLayout& want, const KvStorage& kv, int64_t kv_h
 
 // The inputs and output of one layer's attention. H query heads, KV heads, Dh = head_dim.
 struct GqaLayerIo {
-  int64_t layer = 0;          // cache layer
-  int64_t heads = 0;          // H
-  int64_t kv_heads = 0;       // KV (H a multiple of it; query head h reads KV head h / (H / KV))
-  int64_t head_dim = 0;       // Dh
-  float scale = 1.0f;         // softmax scale
-  const float* q = nullptr;   // [n, H·Dh] after the family's norms and RoPE
-  const float* k = nullptr;   // [n, KV·Dh] likewise
-  const float* v = nullptr;   // [n, KV·Dh]
-  float* out = nullptr;       // [n, H·Dh] attention outputs (before o_proj)
+  int64_t layer = 0;         // cache layer
+  int64_t heads = 0;         // H
+  int64_t kv_heads = 0;      // KV (H a multiple of it; query head h reads KV head h / (H / KV))
+  int64_t head_dim = 0;      // Dh
+  float scale = 1.0f;        // softmax scale
+  const float* q = nullptr;  // [n, H·Dh] after the family's norms and RoPE
+  const float* k = nullptr;  // [n, KV·Dh] likewise
+  const float* v = nullptr;  // [n, KV·Dh]
+  float* out = nullptr;      // [n, H·Dh] attention outputs (before o_proj)
 };
 
 class GqaAttention {

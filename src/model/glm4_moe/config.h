@@ -20,9 +20,9 @@ struct Glm4MoeConfig {
   int64_t intermediate_size = 0;      // the dense layers' MLP width
   int64_t moe_intermediate_size = 0;  // I: a routed expert's width (shared: n_shared · I)
   int64_t num_hidden_layers = 0;
-  int64_t num_attention_heads = 0;  // H query heads
-  int64_t num_key_value_heads = 0;  // KV heads (H a multiple of it)
-  int64_t head_dim = 0;             // Dh; config "head_dim", else D / H
+  int64_t num_attention_heads = 0;     // H query heads
+  int64_t num_key_value_heads = 0;     // KV heads (H a multiple of it)
+  int64_t head_dim = 0;                // Dh; config "head_dim", else D / H
   double partial_rotary_factor = 0.5;  // the first Dh · factor dims of a head rotate
   int64_t n_routed_experts = 0;        // E
   int64_t num_experts_per_tok = 0;     // top-k

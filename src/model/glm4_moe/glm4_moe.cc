@@ -100,8 +100,7 @@ Result<std::unique_ptr<Glm4MoeModel>> Glm4MoeModel::load(const std::string& dir,
   m->moe_row_.assign(static_cast<size_t>(cache_layers), -1);
   for (size_t i = 0; i < m->info_.moe_layers.size(); ++i)
     m->moe_row_[static_cast<size_t>(m->info_.moe_layers[i])] = static_cast<int32_t>(i);
-  m->routed_counts_.assign(m->info_.moe_layers.size() * static_cast<size_t>(c.n_routed_experts),
-                           0);
+  m->routed_counts_.assign(m->info_.moe_layers.size() * static_cast<size_t>(c.n_routed_experts), 0);
   const bool bf16 =
       options.kv_cache == KvCacheDType::kBF16 ||
       (options.kv_cache == KvCacheDType::kAuto && options.compute == ComputeDType::kBF16);
@@ -125,8 +124,7 @@ const MoeWeights* Glm4MoeModel::moe_weights(int64_t layer) const {
   return moe ? &*moe : nullptr;
 }
 
-void Glm4MoeModel::norm_rows(const float* x, std::span<const float> weight, int64_t n,
-                             float* out) {
+void Glm4MoeModel::norm_rows(const float* x, std::span<const float> weight, int64_t n, float* out) {
   const int64_t d = config_.hidden_size;
   pool_->parallel_for(n, [&](int64_t t0, int64_t t1, int) {
     for (int64_t t = t0; t < t1; ++t)
@@ -173,8 +171,7 @@ Status Glm4MoeModel::run_moe(const MoeWeights& w, int64_t layer, const float* xn
   pool_->parallel_for(n, [&](int64_t t0, int64_t t1, int thread) {
     float* scratch = scratch_all + 2 * e * thread;
     for (int64_t t = t0; t < t1; ++t) {
-      route_token(gp, logits + t * e, w.score_bias.data(), ids + t * k, weights + t * k,
-                  scratch);
+      route_token(gp, logits + t * e, w.score_bias.data(), ids + t * k, weights + t * k, scratch);
       // transformers normalises a single expert's weight too (to 1, then scaled);
       // route_token leaves top-1 unnormalised, as DeepSeek's gate does.
       if (k == 1 && gp.norm_topk_prob) weights[t] = static_cast<float>(gp.routed_scaling_factor);
@@ -238,8 +235,8 @@ Status Glm4MoeModel::forward(std::span<const TokenChunk> chunks, KvStorage& kv, 
       check_gqa_storage(kv_layout_, kv, config_.num_key_value_heads, config_.head_dim));
   step_.clear();
   for (size_t i = 0; i < chunks.size(); ++i) {
-    XDS_RETURN_IF_ERROR(step_.append(i, chunks[i].start_pos, chunks[i].tokens, chunks[i].blocks,
-                                     kv, config_.vocab_size));
+    XDS_RETURN_IF_ERROR(step_.append(i, chunks[i].start_pos, chunks[i].tokens, chunks[i].blocks, kv,
+                                     config_.vocab_size));
   }
   out.logit_tokens.clear();
   const int64_t n = step_.n();

@@ -71,11 +71,11 @@ struct Glm4MtpWeights {
 };
 
 struct Glm4MoeWeights {
-  MatrixRef embed;                        // [vocab, D]
-  std::vector<Glm4LayerWeights> layers;   // [num_hidden_layers]
-  std::span<const float> final_norm;      // [D]
-  MatrixRef lm_head;                      // [vocab, D] (the embedding when tied)
-  std::vector<Glm4MtpWeights> mtp;        // [num_nextn_predict_layers]
+  MatrixRef embed;                       // [vocab, D]
+  std::vector<Glm4LayerWeights> layers;  // [num_hidden_layers]
+  std::span<const float> final_norm;     // [D]
+  MatrixRef lm_head;                     // [vocab, D] (the embedding when tied)
+  std::vector<Glm4MtpWeights> mtp;       // [num_nextn_predict_layers]
 };
 
 // Binds every tensor the config calls for; an error names the file, the tensor, the expected

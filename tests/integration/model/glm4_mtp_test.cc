@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -58,14 +59,16 @@ struct Case {
   int seed;
 };
 
+// What the test's name shows of a case (not its bytes).
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
+
 class Glm4Oracle : public ::testing::TestWithParam<Case> {};
 
 TEST_P(Glm4Oracle, PrefillAndMtpDraftLogitsMatchTheReference) {
   const Case& c = GetParam();
-  const std::string dir =
-      (fs::temp_directory_path() / ("xds_glm4_" + std::string(c.name) + "_" +
-                                    std::to_string(::getpid())))
-          .string();
+  const std::string dir = (fs::temp_directory_path() /
+                           ("xds_glm4_" + std::string(c.name) + "_" + std::to_string(::getpid())))
+                              .string();
   const std::string oracle = std::string(XDS_SOURCE_DIR) + "/tests/conformance/oracle/";
   std::vector<int32_t> ids;
   for (int i = 0; i < 21; ++i) ids.push_back(static_cast<int32_t>(2 + (i * 53 + 7) % 250));
@@ -124,8 +127,9 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"bias_qknorm", "", 1},
         // GLM-4.5-Air's (no q/k norm), no biases, GQA 4:1, 4 of 16 dims rotate, two dense
         // layers, top-3 over one group, two shards.
-        Case{"air_gqa4", "--heads 8 --kv-heads 2 --head-dim 16 --partial 0.25 --no-qk-norm "
-                         "--no-bias --groups 1,1 --top-k 3 --layers 4 --first-dense 2 --shards 2",
+        Case{"air_gqa4",
+             "--heads 8 --kv-heads 2 --head-dim 16 --partial 0.25 --no-qk-norm "
+             "--no-bias --groups 1,1 --top-k 3 --layers 4 --first-dense 2 --shards 2",
              1}),
     [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
 

@@ -29,7 +29,9 @@ json published() {
     "vocab_size": 151552})");
 }
 
-Result<Glm4MoeConfig> parse(const json& j) { return parse_glm4_moe_config(j.dump(), "c.json"); }
+Result<Glm4MoeConfig> parse(const json& j) {
+  return parse_glm4_moe_config(j.dump(), "c.json");
+}
 
 std::string error_of(const json& j) {
   auto r = parse(j);
@@ -71,10 +73,10 @@ TEST(Glm4Config, PublishedConfigParses) {
 
 TEST(Glm4Config, TransformersDefaults) {
   json j = published();
-  for (const char* key : {"head_dim", "partial_rotary_factor", "attention_bias", "use_qk_norm",
-                          "n_shared_experts", "first_k_dense_replace", "n_group", "topk_group",
-                          "norm_topk_prob", "routed_scaling_factor", "num_nextn_predict_layers",
-                          "tie_word_embeddings"})
+  for (const char* key :
+       {"head_dim", "partial_rotary_factor", "attention_bias", "use_qk_norm", "n_shared_experts",
+        "first_k_dense_replace", "n_group", "topk_group", "norm_topk_prob", "routed_scaling_factor",
+        "num_nextn_predict_layers", "tie_word_embeddings"})
     j.erase(key);
   j["num_attention_heads"] = 40;  // 5120 / 40 = 128
   auto r = parse(j);

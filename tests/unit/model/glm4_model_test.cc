@@ -28,8 +28,8 @@ namespace {
 namespace fs = std::filesystem;
 
 std::string checkpoint_dir(const std::string& tag) {
-  return (fs::temp_directory_path() / ("xds_glm4_model_test_" + tag + "_" +
-                                       std::to_string(::getpid())))
+  return (fs::temp_directory_path() /
+          ("xds_glm4_model_test_" + tag + "_" + std::to_string(::getpid())))
       .string();
 }
 
@@ -234,12 +234,13 @@ TEST(Glm4Mkmodel, WritesThePublishedLayout) {
   auto full = Checkpoint::open(tiny_checkpoint());
   auto air = Checkpoint::open(tiny_checkpoint(/*air=*/true));
   ASSERT_TRUE(full.ok() && air.ok());
-  for (const char* name : {"model.layers.1.self_attn.q_proj.bias",
-                           "model.layers.0.self_attn.k_norm.weight",
-                           "model.layers.3.self_attn.v_proj.bias"})
+  for (const char* name :
+       {"model.layers.1.self_attn.q_proj.bias", "model.layers.0.self_attn.k_norm.weight",
+        "model.layers.3.self_attn.v_proj.bias"})
     EXPECT_NE(full->find(name), nullptr) << name;
-  for (const char* name : {"model.layers.3.eh_proj.weight", "model.layers.3.shared_head.head.weight",
-                           "model.layers.3.mlp.shared_experts.down_proj.weight"})
+  for (const char* name :
+       {"model.layers.3.eh_proj.weight", "model.layers.3.shared_head.head.weight",
+        "model.layers.3.mlp.shared_experts.down_proj.weight"})
     EXPECT_NE(full->find(name), nullptr) << name;
   const TensorView* bias = full->find("model.layers.2.mlp.gate.e_score_correction_bias");
   ASSERT_NE(bias, nullptr);
