@@ -87,7 +87,7 @@ TEST(Registry, LoadsTheArchitectureNamedByModelType) {
   EXPECT_EQ(kv.planes[1].elements, 16);
   EXPECT_EQ(supported_model_types(),
             (std::vector<std::string>{"deepseek_v3", "kimi_k2", "deepseek_v2", "qwen3_moe",
-                                      "xds_scripted"}));
+                                      "glm4_moe", "xds_scripted"}));
   // load_model_info reads the same facts from the config files alone.
   const auto light = load_model_info(tiny_dir());
   ASSERT_TRUE(light.ok()) << light.status().to_string();
