@@ -15,8 +15,8 @@ void add_mkmodel_command(CLI::App& app, int* exit_code) {
   auto opts = std::make_shared<MkModelOptions>();
   CLI::App* cmd =
       app.add_subcommand("mkmodel",
-                         "Write a random-weight DeepSeek-V3, Kimi K2, DeepSeek-V2 or Qwen3-MoE "
-                         "checkpoint (HF layout)");
+                         "Write a random-weight DeepSeek-V3, Kimi K2, DeepSeek-V2, Qwen3-MoE or "
+                         "GLM-4.5 checkpoint (HF layout)");
   cmd->add_option("--out", opts->out_dir, "Output directory")->required();
   CLI::Option* preset =
       cmd->add_option("--preset", opts->preset,
@@ -25,9 +25,9 @@ void add_mkmodel_command(CLI::App& app, int* exit_code) {
           ->check(CLI::IsMember({"tiny", "bench-2.6b", "bench-qwen3"}));
   cmd->add_option("--arch", opts->arch,
                   "deepseek_v3 (default), kimi_k2, deepseek_v2 (with --no-q-lora: the "
-                  "DeepSeek-V2-Lite layout) or qwen3_moe (presets tiny, bench-qwen3): "
-                  "config.json's model_type and that family's published fields")
-      ->check(CLI::IsMember({"deepseek_v3", "kimi_k2", "deepseek_v2", "qwen3_moe"}));
+                  "DeepSeek-V2-Lite layout), qwen3_moe (presets tiny, bench-qwen3) or glm4_moe "
+                  "(preset tiny): config.json's model_type and that family's published fields")
+      ->check(CLI::IsMember({"deepseek_v3", "kimi_k2", "deepseek_v2", "qwen3_moe", "glm4_moe"}));
   cmd->add_flag("--weights-int8", opts->weights_int8,
                 "W8A8 (compressed-tensors, round to nearest per output channel): attention and "
                 "MLP projections as I8 + weight_scale");
@@ -69,8 +69,19 @@ void add_mkmodel_command(CLI::App& app, int* exit_code) {
       ->check(CLI::Range(1, 1000));
   cmd->add_option_function<int>(
          "--mtp-layers", [opts](int n) { opts->mtp_layers = n; },
-         "num_nextn_predict_layers (default: deepseek_v3 1, kimi_k2 0; deepseek_v2 has none)")
+         "num_nextn_predict_layers (default: deepseek_v3 and glm4_moe 1, kimi_k2 0; "
+         "deepseek_v2 has none)")
       ->check(CLI::Range(0, 8));
+  cmd->add_option_function<double>(
+         "--partial-rotary-factor", [opts](double f) { opts->partial_rotary_factor = f; },
+         "glm4_moe: the share of each head's dims that rotate (default 0.5, as published)")
+      ->check(CLI::Range(0.0, 1.0));
+  cmd->add_flag_function(
+      "--no-attention-bias", [opts](int64_t) { opts->attention_bias = false; },
+      "glm4_moe: attention_bias false (no q/k/v biases)");
+  cmd->add_flag_function(
+      "--no-qk-norm", [opts](int64_t) { opts->qk_norm = false; },
+      "glm4_moe: use_qk_norm false (GLM-4.5-Air's attention)");
   cmd->add_flag("--yarn", opts->yarn, "Add rope_scaling yarn (factor 4)");
   cmd->add_option_function<int64_t>(
          "--max-position-embeddings", [opts](int64_t n) { opts->max_position_embeddings = n; },

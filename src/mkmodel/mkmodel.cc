@@ -22,6 +22,7 @@
 #include "base/hash.h"
 #include "base/read_file.h"
 #include "base/thread_pool.h"
+#include "mkmodel/glm4_checkpoint.h"
 #include "mkmodel/int4_checkpoint.h"
 #include "mkmodel/mkmodel_config.h"
 #include "mkmodel/qwen3_checkpoint.h"
@@ -57,6 +58,7 @@ inline float uniform(uint64_t key, uint64_t i) {
 
 enum class Init { kLinear, kEmbed, kNorm, kRouter, kBias };
 static_assert(static_cast<int>(Init::kRouter) == static_cast<int>(RandomInit::kRouter));
+static_assert(static_cast<int>(Init::kBias) == static_cast<int>(RandomInit::kBias));
 
 // One tensor to write. A FP8 weight is followed by its `_scale_inv`, an I8 one by its
 // `_scale` (is_scale).
@@ -606,7 +608,8 @@ Status write_random_tensors(const MkModelOptions& o, const std::vector<RandomTen
                             DType dtype) {
   std::vector<Spec> specs;
   for (const RandomTensor& t : tensors)
-    specs.push_back({t.name, t.shape, dtype, static_cast<Init>(t.init), false, {}});
+    specs.push_back(
+        {t.name, t.shape, t.f32 ? DType::kF32 : dtype, static_cast<Init>(t.init), false, {}});
   ThreadPool pool(thread_count(o));
   return write_tensor_files(o, specs, pool);
 }
@@ -616,7 +619,8 @@ Status write_random_checkpoint(const MkModelOptions& o) {
   if (o.int8_head_and_kv_b && !o.weights_int8) {
     return invalid_argument("mkmodel: --int8-head-and-kv-b needs --weights-int8");
   }
-  if (o.arch == "qwen3_moe") return write_qwen3_checkpoint(o);  // qwen3_checkpoint.h
+  if (o.arch == "qwen3_moe") return write_qwen3_checkpoint(o);   // qwen3_checkpoint.h
+  if (o.arch == "glm4_moe") return write_glm4_checkpoint(o);     // glm4_checkpoint.h
   if (!o.weights_int4.empty()) return write_int4_checkpoint(o);  // int4_checkpoint.h
   if (!o.from_dir.empty()) return write_w8a8_copy(o);
   XDS_ASSIGN_OR_RETURN(DeepseekV3Config c, mkmodel_config(o));

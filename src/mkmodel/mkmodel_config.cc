@@ -19,8 +19,8 @@ Result<DeepseekFamily> family_of(const std::string& arch) {
     if (arch == deepseek_model_type(f)) return f;
   }
   return invalid_argument(
-      "mkmodel: unknown arch \"{}\" (expected \"deepseek_v3\", \"kimi_k2\", \"deepseek_v2\" or "
-      "\"qwen3_moe\")",
+      "mkmodel: unknown arch \"{}\" (expected \"deepseek_v3\", \"kimi_k2\", \"deepseek_v2\", "
+      "\"qwen3_moe\" or \"glm4_moe\")",
       arch);
 }
 

@@ -1,5 +1,6 @@
 #include "model/config_json.h"
 
+#include <cmath>
 #include <filesystem>
 
 #include <fmt/format.h>
@@ -84,6 +85,13 @@ Result<std::string> apply_generation_config(const std::string& dir,
     XDS_ASSIGN_OR_RETURN(bos_token_id, get_int(path, "bos_token_id", *it, 0));
   }
   return path;
+}
+
+Result<double> get_positive_double(std::string_view source, std::string_view key, const json& v) {
+  if (!v.is_number() || !std::isfinite(v.get<double>()) || !(v.get<double>() > 0)) {
+    return field_error(source, key, "a finite number > 0", v);
+  }
+  return v.get<double>();
 }
 
 std::string checkpoint_name(const std::string& dir) {

@@ -57,6 +57,43 @@ Status parse_eos(std::string_view source, std::string_view key, const json& v, C
   return {};
 }
 
+// A finite number > 0; else field_error.
+Result<double> get_positive_double(std::string_view source, std::string_view key, const json& v);
+
+// The class of a pointer to member (for the field parsers below).
+template <class T>
+struct member_class;
+template <class C, class V>
+struct member_class<V C::*> {
+  using type = C;
+};
+template <auto M>
+using member_class_t = typename member_class<decltype(M)>::type;
+
+// Field parsers of a config table (FieldSpec rows), each storing into the member M of the
+// family's config: an integer in [kMin, kMax], a finite number > 0, or a boolean.
+template <auto M, int64_t kMin, int64_t kMax = INT64_MAX>
+Status parse_int_field(std::string_view source, std::string_view key, const json& v,
+                       member_class_t<M>& c) {
+  XDS_ASSIGN_OR_RETURN(c.*M, get_int(source, key, v, kMin, kMax));
+  return {};
+}
+
+template <auto M>
+Status parse_positive_field(std::string_view source, std::string_view key, const json& v,
+                            member_class_t<M>& c) {
+  XDS_ASSIGN_OR_RETURN(c.*M, get_positive_double(source, key, v));
+  return {};
+}
+
+template <auto M>
+Status parse_bool_field(std::string_view source, std::string_view key, const json& v,
+                        member_class_t<M>& c) {
+  if (!v.is_boolean()) return field_error(source, key, "true or false", v);
+  c.*M = v.get<bool>();
+  return {};
+}
+
 // `text` parsed as a JSON object; InvalidArgument naming `source` otherwise.
 Result<json> parse_object(const std::string& text, const std::string& source);
 

@@ -7,6 +7,7 @@
 
 #include "base/read_file.h"
 #include "model/deepseek_v3/deepseek_v3.h"
+#include "model/glm4_moe/glm4_moe.h"
 #include "model/qwen3_moe/qwen3_moe.h"
 #include "model/scripted_lm.h"
 
@@ -41,6 +42,7 @@ constexpr Architecture kArchitectures[] = {
     {"deepseek_v2", "DeepseekV2ForCausalLM", &load_as<DeepseekV3Model>,
      &DeepseekV3Model::load_info},
     {"qwen3_moe", "Qwen3MoeForCausalLM", &load_as<Qwen3MoeModel>, &Qwen3MoeModel::load_info},
+    {"glm4_moe", "Glm4MoeForCausalLM", &load_as<Glm4MoeModel>, &Glm4MoeModel::load_info},
     // The test model whose greedy output is a script (scripted_lm.h).
     {"xds_scripted", "XdsScriptedForCausalLM", &load_as<ScriptedLm>, &ScriptedLm::load_info},
 };

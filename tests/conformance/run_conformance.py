@@ -30,6 +30,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "oracle"))
 import ds3_oracle  # noqa: E402
+import glm4_oracle  # noqa: E402
 import qwen3_oracle  # noqa: E402
 
 LOGIT_RTOL = 1e-4          # contract: per-row max error relative to the row's max |logit|
@@ -164,11 +165,48 @@ QWEN3_CASES = [
 for _case in QWEN3_CASES:
     _case["family"] = "qwen3_moe"
 CASES += QWEN3_CASES
+# GLM-4.5 (family "glm4_moe", --family glm4_moe): checkpoints from oracle/make_tiny_glm4.py
+# (its flags in "args"), checked against oracle/glm4_oracle.py. Defaults there: hidden 64, 4
+# query / 2 KV heads of head_dim 24 (not 64 / 4) with 12 rotated dims, q/k/v biases, q/k
+# norm, 8 experts in 2 groups keeping 1, top-2, normalised, × 2.5, one shared expert, layer 0
+# dense, one MTP layer, untied.
+GLM4_CASES = [
+    {"name": "glm4_bias_qknorm", "maker": "glm4", "args": [],
+     "variants": ["oneshot", "chunked", "threads2"]},
+    # GLM-4.5-Air's attention (no q/k norm), no biases, GQA 4:1, 4 of 16 dims rotate, two
+    # dense layers, top-3 over one group, two shards; 37 prompt tokens cross the KV blocks.
+    {"name": "glm4_air_gqa4_partial", "maker": "glm4",
+     "args": ["--heads", "8", "--kv-heads", "2", "--head-dim", "16", "--partial", "0.25",
+              "--no-qk-norm", "--no-bias", "--groups", "1,1", "--top-k", "3", "--layers", "4",
+              "--first-dense", "2", "--shards", "2"], "prompt_len": 37,
+     "variants": ["oneshot", "chunked"]},
+    # MHA, the whole head rotates, top-1 with norm_topk_prob (weight 1, then × 2.5), two
+    # shared experts, 4 groups keeping 2, tied head, F32 weights.
+    {"name": "glm4_mha_full_rotary_top1_tied", "maker": "glm4",
+     "args": ["--heads", "4", "--kv-heads", "4", "--head-dim", "16", "--partial", "1.0",
+              "--top-k", "1", "--shared", "2", "--tied", "--dtype", "f32", "--groups", "4,2"],
+     "variants": ["oneshot"]},
+    # Unnormalised top-k (weights = scores × 2.5).
+    {"name": "glm4_unnormalised", "maker": "glm4", "args": ["--no-norm-topk"],
+     "variants": ["oneshot"]},
+    # mkmodel --arch glm4_moe --preset tiny: the engine's own writer (head_dim 32 ≠ 64 / 4),
+    # read by the oracle's independent reader.
+    {"name": "glm4_mkmodel_tiny", "maker": "engine",
+     "args": ["--arch", "glm4_moe", "--preset", "tiny"], "variants": ["oneshot", "chunked"]},
+    {"name": "glm4_mkmodel_air", "maker": "engine",
+     "args": ["--arch", "glm4_moe", "--preset", "tiny", "--no-qk-norm", "--no-attention-bias",
+              "--partial-rotary-factor", "0.25"], "variants": ["oneshot"]},
+]
+for _case in GLM4_CASES:
+    _case["family"] = "glm4_moe"
+CASES += GLM4_CASES
 
 
 def make_oracle(case, model):
     if case.get("family") == "qwen3_moe":
         return qwen3_oracle.Oracle(model)
+    if case.get("family") == "glm4_moe":
+        return glm4_oracle.Oracle(model)
     return ds3_oracle.Oracle(model, dequantized=case.get("oracle_dequantized", ()))
 
 
@@ -211,6 +249,9 @@ PYTHON_MAKER = False  # --python-maker: every case uses make_tiny.py (no mkmodel
 def make_checkpoint(xds, case, seed, out):
     if case["maker"] == "qwen3":
         cmd = [sys.executable, os.path.join(HERE, "oracle", "make_tiny_qwen3.py"), "--out", out,
+               "--seed", str(seed)] + case["args"]
+    elif case["maker"] == "glm4":
+        cmd = [sys.executable, os.path.join(HERE, "oracle", "make_tiny_glm4.py"), "--out", out,
                "--seed", str(seed)] + case["args"]
     elif case["maker"] == "engine" and not PYTHON_MAKER:
         cmd = [xds, "mkmodel", "--out", out, "--seed", str(seed)] + case["args"]
@@ -430,7 +471,8 @@ def main():
                     help="the cases of DeepSeek-V3 checkpoints (default) or of Kimi K2 and "
                          "DeepSeek-V2 ones")
     ap.add_argument("--keep", help="keep checkpoints and dumps in this directory")
-    ap.add_argument("--family", default="deepseek_v3", choices=["deepseek_v3", "qwen3_moe"],
+    ap.add_argument("--family", default="deepseek_v3",
+                    choices=["deepseek_v3", "qwen3_moe", "glm4_moe"],
                     help="run the cases of this model family")
     ap.add_argument("--list", action="store_true")
     ap.add_argument("--python-maker", action="store_true",

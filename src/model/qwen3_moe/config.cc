@@ -24,6 +24,10 @@ using Config = Qwen3MoeConfig;
 using config_json::cross_error;
 using config_json::field_error;
 using config_json::get_int;
+using config_json::parse_bool_field;
+using config_json::parse_int_field;
+using config_json::parse_positive_field;
+constexpr auto get_double = config_json::get_positive_double;
 
 // Bounds that keep every product the loader forms (shapes, bytes) inside int64.
 constexpr int64_t kMaxWidth = int64_t{1} << 20;
@@ -31,34 +35,8 @@ constexpr int64_t kMaxHeads = int64_t{1} << 12;
 constexpr int64_t kMaxHeadDim = int64_t{1} << 12;
 constexpr int64_t kMaxLayers = int64_t{1} << 12;
 
-Result<double> get_double(std::string_view source, std::string_view key, const json& v) {
-  if (!v.is_number() || !std::isfinite(v.get<double>()) || !(v.get<double>() > 0)) {
-    return field_error(source, key, "a finite number > 0", v);
-  }
-  return v.get<double>();
-}
-
 using FieldParser = Status (*)(std::string_view source, std::string_view key, const json& v,
                                Config& c);
-
-template <int64_t Config::*M, int64_t kMin, int64_t kMax>
-Status parse_int(std::string_view source, std::string_view key, const json& v, Config& c) {
-  XDS_ASSIGN_OR_RETURN(c.*M, get_int(source, key, v, kMin, kMax));
-  return {};
-}
-
-template <double Config::*M>
-Status parse_double(std::string_view source, std::string_view key, const json& v, Config& c) {
-  XDS_ASSIGN_OR_RETURN(c.*M, get_double(source, key, v));
-  return {};
-}
-
-template <bool Config::*M>
-Status parse_bool(std::string_view source, std::string_view key, const json& v, Config& c) {
-  if (!v.is_boolean()) return field_error(source, key, "true or false", v);
-  c.*M = v.get<bool>();
-  return {};
-}
 
 // head_dim: an integer, or null (then hidden_size / num_attention_heads, as transformers).
 Status parse_head_dim(std::string_view source, std::string_view key, const json& v, Config& c) {
@@ -169,24 +147,26 @@ struct FieldSpec {
 constexpr FieldSpec kFields[] = {
     {"architectures", false, parse_architectures},
     {"model_type", false, parse_model_type},
-    {"vocab_size", true, parse_int<&Config::vocab_size, 1, kMaxWidth>},
-    {"hidden_size", true, parse_int<&Config::hidden_size, 1, kMaxWidth>},
-    {"intermediate_size", true, parse_int<&Config::intermediate_size, 1, kMaxWidth>},
-    {"moe_intermediate_size", true, parse_int<&Config::moe_intermediate_size, 1, kMaxWidth>},
-    {"num_hidden_layers", true, parse_int<&Config::num_hidden_layers, 1, kMaxLayers>},
-    {"num_attention_heads", true, parse_int<&Config::num_attention_heads, 1, kMaxHeads>},
-    {"num_key_value_heads", true, parse_int<&Config::num_key_value_heads, 1, kMaxHeads>},
+    {"vocab_size", true, parse_int_field<&Config::vocab_size, 1, kMaxWidth>},
+    {"hidden_size", true, parse_int_field<&Config::hidden_size, 1, kMaxWidth>},
+    {"intermediate_size", true, parse_int_field<&Config::intermediate_size, 1, kMaxWidth>},
+    {"moe_intermediate_size", true, parse_int_field<&Config::moe_intermediate_size, 1, kMaxWidth>},
+    {"num_hidden_layers", true, parse_int_field<&Config::num_hidden_layers, 1, kMaxLayers>},
+    {"num_attention_heads", true, parse_int_field<&Config::num_attention_heads, 1, kMaxHeads>},
+    {"num_key_value_heads", true, parse_int_field<&Config::num_key_value_heads, 1, kMaxHeads>},
     {"head_dim", false, parse_head_dim},
-    {"num_experts", true, parse_int<&Config::num_experts, 0, kMaxRoutedExperts>},
-    {"num_experts_per_tok", true, parse_int<&Config::num_experts_per_tok, 1, kMaxRoutedExperts>},
-    {"decoder_sparse_step", false, parse_int<&Config::decoder_sparse_step, 1, kMaxLayers>},
+    {"num_experts", true, parse_int_field<&Config::num_experts, 0, kMaxRoutedExperts>},
+    {"num_experts_per_tok", true,
+     parse_int_field<&Config::num_experts_per_tok, 1, kMaxRoutedExperts>},
+    {"decoder_sparse_step", false, parse_int_field<&Config::decoder_sparse_step, 1, kMaxLayers>},
     {"mlp_only_layers", false, parse_mlp_only_layers},
-    {"norm_topk_prob", false, parse_bool<&Config::norm_topk_prob>},
-    {"rms_norm_eps", false, parse_double<&Config::rms_norm_eps>},
-    {"rope_theta", false, parse_double<&Config::rope_theta>},
+    {"norm_topk_prob", false, parse_bool_field<&Config::norm_topk_prob>},
+    {"rms_norm_eps", false, parse_positive_field<&Config::rms_norm_eps>},
+    {"rope_theta", false, parse_positive_field<&Config::rope_theta>},
     {"rope_scaling", false, parse_rope_scaling},
-    {"max_position_embeddings", false, parse_int<&Config::max_position_embeddings, 1, INT64_MAX>},
-    {"tie_word_embeddings", false, parse_bool<&Config::tie_word_embeddings>},
+    {"max_position_embeddings", false,
+     parse_int_field<&Config::max_position_embeddings, 1, INT64_MAX>},
+    {"tie_word_embeddings", false, parse_bool_field<&Config::tie_word_embeddings>},
     {"hidden_act", false, parse_hidden_act},
     {"attention_bias", false, parse_false},
     {"use_sliding_window", false, parse_false},

@@ -51,16 +51,6 @@ ModelInfo make_info(const std::string& dir, const Qwen3MoeConfig& c) {
   return info;
 }
 
-Status check_tokens(std::span<const int32_t> tokens, int64_t vocab, size_t chunk) {
-  for (size_t i = 0; i < tokens.size(); ++i) {
-    if (tokens[i] < 0 || tokens[i] >= vocab) {
-      return invalid_argument("chunk {}: token {} is id {}, out of range [0, {})", chunk, i,
-                              tokens[i], vocab);
-    }
-  }
-  return {};
-}
-
 // The options this family does not run yet, each refused in one line.
 Status check_options(const ModelOptions& o) {
   if (o.attention != AttentionMode::kAuto) {
@@ -148,7 +138,7 @@ void Qwen3MoeModel::run_mlp(const MlpWeights& w, const float* xn, int64_t n, flo
 }
 
 Status Qwen3MoeModel::run_moe(const MoeWeights& w, int64_t layer, const float* xn, float* out) {
-  const int64_t n = n_, d = config_.hidden_size, e = config_.num_experts;
+  const int64_t n = step_.n(), d = config_.hidden_size, e = config_.num_experts;
   const int64_t k = config_.num_experts_per_tok;
   // Router in fp32 in every compute mode: routing decisions must not move with the fast mode.
   float* logits = grow(s_router_, n * e);
@@ -181,7 +171,7 @@ Status Qwen3MoeModel::run_moe(const MoeWeights& w, int64_t layer, const float* x
 
 Status Qwen3MoeModel::run_layer(int64_t layer, KvStorage& kv, float* x) {
   const Qwen3MoeLayerWeights& w = weights_.layers[static_cast<size_t>(layer)];
-  const int64_t n = n_, d = config_.hidden_size;
+  const int64_t n = step_.n(), d = config_.hidden_size;
   float* xn = grow(s_xn_, n * d);
   float* tmp = grow(s_tmp_, n * d);
   norm_rows(x, w.input_norm, n, xn);
@@ -197,57 +187,18 @@ Status Qwen3MoeModel::run_layer(int64_t layer, KvStorage& kv, float* x) {
   return {};
 }
 
-Status Qwen3MoeModel::check_storage(const KvStorage& kv) const {
-  const KvLayout& want = kv_layout_;
-  const KvLayout& have = kv.layout();
-  const auto same = [](const KvPlane& a, const KvPlane& b) {
-    return a.dtype == b.dtype && a.elements == b.elements && a.row_bytes == b.row_bytes;
-  };
-  if (have.layers < want.layers || have.planes.size() != want.planes.size() ||
-      !std::equal(want.planes.begin(), want.planes.end(), have.planes.begin(), same)) {
-    return invalid_argument(
-        "KV storage of {} layers x {} planes does not fit this model: {} layers of {} GQA planes "
-        "(K and V of {} KV heads) of {} x {}",
-        have.layers, have.planes.size(), want.layers, want.planes.size(),
-        config_.num_key_value_heads, config_.head_dim, dtype_name(want.planes[0].dtype));
-  }
-  return {};
-}
-
-Status Qwen3MoeModel::append_chunk(size_t index, const TokenChunk& ch, const KvStorage& kv) {
-  XDS_RETURN_IF_ERROR(check_tokens(ch.tokens, config_.vocab_size, index));
-  const int64_t count = static_cast<int64_t>(ch.tokens.size());
-  if (ch.start_pos < 0) {
-    return invalid_argument("chunk {}: start position {} < 0", index, ch.start_pos);
-  }
-  const int64_t end = ch.start_pos + count, bs = kv.block_size();
-  const int64_t need = (end + bs - 1) / bs;
-  if (static_cast<int64_t>(ch.blocks.size()) < need) {
-    return invalid_argument(
-        "chunk {}: positions [{}, {}) need {} blocks of {} rows, its block table has {}", index,
-        ch.start_pos, end, need, bs, ch.blocks.size());
-  }
-  for (int64_t i = 0; i < need; ++i) {
-    if (ch.blocks[i] < 0 || ch.blocks[i] >= kv.num_blocks()) {
-      return invalid_argument("chunk {}: block table entry {} is block {}, outside [0, {})", index,
-                              i, ch.blocks[i], kv.num_blocks());
-    }
-  }
-  chunks_.push_back({ch.blocks, ch.start_pos, n_, count});
-  for (int64_t i = 0; i < count; ++i) pos_.push_back(ch.start_pos + i);
-  n_ += count;
-  return {};
-}
-
 Status Qwen3MoeModel::forward(std::span<const TokenChunk> chunks, KvStorage& kv, StepOutput& out) {
   const int64_t d = config_.hidden_size;
-  XDS_RETURN_IF_ERROR(check_storage(kv));
-  chunks_.clear();
-  pos_.clear();
-  n_ = 0;
-  for (size_t i = 0; i < chunks.size(); ++i) XDS_RETURN_IF_ERROR(append_chunk(i, chunks[i], kv));
+  XDS_RETURN_IF_ERROR(
+      check_gqa_storage(kv_layout_, kv, config_.num_key_value_heads, config_.head_dim));
+  step_.clear();
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    XDS_RETURN_IF_ERROR(step_.append(i, chunks[i].start_pos, chunks[i].tokens, chunks[i].blocks, kv,
+                                     config_.vocab_size));
+  }
   out.logit_tokens.clear();
-  if (n_ == 0) {  // every MoE layer still joins its exchange, with no rows
+  const int64_t n = step_.n();
+  if (n == 0) {  // every MoE layer still joins its exchange, with no rows
     out.logits.clear();
     out.hidden.clear();
     for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
@@ -261,8 +212,8 @@ Status Qwen3MoeModel::forward(std::span<const TokenChunk> chunks, KvStorage& kv,
     }
     return {};
   }
-  for (const Chunk& ch : chunks_) rope_->ensure(ch.start_pos + ch.count);
-  float* x = grow(s_x_, n_ * d);
+  rope_->ensure(step_.max_end());
+  float* x = grow(s_x_, n * d);
   const MatrixRef& table = weights_.embed;
   for (int64_t t = 0, at = 0; t < static_cast<int64_t>(chunks.size()); ++t) {
     for (const int32_t id : chunks[t].tokens) {
@@ -279,10 +230,10 @@ Status Qwen3MoeModel::forward(std::span<const TokenChunk> chunks, KvStorage& kv,
     XDS_RETURN_IF_ERROR(run_layer(l, kv, x));
     after_layer(l);
   }
-  out.hidden.resize(static_cast<size_t>(n_ * d));
-  norm_rows(x, weights_.final_norm, n_, out.hidden.data());
+  out.hidden.resize(static_cast<size_t>(n * d));
+  norm_rows(x, weights_.final_norm, n, out.hidden.data());
   for (size_t i = 0; i < chunks.size(); ++i) {
-    const Chunk& ch = chunks_[i];
+    const GqaChunk& ch = step_.chunks()[i];
     if (ch.count == 0) continue;
     for (int64_t t = chunks[i].all_logits ? 0 : ch.count - 1; t < ch.count; ++t)
       out.logit_tokens.push_back(ch.begin + t);

@@ -8,9 +8,9 @@
 // rotate-half RoPE, causal softmax at 1/sqrt(head_dim) over the paged GQA cache (gqa_kv.h),
 // each query head reading KV head h / (H / KV).
 //
-// A step takes many sequences at different positions as DeepSeek-V3's does (TokenChunk, batch
-// order for the linears, attention per chunk); the routed experts run through the MoeExchange
-// (local, or expert-parallel in the engine). No MTP layers.
+// A step takes many sequences at different positions as DeepSeek-V3's does (GqaStep: batch
+// order for the linears, attention per chunk over the paged cache, gqa_step.h); the routed experts
+// run through the MoeExchange (local, or expert-parallel in the engine). No MTP layers.
 //
 // Thread-safety: one step at a time (the model owns its scratch). Weights are read-only.
 #pragma once
@@ -23,6 +23,7 @@
 #include "base/status.h"
 #include "base/thread_pool.h"
 #include "model/causal_lm.h"
+#include "model/gqa_step.h"
 #include "model/kv_cache.h"
 #include "model/linear_runner.h"
 #include "model/qwen3_moe/config.h"
@@ -69,14 +70,6 @@ class Qwen3MoeModel final : public CausalLm {
 
  private:
   Qwen3MoeModel() = default;
-  struct Chunk {
-    std::span<const int32_t> blocks;  // the sequence's block table
-    int64_t start_pos;                // position of the chunk's first token
-    int64_t begin;                    // index of its first token in batch order
-    int64_t count;
-  };
-  Status check_storage(const KvStorage& kv) const;
-  Status append_chunk(size_t index, const TokenChunk& chunk, const KvStorage& kv);
   Status run_layer(int64_t layer, KvStorage& kv, float* x);
   // Attention of `layer` for the step's tokens: xn [n, D] -> out [n, D] (qwen3_attention.cc).
   void run_attention(int64_t layer, KvStorage& kv, const float* xn, float* out);
@@ -102,20 +95,14 @@ class Qwen3MoeModel final : public CausalLm {
   std::vector<int32_t> moe_row_;
 
   // The step (rebuilt by forward) and scratch reused across steps (grown, never shrunk).
-  std::vector<Chunk> chunks_;
-  std::vector<int64_t> pos_;               // [n] absolute position of each token
-  int64_t n_ = 0;                          // tokens in the step
+  GqaStep step_;
+  GqaAttention attention_;
   std::vector<float> s_x_, s_xn_, s_tmp_;  // [n, D]
   std::vector<float> s_q_, s_attn_;        // [n, H·Dh]
   std::vector<float> s_k_, s_v_;           // [n, KV·Dh]
   std::vector<float> s_gate_, s_up_;       // [n, intermediate]
   std::vector<float> s_router_, s_weights_, s_gating_, s_routed_;
   std::vector<int32_t> s_ids_;
-  std::vector<float> s_attn_scratch_;  // [threads, gqa_scratch_floats(tile)]
-  struct AttentionItem {               // one thread's unit: a KV head over a tile of a chunk
-    int64_t chunk, head, first, count;
-  };
-  std::vector<AttentionItem> s_items_;
 };
 
 }  // namespace xds

@@ -87,7 +87,7 @@ TEST(Registry, LoadsTheArchitectureNamedByModelType) {
   EXPECT_EQ(kv.planes[1].elements, 16);
   EXPECT_EQ(supported_model_types(),
             (std::vector<std::string>{"deepseek_v3", "kimi_k2", "deepseek_v2", "qwen3_moe",
-                                      "xds_scripted"}));
+                                      "glm4_moe", "xds_scripted"}));
   // load_model_info reads the same facts from the config files alone.
   const auto light = load_model_info(tiny_dir());
   ASSERT_TRUE(light.ok()) << light.status().to_string();
@@ -107,13 +107,13 @@ TEST(Registry, LoadsTheArchitectureNamedByModelType) {
 
 TEST(Registry, UnknownOrMissingTypesAreClearErrors) {
   const std::string root = (std::filesystem::temp_directory_path() / "xds_registry").string();
-  write_config(root + "/glm", R"({"model_type": "glm4_moe"})");
-  const auto unknown = load_causal_lm(root + "/glm", {});
+  write_config(root + "/mixtral", R"({"model_type": "mixtral"})");
+  const auto unknown = load_causal_lm(root + "/mixtral", {});
   ASSERT_FALSE(unknown.ok());
   EXPECT_EQ(unknown.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(unknown.status().message().find("'model_type': 'glm4_moe' is not supported "
+  EXPECT_NE(unknown.status().message().find("'model_type': 'mixtral' is not supported "
                                             "(supported: deepseek_v3, kimi_k2, deepseek_v2, "
-                                            "qwen3_moe, xds_scripted)"),
+                                            "qwen3_moe, glm4_moe, xds_scripted)"),
             std::string::npos)
       << unknown.status().message();
   write_config(root + "/arch", R"({"architectures": ["DeepseekV3ForCausalLM"]})");
@@ -123,6 +123,8 @@ TEST(Registry, UnknownOrMissingTypesAreClearErrors) {
   write_config(root + "/kimi", R"({"model_type": "kimi_k2",
                                    "architectures": ["DeepseekV3ForCausalLM"]})");
   EXPECT_EQ(causal_lm_type(root + "/kimi").value(), "kimi_k2");
+  write_config(root + "/glmarch", R"({"architectures": ["Glm4MoeForCausalLM"]})");
+  EXPECT_EQ(causal_lm_type(root + "/glmarch").value(), "glm4_moe");
   write_config(root + "/none", R"({"hidden_size": 8})");
   EXPECT_NE(causal_lm_type(root + "/none").status().message().find("'model_type' is missing"),
             std::string::npos);
