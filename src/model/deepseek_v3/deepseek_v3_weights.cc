@@ -5,6 +5,7 @@
 #include "model/int4_weights.h"
 #include "model/int8_weights.h"
 #include "model/safetensors.h"
+#include "model/routed_experts_binding.h"
 #include "model/weights.h"
 
 namespace xds {
@@ -132,16 +133,9 @@ class Binder {
     if (c_.topk_method == TopkMethod::kNoauxTc) {
       XDS_ASSIGN_OR_RETURN(moe.score_bias, vec(bias, c_.n_routed_experts));
     }
-    moe.experts.reserve(static_cast<size_t>(c_.n_routed_experts));
-    // One bundle per layer: experts smaller than 2 MB still stream from 2 MB pages.
-    XDS_RETURN_IF_ERROR(store_.bind_bundle(p + ".mlp.experts", [&]() -> Status {
-      for (int64_t e = 0; e < c_.n_routed_experts; ++e) {
-        XDS_ASSIGN_OR_RETURN(
-            MlpWeights m, mlp(fmt::format("{}.mlp.experts.{}", p, e), c_.moe_intermediate_size));
-        moe.experts.push_back(m);
-      }
-      return {};
-    }));
+    XDS_RETURN_IF_ERROR(bind_routed_experts(
+        store_, p, c_.n_routed_experts,
+        [&](const std::string& m) { return mlp(m, c_.moe_intermediate_size); }, moe.experts));
     if (c_.n_shared_experts > 0) {
       XDS_ASSIGN_OR_RETURN(moe.shared, mlp(p + ".mlp.shared_experts",
                                            c_.n_shared_experts * c_.moe_intermediate_size));

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "model/safetensors.h"
+#include "model/routed_experts_binding.h"
 #include "model/weights.h"
 
 namespace xds {
@@ -70,12 +71,9 @@ class Binder {
     MoeWeights moe;
     XDS_ASSIGN_OR_RETURN(moe.router, linear(p + ".mlp.gate.weight", e, d));
     XDS_ASSIGN_OR_RETURN(moe.score_bias, vec(p + ".mlp.gate.e_score_correction_bias", e));
-    moe.experts.reserve(static_cast<size_t>(e));
-    for (int64_t x = 0; x < e; ++x) {
-      XDS_ASSIGN_OR_RETURN(MlpWeights m,
-                           mlp(fmt::format("{}.mlp.experts.{}", p, x), c_.moe_intermediate_size));
-      moe.experts.push_back(m);
-    }
+    XDS_RETURN_IF_ERROR(bind_routed_experts(
+        store_, p, e, [&](const std::string& m) { return mlp(m, c_.moe_intermediate_size); },
+        moe.experts));
     if (c_.n_shared_experts > 0) {
       XDS_ASSIGN_OR_RETURN(moe.shared, mlp(p + ".mlp.shared_experts",
                                            c_.n_shared_experts * c_.moe_intermediate_size));

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "model/safetensors.h"
+#include "model/routed_experts_binding.h"
 #include "model/weights.h"
 
 namespace xds {
@@ -50,16 +51,9 @@ class Binder {
     }
     MoeWeights moe;
     XDS_ASSIGN_OR_RETURN(moe.router, linear(p + ".mlp.gate.weight", c_.num_experts, d));
-    moe.experts.reserve(static_cast<size_t>(c_.num_experts));
-    // One bundle per layer: experts smaller than 2 MB still stream from 2 MB pages.
-    XDS_RETURN_IF_ERROR(store_.bind_bundle(p + ".mlp.experts", [&]() -> Status {
-      for (int64_t e = 0; e < c_.num_experts; ++e) {
-        XDS_ASSIGN_OR_RETURN(
-            MlpWeights m, mlp(fmt::format("{}.mlp.experts.{}", p, e), c_.moe_intermediate_size));
-        moe.experts.push_back(m);
-      }
-      return {};
-    }));
+    XDS_RETURN_IF_ERROR(bind_routed_experts(
+        store_, p, c_.num_experts,
+        [&](const std::string& m) { return mlp(m, c_.moe_intermediate_size); }, moe.experts));
     l.moe = std::move(moe);
     return l;
   }
