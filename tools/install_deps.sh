@@ -12,6 +12,7 @@ packages=(
   # tests and benchmarks
   libgtest-dev libgmock-dev libbenchmark-dev libopenmpi-dev openmpi-bin ucx-utils iproute2
   stress-ng  # bench/decode/loaded.sh: a competing process
+  etcd-server etcd-client  # membership in etcd: the tests start a real etcd
   # oracle, fixtures and the training recipe
   python3 python3-numpy python3-torch bible-kjv bible-kjv-text nodejs
 )
