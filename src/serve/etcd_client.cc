@@ -120,8 +120,7 @@ Status Client::compact(int64_t revision) const {
   return parse_unary_answer(body, "compaction");
 }
 
-Status Client::watch(std::string_view prefix, int64_t start_revision,
-                     const std::atomic<bool>& stop,
+Status Client::watch(std::string_view prefix, int64_t start_revision, const std::atomic<bool>& stop,
                      const std::function<bool(const WatchMessage&)>& on_message) const {
   constexpr std::string_view kPath = "/v3/watch";
   Connection c;

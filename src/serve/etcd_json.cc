@@ -75,8 +75,8 @@ Result<std::string> bytes_field(const json& j, const char* field, std::string_vi
   if (!it->is_string()) {
     return invalid_argument("etcd {}: field '{}' is not a string: {}", call, field, it->dump());
   }
-  return base64_decode(it->get_ref<const std::string&>(), fmt::format("etcd {} field '{}'", call,
-                                                                      field));
+  return base64_decode(it->get_ref<const std::string&>(),
+                       fmt::format("etcd {} field '{}'", call, field));
 }
 
 Result<KeyValue> parse_kv(const json& j, std::string_view call) {
@@ -174,7 +174,8 @@ std::string prefix_range_end(std::string_view prefix) {
 }
 
 std::string range_prefix_request(std::string_view prefix) {
-  return json{{"key", base64_encode(prefix)}, {"range_end", base64_encode(prefix_range_end(prefix))}}
+  return json{{"key", base64_encode(prefix)},
+              {"range_end", base64_encode(prefix_range_end(prefix))}}
       .dump();
 }
 
@@ -261,8 +262,8 @@ Result<WatchMessage> parse_watch_message(std::string_view line) {
         return invalid_argument("etcd watch: an event without 'kv': {}", e.dump());
       }
       WatchEvent ev;
-      const std::string type = e.contains("type") && e["type"].is_string() ? e["type"].get<std::string>()
-                                                                         : "PUT";
+      const std::string type =
+          e.contains("type") && e["type"].is_string() ? e["type"].get<std::string>() : "PUT";
       if (type == "DELETE") {
         ev.type = WatchEventType::kDelete;
       } else if (type != "PUT") {
@@ -306,12 +307,16 @@ Result<InstanceRecord> parse_instance_record(std::string_view text, std::string_
   XDS_ASSIGN_OR_RETURN(r.model, string_field("model", false));
   const bool tcp = r.address.starts_with("tcp://") && r.address.find(':', 6) != std::string::npos;
   if (!tcp && !(r.address.starts_with("ipc://") && r.address.size() > 6)) {
-    return invalid_argument("etcd entry {}: field 'address' must be tcp://HOST:PORT or ipc://PATH, "
-                            "got '{}'", where, r.address);
+    return invalid_argument(
+        "etcd entry {}: field 'address' must be tcp://HOST:PORT or ipc://PATH, "
+        "got '{}'",
+        where, r.address);
   }
   if (r.role != "colocated" && r.role != "prefill" && r.role != "decode") {
-    return invalid_argument("etcd entry {}: field 'role' must be colocated, prefill or decode, "
-                            "got '{}'", where, r.role);
+    return invalid_argument(
+        "etcd entry {}: field 'role' must be colocated, prefill or decode, "
+        "got '{}'",
+        where, r.role);
   }
   auto groups = j.find("groups");
   if (groups == j.end() || !groups->is_array()) {

@@ -100,13 +100,13 @@ Result<WatchMessage> parse_watch_message(std::string_view line);
 //    "groups": [0, 1], "load": {"running": 3, "waiting": 0, "kv_usage": 0.25}}
 // address, role and groups are required; model and load are informational.
 struct InstanceRecord {
-  std::string address;  // the shell's ZeroMQ address (tcp://HOST:PORT)
-  std::string role;     // colocated | prefill | decode
-  std::string model;    // the served model's name
+  std::string address;          // the shell's ZeroMQ address (tcp://HOST:PORT)
+  std::string role;             // colocated | prefill | decode
+  std::string model;            // the served model's name
   std::vector<int32_t> groups;  // the DP groups serving, ascending
-  int64_t running = 0;  // requests running, over the groups
-  int64_t waiting = 0;  // requests waiting, over the groups
-  double kv_usage = 0;  // KV blocks used / total, over the groups, in [0, 1]
+  int64_t running = 0;          // requests running, over the groups
+  int64_t waiting = 0;          // requests waiting, over the groups
+  double kv_usage = 0;          // KV blocks used / total, over the groups, in [0, 1]
 
   bool operator==(const InstanceRecord&) const = default;
 };

@@ -34,7 +34,9 @@ EtcdRegistration::EtcdRegistration(EtcdRegistrationOptions options, etcd::Client
       key_(etcd::instance_key(o_.prefix, record.address)),
       record_(std::move(record)) {}
 
-EtcdRegistration::~EtcdRegistration() { stop(false); }
+EtcdRegistration::~EtcdRegistration() {
+  stop(false);
+}
 
 void EtcdRegistration::report(bool healthy, const etcd::InstanceRecord& record) {
   std::lock_guard<std::mutex> lock(mu_);
@@ -82,8 +84,8 @@ void EtcdRegistration::loop() {
 void EtcdRegistration::tick(bool healthy, const etcd::InstanceRecord& record) {
   if (!healthy) {
     if (lease_ != 0 && !said_unhealthy_) {
-      XDS_LOG_WARN("instance: not healthy: etcd keep-alives stopped ({} expires within {} s)",
-                   key_, o_.ttl_s);
+      XDS_LOG_WARN("instance: not healthy: etcd keep-alives stopped ({} expires within {} s)", key_,
+                   o_.ttl_s);
     }
     said_unhealthy_ = true;
     return;

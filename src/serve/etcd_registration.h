@@ -69,13 +69,13 @@ class EtcdRegistration {
   std::string key_;
   std::mutex mu_;
   std::condition_variable cv_;
-  bool healthy_ = false;                 // guarded by mu_
-  etcd::InstanceRecord record_;          // guarded by mu_
-  bool stopping_ = false;                // guarded by mu_
-  bool health_changed_ = false;          // guarded by mu_: wake the thread early
+  bool healthy_ = false;         // guarded by mu_
+  etcd::InstanceRecord record_;  // guarded by mu_
+  bool stopping_ = false;        // guarded by mu_
+  bool health_changed_ = false;  // guarded by mu_: wake the thread early
   // The thread's own state.
-  int64_t lease_ = 0;                    // 0: none held
-  etcd::InstanceRecord put_record_;      // what the key holds
+  int64_t lease_ = 0;                // 0: none held
+  etcd::InstanceRecord put_record_;  // what the key holds
   bool said_unhealthy_ = false;
   std::thread thread_;
 };

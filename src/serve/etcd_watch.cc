@@ -12,8 +12,8 @@ Result<std::unique_ptr<EtcdMembershipWatch>> EtcdMembershipWatch::start(EtcdWatc
   if (options.prefix.empty() || options.prefix.back() != '/') {
     return invalid_argument("--etcd-prefix must end with '/', got '{}'", options.prefix);
   }
-  std::unique_ptr<EtcdMembershipWatch> w(
-      new EtcdMembershipWatch(std::move(options), etcd::Client(std::move(ep)), std::move(on_change)));
+  std::unique_ptr<EtcdMembershipWatch> w(new EtcdMembershipWatch(
+      std::move(options), etcd::Client(std::move(ep)), std::move(on_change)));
   XDS_RETURN_IF_ERROR(w->read_all().with_context("gateway: reading the instances from etcd"));
   w->thread_ = std::thread([p = w.get()] { p->loop(); });
   return w;
@@ -26,7 +26,9 @@ EtcdMembershipWatch::EtcdMembershipWatch(EtcdWatchOptions options, etcd::Client 
       on_change_(std::move(on_change)),
       table_(o_.prefix) {}
 
-EtcdMembershipWatch::~EtcdMembershipWatch() { stop(); }
+EtcdMembershipWatch::~EtcdMembershipWatch() {
+  stop();
+}
 
 void EtcdMembershipWatch::stop() {
   stop_.store(true);

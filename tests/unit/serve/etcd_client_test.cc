@@ -111,7 +111,12 @@ TEST_F(EtcdClientTest, WatchReportsPutsAndDeletesThenStops) {
   ASSERT_TRUE(c.put("/t4/a", "1", lease->id).ok());
   ASSERT_TRUE(c.put("/t5/a", "other prefix", 0).ok());
   ASSERT_TRUE(c.revoke(lease->id).ok());
-  EXPECT_TRUE(eventually([&] { std::lock_guard<std::mutex> l(mu); return seen.size() >= 2; }, 5s));
+  EXPECT_TRUE(eventually(
+      [&] {
+        std::lock_guard<std::mutex> l(mu);
+        return seen.size() >= 2;
+      },
+      5s));
   stop.store(true);
   watcher.join();
   EXPECT_EQ(result.code(), StatusCode::kCancelled);
@@ -163,10 +168,15 @@ TEST_F(EtcdClientTest, MembershipWatchSeesInstancesComeAndGo) {
   }
   auto lease = c.grant(30);
   ASSERT_TRUE(lease.ok());
-  ASSERT_TRUE(c.put(etcd::instance_key(prefix, b.address), etcd::instance_record_json(b),
-                    lease->id).ok());
+  ASSERT_TRUE(
+      c.put(etcd::instance_key(prefix, b.address), etcd::instance_record_json(b), lease->id).ok());
   ASSERT_TRUE(c.revoke(lease->id).ok());
-  EXPECT_TRUE(eventually([&] { std::lock_guard<std::mutex> l(mu); return changes.size() >= 3; }, 5s));
+  EXPECT_TRUE(eventually(
+      [&] {
+        std::lock_guard<std::mutex> l(mu);
+        return changes.size() >= 3;
+      },
+      5s));
   (*w)->stop();
   ASSERT_EQ(changes.size(), 3u);
   EXPECT_EQ(changes[1].kind, etcd::MemberChangeKind::kJoined);

@@ -12,9 +12,13 @@ namespace {
 using nlohmann::json;
 
 TEST(EtcdJson, Base64MatchesRfc4648Vectors) {
-  const std::pair<const char*, const char*> vectors[] = {
-      {"", ""},         {"f", "Zg=="},         {"fo", "Zm8="},         {"foo", "Zm9v"},
-      {"foob", "Zm9vYg=="}, {"fooba", "Zm9vYmE="}, {"foobar", "Zm9vYmFy"}};
+  const std::pair<const char*, const char*> vectors[] = {{"", ""},
+                                                         {"f", "Zg=="},
+                                                         {"fo", "Zm8="},
+                                                         {"foo", "Zm9v"},
+                                                         {"foob", "Zm9vYg=="},
+                                                         {"fooba", "Zm9vYmE="},
+                                                         {"foobar", "Zm9vYmFy"}};
   for (const auto& [plain, encoded] : vectors) {
     EXPECT_EQ(base64_encode(plain), encoded);
     auto back = base64_decode(encoded, "test");
@@ -33,8 +37,8 @@ TEST(EtcdJson, Base64RejectsBadInputNamingIt) {
   ASSERT_FALSE(bad_length.ok());
   EXPECT_NE(bad_length.status().message().find("etcd range field 'key'"), std::string::npos);
   EXPECT_FALSE(base64_decode("Zm9*", "x").ok());
-  EXPECT_FALSE(base64_decode("Z===", "x").ok());  // one data character cannot make a byte
-  EXPECT_FALSE(base64_decode("Zg=a", "x").ok());  // data after padding
+  EXPECT_FALSE(base64_decode("Z===", "x").ok());      // one data character cannot make a byte
+  EXPECT_FALSE(base64_decode("Zg=a", "x").ok());      // data after padding
   EXPECT_FALSE(base64_decode("Zg==Zg==", "x").ok());  // padding before the end
 }
 
@@ -113,7 +117,8 @@ TEST(EtcdJson, LeaseAnswers) {
   EXPECT_EQ(g->ttl_s, 5);
   EXPECT_FALSE(parse_lease_grant_answer(R"({"header":{"revision":"1"}})").ok());
   auto alive = parse_keepalive_answer(
-      "{\"result\":{\"header\":{\"revision\":\"2\"},\"ID\":\"7587899417140579079\",\"TTL\":\"5\"}}\n");
+      "{\"result\":{\"header\":{\"revision\":\"2\"},\"ID\":\"7587899417140579079\",\"TTL\":\"5\"}}"
+      "\n");
   ASSERT_TRUE(alive.ok()) << alive.status().to_string();
   EXPECT_EQ(*alive, 5);
   // A lease etcd no longer knows: the answer leaves TTL (0) out.
@@ -143,11 +148,12 @@ TEST(EtcdJson, WatchMessages) {
   ASSERT_TRUE(compacted.ok());
   EXPECT_TRUE(compacted->canceled);
   EXPECT_EQ(compacted->compact_revision, 2);
-  auto error = parse_watch_message(R"({"error":{"grpc_code":14,"message":"etcdserver: no leader"}})");
+  auto error =
+      parse_watch_message(R"({"error":{"grpc_code":14,"message":"etcdserver: no leader"}})");
   ASSERT_FALSE(error.ok());
   EXPECT_NE(error.status().message().find("no leader"), std::string::npos);
-  EXPECT_FALSE(parse_watch_message(R"({"result":{"events":[{"type":"MOVE","kv":{"key":"YQ=="}}]}})")
-                   .ok());
+  EXPECT_FALSE(
+      parse_watch_message(R"({"result":{"events":[{"type":"MOVE","kv":{"key":"YQ=="}}]}})").ok());
 }
 
 TEST(EtcdJson, InstanceRecordRoundTripsAndNamesBadFields) {
@@ -170,18 +176,18 @@ TEST(EtcdJson, InstanceRecordRoundTripsAndNamesBadFields) {
   ASSERT_FALSE(no_role.ok());
   EXPECT_NE(no_role.status().message().find("/p/h:1"), std::string::npos);
   EXPECT_NE(no_role.status().message().find("'role'"), std::string::npos);
-  EXPECT_FALSE(parse_instance_record(R"({"address":"http://h:1","role":"decode","groups":[0]})", "k")
-                   .ok());
-  EXPECT_FALSE(parse_instance_record(R"({"address":"tcp://h:1","role":"boss","groups":[0]})", "k")
-                   .ok());
-  EXPECT_FALSE(parse_instance_record(R"({"address":"tcp://h:1","role":"decode","groups":[-1]})", "k")
-                   .ok());
+  EXPECT_FALSE(
+      parse_instance_record(R"({"address":"http://h:1","role":"decode","groups":[0]})", "k").ok());
+  EXPECT_FALSE(
+      parse_instance_record(R"({"address":"tcp://h:1","role":"boss","groups":[0]})", "k").ok());
+  EXPECT_FALSE(
+      parse_instance_record(R"({"address":"tcp://h:1","role":"decode","groups":[-1]})", "k").ok());
   EXPECT_FALSE(parse_instance_record("not json", "k").ok());
   // A load of the wrong type is ignored, not a crash.
-  EXPECT_TRUE(parse_instance_record(
-                  R"({"address":"tcp://h:1","role":"decode","groups":[0],"load":{"running":"x"}})",
-                  "k")
-                  .ok());
+  EXPECT_TRUE(
+      parse_instance_record(
+          R"({"address":"tcp://h:1","role":"decode","groups":[0],"load":{"running":"x"}})", "k")
+          .ok());
   EXPECT_EQ(instance_key("/xdeepserve/instances/", "tcp://10.0.0.5:8100"),
             "/xdeepserve/instances/10.0.0.5:8100");
 }

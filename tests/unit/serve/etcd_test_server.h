@@ -56,13 +56,20 @@ class EtcdTestServer {
     url_ = "http://127.0.0.1:" + std::to_string(client);
     const std::string peer_url = "http://127.0.0.1:" + std::to_string(peer);
     std::vector<std::string> args = {kBinary,
-                                     "--name", "xds-test",
-                                     "--data-dir", dir_ + "/data",
-                                     "--listen-client-urls", url_,
-                                     "--advertise-client-urls", url_,
-                                     "--listen-peer-urls", peer_url,
-                                     "--initial-advertise-peer-urls", peer_url,
-                                     "--initial-cluster", "xds-test=" + peer_url};
+                                     "--name",
+                                     "xds-test",
+                                     "--data-dir",
+                                     dir_ + "/data",
+                                     "--listen-client-urls",
+                                     url_,
+                                     "--advertise-client-urls",
+                                     url_,
+                                     "--listen-peer-urls",
+                                     peer_url,
+                                     "--initial-advertise-peer-urls",
+                                     peer_url,
+                                     "--initial-cluster",
+                                     "xds-test=" + peer_url};
     std::vector<char*> argv;
     for (std::string& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
