@@ -47,6 +47,15 @@
 
 namespace xds::serve {
 
+// What the shell tells membership in etcd (serve/etcd_registration.h) about the instance, every
+// loop: healthy while every serving DP group is up (loaded) and answers its heartbeat.
+struct ShellHealth {
+  bool healthy = false;
+  std::vector<int32_t> groups;                      // the DP groups serving, ascending
+  int64_t running = 0, waiting = 0;                 // requests, over the groups
+  int64_t kv_blocks_used = 0, kv_blocks_total = 0;  // over the groups
+};
+
 struct ShellOptions {
   std::string listen;                     // e.g. tcp://127.0.0.1:8100
   std::string role = "colocated";         // colocated | prefill | decode (sent with loads)
@@ -91,6 +100,9 @@ struct ShellOptions {
   bool fault_injection = false;  // POST /admin/faults is forwarded (else 404)
   EplbControlOptions eplb;  // n_groups is filled from group_inputs
   int32_t instance = -1;    // the instance's index where a machine runs several, -1: one
+  // Called from the loop, about every load_period_ms (must not block): the instance's health
+  // and load, for its entry in etcd. Empty: not called.
+  std::function<void(const ShellHealth&)> on_health;
 };
 
 // The decision log of run(), for tests and /metrics.
