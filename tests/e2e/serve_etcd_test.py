@@ -117,12 +117,15 @@ def check_serves(base, ref, what):
 
 
 def check_no_instance(base, what):
-    """A completion answered 503 naming the prefix, well before any recovery timeout."""
-    start = time.time()
-    status, text, _ = complete(base, timeout=20)
+    """A completion answered 503 naming the prefix, not held until the recovery timeout
+    (120 s): a client timeout of 20 s fails the test on a hang."""
+    try:
+        status, text, _ = complete(base, timeout=20)
+    except OSError as e:
+        check(False, f"{what}: no answer ({e})")
+        return
     check(status == 503 and PREFIX in text and "no_instance" in text,
           f"{what}: completion {status} {text[:300]}")
-    check(time.time() - start < 15, f"{what}: the 503 took {time.time() - start:.1f} s")
 
 
 def main():
