@@ -331,13 +331,16 @@ Result<InstanceRecord> parse_instance_record(std::string_view text, std::string_
     r.groups.push_back(g.get<int32_t>());
   }
   if (auto load = j.find("load"); load != j.end() && load->is_object()) {
-    auto number = [&](const char* field) -> const json* {
-      auto it = load->find(field);
-      return it != load->end() && it->is_number() ? &*it : nullptr;
+    // Informational: a field of another type is left at 0 (an integer count must be an
+    // integer: a float such as 1e30 has no int64 value).
+    auto field = [&](const char* name, bool integer) -> const json* {
+      auto it = load->find(name);
+      if (it == load->end()) return nullptr;
+      return (integer ? it->is_number_integer() : it->is_number()) ? &*it : nullptr;
     };
-    if (const json* v = number("running")) r.running = v->get<int64_t>();
-    if (const json* v = number("waiting")) r.waiting = v->get<int64_t>();
-    if (const json* v = number("kv_usage")) r.kv_usage = v->get<double>();
+    if (const json* v = field("running", true)) r.running = v->get<int64_t>();
+    if (const json* v = field("waiting", true)) r.waiting = v->get<int64_t>();
+    if (const json* v = field("kv_usage", false)) r.kv_usage = v->get<double>();
   }
   return r;
 }

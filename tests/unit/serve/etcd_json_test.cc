@@ -183,11 +183,14 @@ TEST(EtcdJson, InstanceRecordRoundTripsAndNamesBadFields) {
   EXPECT_FALSE(
       parse_instance_record(R"({"address":"tcp://h:1","role":"decode","groups":[-1]})", "k").ok());
   EXPECT_FALSE(parse_instance_record("not json", "k").ok());
-  // A load of the wrong type is ignored, not a crash.
-  EXPECT_TRUE(
-      parse_instance_record(
-          R"({"address":"tcp://h:1","role":"decode","groups":[0],"load":{"running":"x"}})", "k")
-          .ok());
+  // A load of the wrong type is ignored (left at 0), not a crash; a count must be an integer.
+  auto odd = parse_instance_record(R"({"address":"tcp://h:1","role":"decode","groups":[0],)"
+                                   R"("load":{"running":"x","waiting":1e30,"kv_usage":1}})",
+                                   "k");
+  ASSERT_TRUE(odd.ok()) << odd.status().to_string();
+  EXPECT_EQ(odd->running, 0);
+  EXPECT_EQ(odd->waiting, 0);
+  EXPECT_EQ(odd->kv_usage, 1.0);
   EXPECT_EQ(instance_key("/xdeepserve/instances/", "tcp://10.0.0.5:8100"),
             "/xdeepserve/instances/10.0.0.5:8100");
 }
