@@ -218,6 +218,7 @@ def main():
                 p.wait()
         stop_process(gateway, "gateway")
         etcd.stop()
+        shutil.rmtree(os.path.dirname(secret), ignore_errors=True)
     if failures:
         print(f"{len(failures)} failure(s)", file=sys.stderr)
         return 1
