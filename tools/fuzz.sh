@@ -7,7 +7,8 @@
 #
 #   -t SECONDS  time per target (default: $XDS_FUZZ_SECONDS, else 60)
 #   TARGET      http_request, openai_request, safetensors_header, safetensors_index,
-#               tokenizer_json, tokenizer_config, chat_template, wire_message (default: all)
+#               tokenizer_json, tokenizer_config, chat_template, wire_message, etcd_answer
+#               (default: all)
 #   XDS_FUZZ_ARGS  more libFuzzer flags, e.g. XDS_FUZZ_ARGS="-max_len=65536"
 #
 # Builds build/fuzz (CC=clang CXX=clang++, -DXDS_FUZZ=ON; only the fuzz targets), copies each
@@ -29,7 +30,7 @@ done
 shift $((OPTIND - 1))
 
 all_targets=(http_request openai_request safetensors_header safetensors_index tokenizer_json
-             tokenizer_config chat_template wire_message)
+             tokenizer_config chat_template wire_message etcd_answer)
 targets=("$@")
 [ ${#targets[@]} -eq 0 ] && targets=("${all_targets[@]}")
 for t in "${targets[@]}"; do

@@ -15,6 +15,7 @@ packages=(
   # operations: a Prometheus text parser (tests/e2e/serve_metrics_test.py), the Prometheus
   # server (serve_prometheus_test.py), YAML for deploy/ (its config and the k8s manifests)
   python3-prometheus-client prometheus python3-yaml
+  etcd-server etcd-client  # membership in etcd: the tests start a real etcd
   # oracle, fixtures and the training recipe
   python3 python3-numpy python3-torch bible-kjv bible-kjv-text nodejs
 )

@@ -539,7 +539,23 @@ void add_serve_commands(CLI::App& app, int* exit_code) {
                     "HTTP port of GET /health on the host of --listen: 200 once every DP group "
                     "is up, 503 before (a readiness probe; 0: none)")
         ->check(CLI::Range(0, 65535));
-    cmd->callback([e, listen, role, secret, health_port, exit_code] {
+    auto etcd = std::make_shared<serve::EtcdRegistrationOptions>();
+    auto advertise = std::make_shared<std::string>();
+    cmd->add_option("--etcd", etcd->endpoint,
+                    "Register in etcd at http://HOST:PORT (its v3 JSON API) for gateways started "
+                    "with --etcd: an entry under a lease kept alive while every DP group answers "
+                    "its heartbeat, revoked on a clean shutdown");
+    cmd->add_option("--etcd-prefix", etcd->prefix,
+                    "The etcd key prefix of the instances' entries (default "
+                    "/xdeepserve/instances/)");
+    cmd->add_option("--etcd-ttl", etcd->ttl_s,
+                    "Seconds the etcd entry outlives the last keep-alive (a dead or unhealthy "
+                    "instance leaves the gateways' routing within this; default 10)")
+        ->check(CLI::Range(2, 3600));
+    cmd->add_option("--advertise", *advertise,
+                    "The address published in etcd for gateways (default: --listen; required "
+                    "when --listen binds 0.0.0.0)");
+    cmd->callback([e, listen, role, secret, health_port, etcd, advertise, exit_code] {
       auto keys = init_channel_keys(*secret, /*required=*/true);
       if (!keys.ok()) return report(keys.status(), exit_code);
       e->cluster_secret = *keys;
@@ -547,6 +563,8 @@ void add_serve_commands(CLI::App& app, int* exit_code) {
       if (!io.ok()) return report(io.status(), exit_code);
       io->role = *role;
       io->health_port = *health_port;
+      io->etcd = *etcd;
+      io->advertise = *advertise;
       report(serve::run_instance(*io), exit_code);
     });
   }
@@ -561,10 +579,21 @@ void add_serve_commands(CLI::App& app, int* exit_code) {
     cmd->add_option("--cluster-secret-file", *secret, kClusterSecretHelp)->required();
     cmd->add_option("--model", *model, "Model directory (tokenizer, chat template, config)")
         ->required();
-    cmd->add_option("--instance,--instances", *instances,
-                    "ZeroMQ addresses of the instances' shells, comma-separated (each reports "
-                    "its role: colocated, prefill or decode)")
-        ->delimiter(',');
+    CLI::Option* fixed =
+        cmd->add_option("--instance,--instances", *instances,
+                        "ZeroMQ addresses of the instances' shells, comma-separated (each reports "
+                        "its role: colocated, prefill or decode)")
+            ->delimiter(',');
+    auto etcd = std::make_shared<std::string>();
+    auto etcd_prefix = std::make_shared<std::string>(serve::kDefaultEtcdPrefix);
+    cmd->add_option("--etcd", *etcd,
+                    "Learn the instances from etcd at http://HOST:PORT instead of --instances: "
+                    "those registered under --etcd-prefix, added and dropped as they come and go "
+                    "(each still authenticated by the cluster secret)")
+        ->excludes(fixed);
+    cmd->add_option("--etcd-prefix", *etcd_prefix,
+                    "The etcd key prefix of the instances' entries (default "
+                    "/xdeepserve/instances/)");
     cmd->add_option("--max-model-len", *max_model_len,
                     "Longest prompt + output (0: the model's max_position_embeddings)")
         ->check(CLI::NonNegativeNumber);
@@ -578,12 +607,16 @@ void add_serve_commands(CLI::App& app, int* exit_code) {
     cmd->add_flag("--fault-injection", *faults,
                   "Accept POST /admin/faults (behind --api-key) and pass each fault to the "
                   "instance it names (which must run with --fault-injection too)");
-    cmd->callback([g, model, instances, max_model_len, secret, output_host, faults, exit_code] {
+    cmd->callback([g, model, instances, max_model_len, secret, output_host, faults, etcd,
+                   etcd_prefix, exit_code] {
       if (auto keys = init_channel_keys(*secret, /*required=*/true); !keys.ok()) {
         return report(keys.status(), exit_code);
       }
-      serve::GatewayOptions go = gateway_options(*g, *model, *max_model_len, *instances);
+      serve::GatewayOptions go = gateway_options(
+          *g, *model, *max_model_len, etcd->empty() ? *instances : std::vector<std::string>{});
       go.output_host = *output_host;
+      go.etcd = *etcd;
+      go.etcd_prefix = *etcd_prefix;
       go.fault_injection = *faults;
       report(run_gateway(go, /*shutdown_instance=*/false), exit_code);
     });

@@ -19,9 +19,22 @@ namespace xds::serve {
 
 Status Gateway::Impl::init() {
   XDS_ASSIGN_OR_RETURN(http, GatewayHttp::create(o, *this));
-  XDS_ASSIGN_OR_RETURN(
-      link, GatewayLink::start(o.instances, fmt::format("tcp://{}:0", o.output_host),
-                               [this](int from, Message m) { on_message(from, std::move(m)); }));
+  if (!o.etcd.empty() && !o.instances.empty()) {
+    return invalid_argument(
+        "gateway: --etcd and --instances exclude each other (with --etcd the "
+        "instances are those registered in etcd)");
+  }
+  XDS_ASSIGN_OR_RETURN(link, GatewayLink::start(
+                                 o.instances, fmt::format("tcp://{}:0", o.output_host),
+                                 [this](int from, Message m) { on_message(from, std::move(m)); },
+                                 /*may_start_empty=*/!o.etcd.empty()));
+  if (!o.etcd.empty()) {
+    // The first read happens here: the instances registered now are connected before the
+    // HTTP server accepts anything.
+    XDS_ASSIGN_OR_RETURN(etcd, EtcdMembershipWatch::start(
+                                   {o.etcd, o.etcd_prefix},
+                                   [this](const etcd::MemberChange& c) { on_etcd_change(c); }));
+  }
   return http->start();
 }
 
@@ -55,12 +68,19 @@ void Gateway::Impl::probe(std::optional<protocol::AdminCall> admin, Responder re
     }
   }
   const std::string id = next_id(admin ? "admin" : "health");
-  // /health asks every instance; /admin calls go to the first.
+  // /health asks every instance (but those that left etcd); /admin calls go to the first.
   const bool all = !admin;
+  int first = 0;
   {
     std::lock_guard<std::mutex> lock(mu);
-    probes.emplace(id, Probe{resp, now_ns() + int64_t{5'000'000'000},
-                             all ? static_cast<int>(router.size()) : 1, /*health=*/!admin});
+    int asked = 0;
+    for (size_t i = router.size(); i-- > 0;) {
+      if (router.state(static_cast<int32_t>(i)) == InstanceState::kLeft) continue;
+      ++asked;
+      first = static_cast<int>(i);
+    }
+    probes.emplace(id, Probe{resp, now_ns() + int64_t{5'000'000'000}, all ? asked : 1,
+                             /*health=*/!admin});
   }
   Message m;
   if (admin) {
@@ -68,7 +88,7 @@ void Gateway::Impl::probe(std::optional<protocol::AdminCall> admin, Responder re
   } else {
     m = protocol::PingMsg{id};
   }
-  link->post(all ? GatewayLink::kAllInstances : 0, std::move(m));
+  link->post(all ? GatewayLink::kAllInstances : first, std::move(m));
 }
 
 void Gateway::Impl::admit(PreparedRequest r, Responder responder) {
@@ -89,6 +109,11 @@ void Gateway::Impl::admit(PreparedRequest r, Responder responder) {
 
   {
     std::lock_guard<std::mutex> lock(mu);
+    if (no_instance_registered()) {
+      responder.send(make_error_response(no_instance_error()));
+      metrics.count_outcome("rejected");
+      return;
+    }
     if (unavailable_since_ns > 0 &&
         now_ns() - unavailable_since_ns > o.recovery_timeout_s * 1'000'000'000) {
       const ApiError err =
@@ -491,6 +516,7 @@ Result<std::unique_ptr<Gateway>> Gateway::create(const GatewayOptions& options) 
 
 Gateway::Gateway(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Gateway::~Gateway() {
+  if (impl_->etcd) impl_->etcd->stop();
   if (impl_->http) impl_->http->stop(std::chrono::milliseconds(0));
   if (impl_->link) impl_->link->stop();
 }
@@ -516,6 +542,7 @@ Status Gateway::run(bool shutdown_instance, int drain_s) {
     g.idle_cv.wait_for(lock, std::chrono::seconds(drain_s), [&] { return g.live.empty(); });
   }
   g.http->stop(std::chrono::milliseconds(2000));
+  if (g.etcd) g.etcd->stop();
   if (shutdown_instance) {
     g.link->post(GatewayLink::kAllInstances, protocol::ShutdownMsg{});
   }

@@ -11,13 +11,14 @@
 // Its parts: gateway_http.h (the routes; parsing, templating and tokenizing a request),
 // admission_queue.h (requests waiting for room), instance_router.h (the instances' roles and
 // loads, where each request and each decode handoff goes, failover) and gateway_link.h (the
-// sockets); gateway.cc holds the requests in flight and wires the parts together, and
-// gateway_recovery.cc answers instance failures and restarts (gateway_impl.h: their shared
-// state).
+// sockets); gateway.cc holds the requests in flight and wires the parts together,
+// gateway_recovery.cc answers instance failures and restarts, and gateway_etcd.cc instances
+// joining and leaving through etcd (gateway_impl.h: their shared state).
 //
 // Threads: the HTTP server's io threads run the handlers; one messaging thread owns the
 // ZeroMQ sockets (DEALER to the shell, PULL for outputs) and wakes on an eventfd when a handler
-// queues a message; the thread in run() sends heartbeats and expires probes. Request state,
+// queues a message; the thread in run() sends heartbeats and expires probes; with --etcd, the
+// watcher's thread adds and drops instances. Request state,
 // the queues and the router are shared under one mutex.
 #pragma once
 
@@ -43,6 +44,10 @@ struct GatewayOptions {
   // (colocated, prefill, decode) with its loads; with prefill and decode instances a request
   // is prefilled on one, then continued on the other (docs/design/disaggregation.md).
   std::vector<std::string> instances;
+  // Membership in etcd (docs/design/membership.md), instead of `instances`: the instances are
+  // the entries under etcd_prefix at http://HOST:PORT, added and dropped as they come and go.
+  std::string etcd;
+  std::string etcd_prefix = "/xdeepserve/instances/";
   std::string output_host = "127.0.0.1";  // where output processes reach this gateway
   int64_t max_model_len = 0;              // 0: the model's max_position_embeddings
   int64_t max_queue = 1024;               // waiting requests before 503

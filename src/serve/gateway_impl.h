@@ -19,6 +19,7 @@
 
 #include "protocol/messages.h"
 #include "serve/admission_queue.h"
+#include "serve/etcd_watch.h"
 #include "serve/fault_injection.h"
 #include "serve/gateway.h"
 #include "serve/gateway_http.h"
@@ -74,6 +75,7 @@ struct Gateway::Impl : GatewayHttp::Core {
   GatewayOptions o;
   std::unique_ptr<GatewayHttp> http;
   std::unique_ptr<GatewayLink> link;
+  std::unique_ptr<EtcdMembershipWatch> etcd;  // with --etcd: adds and drops instances
   GatewayMetrics metrics;
   std::atomic<bool> stopping{false};
   std::atomic<uint64_t> next_number{1};
@@ -84,6 +86,8 @@ struct Gateway::Impl : GatewayHttp::Core {
   std::unordered_map<std::string, std::shared_ptr<Pending>> live;
   AdmissionQueue admission;
   InstanceRouter router;
+  std::vector<std::string> addresses;             // [router.size()] each instance's shell address
+  std::map<std::string, int32_t> etcd_instances;  // etcd key -> the instance registered there
   struct Probe {
     Responder responder;
     int64_t deadline_ns = 0;
@@ -106,7 +110,8 @@ struct Gateway::Impl : GatewayHttp::Core {
       : o(options),
         admission(options.max_queue),
         router(options.instances.size(),
-               InstanceRoutingPolicy{.long_prompt_tokens = options.long_prompt_tokens}) {}
+               InstanceRoutingPolicy{.long_prompt_tokens = options.long_prompt_tokens}),
+        addresses(options.instances) {}
 
   Status init();
   // GatewayHttp::Core
@@ -145,6 +150,14 @@ struct Gateway::Impl : GatewayHttp::Core {
   // orphans, sent again at once (recomputed from what they streamed). Or the group joined
   // again.
   void on_membership(int from, const protocol::MembershipMsg& m);
+  // Membership in etcd (gateway_etcd.cc): an instance registered (a new index, connected at
+  // once), or its entry went (it leaves for good: its requests go elsewhere, or fail with 503
+  // when no instance is left).
+  void on_etcd_change(const etcd::MemberChange& change);
+  void on_instance_left(int from, const std::string& why);
+  // Under mu: the 503 for requests that arrive while no instance is registered (etcd).
+  bool no_instance_registered() const { return !o.etcd.empty() && !router.any_present(); }
+  ApiError no_instance_error() const;
   // Under mu: the live requests sent to `from` (to an incarnation other than `keep`, when
   // given) become orphans.
   void orphan_requests_of(int from, int64_t now, std::optional<uint64_t> keep = std::nullopt);

@@ -8,7 +8,12 @@
 // thread through an eventfd polled beside the sockets; what arrives goes to `on_message`, on
 // the messaging thread (keep it short: look up state, format, hand to the HTTP stream).
 //
-// Thread-safety: post() and stop() from any thread; the callback runs on the messaging thread.
+// Instances may come and go (membership in etcd): connect() adds a DEALER for the next index,
+// disconnect() closes one (messages for it are dropped); both take effect on the messaging
+// thread before the messages queued after them.
+//
+// Thread-safety: post(), connect(), disconnect() and stop() from any thread; the callback runs
+// on the messaging thread.
 #pragma once
 
 #include <atomic>
@@ -33,16 +38,23 @@ class GatewayLink {
   static constexpr int kAllInstances = -1;
 
   // Binds the PULL socket on output_bind (tcp://HOST:0 picks a port: reply_to() says which),
-  // connects one DEALER to each of `instances`, and starts the thread.
+  // connects one DEALER to each of `instances` (none only when `may_start_empty`: the
+  // instances come later through connect()), and starts the thread.
   static Result<std::unique_ptr<GatewayLink>> start(const std::vector<std::string>& instances,
                                                     const std::string& output_bind,
-                                                    Callback on_message);
+                                                    Callback on_message,
+                                                    bool may_start_empty = false);
   ~GatewayLink();  // stop()
 
   // The address output processes send to (the bound endpoint).
   const std::string& reply_to() const { return reply_to_; }
   // Queues `m` for instance `to`'s shell (kAllInstances: every one).
   void post(int to, protocol::Message m);
+  // A DEALER to `address` for instance `index`, which must be the number of instances
+  // connected so far (indices are never reused).
+  void connect(int index, std::string address);
+  // Closes instance `index`'s DEALER.
+  void disconnect(int index);
   void stop();
 
  private:
@@ -56,6 +68,8 @@ class GatewayLink {
   int wake_fd_ = -1;
   std::mutex mu_;
   std::deque<std::pair<int, protocol::Message>> outbox_;  // guarded by mu_
+  // connect (address) and disconnect ("") requests, in order; guarded by mu_.
+  std::deque<std::pair<int, std::string>> membership_;
   std::atomic<bool> stop_{false};
   std::thread thread_;
 };

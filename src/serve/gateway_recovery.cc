@@ -18,15 +18,19 @@ std::optional<HttpResponse> Gateway::Impl::unavailable_health() const {
   bool all = true;
   for (size_t i = 0; i < router.size(); ++i) {
     const auto k = static_cast<int32_t>(i);
+    if (router.state(k) == InstanceState::kLeft) continue;  // gone from etcd: not ours any more
     all = all && router.serving(k);
-    out.push_back({{"instance", o.instances[i]},
+    out.push_back({{"instance", addresses[i]},
                    {"state", router.serving(k) ? "serving" : instance_state_name(router.state(k))},
                    {"why", router.why(k)}});
   }
-  if (all) return std::nullopt;
+  if (all && !(out.empty() && !o.etcd.empty())) return std::nullopt;
   HttpResponse r;
   r.status = 503;
-  r.body = nlohmann::json{{"status", "unavailable"}, {"instances", out}}.dump();
+  nlohmann::json body{{"status", "unavailable"}, {"instances", out}};
+  if (out.empty())
+    body["why"] = fmt::format("no instance is registered in etcd under {}", o.etcd_prefix);
+  r.body = body.dump();
   return r;
 }
 
@@ -54,7 +58,7 @@ void Gateway::Impl::on_membership(int from, const protocol::MembershipMsg& m) {
   if (m.joined) {
     std::lock_guard<std::mutex> lock(mu);
     XDS_LOG_WARN("gateway: instance {}: DP group {} joined again; {} group(s) serve",
-                 o.instances[static_cast<size_t>(from)], m.group, m.members.size());
+                 addresses[static_cast<size_t>(from)], m.group, m.members.size());
     metrics.set_instance_groups(from, static_cast<int64_t>(m.members.size()));
     faults.observe(from, fmt::format("DP group {} joined again, {} group(s) serve", m.group,
                                      m.members.size()),
@@ -73,10 +77,10 @@ void Gateway::Impl::on_membership(int from, const protocol::MembershipMsg& m) {
       orphan(id, p, now);
       ++lost;
     }
-    XDS_LOG_WARN("gateway: instance {} lost DP group {} ({}) and goes on with {} group(s); {} "
-                 "request(s) it held are recomputed",
-                 o.instances[static_cast<size_t>(from)], m.group, m.reason, m.members.size(),
-                 lost);
+    XDS_LOG_WARN(
+        "gateway: instance {} lost DP group {} ({}) and goes on with {} group(s); {} "
+        "request(s) it held are recomputed",
+        addresses[static_cast<size_t>(from)], m.group, m.reason, m.members.size(), lost);
     metrics.count_scale_down(from, static_cast<int64_t>(m.members.size()));
     faults.observe(from,
                    fmt::format("scaled down: DP group {} lost ({}), {} group(s) go on, {} "
@@ -148,16 +152,17 @@ void Gateway::Impl::on_instance_answer(int from, uint64_t incarnation, bool read
     std::lock_guard<std::mutex> lock(mu);
     const int64_t now = now_ns();
     if (incarnation != 0 && router.restarted(from, incarnation)) {
-      XDS_LOG_WARN("gateway: instance {} restarted (a new incarnation): the requests it held "
-                   "are recomputed",
-                   o.instances[static_cast<size_t>(from)]);
+      XDS_LOG_WARN(
+          "gateway: instance {} restarted (a new incarnation): the requests it held "
+          "are recomputed",
+          addresses[static_cast<size_t>(from)]);
       metrics.count_instance_restart(from);
       faults.observe(from, "restarted", now);
       orphan_requests_of(from, now, incarnation);
       again = true;
     }
     if (ready && router.rejoin(from, role)) {
-      XDS_LOG_WARN("gateway: instance {} serves again", o.instances[static_cast<size_t>(from)]);
+      XDS_LOG_WARN("gateway: instance {} serves again", addresses[static_cast<size_t>(from)]);
       metrics.set_instance_up(from, true);
       faults.observe(from, "serving again", now);
       again = true;
@@ -172,13 +177,14 @@ void Gateway::Impl::on_instance_failed(int from, const std::string& why, bool re
   bool reoffer = false;
   std::vector<std::pair<Responder, HttpResponse>> answered;
   std::vector<std::shared_ptr<Pending>> given_up;
+  std::string address;
   {
     std::lock_guard<std::mutex> lock(mu);
     if (!router.serving(from)) return;  // out already
+    address = addresses[static_cast<size_t>(from)];
     const int64_t now = now_ns();
-    XDS_LOG_ERROR("gateway: instance {} ({}) failed{}: {}", o.instances[static_cast<size_t>(from)],
-                  instance_state_name(router.state(from)), recovering ? ", it restarts" : "",
-                  why);
+    XDS_LOG_ERROR("gateway: instance {} ({}) failed{}: {}", addresses[static_cast<size_t>(from)],
+                  instance_state_name(router.state(from)), recovering ? ", it restarts" : "", why);
     metrics.count_instance_failure(from, kind);
     metrics.set_instance_up(from, false);
     faults.observe(from, fmt::format("failed ({}): {}", kind, why), now);
@@ -207,10 +213,9 @@ void Gateway::Impl::on_instance_failed(int from, const std::string& why, bool re
     if (!recovering && !router.any_serving()) given_up = take_waiting();
   }
   for (auto& [responder, response] : answered) responder.send(std::move(response));
-  const ApiError err = api_error(
-      503, fmt::format("the instance serving this request ({}) failed: {}",
-                       o.instances[static_cast<size_t>(from)], why),
-      "server_error", "instance_failed");
+  const ApiError err =
+      api_error(503, fmt::format("the instance serving this request ({}) failed: {}", address, why),
+                "server_error", "instance_failed");
   for (const std::shared_ptr<Pending>& p : given_up) fail_request(p, err);
   resend_orphans();
   if (reoffer) offer_waiting();

@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <chrono>
 #include <memory>
+#include <filesystem>
 #include <random>
 #include <thread>
 #include <vector>
@@ -175,6 +176,27 @@ static Status run_incarnation(const InstanceOptions& options, uint32_t epoch, ui
                          start_instance_health(host, options.health_port, options.role, ready));
     so.ready = &ready;
   }
+  std::unique_ptr<EtcdRegistration> registration;
+  if (!options.etcd.endpoint.empty()) {
+    etcd::InstanceRecord record;
+    record.address = options.advertise.empty() ? options.listen : options.advertise;
+    record.role = options.role;
+    record.model = std::filesystem::path(options.group.core.model_dir).filename().string();
+    if (record.model.empty()) {
+      record.model =
+          std::filesystem::path(options.group.core.model_dir).parent_path().filename().string();
+    }
+    XDS_ASSIGN_OR_RETURN(registration, EtcdRegistration::start(options.etcd, record));
+    so.on_health = [&registration, record](const ShellHealth& h) mutable {
+      record.groups = h.groups;
+      record.running = h.running;
+      record.waiting = h.waiting;
+      record.kv_usage = h.kv_blocks_total > 0 ? static_cast<double>(h.kv_blocks_used) /
+                                                    static_cast<double>(h.kv_blocks_total)
+                                              : 0.0;
+      registration->report(h.healthy, record);
+    };
+  }
   Shell shell(so);
   g_shell = &shell;
   struct sigaction sa = {};
@@ -187,6 +209,10 @@ static Status run_incarnation(const InstanceOptions& options, uint32_t epoch, ui
   g_shell = nullptr;
   ready.store(false);
   if (health) health->stop(std::chrono::milliseconds(0));
+  // A clean stop, or a failure with no restart to come, takes the entry out at once; an
+  // incarnation that restarts only stops its keep-alives (the next one registers again, under
+  // the same key, once its groups are up).
+  if (registration) registration->stop(/*revoke=*/st.ok() || !will_restart);
   if (!st.ok()) {
     // A process died or hung (or the shell failed): the survivors may wait on it forever; the
     // device group's destructor kills and reaps them.
@@ -219,6 +245,18 @@ Status run_instance(const InstanceOptions& options) {
   }
   if (options.role != "colocated" && options.role != "prefill" && options.role != "decode") {
     return invalid_argument("--role must be colocated, prefill or decode, got '{}'", options.role);
+  }
+  if (!options.etcd.endpoint.empty()) {
+    XDS_RETURN_IF_ERROR(
+        check_etcd_flags(options.etcd.endpoint, options.etcd.prefix, options.etcd.ttl_s));
+    const std::string& published = options.advertise.empty() ? options.listen : options.advertise;
+    if (published.find("://0.0.0.0:") != std::string::npos ||
+        published.find("://*:") != std::string::npos) {
+      return invalid_argument(
+          "--etcd: the address published for gateways, '{}', is a wildcard; "
+          "give the reachable one with --advertise",
+          published);
+    }
   }
   if (options.max_restarts < 0) {
     return invalid_argument("--max-restarts must be at least 0, got {}", options.max_restarts);

@@ -28,6 +28,7 @@
 #include "base/status.h"
 #include "engine/dp_group.h"
 #include "serve/eplb_control.h"
+#include "serve/etcd_registration.h"
 #include "serve/placement.h"
 
 namespace xds::serve {
@@ -59,6 +60,13 @@ struct InstanceOptions {
   // > 0: GET /health on this port, on the host of `listen`, answers 200 once the instance is
   // ready to serve and 503 before (serve/instance_health.h). 0: no such endpoint.
   int health_port = 0;
+  // Membership in etcd (docs/design/membership.md): with etcd.endpoint set, each incarnation
+  // registers the instance under etcd.prefix once every DP group is up, keeps the lease alive
+  // while they answer their heartbeats, and revokes it on a clean shutdown.
+  EtcdRegistrationOptions etcd;
+  // The address published in etcd for gateways to reach the shell (empty: `listen`, which
+  // then must not bind a wildcard host such as 0.0.0.0 or *).
+  std::string advertise;
 };
 
 // Runs until SIGTERM/SIGINT or a gateway's kShutdown: then drains (the groups finish their

@@ -28,6 +28,8 @@ const char* instance_state_name(InstanceState state) {
       return "recovering";
     case InstanceState::kFailed:
       return "failed";
+    case InstanceState::kLeft:
+      return "left";
     case InstanceState::kUnknown:
       break;
   }
@@ -89,9 +91,15 @@ bool InstanceRouter::restarted(int32_t i, uint64_t incarnation) {
   return changed;
 }
 
+int32_t InstanceRouter::add_instance() {
+  views_.emplace_back();
+  return static_cast<int32_t>(views_.size() - 1);
+}
+
 bool InstanceRouter::rejoin(int32_t i, protocol::InstanceRole role) {
   if (serving(i)) return false;
   View& v = views_[static_cast<size_t>(i)];
+  if (v.state == InstanceState::kLeft) return false;
   v.state = instance_state(role);
   v.why.clear();
   return true;
@@ -99,7 +107,15 @@ bool InstanceRouter::rejoin(int32_t i, protocol::InstanceRole role) {
 
 bool InstanceRouter::serving(int32_t i) const {
   const InstanceState s = views_[static_cast<size_t>(i)].state;
-  return s != InstanceState::kRecovering && s != InstanceState::kFailed;
+  return s != InstanceState::kRecovering && s != InstanceState::kFailed &&
+         s != InstanceState::kLeft;
+}
+
+bool InstanceRouter::any_present() const {
+  for (const View& v : views_) {
+    if (v.state != InstanceState::kFailed && v.state != InstanceState::kLeft) return true;
+  }
+  return false;
 }
 
 bool InstanceRouter::any_serving() const {
@@ -176,7 +192,7 @@ int32_t InstanceRouter::route_among(InstanceState role, std::span<const int32_t>
 InstanceRoute InstanceRouter::route(std::span<const int32_t> prompt, bool decode_phase) const {
   InstanceRoute r;
   if (views_.size() <= 1) {
-    r.to = serving(0) ? 0 : -1;
+    r.to = !views_.empty() && serving(0) ? 0 : -1;
     return r;
   }
   int32_t to = -1;
@@ -231,6 +247,11 @@ bool InstanceRouter::mark_failed(int32_t i, bool recovering, std::string why) {
   failed.cached.clear();
   failed.long_inflight = failed.short_inflight = 0;
   return any_serving();
+}
+
+void InstanceRouter::mark_left(int32_t i, std::string why) {
+  (void)mark_failed(i, false, std::move(why));
+  views_[static_cast<size_t>(i)].state = InstanceState::kLeft;
 }
 
 bool InstanceRouter::continues_elsewhere(bool decode_phase, bool streamed_since_handoff) const {

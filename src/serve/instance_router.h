@@ -28,6 +28,10 @@
 // what they streamed). It is back (rejoin()) when its shell answers again, ready; a new
 // incarnation number (restarted()) tells the gateway the instance lost what it held.
 //
+// Membership in etcd (docs/design/membership.md): instances are added as they register
+// (add_instance(), a new index each time) and leave when their entry goes (mark_left()).
+// Indices are never reused; a left instance is never routed to nor rejoins.
+//
 // Thread-safety: none; the gateway guards it with its mutex. No sockets, no clock: times are
 // arguments.
 #pragma once
@@ -57,6 +61,8 @@ enum class InstanceState {
   kDecode,
   kRecovering,  // restarting its processes (or silent): out until it answers, ready
   kFailed,      // failed for good (it may still come back as a new incarnation)
+  kLeft,        // its entry in etcd is gone (lease expired or revoked): out for good; an
+                // instance that registers again is a new instance
 };
 
 // The state of an instance that reports `role`.
@@ -105,6 +111,8 @@ class InstanceRouter {
   InstanceRouter(size_t instances, InstanceRoutingPolicy policy);
 
   size_t size() const { return views_.size(); }
+  // A new instance (state kUnknown: routable at once); its index.
+  int32_t add_instance();
   InstanceState state(int32_t i) const { return views_[static_cast<size_t>(i)].state; }
 
   // A message came from instance i's shell at `now_ns`.
@@ -121,6 +129,8 @@ class InstanceRouter {
   // Routable: neither recovering nor failed (an instance that has not reported yet is).
   bool serving(int32_t i) const;
   bool any_serving() const;
+  // Serving or recovering (not failed for good, not left): worth waiting for.
+  bool any_present() const;
   // Why i is out ("" while it serves).
   const std::string& why(int32_t i) const { return views_[static_cast<size_t>(i)].why; }
   // i's load report (engine::merge_load per group).
@@ -140,6 +150,8 @@ class InstanceRouter {
   // Takes i out (kRecovering when it restarts, else kFailed; `why` kept for /health), loads
   // and cached blocks forgotten. True when another instance still serves.
   bool mark_failed(int32_t i, bool recovering = false, std::string why = {});
+  // Takes i out for good: its etcd entry is gone (see mark_failed()).
+  void mark_left(int32_t i, std::string why);
   // A request of a failed instance: true when it continues on another decode instance (a
   // decode phase that streamed nothing since its handoff, and a decode instance is left).
   bool continues_elsewhere(bool decode_phase, bool streamed_since_handoff) const;

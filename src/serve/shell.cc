@@ -201,6 +201,21 @@ class Shell::Loop {
     return {};
   }
 
+  ShellHealth health(int64_t now) const {
+    ShellHealth h;
+    int32_t hung = -1;
+    h.healthy = all_up() && hung_group(now, &hung).empty() && fatal_.empty();
+    h.groups = membership_.members();
+    for (int32_t g : h.groups) {
+      const GroupLoad& l = loads_[static_cast<size_t>(g)];
+      h.running += l.running;
+      h.waiting += l.waiting;
+      h.kv_blocks_used += l.kv_blocks_used;
+      h.kv_blocks_total += l.kv_blocks_total;
+    }
+    return h;
+  }
+
   bool all_up() const {
     for (int32_t g : membership_.members()) {
       if (!liveness_[static_cast<size_t>(g)].up) return false;
@@ -288,6 +303,7 @@ class Shell::Loop {
     if (Status late = membership_.check_deadline(now); !late.ok() && fatal_.empty()) {
       fatal_ = late.message();
     }
+    if (o_.on_health) o_.on_health(health(now));
     if (o_.expert_backup && !backup_started_ && all_up()) {
       std::optional<EplbCommand> command;
       const EplbAnswer a = eplb_.backup(now, command);

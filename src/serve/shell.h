@@ -47,6 +47,15 @@
 
 namespace xds::serve {
 
+// What the shell tells membership in etcd (serve/etcd_registration.h) about the instance, every
+// loop: healthy while every serving DP group is up (loaded) and answers its heartbeat.
+struct ShellHealth {
+  bool healthy = false;
+  std::vector<int32_t> groups;                      // the DP groups serving, ascending
+  int64_t running = 0, waiting = 0;                 // requests, over the groups
+  int64_t kv_blocks_used = 0, kv_blocks_total = 0;  // over the groups
+};
+
 struct ShellOptions {
   std::string listen;                     // e.g. tcp://127.0.0.1:8100
   std::string role = "colocated";         // colocated | prefill | decode (sent with loads)
@@ -95,6 +104,9 @@ struct ShellOptions {
   // ready to serve (every member DP group up, nothing fatal), and false once it stops. Read
   // by the readiness endpoint (serve/instance_health.h) from its own threads.
   std::atomic<bool>* ready = nullptr;
+  // Called from the loop, about every load_period_ms (must not block): the instance's health
+  // and load, for its entry in etcd. Empty: not called.
+  std::function<void(const ShellHealth&)> on_health;
 };
 
 // The decision log of run(), for tests and /metrics.

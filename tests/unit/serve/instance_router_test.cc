@@ -225,6 +225,40 @@ TEST(InstanceRouter, WithNothingServingARequestHasNowhereToGo) {
   EXPECT_TRUE(two.silent(1'000'000, 1).empty());  // out already: not silent again
 }
 
+TEST(InstanceRouter, InstancesFromEtcdJoinWithNewIndicesAndLeaveForGood) {
+  InstanceRouter r(0, policy());  // a gateway on etcd starts with none registered
+  EXPECT_EQ(r.route(prompt(3), false).to, -1);
+  EXPECT_FALSE(r.any_present());
+  EXPECT_EQ(r.add_instance(), 0);
+  EXPECT_TRUE(r.any_present());
+  EXPECT_EQ(r.state(0), InstanceState::kUnknown);
+  EXPECT_EQ(r.route(prompt(3), false).to, 0);  // routable before it reports a role
+  r.report_role(0, protocol::InstanceRole::kColocated);
+  EXPECT_EQ(r.add_instance(), 1);
+  r.report_role(1, protocol::InstanceRole::kColocated);
+  r.update_loads(0, {group(4)});
+  r.update_loads(1, {group(1)});
+  EXPECT_EQ(r.route(prompt(3), false).to, 1);  // the less loaded
+  r.mark_left(1, "lease expired");
+  EXPECT_EQ(r.state(1), InstanceState::kLeft);
+  EXPECT_STREQ(instance_state_name(InstanceState::kLeft), "left");
+  EXPECT_FALSE(r.serving(1));
+  EXPECT_EQ(r.why(1), "lease expired");
+  EXPECT_EQ(r.route(prompt(3), false).to, 0);
+  // A left instance neither rejoins nor takes a role again (it registers as a new index).
+  EXPECT_FALSE(r.rejoin(1, protocol::InstanceRole::kColocated));
+  r.report_role(1, protocol::InstanceRole::kColocated);
+  EXPECT_EQ(r.state(1), InstanceState::kLeft);
+  // A recovering instance is still present (worth waiting for); a left one is not.
+  r.mark_failed(0, /*recovering=*/true);
+  EXPECT_TRUE(r.any_present());
+  EXPECT_EQ(r.route(prompt(3), false).to, -1);
+  r.mark_left(0, "revoked");
+  EXPECT_FALSE(r.any_present());
+  EXPECT_EQ(r.add_instance(), 2);  // indices are never reused
+  EXPECT_EQ(r.route(prompt(3), false).to, 2);
+}
+
 TEST(InstanceRouter, SilentInstancesAreThoseNotHeardWithinTheTimeout) {
   InstanceRouter r(3, policy());
   r.heard_all(1000);
