@@ -99,6 +99,8 @@ class DpGroup {
   void release_finished();
   // The step's header, exchanged with the other groups (or decided alone).
   Result<StepDecision> decide(uint64_t step);
+  // A/E, rank 0: the expert devices' step notice for a decision that runs, stops or aborts.
+  Status notify_experts(const StepDecision& decision);
   // Sleeps until the shell wakes every group with a sequence number nobody had seen.
   Status sleep(const StepDecision& decision);
   void send_tokens();
@@ -126,6 +128,7 @@ class DpGroup {
   std::unique_ptr<GroupCollectives> coll_;  // with expert parallelism (dp > 1)
   std::unique_ptr<EpMoeExchange> exchange_;
   std::unique_ptr<EplbAgent> eplb_;  // with expert parallelism
+  std::unique_ptr<AeMoeExchange> ae_;  // an attention group of an A/E instance
 
   zmq::context_t ctx_{1};
   zmq::socket_t control_{ctx_, zmq::socket_type::pull};
@@ -170,7 +173,15 @@ Status DpGroup::init() {
   // and from there to the gateways, which route by them (P096).
   core_->kv().record_cache_events(o_.core.prefix_cache);
 
-  if (fabric_.world_size() > 1) {
+  if (o_.ae_mode) {
+    // Step headers between the attention groups only; MoE layers over A2E/E2A.
+    XDS_ASSIGN_OR_RETURN(coll_, GroupCollectives::create(
+                                    fabric_, /*step_timeout_ms=*/600'000,
+                                    [this](int group) { answer_heartbeats(group); },
+                                    o_.ae.shape.attention));
+    XDS_ASSIGN_OR_RETURN(ae_, AeMoeExchange::create(core_->model(), coll_->mailbox(), o_.ae));
+    core_->model().set_moe_exchange(ae_.get());
+  } else if (fabric_.world_size() > 1) {
     // Waits inside collectives answer heartbeats too, naming the group they wait on.
     XDS_ASSIGN_OR_RETURN(coll_, GroupCollectives::create(
                                     fabric_, /*step_timeout_ms=*/600'000,
@@ -581,6 +592,7 @@ void DpGroup::send_load(bool force) {
     const EpMoeExchange::Times& t = exchange_->times();
     l.moe_ns = t.dispatch_ns + t.experts_ns + t.combine_ns;
   }
+  if (ae_) l.moe_ns = ae_->times().a2e_ns + ae_->times().e2a_ns;
   if (eplb_) eplb_->fill_window(now, /*force=*/false, l);
   protocol::LoadMsg m;
   m.loads.push_back(l);
@@ -617,8 +629,8 @@ Result<StepDecision> DpGroup::decide(uint64_t step) {
   int64_t tokens = 0;
   for (const StepChunk& c : plan.chunks) tokens += c.count;
   mine.tokens = static_cast<uint32_t>(has_work() ? tokens : 0);
-  mine.busy = (has_work() && tokens == 0) || eplb_->busy();
-  mine.map_version = eplb_->loaded_version();
+  mine.busy = (has_work() && tokens == 0) || (eplb_ && eplb_->busy());
+  mine.map_version = eplb_ ? eplb_->loaded_version() : 0;
   XDS_ASSIGN_OR_RETURN(decision, coll_->sync().exchange(mine));
   if (decision.action != StepAction::kAbort && o_.handoff.cooperative_prefill) {
     XDS_ASSIGN_OR_RETURN(const bool assigned,
@@ -628,12 +640,33 @@ Result<StepDecision> DpGroup::decide(uint64_t step) {
     // New work here or elsewhere: plan it at once instead of sleeping or stopping.
     if (assigned && decision.action != StepAction::kRun) decision.action = StepAction::kSkip;
   }
-  if (decision.action != StepAction::kAbort) {  // EPLB: maps switch at this boundary
+  if (ae_ && fabric_.rank() == 0) XDS_RETURN_IF_ERROR(notify_experts(decision));
+  if (eplb_ && decision.action != StepAction::kAbort) {  // EPLB: maps switch at this boundary
     XDS_ASSIGN_OR_RETURN(auto switched, eplb_->at_step_boundary(decision.map_version, decision.step,
                                                                 fabric_.rank()));
     report_eplb(std::move(switched));
   }
   return decision;
+}
+
+Status DpGroup::notify_experts(const StepDecision& decision) {
+  AeStepNotice n;
+  n.step = decision.step;
+  switch (decision.action) {
+    case StepAction::kRun:
+      n.kind = AeStepNotice::kRun;
+      n.rounds = ae_rounds(decision.max_tokens, o_.ae.shape.microbatches, o_.ae.max_tokens);
+      break;
+    case StepAction::kStop:
+      n.kind = AeStepNotice::kStop;
+      break;
+    case StepAction::kAbort:
+      n.kind = AeStepNotice::kAbort;
+      break;
+    default:
+      return {};  // skip and sleep: the expert devices keep waiting for the next step
+  }
+  return ae_->notify_experts(n);
 }
 
 Status DpGroup::sleep(const StepDecision& decision) {
@@ -714,7 +747,11 @@ Status DpGroup::run() {
       exchange_->set_step(coll_->fabric().epoch(), static_cast<uint32_t>(decision.step),
                           attempts_.attempt());
     }
-    const Status executed = core_->execute(/*lockstep=*/exchange_ != nullptr);
+    if (ae_) {
+      ae_->set_step(coll_->fabric().epoch(), static_cast<uint32_t>(decision.step),
+                    decision.max_tokens);
+    }
+    const Status executed = core_->execute(/*lockstep=*/exchange_ != nullptr || ae_ != nullptr);
     if (!attempts_.after_execute(executed)) {
       if (await_reform(executed)) continue;  // the step was rolled back
       return executed;
@@ -756,6 +793,27 @@ Result<uint64_t> ep_staging_bytes(const std::string& model_dir, const ModelOptio
   }
   return EpMoeExchange::staging_bytes(info, dp, model.compute,
                                       ep_options(max_num_batched_tokens, redundant_slots));
+}
+
+AeOptions ae_options(const AeShape& shape, int32_t max_num_batched_tokens) {
+  AeOptions o;
+  o.shape = shape;
+  o.max_tokens = std::clamp(max_num_batched_tokens, 16, 512);
+  o.timeout_ms = 600'000;  // a peer's long prefill chunk is not a dead peer
+  return o;
+}
+
+Result<uint64_t> ae_staging_bytes(const std::string& model_dir, const ModelOptions& model,
+                                  const AeOptions& options) {
+  XDS_RETURN_IF_ERROR(validate_ae_shape(options.shape));
+  XDS_ASSIGN_OR_RETURN(const ModelInfo info, load_model_info(model_dir));
+  if (info.moe_layers.empty()) {
+    return invalid_argument(
+        "--expert-devices {}: expert devices hold the routed experts of the MoE layers, and "
+        "the model in {} ({}) has no MoE layers",
+        options.shape.experts, model_dir, info.model_type);
+  }
+  return ae_staging_bytes(info, model.compute, options);
 }
 
 int run_dp_group(xccl::Fabric& fabric, const DpGroupOptions& options) {

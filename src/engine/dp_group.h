@@ -16,6 +16,7 @@
 #include <string>
 
 #include "base/status.h"
+#include "engine/ae_moe_exchange.h"
 #include "engine/engine_core.h"
 #include "engine/handoff_stage.h"
 #include "model/causal_lm.h"
@@ -49,6 +50,12 @@ struct DpGroupOptions {
   // Started again after it was lost (xccl::DeviceGroup::respawn): it waits for the shell's
   // reform to join the others' fabric before it steps.
   bool rejoining = false;
+  // MoE/attention disaggregation (engine/ae_moe_exchange.h): this group is an attention
+  // group of an A/E instance (fabric ranks 0 .. A-1 attention, A .. A+X-1 expert devices);
+  // its MoE layers go over A2E/E2A, its step headers only between attention groups, and
+  // rank 0 sends the expert devices their step notices. No EPLB, no scale-down.
+  bool ae_mode = false;
+  AeOptions ae;
 };
 
 // XCCL staging bytes each device's arena needs for the expert-parallel exchange of `dp`
@@ -58,6 +65,14 @@ struct DpGroupOptions {
 Result<uint64_t> ep_staging_bytes(const std::string& model_dir, const ModelOptions& model,
                                   int32_t max_num_batched_tokens, int dp,
                                   int32_t redundant_slots = 0);
+
+// A/E: the options of an instance of `shape` whose groups batch at most
+// max_num_batched_tokens (rows per round clamped to [16, 512]), and the staging bytes each
+// device's arena needs for A2E/E2A. InvalidArgument naming the flags for a shape that cannot
+// run, or a model with no MoE layers.
+AeOptions ae_options(const AeShape& shape, int32_t max_num_batched_tokens);
+Result<uint64_t> ae_staging_bytes(const std::string& model_dir, const ModelOptions& model,
+                                  const AeOptions& options);
 
 // The device process's main: serves until kShutdown (after draining) and returns the exit
 // code (0 ok). `fabric` is this device's view of the instance (world = n_groups).

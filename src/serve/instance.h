@@ -56,6 +56,11 @@ struct InstanceOptions {
   // ShellOptions::scale_down); group.scale_down is set alike.
   bool scale_down = true;
   bool expert_backup = false;  // ShellOptions::expert_backup
+  // MoE/attention disaggregation (docs/design/ae_disaggregation.md): dp attention DP groups
+  // (group.ae_mode, group.ae) plus group.ae.shape.experts expert devices
+  // (engine/expert_device.h), forked as devices dp .. dp + X - 1 of the same fabric and
+  // watched like the groups (one that dies restarts the instance).
+  bool ae_mode = false;
 };
 
 // Runs until SIGTERM/SIGINT or a gateway's kShutdown: then drains (the groups finish their

@@ -22,10 +22,13 @@
 //
 // Staging (absolute offsets, identical on every device of the fabric):
 //   [exchange area: exchange_layout(cfg, max domain size, |experts|, staging)]
-//   att_input [max_tokens][hidden] bf16 · att_q [max_tokens][int8 stride] · att_ids
-//   [max_tokens][topk] i32 · att_w [max_tokens][topk] f32 · e2a_out [max_tokens][hidden] bf16
+//   att_input [max_tokens][hidden] row_dtype · att_q [max_tokens][int8 stride] · att_ids
+//   [max_tokens][topk] i32 · att_w [max_tokens][topk] f32 · e2a_out [max_tokens][hidden]
+//   vector_dtype
 //
-// Rows and vectors are bf16 (MoeConfig::row_dtype / vector_dtype; others: Unimplemented).
+// Rows and vectors are both bf16, or both f32 (MoeConfig::row_dtype / vector_dtype; the f32
+// reference mode of an A/E instance); others: Unimplemented. INT8 rows are quantized from
+// bf16 rows only.
 //
 // Thread-safety: one thread per device drives its A2e.
 #pragma once
@@ -68,12 +71,15 @@ class A2e {
                                              ThreadPool* pool);
 
   // ---- attention side ----
-  // Waits until the trampoline pulled the previous round; returns [max_tokens, hidden].
+  // Waits until the trampoline pulled the previous round; returns [max_tokens, hidden] of
+  // row_dtype (input_rows: bf16 only).
+  Result<std::byte*> input_data();
   Result<uint16_t*> input_rows();
   Status a2e_send(int n_tokens, std::span<const int32_t> topk_ids, std::span<const float> weights,
                   uint64_t key, bool more = false);
-  // out [n_tokens, hidden] bf16: sum over experts of weight * expert output.
-  Status e2a_recv(uint16_t* out, uint64_t key);
+  // out [n_tokens, hidden] of vector_dtype: sum over experts of weight * expert output.
+  Status e2a_recv(uint16_t* out, uint64_t key);  // bf16 vectors
+  Status e2a_recv(float* out, uint64_t key);     // f32 vectors
 
   // ---- expert side ----
   // Serves domain D: trampolines forward, every expert device receives grouped rows.
@@ -81,6 +87,7 @@ class A2e {
   const Exchange& exchange() const { return *ex_; }
   const uint16_t* row(int r) const { return ex_->row(r); }  // token row of grouped row r
   uint16_t* expert_out() { return ex_->expert_out(); }
+  float* expert_out_f32() { return ex_->expert_out_f32(); }
   // Source of received row r: (attention rank, token).
   std::pair<int, uint32_t> row_source(int r) const;
   bool any_more() const { return ex_->any_more(); }
@@ -92,6 +99,7 @@ class A2e {
  private:
   A2e(Mailbox& mb, const MoeConfig& cfg, A2eTopology topo, ThreadPool* pool);
   WaitCtx ctx(OpKind op) const;
+  Status e2a_recv_bytes(std::byte* out, RowDType out_dtype, uint64_t key);
 
   Mailbox& mb_;
   Fabric& f_;
@@ -105,8 +113,10 @@ class A2e {
   std::unique_ptr<Exchange> ex_;  // expert devices only
   // attention state
   bool att_pending_release_ = false;
-  int att_tokens_ = 0;
   uint64_t att_key_ = 0;
+  // (key, tokens) of the rounds sent whose E2A is not received yet, oldest first: a caller
+  // may send the next round before it receives the current one (two in flight).
+  std::vector<std::pair<uint64_t, int>> att_sent_;
   // trampoline state
   int domain_ = -1;
   int partner_ = -1;       // attention rank served this round, -1 if none
