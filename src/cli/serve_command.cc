@@ -84,6 +84,7 @@ struct EngineArgs {
   int dp_domains = 1;
   int microbatches = 1;
   std::string ae_trace_dir;
+  bool no_trampoline = false;
   CLI::Option* dp_option = nullptr;  // to tell a given --dp from its default
   // Not a flag: the cluster secret init_channel_keys() read (or drew); the DP groups' UCX KV
   // links prove it to each other.
@@ -128,6 +129,9 @@ void add_engine_flags(CLI::App* cmd, EngineArgs& a) {
   cmd->add_option("--microbatches", a.microbatches,
                   "A/E: microbatches each attention group splits a MoE layer's tokens into")
       ->check(CLI::Range(1, 16));
+  cmd->add_flag("--no-trampoline", a.no_trampoline,
+                "A/E: each attention group sends its rows to every expert device itself "
+                "instead of through its trampoline expert device (for comparison)");
   cmd->add_option("--ae-trace-dir", a.ae_trace_dir,
                   "A/E: directory where each expert device writes expert<k>.json when it stops "
                   "(busy fraction, controller round trips, a trace per domain, layer and "
@@ -275,9 +279,11 @@ Result<serve::InstanceOptions> instance_options(const EngineArgs& a, const std::
     o.ae_mode = true;
     o.group.ae = engine::ae_options(shape, a.max_num_batched_tokens);
     o.group.ae.trace_dir = a.ae_trace_dir;
-  } else if (a.dp_domains != 1 || a.microbatches != 1 || !a.ae_trace_dir.empty()) {
-    return invalid_argument("--dp-domains, --microbatches and --ae-trace-dir need "
-                            "--attention-dp and --expert-devices");
+    o.group.ae.trampoline = !a.no_trampoline;
+  } else if (a.dp_domains != 1 || a.microbatches != 1 || !a.ae_trace_dir.empty() ||
+             a.no_trampoline) {
+    return invalid_argument("--dp-domains, --microbatches, --no-trampoline and --ae-trace-dir "
+                            "need --attention-dp and --expert-devices");
   }
   o.threads_per_device = a.threads_per_device;
   o.placement.reserve_ratio = a.kv_reserve_ratio;

@@ -38,9 +38,21 @@ xccl::MoeConfig ae_moe_config(const ModelInfo& info, ComputeDType compute,
   return m;
 }
 
+xccl::A2eTopology ae_a2e_topology(const AeOptions& options) {
+  xccl::A2eTopology t = ae_topology(options.shape);
+  t.trampoline = options.trampoline;
+  return t;
+}
+
+xccl::ExpertMap ae_expert_map(const ModelInfo& info, const AeOptions& options) {
+  const int x = std::max(options.shape.experts, 1);
+  return xccl::ExpertMap::identity(int(info.n_routed_experts), x,
+                                   int((info.n_routed_experts + x - 1) / x), 1);
+}
+
 uint64_t ae_staging_bytes(const ModelInfo& info, ComputeDType compute, const AeOptions& options) {
   const xccl::MoeConfig c = ae_moe_config(info, compute, options);
-  const xccl::A2eLayout l = xccl::a2e_layout(c, ae_topology(options.shape), 0);
+  const xccl::A2eLayout l = xccl::a2e_layout(c, ae_a2e_topology(options), 0);
   (void)max_domain_size;
   return std::max<uint64_t>(l.end + (uint64_t{1} << 16), uint64_t{1} << 20);
 }
@@ -69,9 +81,10 @@ Result<std::unique_ptr<AeMoeExchange>> AeMoeExchange::create(CausalLm& model,
                             options.shape.experts);
   const xccl::MoeConfig c = ae_moe_config(model.info(), model.compute_dtype(), options);
   XDS_ASSIGN_OR_RETURN(auto a2e,
-                       xccl::A2e::create(mailbox, c, ae_topology(options.shape), &model.pool()));
+                       xccl::A2e::create(mailbox, c, ae_a2e_topology(options), &model.pool()));
   std::unique_ptr<AeMoeExchange> e(new AeMoeExchange(model, mailbox, options, std::move(a2e)));
   e->cfg_ = c;
+  e->map_ = ae_expert_map(model.info(), options);
   return e;
 }
 
@@ -116,7 +129,7 @@ Status AeMoeExchange::send_unit(const MoeExchangeInput& in, int64_t begin, int64
   }
   const std::span<const int32_t> ids(in.ids + begin * k, size_t(n * k));
   const std::span<const float> w(in.weights + begin * k, size_t(n * k));
-  XDS_RETURN_IF_ERROR(a2e_->a2e_send(int(n), ids, w, key, more));
+  XDS_RETURN_IF_ERROR(a2e_->a2e_send(int(n), ids, w, key, more, &map_));
   times_.a2e_ns += now_ns() - t0;
   return Status::ok_status();
 }
@@ -168,18 +181,21 @@ Status AeMoeExchange::run(const MoeExchangeInput& in) {
                                          ae_round_code(m, r))});
     }
   }
-  // Two units in flight: send(u0) send(u1) recv(u0) send(u2) recv(u1) ...
-  XDS_RETURN_IF_ERROR(send_unit(in, units[0].begin, units[0].n, units[0].more, units[0].key));
+  // Two units in flight where the A2e allows it: send(u0) send(u1) recv(u0) send(u2) recv(u1)
+  // ...; one otherwise (no trampoline): send(u0) recv(u0) send(u1) recv(u1) ...
+  const size_t depth = size_t(a2e_->max_in_flight());
+  for (size_t u = 0; u < std::min(depth, units.size()); ++u)
+    XDS_RETURN_IF_ERROR(send_unit(in, units[u].begin, units[u].n, units[u].more, units[u].key));
   // The shared experts (the model's overlap work) run here while the routed ones are away.
   if (in.overlap != nullptr)
     while (in.overlap->run_slice() != OverlapWork::Slice::kDone) {
     }
   for (size_t u = 0; u < units.size(); ++u) {
-    if (u + 1 < units.size()) {
-      const Unit& nx = units[u + 1];
+    XDS_RETURN_IF_ERROR(recv_unit(in, units[u].begin, units[u].n, units[u].key));
+    if (u + depth < units.size()) {
+      const Unit& nx = units[u + depth];
       XDS_RETURN_IF_ERROR(send_unit(in, nx.begin, nx.n, nx.more, nx.key));
     }
-    XDS_RETURN_IF_ERROR(recv_unit(in, units[u].begin, units[u].n, units[u].key));
   }
   ++times_.runs;
   return Status::ok_status();

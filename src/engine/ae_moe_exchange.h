@@ -11,7 +11,8 @@
 //     send(u0); send(u1); recv(u0); send(u2); recv(u1); ...
 //   so the next unit's rows are at the trampoline while the experts compute the current one
 //   (the trampoline's input and e2a staging are single buffers: a third unit in flight would
-//   wait on a release that waits on it). Rows travel as f32 (ComputeDType::kF32, the
+//   wait on a release that waits on it); one deep without trampoline (the domain's Exchange
+//   keeps one round's routes on the sender, A2e::max_in_flight). Rows travel as f32 (ComputeDType::kF32, the
 //   reference: the result equals LocalMoeExchange's up to the summation order) or bf16.
 //   Key of unit (m, r): a2e_key(epoch, step, layer, domain, ae_round_code(m, r)).
 //
@@ -42,7 +43,16 @@ struct AeOptions {
   int max_tokens = 256;           // rows per attention group per round (staging sized by it)
   int64_t timeout_ms = 600'000;   // a peer silent this long poisons the epoch
   std::string trace_dir;          // expert devices: where expert<k>.json goes ("": nowhere)
+  // false: no trampoline forwarding (for comparison): each attention group routes its rows
+  // and sends them to every expert device itself (xccl::A2eTopology::trampoline).
+  bool trampoline = true;
 };
+
+// The A2e topology of these options (ae_topology plus the trampoline switch).
+xccl::A2eTopology ae_a2e_topology(const AeOptions& options);
+// The expert map of an A/E instance (every MoE layer): the identity over X devices of
+// ceil(E / X) slots.
+xccl::ExpertMap ae_expert_map(const ModelInfo& info, const AeOptions& options);
 
 // The A2E exchange's config, the same on every device of the instance.
 xccl::MoeConfig ae_moe_config(const ModelInfo& info, ComputeDType compute,
@@ -94,6 +104,7 @@ class AeMoeExchange final : public MoeExchange {
   AeOptions o_;
   std::unique_ptr<xccl::A2e> a2e_;
   xccl::MoeConfig cfg_;
+  xccl::ExpertMap map_;  // routes the rows without trampoline
   int domain_ = 0;
   uint32_t epoch_ = 0, step_ = 0;
   int rounds_ = 1;

@@ -58,11 +58,12 @@ Status ExpertLoop::init() {
   cfg_ = ae_moe_config(info, model_->compute_dtype(), o_.ae);
   XDS_ASSIGN_OR_RETURN(transport_, xccl::make_transport("shm", f_));
   mailbox_ = std::make_unique<xccl::Mailbox>(f_, *transport_);
-  XDS_ASSIGN_OR_RETURN(a2e_, xccl::A2e::create(*mailbox_, cfg_, ae_topology(o_.ae.shape),
+  XDS_ASSIGN_OR_RETURN(a2e_, xccl::A2e::create(*mailbox_, cfg_, ae_a2e_topology(o_.ae),
                                                &model_->pool()));
   experts_ = std::make_unique<GroupedExperts>(model_->compute_dtype(), model_->pool());
   const int x = o_.ae.shape.experts, slots = cfg_.slots_per_device, me = expert_index();
-  map_ = xccl::ExpertMap::identity(int(info.n_routed_experts), x, slots, 1);
+  map_ = ae_expert_map(info, o_.ae);
+  (void)x;
   std::vector<int32_t> logical(size_t(slots), -1);
   for (int e = 0; e < map_.n_logical(); ++e)
     for (int32_t p : map_.replicas[size_t(e)])

@@ -7,7 +7,8 @@ layers), f32, against a colocated `serve --dp 1` of the same model.
     same texts as the colocated instance, for: A=2 X=3 D=1 M=1 (X does not divide the 16
     experts; two trampolines forward to a third device), A=2 X=3 D=2 M=1 (one group per
     domain, one trampoline forwarding to every expert device: the domains take turns),
-    A=2 X=3 D=1 M=2 and A=2 X=2 D=2 M=2 (microbatches);
+    A=2 X=3 D=1 M=2 and A=2 X=2 D=2 M=2 (microbatches), and A=2 X=3 D=2 M=2 with
+    --no-trampoline (each group dispatches to every expert device itself);
   - every expert device's expert<k>.json (--ae-trace-dir, written when it stops): zero
     controller round trips, a busy fraction in (0, 1], and a trace whose turns follow the
     pure order layer -> domain -> microbatch (engine/ae_schedule.h), one after another in
@@ -141,14 +142,16 @@ def main():
         ref, log = served_texts(xds, model, ["--dp", "1"])
         check(ref is not None and all(t and not t.startswith("<error") for t in ref),
               f"colocated --dp 1 served: {ref} {'' if ref else log}")
-        shapes = [(2, 3, 1, 1), (2, 3, 2, 1), (2, 3, 1, 2), (2, 2, 2, 2)]
-        for a, x, d, m in shapes:
-            label = f"A={a} X={x} D={d} M={m}"
-            trace_dir = os.path.join(work, f"a{a}x{x}d{d}m{m}")
+        shapes = [(2, 3, 1, 1, True), (2, 3, 2, 1, True), (2, 3, 1, 2, True),
+                  (2, 2, 2, 2, True), (2, 3, 2, 2, False)]
+        for a, x, d, m, trampoline in shapes:
+            label = f"A={a} X={x} D={d} M={m}" + ("" if trampoline else " no trampoline")
+            trace_dir = os.path.join(work, f"a{a}x{x}d{d}m{m}{'' if trampoline else 'direct'}")
             os.makedirs(trace_dir)
             texts, log = served_texts(xds, model, [
                 "--attention-dp", str(a), "--expert-devices", str(x), "--dp-domains", str(d),
-                "--microbatches", str(m), "--ae-trace-dir", trace_dir])
+                "--microbatches", str(m), "--ae-trace-dir", trace_dir] +
+                ([] if trampoline else ["--no-trampoline"]))
             check(texts == ref, f"{label}: greedy texts equal the colocated ones: {texts} vs "
                   f"{ref} {'' if texts == ref else log}")
             check_trace(trace_dir, a, x, d, m, label)
