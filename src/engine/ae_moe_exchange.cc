@@ -5,6 +5,7 @@
 
 #include "base/clock.h"
 #include "kernels/cpu/linear.h"
+#include "model/registry.h"
 #include "xccl/rowops.h"
 
 namespace xds::engine {
@@ -67,6 +68,27 @@ uint64_t ae_notice_key(uint32_t epoch, uint64_t step) {
   return xccl::collective_key(epoch, uint32_t(step), kAeNoticeLayer, 0);
 }
 
+AeOptions ae_options(const AeShape& shape, int32_t max_num_batched_tokens) {
+  AeOptions o;
+  o.shape = shape;
+  o.max_tokens = std::clamp(max_num_batched_tokens, 16, 512);
+  o.timeout_ms = 600'000;  // a peer's long prefill chunk is not a dead peer
+  return o;
+}
+
+Result<uint64_t> ae_staging_bytes(const std::string& model_dir, const ModelOptions& model,
+                                  const AeOptions& options) {
+  XDS_RETURN_IF_ERROR(validate_ae_shape(options.shape));
+  XDS_ASSIGN_OR_RETURN(const ModelInfo info, load_model_info(model_dir));
+  if (info.moe_layers.empty()) {
+    return invalid_argument(
+        "--expert-devices {}: expert devices hold the routed experts of the MoE layers, and "
+        "the model in {} ({}) has no MoE layers",
+        options.shape.experts, model_dir, info.model_type);
+  }
+  return ae_staging_bytes(info, model.compute, options);
+}
+
 Result<std::unique_ptr<AeMoeExchange>> AeMoeExchange::create(CausalLm& model,
                                                              xccl::Mailbox& mailbox,
                                                              const AeOptions& options) {
@@ -112,6 +134,26 @@ Status AeMoeExchange::notify_experts(const AeStepNotice& notice) {
                          notice.step, to);
   }
   return Status::ok_status();
+}
+
+Status AeMoeExchange::notify_experts(const StepDecision& decision) {
+  AeStepNotice n;
+  n.step = decision.step;
+  switch (decision.action) {
+    case StepAction::kRun:
+      n.kind = AeStepNotice::kRun;
+      n.rounds = ae_rounds(decision.max_tokens, o_.shape.microbatches, o_.max_tokens);
+      break;
+    case StepAction::kStop:
+      n.kind = AeStepNotice::kStop;
+      break;
+    case StepAction::kAbort:
+      n.kind = AeStepNotice::kAbort;
+      break;
+    default:
+      return Status::ok_status();
+  }
+  return notify_experts(n);
 }
 
 Status AeMoeExchange::send_unit(const MoeExchangeInput& in, int64_t begin, int64_t n, bool more,

@@ -31,6 +31,7 @@
 
 #include "base/status.h"
 #include "engine/ae_schedule.h"
+#include "engine/step_sync.h"
 #include "model/causal_lm.h"
 #include "model/moe_exchange.h"
 #include "xccl/a2e.h"
@@ -53,6 +54,14 @@ xccl::A2eTopology ae_a2e_topology(const AeOptions& options);
 // The expert map of an A/E instance (every MoE layer): the identity over X devices of
 // ceil(E / X) slots.
 xccl::ExpertMap ae_expert_map(const ModelInfo& info, const AeOptions& options);
+
+// A/E: the options of an instance of `shape` whose groups batch at most
+// max_num_batched_tokens (rows per round clamped to [16, 512]), and the staging bytes each
+// device's arena needs for A2E/E2A. InvalidArgument naming the flags for a shape that cannot
+// run, or a model with no MoE layers.
+AeOptions ae_options(const AeShape& shape, int32_t max_num_batched_tokens);
+Result<uint64_t> ae_staging_bytes(const std::string& model_dir, const ModelOptions& model,
+                                  const AeOptions& options);
 
 // The A2E exchange's config, the same on every device of the instance.
 xccl::MoeConfig ae_moe_config(const ModelInfo& info, ComputeDType compute,
@@ -83,6 +92,9 @@ class AeMoeExchange final : public MoeExchange {
   void set_step(uint32_t epoch, uint32_t step, int64_t max_group_tokens);
   // Attention rank 0 only: posts the notice to every expert device.
   Status notify_experts(const AeStepNotice& notice);
+  // The same for a step decision: run (with its rounds), stop or abort; nothing for skip and
+  // sleep (the expert devices keep waiting for the next step).
+  Status notify_experts(const StepDecision& decision);
 
   Status run(const MoeExchangeInput& in) override;
 

@@ -99,8 +99,6 @@ class DpGroup {
   void release_finished();
   // The step's header, exchanged with the other groups (or decided alone).
   Result<StepDecision> decide(uint64_t step);
-  // A/E, rank 0: the expert devices' step notice for a decision that runs, stops or aborts.
-  Status notify_experts(const StepDecision& decision);
   // Sleeps until the shell wakes every group with a sequence number nobody had seen.
   Status sleep(const StepDecision& decision);
   void send_tokens();
@@ -640,33 +638,13 @@ Result<StepDecision> DpGroup::decide(uint64_t step) {
     // New work here or elsewhere: plan it at once instead of sleeping or stopping.
     if (assigned && decision.action != StepAction::kRun) decision.action = StepAction::kSkip;
   }
-  if (ae_ && fabric_.rank() == 0) XDS_RETURN_IF_ERROR(notify_experts(decision));
+  if (ae_ && fabric_.rank() == 0) XDS_RETURN_IF_ERROR(ae_->notify_experts(decision));
   if (eplb_ && decision.action != StepAction::kAbort) {  // EPLB: maps switch at this boundary
     XDS_ASSIGN_OR_RETURN(auto switched, eplb_->at_step_boundary(decision.map_version, decision.step,
                                                                 fabric_.rank()));
     report_eplb(std::move(switched));
   }
   return decision;
-}
-
-Status DpGroup::notify_experts(const StepDecision& decision) {
-  AeStepNotice n;
-  n.step = decision.step;
-  switch (decision.action) {
-    case StepAction::kRun:
-      n.kind = AeStepNotice::kRun;
-      n.rounds = ae_rounds(decision.max_tokens, o_.ae.shape.microbatches, o_.ae.max_tokens);
-      break;
-    case StepAction::kStop:
-      n.kind = AeStepNotice::kStop;
-      break;
-    case StepAction::kAbort:
-      n.kind = AeStepNotice::kAbort;
-      break;
-    default:
-      return {};  // skip and sleep: the expert devices keep waiting for the next step
-  }
-  return ae_->notify_experts(n);
 }
 
 Status DpGroup::sleep(const StepDecision& decision) {
@@ -793,27 +771,6 @@ Result<uint64_t> ep_staging_bytes(const std::string& model_dir, const ModelOptio
   }
   return EpMoeExchange::staging_bytes(info, dp, model.compute,
                                       ep_options(max_num_batched_tokens, redundant_slots));
-}
-
-AeOptions ae_options(const AeShape& shape, int32_t max_num_batched_tokens) {
-  AeOptions o;
-  o.shape = shape;
-  o.max_tokens = std::clamp(max_num_batched_tokens, 16, 512);
-  o.timeout_ms = 600'000;  // a peer's long prefill chunk is not a dead peer
-  return o;
-}
-
-Result<uint64_t> ae_staging_bytes(const std::string& model_dir, const ModelOptions& model,
-                                  const AeOptions& options) {
-  XDS_RETURN_IF_ERROR(validate_ae_shape(options.shape));
-  XDS_ASSIGN_OR_RETURN(const ModelInfo info, load_model_info(model_dir));
-  if (info.moe_layers.empty()) {
-    return invalid_argument(
-        "--expert-devices {}: expert devices hold the routed experts of the MoE layers, and "
-        "the model in {} ({}) has no MoE layers",
-        options.shape.experts, model_dir, info.model_type);
-  }
-  return ae_staging_bytes(info, model.compute, options);
 }
 
 int run_dp_group(xccl::Fabric& fabric, const DpGroupOptions& options) {

@@ -66,14 +66,6 @@ Result<uint64_t> ep_staging_bytes(const std::string& model_dir, const ModelOptio
                                   int32_t max_num_batched_tokens, int dp,
                                   int32_t redundant_slots = 0);
 
-// A/E: the options of an instance of `shape` whose groups batch at most
-// max_num_batched_tokens (rows per round clamped to [16, 512]), and the staging bytes each
-// device's arena needs for A2E/E2A. InvalidArgument naming the flags for a shape that cannot
-// run, or a model with no MoE layers.
-AeOptions ae_options(const AeShape& shape, int32_t max_num_batched_tokens);
-Result<uint64_t> ae_staging_bytes(const std::string& model_dir, const ModelOptions& model,
-                                  const AeOptions& options);
-
 // The device process's main: serves until kShutdown (after draining) and returns the exit
 // code (0 ok). `fabric` is this device's view of the instance (world = n_groups).
 int run_dp_group(xccl::Fabric& fabric, const DpGroupOptions& options);
