@@ -78,6 +78,14 @@ struct EngineArgs {
   bool fault_injection = false;
   bool no_scale_down = false;
   bool expert_backup = false;
+  // MoE/attention disaggregation: attention DP groups and expert devices (0: off).
+  int attention_dp = 0;
+  int expert_devices = 0;
+  int dp_domains = 1;
+  int microbatches = 1;
+  std::string ae_trace_dir;
+  bool no_trampoline = false;
+  CLI::Option* dp_option = nullptr;  // to tell a given --dp from its default
   // Not a flag: the cluster secret init_channel_keys() read (or drew); the DP groups' UCX KV
   // links prove it to each other.
   std::optional<protocol::ClusterSecret> cluster_secret;
@@ -103,8 +111,31 @@ struct GatewayArgs {
 
 void add_engine_flags(CLI::App* cmd, EngineArgs& a) {
   cmd->add_option("--model", a.model, "Model directory (Hugging Face layout)")->required();
-  cmd->add_option("--dp", a.dp, "DP groups (device processes); experts are spread over all")
+  a.dp_option =
+      cmd->add_option("--dp", a.dp, "DP groups (device processes); experts are spread over all")
+          ->check(CLI::Range(1, 64));
+  cmd->add_option("--attention-dp", a.attention_dp,
+                  "MoE/attention disaggregation: attention DP groups (with --expert-devices; "
+                  "not with --dp)")
       ->check(CLI::Range(1, 64));
+  cmd->add_option("--expert-devices", a.expert_devices,
+                  "MoE/attention disaggregation: device processes holding the routed experts, "
+                  "reached over A2E/E2A (with --attention-dp)")
+      ->check(CLI::Range(1, 64));
+  cmd->add_option("--dp-domains", a.dp_domains,
+                  "A/E: DP domains the attention groups are split into; one at a time "
+                  "exchanges with the expert devices")
+      ->check(CLI::Range(1, 16));
+  cmd->add_option("--microbatches", a.microbatches,
+                  "A/E: microbatches each attention group splits a MoE layer's tokens into")
+      ->check(CLI::Range(1, 16));
+  cmd->add_flag("--no-trampoline", a.no_trampoline,
+                "A/E: each attention group sends its rows to every expert device itself "
+                "instead of through its trampoline expert device (for comparison)");
+  cmd->add_option("--ae-trace-dir", a.ae_trace_dir,
+                  "A/E: directory where each expert device writes expert<k>.json when it stops "
+                  "(busy fraction, controller round trips, a trace per domain, layer and "
+                  "microbatch)");
   cmd->add_option("--max-num-seqs", a.max_num_seqs, "Running requests per DP group")
       ->check(CLI::Range(1, 65536));
   cmd->add_option("--max-num-batched-tokens", a.max_num_batched_tokens,
@@ -228,6 +259,32 @@ Result<serve::InstanceOptions> instance_options(const EngineArgs& a, const std::
   serve::InstanceOptions o;
   o.listen = listen;
   o.dp = a.dp;
+  if (a.attention_dp > 0 || a.expert_devices > 0) {
+    if (a.dp_option != nullptr && a.dp_option->count() > 0)
+      return invalid_argument("--dp cannot be given with --attention-dp/--expert-devices (the "
+                              "attention groups are --attention-dp)");
+    if (a.attention_dp < 1 || a.expert_devices < 1)
+      return invalid_argument("--attention-dp {} and --expert-devices {}: MoE/attention "
+                              "disaggregation needs both",
+                              a.attention_dp, a.expert_devices);
+    if (a.redundant_slots > 0)
+      return invalid_argument("--redundant-slots with --attention-dp: EPLB does not run on "
+                              "expert devices yet");
+    if (a.speculative.tokens > 0)
+      return unimplemented("--speculative-tokens with --attention-dp: the expert devices do "
+                           "not serve MTP passes yet");
+    engine::AeShape shape{a.attention_dp, a.expert_devices, a.dp_domains, a.microbatches};
+    XDS_RETURN_IF_ERROR(engine::validate_ae_shape(shape));
+    o.dp = a.attention_dp;
+    o.ae_mode = true;
+    o.group.ae = engine::ae_options(shape, a.max_num_batched_tokens);
+    o.group.ae.trace_dir = a.ae_trace_dir;
+    o.group.ae.trampoline = !a.no_trampoline;
+  } else if (a.dp_domains != 1 || a.microbatches != 1 || !a.ae_trace_dir.empty() ||
+             a.no_trampoline) {
+    return invalid_argument("--dp-domains, --microbatches, --no-trampoline and --ae-trace-dir "
+                            "need --attention-dp and --expert-devices");
+  }
   o.threads_per_device = a.threads_per_device;
   o.placement.reserve_ratio = a.kv_reserve_ratio;
   engine::DpGroupOptions& g = o.group;
@@ -491,9 +548,13 @@ void add_serve_commands(CLI::App& app, int* exit_code) {
       if (!io.ok()) return report(io.status(), exit_code);
       // What the instance refuses before it starts (a model that --dp cannot spread), refused
       // here: the gateway would otherwise serve with no instance behind it.
-      if (auto staging = engine::ep_staging_bytes(io->group.core.model_dir, io->group.core.model,
-                                                  io->group.core.max_num_batched_tokens, io->dp,
-                                                  io->group.redundant_slots);
+      if (auto staging =
+              io->ae_mode
+                  ? engine::ae_staging_bytes(io->group.core.model_dir, io->group.core.model,
+                                             io->group.ae)
+                  : engine::ep_staging_bytes(io->group.core.model_dir, io->group.core.model,
+                                             io->group.core.max_num_batched_tokens, io->dp,
+                                             io->group.redundant_slots);
           !staging.ok()) {
         return report(staging.status(), exit_code);
       }

@@ -126,6 +126,7 @@ class DpGroup {
   std::unique_ptr<GroupCollectives> coll_;  // with expert parallelism (dp > 1)
   std::unique_ptr<EpMoeExchange> exchange_;
   std::unique_ptr<EplbAgent> eplb_;  // with expert parallelism
+  std::unique_ptr<AeMoeExchange> ae_;  // an attention group of an A/E instance
 
   zmq::context_t ctx_{1};
   zmq::socket_t control_{ctx_, zmq::socket_type::pull};
@@ -170,7 +171,15 @@ Status DpGroup::init() {
   // and from there to the gateways, which route by them (P096).
   core_->kv().record_cache_events(o_.core.prefix_cache);
 
-  if (fabric_.world_size() > 1) {
+  if (o_.ae_mode) {
+    // Step headers between the attention groups only; MoE layers over A2E/E2A.
+    XDS_ASSIGN_OR_RETURN(coll_, GroupCollectives::create(
+                                    fabric_, /*step_timeout_ms=*/600'000,
+                                    [this](int group) { answer_heartbeats(group); },
+                                    o_.ae.shape.attention));
+    XDS_ASSIGN_OR_RETURN(ae_, AeMoeExchange::create(core_->model(), coll_->mailbox(), o_.ae));
+    core_->model().set_moe_exchange(ae_.get());
+  } else if (fabric_.world_size() > 1) {
     // Waits inside collectives answer heartbeats too, naming the group they wait on.
     XDS_ASSIGN_OR_RETURN(coll_, GroupCollectives::create(
                                     fabric_, /*step_timeout_ms=*/600'000,
@@ -581,6 +590,7 @@ void DpGroup::send_load(bool force) {
     const EpMoeExchange::Times& t = exchange_->times();
     l.moe_ns = t.dispatch_ns + t.experts_ns + t.combine_ns;
   }
+  if (ae_) l.moe_ns = ae_->times().a2e_ns + ae_->times().e2a_ns;
   if (eplb_) eplb_->fill_window(now, /*force=*/false, l);
   protocol::LoadMsg m;
   m.loads.push_back(l);
@@ -617,8 +627,8 @@ Result<StepDecision> DpGroup::decide(uint64_t step) {
   int64_t tokens = 0;
   for (const StepChunk& c : plan.chunks) tokens += c.count;
   mine.tokens = static_cast<uint32_t>(has_work() ? tokens : 0);
-  mine.busy = (has_work() && tokens == 0) || eplb_->busy();
-  mine.map_version = eplb_->loaded_version();
+  mine.busy = (has_work() && tokens == 0) || (eplb_ && eplb_->busy());
+  mine.map_version = eplb_ ? eplb_->loaded_version() : 0;
   XDS_ASSIGN_OR_RETURN(decision, coll_->sync().exchange(mine));
   if (decision.action != StepAction::kAbort && o_.handoff.cooperative_prefill) {
     XDS_ASSIGN_OR_RETURN(const bool assigned,
@@ -628,7 +638,8 @@ Result<StepDecision> DpGroup::decide(uint64_t step) {
     // New work here or elsewhere: plan it at once instead of sleeping or stopping.
     if (assigned && decision.action != StepAction::kRun) decision.action = StepAction::kSkip;
   }
-  if (decision.action != StepAction::kAbort) {  // EPLB: maps switch at this boundary
+  if (ae_ && fabric_.rank() == 0) XDS_RETURN_IF_ERROR(ae_->notify_experts(decision));
+  if (eplb_ && decision.action != StepAction::kAbort) {  // EPLB: maps switch at this boundary
     XDS_ASSIGN_OR_RETURN(auto switched, eplb_->at_step_boundary(decision.map_version, decision.step,
                                                                 fabric_.rank()));
     report_eplb(std::move(switched));
@@ -714,7 +725,11 @@ Status DpGroup::run() {
       exchange_->set_step(coll_->fabric().epoch(), static_cast<uint32_t>(decision.step),
                           attempts_.attempt());
     }
-    const Status executed = core_->execute(/*lockstep=*/exchange_ != nullptr);
+    if (ae_) {
+      ae_->set_step(coll_->fabric().epoch(), static_cast<uint32_t>(decision.step),
+                    decision.max_tokens);
+    }
+    const Status executed = core_->execute(/*lockstep=*/exchange_ != nullptr || ae_ != nullptr);
     if (!attempts_.after_execute(executed)) {
       if (await_reform(executed)) continue;  // the step was rolled back
       return executed;

@@ -16,6 +16,7 @@
 #include <string>
 
 #include "base/status.h"
+#include "engine/ae_moe_exchange.h"
 #include "engine/engine_core.h"
 #include "engine/handoff_stage.h"
 #include "model/causal_lm.h"
@@ -49,6 +50,12 @@ struct DpGroupOptions {
   // Started again after it was lost (xccl::DeviceGroup::respawn): it waits for the shell's
   // reform to join the others' fabric before it steps.
   bool rejoining = false;
+  // MoE/attention disaggregation (engine/ae_moe_exchange.h): this group is an attention
+  // group of an A/E instance (fabric ranks 0 .. A-1 attention, A .. A+X-1 expert devices);
+  // its MoE layers go over A2E/E2A, its step headers only between attention groups, and
+  // rank 0 sends the expert devices their step notices. No EPLB, no scale-down.
+  bool ae_mode = false;
+  AeOptions ae;
 };
 
 // XCCL staging bytes each device's arena needs for the expert-parallel exchange of `dp`

@@ -1,13 +1,16 @@
 #include "engine/group_collectives.h"
 
+#include <algorithm>
 #include <thread>
 
 namespace xds::engine {
 
 Result<std::unique_ptr<GroupCollectives>> GroupCollectives::create(
-    xccl::Fabric& instance, int64_t step_timeout_ms, std::function<void(int)> wait_hook) {
+    xccl::Fabric& instance, int64_t step_timeout_ms, std::function<void(int)> wait_hook,
+    int sync_ranks) {
   std::unique_ptr<GroupCollectives> c(
       new GroupCollectives(instance, step_timeout_ms, std::move(wait_hook)));
+  c->sync_ranks_ = sync_ranks;
   for (int r = 0; r < instance.world_size(); ++r) c->members_.push_back(r);
   XDS_RETURN_IF_ERROR(c->build_on(instance));
   return c;
@@ -17,7 +20,8 @@ Status GroupCollectives::build_on(xccl::Fabric& f) {
   XDS_ASSIGN_OR_RETURN(auto transport, xccl::make_transport("shm", f));
   auto mailbox = std::make_unique<xccl::Mailbox>(f, *transport);
   std::vector<int> ranks;
-  for (int r = 0; r < f.world_size(); ++r) ranks.push_back(r);
+  const int synced = sync_ranks_ > 0 ? std::min(sync_ranks_, f.world_size()) : f.world_size();
+  for (int r = 0; r < synced; ++r) ranks.push_back(r);
   auto sync = std::make_unique<StepSync>(*mailbox, std::move(ranks), step_timeout_ms_);
   // Waits inside collectives answer heartbeats, on this thread only, naming the group.
   f.set_wait_hook([this, self = std::this_thread::get_id()](int blocking) {

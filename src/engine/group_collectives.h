@@ -28,10 +28,13 @@ namespace xds::engine {
 class GroupCollectives {
  public:
   // Over the instance's fabric. wait_hook(group) is called from inside waits (Fabric::
-  // set_wait_hook) with the group waited on.
+  // set_wait_hook) with the group waited on. sync_ranks > 0: the step headers go between
+  // ranks 0 .. sync_ranks - 1 only (an A/E instance: its attention groups; the expert devices
+  // after them take no part); 0: every rank.
   static Result<std::unique_ptr<GroupCollectives>> create(xccl::Fabric& instance,
                                                           int64_t step_timeout_ms,
-                                                          std::function<void(int)> wait_hook);
+                                                          std::function<void(int)> wait_hook,
+                                                          int sync_ranks = 0);
 
   xccl::Fabric& fabric() { return view_ ? static_cast<xccl::Fabric&>(*view_) : instance_; }
   xccl::Mailbox& mailbox() { return *mailbox_; }
@@ -58,6 +61,7 @@ class GroupCollectives {
   xccl::Fabric& instance_;
   int64_t step_timeout_ms_;
   std::function<void(int)> wait_hook_;
+  int sync_ranks_ = 0;
   std::vector<int> members_;  // [fabric().world_size()] group id of each rank
   uint64_t generation_ = 0;
   std::unique_ptr<xccl::MemberFabric> view_;  // after a scale-down

@@ -20,6 +20,7 @@
 #include "base/clock.h"
 #include "base/log.h"
 #include "base/process_name.h"
+#include "engine/expert_device.h"
 #include "output/output_process.h"
 #include "protocol/zmq_io.h"
 #include "serve/instance_health.h"
@@ -69,8 +70,11 @@ Result<pid_t> spawn_output_process(const output::OutputProcessOptions& o) {
 static Status run_incarnation(const InstanceOptions& options, uint32_t epoch, uint64_t incarnation,
                        bool will_restart) {
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  // A/E: the expert devices after the attention groups, in the same fabric.
+  const int experts = options.ae_mode ? options.group.ae.shape.experts : 0;
+  const int n_devices = options.dp + experts;
   const int threads =
-      options.threads_per_device > 0 ? options.threads_per_device : std::max(1, cores / options.dp);
+      options.threads_per_device > 0 ? options.threads_per_device : std::max(1, cores / n_devices);
 
   std::vector<std::string> group_inputs, output_inputs;
   for (int g = 0; g < options.dp; ++g) {
@@ -93,17 +97,24 @@ static Status run_incarnation(const InstanceOptions& options, uint32_t epoch, ui
   }
 
   xccl::LaunchOptions lo;
-  lo.devices = options.dp;
+  lo.devices = n_devices;
   lo.epoch = epoch;
-  lo.keep_arenas = options.scale_down && options.dp > 1;  // a lost group can start again
-  XDS_ASSIGN_OR_RETURN(
-      lo.arena.staging_bytes,
-      engine::ep_staging_bytes(options.group.core.model_dir, options.group.core.model,
-                               options.group.core.max_num_batched_tokens, options.dp,
-                               options.group.redundant_slots));
-  if (options.pin && threads * options.dp <= cores) {
+  // A lost group can start again (not in A/E mode: no scale-down there).
+  lo.keep_arenas = options.scale_down && options.dp > 1 && !options.ae_mode;
+  if (options.ae_mode) {
+    XDS_ASSIGN_OR_RETURN(lo.arena.staging_bytes,
+                         engine::ae_staging_bytes(options.group.core.model_dir,
+                                                  options.group.core.model, options.group.ae));
+  } else {
+    XDS_ASSIGN_OR_RETURN(
+        lo.arena.staging_bytes,
+        engine::ep_staging_bytes(options.group.core.model_dir, options.group.core.model,
+                                 options.group.core.max_num_batched_tokens, options.dp,
+                                 options.group.redundant_slots));
+  }
+  if (options.pin && threads * n_devices <= cores) {
     // Device g on cores [g x threads, (g + 1) x threads): its pool's threads share them.
-    for (int g = 0; g < options.dp; ++g) lo.cpus.push_back(g * threads);
+    for (int g = 0; g < n_devices; ++g) lo.cpus.push_back(g * threads);
     lo.cpus_per_device = threads;
   }
   std::vector<engine::DpGroupOptions> per_group;
@@ -116,11 +127,20 @@ static Status run_incarnation(const InstanceOptions& options, uint32_t epoch, ui
     o.output_address = output_inputs[static_cast<size_t>(g)];
     o.handoff.export_kv = options.role == "prefill";
     o.handoff.cooperative_prefill = options.role == "prefill" && options.dp > 1;
-    o.scale_down = options.scale_down && options.role != "prefill";
+    o.scale_down = options.scale_down && options.role != "prefill" && !options.ae_mode;
+    o.ae_mode = options.ae_mode;
     per_group.push_back(std::move(o));
   }
+  engine::ExpertDeviceOptions expert_options;
+  expert_options.model_dir = options.group.core.model_dir;
+  expert_options.model = options.group.core.model;
+  expert_options.model.threads = threads;
+  expert_options.ae = options.group.ae;
+  expert_options.instance = options.instance;
   XDS_ASSIGN_OR_RETURN(xccl::DeviceGroup devices,
                        xccl::DeviceGroup::spawn(lo, [&](xccl::Fabric& f) {
+                         if (f.rank() >= options.dp)
+                           return engine::run_expert_device(f, expert_options);
                          return engine::run_dp_group(f, per_group[static_cast<size_t>(f.rank())]);
                        }));
 
@@ -142,6 +162,11 @@ static Status run_incarnation(const InstanceOptions& options, uint32_t epoch, ui
   so.fault_injection = options.fault_injection;
   ProcessWatch watch;
   for (size_t g = 0; g < devices.pids().size(); ++g) {
+    if (static_cast<int>(g) >= options.dp) {  // A/E: an expert device
+      XDS_RETURN_IF_ERROR(watch.add(
+          devices.pids()[g], fmt::format("expert device {}", static_cast<int>(g) - options.dp)));
+      continue;
+    }
     XDS_RETURN_IF_ERROR(
         watch.add(devices.pids()[g], fmt::format("DP group {}", g), static_cast<int32_t>(g)));
   }
@@ -156,8 +181,8 @@ static Status run_incarnation(const InstanceOptions& options, uint32_t epoch, ui
       ::kill(devices.pids()[static_cast<size_t>(g)], SIGKILL);
     }
   };
-  so.group_pids = [&devices] {
-    return std::vector<int32_t>(devices.pids().begin(), devices.pids().end());
+  so.group_pids = [&devices, &options] {
+    return std::vector<int32_t>(devices.pids().begin(), devices.pids().begin() + options.dp);
   };
   // A group left out starts again on its arenas and joins the others (rejoin).
   so.respawn_group = [&devices, &per_group, &watch](int32_t g) -> Result<int32_t> {
@@ -203,8 +228,14 @@ static Status run_incarnation(const InstanceOptions& options, uint32_t epoch, ui
   sa.sa_handler = on_stop_signal;
   ::sigaction(SIGTERM, &sa, nullptr);
   ::sigaction(SIGINT, &sa, nullptr);
-  XDS_LOG_INFO("instance: shell on {}, {} DP group(s), {} thread(s) each, epoch {}",
-               options.listen, options.dp, threads, epoch);
+  XDS_LOG_INFO("instance: shell on {}, {} DP group(s){}, {} thread(s) each, epoch {}",
+               options.listen, options.dp,
+               options.ae_mode ? fmt::format(" in {} domain(s) with {} expert device(s), {} "
+                                             "microbatch(es)",
+                                             options.group.ae.shape.domains, experts,
+                                             options.group.ae.shape.microbatches)
+                               : std::string(),
+               threads, epoch);
   Status st = shell.run();
   g_shell = nullptr;
   ready.store(false);
@@ -232,7 +263,9 @@ static Status run_incarnation(const InstanceOptions& options, uint32_t epoch, ui
   for (size_t g = 0; g < exits->size(); ++g) {
     if (std::find(lost.begin(), lost.end(), static_cast<int32_t>(g)) != lost.end()) continue;
     if (!(*exits)[g].ok()) {
-      return internal_error("DP group {} ended with exit code {} signal {}", g,
+      return internal_error("{} {} ended with exit code {} signal {}",
+                            static_cast<int>(g) < options.dp ? "DP group" : "expert device",
+                            static_cast<int>(g) < options.dp ? g : g - size_t(options.dp),
                             (*exits)[g].exit_code, (*exits)[g].signal);
     }
   }
@@ -257,6 +290,18 @@ Status run_instance(const InstanceOptions& options) {
           "give the reachable one with --advertise",
           published);
     }
+  }
+  if (options.ae_mode) {
+    XDS_RETURN_IF_ERROR(engine::validate_ae_shape(options.group.ae.shape));
+    if (options.group.ae.shape.attention != options.dp)
+      return invalid_argument("A/E: {} DP groups but --attention-dp {}", options.dp,
+                              options.group.ae.shape.attention);
+    if (options.role == "prefill")
+      return invalid_argument("--role prefill does not run in A/E mode (--attention-dp); "
+                              "colocated and decode do");
+    if (options.group.core.speculative_tokens > 0)
+      return unimplemented("--speculative-tokens with --attention-dp: the expert devices do "
+                           "not serve MTP passes yet");
   }
   if (options.max_restarts < 0) {
     return invalid_argument("--max-restarts must be at least 0, got {}", options.max_restarts);

@@ -67,6 +67,11 @@ struct InstanceOptions {
   // The address published in etcd for gateways to reach the shell (empty: `listen`, which
   // then must not bind a wildcard host such as 0.0.0.0 or *).
   std::string advertise;
+  // MoE/attention disaggregation (docs/design/ae_disaggregation.md): dp attention DP groups
+  // (group.ae_mode, group.ae) plus group.ae.shape.experts expert devices
+  // (engine/expert_device.h), forked as devices dp .. dp + X - 1 of the same fabric and
+  // watched like the groups (one that dies restarts the instance).
+  bool ae_mode = false;
 };
 
 // Runs until SIGTERM/SIGINT or a gateway's kShutdown: then drains (the groups finish their

@@ -50,8 +50,8 @@
 namespace xds::xccl {
 
 inline constexpr uint64_t kArenaMagic = 0x4c43435853445821ull;  // "!XDSXCCL"
-// 3: Channel::kAbandon.
-inline constexpr uint32_t kLayoutVersion = 3;
+// 3: Channel::kAbandon. 4: Channel::kAeStep.
+inline constexpr uint32_t kLayoutVersion = 4;
 inline constexpr size_t kLine = 64;
 inline constexpr size_t kPage = 4096;
 inline constexpr int kMaxWorld = 4096;  // poison word stores ranks in 12 bits
@@ -81,6 +81,7 @@ enum class Channel : uint32_t {
   kBarrierOdd,         // ... odd index (double-buffered: a peer may run one barrier ahead)
   kAbandon,            // writer -> reader: not a message; the line's seq word is the writer's
                        // marker of the newest step attempt it abandoned (Mailbox::abandon)
+  kAeStep,             // attention leader -> expert devices: the next step of an A/E instance
   kCount,
 };
 inline constexpr int kMailboxChannels = static_cast<int>(Channel::kCount);
