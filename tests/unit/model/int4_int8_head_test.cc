@@ -9,8 +9,9 @@
 //     float64 products by the dequantized weights within the activation rounding's derived
 //     bound (int8_head_kv_b_checks.h), while the attention and expert linears stay int4
 //     panels; for W4A16 and W4A8;
-//   - whole forwards: the logits against the same checkpoint with those int8 modules
-//     dequantized (q · scale) into float weights, within the int8 activation rounding;
+//   - whole forwards (W4A16, prefill and one absorbed decode step): the logits against the
+//     same checkpoint with those int8 modules dequantized (q · scale) into float weights,
+//     within the int8 activation rounding;
 //   - gptq with the flag is refused.
 #include <gtest/gtest.h>
 
@@ -193,30 +194,29 @@ void write_dequantized_head(const std::string& from, const std::string& to) {
 // Against the same checkpoint with the int8 modules dequantized: the int4 linears are the
 // same panels, and lm_head and kv_b_proj differ only by the int8 rounding of their inputs
 // (each input within half a step, absmax / 254, of its value: at most 0.4 % of the row's
-// largest input), which the few layers of the tiny model carry to the logits as a
-// relative error of that order: within 3e-2 of the largest logit. Reading the int8 values
-// as another layout, a scale of the wrong row or W_UK's scale not folded moves them by O(1).
-TEST_F(Int4Int8Head, LogitsMatchTheDequantizedHeadAndKvB) {
-  for (const bool a8 : {false, true}) {
-    SCOPED_TRACE(a8 ? "W4A8" : "W4A16");
-    std::filesystem::remove_all(path("w4"));
-    std::filesystem::remove_all(path("deq"));
-    make_pair(9, a8);
-    write_dequantized_head(path("w4"), path("deq"));
-    const std::vector<float> q = logits_of(path("w4"));
-    const std::vector<float> f = logits_of(path("deq"));
-    ASSERT_EQ(q.size(), f.size());
-    ASSERT_FALSE(q.empty());
-    double mx = 0, err = 0;
-    for (size_t i = 0; i < f.size(); ++i) {
-      ASSERT_TRUE(std::isfinite(q[i])) << i;
-      mx = std::max(mx, std::fabs(double(f[i])));
-      err = std::max(err, std::fabs(double(q[i]) - double(f[i])));
-    }
-    std::fprintf(stderr, "%s: worst %.3e of %.3e\n", a8 ? "W4A8" : "W4A16", err, mx);
-    EXPECT_LT(err / mx, 3e-2);
-    EXPECT_GT(err, 0.0);  // the int8 modules did run as int8
+// largest input), which the few layers of the tiny model carry to the logits as a relative
+// error of that order: within 3e-2 of the largest logit (measured 1.0e-2, every position
+// alike). Reading the int8 values as another layout, a scale of the wrong row or W_UK's scale
+// not folded moves them by O(1). W4A16 only: under W4A8 every linear rounds its input to
+// int8 as well, so the small difference flips roundings and, in this random model, the
+// routers' near ties (two positions move by 0.8 and 1.3 where the others move by ~0.1);
+// W4A8's int8 modules are checked bit for bit above, through the same forward code.
+TEST_F(Int4Int8Head, W4A16LogitsMatchTheDequantizedHeadAndKvB) {
+  make_pair(9, false);
+  write_dequantized_head(path("w4"), path("deq"));
+  const std::vector<float> q = logits_of(path("w4"));
+  const std::vector<float> f = logits_of(path("deq"));
+  ASSERT_EQ(q.size(), f.size());
+  ASSERT_FALSE(q.empty());
+  double mx = 0, err = 0;
+  for (size_t i = 0; i < f.size(); ++i) {
+    ASSERT_TRUE(std::isfinite(q[i])) << i;
+    mx = std::max(mx, std::fabs(double(f[i])));
+    err = std::max(err, std::fabs(double(q[i]) - double(f[i])));
   }
+  std::fprintf(stderr, "W4A16: worst %.3e of %.3e\n", err, mx);
+  EXPECT_LT(err / mx, 3e-2);
+  EXPECT_GT(err, 0.0);  // the int8 modules did run as int8
 }
 
 TEST_F(Int4Int8Head, GptqIsRefused) {
