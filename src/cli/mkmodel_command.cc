@@ -32,8 +32,9 @@ void add_mkmodel_command(CLI::App& app, int* exit_code) {
                 "W8A8 (compressed-tensors, round to nearest per output channel): attention and "
                 "MLP projections as I8 + weight_scale");
   cmd->add_flag("--int8-head-and-kv-b", opts->int8_head_and_kv_b,
-                "With --weights-int8: lm_head, shared_head.head and kv_b_proj as I8 + "
-                "weight_scale too (not in ignore)");
+                "With --weights-int8 or --weights-int4 (pack-quantized): lm_head, "
+                "shared_head.head and kv_b_proj as I8 + weight_scale too (not in ignore; W4: a "
+                "second, int8 config group)");
   CLI::Option* int4 =
       cmd->add_option(
              "--weights-int4", opts->weights_int4,
@@ -117,7 +118,8 @@ void add_mkmodel_command(CLI::App& app, int* exit_code) {
             ? std::string(opts->int8_head_and_kv_b ? "W8A8, int8 lm_head and kv_b_proj" : "W8A8")
             : fmt::format("W4{} {} G{} {}{}", opts->int4_int8_activations ? "A8" : "A16",
                           opts->weights_int4, opts->int4_group_size, opts->int4_format,
-                          opts->int4_actorder == "group" ? " actorder group" : "");
+                          opts->int4_actorder == "group" ? " actorder group" : "") +
+                  (opts->int8_head_and_kv_b ? ", int8 lm_head and kv_b_proj" : "");
     if (!opts->from_dir.empty()) {
       std::fprintf(stderr, "wrote %s (%s RTN copy of %s, %d shard%s)\n", opts->out_dir.c_str(),
                    scheme.c_str(), opts->from_dir.c_str(), opts->shards,

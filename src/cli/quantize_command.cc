@@ -37,8 +37,8 @@ void add_quantize_command(CLI::App& app, int* exit_code) {
                   "With --scheme w4a16 or w4a8: input columns per 4-bit scale, 32, 64 or 128 "
                   "(default 128)");
   cmd->add_flag("--int8-head-and-kv-b", o->int8_head_and_kv_b,
-                "With --scheme w8a8: lm_head and kv_b_proj as int8 per output channel too (round "
-                "to nearest), not in quantization_config's ignore");
+                "lm_head and kv_b_proj as int8 per output channel too (round to nearest), not in "
+                "quantization_config's ignore; with w4a16/w4a8 in a second, int8 config group");
   cmd->add_option("--method", o->method, "gptq (default) or rtn (round to nearest, after the smoothing)")->check(CLI::IsMember({"gptq", "rtn"}));
   cmd->add_option("--min-expert-samples", o->min_expert_samples,
                   "Tokens each routed expert must see for GPTQ (fewer: RTN, reported; default 4)")

@@ -161,6 +161,23 @@ Status add_gptq(const std::string& m, const TensorView& t, const W4Linear& qz, i
   return {};
 }
 
+// --int8-head-and-kv-b: weight `name` [rows, cols] as W8A8 by RTN per output row
+// (quant/w8a8_rtn.h): `name` I8 and `name`_scale [rows, 1] in the weight's float dtype.
+void append_int8_rtn(const std::string& name, const TensorView& t, std::vector<OutTensor>& out) {
+  const int64_t rows = t.shape[0], cols = t.shape[1];
+  OutTensor q = out_tensor(name, DType::kI8, {rows, cols});
+  OutTensor s = out_tensor(name + "_scale", t.dtype, {rows, 1});
+  std::vector<float> row(static_cast<size_t>(cols));
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) row[static_cast<size_t>(c)] = element(t, r * cols + c);
+    const float scale = rtn_quantize_row(row.data(), cols, t.dtype,
+                                         reinterpret_cast<int8_t*>(q.bytes.data()) + r * cols);
+    put_scale(s, r, scale);
+  }
+  out.push_back(std::move(q));
+  out.push_back(std::move(s));
+}
+
 Status check_options(const MkModelOptions& o) {
   if (o.weights_int4 != "sym" && o.weights_int4 != "asym") {
     return invalid_argument("mkmodel: --weights-int4 must be sym or asym, got '{}'",
@@ -182,6 +199,11 @@ Status check_options(const MkModelOptions& o) {
                             o.int4_actorder);
   }
   if (o.weights_int8) return invalid_argument("mkmodel: --weights-int4 with --weights-int8");
+  if (o.int8_head_and_kv_b && o.int4_format == "gptq") {
+    return invalid_argument(
+        "mkmodel: --int8-head-and-kv-b with --int4-format gptq (a GPTQ config has no second "
+        "group; use pack-quantized)");
+  }
   return {};
 }
 
@@ -202,6 +224,10 @@ Status write_copy(const MkModelOptions& o, const std::string& from) {
   std::vector<std::string> ignore;
   for (const std::string& name : ckpt.names()) {
     const TensorView* t = ckpt.find(name);
+    if (o.int8_head_and_kv_b && w8a8_head_or_kv_b(name)) {
+      append_int8_rtn(name, *t, out);
+      continue;
+    }
     const bool fits = t->shape.size() == 2 && t->shape[1] % group == 0;
     if (!int4_target(name) || !fits) {
       if (int4_target(name)) ignore.push_back(name.substr(0, name.size() - 7));
@@ -231,11 +257,16 @@ Status write_copy(const MkModelOptions& o, const std::string& from) {
     config["quantization_config"] = w4_gptq_json(group, symmetric);
     if (actorder) config["quantization_config"]["desc_act"] = true;
   } else {
-    std::vector<std::string> ignore_all = {"lm_head", "re:.*mlp\\.gate$", "re:.*eh_proj$",
-                                           "re:.*shared_head\\.head$"};
+    std::vector<std::string> ignore_all = {"re:.*mlp\\.gate$", "re:.*eh_proj$"};
+    if (!o.int8_head_and_kv_b) {
+      ignore_all.insert(ignore_all.begin(), "lm_head");
+      ignore_all.push_back("re:.*shared_head\\.head$");
+    }
     ignore_all.insert(ignore_all.end(), ignore.begin(), ignore.end());
     config["quantization_config"] =
-        w4_pack_quantized_json(group, symmetric, o.int4_int8_activations, ignore_all);
+        o.int8_head_and_kv_b
+            ? w4_int8_head_quantization_json(group, symmetric, o.int4_int8_activations, ignore_all)
+            : w4_pack_quantized_json(group, symmetric, o.int4_int8_activations, ignore_all);
     if (actorder) {
       config["quantization_config"]["config_groups"]["group_0"]["weights"]["actorder"] = "group";
     }
@@ -260,6 +291,7 @@ Status write_int4_checkpoint(const MkModelOptions& o) {
   if (!o.from_dir.empty()) return write_copy(o, o.from_dir);
   MkModelOptions flt = o;
   flt.weights_int4.clear();
+  flt.int8_head_and_kv_b = false;
   flt.out_dir = o.out_dir + ".float-" + std::to_string(::getpid());
   XDS_RETURN_IF_ERROR(write_random_checkpoint(flt));
   const Status s = write_copy(o, flt.out_dir);

@@ -616,8 +616,8 @@ Status write_random_tensors(const MkModelOptions& o, const std::vector<RandomTen
 
 Status write_random_checkpoint(const MkModelOptions& o) {
   if (o.out_dir.empty()) return invalid_argument("mkmodel: --out is required");
-  if (o.int8_head_and_kv_b && !o.weights_int8) {
-    return invalid_argument("mkmodel: --int8-head-and-kv-b needs --weights-int8");
+  if (o.int8_head_and_kv_b && !o.weights_int8 && o.weights_int4.empty()) {
+    return invalid_argument("mkmodel: --int8-head-and-kv-b needs --weights-int8 or --weights-int4");
   }
   if (o.arch == "qwen3_moe") return write_qwen3_checkpoint(o);   // qwen3_checkpoint.h
   if (o.arch == "glm4_moe") return write_glm4_checkpoint(o);     // glm4_checkpoint.h

@@ -67,7 +67,9 @@ struct MkModelOptions {
   // they were quantized from.
   bool weights_int8 = false;
   // With weights_int8: lm_head, the MTP layers' shared_head.head and every kv_b_proj
-  // quantized the same way too (w8a8_rtn.h head_and_kv_b), dropped from `ignore`.
+  // quantized the same way too (w8a8_rtn.h head_and_kv_b), dropped from `ignore`. With
+  // weights_int4 (pack-quantized only): those modules in int8 by the same rule instead of 4
+  // bits, in a second, int8 config group (model/quant_config.h layout 2b).
   bool int8_head_and_kv_b = false;
   // With weights_int8: instead of a random model, an RTN W8A8 copy of the (BF16, F16 or
   // F32) checkpoint in this directory: its config.json with quantization_config added, its

@@ -351,16 +351,24 @@ Result<bool> int4_quantized(const Checkpoint& ckpt, const IntQuantization& quant
   return quantized;
 }
 
+// The scheme of weight_name's module: W8A8 for every module of a W8A8 checkpoint and for the
+// int8 group's modules of a mixed-precision 4-bit one (quant_config.h layout 2b).
+bool int8_scheme(const IntQuantization& quant, const std::string& weight_name) {
+  return quant.scheme_of(module_of(weight_name)) == IntScheme::kW8A8;
+}
+
 Result<bool> int_quantized(const Checkpoint& ckpt, const IntQuantization& quant,
                            const std::string& weight_name) {
-  if (!quant.int4()) return w8a8_quantized(ckpt, quant, weight_name);
+  if (int8_scheme(quant, weight_name)) return w8a8_quantized(ckpt, quant, weight_name);
   return int4_quantized(ckpt, quant, weight_name);
 }
 
 Result<MatrixRef> bind_int_linear(const Checkpoint& ckpt, const IntQuantization& quant,
                                   const std::string& weight_name, int64_t rows, int64_t cols,
                                   RepackCache& cache) {
-  if (!quant.int4()) return bind_w8a8_linear(ckpt, quant, weight_name, rows, cols, cache);
+  if (int8_scheme(quant, weight_name)) {
+    return bind_w8a8_linear(ckpt, quant, weight_name, rows, cols, cache);
+  }
   XDS_ASSIGN_OR_RETURN(const bool quantized, int4_quantized(ckpt, quant, weight_name));
   if (quantized) return bind_int4_linear(ckpt, quant, module_of(weight_name), rows, cols, cache);
   return bind_linear(ckpt, weight_name, rows, cols, cache);
@@ -370,7 +378,7 @@ Result<MatrixRef> bind_int_as_f32_rows(const Checkpoint& ckpt, const IntQuantiza
                                        const std::string& weight_name, int64_t rows, int64_t cols,
                                        RepackCache& cache) {
   const std::string m = module_of(weight_name);
-  if (!quant.int4()) return bind_int8_as_f32_rows(ckpt, m, rows, cols, cache);
+  if (int8_scheme(quant, weight_name)) return bind_int8_as_f32_rows(ckpt, m, rows, cols, cache);
   return bind_int4_as_f32_rows(ckpt, quant, m, rows, cols, cache);
 }
 

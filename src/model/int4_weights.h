@@ -105,7 +105,8 @@ Result<bool> int4_quantized(const Checkpoint& ckpt, const IntQuantization& quant
 
 // The weight `weight_name` of a Linear module under any integer scheme: int8 panels (W8A8,
 // int8_weights.h), int4 panels (W4A16, W4A8), or bind_linear's float panels where the
-// module is not quantized.
+// module is not quantized. The module's own scheme decides (IntQuantization::scheme_of): in
+// a mixed-precision 4-bit checkpoint, lm_head and kv_b_proj of the int8 group bind as int8.
 Result<MatrixRef> bind_int_linear(const Checkpoint& ckpt, const IntQuantization& quant,
                                   const std::string& weight_name, int64_t rows, int64_t cols,
                                   RepackCache& cache);

@@ -39,6 +39,18 @@
 //   <m>.weight_scale [out, in/G], <m>.weight_shape [2], asymmetric <m>.weight_zero_point I32
 //   [out/8, in/G], actorder "group" <m>.weight_g_idx I32 [in] (permuted groups run).
 //
+// 2b. W4A16 / W4A8 with lm_head and kv_b_proj in int8: compressed-tensors "mixed-precision",
+//   two config groups, each with its own `format` (in either order):
+//     {targets ["Linear"], format "pack-quantized", weights and input_activations as in 2}
+//     {targets: a non-empty subset of ["lm_head", "re:.*kv_b_proj$",
+//                                      "re:.*shared_head\\.head$"] (no duplicates),
+//      format "int-quantized", weights and input_activations as in 1}
+//   A module takes the group of its most specific matching target, as compressed-tensors
+//   resolves targets (exact names, then "re:" patterns, then class names such as "Linear"):
+//   so the named modules are W8A8 (layout 1's tensors, int8 per-token activations, also in a
+//   W4A16 checkpoint), every other Linear 4-bit; `ignore` still wins over both. Other
+//   numbers of groups, other targets or other formats fail naming the field.
+//
 // 3. W4A16, GPTQ as Hugging Face transformers / optimum / AutoGPTQ / GPTQModel write it:
 //
 //   {quant_method "gptq", bits 4, group_size 32|64|128, desc_act bool, sym bool,
@@ -88,8 +100,19 @@ struct IntQuantization {
   bool quantized_by_tensors = false;
   std::vector<std::string> ignore_names;       // exact module names
   std::vector<IgnorePattern> ignore_patterns;  // "re:" entries
+  // Layout 2b: the int8 group's targets (empty otherwise): modules that are W8A8 in a 4-bit
+  // checkpoint.
+  std::vector<std::string> int8_target_names;
+  std::vector<IgnorePattern> int8_target_patterns;
 
   bool int4() const { return scheme != IntScheme::kW8A8; }
+  // The scheme module `name` runs when quantized: kW8A8 for the int8 group's targets of a
+  // 4-bit checkpoint (layout 2b), else `scheme`. (Whether it is quantized: quantizes.)
+  IntScheme scheme_of(std::string_view module) const;
+  // True when module `name` is quantized and runs W8A8 (layout 1 tensors, int8 panels).
+  bool int8_module(std::string_view module) const {
+    return quantizes(module) && scheme_of(module) == IntScheme::kW8A8;
+  }
   // True when module `name` ("model.layers.0.self_attn.q_a_proj", no ".weight") is a target
   // of the scheme: not ignored. (quantized_by_tensors: every module; the tensors decide.)
   bool quantizes(std::string_view module) const;
@@ -110,6 +133,17 @@ nlohmann::ordered_json w8a8_quantization_json(const std::vector<std::string>& ig
 nlohmann::ordered_json w4_pack_quantized_json(int64_t group_size, bool symmetric,
                                               bool int8_activations,
                                               const std::vector<std::string>& ignore);
+
+// The targets of layout 2b's int8 group as quantize and mkmodel write them: lm_head, every
+// kv_b_proj and the MTP layers' shared_head.head.
+std::vector<std::string> int8_head_and_kv_b_targets();
+
+// Layout 2b: w4_pack_quantized_json's config as "mixed-precision", its group "group_0" with
+// format "pack-quantized", plus "group_1": W8A8 (format "int-quantized") for
+// int8_head_and_kv_b_targets(). `ignore` as given (it must not list those modules).
+nlohmann::ordered_json w4_int8_head_quantization_json(int64_t group_size, bool symmetric,
+                                                      bool int8_activations,
+                                                      const std::vector<std::string>& ignore);
 
 // The quantization_config of a GPTQ checkpoint as transformers writes it (v1: zero points
 // minus 1), desc_act false.

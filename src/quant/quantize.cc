@@ -438,10 +438,13 @@ Status quantize_into(const QuantizeOptions& o, const std::string& tmp) {
   }
   config.erase("quantization_config");  // block FP8 (now BF16) or none
   if (!o.smooth_only && run.w4()) {
-    std::vector<std::string> ignore = w8a8_rtn_ignore();
+    std::vector<std::string> ignore = w8a8_rtn_ignore(o.int8_head_and_kv_b);
     ignore.insert(ignore.end(), run.float_modules.begin(), run.float_modules.end());
+    // --int8-head-and-kv-b: a second, int8 group for lm_head, kv_b_proj and shared_head.head.
     config["quantization_config"] =
-        w4_pack_quantized_json(run.group(), true, o.scheme == "w4a8", ignore);
+        o.int8_head_and_kv_b
+            ? w4_int8_head_quantization_json(run.group(), true, o.scheme == "w4a8", ignore)
+            : w4_pack_quantized_json(run.group(), true, o.scheme == "w4a8", ignore);
   } else if (!o.smooth_only) {
     config["quantization_config"] =
         w8a8_quantization_json(w8a8_rtn_ignore(o.int8_head_and_kv_b));
@@ -494,12 +497,6 @@ Status quantize_checkpoint(const QuantizeOptions& o) {
         "quantize: --group-size {} is for the 4-bit schemes (--scheme w4a16 or w4a8); w8a8 "
         "has one scale per output row",
         o.group_size);
-  }
-  if (o.int8_head_and_kv_b && o.scheme != "w8a8") {
-    return invalid_argument(
-        "quantize: --int8-head-and-kv-b is for --scheme w8a8 (scheme \"{}\": its config has one "
-        "4-bit group, and lm_head and kv_b_proj stay float)",
-        o.scheme);
   }
   if (o.group_size != 0 && o.group_size != 32 && o.group_size != 64 && o.group_size != 128) {
     return invalid_argument("quantize: --group-size {} (expected 32, 64 or 128)", o.group_size);

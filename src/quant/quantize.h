@@ -46,7 +46,8 @@ struct QuantizeOptions {
   std::string method = "gptq";   // "gptq" or "rtn"
   // w8a8 only: lm_head, the MTP layers' shared_head.head and every kv_b_proj written as
   // W8A8 linears too (RTN per output row, not calibrated), and left out of `ignore`
-  // (quant/w8a8_rtn.h head_and_kv_b).
+  // (quant/w8a8_rtn.h head_and_kv_b). With w4a16 / w4a8 the config gains a second, int8
+  // group targeting them (model/quant_config.h layout 2b).
   bool int8_head_and_kv_b = false;
   int64_t min_expert_samples = 4;
   double damp = 0.01;                     // GPTQ relative damping

@@ -40,10 +40,13 @@ class Binder {
     }
     return matrix(name, rows, cols);
   }
-  // Whether `kv_b_name` is an int8 kv_b_proj of a W8A8 checkpoint (its config quantizes
-  // it: not in `ignore`; the tensor must then be I8, int8_weights.h).
+  // Whether `kv_b_name` is an int8 kv_b_proj: of a W8A8 checkpoint, or of the int8 group of
+  // a mixed-precision 4-bit one (its config quantizes it: not in `ignore`; the tensor must
+  // then be I8, int8_weights.h).
   Result<bool> int8_kv_b(const std::string& kv_b_name) {
-    if (!c_.int_quant || c_.int_quant->scheme != IntScheme::kW8A8) return false;
+    if (!c_.int_quant) return false;
+    const std::string module = kv_b_name.substr(0, kv_b_name.size() - std::string(".weight").size());
+    if (c_.int_quant->scheme_of(module) != IntScheme::kW8A8) return false;
     return w8a8_quantized(ckpt_, *c_.int_quant, kv_b_name);
   }
   // The embedding table as the tied lm_head: never quantized (not a Linear module).
@@ -86,7 +89,7 @@ class Binder {
     const int64_t kv_b_rows = h * (c_.qk_nope_head_dim + c_.v_head_dim);
     XDS_ASSIGN_OR_RETURN(const bool kv_b_int8, int8_kv_b(a + ".kv_b_proj.weight"));
     if (kv_b_int8) {
-      // W8A8 kv_b_proj: int8 panels whole (the prefill's expansion) and per head (decode).
+      // int8 kv_b_proj: int8 panels whole (the prefill's expansion) and per head (decode).
       XDS_ASSIGN_OR_RETURN(l.attn.kv_b_proj,
                            linear(a + ".kv_b_proj.weight", kv_b_rows, c_.kv_lora_rank));
       XDS_ASSIGN_OR_RETURN(AbsorbedHeads heads,
