@@ -93,4 +93,11 @@ void gqa_kv_write(KvStorage& kv, int64_t layer, int32_t block, int64_t slot, con
   }
 }
 
+DType gqa_kv_dtype(KvCacheDType kv, ComputeDType compute) {
+  if (kv == KvCacheDType::kInt8) return DType::kI8;
+  const bool bf16 =
+      kv == KvCacheDType::kBF16 || (kv == KvCacheDType::kAuto && compute == ComputeDType::kBF16);
+  return bf16 ? DType::kBF16 : DType::kF32;
+}
+
 }  // namespace xds

@@ -17,6 +17,7 @@
 #include <span>
 
 #include "kernels/cpu/gqa_attention.h"
+#include "model/causal_lm.h"
 #include "model/kv_storage.h"
 #include "tensor/dtype.h"
 
@@ -37,5 +38,9 @@ kernels::GqaKvView gqa_kv_view(const KvStorage& kv, int64_t layer, int64_t head,
 // rounded to bf16 (round to nearest even) in bf16 planes, quantized per row in int8 ones.
 void gqa_kv_write(KvStorage& kv, int64_t layer, int32_t block, int64_t slot, const float* k,
                   const float* v);
+
+// The elements a GQA cache holds for --kv-cache-dtype `kv` at compute dtype `compute`: INT8
+// when asked, BF16 when asked or (auto) in the bf16 compute mode, else F32.
+DType gqa_kv_dtype(KvCacheDType kv, ComputeDType compute);
 
 }  // namespace xds

@@ -71,4 +71,23 @@ Status LocalMoeExchange::run(const MoeExchangeInput& in) {
   return {};
 }
 
+namespace {
+
+struct OwnedLocalMoe final : MoeExchange {
+  OwnedLocalMoe(std::vector<const MoeWeights*> layers, int64_t hidden, ComputeDType dt,
+                ThreadPool& pool)
+      : linear(dt, pool), exchange(std::move(layers), hidden, linear) {}
+  Status run(const MoeExchangeInput& in) override { return exchange.run(in); }
+  LinearRunner linear;
+  LocalMoeExchange exchange;
+};
+
+}  // namespace
+
+std::unique_ptr<MoeExchange> make_owned_local_moe(std::vector<const MoeWeights*> layers,
+                                                  int64_t hidden, ComputeDType dt,
+                                                  ThreadPool& pool) {
+  return std::make_unique<OwnedLocalMoe>(std::move(layers), hidden, dt, pool);
+}
+
 }  // namespace xds

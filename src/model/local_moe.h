@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <utility>
 #include <vector>
 
@@ -43,5 +44,11 @@ class LocalMoeExchange final : public MoeExchange {
   std::vector<float> scale_;              // [n * top_k] grouped row -> gating weight
   std::vector<float> staged_;             // [n * top_k, D] weighted expert outputs, grouped
 };
+
+// A model's own in-process MoE exchange: a LocalMoeExchange with a LinearRunner (and so a
+// bf16 scratch) of its own, for models that run without expert parallelism.
+std::unique_ptr<MoeExchange> make_owned_local_moe(std::vector<const MoeWeights*> layers,
+                                                  int64_t hidden, ComputeDType dt,
+                                                  ThreadPool& pool);
 
 }  // namespace xds

@@ -27,16 +27,6 @@ namespace {
 // below, waking it costs more than the work.
 constexpr int64_t kPoolMinRows = 32;
 
-// The MoE layer keeps its own LinearRunner (a bf16 scratch of its own).
-struct OwnedLocalMoe final : MoeExchange {
-  OwnedLocalMoe(std::vector<const MoeWeights*> layers, int64_t hidden, ComputeDType dt,
-                ThreadPool& pool)
-      : linear(dt, pool), exchange(std::move(layers), hidden, linear) {}
-  Status run(const MoeExchangeInput& in) override { return exchange.run(in); }
-  LinearRunner linear;
-  LocalMoeExchange exchange;
-};
-
 }  // namespace
 
 DeepseekV3Model::~DeepseekV3Model() = default;
@@ -113,8 +103,8 @@ Result<std::unique_ptr<DeepseekV3Model>> DeepseekV3Model::load(const std::string
   std::vector<const MoeWeights*> moe_layers;
   for (int64_t l = 0; l < m->config_.num_hidden_layers + m->config_.num_nextn_predict_layers; ++l)
     moe_layers.push_back(m->moe_weights(l));
-  m->local_exchange_ = std::make_unique<OwnedLocalMoe>(std::move(moe_layers), m->config_.hidden_size,
-                                                       options.compute, *m->pool_);
+  m->local_exchange_ = make_owned_local_moe(std::move(moe_layers), m->config_.hidden_size,
+                                          options.compute, *m->pool_);
   m->exchange_ = m->local_exchange_.get();
   m->batch_ = std::make_unique<Batch>();
   m->info_ = make_info(dir, m->config_);

@@ -18,16 +18,6 @@
 namespace xds {
 namespace {
 
-// The MoE layer keeps its own LinearRunner (a bf16 scratch of its own).
-struct OwnedLocalMoe final : MoeExchange {
-  OwnedLocalMoe(std::vector<const MoeWeights*> layers, int64_t hidden, ComputeDType dt,
-                ThreadPool& pool)
-      : linear(dt, pool), exchange(std::move(layers), hidden, linear) {}
-  Status run(const MoeExchangeInput& in) override { return exchange.run(in); }
-  LinearRunner linear;
-  LocalMoeExchange exchange;
-};
-
 ModelInfo make_info(const std::string& dir, const Qwen3MoeConfig& c) {
   ModelInfo info;
   info.model_type = "qwen3_moe";
@@ -92,20 +82,15 @@ Result<std::unique_ptr<Qwen3MoeModel>> Qwen3MoeModel::load(const std::string& di
   m->linear_ = std::make_unique<LinearRunner>(options.compute, *m->pool_);
   std::vector<const MoeWeights*> moe_layers;
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) moe_layers.push_back(m->moe_weights(l));
-  m->local_exchange_ = std::make_unique<OwnedLocalMoe>(std::move(moe_layers), c.hidden_size,
-                                                       options.compute, *m->pool_);
+  m->local_exchange_ = make_owned_local_moe(std::move(moe_layers), c.hidden_size,
+                                          options.compute, *m->pool_);
   m->exchange_ = m->local_exchange_.get();
   m->info_ = make_info(dir, c);
   m->moe_row_.assign(static_cast<size_t>(c.num_hidden_layers), -1);
   for (size_t i = 0; i < m->info_.moe_layers.size(); ++i)
     m->moe_row_[static_cast<size_t>(m->info_.moe_layers[i])] = static_cast<int32_t>(i);
   m->routed_counts_.assign(m->info_.moe_layers.size() * static_cast<size_t>(c.num_experts), 0);
-  const bool bf16 =
-      options.kv_cache == KvCacheDType::kBF16 ||
-      (options.kv_cache == KvCacheDType::kAuto && options.compute == ComputeDType::kBF16);
-  const DType kv_dtype = options.kv_cache == KvCacheDType::kInt8 ? DType::kI8
-                         : bf16                                  ? DType::kBF16
-                                                                 : DType::kF32;
+  const DType kv_dtype = gqa_kv_dtype(options.kv_cache, options.compute);
   m->kv_layout_ = gqa_kv_layout(c.num_hidden_layers, c.num_key_value_heads, c.head_dim, kv_dtype);
   return m;
 }
