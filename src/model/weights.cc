@@ -120,13 +120,7 @@ Status RepackCache::bind_bundle(std::string_view name, const std::function<Statu
 Result<const std::byte*> RepackCache::get_or_create_in_bundle(
     const std::string& key, size_t nbytes, const std::function<Status(std::byte*)>& fill) {
   if (bundle_ == nullptr) {
-    std::error_code ec;
-    std::filesystem::create_directories(dir_, ec);
-    if (ec) {
-      return internal_error("repack cache {}: cannot create the directory: {}", dir_,
-                            ec.message());
-    }
-    if (!swept_) remove_stale_temporaries();
+    XDS_RETURN_IF_ERROR(prepare_to_write());
     XDS_ASSIGN_OR_RETURN(bundle_,
                          RepackBundle::open(fmt::format("{}/{:016x}.xrb", dir_,
                                                         fnv1a64("bundle|" + bundle_name_ + "|" +
@@ -167,11 +161,7 @@ Result<const std::byte*> RepackCache::get_or_create(const std::string& key, size
     note_in_use(path);
     return p;
   }
-  std::error_code ec;
-  std::filesystem::create_directories(dir_, ec);
-  if (ec)
-    return internal_error("repack cache {}: cannot create the directory: {}", dir_, ec.message());
-  if (!swept_) remove_stale_temporaries();
+  XDS_RETURN_IF_ERROR(prepare_to_write());
   XDS_RETURN_IF_ERROR(make_room(payload_offset(key.size()) + nbytes));
   // The writer's pid in the name lets a later loader tell a dead writer's leftover from a
   // file another live process is still filling.
@@ -295,6 +285,15 @@ Status RepackCache::make_room(uint64_t bytes) {
                "for {:.3f} GB",
                dir_, victims.size(), double(freed) / double(1 << 30),
                double(bytes) / double(1 << 30));
+  return {};
+}
+
+Status RepackCache::prepare_to_write() {
+  std::error_code ec;
+  std::filesystem::create_directories(dir_, ec);
+  if (ec)
+    return internal_error("repack cache {}: cannot create the directory: {}", dir_, ec.message());
+  if (!swept_) remove_stale_temporaries();
   return {};
 }
 

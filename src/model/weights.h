@@ -92,6 +92,8 @@ class RepackCache {
   // Removes `<hash>.xrp.tmp.<pid>.*` files whose writer process no longer exists (killed while
   // repacking); once per cache, before its first write.
   void remove_stale_temporaries();
+  // Creates the cache folder and sweeps dead writers' temporaries (once): before a write.
+  Status prepare_to_write();
   Result<const std::byte*> get_or_create_in_bundle(const std::string& key, size_t nbytes,
                                                    const std::function<Status(std::byte*)>& fill);
   // Eviction (model/repack_eviction.h): removes least recently used files until `bytes` more
